@@ -1,0 +1,132 @@
+//! Intents: `PendingAction` records, their idempotency keys and the view a dispatcher receives.
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::artifact::{Artifact, ArtifactId, Generation};
+
+/// The idempotency key of an intent. The intent is stored at id `action:{key}`, the ledger is
+/// keyed by it, and the dispatcher should pass it on so the receiver can deduplicate.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ActionKey(Arc<str>);
+
+impl ActionKey {
+    /// The key as a string slice.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The id of the `PendingAction` artifact recorded for this key: `action:{key}`.
+    pub fn artifact_id(&self) -> ArtifactId {
+        ArtifactId::from(format!("action:{}", self.0))
+    }
+}
+
+impl fmt::Display for ActionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for ActionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl From<&str> for ActionKey {
+    fn from(s: &str) -> Self {
+        ActionKey(Arc::from(s))
+    }
+}
+
+impl From<String> for ActionKey {
+    fn from(s: String) -> Self {
+        ActionKey(Arc::from(s))
+    }
+}
+
+impl From<&String> for ActionKey {
+    fn from(s: &String) -> Self {
+        ActionKey(Arc::from(s.as_str()))
+    }
+}
+
+impl std::borrow::Borrow<str> for ActionKey {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A recorded side effect: what should happen (`kind`), its idempotency key and its payload.
+///
+/// Produces record one with [`Effects::act`](crate::Effects::act); it is stored as an artifact
+/// at `action:{key}` and committed with the state that justified it. Delivery state lives in the
+/// [ledger](crate::Ledger), never in this record, so delivering never changes its content hash.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingAction {
+    /// What the action does, e.g. `"notify"`; dispatchers route on it.
+    pub kind: String,
+    /// The idempotency key.
+    pub key: String,
+    /// The payload, encoded with rmp-serde (named fields).
+    #[serde(with = "serde_bytes")]
+    pub payload: Vec<u8>,
+}
+
+impl Artifact for PendingAction {
+    const KIND: &'static str = "pending_action";
+}
+
+impl PendingAction {
+    /// Decodes the payload as `P`.
+    pub fn payload<P: DeserializeOwned>(&self) -> Result<P, rmp_serde::decode::Error> {
+        rmp_serde::from_slice(&self.payload)
+    }
+}
+
+/// An intent handed to a dispatcher. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Intent {
+    pub(crate) key: ActionKey,
+    pub(crate) kind: Arc<str>,
+    pub(crate) payload: Arc<[u8]>,
+    pub(crate) generation: Generation,
+    pub(crate) attempt: u32,
+}
+
+impl Intent {
+    /// The idempotency key; pass it to the receiver so it can deduplicate.
+    pub fn key(&self) -> &ActionKey {
+        &self.key
+    }
+
+    /// The action kind, e.g. `"notify"`.
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+
+    /// Decodes the payload as `P`.
+    pub fn payload<P: DeserializeOwned>(&self) -> Result<P, rmp_serde::decode::Error> {
+        rmp_serde::from_slice(&self.payload)
+    }
+
+    /// The payload's rmp-serde bytes.
+    pub fn payload_bytes(&self) -> &[u8] {
+        &self.payload
+    }
+
+    /// The generation whose commit recorded the intent.
+    pub fn generation(&self) -> Generation {
+        self.generation
+    }
+
+    /// Which attempt this is: 1 for the first delivery, 2 after one failure, and so on.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+}

@@ -1,0 +1,271 @@
+//! Artifacts: typed, serde-serializable values stored under stable string ids.
+
+use std::borrow::Borrow;
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::{Arc, OnceLock, RwLock};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::error::ReadError;
+use crate::hash::ContentHash;
+
+/// A value the runtime can store, hash and hand to produces.
+///
+/// The [`KIND`](Artifact::KIND) is the artifact's stable type name: it is stored next to the
+/// bytes, it routes events to produces, and it must not change when the Rust type is renamed or
+/// moved. Derive it with `#[derive(Artifact)]` (optionally `#[artifact(kind = "…")]`) or
+/// implement it by hand:
+///
+/// ```
+/// use reactifact_core::Artifact;
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct Order { total_cents: u64 }
+///
+/// impl Artifact for Order {
+///     const KIND: &'static str = "order";
+/// }
+/// ```
+///
+/// Content is encoded with rmp-serde using named fields and hashed with SHA-256. The encoding
+/// must be deterministic for hashes, replay and verification to hold: a `HashMap` field iterates
+/// in a random order and breaks that; use `BTreeMap` (or an ordered map) instead.
+pub trait Artifact: Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// The stable kind name, e.g. `"order"`.
+    const KIND: &'static str;
+}
+
+/// The stable id of an artifact, such as `"receipt:42"`. Cheap to clone.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ArtifactId(Arc<str>);
+
+impl ArtifactId {
+    /// The id as a string slice.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ArtifactId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for ArtifactId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl From<&str> for ArtifactId {
+    fn from(s: &str) -> Self {
+        ArtifactId(Arc::from(s))
+    }
+}
+
+impl From<String> for ArtifactId {
+    fn from(s: String) -> Self {
+        ArtifactId(Arc::from(s))
+    }
+}
+
+impl From<&String> for ArtifactId {
+    fn from(s: &String) -> Self {
+        ArtifactId(Arc::from(s.as_str()))
+    }
+}
+
+impl From<&ArtifactId> for ArtifactId {
+    fn from(id: &ArtifactId) -> Self {
+        id.clone()
+    }
+}
+
+impl Borrow<str> for ArtifactId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for ArtifactId {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartialEq<str> for ArtifactId {
+    fn eq(&self, other: &str) -> bool {
+        &*self.0 == other
+    }
+}
+
+impl PartialEq<&str> for ArtifactId {
+    fn eq(&self, other: &&str) -> bool {
+        &*self.0 == *other
+    }
+}
+
+/// An artifact's kind name (see [`Artifact::KIND`]). Interned: copying and comparing is cheap.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Kind(&'static str);
+
+impl Kind {
+    /// The kind of artifact type `T`.
+    pub fn of<T: Artifact>() -> Kind {
+        Kind(T::KIND)
+    }
+
+    /// Interns a kind name read at run time (from a store or a log), so that it compares equal
+    /// to [`Kind::of`] for the type that declares it. Each distinct name is allocated once.
+    pub fn intern(name: &str) -> Kind {
+        static NAMES: OnceLock<RwLock<HashSet<&'static str>>> = OnceLock::new();
+        let names = NAMES.get_or_init(Default::default);
+        if let Some(found) = names.read().unwrap_or_else(|e| e.into_inner()).get(name) {
+            return Kind(found);
+        }
+        let mut names = names.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(found) = names.get(name) {
+            return Kind(found);
+        }
+        let leaked: &'static str = Box::leak(name.to_owned().into_boxed_str());
+        names.insert(leaked);
+        Kind(leaked)
+    }
+
+    /// The kind name.
+    pub fn as_str(&self) -> &'static str {
+        self.0
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl fmt::Debug for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.0, f)
+    }
+}
+
+impl Serialize for Kind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Kind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        Ok(Kind::intern(&name))
+    }
+}
+
+/// The version of an artifact: 1 when created, +1 on every change of content.
+///
+/// Writes whose content hash equals the current one create no version.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Version(pub u64);
+
+impl Version {
+    /// The version of a newly created artifact.
+    pub const FIRST: Version = Version(1);
+
+    /// The version after this one.
+    pub fn next(self) -> Version {
+        Version(self.0 + 1)
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{}", self.0)
+    }
+}
+
+/// The number of a commit in a context's log, starting at 1.
+///
+/// Every commit is a generation: a pass of the runtime, or a direct write such as seeding.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Generation(pub u64);
+
+impl Generation {
+    /// The generation after this one.
+    pub fn next(self) -> Generation {
+        Generation(self.0 + 1)
+    }
+}
+
+impl fmt::Display for Generation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "g{}", self.0)
+    }
+}
+
+/// A typed artifact as read from a context or snapshot.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Record<T> {
+    /// The artifact's id.
+    pub id: ArtifactId,
+    /// Its current version.
+    pub version: Version,
+    /// SHA-256 of its encoded content.
+    pub hash: ContentHash,
+    /// The generation (commit) that wrote this version.
+    pub generation: Generation,
+    /// The decoded value.
+    pub data: T,
+}
+
+/// The stored, encoded form of one artifact version.
+#[derive(Debug)]
+pub(crate) struct Stored {
+    pub(crate) id: ArtifactId,
+    pub(crate) kind: Kind,
+    pub(crate) version: Version,
+    pub(crate) hash: ContentHash,
+    pub(crate) generation: Generation,
+    /// Position in creation order, for listing by kind.
+    pub(crate) created: u64,
+    pub(crate) bytes: Arc<[u8]>,
+}
+
+impl Stored {
+    pub(crate) fn decode<T: Artifact>(&self) -> Result<Record<T>, ReadError> {
+        if self.kind.as_str() != T::KIND {
+            return Err(ReadError::WrongKind {
+                id: self.id.clone(),
+                stored: self.kind,
+                expected: Kind::of::<T>(),
+                type_name: std::any::type_name::<T>(),
+            });
+        }
+        let data = rmp_serde::from_slice(&self.bytes).map_err(|source| ReadError::Decode {
+            id: self.id.clone(),
+            kind: self.kind,
+            type_name: std::any::type_name::<T>(),
+            source,
+        })?;
+        Ok(Record {
+            id: self.id.clone(),
+            version: self.version,
+            hash: self.hash,
+            generation: self.generation,
+            data,
+        })
+    }
+}
+
+/// Encodes a value the way every artifact is stored: rmp-serde with named fields.
+pub(crate) fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, rmp_serde::encode::Error> {
+    rmp_serde::to_vec_named(value)
+}

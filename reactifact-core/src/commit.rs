@@ -1,0 +1,276 @@
+//! The commit log and the rules that apply operations to the state.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::action::{ActionKey, Intent};
+use crate::artifact::{ArtifactId, Generation, Kind, Stored, Version};
+use crate::error::CommitError;
+use crate::event::{Event, EventKind};
+use crate::hash::{CommitHash, ContentHash, HashWriter, StateHash};
+use crate::patch::{Op, PutMode};
+use crate::state::{State, Undo};
+
+/// The artifact version that triggered a produce run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TriggerRef {
+    /// The trigger's id.
+    pub id: ArtifactId,
+    /// The version the produce read.
+    pub version: Version,
+    /// Its content hash.
+    pub hash: ContentHash,
+}
+
+/// The patch of one produce run (or of one direct write) as recorded in a commit.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunRecord {
+    /// The agent, or `None` for a direct write.
+    pub agent: Option<Arc<str>>,
+    /// The produce, or `None` for a direct write.
+    pub produce: Option<Arc<str>>,
+    /// What triggered the run, or `None` for a direct write.
+    pub trigger: Option<TriggerRef>,
+    /// The operations, in the order the produce recorded them.
+    pub ops: Vec<Op>,
+}
+
+/// One entry of the commit log: everything one generation changed, applied atomically.
+#[derive(Clone, Debug)]
+pub struct Commit {
+    /// The commit's number in the log.
+    pub generation: Generation,
+    /// The previous commit's hash; `None` for the first commit.
+    pub parent: Option<CommitHash>,
+    /// SHA-256 over the rmp-serde encoding of the parent hash, generation, state hash and runs.
+    pub hash: CommitHash,
+    /// The state hash after the commit.
+    pub state_hash: StateHash,
+    /// The patches, in work order.
+    pub runs: Vec<RunRecord>,
+    /// How many queued events the commit consumed.
+    pub events_consumed: usize,
+}
+
+impl Commit {
+    pub(crate) fn compute_hash(
+        parent: Option<&CommitHash>,
+        generation: Generation,
+        state_hash: &StateHash,
+        runs: &[RunRecord],
+    ) -> CommitHash {
+        let mut writer = HashWriter(Sha256::new());
+        writer.0.update(b"reactifact/commit/v1");
+        (parent, generation, state_hash, runs)
+            .serialize(&mut rmp_serde::Serializer::new(&mut writer).with_struct_map())
+            .expect("commit headers always encode");
+        CommitHash(writer.0.finalize().into())
+    }
+}
+
+/// Where an [`Apply`] was, to roll back one patch.
+#[derive(Clone, Copy)]
+pub(crate) struct Savepoint {
+    undo: usize,
+    events: usize,
+    intents: usize,
+}
+
+/// Applies operations to the state in place, recording how to undo each change, and
+/// collects the events and intents they emit. Dropping it without [`Apply::finish`] is a bug:
+/// call [`Apply::rollback`] to leave the state as it was.
+pub(crate) struct Apply<'a> {
+    state: &'a mut State,
+    generation: Generation,
+    created_counter: u64,
+    undo: Vec<Undo>,
+    pub(crate) events: Vec<Event>,
+    pub(crate) intents: Vec<Intent>,
+}
+
+impl<'a> Apply<'a> {
+    pub(crate) fn new(state: &'a mut State, generation: Generation) -> Self {
+        let created_counter = state.created_counter();
+        Apply {
+            state,
+            generation,
+            created_counter,
+            undo: Vec::new(),
+            events: Vec::new(),
+            intents: Vec::new(),
+        }
+    }
+
+    pub(crate) fn savepoint(&self) -> Savepoint {
+        Savepoint {
+            undo: self.undo.len(),
+            events: self.events.len(),
+            intents: self.intents.len(),
+        }
+    }
+
+    pub(crate) fn rollback_to(&mut self, point: Savepoint) {
+        while self.undo.len() > point.undo {
+            let undo = self.undo.pop().expect("length checked");
+            self.state.undo(undo);
+        }
+        self.events.truncate(point.events);
+        self.intents.truncate(point.intents);
+    }
+
+    /// Undoes everything and restores the creation counter.
+    pub(crate) fn rollback(mut self) {
+        self.rollback_to(Savepoint {
+            undo: 0,
+            events: 0,
+            intents: 0,
+        });
+        self.state.reset_created_counter(self.created_counter);
+    }
+
+    /// Whether anything changed.
+    pub(crate) fn changed(&self) -> bool {
+        !self.undo.is_empty()
+    }
+
+    pub(crate) fn state(&self) -> &State {
+        self.state
+    }
+
+    pub(crate) fn finish(self) -> (Vec<Event>, Vec<Intent>) {
+        (self.events, self.intents)
+    }
+
+    /// Applies every operation of a patch, or none of them.
+    pub(crate) fn patch(&mut self, ops: &[Op]) -> Result<(), CommitError> {
+        let point = self.savepoint();
+        for op in ops {
+            if let Err(e) = self.op(op) {
+                self.rollback_to(point);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn op(&mut self, op: &Op) -> Result<(), CommitError> {
+        match op {
+            Op::Put {
+                mode,
+                id,
+                kind,
+                hash,
+                bytes,
+            } => self.put(*mode, id, *kind, hash, bytes).map(|_| ()),
+            Op::Act {
+                key,
+                action,
+                id,
+                hash,
+                bytes,
+                payload,
+            } => {
+                let created = self.put(PutMode::CreateOnce, id, Kind::of::<crate::PendingAction>(), hash, bytes)?;
+                if created {
+                    self.intents.push(Intent {
+                        key: ActionKey::clone(key),
+                        kind: action.clone(),
+                        payload: payload.clone(),
+                        generation: self.generation,
+                        attempt: 0,
+                    });
+                }
+                Ok(())
+            }
+            Op::Delete { id } => {
+                if let Some(old) = self.state.get(id.as_str()).cloned() {
+                    for relation in self.state.relations_touching(id) {
+                        let was = self.state.set_relation(&relation, false);
+                        self.undo.push(Undo::Relation(relation, was));
+                    }
+                    let previous = self.state.put(id, None);
+                    self.undo.push(Undo::Artifact(id.clone(), previous));
+                    self.emit(EventKind::Deleted, id, old.kind, old.version);
+                }
+                Ok(())
+            }
+            Op::Link(relation) => {
+                for end in [&relation.from, &relation.to] {
+                    if self.state.get(end.as_str()).is_none() {
+                        return Err(CommitError::UnknownEndpoint {
+                            from: relation.from.clone(),
+                            name: relation.name.to_string(),
+                            to: relation.to.clone(),
+                            missing: end.clone(),
+                        });
+                    }
+                }
+                let was = self.state.set_relation(relation, true);
+                if !was {
+                    self.undo.push(Undo::Relation(relation.clone(), was));
+                }
+                Ok(())
+            }
+            Op::Unlink(relation) => {
+                let was = self.state.set_relation(relation, false);
+                if was {
+                    self.undo.push(Undo::Relation(relation.clone(), was));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Writes one artifact by the rules of `mode`; returns whether it was created.
+    fn put(
+        &mut self,
+        mode: PutMode,
+        id: &ArtifactId,
+        kind: Kind,
+        hash: &ContentHash,
+        bytes: &Arc<[u8]>,
+    ) -> Result<bool, CommitError> {
+        let current = self.state.get(id.as_str());
+        let (version, created, event) = match current {
+            None if mode == PutMode::Update => {
+                return Err(CommitError::UnknownId { id: id.clone(), kind });
+            }
+            None => (Version::FIRST, self.state.next_created(), EventKind::Created),
+            Some(_) if mode == PutMode::CreateOnce => return Ok(false),
+            Some(current) if current.kind != kind => {
+                return Err(CommitError::KindMismatch {
+                    id: id.clone(),
+                    stored: current.kind,
+                    written: kind,
+                });
+            }
+            Some(current) if current.hash == *hash => return Ok(false),
+            Some(current) => (current.version.next(), current.created, EventKind::Updated),
+        };
+        let stored = Arc::new(Stored {
+            id: id.clone(),
+            kind,
+            version,
+            hash: *hash,
+            generation: self.generation,
+            created,
+            bytes: bytes.clone(),
+        });
+        let previous = self.state.put(id, Some(stored));
+        self.undo.push(Undo::Artifact(id.clone(), previous));
+        self.emit(event, id, kind, version);
+        Ok(event == EventKind::Created)
+    }
+
+    fn emit(&mut self, kind: EventKind, id: &ArtifactId, artifact_kind: Kind, version: Version) {
+        self.events.push(Event {
+            kind,
+            id: id.clone(),
+            artifact_kind,
+            version,
+            generation: self.generation,
+        });
+    }
+}

@@ -1,0 +1,366 @@
+//! The context: versioned working state of one session.
+
+use std::collections::VecDeque;
+use std::time::SystemTime;
+
+use crate::action::Intent;
+use crate::artifact::{Artifact, ArtifactId, Generation, Record};
+use crate::commit::{Apply, Commit, RunRecord};
+use crate::error::{CommitError, EffectError, ReadError, WriteError};
+use crate::event::Event;
+use crate::hash::{CommitHash, StateHash};
+use crate::ledger::Ledger;
+use crate::patch::{Op, PutMode};
+use crate::snapshot::Snapshot;
+use crate::state::{Relation, State};
+
+/// The versioned working state of one session: current artifacts and relations, the commit
+/// log, the FIFO queue of events waiting for a generation, and the delivery ledger.
+///
+/// Seed it with direct writes ([`create`](Context::create), [`update`](Context::update),
+/// [`transaction`](Context::transaction)); they commit and emit events exactly like a
+/// generation does. Then hand it to a [`Runtime`](crate::Runtime).
+///
+/// ```
+/// use reactifact_core::{Artifact, Context};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize, Debug, PartialEq)]
+/// struct Order { total_cents: u64 }
+/// impl Artifact for Order { const KIND: &'static str = "order"; }
+///
+/// let mut ctx = Context::new("orders");
+/// ctx.create("order:1", Order { total_cents: 1200 })?;
+/// let order = ctx.get::<Order>("order:1")?.expect("just created");
+/// assert_eq!(order.data.total_cents, 1200);
+/// assert_eq!(ctx.queued_events(), 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Context {
+    session: String,
+    state: State,
+    log: Vec<Commit>,
+    events: VecDeque<Event>,
+    ledger: Ledger,
+}
+
+impl Context {
+    /// An empty, in-memory context for the named session.
+    pub fn new(session: impl Into<String>) -> Self {
+        Context {
+            session: session.into(),
+            state: State::default(),
+            log: Vec::new(),
+            events: VecDeque::new(),
+            ledger: Ledger::default(),
+        }
+    }
+
+    /// The session (branch) name.
+    pub fn session(&self) -> &str {
+        &self.session
+    }
+
+    /// An O(1) read-only view of the current state, sharing structure with it.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot::new(self.state.clone())
+    }
+
+    /// Reads the artifact stored under `id` as a `T`; `Ok(None)` if there is none.
+    ///
+    /// # Errors
+    /// [`ReadError::WrongKind`] if the id holds another kind, [`ReadError::Decode`] if its bytes
+    /// do not decode as `T`.
+    pub fn get<T: Artifact>(&self, id: &str) -> Result<Option<Record<T>>, ReadError> {
+        self.state.read(id)
+    }
+
+    /// Every artifact of type `T`, in creation order, decoded one at a time.
+    pub fn list<T: Artifact>(&self) -> impl Iterator<Item = Result<Record<T>, ReadError>> + '_ {
+        self.state.list()
+    }
+
+    /// How many artifacts exist.
+    pub fn len(&self) -> usize {
+        self.state.len()
+    }
+
+    /// Whether no artifact exists.
+    pub fn is_empty(&self) -> bool {
+        self.state.len() == 0
+    }
+
+    /// The targets of relations `from -[name]-> *`, in id order.
+    pub fn related<'a>(&'a self, from: &'a ArtifactId, name: &'a str) -> impl Iterator<Item = &'a ArtifactId> + 'a {
+        self.state.related(from, name)
+    }
+
+    /// The deterministic digest of every current artifact and relation (O(1): maintained
+    /// incrementally by every commit).
+    pub fn state_hash(&self) -> StateHash {
+        self.state.state_hash()
+    }
+
+    /// The commit log, oldest first.
+    pub fn log(&self) -> &[Commit] {
+        &self.log
+    }
+
+    /// The hash of the last commit, or `None` before the first.
+    pub fn head(&self) -> Option<CommitHash> {
+        self.log.last().map(|c| c.hash)
+    }
+
+    /// The generation of the last commit (0 before the first).
+    pub fn generation(&self) -> Generation {
+        Generation(self.log.len() as u64)
+    }
+
+    /// How many events wait for a generation.
+    pub fn queued_events(&self) -> usize {
+        self.events.len()
+    }
+
+    /// The queued events, oldest first.
+    pub fn events(&self) -> impl Iterator<Item = &Event> + '_ {
+        self.events.iter()
+    }
+
+    /// The delivery ledger.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    pub(crate) fn ledger_mut(&mut self) -> &mut Ledger {
+        &mut self.ledger
+    }
+
+    /// Creates `value` at `id`, or refreshes it (a new version only if the content differs).
+    /// Emits a `Created` or `Updated` event and commits, like a generation does.
+    pub fn create<T: Artifact>(&mut self, id: impl Into<ArtifactId>, value: T) -> Result<(), WriteError> {
+        self.transaction().create(id, value).commit()
+    }
+
+    /// Replaces the artifact at `id`; fails with [`CommitError::UnknownId`] if there is none.
+    /// Equal content is a no-op: no version, no event, no commit.
+    pub fn update<T: Artifact>(&mut self, id: impl Into<ArtifactId>, value: T) -> Result<(), WriteError> {
+        self.transaction().update(id, value).commit()
+    }
+
+    /// Deletes the artifact at `id` and its relations; a missing id is a no-op.
+    pub fn delete(&mut self, id: impl Into<ArtifactId>) -> Result<(), WriteError> {
+        self.transaction().delete(id).commit()
+    }
+
+    /// Adds the relation `from -[name]-> to`; both must exist.
+    pub fn link(
+        &mut self,
+        from: impl Into<ArtifactId>,
+        name: &str,
+        to: impl Into<ArtifactId>,
+    ) -> Result<(), WriteError> {
+        self.transaction().link(from, name, to).commit()
+    }
+
+    /// Removes the relation `from -[name]-> to`, if present.
+    pub fn unlink(
+        &mut self,
+        from: impl Into<ArtifactId>,
+        name: &str,
+        to: impl Into<ArtifactId>,
+    ) -> Result<(), WriteError> {
+        self.transaction().unlink(from, name, to).commit()
+    }
+
+    /// Starts a batch of direct writes that commits as one generation. Seeding many artifacts
+    /// this way costs one commit instead of one per write.
+    pub fn transaction(&mut self) -> Transaction<'_> {
+        Transaction {
+            context: self,
+            ops: Vec::new(),
+            error: None,
+        }
+    }
+
+    /// Applies the runs of one generation as one atomic unit, consumes `consumed` queued events,
+    /// queues the events the changes emit and registers new intents in the ledger.
+    ///
+    /// With `isolate`, a run whose patch does not apply is dropped (and reported in the second
+    /// element) while the others commit; without it, the first such run fails everything and
+    /// nothing changes.
+    pub(crate) fn commit_runs(
+        &mut self,
+        mut runs: Vec<RunRecord>,
+        consumed: usize,
+        isolate: bool,
+        skip_if_unchanged: bool,
+    ) -> Result<Vec<(usize, CommitError)>, (usize, CommitError)> {
+        let generation = self.generation().next();
+        let _span = tracing::debug_span!("commit", session = %self.session, generation = generation.0).entered();
+        let mut apply = Apply::new(&mut self.state, generation);
+        let mut rejected = Vec::new();
+        for (i, run) in runs.iter().enumerate() {
+            if let Err(e) = apply.patch(&run.ops) {
+                if isolate {
+                    rejected.push((i, e));
+                } else {
+                    apply.rollback();
+                    return Err((i, e));
+                }
+            }
+        }
+        if skip_if_unchanged && !apply.changed() {
+            apply.rollback();
+            return Ok(rejected);
+        }
+        if !rejected.is_empty() {
+            let mut dropped = rejected.iter().map(|&(i, _)| i).peekable();
+            runs = runs
+                .into_iter()
+                .enumerate()
+                .filter(|&(i, _)| dropped.next_if_eq(&i).is_none())
+                .map(|(_, run)| run)
+                .collect();
+        }
+        let state_hash = apply.state().state_hash();
+        let (events, intents) = apply.finish();
+        let parent = self.head();
+        let hash = Commit::compute_hash(parent.as_ref(), generation, &state_hash, &runs);
+        self.log.push(Commit {
+            generation,
+            parent,
+            hash,
+            state_hash,
+            runs,
+            events_consumed: consumed,
+        });
+        self.events.drain(..consumed);
+        tracing::debug!(commit = %hash.short(), events = events.len(), intents = intents.len(), "committed");
+        self.events.extend(events);
+        self.register_intents(intents);
+        Ok(rejected)
+    }
+
+    fn register_intents(&mut self, intents: Vec<Intent>) {
+        if intents.is_empty() {
+            return;
+        }
+        let now = SystemTime::now();
+        for intent in intents {
+            self.ledger.register(intent, now);
+        }
+    }
+
+    /// Consumes queued events that no produce reacts to, without a commit.
+    pub(crate) fn consume_events(&mut self, count: usize) {
+        self.events.drain(..count);
+    }
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("session", &self.session)
+            .field("artifacts", &self.state.len())
+            .field("commits", &self.log.len())
+            .field("queued_events", &self.events.len())
+            .field("ledger", &self.ledger)
+            .finish()
+    }
+}
+
+/// A batch of direct writes to a [`Context`], committed as one generation by
+/// [`commit`](Transaction::commit). Dropping it writes nothing.
+///
+/// ```
+/// # use reactifact_core::{Artifact, Context};
+/// # use serde::{Deserialize, Serialize};
+/// # #[derive(Serialize, Deserialize)] struct Order { total_cents: u64 }
+/// # impl Artifact for Order { const KIND: &'static str = "order"; }
+/// let mut ctx = Context::new("orders");
+/// let mut tx = ctx.transaction();
+/// for i in 0..3 {
+///     tx = tx.create(format!("order:{i}"), Order { total_cents: 100 * i });
+/// }
+/// tx.commit()?;
+/// assert_eq!(ctx.log().len(), 1);
+/// assert_eq!(ctx.queued_events(), 3);
+/// # Ok::<(), reactifact_core::WriteError>(())
+/// ```
+#[must_use = "a transaction writes nothing until `commit` is called"]
+pub struct Transaction<'a> {
+    context: &'a mut Context,
+    ops: Vec<Op>,
+    error: Option<EffectError>,
+}
+
+impl Transaction<'_> {
+    fn push(mut self, op: Result<Op, EffectError>) -> Self {
+        match op {
+            Ok(op) => self.ops.push(op),
+            Err(e) => {
+                self.error.get_or_insert(e);
+            }
+        }
+        self
+    }
+
+    /// Creates `value` at `id`, or refreshes it if it exists.
+    pub fn create<T: Artifact>(self, id: impl Into<ArtifactId>, value: T) -> Self {
+        let op = Op::put(PutMode::Create, id.into(), &value);
+        self.push(op)
+    }
+
+    /// Creates `value` at `id` only if the id does not exist.
+    pub fn create_once<T: Artifact>(self, id: impl Into<ArtifactId>, value: T) -> Self {
+        let op = Op::put(PutMode::CreateOnce, id.into(), &value);
+        self.push(op)
+    }
+
+    /// Replaces the artifact at `id`, which must exist.
+    pub fn update<T: Artifact>(self, id: impl Into<ArtifactId>, value: T) -> Self {
+        let op = Op::put(PutMode::Update, id.into(), &value);
+        self.push(op)
+    }
+
+    /// Deletes the artifact at `id` and its relations.
+    pub fn delete(self, id: impl Into<ArtifactId>) -> Self {
+        self.push(Ok(Op::Delete { id: id.into() }))
+    }
+
+    /// Adds the relation `from -[name]-> to`.
+    pub fn link(self, from: impl Into<ArtifactId>, name: &str, to: impl Into<ArtifactId>) -> Self {
+        self.push(Ok(Op::Link(Relation::new(from, name, to))))
+    }
+
+    /// Removes the relation `from -[name]-> to`.
+    pub fn unlink(self, from: impl Into<ArtifactId>, name: &str, to: impl Into<ArtifactId>) -> Self {
+        self.push(Ok(Op::Unlink(Relation::new(from, name, to))))
+    }
+
+    /// Applies every write as one commit, or none of them. A batch that changes nothing
+    /// commits nothing.
+    ///
+    /// # Errors
+    /// [`WriteError::Effect`] if a value did not encode or a pending action was written
+    /// directly; [`WriteError::Commit`] if a write does not apply (unknown id on update, a
+    /// different kind under an existing id, a link to a missing artifact).
+    pub fn commit(self) -> Result<(), WriteError> {
+        if let Some(e) = self.error {
+            return Err(e.into());
+        }
+        if self.ops.is_empty() {
+            return Ok(());
+        }
+        let run = RunRecord {
+            agent: None,
+            produce: None,
+            trigger: None,
+            ops: self.ops,
+        };
+        match self.context.commit_runs(vec![run], 0, false, true) {
+            Ok(_) => Ok(()),
+            Err((_, e)) => Err(e.into()),
+        }
+    }
+}

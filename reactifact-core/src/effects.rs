@@ -1,0 +1,179 @@
+//! The produce-scoped write buffer.
+
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+
+use crate::action::{ActionKey, PendingAction};
+use crate::artifact::{Artifact, ArtifactId};
+use crate::error::EffectError;
+use crate::patch::{Op, PutMode};
+use crate::snapshot::Snapshot;
+use crate::state::Relation;
+
+/// Marks `Self` as an output that produce `P` declared.
+///
+/// `#[produce(Receipt, also_creates = [PendingAction])]` implements it for `Receipt` and
+/// `PendingAction` with `P` the produce, so writing any other type through that produce's
+/// [`Effects`] is a compile error. [`Dynamic`] accepts every type and leaves the check to the
+/// runtime, which validates every patch against the produce's declared outputs before anything
+/// is applied.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a declared output of produce `{P}`",
+    label = "produce `{P}` does not declare `{Self}`",
+    note = "declare it on the produce: `#[produce(.., also_creates = [{Self}])]`"
+)]
+pub trait DeclaredOutput<P>: Artifact {}
+
+/// Declarations checked at run time rather than compile time: every type is accepted by
+/// [`Effects<Dynamic>`], and the runtime rejects a patch that creates an undeclared kind.
+/// Produces built with [`Produce::new`](crate::Produce::new) use it.
+#[derive(Debug)]
+pub enum Dynamic {}
+
+impl<T: Artifact> DeclaredOutput<Dynamic> for T {}
+
+#[derive(Default)]
+pub(crate) struct Buffer {
+    pub(crate) ops: Vec<Op>,
+    pub(crate) error: Option<EffectError>,
+    sealed: bool,
+}
+
+impl Buffer {
+    /// Takes the recorded operations; later writes are refused.
+    pub(crate) fn seal(&mut self) -> (Vec<Op>, Option<EffectError>) {
+        self.sealed = true;
+        (std::mem::take(&mut self.ops), self.error.take())
+    }
+}
+
+/// The write buffer of one produce run: what the produce wants to change.
+///
+/// Nothing here touches the context. Each call appends an operation to the produce's patch;
+/// the runtime validates the patches of a generation and commits them together. Methods take
+/// `&self`, so they can be called from anywhere in the produce's body.
+///
+/// An encoding failure is reported when the run is collected and fails the run, so the
+/// methods need no `?`. The type parameter `D` names the produce's declarations; see
+/// [`DeclaredOutput`].
+pub struct Effects<D = Dynamic> {
+    buffer: Arc<Mutex<Buffer>>,
+    snapshot: Snapshot,
+    _declared: PhantomData<fn() -> D>,
+}
+
+impl<D> Effects<D> {
+    pub(crate) fn new(buffer: Arc<Mutex<Buffer>>, snapshot: Snapshot) -> Self {
+        Effects {
+            buffer,
+            snapshot,
+            _declared: PhantomData,
+        }
+    }
+
+    fn push(&self, op: Result<Op, EffectError>) {
+        let mut buffer = self.buffer.lock().unwrap_or_else(|e| e.into_inner());
+        if buffer.sealed {
+            let id = match &op {
+                Ok(op) => op.id().clone(),
+                Err(_) => ArtifactId::from(""),
+            };
+            tracing::warn!(artifact_id = %id, "effects used after the produce run finished; write dropped");
+            return;
+        }
+        match op {
+            Ok(op) => buffer.ops.push(op),
+            Err(e) => {
+                if buffer.error.is_none() {
+                    buffer.error = Some(e);
+                }
+            }
+        }
+    }
+
+    fn put<T: Artifact>(&self, mode: PutMode, id: impl Into<ArtifactId>, value: &T) {
+        self.push(Op::put(mode, id.into(), value));
+    }
+
+    /// Creates the artifact, or refreshes it if the id exists at commit time: a new version
+    /// only if the content hash differs. Re-running a produce therefore creates nothing twice.
+    pub fn create<T: DeclaredOutput<D>>(&self, id: impl Into<ArtifactId>, value: T) {
+        self.put(PutMode::Create, id, &value);
+    }
+
+    /// Creates or replaces the artifact; equal content is a no-op.
+    pub fn upsert<T: DeclaredOutput<D>>(&self, id: impl Into<ArtifactId>, value: T) {
+        self.put(PutMode::Upsert, id, &value);
+    }
+
+    /// Creates the artifact only if the id does not exist at commit time.
+    pub fn create_once<T: DeclaredOutput<D>>(&self, id: impl Into<ArtifactId>, value: T) {
+        self.put(PutMode::CreateOnce, id, &value);
+    }
+
+    /// Replaces an existing artifact. An id that does not exist at commit time fails the
+    /// commit; equal content is a no-op (no version, no event). Updating needs no declaration.
+    pub fn update<T: Artifact>(&self, id: impl Into<ArtifactId>, value: T) {
+        self.put(PutMode::Update, id, &value);
+    }
+
+    /// Deletes the artifact and every relation touching it; a missing id is a no-op.
+    pub fn delete(&self, id: impl Into<ArtifactId>) {
+        self.push(Ok(Op::Delete { id: id.into() }));
+    }
+
+    /// Adds the relation `from -[name]-> to`; both must exist at commit time.
+    pub fn link(&self, from: impl Into<ArtifactId>, name: &str, to: impl Into<ArtifactId>) {
+        self.push(Ok(Op::Link(Relation::new(from, name, to))));
+    }
+
+    /// Removes the relation `from -[name]-> to`, if present.
+    pub fn unlink(&self, from: impl Into<ArtifactId>, name: &str, to: impl Into<ArtifactId>) {
+        self.push(Ok(Op::Unlink(Relation::new(from, name, to))));
+    }
+
+    /// Records an intent: a [`PendingAction`] of `kind` with idempotency `key` and `payload`,
+    /// stored at `action:{key}` and delivered by the outbox after the commit.
+    ///
+    /// Returns `None`, recording nothing, when `action:{key}` already exists in the snapshot
+    /// this produce reads (or was already acted in this run); the commit also skips it if
+    /// another produce of the same generation recorded it first. Derive `key` from stable
+    /// content (an order id, a content hash), never from the clock or a random number, so
+    /// that a retry, a replay or another branch derives the same key.
+    pub fn act<P: Serialize + ?Sized>(&self, kind: &str, key: impl Into<ActionKey>, payload: &P) -> Option<ActionKey>
+    where
+        PendingAction: DeclaredOutput<D>,
+    {
+        let key = key.into();
+        let op = Op::act(kind, key.clone(), payload);
+        if let Ok(op) = &op {
+            if self.snapshot.contains(op.id().as_str()) {
+                return None;
+            }
+            let buffer = self.buffer.lock().unwrap_or_else(|e| e.into_inner());
+            if buffer
+                .ops
+                .iter()
+                .any(|o| matches!(o, Op::Act { key: k, .. } if *k == key))
+            {
+                return None;
+            }
+        }
+        self.push(op);
+        Some(key)
+    }
+
+    /// The snapshot this produce reads: the state before its generation.
+    pub fn snapshot(&self) -> &Snapshot {
+        &self.snapshot
+    }
+}
+
+impl<D> std::fmt::Debug for Effects<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let buffer = self.buffer.lock().unwrap_or_else(|e| e.into_inner());
+        f.debug_struct("Effects").field("ops", &buffer.ops.len()).finish()
+    }
+}

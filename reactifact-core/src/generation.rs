@@ -1,0 +1,317 @@
+//! One generation: match events to produces, run them against one snapshot, validate, commit.
+
+use std::any::Any;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::FutureExt;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::artifact::{Generation, Stored};
+use crate::commit::{RunRecord, TriggerRef};
+use crate::effects::Buffer;
+use crate::error::{ProduceFailure, RunError, RunFailure};
+use crate::event::{Event, EventKind};
+use crate::patch::Op;
+use crate::produce::RunInput;
+use crate::runtime::{ProduceErrors, Runtime, TurnOutcome, TurnReport};
+use crate::snapshot::Snapshot;
+
+/// Where a produce is registered: agent index (in priority order) and produce index.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Slot {
+    pub(crate) agent: usize,
+    pub(crate) produce: usize,
+}
+
+/// One produce run to execute.
+struct Work {
+    slot: Slot,
+    trigger: Arc<Stored>,
+    event: EventKind,
+}
+
+/// How a generation step ended.
+pub(crate) enum Step {
+    /// A generation was committed.
+    Committed,
+    /// The events taken matched no produce; they were consumed without a commit.
+    Consumed,
+    /// The turn must end with this outcome; nothing was committed.
+    Interrupted(TurnOutcome),
+}
+
+/// The events a generation takes and the work they match.
+struct Batch {
+    events: usize,
+    work: Vec<Work>,
+}
+
+/// Matches queued events, oldest first, to produces. Takes whole events only: an event is
+/// consumed exactly when all of its work commits, so it never needs partial bookkeeping.
+/// Stops before the first event whose work would exceed `remaining_runs`.
+fn select(rt: &Runtime, snapshot: &Snapshot, remaining_runs: Option<u64>) -> Batch {
+    let mut work = Vec::new();
+    let mut events = 0;
+    for event in rt.context.events() {
+        let start = work.len();
+        match_event(rt, snapshot, event, &mut work);
+        if remaining_runs.is_some_and(|max| work.len() as u64 > max) {
+            work.truncate(start);
+            break;
+        }
+        events += 1;
+    }
+    if !rt.uniform_priority {
+        // Agents are ranked by priority, so a stable sort by rank gives
+        // (priority, event order, registration order).
+        work.sort_by_key(|w| w.slot.agent);
+    }
+    Batch { events, work }
+}
+
+fn match_event(rt: &Runtime, snapshot: &Snapshot, event: &Event, work: &mut Vec<Work>) {
+    if event.kind == EventKind::Deleted {
+        return;
+    }
+    let Some(slots) = rt.triggers.get(&event.artifact_kind) else {
+        return;
+    };
+    // The trigger must still be the version the event announced; a later change of the same
+    // artifact queued its own event, which triggers the run instead.
+    let Some(trigger) = snapshot.state.get(event.id.as_str()) else {
+        return;
+    };
+    if trigger.version != event.version || trigger.generation != event.generation {
+        return;
+    }
+    for &slot in slots {
+        let produce = &rt.agents[slot.agent].produces[slot.produce];
+        if produce.applies(snapshot, trigger) {
+            work.push(Work {
+                slot,
+                trigger: trigger.clone(),
+                event: event.kind,
+            });
+        }
+    }
+}
+
+/// Runs one generation of the turn.
+pub(crate) async fn run(
+    rt: &mut Runtime,
+    remaining_runs: Option<u64>,
+    deadline: Option<Instant>,
+    report: &mut TurnReport,
+) -> Result<Step, RunError> {
+    let snapshot = rt.context.snapshot();
+    let batch = select(rt, &snapshot, remaining_runs);
+    if batch.events == 0 {
+        return Ok(Step::Interrupted(TurnOutcome::RunsExhausted));
+    }
+    if batch.work.is_empty() {
+        rt.context.consume_events(batch.events);
+        return Ok(Step::Consumed);
+    }
+    let generation = rt.context.generation().next();
+    let span = tracing::debug_span!(
+        "generation",
+        generation = generation.0,
+        runs = batch.work.len(),
+        events = batch.events
+    );
+    let executed = {
+        let execution = execute(rt, &batch.work, &snapshot, generation).instrument(span.clone());
+        let deadline_passed = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            results = execution => Ok(results),
+            () = rt.stop.requested() => Err(TurnOutcome::Stopped),
+            () = deadline_passed => Err(TurnOutcome::DeadlineExceeded),
+        }
+    };
+    drop(snapshot);
+    let results = match executed {
+        Ok(results) => results,
+        Err(outcome) => {
+            tracing::info!(parent: &span, outcome = ?outcome, "generation cancelled; its events stay queued");
+            return Ok(Step::Interrupted(outcome));
+        }
+    };
+    let _entered = span.enter();
+
+    let isolate = rt.produce_errors == ProduceErrors::Isolate;
+    let mut records = Vec::with_capacity(batch.work.len());
+    let mut record_work = Vec::with_capacity(batch.work.len());
+    let mut failures = Vec::new();
+    for (i, (work, result)) in batch.work.iter().zip(results).enumerate() {
+        let produce = &rt.agents[work.slot.agent].produces[work.slot.produce];
+        let checked = result.and_then(|ops| {
+            match ops
+                .iter()
+                .find_map(|op| op.created_kind().filter(|k| !produce.declares(*k)).map(|k| (op, k)))
+            {
+                Some((op, kind)) => Err(RunFailure::UndeclaredOutput {
+                    id: op.id().clone(),
+                    kind,
+                }),
+                None => Ok(ops),
+            }
+        });
+        match checked {
+            Ok(ops) => {
+                records.push(RunRecord {
+                    agent: Some(rt.agents[work.slot.agent].name.clone()),
+                    produce: Some(produce.name_arc().clone()),
+                    trigger: Some(TriggerRef {
+                        id: work.trigger.id.clone(),
+                        version: work.trigger.version,
+                        hash: work.trigger.hash,
+                    }),
+                    ops,
+                });
+                record_work.push(i);
+            }
+            Err(failure) => failures.push(failure_at(rt, work, failure)),
+        }
+    }
+    if !failures.is_empty() && !isolate {
+        let others = failures.len() - 1;
+        let first = failures.swap_remove(0);
+        return Err(RunError::Produce {
+            first: Box::new(first),
+            others,
+        });
+    }
+
+    let runs = records.len() as u64;
+    match rt.context.commit_runs(records, batch.events, isolate, false) {
+        Ok(rejected) => {
+            for (r, error) in rejected {
+                let work = &batch.work[record_work[r]];
+                failures.push(failure_at(rt, work, RunFailure::Commit(error)));
+            }
+        }
+        Err((r, error)) => {
+            let work = &batch.work[record_work[r]];
+            return Err(RunError::Produce {
+                first: Box::new(failure_at(rt, work, RunFailure::Commit(error))),
+                others: 0,
+            });
+        }
+    }
+    for failure in &failures {
+        tracing::warn!(agent = %failure.agent, produce = %failure.produce, artifact_id = %failure.trigger, error = %failure.failure, "produce run isolated; its patch was dropped");
+    }
+    report.generations += 1;
+    report.runs += runs;
+    report.failed_runs.extend(failures);
+    Ok(Step::Committed)
+}
+
+fn failure_at(rt: &Runtime, work: &Work, failure: RunFailure) -> ProduceFailure {
+    let agent = &rt.agents[work.slot.agent];
+    ProduceFailure {
+        agent: agent.name.to_string(),
+        produce: agent.produces[work.slot.produce].name().to_owned(),
+        trigger: work.trigger.id.clone(),
+        failure,
+    }
+}
+
+/// Runs every work item concurrently, bounded by the global and per-agent limits, and
+/// returns the results in work order, whatever order they complete in.
+async fn execute(
+    rt: &Runtime,
+    work: &[Work],
+    snapshot: &Snapshot,
+    generation: Generation,
+) -> Vec<Result<Vec<Op>, RunFailure>> {
+    let mut results: Vec<Option<Result<Vec<Op>, RunFailure>>> = Vec::with_capacity(work.len());
+    results.resize_with(work.len(), || None);
+    let mut active = vec![0usize; rt.agents.len()];
+    // Work of an agent at its limit waits here; an agent with waiting work is always at its
+    // limit, because each completion of its runs starts its next waiting one.
+    let mut waiting: Vec<VecDeque<usize>> = vec![VecDeque::new(); rt.agents.len()];
+    let mut running = FuturesUnordered::new();
+    let mut next = 0;
+    loop {
+        while running.len() < rt.max_concurrency && next < work.len() {
+            let agent = work[next].slot.agent;
+            if rt.agents[agent].concurrency.is_some_and(|limit| active[agent] >= limit) {
+                waiting[agent].push_back(next);
+            } else {
+                active[agent] += 1;
+                running.push(run_one(rt, next, &work[next], snapshot, generation));
+            }
+            next += 1;
+        }
+        let Some((done, result)) = running.next().await else {
+            break;
+        };
+        results[done] = Some(result);
+        let agent = work[done].slot.agent;
+        active[agent] -= 1;
+        if let Some(queued) = waiting[agent].pop_front() {
+            active[agent] += 1;
+            running.push(run_one(rt, queued, &work[queued], snapshot, generation));
+        }
+    }
+    results.into_iter().map(|r| r.expect("every work item ran")).collect()
+}
+
+fn run_one(
+    rt: &Runtime,
+    index: usize,
+    work: &Work,
+    snapshot: &Snapshot,
+    generation: Generation,
+) -> impl Future<Output = (usize, Result<Vec<Op>, RunFailure>)> + Send + 'static {
+    let agent = &rt.agents[work.slot.agent];
+    let produce = &agent.produces[work.slot.produce];
+    let span = tracing::debug_span!("produce", agent = %agent.name, produce = produce.name(), artifact_id = %work.trigger.id, generation = generation.0);
+    let buffer = Arc::new(Mutex::new(Buffer::default()));
+    let input = RunInput {
+        trigger: work.trigger.clone(),
+        event: work.event,
+        snapshot: snapshot.clone(),
+        buffer: buffer.clone(),
+        generation,
+    };
+    let started = std::panic::catch_unwind(AssertUnwindSafe(|| produce.start(input)));
+    async move {
+        let outcome = match started {
+            Ok(future) => AssertUnwindSafe(future)
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|panic| Err(RunFailure::Panicked(panic_message(&panic)))),
+            Err(panic) => Err(RunFailure::Panicked(panic_message(&panic))),
+        };
+        let (ops, effect_error) = buffer.lock().unwrap_or_else(|e| e.into_inner()).seal();
+        let result = outcome.and_then(|()| match effect_error {
+            Some(e) => Err(RunFailure::Effect(e)),
+            None => Ok(ops),
+        });
+        (index, result)
+    }
+    .instrument(span)
+}
+
+pub(crate) fn panic_message(panic: &Box<dyn Any + Send>) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}

@@ -1,0 +1,214 @@
+//! The delivery ledger: per idempotency key, the delivery state of an intent.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+
+use crate::action::{ActionKey, Intent};
+use crate::artifact::{ArtifactId, Generation};
+use crate::error::RetryError;
+
+/// Where an intent is in its delivery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum DeliveryStatus {
+    /// Committed and waiting for a drain.
+    Pending,
+    /// Handed to a dispatcher; the outcome is not recorded yet.
+    InFlight,
+    /// The dispatcher reported success. Never handed to a dispatcher again.
+    Delivered,
+    /// The last attempt failed; `retry` re-arms it.
+    Failed,
+}
+
+impl fmt::Display for DeliveryStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DeliveryStatus::Pending => "pending",
+            DeliveryStatus::InFlight => "in flight",
+            DeliveryStatus::Delivered => "delivered",
+            DeliveryStatus::Failed => "failed",
+        })
+    }
+}
+
+/// The ledger entry of one intent. Kept out of the `PendingAction`'s content, so delivery
+/// never changes a content hash.
+#[derive(Clone, Debug)]
+pub struct Delivery {
+    intent: Intent,
+    status: DeliveryStatus,
+    attempts: u32,
+    last_error: Option<String>,
+    recorded_at: SystemTime,
+    updated_at: SystemTime,
+    delivered_at: Option<SystemTime>,
+}
+
+impl Delivery {
+    /// The idempotency key.
+    pub fn key(&self) -> &ActionKey {
+        &self.intent.key
+    }
+
+    /// The action kind.
+    pub fn kind(&self) -> &str {
+        &self.intent.kind
+    }
+
+    /// The id of the `PendingAction` artifact: `action:{key}`.
+    pub fn action_id(&self) -> ArtifactId {
+        self.intent.key.artifact_id()
+    }
+
+    /// The generation whose commit recorded the intent.
+    pub fn generation(&self) -> Generation {
+        self.intent.generation
+    }
+
+    /// The delivery state.
+    pub fn status(&self) -> DeliveryStatus {
+        self.status
+    }
+
+    /// How many times the intent was handed to a dispatcher.
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// The error of the last failed attempt, if the last attempt failed.
+    pub fn last_error(&self) -> Option<&str> {
+        self.last_error.as_deref()
+    }
+
+    /// When the intent was committed.
+    pub fn recorded_at(&self) -> SystemTime {
+        self.recorded_at
+    }
+
+    /// When the entry last changed.
+    pub fn updated_at(&self) -> SystemTime {
+        self.updated_at
+    }
+
+    /// When the delivery succeeded.
+    pub fn delivered_at(&self) -> Option<SystemTime> {
+        self.delivered_at
+    }
+}
+
+/// The delivery ledger of a context: one entry per idempotency key, in the order the intents
+/// were committed. A key is registered once; a key already in the ledger is never registered
+/// again, so it is handed to a dispatcher at most once per successful delivery.
+#[derive(Default)]
+pub struct Ledger {
+    entries: Vec<Delivery>,
+    index: HashMap<ActionKey, usize>,
+    /// Entries waiting for a drain, in commit order.
+    due: VecDeque<usize>,
+}
+
+impl Ledger {
+    /// The entry for `key`.
+    pub fn get(&self, key: &str) -> Option<&Delivery> {
+        self.index.get(key).map(|&i| &self.entries[i])
+    }
+
+    /// Every entry, in commit order.
+    pub fn iter(&self) -> impl Iterator<Item = &Delivery> + '_ {
+        self.entries.iter()
+    }
+
+    /// How many intents the ledger holds.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the ledger is empty.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// How many intents are waiting to be delivered.
+    pub fn pending(&self) -> usize {
+        self.due.len()
+    }
+
+    /// Registers a committed intent as pending, unless its key is already known.
+    pub(crate) fn register(&mut self, intent: Intent, now: SystemTime) -> bool {
+        if self.index.contains_key(intent.key.as_str()) {
+            return false;
+        }
+        let at = self.entries.len();
+        self.index.insert(intent.key.clone(), at);
+        self.entries.push(Delivery {
+            intent,
+            status: DeliveryStatus::Pending,
+            attempts: 0,
+            last_error: None,
+            recorded_at: now,
+            updated_at: now,
+            delivered_at: None,
+        });
+        self.due.push_back(at);
+        true
+    }
+
+    /// Takes the next pending intent and marks it in flight, counting the attempt.
+    pub(crate) fn begin_next(&mut self, now: SystemTime) -> Option<(usize, Intent)> {
+        let at = self.due.pop_front()?;
+        let entry = &mut self.entries[at];
+        debug_assert_eq!(entry.status, DeliveryStatus::Pending);
+        entry.status = DeliveryStatus::InFlight;
+        entry.attempts += 1;
+        entry.updated_at = now;
+        let mut intent = entry.intent.clone();
+        intent.attempt = entry.attempts;
+        Some((at, intent))
+    }
+
+    pub(crate) fn record_delivered(&mut self, at: usize, now: SystemTime) {
+        let entry = &mut self.entries[at];
+        entry.status = DeliveryStatus::Delivered;
+        entry.last_error = None;
+        entry.updated_at = now;
+        entry.delivered_at = Some(now);
+    }
+
+    pub(crate) fn record_failed(&mut self, at: usize, error: String, now: SystemTime) {
+        let entry = &mut self.entries[at];
+        entry.status = DeliveryStatus::Failed;
+        entry.last_error = Some(error);
+        entry.updated_at = now;
+    }
+
+    /// Puts a failed intent back to pending.
+    pub(crate) fn rearm(&mut self, key: &str, now: SystemTime) -> Result<(), RetryError> {
+        let Some(&at) = self.index.get(key) else {
+            return Err(RetryError::UnknownKey(ActionKey::from(key)));
+        };
+        let entry = &mut self.entries[at];
+        if entry.status != DeliveryStatus::Failed {
+            return Err(RetryError::NotFailed {
+                key: entry.intent.key.clone(),
+                status: entry.status,
+            });
+        }
+        entry.status = DeliveryStatus::Pending;
+        entry.updated_at = now;
+        self.due.push_back(at);
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ledger")
+            .field("entries", &self.entries.len())
+            .field("pending", &self.due.len())
+            .finish()
+    }
+}

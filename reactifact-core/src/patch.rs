@@ -1,0 +1,142 @@
+//! Operations: the compiled form of effects that the runtime applies and records in the log.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::action::{ActionKey, PendingAction};
+use crate::artifact::{self, Artifact, ArtifactId, Kind};
+use crate::error::EffectError;
+use crate::hash::{self, ContentHash};
+use crate::state::Relation;
+
+/// How a put treats an id that already exists at commit time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum PutMode {
+    /// Create, or refresh the existing artifact (a new version only if the content differs).
+    Create,
+    /// Create or replace; the same rule as `Create`, recorded under its own name.
+    Upsert,
+    /// Create only if the id does not exist; otherwise skipped.
+    CreateOnce,
+    /// Replace an existing artifact; an unknown id fails the commit.
+    Update,
+}
+
+/// One operation of a patch. Patches are built by [`Effects`](crate::Effects) and by direct
+/// writes; they are readable in the commit log but never built by users.
+#[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
+pub enum Op {
+    /// Write an artifact.
+    Put {
+        /// How an existing id is treated.
+        mode: PutMode,
+        /// The id written.
+        id: ArtifactId,
+        /// The artifact's kind.
+        kind: Kind,
+        /// SHA-256 of `bytes`.
+        hash: ContentHash,
+        /// The rmp-serde encoding (not part of the commit hash; `hash` stands for it).
+        #[serde(skip)]
+        bytes: Arc<[u8]>,
+    },
+    /// Delete an artifact and every relation touching it; a missing id is a no-op.
+    Delete {
+        /// The id deleted.
+        id: ArtifactId,
+    },
+    /// Add a relation; both endpoints must exist.
+    Link(Relation),
+    /// Remove a relation; a missing relation is a no-op.
+    Unlink(Relation),
+    /// Record an intent: a `PendingAction` at `action:{key}`, skipped if that id exists.
+    Act {
+        /// The idempotency key.
+        key: ActionKey,
+        /// The action kind, e.g. `"notify"`.
+        action: Arc<str>,
+        /// `action:{key}`.
+        id: ArtifactId,
+        /// SHA-256 of the `PendingAction` encoding.
+        hash: ContentHash,
+        /// The `PendingAction` encoding.
+        #[serde(skip)]
+        bytes: Arc<[u8]>,
+        /// The payload's encoding, as handed to the dispatcher.
+        #[serde(skip)]
+        payload: Arc<[u8]>,
+    },
+}
+
+impl Op {
+    /// The artifact this operation writes or deletes (the source, for relations).
+    pub fn id(&self) -> &ArtifactId {
+        match self {
+            Op::Put { id, .. } | Op::Delete { id } | Op::Act { id, .. } => id,
+            Op::Link(r) | Op::Unlink(r) => &r.from,
+        }
+    }
+
+    /// The kind this operation creates, if it is one that must be declared by its produce:
+    /// creating puts and acts. Updates, deletes and relations need no declaration.
+    pub(crate) fn created_kind(&self) -> Option<Kind> {
+        match self {
+            Op::Put {
+                mode: PutMode::Update, ..
+            } => None,
+            Op::Put { kind, .. } => Some(*kind),
+            Op::Act { .. } => Some(Kind::of::<PendingAction>()),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn put<T: Artifact>(mode: PutMode, id: ArtifactId, value: &T) -> Result<Op, EffectError> {
+        if T::KIND == PendingAction::KIND {
+            return Err(EffectError::ActionWrittenDirectly { id });
+        }
+        match artifact::encode(value) {
+            Ok(bytes) => Ok(Op::Put {
+                mode,
+                hash: hash::content_hash(&bytes),
+                kind: Kind::of::<T>(),
+                id,
+                bytes: bytes.into(),
+            }),
+            Err(source) => Err(EffectError::Encode {
+                id,
+                kind: Kind::of::<T>(),
+                source,
+            }),
+        }
+    }
+
+    pub(crate) fn act<P: Serialize + ?Sized>(action: &str, key: ActionKey, payload: &P) -> Result<Op, EffectError> {
+        let payload = artifact::encode(payload).map_err(|source| EffectError::EncodePayload {
+            key: key.clone(),
+            kind: action.to_owned(),
+            source,
+        })?;
+        let record = PendingAction {
+            kind: action.to_owned(),
+            key: key.as_str().to_owned(),
+            payload,
+        };
+        let id = key.artifact_id();
+        let bytes = artifact::encode(&record).map_err(|source| EffectError::Encode {
+            id: id.clone(),
+            kind: Kind::of::<PendingAction>(),
+            source,
+        })?;
+        Ok(Op::Act {
+            hash: hash::content_hash(&bytes),
+            action: Arc::from(action),
+            id,
+            key,
+            bytes: bytes.into(),
+            payload: record.payload.into(),
+        })
+    }
+}

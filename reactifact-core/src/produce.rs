@@ -1,0 +1,275 @@
+//! Produces (reactions to one artifact type) and the agents that group them.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use crate::artifact::{Artifact, Generation, Kind, Record, Stored};
+use crate::effects::{Buffer, Dynamic, Effects};
+use crate::error::{ProduceError, RunFailure};
+use crate::event::EventKind;
+use crate::snapshot::Snapshot;
+
+/// What a produce receives: its trigger, the snapshot it reads and the effects it writes to.
+///
+/// `T` is the trigger type; `D` names the produce's declared outputs (see
+/// [`DeclaredOutput`](crate::DeclaredOutput)); the `#[produce]` macro fills it in.
+#[non_exhaustive]
+pub struct ProduceCall<T, D = Dynamic> {
+    /// The artifact whose event triggered the run, as it is in the snapshot.
+    pub trigger: Record<T>,
+    /// What happened to it: `Created` or `Updated`.
+    pub event: EventKind,
+    /// The state before this generation; every produce of the generation reads the same one.
+    pub snapshot: Snapshot,
+    /// Where the produce records what should change.
+    pub effects: Effects<D>,
+    /// The generation being computed.
+    pub generation: Generation,
+}
+
+/// Turns what a produce function returns into the runtime's result: `()` or any
+/// `Result<(), E>` with `E: Into<ProduceError>`.
+pub trait IntoProduceResult {
+    /// The conversion.
+    fn into_produce_result(self) -> Result<(), ProduceError>;
+}
+
+impl IntoProduceResult for () {
+    fn into_produce_result(self) -> Result<(), ProduceError> {
+        Ok(())
+    }
+}
+
+impl<E: Into<ProduceError>> IntoProduceResult for Result<(), E> {
+    fn into_produce_result(self) -> Result<(), ProduceError> {
+        self.map_err(Into::into)
+    }
+}
+
+pub(crate) type RunFuture = Pin<Box<dyn Future<Output = Result<(), RunFailure>> + Send>>;
+
+/// Everything the runtime hands to one run.
+pub(crate) struct RunInput {
+    pub(crate) trigger: Arc<Stored>,
+    pub(crate) event: EventKind,
+    pub(crate) snapshot: Snapshot,
+    pub(crate) buffer: Arc<Mutex<Buffer>>,
+    pub(crate) generation: Generation,
+}
+
+type Handler = dyn Fn(RunInput) -> RunFuture + Send + Sync;
+type Condition = dyn Fn(&Snapshot, &Stored) -> bool + Send + Sync;
+
+/// A produce: an async function that reacts to one artifact type and writes only through
+/// its [`Effects`].
+///
+/// Build one with the `#[produce]` macro, or by hand with [`Produce::new`] and declare its
+/// outputs with [`creates`](Produce::creates); the runtime checks every patch against them.
+///
+/// ```
+/// use reactifact_core::{Artifact, PendingAction, Produce, ProduceCall, ProduceError};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize)] struct Order { total_cents: u64 }
+/// impl Artifact for Order { const KIND: &'static str = "order"; }
+/// #[derive(Serialize, Deserialize)] struct Receipt { order: String }
+/// impl Artifact for Receipt { const KIND: &'static str = "receipt"; }
+///
+/// let produce = Produce::new("process_order", |call: ProduceCall<Order>| async move {
+///     let id = call.trigger.id.to_string();
+///     call.effects.upsert(format!("receipt:{id}"), Receipt { order: id.clone() });
+///     call.effects.act("notify", format!("notify:{id}"), &call.trigger.data.total_cents);
+///     Ok::<(), ProduceError>(())
+/// })
+/// .creates::<Receipt>()
+/// .creates::<PendingAction>();
+/// assert_eq!(produce.outputs().len(), 2);
+/// ```
+#[derive(Clone)]
+pub struct Produce {
+    name: Arc<str>,
+    trigger: Kind,
+    outputs: Vec<Kind>,
+    condition: Option<Arc<Condition>>,
+    handler: Arc<Handler>,
+}
+
+impl Produce {
+    /// A produce reacting to `T`, whose outputs are checked at run time. Declare them with
+    /// [`creates`](Produce::creates).
+    pub fn new<T, F, Fut>(name: impl Into<Arc<str>>, f: F) -> Self
+    where
+        T: Artifact,
+        F: Fn(ProduceCall<T>) -> Fut + Send + Sync + 'static,
+        Fut: Future + Send + 'static,
+        Fut::Output: IntoProduceResult,
+    {
+        Self::declared::<T, Dynamic, F, Fut>(name, Vec::new(), f)
+    }
+
+    /// A produce whose effects are typed by the declarations `D` and whose outputs are
+    /// `outputs`. This is what `#[produce]` expands to; prefer the macro.
+    pub fn declared<T, D, F, Fut>(name: impl Into<Arc<str>>, outputs: Vec<Kind>, f: F) -> Self
+    where
+        T: Artifact,
+        D: 'static,
+        F: Fn(ProduceCall<T, D>) -> Fut + Send + Sync + 'static,
+        Fut: Future + Send + 'static,
+        Fut::Output: IntoProduceResult,
+    {
+        let handler = move |input: RunInput| -> RunFuture {
+            let trigger = match input.trigger.decode::<T>() {
+                Ok(trigger) => trigger,
+                Err(e) => return Box::pin(std::future::ready(Err(RunFailure::Trigger(e)))),
+            };
+            let call = ProduceCall {
+                trigger,
+                event: input.event,
+                effects: Effects::new(input.buffer, input.snapshot.clone()),
+                snapshot: input.snapshot,
+                generation: input.generation,
+            };
+            let fut = f(call);
+            Box::pin(async move { fut.await.into_produce_result().map_err(RunFailure::Returned) })
+        };
+        Produce {
+            name: name.into(),
+            trigger: Kind::of::<T>(),
+            outputs,
+            condition: None,
+            handler: Arc::new(handler),
+        }
+    }
+
+    /// Declares `O` as an output: the produce may create, upsert or create_once it (and act,
+    /// for [`PendingAction`](crate::PendingAction)).
+    pub fn creates<O: Artifact>(mut self) -> Self {
+        let kind = Kind::of::<O>();
+        if !self.outputs.contains(&kind) {
+            self.outputs.push(kind);
+        }
+        self
+    }
+
+    /// Runs the produce only when `condition` holds for the trigger, evaluated against the
+    /// state when the generation's work is matched. A trigger that does not decode as `T`
+    /// counts as holding, so the run reports the decode error.
+    pub fn when<T, C>(mut self, condition: C) -> Self
+    where
+        T: Artifact,
+        C: Fn(&Snapshot, &Record<T>) -> bool + Send + Sync + 'static,
+    {
+        assert_eq!(
+            Kind::of::<T>(),
+            self.trigger,
+            "the condition of produce `{}` must take its trigger type",
+            self.name
+        );
+        self.condition = Some(Arc::new(move |snapshot: &Snapshot, stored: &Stored| {
+            stored.decode::<T>().map_or(true, |record| condition(snapshot, &record))
+        }));
+        self
+    }
+
+    /// The produce's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The kind of artifact it reacts to.
+    pub fn trigger(&self) -> Kind {
+        self.trigger
+    }
+
+    /// The kinds it declares.
+    pub fn outputs(&self) -> &[Kind] {
+        &self.outputs
+    }
+
+    pub(crate) fn name_arc(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    pub(crate) fn applies(&self, snapshot: &Snapshot, trigger: &Stored) -> bool {
+        self.condition.as_ref().is_none_or(|c| c(snapshot, trigger))
+    }
+
+    pub(crate) fn start(&self, input: RunInput) -> RunFuture {
+        (self.handler)(input)
+    }
+
+    pub(crate) fn declares(&self, kind: Kind) -> bool {
+        self.outputs.contains(&kind)
+    }
+}
+
+impl std::fmt::Debug for Produce {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Produce")
+            .field("name", &self.name)
+            .field("trigger", &self.trigger)
+            .field("outputs", &self.outputs)
+            .finish()
+    }
+}
+
+/// Anything that can be registered on an [`Agent`]: a [`Produce`], or what `#[produce]`
+/// generates for an annotated function.
+pub trait IntoProduce {
+    /// Builds the produce.
+    fn into_produce(self) -> Produce;
+}
+
+impl IntoProduce for Produce {
+    fn into_produce(self) -> Produce {
+        self
+    }
+}
+
+/// A named group of produces with a priority and a concurrency limit.
+///
+/// Work of agents with a higher priority comes first in a generation's work order; agents
+/// of equal priority keep registration order.
+#[derive(Clone, Debug)]
+pub struct Agent {
+    pub(crate) name: Arc<str>,
+    pub(crate) priority: i32,
+    pub(crate) concurrency: Option<usize>,
+    pub(crate) produces: Vec<Produce>,
+}
+
+impl Agent {
+    /// An agent with priority 0 and no concurrency limit of its own.
+    pub fn new(name: impl Into<Arc<str>>) -> Self {
+        Agent {
+            name: name.into(),
+            priority: 0,
+            concurrency: None,
+            produces: Vec::new(),
+        }
+    }
+
+    /// Sets the priority: higher runs earlier in a generation's work order.
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Limits how many of this agent's runs execute at once (at least 1).
+    pub fn concurrency(mut self, limit: usize) -> Self {
+        self.concurrency = Some(limit.max(1));
+        self
+    }
+
+    /// Registers a produce.
+    pub fn produce(mut self, produce: impl IntoProduce) -> Self {
+        self.produces.push(produce.into_produce());
+        self
+    }
+
+    /// The agent's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}

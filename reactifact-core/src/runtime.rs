@@ -1,0 +1,495 @@
+//! The runtime: agents, the generation loop, budgets and the outbox drain.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use futures_util::FutureExt;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::artifact::Kind;
+use crate::context::Context;
+use crate::dispatcher::{Dispatcher, ErasedDispatcher};
+use crate::error::{DeliveryFailure, FlushError, ProduceFailure, RetryError, RunError};
+use crate::generation::{self, Slot};
+use crate::produce::Agent;
+
+/// What a produce error does to its generation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProduceErrors {
+    /// The generation is not committed: its siblings finish, then the turn fails with the
+    /// first error in work order and the events stay queued, so a retry re-runs them.
+    #[default]
+    FailLoud,
+    /// Only the failing run's patch is dropped; the rest of the generation commits and the
+    /// failure is reported in [`TurnReport::failed_runs`].
+    Isolate,
+}
+
+/// What a failed delivery does to the drain.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeliveryErrors {
+    /// The failure is recorded in the ledger, then the drain stops and the turn returns
+    /// [`RunError::Delivery`]. Other pending intents stay pending.
+    #[default]
+    FailLoud,
+    /// The failure is recorded in the ledger and in [`TurnReport::failed_deliveries`]; the
+    /// drain goes on with the other intents.
+    Continue,
+}
+
+/// Limits of one turn. Hitting one is an [outcome](TurnOutcome), not an error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// At most this many produce runs per turn.
+    pub max_runs: Option<u64>,
+    /// At most this many generations per turn.
+    pub max_generations: Option<u64>,
+    /// A hard wall-clock limit per turn (tokio time, so a paused clock drives it). A
+    /// generation still running when it passes is cancelled: nothing of it is committed and
+    /// its events stay queued for the next turn. A delivery already handed to the
+    /// dispatcher finishes and is recorded; no further one starts.
+    pub deadline: Option<Duration>,
+}
+
+impl Budget {
+    /// No limit at all. A produce cycle then runs until it stops changing anything.
+    pub const UNLIMITED: Budget = Budget {
+        max_runs: None,
+        max_generations: None,
+        deadline: None,
+    };
+
+    /// Sets the run limit.
+    pub fn max_runs(mut self, runs: u64) -> Self {
+        self.max_runs = Some(runs);
+        self
+    }
+
+    /// Sets the generation limit.
+    pub fn max_generations(mut self, generations: u64) -> Self {
+        self.max_generations = Some(generations);
+        self
+    }
+
+    /// Sets the wall-clock deadline, measured from the start of the turn.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+}
+
+impl Default for Budget {
+    /// At most 10,000 generations per turn, as a guard against produce cycles; no other limit.
+    fn default() -> Self {
+        Budget::UNLIMITED.max_generations(10_000)
+    }
+}
+
+/// How a turn ended. Every outcome leaves the context consistent: committed generations stay
+/// committed, the rest stays queued or pending for the next turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TurnOutcome {
+    /// No events are queued and nothing is deliverable.
+    Completed,
+    /// The next generation would exceed [`Budget::max_runs`].
+    RunsExhausted,
+    /// [`Budget::max_generations`] generations ran and events are still queued.
+    GenerationsExhausted,
+    /// [`Budget::deadline`] passed.
+    DeadlineExceeded,
+    /// A [`StopHandle`] asked the turn to stop.
+    Stopped,
+}
+
+/// What a turn did.
+#[derive(Debug)]
+pub struct TurnReport {
+    /// How the turn ended.
+    pub outcome: TurnOutcome,
+    /// The turn's number on this runtime, starting at 1 (also the `turn` field of its span).
+    pub turn: u64,
+    /// Generations committed.
+    pub generations: u64,
+    /// Produce runs executed in committed generations.
+    pub runs: u64,
+    /// Intents delivered.
+    pub delivered: u64,
+    /// Deliveries that failed ([`DeliveryErrors::Continue`]); each is recorded in the ledger.
+    pub failed_deliveries: Vec<DeliveryFailure>,
+    /// Runs whose patch was dropped ([`ProduceErrors::Isolate`]).
+    pub failed_runs: Vec<ProduceFailure>,
+}
+
+/// What a [`flush`](Runtime::flush) delivered.
+#[derive(Debug, Default)]
+pub struct DrainReport {
+    /// Intents delivered.
+    pub delivered: u64,
+    /// Deliveries that failed ([`DeliveryErrors::Continue`]); each is recorded in the ledger.
+    pub failed: Vec<DeliveryFailure>,
+}
+
+/// Asks a running turn to stop. Cheap to clone; get one from [`Runtime::stop_handle`].
+///
+/// A generation still running is cancelled (nothing of it is committed, its events stay
+/// queued); a delivery already handed to the dispatcher finishes and is recorded. The turn
+/// returns [`TurnOutcome::Stopped`]. A stop requested while no turn runs stops the next one.
+#[derive(Clone, Debug, Default)]
+pub struct StopHandle(Arc<StopState>);
+
+#[derive(Debug, Default)]
+struct StopState {
+    requested: AtomicBool,
+    notify: Notify,
+}
+
+impl StopHandle {
+    /// Requests the stop.
+    pub fn stop(&self) {
+        self.0.requested.store(true, Ordering::SeqCst);
+        self.0.notify.notify_waiters();
+    }
+
+    /// Whether a stop is requested and not yet honoured.
+    pub fn is_requested(&self) -> bool {
+        self.0.requested.load(Ordering::SeqCst)
+    }
+
+    fn clear(&self) {
+        self.0.requested.store(false, Ordering::SeqCst);
+    }
+
+    pub(crate) async fn requested(&self) {
+        loop {
+            let notified = self.0.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_requested() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Builds a [`Runtime`]: agents, a dispatcher, error modes, limits.
+pub struct RuntimeBuilder {
+    context: Context,
+    agents: Vec<Agent>,
+    dispatcher: Option<Arc<dyn ErasedDispatcher>>,
+    produce_errors: ProduceErrors,
+    delivery_errors: DeliveryErrors,
+    max_concurrency: usize,
+    budget: Budget,
+}
+
+impl RuntimeBuilder {
+    /// Registers an agent. Agents keep registration order among equal priorities.
+    pub fn agent(mut self, agent: Agent) -> Self {
+        self.agents.push(agent);
+        self
+    }
+
+    /// Sets the dispatcher that delivers intents. Without one, intents stay pending.
+    pub fn dispatcher(mut self, dispatcher: impl Dispatcher) -> Self {
+        self.dispatcher = Some(Arc::new(dispatcher));
+        self
+    }
+
+    /// Sets what a produce error does (default: [`ProduceErrors::FailLoud`]).
+    pub fn produce_errors(mut self, mode: ProduceErrors) -> Self {
+        self.produce_errors = mode;
+        self
+    }
+
+    /// Sets what a failed delivery does (default: [`DeliveryErrors::FailLoud`]).
+    pub fn delivery_errors(mut self, mode: DeliveryErrors) -> Self {
+        self.delivery_errors = mode;
+        self
+    }
+
+    /// Limits how many produce runs of a generation execute at once (default 1,024; at
+    /// least 1). Runs execute concurrently on the task that drives the turn.
+    pub fn max_concurrency(mut self, limit: usize) -> Self {
+        self.max_concurrency = limit.max(1);
+        self
+    }
+
+    /// Sets the budget [`Runtime::run`] uses (default: [`Budget::default`]).
+    pub fn budget(mut self, budget: Budget) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// Builds the runtime.
+    pub fn build(self) -> Runtime {
+        let mut agents = self.agents;
+        // Work order is (priority, event order, registration order): a stable sort by
+        // descending priority keeps registration order among equals.
+        let mut order: Vec<usize> = (0..agents.len()).collect();
+        order.sort_by_key(|&a| std::cmp::Reverse(agents[a].priority));
+        let mut ranked = Vec::with_capacity(agents.len());
+        let mut taken: Vec<Option<Agent>> = agents.drain(..).map(Some).collect();
+        for a in order {
+            ranked.push(taken[a].take().expect("each agent taken once"));
+        }
+        let mut triggers: HashMap<Kind, Vec<Slot>> = HashMap::new();
+        for (agent, a) in ranked.iter().enumerate() {
+            for (produce, p) in a.produces.iter().enumerate() {
+                triggers.entry(p.trigger()).or_default().push(Slot { agent, produce });
+            }
+        }
+        let uniform_priority = ranked.windows(2).all(|w| w[0].priority == w[1].priority);
+        Runtime {
+            context: self.context,
+            agents: ranked,
+            triggers,
+            uniform_priority,
+            dispatcher: self.dispatcher,
+            produce_errors: self.produce_errors,
+            delivery_errors: self.delivery_errors,
+            max_concurrency: self.max_concurrency,
+            budget: self.budget,
+            stop: StopHandle::default(),
+            turns: 0,
+        }
+    }
+}
+
+/// Runs produces over a [`Context`] in generations and delivers the intents they record.
+///
+/// A turn ([`run`](Runtime::run)) repeats generations until no event is queued and nothing
+/// is deliverable, or a budget limit is hit. Each generation takes the queued events, matches
+/// produces, runs them concurrently against one snapshot, validates their patches, commits
+/// them as one atomic unit and then drains the outbox. Methods that run take `&mut self`, so
+/// one turn at a time runs per runtime.
+pub struct Runtime {
+    pub(crate) context: Context,
+    pub(crate) agents: Vec<Agent>,
+    pub(crate) triggers: HashMap<Kind, Vec<Slot>>,
+    pub(crate) uniform_priority: bool,
+    dispatcher: Option<Arc<dyn ErasedDispatcher>>,
+    pub(crate) produce_errors: ProduceErrors,
+    delivery_errors: DeliveryErrors,
+    pub(crate) max_concurrency: usize,
+    budget: Budget,
+    pub(crate) stop: StopHandle,
+    turns: u64,
+}
+
+impl Runtime {
+    /// Starts building a runtime over `context`.
+    pub fn builder(context: Context) -> RuntimeBuilder {
+        RuntimeBuilder {
+            context,
+            agents: Vec::new(),
+            dispatcher: None,
+            produce_errors: ProduceErrors::default(),
+            delivery_errors: DeliveryErrors::default(),
+            max_concurrency: 1024,
+            budget: Budget::default(),
+        }
+    }
+
+    /// The context, for reads.
+    pub fn context(&self) -> &Context {
+        &self.context
+    }
+
+    /// The context, for direct writes between turns.
+    pub fn context_mut(&mut self) -> &mut Context {
+        &mut self.context
+    }
+
+    /// Gives the context back.
+    pub fn into_context(self) -> Context {
+        self.context
+    }
+
+    /// A handle that stops a running turn from another task.
+    pub fn stop_handle(&self) -> StopHandle {
+        self.stop.clone()
+    }
+
+    /// Runs one turn with the runtime's budget.
+    ///
+    /// # Errors
+    /// [`RunError::Produce`] when a produce fails in fail-loud mode (nothing of that
+    /// generation is committed; its events stay queued), [`RunError::Delivery`] when a
+    /// delivery fails in fail-loud mode (the failure is recorded in the ledger first).
+    pub async fn run(&mut self) -> Result<TurnReport, RunError> {
+        self.run_with(self.budget).await
+    }
+
+    /// Runs one turn with `budget`.
+    ///
+    /// # Errors
+    /// As [`run`](Runtime::run).
+    pub async fn run_with(&mut self, budget: Budget) -> Result<TurnReport, RunError> {
+        self.turns += 1;
+        let turn = self.turns;
+        let span = tracing::info_span!("turn", turn, session = %self.context.session());
+        self.turn(turn, budget).instrument(span).await
+    }
+
+    async fn turn(&mut self, turn: u64, budget: Budget) -> Result<TurnReport, RunError> {
+        let deadline = budget.deadline.map(|d| Instant::now() + d);
+        let mut report = TurnReport {
+            outcome: TurnOutcome::Completed,
+            turn,
+            generations: 0,
+            runs: 0,
+            delivered: 0,
+            failed_deliveries: Vec::new(),
+            failed_runs: Vec::new(),
+        };
+        // Intents committed before this turn (or left by a failed drain) go out first.
+        if let Some(outcome) = self
+            .drain(deadline, &mut report.delivered, &mut report.failed_deliveries)
+            .await?
+        {
+            return Ok(self.finish(report, outcome));
+        }
+        loop {
+            if let Some(outcome) = self.interrupted(deadline) {
+                return Ok(self.finish(report, outcome));
+            }
+            if self.context.queued_events() == 0 {
+                return Ok(self.finish(report, TurnOutcome::Completed));
+            }
+            if budget.max_generations.is_some_and(|max| report.generations >= max) {
+                return Ok(self.finish(report, TurnOutcome::GenerationsExhausted));
+            }
+            let remaining_runs = budget.max_runs.map(|max| max.saturating_sub(report.runs));
+            match generation::run(self, remaining_runs, deadline, &mut report).await? {
+                generation::Step::Committed | generation::Step::Consumed => {}
+                generation::Step::Interrupted(outcome) => return Ok(self.finish(report, outcome)),
+            }
+            if let Some(outcome) = self
+                .drain(deadline, &mut report.delivered, &mut report.failed_deliveries)
+                .await?
+            {
+                return Ok(self.finish(report, outcome));
+            }
+        }
+    }
+
+    fn finish(&self, mut report: TurnReport, outcome: TurnOutcome) -> TurnReport {
+        if outcome == TurnOutcome::Stopped {
+            self.stop.clear();
+        }
+        report.outcome = outcome;
+        tracing::debug!(outcome = ?outcome, generations = report.generations, runs = report.runs, delivered = report.delivered, "turn finished");
+        report
+    }
+
+    pub(crate) fn interrupted(&self, deadline: Option<Instant>) -> Option<TurnOutcome> {
+        if self.stop.is_requested() {
+            Some(TurnOutcome::Stopped)
+        } else if deadline.is_some_and(|d| Instant::now() >= d) {
+            Some(TurnOutcome::DeadlineExceeded)
+        } else {
+            None
+        }
+    }
+
+    /// Delivers every committed, pending intent without running a generation.
+    ///
+    /// # Errors
+    /// [`FlushError::NoDispatcher`] without a dispatcher; [`FlushError::Delivery`] when a
+    /// delivery fails in fail-loud mode (recorded in the ledger first).
+    pub async fn flush(&mut self) -> Result<DrainReport, FlushError> {
+        if self.dispatcher.is_none() {
+            return Err(FlushError::NoDispatcher);
+        }
+        let mut report = DrainReport::default();
+        let span = tracing::info_span!("flush", session = %self.context.session());
+        let outcome = self
+            .drain(None, &mut report.delivered, &mut report.failed)
+            .instrument(span)
+            .await?;
+        if outcome == Some(TurnOutcome::Stopped) {
+            self.stop.clear();
+        }
+        Ok(report)
+    }
+
+    /// Re-arms a failed intent: it becomes pending and the next drain (a turn or a
+    /// [`flush`](Runtime::flush)) delivers it again with the same idempotency key.
+    ///
+    /// # Errors
+    /// [`RetryError::UnknownKey`] for a key the ledger does not hold, [`RetryError::NotFailed`]
+    /// for an intent that is not failed.
+    pub fn retry(&mut self, key: &str) -> Result<(), RetryError> {
+        self.context.ledger_mut().rearm(key, SystemTime::now())
+    }
+
+    /// Hands every pending intent to the dispatcher in commit order and records each outcome.
+    /// Returns the outcome that interrupted it, if a stop or the deadline did.
+    async fn drain(
+        &mut self,
+        deadline: Option<Instant>,
+        delivered: &mut u64,
+        failed: &mut Vec<DeliveryFailure>,
+    ) -> Result<Option<TurnOutcome>, DeliveryFailure> {
+        let Some(dispatcher) = self.dispatcher.clone() else {
+            return Ok(None);
+        };
+        while self.context.ledger().pending() > 0 {
+            if let Some(outcome) = self.interrupted(deadline) {
+                return Ok(Some(outcome));
+            }
+            let ledger = self.context.ledger_mut();
+            let (at, intent) = ledger.begin_next(SystemTime::now()).expect("pending intents exist");
+            let span = tracing::debug_span!("delivery", action_key = %intent.key(), kind = intent.kind(), attempt = intent.attempt());
+            let key = intent.key().clone();
+            let kind = intent.kind().to_owned();
+            let attempt = intent.attempt();
+            let result = std::panic::AssertUnwindSafe(dispatcher.dispatch_boxed(intent))
+                .catch_unwind()
+                .instrument(span)
+                .await;
+            let ledger = self.context.ledger_mut();
+            let error = match result {
+                Ok(Ok(())) => {
+                    ledger.record_delivered(at, SystemTime::now());
+                    *delivered += 1;
+                    continue;
+                }
+                Ok(Err(e)) => e.to_string(),
+                Err(panic) => format!("dispatcher panicked: {}", generation::panic_message(&panic)),
+            };
+            ledger.record_failed(at, error.clone(), SystemTime::now());
+            tracing::warn!(action_key = %key, kind = %kind, attempt, error = %error, "delivery failed");
+            let failure = DeliveryFailure {
+                key,
+                kind,
+                attempt,
+                error,
+            };
+            match self.delivery_errors {
+                DeliveryErrors::FailLoud => return Err(failure),
+                DeliveryErrors::Continue => failed.push(failure),
+            }
+        }
+        Ok(None)
+    }
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("context", &self.context)
+            .field("agents", &self.agents.iter().map(|a| a.name()).collect::<Vec<_>>())
+            .field("produce_errors", &self.produce_errors)
+            .field("delivery_errors", &self.delivery_errors)
+            .finish()
+    }
+}

@@ -1,0 +1,224 @@
+//! The artifact state: persistent maps with structural sharing, so a snapshot is O(1).
+
+use std::ops::Bound;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::artifact::{Artifact, ArtifactId, Kind, Record, Stored};
+use crate::error::ReadError;
+use crate::hash::{self, SetDigest, StateHash};
+
+/// A directed, named relation between two artifacts: `from -[name]-> to`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Relation {
+    /// The source artifact.
+    pub from: ArtifactId,
+    /// The relation's name, e.g. `"billed_by"`.
+    pub name: Arc<str>,
+    /// The target artifact.
+    pub to: ArtifactId,
+}
+
+impl Relation {
+    /// A relation `from -[name]-> to`.
+    pub fn new(from: impl Into<ArtifactId>, name: &str, to: impl Into<ArtifactId>) -> Self {
+        Relation {
+            from: from.into(),
+            name: Arc::from(name),
+            to: to.into(),
+        }
+    }
+
+    fn reversed(&self) -> Relation {
+        Relation {
+            from: self.to.clone(),
+            name: self.name.clone(),
+            to: self.from.clone(),
+        }
+    }
+
+    fn entry(&self) -> [u8; 32] {
+        hash::relation_entry(self.from.as_str(), &self.name, self.to.as_str())
+    }
+}
+
+/// Current artifacts and relations. Every field is a persistent map, so `clone` shares
+/// structure and costs O(1); writes copy only the path they touch while a clone is alive.
+#[derive(Clone, Default)]
+pub(crate) struct State {
+    artifacts: imbl::HashMap<ArtifactId, Arc<Stored>>,
+    /// Per kind, ids in creation order (keyed by `Stored::created`).
+    by_kind: imbl::HashMap<Kind, imbl::OrdMap<u64, ArtifactId>>,
+    relations: imbl::OrdSet<Relation>,
+    /// Relations with `from` and `to` swapped, to find and drop a deleted artifact's incoming
+    /// relations without a scan.
+    incoming: imbl::OrdSet<Relation>,
+    digest: SetDigest,
+    next_created: u64,
+}
+
+/// How to undo one change to the state.
+pub(crate) enum Undo {
+    Artifact(ArtifactId, Option<Arc<Stored>>),
+    Relation(Relation, bool),
+}
+
+impl State {
+    pub(crate) fn get(&self, id: &str) -> Option<&Arc<Stored>> {
+        self.artifacts.get(id)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.artifacts.len()
+    }
+
+    pub(crate) fn state_hash(&self) -> StateHash {
+        self.digest.finish()
+    }
+
+    /// Takes the next position in creation order.
+    pub(crate) fn next_created(&mut self) -> u64 {
+        let n = self.next_created;
+        self.next_created += 1;
+        n
+    }
+
+    pub(crate) fn created_counter(&self) -> u64 {
+        self.next_created
+    }
+
+    pub(crate) fn reset_created_counter(&mut self, value: u64) {
+        self.next_created = value;
+    }
+
+    /// Sets the artifact stored under `id` (or removes it) and returns what was there.
+    /// Keeps the kind index and the state digest in step.
+    pub(crate) fn put(&mut self, id: &ArtifactId, value: Option<Arc<Stored>>) -> Option<Arc<Stored>> {
+        if let Some(new) = &value {
+            self.digest
+                .add(&hash::artifact_entry(id.as_str(), new.kind.as_str(), &new.hash));
+        }
+        let old = match value {
+            Some(new) => self.artifacts.insert(id.clone(), new),
+            None => self.artifacts.remove(id.as_str()),
+        };
+        if let Some(old) = &old {
+            self.digest
+                .remove(&hash::artifact_entry(id.as_str(), old.kind.as_str(), &old.hash));
+        }
+        let now = self.artifacts.get(id.as_str()).cloned();
+        match (&old, &now) {
+            (None, Some(new)) => {
+                self.by_kind
+                    .entry(new.kind)
+                    .or_default()
+                    .insert(new.created, id.clone());
+            }
+            (Some(old), None) => self.unindex(old),
+            (Some(old), Some(new)) if old.created != new.created || old.kind != new.kind => {
+                self.unindex(old);
+                self.by_kind
+                    .entry(new.kind)
+                    .or_default()
+                    .insert(new.created, id.clone());
+            }
+            _ => {}
+        }
+        old
+    }
+
+    fn unindex(&mut self, old: &Stored) {
+        if let Some(ids) = self.by_kind.get_mut(&old.kind) {
+            ids.remove(&old.created);
+        }
+    }
+
+    pub(crate) fn has_relation(&self, relation: &Relation) -> bool {
+        self.relations.contains(relation)
+    }
+
+    /// Adds or removes a relation and returns whether it was present.
+    pub(crate) fn set_relation(&mut self, relation: &Relation, present: bool) -> bool {
+        let was = self.relations.contains(relation);
+        if was != present {
+            if present {
+                self.relations.insert(relation.clone());
+                self.incoming.insert(relation.reversed());
+                self.digest.add(&relation.entry());
+            } else {
+                self.relations.remove(relation);
+                self.incoming.remove(&relation.reversed());
+                self.digest.remove(&relation.entry());
+            }
+        }
+        was
+    }
+
+    /// Every relation that starts or ends at `id`.
+    pub(crate) fn relations_touching(&self, id: &ArtifactId) -> Vec<Relation> {
+        let outgoing = range_from(&self.relations, id, None).cloned();
+        let incoming = range_from(&self.incoming, id, None).map(Relation::reversed);
+        outgoing.chain(incoming).collect()
+    }
+
+    pub(crate) fn undo(&mut self, undo: Undo) {
+        match undo {
+            Undo::Artifact(id, previous) => {
+                self.put(&id, previous);
+            }
+            Undo::Relation(relation, was) => {
+                self.set_relation(&relation, was);
+            }
+        }
+    }
+
+    pub(crate) fn read<T: Artifact>(&self, id: &str) -> Result<Option<Record<T>>, ReadError> {
+        self.artifacts.get(id).map(|s| s.decode()).transpose()
+    }
+
+    pub(crate) fn ids_of_kind(&self, kind: Kind) -> impl Iterator<Item = &ArtifactId> + '_ {
+        self.by_kind.get(&kind).into_iter().flat_map(|ids| ids.values())
+    }
+
+    pub(crate) fn list<T: Artifact>(&self) -> impl Iterator<Item = Result<Record<T>, ReadError>> + '_ {
+        self.ids_of_kind(Kind::of::<T>()).map(move |id| {
+            self.artifacts
+                .get(id)
+                .expect("kind index names a stored artifact")
+                .decode()
+        })
+    }
+
+    pub(crate) fn count_of_kind(&self, kind: Kind) -> usize {
+        self.by_kind.get(&kind).map_or(0, |ids| ids.len())
+    }
+
+    pub(crate) fn related<'a>(
+        &'a self,
+        from: &'a ArtifactId,
+        name: &'a str,
+    ) -> impl Iterator<Item = &'a ArtifactId> + 'a {
+        range_from(&self.relations, from, Some(name)).map(|r| &r.to)
+    }
+
+    pub(crate) fn relations(&self) -> impl Iterator<Item = &Relation> + '_ {
+        self.relations.iter()
+    }
+}
+
+/// The relations in `set` whose `from` is `from` (and whose name is `name`, if given), found by
+/// a range query: O(log n + matches).
+fn range_from<'a>(
+    set: &'a imbl::OrdSet<Relation>,
+    from: &'a ArtifactId,
+    name: Option<&'a str>,
+) -> impl Iterator<Item = &'a Relation> + 'a {
+    let lower = Relation {
+        from: from.clone(),
+        name: Arc::from(name.unwrap_or("")),
+        to: ArtifactId::from(""),
+    };
+    set.range((Bound::Included(lower), Bound::Unbounded))
+        .take_while(move |r| &r.from == from && name.is_none_or(|n| &*r.name == n))
+}

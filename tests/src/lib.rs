@@ -1,0 +1,1 @@
+//! Integration tests for reactifact live in `tests/`; this library is empty.
