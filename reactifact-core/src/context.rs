@@ -138,18 +138,24 @@ impl Context {
     /// Creates `value` at `id`, or refreshes it (a new version only if the content differs).
     /// Emits a `Created` or `Updated` event and commits, like a generation does.
     pub fn create<T: Artifact>(&mut self, id: impl Into<ArtifactId>, value: T) -> Result<(), WriteError> {
-        self.transaction().create(id, value).commit()
+        let mut tx = self.transaction();
+        tx.create(id, value);
+        tx.commit()
     }
 
     /// Replaces the artifact at `id`; fails with [`CommitError::UnknownId`] if there is none.
     /// Equal content is a no-op: no version, no event, no commit.
     pub fn update<T: Artifact>(&mut self, id: impl Into<ArtifactId>, value: T) -> Result<(), WriteError> {
-        self.transaction().update(id, value).commit()
+        let mut tx = self.transaction();
+        tx.update(id, value);
+        tx.commit()
     }
 
     /// Deletes the artifact at `id` and its relations; a missing id is a no-op.
     pub fn delete(&mut self, id: impl Into<ArtifactId>) -> Result<(), WriteError> {
-        self.transaction().delete(id).commit()
+        let mut tx = self.transaction();
+        tx.delete(id);
+        tx.commit()
     }
 
     /// Adds the relation `from -[name]-> to`; both must exist.
@@ -159,7 +165,9 @@ impl Context {
         name: &str,
         to: impl Into<ArtifactId>,
     ) -> Result<(), WriteError> {
-        self.transaction().link(from, name, to).commit()
+        let mut tx = self.transaction();
+        tx.link(from, name, to);
+        tx.commit()
     }
 
     /// Removes the relation `from -[name]-> to`, if present.
@@ -169,7 +177,9 @@ impl Context {
         name: &str,
         to: impl Into<ArtifactId>,
     ) -> Result<(), WriteError> {
-        self.transaction().unlink(from, name, to).commit()
+        let mut tx = self.transaction();
+        tx.unlink(from, name, to);
+        tx.commit()
     }
 
     /// Starts a batch of direct writes that commits as one generation. Seeding many artifacts
@@ -280,7 +290,7 @@ impl std::fmt::Debug for Context {
 /// let mut ctx = Context::new("orders");
 /// let mut tx = ctx.transaction();
 /// for i in 0..3 {
-///     tx = tx.create(format!("order:{i}"), Order { total_cents: 100 * i });
+///     tx.create(format!("order:{i}"), Order { total_cents: 100 * i });
 /// }
 /// tx.commit()?;
 /// assert_eq!(ctx.log().len(), 1);
@@ -295,7 +305,7 @@ pub struct Transaction<'a> {
 }
 
 impl Transaction<'_> {
-    fn push(mut self, op: Result<Op, EffectError>) -> Self {
+    fn push(&mut self, op: Result<Op, EffectError>) -> &mut Self {
         match op {
             Ok(op) => self.ops.push(op),
             Err(e) => {
@@ -306,35 +316,35 @@ impl Transaction<'_> {
     }
 
     /// Creates `value` at `id`, or refreshes it if it exists.
-    pub fn create<T: Artifact>(self, id: impl Into<ArtifactId>, value: T) -> Self {
+    pub fn create<T: Artifact>(&mut self, id: impl Into<ArtifactId>, value: T) -> &mut Self {
         let op = Op::put(PutMode::Create, id.into(), &value);
         self.push(op)
     }
 
     /// Creates `value` at `id` only if the id does not exist.
-    pub fn create_once<T: Artifact>(self, id: impl Into<ArtifactId>, value: T) -> Self {
+    pub fn create_once<T: Artifact>(&mut self, id: impl Into<ArtifactId>, value: T) -> &mut Self {
         let op = Op::put(PutMode::CreateOnce, id.into(), &value);
         self.push(op)
     }
 
     /// Replaces the artifact at `id`, which must exist.
-    pub fn update<T: Artifact>(self, id: impl Into<ArtifactId>, value: T) -> Self {
+    pub fn update<T: Artifact>(&mut self, id: impl Into<ArtifactId>, value: T) -> &mut Self {
         let op = Op::put(PutMode::Update, id.into(), &value);
         self.push(op)
     }
 
     /// Deletes the artifact at `id` and its relations.
-    pub fn delete(self, id: impl Into<ArtifactId>) -> Self {
+    pub fn delete(&mut self, id: impl Into<ArtifactId>) -> &mut Self {
         self.push(Ok(Op::Delete { id: id.into() }))
     }
 
     /// Adds the relation `from -[name]-> to`.
-    pub fn link(self, from: impl Into<ArtifactId>, name: &str, to: impl Into<ArtifactId>) -> Self {
+    pub fn link(&mut self, from: impl Into<ArtifactId>, name: &str, to: impl Into<ArtifactId>) -> &mut Self {
         self.push(Ok(Op::Link(Relation::new(from, name, to))))
     }
 
     /// Removes the relation `from -[name]-> to`.
-    pub fn unlink(self, from: impl Into<ArtifactId>, name: &str, to: impl Into<ArtifactId>) -> Self {
+    pub fn unlink(&mut self, from: impl Into<ArtifactId>, name: &str, to: impl Into<ArtifactId>) -> &mut Self {
         self.push(Ok(Op::Unlink(Relation::new(from, name, to))))
     }
 

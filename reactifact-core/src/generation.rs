@@ -193,9 +193,10 @@ pub(crate) async fn run(
         });
     }
 
-    let runs = records.len() as u64;
+    let mut runs = records.len() as u64;
     match rt.context.commit_runs(records, batch.events, isolate, false) {
         Ok(rejected) => {
+            runs -= rejected.len() as u64;
             for (r, error) in rejected {
                 let work = &batch.work[record_work[r]];
                 failures.push(failure_at(rt, work, RunFailure::Commit(error)));

@@ -1,0 +1,107 @@
+//! Types and helpers shared by the runtime tests.
+#![allow(dead_code)]
+
+use std::sync::{Arc, Mutex};
+
+use reactifact_core::{Artifact, Context, DispatchError, Intent, PendingAction, Produce, ProduceCall, ProduceError};
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Order {
+    pub customer: String,
+    pub total_cents: u64,
+}
+
+impl Artifact for Order {
+    const KIND: &'static str = "order";
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Receipt {
+    pub order: String,
+    pub total_cents: u64,
+}
+
+impl Artifact for Receipt {
+    const KIND: &'static str = "receipt";
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Invoice {
+    pub order: String,
+}
+
+impl Artifact for Invoice {
+    const KIND: &'static str = "invoice";
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Notify {
+    pub customer: String,
+    pub order: String,
+}
+
+/// A context whose seed orders were committed in one generation.
+pub fn seeded(orders: impl IntoIterator<Item = (String, Order)>) -> Context {
+    let mut ctx = Context::new("t");
+    let mut tx = ctx.transaction();
+    for (id, order) in orders {
+        tx.create(id, order);
+    }
+    tx.commit().unwrap();
+    ctx
+}
+
+pub fn order(customer: &str, total_cents: u64) -> Order {
+    Order {
+        customer: customer.to_owned(),
+        total_cents,
+    }
+}
+
+/// The order flow: a receipt per order and a `notify` intent keyed by the order id.
+pub fn process_order() -> Produce {
+    Produce::new("process_order", |call: ProduceCall<Order>| async move {
+        let id = call.trigger.id.to_string();
+        call.effects.upsert(
+            format!("receipt:{id}"),
+            Receipt {
+                order: id.clone(),
+                total_cents: call.trigger.data.total_cents,
+            },
+        );
+        call.effects.act(
+            "notify",
+            format!("notify:{id}"),
+            &Notify {
+                customer: call.trigger.data.customer.clone(),
+                order: id,
+            },
+        );
+        Ok::<(), ProduceError>(())
+    })
+    .creates::<Receipt>()
+    .creates::<PendingAction>()
+}
+
+/// A dispatcher that records every key it is handed, in order.
+#[derive(Clone, Default)]
+pub struct Recorder {
+    pub sent: Arc<Mutex<Vec<String>>>,
+}
+
+impl Recorder {
+    pub fn sent(&self) -> Vec<String> {
+        self.sent.lock().unwrap().clone()
+    }
+
+    pub fn dispatcher(
+        &self,
+    ) -> impl Fn(Intent) -> std::future::Ready<Result<(), DispatchError>> + Send + Sync + 'static {
+        let sent = self.sent.clone();
+        move |intent: Intent| {
+            sent.lock().unwrap().push(intent.key().to_string());
+            std::future::ready(Ok(()))
+        }
+    }
+}
