@@ -15,6 +15,7 @@ use crate::context::Context;
 use crate::dispatcher::{Dispatcher, ErasedDispatcher};
 use crate::error::{DeliveryFailure, FlushError, ProduceFailure, RetryError, RunError};
 use crate::generation::{self, Slot};
+use crate::ledger::Ledger;
 use crate::produce::Agent;
 
 /// What a produce error does to its generation.
@@ -446,17 +447,26 @@ impl Runtime {
             if let Some(outcome) = self.interrupted(deadline) {
                 return Ok(Some(outcome));
             }
-            let ledger = self.context.ledger_mut();
-            let (at, intent) = ledger.begin_next(SystemTime::now()).expect("pending intents exist");
+            let (at, intent) = self
+                .context
+                .ledger_mut()
+                .begin_next(SystemTime::now())
+                .expect("pending intents exist");
             let span = tracing::debug_span!("delivery", action_key = %intent.key(), kind = intent.kind(), attempt = intent.attempt());
             let key = intent.key().clone();
             let kind = intent.kind().to_owned();
             let attempt = intent.attempt();
+            // If this future is dropped while the dispatcher runs, the guard records the
+            // attempt as failed, so the intent can be retried instead of staying in flight.
+            let guard = InFlight {
+                ledger: Some(self.context.ledger_mut()),
+                at,
+            };
             let result = std::panic::AssertUnwindSafe(dispatcher.dispatch_boxed(intent))
                 .catch_unwind()
                 .instrument(span)
                 .await;
-            let ledger = self.context.ledger_mut();
+            let ledger = guard.settle();
             let error = match result {
                 Ok(Ok(())) => {
                     ledger.record_delivered(at, SystemTime::now());
@@ -480,6 +490,32 @@ impl Runtime {
             }
         }
         Ok(None)
+    }
+}
+
+/// An attempt handed to a dispatcher whose outcome is not recorded yet. Dropped unsettled
+/// (the drain's future was cancelled), it records the attempt as failed.
+struct InFlight<'a> {
+    ledger: Option<&'a mut Ledger>,
+    at: usize,
+}
+
+impl<'a> InFlight<'a> {
+    /// The dispatcher returned: the caller records the outcome.
+    fn settle(mut self) -> &'a mut Ledger {
+        self.ledger.take().expect("settled once")
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Some(ledger) = self.ledger.take() {
+            ledger.record_failed(
+                self.at,
+                "the drain was cancelled while the dispatcher ran; the receiver may have seen the intent".to_owned(),
+                SystemTime::now(),
+            );
+        }
     }
 }
 

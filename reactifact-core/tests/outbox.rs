@@ -280,3 +280,39 @@ async fn pending_actions_cannot_be_written_directly() {
     assert!(err.to_string().contains("recorded with `act"), "{err}");
     assert!(ctx.is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_turn_cancelled_mid_delivery_leaves_a_retryable_failure_not_a_stuck_intent() {
+    let mut ctx = Context::new("t");
+    ctx.create("order:1", order("ada", 1)).unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let dispatcher = {
+        let calls = calls.clone();
+        move |_intent: Intent| {
+            let first = calls.fetch_add(1, Ordering::SeqCst) == 0;
+            async move {
+                if first {
+                    std::future::pending::<()>().await;
+                }
+                Ok::<(), DispatchError>(())
+            }
+        }
+    };
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("billing").produce(process_order()))
+        .dispatcher(dispatcher)
+        .build();
+    let cancelled = tokio::time::timeout(std::time::Duration::from_secs(5), rt.run()).await;
+    assert!(
+        cancelled.is_err(),
+        "the dispatcher never returns, so the caller's timeout fires"
+    );
+    let entry = rt.context().ledger().get("notify:order:1").unwrap();
+    assert_eq!(entry.status(), DeliveryStatus::Failed);
+    assert!(entry.last_error().unwrap().contains("cancelled"));
+    // The receipt's generation committed before the drain; retrying delivers with the same key.
+    assert!(rt.context().get::<Receipt>("receipt:order:1").unwrap().is_some());
+    rt.retry("notify:order:1").unwrap();
+    assert_eq!(rt.flush().await.unwrap().delivered, 1);
+    assert_eq!(rt.context().ledger().get("notify:order:1").unwrap().attempts(), 2);
+}
