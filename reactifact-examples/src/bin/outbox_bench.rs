@@ -1,0 +1,352 @@
+//! `outbox-bench`: the outbox workload of the Python reference (`shared/peer/outbox_peer.py`)
+//! on the Rust runtime, for throughput, linearity and memory measurements.
+//!
+//! N orders are seeded; one produce per order writes a receipt and a `notify` intent; an
+//! in-process dispatcher records every key it is handed. The orders arrive in G batches
+//! (seed N/G orders, run a turn, repeat). With `--standing M`, about M artifacts are stored
+//! first (M/3 orders already processed: order, receipt and pending action each, all
+//! delivered) and only the N new orders are timed.
+//!
+//! Prints one JSON line per run and exits non-zero unless every key of the timed orders was
+//! delivered exactly once. See `docs/performance.md`.
+//!
+//! ```text
+//! cargo run --release -p reactifact-examples --bin outbox-bench -- 100000
+//! cargo run --release -p reactifact-examples --bin outbox-bench -- 1000 --standing 1000000
+//! cargo run --release -p reactifact-examples --bin outbox-bench -- --n 10000 --generations 10 --runs 3
+//! ```
+
+use std::collections::HashSet;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use reactifact_core::{
+    ActionKey, Agent, Artifact, Budget, Context, DeliveryStatus, DispatchError, Intent, PendingAction, Produce,
+    ProduceCall, ProduceError, Runtime, TurnOutcome,
+};
+use serde::{Deserialize, Serialize};
+
+/// The trigger of the workload.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+struct Order {
+    customer: String,
+    total_cents: u64,
+}
+
+impl Artifact for Order {
+    const KIND: &'static str = "order";
+}
+
+/// What `process_order` writes for each order.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+struct Receipt {
+    order: String,
+    total_cents: u64,
+}
+
+impl Artifact for Receipt {
+    const KIND: &'static str = "receipt";
+}
+
+/// The payload of the `notify` intent.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+struct Notify {
+    customer: String,
+    order: String,
+}
+
+/// The order flow: a receipt per order and a `notify` intent keyed by the order id.
+fn process_order() -> Produce {
+    Produce::new("process_order", |call: ProduceCall<Order>| async move {
+        let id = call.trigger.id.to_string();
+        call.effects.upsert(
+            format!("receipt:{id}"),
+            Receipt {
+                order: id.clone(),
+                total_cents: call.trigger.data.total_cents,
+            },
+        );
+        call.effects.act(
+            "notify",
+            format!("notify:{id}"),
+            &Notify {
+                customer: call.trigger.data.customer.clone(),
+                order: id,
+            },
+        );
+        Ok::<(), ProduceError>(())
+    })
+    .creates::<Receipt>()
+    .creates::<PendingAction>()
+}
+
+const USAGE: &str = "\
+usage: outbox-bench [N] [--n N] [--store memory] [--generations G] [--standing M] [--runs R]
+
+  N, --n N           orders in the timed workload (default 1000)
+  --store S          the store: `memory` (the only one so far)
+  --generations G    the orders arrive in G batches: seed N/G orders, run a turn, repeat (default 1)
+  --standing M       store about M artifacts first (M/3 processed orders); time only the N new ones
+  --runs R           repeat the whole run R times in this process, one JSON line each (default 1)";
+
+struct Options {
+    n: u64,
+    store: String,
+    generations: u64,
+    standing: u64,
+    runs: u32,
+}
+
+fn parse_args() -> Result<Options, String> {
+    let mut options = Options {
+        n: 1000,
+        store: "memory".to_owned(),
+        generations: 1,
+        standing: 0,
+        runs: 1,
+    };
+    let mut args = std::env::args().skip(1);
+    let mut positional = 0;
+    while let Some(arg) = args.next() {
+        let (name, inline) = match arg.split_once('=') {
+            Some((name, value)) if name.starts_with("--") => (name.to_owned(), Some(value.to_owned())),
+            _ => (arg.clone(), None),
+        };
+        let mut value = |name: &str| {
+            inline
+                .clone()
+                .or_else(|| args.next())
+                .ok_or_else(|| format!("{name} needs a value"))
+        };
+        match name.as_str() {
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            "--n" | "-n" => options.n = number(&name, &value(&name)?)?,
+            "--store" => options.store = value(&name)?,
+            "--generations" | "-g" => options.generations = number(&name, &value(&name)?)?,
+            "--standing" => options.standing = number(&name, &value(&name)?)?,
+            "--runs" => options.runs = number(&name, &value(&name)?)? as u32,
+            other if !other.starts_with('-') && positional == 0 => {
+                options.n = number("N", other)?;
+                positional += 1;
+            }
+            other => return Err(format!("unexpected argument `{other}`")),
+        }
+    }
+    if options.n == 0 {
+        return Err("N must be at least 1".to_owned());
+    }
+    if options.generations == 0 || options.generations > options.n {
+        return Err(format!("--generations must be between 1 and N ({})", options.n));
+    }
+    if options.runs == 0 {
+        return Err("--runs must be at least 1".to_owned());
+    }
+    if options.store != "memory" {
+        return Err(format!(
+            "store `{}` is not available yet: only `memory` exists (durable stores are a later issue)",
+            options.store
+        ));
+    }
+    Ok(options)
+}
+
+fn number(name: &str, text: &str) -> Result<u64, String> {
+    text.replace('_', "")
+        .parse()
+        .map_err(|_| format!("{name}: `{text}` is not a non-negative integer"))
+}
+
+/// A `kB` field of `/proc/self/status`, in bytes (0 where procfs is unavailable).
+fn proc_status_bytes(field: &str) -> u64 {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return 0;
+    };
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn order_id(i: u64) -> String {
+    format!("order:{i}")
+}
+
+fn order(i: u64) -> Order {
+    Order {
+        customer: format!("c{i}@example.com"),
+        total_cents: i,
+    }
+}
+
+/// Seeds orders `range` in one transaction (one generation).
+fn seed(ctx: &mut Context, range: std::ops::Range<u64>) -> Result<(), String> {
+    let mut tx = ctx.transaction();
+    for i in range {
+        tx.create(order_id(i), order(i));
+    }
+    tx.commit().map_err(|e| format!("seeding failed: {e}"))
+}
+
+struct RunResult {
+    seconds: f64,
+    seed_seconds: f64,
+    deliveries: u64,
+    artifacts: usize,
+    rss_growth: u64,
+    generations_committed: u64,
+}
+
+fn run_once(options: &Options, tokio: &tokio::runtime::Runtime) -> Result<RunResult, String> {
+    let sent: Arc<Mutex<Vec<ActionKey>>> = Arc::new(Mutex::new(Vec::with_capacity(options.n as usize)));
+    let rss_before = proc_status_bytes("VmRSS");
+    let mut rt = Runtime::builder(Context::new("bench"))
+        .agent(Agent::new("billing").produce(process_order()))
+        .dispatcher({
+            let sent = sent.clone();
+            move |intent: Intent| {
+                sent.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(intent.key().clone());
+                std::future::ready(Ok::<(), DispatchError>(()))
+            }
+        })
+        .budget(Budget::UNLIMITED)
+        .build();
+
+    // The standing state: M/3 orders, processed and delivered before the clock starts.
+    let standing_orders = options.standing.div_ceil(3);
+    let first = standing_orders;
+    if standing_orders > 0 {
+        const CHUNK: u64 = 100_000;
+        let mut start = 0;
+        while start < standing_orders {
+            let end = (start + CHUNK).min(standing_orders);
+            seed(rt.context_mut(), start..end)?;
+            let report = tokio
+                .block_on(rt.run_with(Budget::UNLIMITED))
+                .map_err(|e| format!("standing run failed: {e}"))?;
+            if report.outcome != TurnOutcome::Completed {
+                return Err(format!("standing run ended with {:?}", report.outcome));
+            }
+            start = end;
+        }
+        sent.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
+    // The timed workload: N orders in G batches. Seeding a batch is measured apart.
+    let mut seconds = 0.0;
+    let mut seed_seconds = 0.0;
+    let mut deliveries = 0;
+    let mut generations_committed = 0;
+    for g in 0..options.generations {
+        let start = first + options.n * g / options.generations;
+        let end = first + options.n * (g + 1) / options.generations;
+        let t0 = Instant::now();
+        seed(rt.context_mut(), start..end)?;
+        let t1 = Instant::now();
+        let report = tokio
+            .block_on(rt.run_with(Budget::UNLIMITED))
+            .map_err(|e| format!("turn failed: {e}"))?;
+        let t2 = Instant::now();
+        seed_seconds += (t1 - t0).as_secs_f64();
+        seconds += (t2 - t1).as_secs_f64();
+        if report.outcome != TurnOutcome::Completed {
+            return Err(format!("turn ended with {:?}", report.outcome));
+        }
+        deliveries += report.delivered;
+        generations_committed += report.generations;
+    }
+
+    // Every key of the timed orders delivered exactly once, and nothing else.
+    let sent = std::mem::take(&mut *sent.lock().unwrap_or_else(|e| e.into_inner()));
+    let mut seen = HashSet::with_capacity(sent.len());
+    for key in &sent {
+        if !seen.insert(key.as_str()) {
+            return Err(format!("key `{key}` was delivered more than once"));
+        }
+    }
+    let ledger = rt.context().ledger();
+    for i in first..first + options.n {
+        let key = format!("notify:{}", order_id(i));
+        if !seen.contains(key.as_str()) {
+            return Err(format!("key `{key}` was never delivered"));
+        }
+        match ledger.get(&key) {
+            Some(d) if d.status() == DeliveryStatus::Delivered && d.attempts() == 1 => {}
+            Some(d) => return Err(format!("key `{key}` is {} after {} attempts", d.status(), d.attempts())),
+            None => return Err(format!("key `{key}` is not in the ledger")),
+        }
+    }
+    if sent.len() as u64 != options.n || deliveries != options.n {
+        return Err(format!(
+            "{} deliveries ({} reported) for {} orders",
+            sent.len(),
+            deliveries,
+            options.n
+        ));
+    }
+    let artifacts = rt.context().len();
+    let rss_growth = proc_status_bytes("VmRSS").saturating_sub(rss_before);
+    drop(rt);
+    Ok(RunResult {
+        seconds,
+        seed_seconds,
+        deliveries,
+        artifacts,
+        rss_growth,
+        generations_committed,
+    })
+}
+
+fn main() -> ExitCode {
+    let options = match parse_args() {
+        Ok(options) => options,
+        Err(e) => {
+            eprintln!("outbox-bench: {e}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let tokio = match tokio::runtime::Builder::new_current_thread().enable_time().build() {
+        Ok(tokio) => tokio,
+        Err(e) => {
+            eprintln!("outbox-bench: cannot start tokio: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    for _ in 0..options.runs {
+        let result = match run_once(&options, &tokio) {
+            Ok(result) => result,
+            Err(e) => {
+                eprintln!("outbox-bench: FAILED: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let orders_per_sec = options.n as f64 / result.seconds;
+        let bytes_per_artifact = result.rss_growth as f64 / result.artifacts.max(1) as f64;
+        println!(
+            "{{\"bench\":\"outbox\",\"n\":{},\"store\":\"{}\",\"generations\":{},\"standing\":{},\
+             \"seconds\":{:.6},\"orders_per_sec\":{:.0},\"us_per_order\":{:.4},\"seed_seconds\":{:.6},\
+             \"deliveries\":{},\"committed_generations\":{},\"artifacts\":{},\"peak_rss_bytes\":{},\
+             \"bytes_per_artifact\":{:.0}}}",
+            options.n,
+            options.store,
+            options.generations,
+            options.standing,
+            result.seconds,
+            orders_per_sec,
+            result.seconds * 1e6 / options.n as f64,
+            result.seed_seconds,
+            result.deliveries,
+            result.generations_committed,
+            result.artifacts,
+            proc_status_bytes("VmHWM"),
+            bytes_per_artifact,
+        );
+    }
+    ExitCode::SUCCESS
+}
