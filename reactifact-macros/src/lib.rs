@@ -1,3 +1,235 @@
-//! Procedural macros for reactifact. Use them through `reactifact-core`, which re-exports them.
+//! Procedural macros for reactifact: [`macro@produce`] and [`derive@Artifact`].
 //!
-//! The macros are built in a later step; this crate currently exports nothing.
+//! Use them through `reactifact-core`, which re-exports both. Each macro runs the same pipeline:
+//! [`parse`] the input into raw syntax, [`validate`] it (collecting every mistake, spanned on
+//! its token), then [`expand`] the checked model. This file only dispatches.
+//!
+//! Generated code refers to `reactifact-core` only through `::reactifact_core::__private`,
+//! whose contents are not public API.
+
+mod errors;
+mod expand;
+mod kind_name;
+mod parse;
+mod validate;
+
+use proc_macro::TokenStream;
+
+/// Turns an `async fn` into a produce whose outputs are checked at compile time.
+///
+/// ```
+/// use reactifact_core::{produce, Agent, Artifact, PendingAction, ProduceCall, ProduceError};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize, Artifact)]
+/// struct Order { total_cents: u64 }
+///
+/// #[derive(Serialize, Deserialize, Artifact)]
+/// struct Receipt { order: String, total_cents: u64 }
+///
+/// /// Writes a receipt for every order and asks the outbox to email it.
+/// #[produce(Receipt, also_creates = [PendingAction])]
+/// async fn process_order(call: ProduceCall<Order>) -> Result<(), ProduceError> {
+///     let order = call.trigger.id.to_string();
+///     let total_cents = call.trigger.data.total_cents;
+///     call.effects.upsert(format!("receipt:{order}"), Receipt { order: order.clone(), total_cents });
+///     call.effects.act("email_receipt", format!("email:{order}"), &total_cents);
+///     Ok(())
+/// }
+///
+/// let agent = Agent::new("billing").produce(process_order);
+/// # let _ = agent;
+/// ```
+///
+/// The function keeps its body; the macro generates, next to it:
+///
+/// - a unit struct named after the function (`process_order`), which is what you register with
+///   `Agent::produce` and what compile errors call the produce;
+/// - its registration: the name, the trigger type (`T` of the parameter's `ProduceCall<T>`),
+///   the declared outputs and the optional condition;
+/// - an implementation of `DeclaredOutput<process_order>` for each declared type. The
+///   parameter's `effects` is typed by these declarations, so `create`, `upsert` and
+///   `create_once` of any other type — or `act` without `PendingAction` declared — is a compile
+///   error. `update`, `delete`, `link` and `unlink` need no declaration.
+///
+/// The body stays reachable as `process_order::run`, with its parameter typed
+/// `ProduceCall<Order, process_order>`.
+///
+/// # Options
+///
+/// `#[produce(Primary, also_creates = [A, B], name = "…", when = condition, crate = path)]`,
+/// every part optional, the primary output first:
+///
+/// | option | meaning |
+/// | --- | --- |
+/// | `Primary` | the main output type, e.g. `Receipt` |
+/// | `also_creates = [A, B]` | further output types; `PendingAction` to record intents with `act` |
+/// | `name = "…"` | the registered name (default: the function's name); it appears in logs, errors and the commit log |
+/// | `when = condition` | runs the produce only when `condition(&Snapshot, &Record<T>) -> bool` holds: a closure or a function path |
+/// | `crate = path` | where `reactifact-core` is, for crates that re-export it (default `::reactifact_core`) |
+///
+/// With no options at all (`#[produce]`), the produce declares nothing: it may only update,
+/// delete, link and unlink.
+///
+/// ```
+/// use reactifact_core::{produce, Artifact, ProduceCall, Record, Snapshot};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize, Artifact)]
+/// struct Order { total_cents: u64 }
+/// #[derive(Serialize, Deserialize, Artifact)]
+/// struct Review { order: String }
+///
+/// fn is_large(_: &Snapshot, order: &Record<Order>) -> bool {
+///     order.data.total_cents > 100_000
+/// }
+///
+/// #[produce(Review, name = "flag_large_orders", when = is_large)]
+/// async fn flag(call: ProduceCall<Order>) {
+///     let order = call.trigger.id.to_string();
+///     call.effects.create(format!("review:{order}"), Review { order });
+/// }
+/// # let _ = reactifact_core::Agent::new("risk").produce(flag);
+/// ```
+///
+/// # Examples
+///
+/// A produce that only records intents, and one that returns nothing:
+///
+/// ```
+/// use reactifact_core::{produce, Agent, Artifact, PendingAction, ProduceCall};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize, Artifact)]
+/// struct Signup { email: String }
+///
+/// #[produce(PendingAction)]
+/// async fn welcome(call: ProduceCall<Signup>) {
+///     let email = call.trigger.data.email.clone();
+///     call.effects.act("send_welcome", format!("welcome:{email}"), &email);
+/// }
+///
+/// let agent = Agent::new("mail").produce(welcome);
+/// # let _ = agent;
+/// ```
+///
+/// # Errors you may see
+///
+/// Writing a type the produce did not declare:
+///
+/// ```text
+/// error[E0277]: `Invoice` is not a declared output of produce `process_order`
+///   --> src/billing.rs:18:35
+///    |
+/// 18 |     call.effects.upsert("invoice:1", Invoice { total_cents: 5 });
+///    |                  ------            ^^^^^^^^^^^^^^^^^^^^^^^^^^ produce `process_order` does not declare `Invoice`
+/// ```
+///
+/// The fix is in the note: add the type to the declaration, e.g.
+/// `#[produce(Receipt, also_creates = [Invoice])]`. `act` without `PendingAction` declared
+/// reports `PendingAction` the same way.
+///
+/// Each of these is reported on the offending token, all in one build, and the function is
+/// still emitted so that the rest of the crate keeps compiling:
+///
+/// | message | cause |
+/// | --- | --- |
+/// | `produce `…` must be an `async fn`` | the `async` is missing |
+/// | `produce `…` takes one parameter: `call: ProduceCall<T>`` | no parameter |
+/// | `produce `…` takes exactly one parameter` | a second parameter; read state through `call.snapshot` |
+/// | `produce `…` takes `ProduceCall<T>` … not `…`` | the parameter has another type |
+/// | `#[produce] fills in the second parameter of ProduceCall` | `ProduceCall<T, D>` written out |
+/// | `produce `…` returns `…`; a produce returns `()` or `Result<(), E>`` | another return type |
+/// | `produce `…` cannot be generic` | type or lifetime parameters |
+/// | `unknown option `…`` | a misspelt option |
+/// | `duplicate option `…`` | an option given twice |
+/// | ``…` is declared twice on produce `…`` | a type listed twice among the outputs |
+/// | `the primary output comes first` | a bare type after an option |
+/// | `the trait bound `…: Artifact` is not satisfied` | a trigger or output type without `#[derive(Artifact)]` |
+#[proc_macro_attribute]
+pub fn produce(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let item = proc_macro2::TokenStream::from(item);
+    let input = match parse::produce::parse(attr.into(), item.clone()) {
+        Ok(input) => input,
+        Err(error) => {
+            let errors = error.to_compile_error();
+            return quote::quote!(#errors #item).into();
+        }
+    };
+    match validate::produce::validate(input) {
+        Ok(model) => expand::produce::expand(model),
+        Err(invalid) => expand::produce::expand_invalid(*invalid),
+    }
+    .into()
+}
+
+/// Implements `Artifact` for a struct or enum: its kind name is `#[artifact(kind = "…")]`, or
+/// the type's name in snake_case.
+///
+/// The type must also be a serde type (`Serialize` and `Deserialize`), `Send`, `Sync` and
+/// `'static`. The kind is stored next to every artifact and routes events to produces: keep it
+/// stable when you rename or move the type, by writing it out.
+///
+/// ```
+/// use reactifact_core::Artifact;
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize, Artifact)]
+/// struct PurchaseOrder { total_cents: u64 }
+/// assert_eq!(PurchaseOrder::KIND, "purchase_order");
+///
+/// #[derive(Serialize, Deserialize, Artifact)]
+/// #[artifact(kind = "billing.receipt")]
+/// enum Receipt { Paid { cents: u64 }, Refunded }
+/// assert_eq!(Receipt::KIND, "billing.receipt");
+/// ```
+///
+/// # Options
+///
+/// | option | meaning |
+/// | --- | --- |
+/// | `#[artifact(kind = "…")]` | the kind name (default: the type name in snake_case, `PurchaseOrder` → `purchase_order`) |
+/// | `#[artifact(crate = path)]` | where `reactifact-core` is, for crates that re-export it |
+///
+/// # Examples
+///
+/// Maps inside an artifact must iterate in a fixed order, or hashes and replay break: use
+/// `BTreeMap`, never `HashMap`.
+///
+/// ```
+/// use std::collections::BTreeMap;
+/// use reactifact_core::Artifact;
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize, Artifact)]
+/// #[artifact(kind = "cart")]
+/// struct Cart { lines: BTreeMap<String, u32> }
+/// # assert_eq!(Cart::KIND, "cart");
+/// ```
+///
+/// # Errors you may see
+///
+/// | message | cause |
+/// | --- | --- |
+/// | `#[derive(Artifact)] is for structs and enums` | a union |
+/// | `#[derive(Artifact)] needs a concrete type` | a generic type: every instantiation would share one kind; implement `Artifact` by hand per instantiation |
+/// | `unknown option `…` in #[artifact(..)]` | a misspelt option |
+/// | `duplicate option `…`` | an option given twice |
+/// | `the artifact kind must not be empty` | `kind = ""` |
+/// | `the trait bound `…: Serialize` is not satisfied` | serde's derives are missing |
+#[proc_macro_derive(Artifact, attributes(artifact))]
+pub fn derive_artifact(item: TokenStream) -> TokenStream {
+    let input = match parse::artifact::parse(item.into()) {
+        Ok(input) => input,
+        Err(error) => return error.to_compile_error().into(),
+    };
+    match validate::artifact::validate(input) {
+        Ok(model) => expand::artifact::expand(&model),
+        Err((error, model)) => {
+            let errors = error.to_compile_error();
+            let fallback = model.as_ref().map(expand::artifact::expand);
+            quote::quote!(#errors #fallback)
+        }
+    }
+    .into()
+}

@@ -1,0 +1,110 @@
+//! Parsing `#[produce(..)]`: its argument list and the annotated function.
+
+use proc_macro2::{TokenStream, TokenTree};
+use syn::ext::IdentExt;
+use syn::parse::{Parse, ParseStream};
+use syn::punctuated::Punctuated;
+use syn::{bracketed, Expr, Ident, ItemFn, LitStr, Path, Token, Type};
+
+/// One entry of the argument list, as written.
+pub(crate) enum RawArg {
+    /// A bare type: the primary output, e.g. `Receipt`.
+    Output(Type),
+    /// `also_creates = [A, B]`.
+    AlsoCreates {
+        key: Ident,
+        types: Punctuated<Type, Token![,]>,
+    },
+    /// `name = "…"`.
+    Name { key: Ident, value: LitStr },
+    /// `when = <expr>`: a condition `Fn(&Snapshot, &Record<T>) -> bool`.
+    When { key: Ident, condition: Expr },
+    /// `crate = path`: where `reactifact-core` is, for re-exporters.
+    Crate { key: Ident, path: Path },
+    /// `something = …` with a key no option has; its value is skipped.
+    Unknown { key: Ident },
+}
+
+/// The argument list of `#[produce(..)]`, in order.
+pub(crate) struct RawArgs {
+    pub(crate) args: Vec<RawArg>,
+}
+
+impl Parse for RawArgs {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let mut args = Vec::new();
+        while !input.is_empty() {
+            args.push(input.parse()?);
+            if input.is_empty() {
+                break;
+            }
+            input.parse::<Token![,]>()?;
+        }
+        Ok(RawArgs { args })
+    }
+}
+
+impl Parse for RawArg {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let is_option = input.peek(Ident::peek_any) && input.peek2(Token![=]) && !input.peek2(Token![==]);
+        if !is_option {
+            return Ok(RawArg::Output(input.parse()?));
+        }
+        let key = Ident::parse_any(input)?;
+        input.parse::<Token![=]>()?;
+        Ok(match key.to_string().as_str() {
+            "also_creates" => {
+                let content;
+                bracketed!(content in input);
+                let types = Punctuated::parse_terminated(&content)?;
+                RawArg::AlsoCreates { key, types }
+            }
+            "name" => RawArg::Name {
+                key,
+                value: input.parse()?,
+            },
+            "when" => RawArg::When {
+                key,
+                condition: input.parse()?,
+            },
+            "crate" => RawArg::Crate {
+                key,
+                path: Path::parse_mod_style(input)?,
+            },
+            _ => {
+                skip_value(input)?;
+                RawArg::Unknown { key }
+            }
+        })
+    }
+}
+
+/// Skips the tokens of an unknown option's value, up to the next top-level comma.
+fn skip_value(input: ParseStream<'_>) -> syn::Result<()> {
+    while !input.is_empty() && !input.peek(Token![,]) {
+        input.parse::<TokenTree>()?;
+    }
+    Ok(())
+}
+
+/// What `#[produce]` receives: its arguments and the function, parsed independently so that a
+/// malformed argument list still lets the function be emitted.
+pub(crate) struct ProduceInput {
+    pub(crate) args: syn::Result<RawArgs>,
+    pub(crate) function: ItemFn,
+}
+
+/// Parses the attribute's arguments and the annotated item. Fails only when the item is not a
+/// function at all.
+pub(crate) fn parse(attr: TokenStream, item: TokenStream) -> syn::Result<ProduceInput> {
+    let function = syn::parse2::<ItemFn>(item).map_err(|e| {
+        syn::Error::new(
+            e.span(),
+            format_args!("`#[produce]` goes on an `async fn` taking one `ProduceCall<T>`: {e}"),
+        )
+    })?;
+    Ok(ProduceInput {
+        args: syn::parse2(attr),
+        function,
+    })
+}

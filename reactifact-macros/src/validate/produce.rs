@@ -1,0 +1,314 @@
+//! Checking a `#[produce]` against the shapes it accepts.
+
+use syn::ext::IdentExt;
+use syn::{parse_quote, Expr, FnArg, GenericArgument, Ident, ItemFn, Pat, PathArguments, ReturnType, Type, TypePath};
+
+use crate::errors::{display, Errors};
+use crate::parse::produce::{ProduceInput, RawArg, RawArgs};
+
+/// A checked produce: everything the expansion needs.
+pub(crate) struct ProduceModel {
+    /// The annotated function, unchanged.
+    pub(crate) function: ItemFn,
+    /// The name registered with the runtime.
+    pub(crate) name: String,
+    /// The trigger type, from `ProduceCall<T>`.
+    pub(crate) trigger: Type,
+    /// The parameter's type with the declarations filled in: `ProduceCall<T, process_order>`.
+    pub(crate) declared_call: Type,
+    /// The declared outputs, primary first, without duplicates.
+    pub(crate) outputs: Vec<Type>,
+    /// The `when = …` condition.
+    pub(crate) condition: Option<Expr>,
+    /// Where `reactifact-core` is.
+    pub(crate) krate: syn::Path,
+}
+
+/// What the fallback expansion needs when validation failed.
+pub(crate) struct Invalid {
+    pub(crate) function: ItemFn,
+    pub(crate) krate: syn::Path,
+    pub(crate) error: syn::Error,
+}
+
+/// The options `#[produce]` accepts, for messages.
+const OPTIONS: &str = "`also_creates = [..]`, `name = \"…\"`, `when = <condition>` or `crate = path`";
+
+/// Checks the arguments and the function together, so that one build reports every mistake.
+pub(crate) fn validate(input: ProduceInput) -> Result<ProduceModel, Box<Invalid>> {
+    let ProduceInput { args, function } = input;
+    let mut errors = Errors::default();
+
+    let options = match args {
+        Ok(args) => check_args(args, &function.sig.ident, &mut errors),
+        Err(e) => {
+            errors.push(e);
+            Options::default()
+        }
+    };
+    let krate = options.krate.unwrap_or_else(|| parse_quote!(::reactifact_core));
+    let trigger = check_signature(&function, &mut errors);
+
+    match (errors.into_error(), trigger) {
+        (None, Some((trigger, declared_call))) => Ok(ProduceModel {
+            name: options.name.unwrap_or_else(|| function.sig.ident.unraw().to_string()),
+            function,
+            trigger,
+            declared_call,
+            outputs: options.outputs,
+            condition: options.condition,
+            krate,
+        }),
+        (error, _) => Err(Box::new(Invalid {
+            function,
+            krate,
+            error: error.unwrap_or_else(|| syn::Error::new(proc_macro2::Span::call_site(), "invalid produce")),
+        })),
+    }
+}
+
+#[derive(Default)]
+struct Options {
+    outputs: Vec<Type>,
+    name: Option<String>,
+    condition: Option<Expr>,
+    krate: Option<syn::Path>,
+}
+
+fn check_args(args: RawArgs, produce: &Ident, errors: &mut Errors) -> Options {
+    let mut options = Options::default();
+    let mut seen: Vec<Ident> = Vec::new();
+    let mut saw_option = false;
+    let mut primary: Option<Type> = None;
+
+    for arg in args.args {
+        let key = match &arg {
+            RawArg::Output(ty) => {
+                if let Some(first) = &primary {
+                    errors.spanned(
+                        ty,
+                        format_args!(
+                            "produce `{produce}` already has the primary output `{}`; declare more outputs with \
+                             `also_creates = [{}]`",
+                            display(first),
+                            display(ty)
+                        ),
+                    );
+                } else if saw_option {
+                    errors.spanned(
+                        ty,
+                        format_args!("the primary output comes first: `#[produce({}, ..)]`", display(ty)),
+                    );
+                } else {
+                    primary = Some(ty.clone());
+                    push_output(&mut options.outputs, ty.clone(), produce, errors);
+                }
+                continue;
+            }
+            RawArg::AlsoCreates { key, .. }
+            | RawArg::Name { key, .. }
+            | RawArg::When { key, .. }
+            | RawArg::Crate { key, .. }
+            | RawArg::Unknown { key } => key.clone(),
+        };
+        saw_option = true;
+        if let RawArg::Unknown { key } = &arg {
+            errors.spanned(key, format_args!("unknown option `{key}`; expected {OPTIONS}"));
+            continue;
+        }
+        if seen.iter().any(|k| *k == key) {
+            errors.spanned(&key, format_args!("duplicate option `{key}`; give it once"));
+            continue;
+        }
+        seen.push(key);
+        match arg {
+            RawArg::AlsoCreates { types, .. } => {
+                for ty in types {
+                    push_output(&mut options.outputs, ty, produce, errors);
+                }
+            }
+            RawArg::Name { value, .. } => {
+                let name = value.value();
+                if name.trim().is_empty() {
+                    errors.spanned(&value, "the produce name must not be empty");
+                }
+                options.name = Some(name);
+            }
+            RawArg::When { condition, .. } => options.condition = Some(condition),
+            RawArg::Crate { path, .. } => options.krate = Some(path),
+            RawArg::Output(_) | RawArg::Unknown { .. } => unreachable!("handled above"),
+        }
+    }
+    options
+}
+
+/// Adds a declared output, refusing one declared already.
+fn push_output(outputs: &mut Vec<Type>, ty: Type, produce: &Ident, errors: &mut Errors) {
+    let text = display(&ty);
+    if outputs.iter().any(|o| display(o) == text) {
+        errors.spanned(
+            &ty,
+            format_args!("`{text}` is declared twice on produce `{produce}`; remove this one"),
+        );
+    } else {
+        outputs.push(ty);
+    }
+}
+
+/// Checks the function's shape; returns the trigger type and the rewritten parameter type.
+fn check_signature(function: &ItemFn, errors: &mut Errors) -> Option<(Type, Type)> {
+    let sig = &function.sig;
+    let produce = &sig.ident;
+    if sig.asyncness.is_none() {
+        errors.spanned(
+            sig.fn_token,
+            format_args!("produce `{produce}` must be an `async fn`; write `async fn {produce}`"),
+        );
+    }
+    if let Some(constness) = &sig.constness {
+        errors.spanned(constness, "a produce cannot be a `const fn`");
+    }
+    if let Some(unsafety) = &sig.unsafety {
+        errors.spanned(unsafety, "a produce cannot be an `unsafe fn`");
+    }
+    if let Some(abi) = &sig.abi {
+        errors.spanned(abi, "a produce cannot have an `extern` ABI");
+    }
+    if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
+        errors.spanned(
+            &sig.generics,
+            format_args!(
+                "produce `{produce}` cannot be generic; it reacts to one trigger type, named in `ProduceCall<T>`"
+            ),
+        );
+    }
+    if let Some(variadic) = &sig.variadic {
+        errors.spanned(variadic, "a produce cannot be variadic");
+    }
+    check_return(&sig.output, produce, errors);
+
+    let mut inputs = sig.inputs.iter();
+    let Some(first) = inputs.next() else {
+        errors.push(syn::Error::new(
+            sig.paren_token.span.join(),
+            format_args!(
+                "produce `{produce}` takes one parameter: `call: ProduceCall<T>`, where `T` is the artifact type \
+                 it reacts to"
+            ),
+        ));
+        return None;
+    };
+    for extra in inputs {
+        errors.spanned(
+            extra,
+            format_args!(
+                "produce `{produce}` takes exactly one parameter, `ProduceCall<T>`; remove this one (read \
+                 state through `call.snapshot`)"
+            ),
+        );
+    }
+    let typed = match first {
+        FnArg::Receiver(receiver) => {
+            errors.spanned(
+                receiver,
+                format_args!("produce `{produce}` is a free function; it takes `call: ProduceCall<T>`, not `self`"),
+            );
+            return None;
+        }
+        FnArg::Typed(typed) => typed,
+    };
+    if let Pat::Ident(pat) = &*typed.pat {
+        if pat.by_ref.is_some() {
+            errors.spanned(&pat.by_ref, "the `ProduceCall` parameter is taken by value");
+        }
+    }
+    check_call_type(&typed.ty, produce, errors)
+}
+
+/// `()` (or nothing), or any type named `Result`.
+fn check_return(output: &ReturnType, produce: &Ident, errors: &mut Errors) {
+    let ReturnType::Type(_, ty) = output else {
+        return;
+    };
+    let ok = match &**ty {
+        Type::Tuple(tuple) => tuple.elems.is_empty(),
+        Type::Path(TypePath { qself: None, path }) => path.segments.last().is_some_and(|s| s.ident == "Result"),
+        Type::Paren(paren) => matches!(&*paren.elem, Type::Tuple(t) if t.elems.is_empty()),
+        _ => false,
+    };
+    if !ok {
+        errors.spanned(
+            ty,
+            format_args!(
+                "produce `{produce}` returns `{}`; a produce returns `()` or `Result<(), E>` where \
+                 `E: Into<ProduceError>`",
+                display(ty)
+            ),
+        );
+    }
+}
+
+/// `ProduceCall<T>` → (`T`, `ProduceCall<T, produce>`).
+fn check_call_type(ty: &Type, produce: &Ident, errors: &mut Errors) -> Option<(Type, Type)> {
+    let expected = || {
+        format!(
+            "produce `{produce}` takes `ProduceCall<T>`, where `T` is the artifact type it reacts to, not `{}`",
+            display(ty)
+        )
+    };
+    let Type::Path(TypePath { qself: None, path }) = ty else {
+        errors.spanned(ty, expected());
+        return None;
+    };
+    let Some(last) = path.segments.last() else {
+        errors.spanned(ty, expected());
+        return None;
+    };
+    if last.ident != "ProduceCall" {
+        errors.spanned(ty, expected());
+        return None;
+    }
+    let PathArguments::AngleBracketed(args) = &last.arguments else {
+        errors.spanned(
+            ty,
+            format_args!("`ProduceCall` needs the trigger type: write `ProduceCall<T>`, where `T` is the artifact type produce `{produce}` reacts to"),
+        );
+        return None;
+    };
+    let types: Vec<&Type> = args
+        .args
+        .iter()
+        .filter_map(|a| match a {
+            GenericArgument::Type(t) => Some(t),
+            _ => None,
+        })
+        .collect();
+    if args.args.len() != 1 || types.len() != 1 {
+        let message = if types.len() == 2 {
+            format!(
+                "`#[produce]` fills in the second parameter of `ProduceCall` from its declaration; write \
+                 `ProduceCall<{}>`",
+                display(types[0])
+            )
+        } else {
+            format!("`ProduceCall` takes one type, the trigger: `ProduceCall<T>` for produce `{produce}`")
+        };
+        errors.spanned(args, message);
+        return None;
+    }
+    let trigger = types[0].clone();
+    if matches!(trigger, Type::Infer(_)) {
+        errors.spanned(
+            &trigger,
+            format_args!("name the trigger type of produce `{produce}`: `ProduceCall<Order>`"),
+        );
+        return None;
+    }
+    let mut declared_call = ty.clone();
+    if let Type::Path(TypePath { path, .. }) = &mut declared_call {
+        if let Some(PathArguments::AngleBracketed(args)) = path.segments.last_mut().map(|s| &mut s.arguments) {
+            args.args.push(GenericArgument::Type(parse_quote!(#produce)));
+        }
+    }
+    Some((trigger, declared_call))
+}
