@@ -139,9 +139,13 @@ impl<'a> Apply<'a> {
         self.state
     }
 
-    pub(crate) fn finish(self) -> (Vec<Event>, Vec<Intent>) {
-        (self.events, self.intents)
+    /// Every change applied so far, oldest first.
+    pub(crate) fn changes(&self) -> impl Iterator<Item = &Undo> + '_ {
+        self.undo.iter()
     }
+
+    /// Keeps the changes. Take `events` and `intents` first.
+    pub(crate) fn finish(self) {}
 
     /// Applies every operation of a patch, or none of them.
     pub(crate) fn patch(&mut self, ops: &[Op]) -> Result<(), CommitError> {

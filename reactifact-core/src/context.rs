@@ -1,18 +1,20 @@
 //! The context: versioned working state of one session.
 
 use std::collections::VecDeque;
-use std::time::SystemTime;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
-use crate::action::Intent;
 use crate::artifact::{Artifact, ArtifactId, Generation, Record};
 use crate::commit::{Apply, Commit, RunRecord};
 use crate::error::{CommitError, EffectError, ReadError, WriteError};
-use crate::event::Event;
+use crate::event::{Event, QueuedEvent};
 use crate::hash::{CommitHash, StateHash};
-use crate::ledger::Ledger;
+use crate::ledger::{Delivery, Lease, Ledger};
 use crate::patch::{Op, PutMode};
 use crate::snapshot::Snapshot;
-use crate::state::{Relation, State};
+use crate::state::{Relation, State, Undo};
+use crate::store::{CommitDelta, Loaded, OpenError, OpenOptions, SqliteStore, Store, StoreError};
 
 /// The versioned working state of one session: current artifacts and relations, the commit
 /// log, the FIFO queue of events waiting for a generation, and the delivery ledger.
@@ -40,8 +42,45 @@ pub struct Context {
     session: String,
     state: State,
     log: Vec<Commit>,
-    events: VecDeque<Event>,
+    events: VecDeque<QueuedEvent>,
+    next_event_seq: u64,
     ledger: Ledger,
+    /// The durable home of the session; `None` in memory.
+    store: Option<Box<dyn Store>>,
+    /// How long this process leases an in-flight delivery.
+    lease: Duration,
+    /// Who this process is, in leases.
+    owner: String,
+}
+
+/// Why a commit of runs failed.
+pub(crate) enum CommitFailure {
+    /// The patch of this run does not apply.
+    Patch(usize, CommitError),
+    /// The store could not persist the commit.
+    Store(StoreError),
+}
+
+impl From<CommitFailure> for WriteError {
+    fn from(failure: CommitFailure) -> Self {
+        match failure {
+            CommitFailure::Patch(_, e) => WriteError::Commit(e),
+            CommitFailure::Store(e) => WriteError::Store(e),
+        }
+    }
+}
+
+/// An identity for this process's leases: host-independent, unique per process start.
+fn lease_owner() -> String {
+    static OWNER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    OWNER
+        .get_or_init(|| {
+            let started = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            format!("pid {} started {started}", std::process::id())
+        })
+        .clone()
 }
 
 impl Context {
@@ -52,8 +91,87 @@ impl Context {
             state: State::default(),
             log: Vec::new(),
             events: VecDeque::new(),
+            next_event_seq: 0,
             ledger: Ledger::default(),
+            store: None,
+            lease: OpenOptions::default().lease,
+            owner: lease_owner(),
         }
+    }
+
+    /// Opens (creating if needed) the named session in the SQLite file at `path`, with the
+    /// default [`OpenOptions`]: WAL mode, `synchronous = FULL`, a five-minute delivery lease.
+    ///
+    /// The session is loaded into memory; every commit and every change of the delivery
+    /// ledger is written to the file before it takes effect, each commit in one transaction.
+    /// Reopening resumes where the last process stopped: queued events are still queued and
+    /// pending intents still pending. Intents that were in flight under a lease that has
+    /// expired are put back to pending and delivered again with the same idempotency key
+    /// (see [`Delivery::expired_leases`]).
+    ///
+    /// # Errors
+    /// [`OpenError`] names the path and what is wrong: not a database, corrupt, a newer
+    /// schema, a missing session (read-only), or another SQLite error.
+    pub fn open(path: impl AsRef<Path>, session: impl Into<String>) -> Result<Self, OpenError> {
+        Self::open_with(path, session, OpenOptions::default())
+    }
+
+    /// [`open`](Context::open) with options.
+    ///
+    /// # Errors
+    /// As [`open`](Context::open).
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        session: impl Into<String>,
+        options: OpenOptions,
+    ) -> Result<Self, OpenError> {
+        let session = session.into();
+        let path = path.as_ref();
+        let (store, loaded) = SqliteStore::open(path, &session, &options)?;
+        let mut context = Context::new(session);
+        context.lease = options.lease;
+        context.restore(loaded).map_err(|detail| OpenError::Corrupt {
+            path: path.into(),
+            detail,
+        })?;
+        context.store = Some(Box::new(store));
+        Ok(context)
+    }
+
+    fn restore(&mut self, loaded: Loaded) -> Result<(), String> {
+        for stored in loaded.artifacts {
+            let id = stored.id.clone();
+            self.state.put(&id, Some(Arc::new(stored)));
+        }
+        for relation in &loaded.relations {
+            self.state.set_relation(relation, true);
+        }
+        self.state.reset_created_counter(loaded.next_created);
+        if let Some(head) = loaded.commits.last() {
+            if head.state_hash != self.state.state_hash() {
+                return Err(format!(
+                    "session `{}`: the stored state does not match the state hash of its last commit ({})",
+                    self.session, head.generation
+                ));
+            }
+        }
+        self.log = loaded.commits;
+        self.events = loaded.events.into();
+        self.next_event_seq = loaded.next_event_seq;
+        for delivery in loaded.deliveries {
+            self.ledger.insert(delivery);
+        }
+        if loaded.reclaimed > 0 {
+            tracing::warn!(session = %self.session, reclaimed = loaded.reclaimed, "deliveries whose lease expired are pending again");
+        }
+        Ok(())
+    }
+
+    /// Where the session lives: `memory`, or `sqlite:{path}`.
+    pub fn store_description(&self) -> String {
+        self.store
+            .as_ref()
+            .map_or_else(|| "memory".to_owned(), |s| s.describe())
     }
 
     /// The session (branch) name.
@@ -123,7 +241,7 @@ impl Context {
 
     /// The queued events, oldest first.
     pub fn events(&self) -> impl Iterator<Item = &Event> + '_ {
-        self.events.iter()
+        self.events.iter().map(|q| &q.event)
     }
 
     /// The delivery ledger.
@@ -133,6 +251,25 @@ impl Context {
 
     pub(crate) fn ledger_mut(&mut self) -> &mut Ledger {
         &mut self.ledger
+    }
+
+    /// A lease for deliveries starting now.
+    pub(crate) fn new_lease(&self, now: SystemTime) -> Lease {
+        Lease {
+            owner: self.owner.clone(),
+            expires_at: now + self.lease,
+        }
+    }
+
+    /// Writes the current state of these ledger entries to the store, if there is one.
+    pub(crate) fn persist_deliveries(&mut self, positions: &[usize]) -> Result<(), StoreError> {
+        match &mut self.store {
+            Some(store) if !positions.is_empty() => {
+                let ledger = &self.ledger;
+                store.save_deliveries(&mut positions.iter().map(|&at| ledger.entry(at)))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Creates `value` at `id`, or refreshes it (a new version only if the content differs).
@@ -193,18 +330,19 @@ impl Context {
     }
 
     /// Applies the runs of one generation as one atomic unit, consumes `consumed` queued events,
-    /// queues the events the changes emit and registers new intents in the ledger.
+    /// queues the events the changes emit and registers new intents in the ledger; with a
+    /// durable store, all of it is written in one transaction first.
     ///
-    /// With `isolate`, a run whose patch does not apply is dropped (and reported in the second
-    /// element) while the others commit; without it, the first such run fails everything and
-    /// nothing changes.
+    /// With `isolate`, a run whose patch does not apply is dropped (and reported in the result)
+    /// while the others commit; without it, the first such run fails everything and nothing
+    /// changes.
     pub(crate) fn commit_runs(
         &mut self,
         mut runs: Vec<RunRecord>,
         consumed: usize,
         isolate: bool,
         skip_if_unchanged: bool,
-    ) -> Result<Vec<(usize, CommitError)>, (usize, CommitError)> {
+    ) -> Result<Vec<(usize, CommitError)>, CommitFailure> {
         let generation = self.generation().next();
         let _span = tracing::debug_span!("commit", session = %self.session, generation = generation.0).entered();
         let mut apply = Apply::new(&mut self.state, generation);
@@ -215,7 +353,7 @@ impl Context {
                     rejected.push((i, e));
                 } else {
                     apply.rollback();
-                    return Err((i, e));
+                    return Err(CommitFailure::Patch(i, e));
                 }
             }
         }
@@ -233,37 +371,85 @@ impl Context {
                 .collect();
         }
         let state_hash = apply.state().state_hash();
-        let (events, intents) = apply.finish();
-        let parent = self.head();
+        let parent = self.log.last().map(|c| c.hash);
         let hash = Commit::compute_hash(parent.as_ref(), generation, &state_hash, &runs);
-        self.log.push(Commit {
+        let commit = Commit {
             generation,
             parent,
             hash,
             state_hash,
             runs,
             events_consumed: consumed,
-        });
+        };
+        let mut next_seq = self.next_event_seq;
+        let events: Vec<QueuedEvent> = apply
+            .events
+            .drain(..)
+            .map(|event| {
+                next_seq += 1;
+                QueuedEvent {
+                    seq: next_seq - 1,
+                    event,
+                }
+            })
+            .collect();
+        let now = SystemTime::now();
+        let deliveries: Vec<Delivery> = apply
+            .intents
+            .drain(..)
+            .filter(|intent| !self.ledger.contains(intent.key.as_str()))
+            .map(|intent| Delivery::new(intent, now))
+            .collect();
+        if let Some(store) = &mut self.store {
+            let state = apply.state();
+            let mut relations = Vec::new();
+            let artifacts = apply
+                .changes()
+                .filter_map(|undo| match undo {
+                    Undo::Artifact(id, _) => Some((id, state.get(id.as_str()))),
+                    Undo::Relation(relation, _) => {
+                        relations.push((relation, state.has_relation(relation)));
+                        None
+                    }
+                })
+                .collect();
+            let delta = CommitDelta {
+                session: &self.session,
+                commit: &commit,
+                artifacts,
+                relations,
+                consumed_before: self.events.get(consumed).map_or(next_seq, |q| q.seq),
+                events: &events,
+                deliveries: &deliveries,
+                next_created: state.created_counter(),
+                next_event_seq: next_seq,
+            };
+            if let Err(e) = store.commit(&delta) {
+                apply.rollback();
+                return Err(CommitFailure::Store(e));
+            }
+        }
+        apply.finish();
+        tracing::debug!(commit = %hash.short(), events = events.len(), intents = deliveries.len(), "committed");
+        self.log.push(commit);
         self.events.drain(..consumed);
-        tracing::debug!(commit = %hash.short(), events = events.len(), intents = intents.len(), "committed");
         self.events.extend(events);
-        self.register_intents(intents);
+        self.next_event_seq = next_seq;
+        for delivery in deliveries {
+            self.ledger.insert(delivery);
+        }
         Ok(rejected)
     }
 
-    fn register_intents(&mut self, intents: Vec<Intent>) {
-        if intents.is_empty() {
-            return;
+    /// Consumes queued events that no produce reacts to, without a commit (a durable store
+    /// records the consumption, so it survives a restart).
+    pub(crate) fn consume_events(&mut self, count: usize) -> Result<(), StoreError> {
+        if let Some(store) = &mut self.store {
+            let before = self.events.get(count).map_or(self.next_event_seq, |q| q.seq);
+            store.consume_events(&self.session, before)?;
         }
-        let now = SystemTime::now();
-        for intent in intents {
-            self.ledger.register(intent, now);
-        }
-    }
-
-    /// Consumes queued events that no produce reacts to, without a commit.
-    pub(crate) fn consume_events(&mut self, count: usize) {
         self.events.drain(..count);
+        Ok(())
     }
 }
 
@@ -368,9 +554,7 @@ impl Transaction<'_> {
             trigger: None,
             ops: self.ops,
         };
-        match self.context.commit_runs(vec![run], 0, false, true) {
-            Ok(_) => Ok(()),
-            Err((_, e)) => Err(e.into()),
-        }
+        self.context.commit_runs(vec![run], 0, false, true)?;
+        Ok(())
     }
 }

@@ -5,6 +5,7 @@ use std::fmt;
 use crate::action::ActionKey;
 use crate::artifact::{ArtifactId, Kind};
 use crate::ledger::DeliveryStatus;
+use crate::store::StoreError;
 
 /// A boxed error from user code (a produce or a dispatcher).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -130,6 +131,9 @@ pub enum WriteError {
     /// The write does not apply to the current state.
     #[error(transparent)]
     Commit(#[from] CommitError),
+    /// The durable store could not persist the commit.
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 /// The error a produce returns. Converts from any `std::error::Error` with `?`, or build one
@@ -281,6 +285,10 @@ pub enum RunError {
     /// intent can be re-armed with `retry`.
     #[error(transparent)]
     Delivery(#[from] DeliveryFailure),
+    /// The durable store failed; what it was writing did not take effect (a generation stays
+    /// uncommitted with its events queued; a delivery outcome is re-derived from its lease).
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 fn others_suffix(others: usize) -> String {
@@ -301,6 +309,9 @@ pub enum FlushError {
     /// A delivery failed (fail-loud delivery); it is recorded in the ledger.
     #[error(transparent)]
     Delivery(#[from] DeliveryFailure),
+    /// The durable store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 /// [`Runtime::retry`](crate::Runtime::retry) refused to re-arm an intent.
@@ -318,4 +329,7 @@ pub enum RetryError {
         /// Its current status.
         status: DeliveryStatus,
     },
+    /// The durable store could not record the re-arming; the intent is still failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }

@@ -31,3 +31,10 @@ pub struct Event {
     /// The generation whose commit emitted the event.
     pub generation: Generation,
 }
+
+/// An event in the queue, with its position.
+#[derive(Clone, Debug)]
+pub(crate) struct QueuedEvent {
+    pub(crate) seq: u64,
+    pub(crate) event: Event,
+}

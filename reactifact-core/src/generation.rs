@@ -13,6 +13,7 @@ use tracing::Instrument;
 
 use crate::artifact::{Generation, Stored};
 use crate::commit::{RunRecord, TriggerRef};
+use crate::context::CommitFailure;
 use crate::effects::Buffer;
 use crate::error::{ProduceFailure, RunError, RunFailure};
 use crate::event::{Event, EventKind};
@@ -114,7 +115,7 @@ pub(crate) async fn run(
         return Ok(Step::Interrupted(TurnOutcome::RunsExhausted));
     }
     if batch.work.is_empty() {
-        rt.context.consume_events(batch.events);
+        rt.context.consume_events(batch.events)?;
         return Ok(Step::Consumed);
     }
     let generation = rt.context.generation().next();
@@ -202,13 +203,14 @@ pub(crate) async fn run(
                 failures.push(failure_at(rt, work, RunFailure::Commit(error)));
             }
         }
-        Err((r, error)) => {
+        Err(CommitFailure::Patch(r, error)) => {
             let work = &batch.work[record_work[r]];
             return Err(RunError::Produce {
                 first: Box::new(failure_at(rt, work, RunFailure::Commit(error))),
                 others: 0,
             });
         }
+        Err(CommitFailure::Store(e)) => return Err(RunError::Store(e)),
     }
     for failure in &failures {
         tracing::warn!(agent = %failure.agent, produce = %failure.produce, artifact_id = %failure.trigger, error = %failure.failure, "produce run isolated; its patch was dropped");

@@ -39,13 +39,25 @@ impl fmt::Display for DeliveryStatus {
 /// never changes a content hash.
 #[derive(Clone, Debug)]
 pub struct Delivery {
-    intent: Intent,
-    status: DeliveryStatus,
-    attempts: u32,
-    last_error: Option<String>,
-    recorded_at: SystemTime,
-    updated_at: SystemTime,
-    delivered_at: Option<SystemTime>,
+    pub(crate) intent: Intent,
+    pub(crate) status: DeliveryStatus,
+    pub(crate) attempts: u32,
+    pub(crate) last_error: Option<String>,
+    pub(crate) recorded_at: SystemTime,
+    pub(crate) updated_at: SystemTime,
+    pub(crate) delivered_at: Option<SystemTime>,
+    pub(crate) lease: Option<Lease>,
+    pub(crate) expired_leases: u32,
+}
+
+/// Who holds an in-flight attempt, and until when.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// The process (drainer) that handed the intent to its dispatcher.
+    pub owner: String,
+    /// When the lease expires. An intent still in flight after that is put back to pending
+    /// when a durable store is opened, and delivered again with the same idempotency key.
+    pub expires_at: SystemTime,
 }
 
 impl Delivery {
@@ -98,6 +110,33 @@ impl Delivery {
     pub fn delivered_at(&self) -> Option<SystemTime> {
         self.delivered_at
     }
+
+    /// The lease of the attempt in flight, if one is.
+    pub fn lease(&self) -> Option<&Lease> {
+        self.lease.as_ref()
+    }
+
+    /// How many attempts ended with an expired lease: the process died (or lost its lease)
+    /// after handing the intent to its dispatcher and before recording the outcome, so the
+    /// receiver may have seen the intent. Each such attempt was followed by a delivery with
+    /// the same idempotency key.
+    pub fn expired_leases(&self) -> u32 {
+        self.expired_leases
+    }
+
+    pub(crate) fn new(intent: Intent, now: SystemTime) -> Self {
+        Delivery {
+            intent,
+            status: DeliveryStatus::Pending,
+            attempts: 0,
+            last_error: None,
+            recorded_at: now,
+            updated_at: now,
+            delivered_at: None,
+            lease: None,
+            expired_leases: 0,
+        }
+    }
 }
 
 /// The delivery ledger of a context: one entry per idempotency key, in the order the intents
@@ -137,43 +176,68 @@ impl Ledger {
         self.due.len()
     }
 
-    /// Registers a committed intent as pending, unless its key is already known.
-    pub(crate) fn register(&mut self, intent: Intent, now: SystemTime) -> bool {
-        if self.index.contains_key(intent.key.as_str()) {
-            return false;
-        }
-        let at = self.entries.len();
-        self.index.insert(intent.key.clone(), at);
-        self.entries.push(Delivery {
-            intent,
-            status: DeliveryStatus::Pending,
-            attempts: 0,
-            last_error: None,
-            recorded_at: now,
-            updated_at: now,
-            delivered_at: None,
-        });
-        self.due.push_back(at);
-        true
+    /// Whether the ledger holds `key`.
+    pub(crate) fn contains(&self, key: &str) -> bool {
+        self.index.contains_key(key)
     }
 
-    /// Takes the next pending intent and marks it in flight, counting the attempt.
-    pub(crate) fn begin_next(&mut self, now: SystemTime) -> Option<(usize, Intent)> {
-        let at = self.due.pop_front()?;
-        let entry = &mut self.entries[at];
-        debug_assert_eq!(entry.status, DeliveryStatus::Pending);
-        entry.status = DeliveryStatus::InFlight;
-        entry.attempts += 1;
-        entry.updated_at = now;
+    /// Adds an entry, pending if its status is pending. Keys already present are ignored.
+    pub(crate) fn insert(&mut self, entry: Delivery) {
+        if self.index.contains_key(entry.intent.key.as_str()) {
+            return;
+        }
+        let at = self.entries.len();
+        self.index.insert(entry.intent.key.clone(), at);
+        if entry.status == DeliveryStatus::Pending {
+            self.due.push_back(at);
+        }
+        self.entries.push(entry);
+    }
+
+    pub(crate) fn entry(&self, at: usize) -> &Delivery {
+        &self.entries[at]
+    }
+
+    /// Takes up to `limit` pending intents and marks them in flight under `lease`, counting an
+    /// attempt for each. Returns their positions; [`Ledger::intent_for`] gives each intent.
+    pub(crate) fn begin_batch(&mut self, limit: usize, lease: &Lease, now: SystemTime) -> Vec<usize> {
+        let take = limit.min(self.due.len());
+        let batch: Vec<usize> = self.due.drain(..take).collect();
+        for &at in &batch {
+            let entry = &mut self.entries[at];
+            debug_assert_eq!(entry.status, DeliveryStatus::Pending);
+            entry.status = DeliveryStatus::InFlight;
+            entry.attempts += 1;
+            entry.updated_at = now;
+            entry.lease = Some(lease.clone());
+        }
+        batch
+    }
+
+    /// The intent at `at`, stamped with its current attempt number.
+    pub(crate) fn intent_for(&self, at: usize) -> Intent {
+        let entry = &self.entries[at];
         let mut intent = entry.intent.clone();
         intent.attempt = entry.attempts;
-        Some((at, intent))
+        intent
+    }
+
+    /// Puts an in-flight intent that was never handed to its dispatcher back to pending,
+    /// uncounting its attempt.
+    pub(crate) fn release(&mut self, at: usize, now: SystemTime) {
+        let entry = &mut self.entries[at];
+        entry.status = DeliveryStatus::Pending;
+        entry.attempts -= 1;
+        entry.lease = None;
+        entry.updated_at = now;
+        self.due.push_back(at);
     }
 
     pub(crate) fn record_delivered(&mut self, at: usize, now: SystemTime) {
         let entry = &mut self.entries[at];
         entry.status = DeliveryStatus::Delivered;
         entry.last_error = None;
+        entry.lease = None;
         entry.updated_at = now;
         entry.delivered_at = Some(now);
     }
@@ -182,11 +246,20 @@ impl Ledger {
         let entry = &mut self.entries[at];
         entry.status = DeliveryStatus::Failed;
         entry.last_error = Some(error);
+        entry.lease = None;
         entry.updated_at = now;
     }
 
-    /// Puts a failed intent back to pending.
-    pub(crate) fn rearm(&mut self, key: &str, now: SystemTime) -> Result<(), RetryError> {
+    /// Undoes [`Ledger::rearm`] when the store could not record it.
+    pub(crate) fn unarm(&mut self, at: usize) {
+        if let Some(pos) = self.due.iter().rposition(|&due| due == at) {
+            self.due.remove(pos);
+        }
+        self.entries[at].status = DeliveryStatus::Failed;
+    }
+
+    /// Puts a failed intent back to pending and returns its position.
+    pub(crate) fn rearm(&mut self, key: &str, now: SystemTime) -> Result<usize, RetryError> {
         let Some(&at) = self.index.get(key) else {
             return Err(RetryError::UnknownKey(ActionKey::from(key)));
         };
@@ -200,7 +273,7 @@ impl Ledger {
         entry.status = DeliveryStatus::Pending;
         entry.updated_at = now;
         self.due.push_back(at);
-        Ok(())
+        Ok(at)
     }
 }
 

@@ -30,6 +30,7 @@ mod produce;
 mod runtime;
 mod snapshot;
 mod state;
+mod store;
 
 pub use action::{ActionKey, Intent, PendingAction};
 pub use artifact::{Artifact, ArtifactId, Generation, Kind, Record, Version};
@@ -43,7 +44,7 @@ pub use error::{
 };
 pub use event::{Event, EventKind};
 pub use hash::{CommitHash, ContentHash, StateHash};
-pub use ledger::{Delivery, DeliveryStatus, Ledger};
+pub use ledger::{Delivery, DeliveryStatus, Lease, Ledger};
 pub use patch::{Op, PutMode};
 pub use produce::{Agent, IntoProduce, IntoProduceResult, Produce, ProduceCall};
 pub use reactifact_macros::{produce, Artifact};
@@ -52,6 +53,7 @@ pub use runtime::{
 };
 pub use snapshot::Snapshot;
 pub use state::Relation;
+pub use store::{OpenError, OpenOptions, StoreError, Synchronous};
 
 /// The README's examples, compiled and run as doctests.
 #[doc = include_str!("../../README.md")]

@@ -17,6 +17,7 @@ use crate::error::{DeliveryFailure, FlushError, ProduceFailure, RetryError, RunE
 use crate::generation::{self, Slot};
 use crate::ledger::Ledger;
 use crate::produce::Agent;
+use crate::store::StoreError;
 
 /// What a produce error does to its generation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -391,21 +392,16 @@ impl Runtime {
         report
     }
 
-    pub(crate) fn interrupted(&self, deadline: Option<Instant>) -> Option<TurnOutcome> {
-        if self.stop.is_requested() {
-            Some(TurnOutcome::Stopped)
-        } else if deadline.is_some_and(|d| Instant::now() >= d) {
-            Some(TurnOutcome::DeadlineExceeded)
-        } else {
-            None
-        }
+    fn interrupted(&self, deadline: Option<Instant>) -> Option<TurnOutcome> {
+        interrupted(&self.stop, deadline)
     }
 
     /// Delivers every committed, pending intent without running a generation.
     ///
     /// # Errors
     /// [`FlushError::NoDispatcher`] without a dispatcher; [`FlushError::Delivery`] when a
-    /// delivery fails in fail-loud mode (recorded in the ledger first).
+    /// delivery fails in fail-loud mode (recorded in the ledger first); [`FlushError::Store`]
+    /// when the durable store fails.
     pub async fn flush(&mut self) -> Result<DrainReport, FlushError> {
         if self.dispatcher.is_none() {
             return Err(FlushError::NoDispatcher);
@@ -427,19 +423,29 @@ impl Runtime {
     ///
     /// # Errors
     /// [`RetryError::UnknownKey`] for a key the ledger does not hold, [`RetryError::NotFailed`]
-    /// for an intent that is not failed.
+    /// for an intent that is not failed, [`RetryError::Store`] if the durable store could not
+    /// record it (the intent then stays failed).
     pub fn retry(&mut self, key: &str) -> Result<(), RetryError> {
-        self.context.ledger_mut().rearm(key, SystemTime::now())
+        let now = SystemTime::now();
+        let at = self.context.ledger_mut().rearm(key, now)?;
+        if let Err(e) = self.context.persist_deliveries(&[at]) {
+            self.context.ledger_mut().unarm(at);
+            return Err(e.into());
+        }
+        Ok(())
     }
 
     /// Hands every pending intent to the dispatcher in commit order and records each outcome.
     /// Returns the outcome that interrupted it, if a stop or the deadline did.
+    ///
+    /// Intents go out in batches: a batch is recorded in flight under one lease (one store
+    /// transaction), delivered one by one, and its outcomes recorded together (one more).
     async fn drain(
         &mut self,
         deadline: Option<Instant>,
         delivered: &mut u64,
         failed: &mut Vec<DeliveryFailure>,
-    ) -> Result<Option<TurnOutcome>, DeliveryFailure> {
+    ) -> Result<Option<TurnOutcome>, DrainError> {
         let Some(dispatcher) = self.dispatcher.clone() else {
             return Ok(None);
         };
@@ -447,74 +453,151 @@ impl Runtime {
             if let Some(outcome) = self.interrupted(deadline) {
                 return Ok(Some(outcome));
             }
-            let (at, intent) = self
-                .context
-                .ledger_mut()
-                .begin_next(SystemTime::now())
-                .expect("pending intents exist");
-            let span = tracing::debug_span!("delivery", action_key = %intent.key(), kind = intent.kind(), attempt = intent.attempt());
-            let key = intent.key().clone();
-            let kind = intent.kind().to_owned();
-            let attempt = intent.attempt();
-            // If this future is dropped while the dispatcher runs, the guard records the
-            // attempt as failed, so the intent can be retried instead of staying in flight.
-            let guard = InFlight {
-                ledger: Some(self.context.ledger_mut()),
-                at,
-            };
-            let result = std::panic::AssertUnwindSafe(dispatcher.dispatch_boxed(intent))
-                .catch_unwind()
-                .instrument(span)
-                .await;
-            let ledger = guard.settle();
-            let error = match result {
-                Ok(Ok(())) => {
-                    ledger.record_delivered(at, SystemTime::now());
-                    *delivered += 1;
-                    continue;
+            let now = SystemTime::now();
+            let lease = self.context.new_lease(now);
+            let batch = self.context.ledger_mut().begin_batch(DRAIN_BATCH, &lease, now);
+            if let Err(e) = self.context.persist_deliveries(&batch) {
+                for &at in &batch {
+                    self.context.ledger_mut().release(at, now);
                 }
-                Ok(Err(e)) => e.to_string(),
-                Err(panic) => format!("dispatcher panicked: {}", generation::panic_message(&panic)),
+                return Err(DrainError::Store(e));
+            }
+            let mut guard = InFlight {
+                ledger: self.context.ledger_mut(),
+                batch: &batch,
+                settled: 0,
             };
-            ledger.record_failed(at, error.clone(), SystemTime::now());
-            tracing::warn!(action_key = %key, kind = %kind, attempt, error = %error, "delivery failed");
-            let failure = DeliveryFailure {
-                key,
-                kind,
-                attempt,
-                error,
-            };
-            match self.delivery_errors {
-                DeliveryErrors::FailLoud => return Err(failure),
-                DeliveryErrors::Continue => failed.push(failure),
+            let mut stop = None;
+            while guard.settled < batch.len() {
+                if guard.settled > 0 {
+                    if let Some(outcome) = interrupted(&self.stop, deadline) {
+                        stop = Some(Ok(outcome));
+                        break;
+                    }
+                }
+                let at = batch[guard.settled];
+                let intent = guard.ledger.intent_for(at);
+                let span = tracing::debug_span!("delivery", action_key = %intent.key(), kind = intent.kind(), attempt = intent.attempt());
+                let key = intent.key().clone();
+                let kind = intent.kind().to_owned();
+                let attempt = intent.attempt();
+                let result = std::panic::AssertUnwindSafe(dispatcher.dispatch_boxed(intent))
+                    .catch_unwind()
+                    .instrument(span)
+                    .await;
+                guard.settled += 1;
+                let error = match result {
+                    Ok(Ok(())) => {
+                        guard.ledger.record_delivered(at, SystemTime::now());
+                        *delivered += 1;
+                        continue;
+                    }
+                    Ok(Err(e)) => e.to_string(),
+                    Err(panic) => format!("dispatcher panicked: {}", generation::panic_message(&panic)),
+                };
+                guard.ledger.record_failed(at, error.clone(), SystemTime::now());
+                tracing::warn!(action_key = %key, kind = %kind, attempt, error = %error, "delivery failed");
+                let failure = DeliveryFailure {
+                    key,
+                    kind,
+                    attempt,
+                    error,
+                };
+                match self.delivery_errors {
+                    DeliveryErrors::FailLoud => {
+                        stop = Some(Err(failure));
+                        break;
+                    }
+                    DeliveryErrors::Continue => failed.push(failure),
+                }
+            }
+            guard.release_rest();
+            drop(guard);
+            self.context.persist_deliveries(&batch)?;
+            match stop {
+                Some(Ok(outcome)) => return Ok(Some(outcome)),
+                Some(Err(failure)) => return Err(DrainError::Delivery(failure)),
+                None => {}
             }
         }
         Ok(None)
     }
 }
 
-/// An attempt handed to a dispatcher whose outcome is not recorded yet. Dropped unsettled
-/// (the drain's future was cancelled), it records the attempt as failed.
-struct InFlight<'a> {
-    ledger: Option<&'a mut Ledger>,
-    at: usize,
+/// How many intents one drain step leases and records together.
+const DRAIN_BATCH: usize = 256;
+
+fn interrupted(stop: &StopHandle, deadline: Option<Instant>) -> Option<TurnOutcome> {
+    if stop.is_requested() {
+        Some(TurnOutcome::Stopped)
+    } else if deadline.is_some_and(|d| Instant::now() >= d) {
+        Some(TurnOutcome::DeadlineExceeded)
+    } else {
+        None
+    }
 }
 
-impl<'a> InFlight<'a> {
-    /// The dispatcher returned: the caller records the outcome.
-    fn settle(mut self) -> &'a mut Ledger {
-        self.ledger.take().expect("settled once")
+/// Why a drain stopped with an error.
+enum DrainError {
+    Delivery(DeliveryFailure),
+    Store(StoreError),
+}
+
+impl From<StoreError> for DrainError {
+    fn from(e: StoreError) -> Self {
+        DrainError::Store(e)
+    }
+}
+
+impl From<DrainError> for RunError {
+    fn from(e: DrainError) -> Self {
+        match e {
+            DrainError::Delivery(f) => RunError::Delivery(f),
+            DrainError::Store(e) => RunError::Store(e),
+        }
+    }
+}
+
+impl From<DrainError> for FlushError {
+    fn from(e: DrainError) -> Self {
+        match e {
+            DrainError::Delivery(f) => FlushError::Delivery(f),
+            DrainError::Store(e) => FlushError::Store(e),
+        }
+    }
+}
+
+/// A batch of intents marked in flight, of which the first `settled` have a recorded outcome.
+/// Dropped before the batch is settled (the drain's future was cancelled), it records the
+/// attempt being dispatched as failed — the receiver may have seen it — and puts the others
+/// back to pending, so nothing stays in flight in memory.
+struct InFlight<'a> {
+    ledger: &'a mut Ledger,
+    batch: &'a [usize],
+    settled: usize,
+}
+
+impl InFlight<'_> {
+    /// Puts the intents never handed to the dispatcher back to pending.
+    fn release_rest(&mut self) {
+        let now = SystemTime::now();
+        for &at in &self.batch[self.settled..] {
+            self.ledger.release(at, now);
+        }
+        self.settled = self.batch.len();
     }
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        if let Some(ledger) = self.ledger.take() {
-            ledger.record_failed(
-                self.at,
+        if self.settled < self.batch.len() {
+            self.ledger.record_failed(
+                self.batch[self.settled],
                 "the drain was cancelled while the dispatcher ran; the receiver may have seen the intent".to_owned(),
                 SystemTime::now(),
             );
+            self.settled += 1;
+            self.release_rest();
         }
     }
 }

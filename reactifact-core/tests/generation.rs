@@ -490,7 +490,9 @@ async fn an_event_superseded_by_a_later_change_of_its_artifact_runs_nothing() {
     ctx.create("order:1", order("ada", 1)).unwrap();
     ctx.update("order:1", order("ada", 2)).unwrap();
     assert_eq!(ctx.queued_events(), 2);
-    let mut rt = Runtime::builder(ctx).agent(Agent::new("a").produce(process_order())).build();
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("a").produce(process_order()))
+        .build();
     let report = rt.run().await.unwrap();
     assert_eq!(report.runs, 1, "the produce runs once, on the latest version");
     let trigger = rt.context().log().last().unwrap().runs[0].trigger.clone().unwrap();

@@ -1,0 +1,174 @@
+//! The stored form of a commit's runs: rmp-serde, with every operation's bytes.
+//!
+//! [`Op`]'s own `Serialize` leaves the bytes out (it is the commit-hash input, where the
+//! content hash stands for them), so storage uses these mirrors. Content hashes are not
+//! stored: decoding recomputes them from the bytes.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::action::ActionKey;
+use crate::artifact::{ArtifactId, Kind, Version};
+use crate::commit::{RunRecord, TriggerRef};
+use crate::hash::{self, ContentHash};
+use crate::patch::{Op, PutMode};
+use crate::state::Relation;
+
+#[derive(Serialize, Deserialize)]
+struct RunRepr<'a> {
+    #[serde(borrow)]
+    agent: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    produce: Option<Cow<'a, str>>,
+    trigger: Option<(ArtifactId, Version, ContentHash)>,
+    #[serde(borrow)]
+    ops: Vec<OpRepr<'a>>,
+}
+
+#[derive(Serialize, Deserialize)]
+enum OpRepr<'a> {
+    Put {
+        mode: PutMode,
+        id: ArtifactId,
+        kind: Kind,
+        #[serde(with = "serde_bytes", borrow)]
+        bytes: Cow<'a, [u8]>,
+    },
+    Delete {
+        id: ArtifactId,
+    },
+    Link(Relation),
+    Unlink(Relation),
+    Act {
+        key: ActionKey,
+        #[serde(borrow)]
+        action: Cow<'a, str>,
+        #[serde(with = "serde_bytes", borrow)]
+        bytes: Cow<'a, [u8]>,
+        #[serde(with = "serde_bytes", borrow)]
+        payload: Cow<'a, [u8]>,
+    },
+}
+
+pub(crate) fn encode_runs(runs: &[RunRecord]) -> Vec<u8> {
+    let repr: Vec<RunRepr<'_>> = runs
+        .iter()
+        .map(|run| RunRepr {
+            agent: run.agent.as_deref().map(Cow::Borrowed),
+            produce: run.produce.as_deref().map(Cow::Borrowed),
+            trigger: run.trigger.as_ref().map(|t| (t.id.clone(), t.version, t.hash)),
+            ops: run.ops.iter().map(op_repr).collect(),
+        })
+        .collect();
+    rmp_serde::to_vec(&repr).expect("runs always encode")
+}
+
+fn op_repr(op: &Op) -> OpRepr<'_> {
+    match op {
+        Op::Put {
+            mode, id, kind, bytes, ..
+        } => OpRepr::Put {
+            mode: *mode,
+            id: id.clone(),
+            kind: *kind,
+            bytes: Cow::Borrowed(bytes),
+        },
+        Op::Delete { id } => OpRepr::Delete { id: id.clone() },
+        Op::Link(r) => OpRepr::Link(r.clone()),
+        Op::Unlink(r) => OpRepr::Unlink(r.clone()),
+        Op::Act {
+            key,
+            action,
+            bytes,
+            payload,
+            ..
+        } => OpRepr::Act {
+            key: key.clone(),
+            action: Cow::Borrowed(action),
+            bytes: Cow::Borrowed(bytes),
+            payload: Cow::Borrowed(payload),
+        },
+    }
+}
+
+pub(crate) fn decode_runs(bytes: &[u8]) -> Result<Vec<RunRecord>, rmp_serde::decode::Error> {
+    let repr: Vec<RunRepr<'_>> = rmp_serde::from_slice(bytes)?;
+    Ok(repr
+        .into_iter()
+        .map(|run| RunRecord {
+            agent: run.agent.map(|a| Arc::from(&*a)),
+            produce: run.produce.map(|p| Arc::from(&*p)),
+            trigger: run.trigger.map(|(id, version, hash)| TriggerRef { id, version, hash }),
+            ops: run.ops.into_iter().map(op_from).collect(),
+        })
+        .collect())
+}
+
+fn op_from(repr: OpRepr<'_>) -> Op {
+    match repr {
+        OpRepr::Put { mode, id, kind, bytes } => Op::Put {
+            mode,
+            id,
+            kind,
+            hash: hash::content_hash(&bytes),
+            bytes: Arc::from(&*bytes),
+        },
+        OpRepr::Delete { id } => Op::Delete { id },
+        OpRepr::Link(r) => Op::Link(r),
+        OpRepr::Unlink(r) => Op::Unlink(r),
+        OpRepr::Act {
+            key,
+            action,
+            bytes,
+            payload,
+        } => Op::Act {
+            id: key.artifact_id(),
+            key,
+            action: Arc::from(&*action),
+            hash: hash::content_hash(&bytes),
+            bytes: Arc::from(&*bytes),
+            payload: Arc::from(&*payload),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Serialize, Deserialize)]
+    struct Receipt {
+        total: u32,
+    }
+
+    impl crate::Artifact for Receipt {
+        const KIND: &'static str = "receipt";
+    }
+
+    #[test]
+    fn runs_round_trip_with_their_bytes() {
+        let put = Op::put(PutMode::Upsert, ArtifactId::from("receipt:1"), &Receipt { total: 7 }).unwrap();
+        let act = Op::act("notify", ActionKey::from("k"), &"payload").unwrap();
+        let runs = vec![RunRecord {
+            agent: Some(Arc::from("billing")),
+            produce: Some(Arc::from("process_order")),
+            trigger: Some(TriggerRef {
+                id: ArtifactId::from("order:1"),
+                version: Version(3),
+                hash: hash::content_hash(b"x"),
+            }),
+            ops: vec![
+                put,
+                act,
+                Op::Delete {
+                    id: ArtifactId::from("gone"),
+                },
+                Op::Link(Relation::new("a", "r", "b")),
+            ],
+        }];
+        let decoded = decode_runs(&encode_runs(&runs)).unwrap();
+        assert_eq!(format!("{runs:?}"), format!("{decoded:?}"));
+    }
+}

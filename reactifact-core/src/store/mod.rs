@@ -1,0 +1,221 @@
+//! Where a context's state lives: in memory only, or durably in SQLite.
+//!
+//! The context always serves reads from memory. A durable store receives each commit as one
+//! [`CommitDelta`], written in one transaction, and every change of the delivery ledger; on
+//! open it hands back everything needed to rebuild the context.
+
+mod codec;
+mod sqlite;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::artifact::{ArtifactId, Stored};
+use crate::commit::Commit;
+use crate::event::QueuedEvent;
+use crate::ledger::Delivery;
+use crate::state::Relation;
+
+pub(crate) use sqlite::SqliteStore;
+
+/// A failure of the durable store while the context was in use. The operation that hit it
+/// changed nothing: a failed commit is rolled back in memory too.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// SQLite reported an error.
+    #[error("sqlite store {path}: {source}")]
+    Sqlite {
+        /// The database file.
+        path: PathBuf,
+        /// What SQLite said.
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// Another writer advanced the session since this context loaded it.
+    #[error("session `{session}` in {path} was changed by another writer (this context expected generation {expected}); reopen it")]
+    Conflict {
+        /// The database file.
+        path: PathBuf,
+        /// The session.
+        session: String,
+        /// The generation this context last committed.
+        expected: u64,
+    },
+    /// The context was opened read-only.
+    #[error("session `{session}` in {path} is open read-only")]
+    ReadOnly {
+        /// The database file.
+        path: PathBuf,
+        /// The session.
+        session: String,
+    },
+}
+
+/// Opening a durable context failed; nothing in the file was changed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// The file exists but is not a SQLite database.
+    #[error("{path} is not a reactifact database (not a SQLite file)")]
+    NotADatabase {
+        /// The path opened.
+        path: PathBuf,
+    },
+    /// The file is a SQLite database, but damaged or truncated, or its content does not
+    /// decode or does not match its own hashes.
+    #[error("{path} is corrupt: {detail}")]
+    Corrupt {
+        /// The path opened.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The file was written by a newer reactifact.
+    #[error("{path} has schema version {found}, newer than the {supported} this reactifact supports; upgrade reactifact to open it")]
+    NewerSchema {
+        /// The path opened.
+        path: PathBuf,
+        /// The schema version in the file.
+        found: i64,
+        /// The newest schema version this build knows.
+        supported: i64,
+    },
+    /// The session does not exist and the context was opened read-only (or with
+    /// [`OpenOptions::create`] off).
+    #[error("{path} has no session `{session}`")]
+    NoSuchSession {
+        /// The path opened.
+        path: PathBuf,
+        /// The session asked for.
+        session: String,
+    },
+    /// Another SQLite error while opening.
+    #[error("opening {path}: {source}")]
+    Sqlite {
+        /// The path opened.
+        path: PathBuf,
+        /// What SQLite said.
+        #[source]
+        source: rusqlite::Error,
+    },
+}
+
+/// How SQLite syncs a commit to disk (`PRAGMA synchronous`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Synchronous {
+    /// Every commit is synced before it returns: a committed generation survives a power
+    /// loss.
+    #[default]
+    Full,
+    /// In WAL mode, commits are synced at checkpoints: a committed generation survives a
+    /// crash of the process, but the last ones may be lost on a power loss. The database is
+    /// never corrupted either way.
+    Normal,
+}
+
+/// Options for [`Context::open_with`](crate::Context::open_with).
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    pub(crate) read_only: bool,
+    pub(crate) create: bool,
+    pub(crate) synchronous: Synchronous,
+    pub(crate) lease: Duration,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            read_only: false,
+            create: true,
+            synchronous: Synchronous::Full,
+            lease: Duration::from_secs(300),
+        }
+    }
+}
+
+impl OpenOptions {
+    /// Read-write, creating the file and the session if missing, `synchronous = FULL`, and a
+    /// five-minute delivery lease.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Opens read-only: nothing is written, a missing file or session is an error, and any
+    /// commit or delivery fails with [`StoreError::ReadOnly`].
+    pub fn read_only(mut self, read_only: bool) -> Self {
+        self.read_only = read_only;
+        self
+    }
+
+    /// Whether a missing session is created (default) or refused with
+    /// [`OpenError::NoSuchSession`].
+    pub fn create(mut self, create: bool) -> Self {
+        self.create = create;
+        self
+    }
+
+    /// How commits are synced to disk.
+    pub fn synchronous(mut self, synchronous: Synchronous) -> Self {
+        self.synchronous = synchronous;
+        self
+    }
+
+    /// How long an in-flight delivery is leased to this process. An intent still in flight
+    /// when its lease has expired is put back to pending at the next open, and delivered
+    /// again with the same idempotency key. Make it longer than any dispatch takes.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+}
+
+/// Everything one commit changed, for a store to persist in one transaction.
+pub(crate) struct CommitDelta<'a> {
+    pub(crate) session: &'a str,
+    pub(crate) commit: &'a Commit,
+    /// The final value of every artifact the commit touched (`None`: deleted).
+    pub(crate) artifacts: Vec<(&'a ArtifactId, Option<&'a Arc<Stored>>)>,
+    /// Relations added (`true`) or removed (`false`).
+    pub(crate) relations: Vec<(&'a Relation, bool)>,
+    /// Queued events with a lower sequence number are consumed.
+    pub(crate) consumed_before: u64,
+    /// Events the commit queued.
+    pub(crate) events: &'a [QueuedEvent],
+    /// New ledger entries.
+    pub(crate) deliveries: &'a [Delivery],
+    /// The creation counter after the commit.
+    pub(crate) next_created: u64,
+    /// The sequence number the next queued event gets.
+    pub(crate) next_event_seq: u64,
+}
+
+/// A durable home for one session of a context.
+pub(crate) trait Store: Send {
+    /// Persists one commit in one transaction: all of it or none of it.
+    fn commit(&mut self, delta: &CommitDelta<'_>) -> Result<(), StoreError>;
+
+    /// Drops the session's queued events with a sequence number below `before`.
+    fn consume_events(&mut self, session: &str, before: u64) -> Result<(), StoreError>;
+
+    /// Persists the current state of these ledger entries, in one transaction.
+    fn save_deliveries(&mut self, entries: &mut dyn Iterator<Item = &Delivery>) -> Result<(), StoreError>;
+
+    /// A short description, e.g. `sqlite:/var/lib/app/state.db`.
+    fn describe(&self) -> String;
+}
+
+/// Everything a store hands back to rebuild a context.
+pub(crate) struct Loaded {
+    pub(crate) artifacts: Vec<Stored>,
+    pub(crate) relations: Vec<Relation>,
+    pub(crate) events: Vec<QueuedEvent>,
+    pub(crate) commits: Vec<Commit>,
+    pub(crate) deliveries: Vec<Delivery>,
+    pub(crate) next_created: u64,
+    pub(crate) next_event_seq: u64,
+    /// Intents whose lease had expired and were put back to pending.
+    pub(crate) reclaimed: usize,
+}
