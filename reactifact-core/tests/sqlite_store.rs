@@ -1,0 +1,330 @@
+//! The SQLite store: persistence, resume, leases, and clear errors for bad input.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::*;
+use reactifact_core::{
+    Agent, Context, DeliveryStatus, DispatchError, Intent, OpenError, OpenOptions, ReadError, Runtime, RunError,
+    StoreError, TurnOutcome, WriteError,
+};
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("reactifact-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn runtime(ctx: Context, recorder: &Recorder) -> Runtime {
+    Runtime::builder(ctx)
+        .agent(Agent::new("billing").produce(process_order()))
+        .dispatcher(recorder.dispatcher())
+        .build()
+}
+
+#[tokio::test]
+async fn a_session_survives_reopening_with_its_state_log_and_ledger() {
+    let dir = TempDir::new("reopen");
+    let path = dir.file("state.db");
+    let recorder = Recorder::default();
+    let (hash, head, commits) = {
+        let mut ctx = Context::open(&path, "orders").unwrap();
+        assert_eq!(ctx.store_description(), format!("sqlite:{}", path.display()));
+        ctx.create("order:1", order("ada", 1200)).unwrap();
+        ctx.link("order:1", "placed_by", "order:1").unwrap();
+        let mut rt = runtime(ctx, &recorder);
+        rt.run().await.unwrap();
+        let ctx = rt.into_context();
+        (ctx.state_hash(), ctx.head(), ctx.log().len())
+    };
+    let ctx = Context::open(&path, "orders").unwrap();
+    assert_eq!(ctx.state_hash(), hash);
+    assert_eq!(ctx.head(), head);
+    assert_eq!(ctx.log().len(), commits);
+    assert_eq!(ctx.queued_events(), 0);
+    let receipt = ctx.get::<Receipt>("receipt:order:1").unwrap().unwrap();
+    assert_eq!(receipt.data.total_cents, 1200);
+    let delivery = ctx.ledger().get("notify:order:1").unwrap();
+    assert_eq!(delivery.status(), DeliveryStatus::Delivered);
+    assert_eq!(delivery.attempts(), 1);
+    assert_eq!(ctx.list::<reactifact_core::PendingAction>().count(), 1);
+    assert_eq!(ctx.snapshot().relations().count(), 1);
+
+    // Re-deriving in a new process sends nothing: the ledger remembers the key.
+    let mut rt = runtime(ctx, &recorder);
+    rt.context_mut().update("order:1", order("ada", 1500)).unwrap();
+    let report = rt.run().await.unwrap();
+    assert_eq!((report.runs, report.delivered), (1, 0));
+    assert_eq!(recorder.sent(), ["notify:order:1"]);
+}
+
+#[tokio::test]
+async fn queued_events_and_pending_intents_resume_after_reopening() {
+    let dir = TempDir::new("resume");
+    let path = dir.file("state.db");
+    {
+        let mut ctx = Context::open(&path, "orders").unwrap();
+        ctx.create("order:1", order("ada", 1)).unwrap();
+        ctx.create("order:2", order("bob", 2)).unwrap();
+        // No dispatcher: the intent of order:1 stays pending; order:2's event stays queued.
+        let mut rt = Runtime::builder(ctx)
+            .agent(Agent::new("billing").produce(process_order()))
+            .build();
+        let report = rt.run_with(reactifact_core::Budget::UNLIMITED.max_runs(1)).await.unwrap();
+        assert_eq!(report.outcome, TurnOutcome::RunsExhausted);
+        assert_eq!(rt.context().ledger().pending(), 1);
+        assert_eq!(rt.context().queued_events(), 3, "order:2, receipt:order:1, action:notify:order:1");
+    }
+    let ctx = Context::open(&path, "orders").unwrap();
+    assert_eq!(ctx.queued_events(), 3);
+    assert_eq!(ctx.ledger().pending(), 1);
+    let recorder = Recorder::default();
+    let mut rt = runtime(ctx, &recorder);
+    let report = rt.run().await.unwrap();
+    assert_eq!(report.outcome, TurnOutcome::Completed);
+    assert_eq!(recorder.sent(), ["notify:order:1", "notify:order:2"]);
+    assert_eq!(rt.context().queued_events(), 0);
+    let ctx = Context::open(&path, "orders").unwrap_or_else(|e| panic!("{e}"));
+    drop(rt);
+    assert_eq!(ctx.queued_events(), 0);
+}
+
+#[tokio::test]
+async fn commit_hashes_are_the_same_in_memory_and_on_sqlite() {
+    let dir = TempDir::new("same-hashes");
+    let flow = |ctx: Context| async move {
+        let mut ctx = ctx;
+        ctx.create("order:1", order("ada", 1)).unwrap();
+        ctx.create("order:2", order("bob", 2)).unwrap();
+        let mut rt = runtime(ctx, &Recorder::default());
+        rt.run().await.unwrap();
+        rt.context().log().iter().map(|c| c.hash).collect::<Vec<_>>()
+    };
+    let memory = flow(Context::new("orders")).await;
+    let sqlite = flow(Context::open(dir.file("s.db"), "orders").unwrap()).await;
+    assert_eq!(memory, sqlite);
+}
+
+#[tokio::test]
+async fn sessions_in_one_file_are_independent() {
+    let dir = TempDir::new("sessions");
+    let path = dir.file("state.db");
+    let mut a = Context::open(&path, "a").unwrap();
+    let mut b = Context::open(&path, "b").unwrap();
+    a.create("order:1", order("ada", 1)).unwrap();
+    b.create("order:1", order("bob", 2)).unwrap();
+    b.create("order:2", order("bob", 3)).unwrap();
+    drop((a, b));
+    let a = Context::open(&path, "a").unwrap();
+    let b = Context::open(&path, "b").unwrap();
+    assert_eq!(a.get::<Order>("order:1").unwrap().unwrap().data.customer, "ada");
+    assert_eq!((a.len(), b.len()), (1, 2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_in_flight_delivery_whose_lease_expired_is_delivered_again_with_the_same_key() {
+    let dir = TempDir::new("lease");
+    let path = dir.file("state.db");
+    {
+        let mut ctx = Context::open_with(&path, "orders", OpenOptions::new().lease(Duration::ZERO)).unwrap();
+        ctx.create("order:1", order("ada", 1)).unwrap();
+        // The dispatcher never returns, and the caller gives up: the process "dies" with the
+        // intent in flight. (In memory the attempt is recorded as cancelled; the file still
+        // says in flight, as after a crash, because the drop cannot write.)
+        let mut rt = Runtime::builder(ctx)
+            .agent(Agent::new("billing").produce(process_order()))
+            .dispatcher(|_: Intent| std::future::pending::<Result<(), DispatchError>>())
+            .build();
+        let gave_up = tokio::time::timeout(Duration::from_millis(200), rt.run()).await;
+        assert!(gave_up.is_err());
+    }
+    let ctx = Context::open_with(&path, "orders", OpenOptions::new().read_only(true)).unwrap();
+    let entry = ctx.ledger().get("notify:order:1").unwrap();
+    assert_eq!(entry.status(), DeliveryStatus::InFlight, "read-only opens reclaim nothing");
+    assert!(entry.lease().unwrap().owner.contains(&std::process::id().to_string()));
+    drop(ctx);
+
+    let ctx = Context::open(&path, "orders").unwrap();
+    let entry = ctx.ledger().get("notify:order:1").unwrap();
+    assert_eq!(entry.status(), DeliveryStatus::Pending);
+    assert_eq!(entry.expired_leases(), 1);
+    assert_eq!(entry.attempts(), 1);
+    assert!(entry.last_error().unwrap().contains("expired"), "{:?}", entry.last_error());
+    let recorder = Recorder::default();
+    let mut rt = runtime(ctx, &recorder);
+    rt.run().await.unwrap();
+    assert_eq!(recorder.sent(), ["notify:order:1"]);
+    let entry = rt.context().ledger().get("notify:order:1").unwrap();
+    assert_eq!((entry.status(), entry.attempts(), entry.expired_leases()), (DeliveryStatus::Delivered, 2, 1));
+}
+
+#[tokio::test]
+async fn a_failed_delivery_and_its_retry_are_durable() {
+    let dir = TempDir::new("retry");
+    let path = dir.file("state.db");
+    {
+        let mut ctx = Context::open(&path, "orders").unwrap();
+        ctx.create("order:1", order("ada", 1)).unwrap();
+        let mut rt = Runtime::builder(ctx)
+            .agent(Agent::new("billing").produce(process_order()))
+            .dispatcher(|_: Intent| async { Err::<(), _>(DispatchError::msg("smtp down")) })
+            .build();
+        assert!(matches!(rt.run().await, Err(RunError::Delivery(_))));
+    }
+    let ctx = Context::open(&path, "orders").unwrap();
+    let entry = ctx.ledger().get("notify:order:1").unwrap();
+    assert_eq!((entry.status(), entry.last_error()), (DeliveryStatus::Failed, Some("smtp down")));
+    let recorder = Recorder::default();
+    let mut rt = runtime(ctx, &recorder);
+    rt.retry("notify:order:1").unwrap();
+    drop(rt);
+    let ctx = Context::open(&path, "orders").unwrap();
+    assert_eq!(ctx.ledger().pending(), 1, "the re-arming was persisted");
+    let mut rt = runtime(ctx, &recorder);
+    assert_eq!(rt.flush().await.unwrap().delivered, 1);
+    assert_eq!(recorder.sent(), ["notify:order:1"]);
+}
+
+#[tokio::test]
+async fn a_second_writer_of_the_same_session_is_refused() {
+    let dir = TempDir::new("conflict");
+    let path = dir.file("state.db");
+    let mut first = Context::open(&path, "orders").unwrap();
+    let mut second = Context::open(&path, "orders").unwrap();
+    first.create("order:1", order("ada", 1)).unwrap();
+    let err = second.create("order:2", order("bob", 2)).unwrap_err();
+    assert!(matches!(err, WriteError::Store(StoreError::Conflict { .. })), "{err}");
+    assert!(err.to_string().contains("changed by another writer"), "{err}");
+    assert!(second.get::<Order>("order:2").unwrap().is_none(), "the refused write was rolled back");
+    assert_eq!(second.queued_events(), 0);
+}
+
+#[test]
+fn a_file_that_is_not_a_database_is_refused_and_left_alone() {
+    let dir = TempDir::new("not-a-db");
+    let path = dir.file("notes.txt");
+    let text = "these are my notes, not a database\n".repeat(200);
+    std::fs::write(&path, &text).unwrap();
+    let err = Context::open(&path, "orders").unwrap_err();
+    assert!(matches!(err, OpenError::NotADatabase { .. }), "{err:?}");
+    assert_eq!(err.to_string(), format!("{} is not a reactifact database (not a SQLite file)", path.display()));
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+}
+
+#[tokio::test]
+async fn a_truncated_file_is_reported_as_corrupt() {
+    let dir = TempDir::new("truncated");
+    let path = dir.file("state.db");
+    {
+        let mut ctx = Context::open(&path, "orders").unwrap();
+        let mut tx = ctx.transaction();
+        for i in 0..2000 {
+            tx.create(format!("order:{i}"), order("ada", i));
+        }
+        tx.commit().unwrap();
+    }
+    // Fold the WAL into the main file, then cut it in half.
+    let conn = rusqlite_checkpoint(&path);
+    drop(conn);
+    let len = std::fs::metadata(&path).unwrap().len();
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.set_len(len / 2).unwrap();
+    drop(file);
+    let err = Context::open(&path, "orders").unwrap_err();
+    assert!(
+        matches!(err, OpenError::Corrupt { .. }),
+        "expected a corrupt-file error, got {err:?}"
+    );
+    assert!(err.to_string().contains("is corrupt"), "{err}");
+}
+
+/// Opens and closes the file once more so SQLite checkpoints the WAL into it.
+fn rusqlite_checkpoint(path: &std::path::Path) -> Context {
+    let ctx = Context::open(path, "orders").unwrap();
+    drop(ctx);
+    Context::open_with(path, "orders", OpenOptions::new().read_only(true)).unwrap()
+}
+
+#[test]
+fn a_missing_session_is_an_error_when_opening_read_only() {
+    let dir = TempDir::new("missing-session");
+    let path = dir.file("state.db");
+    Context::open(&path, "orders").unwrap();
+    let err = Context::open_with(&path, "billing", OpenOptions::new().read_only(true)).unwrap_err();
+    assert_eq!(err.to_string(), format!("{} has no session `billing`", path.display()));
+    let err = Context::open_with(&path, "billing", OpenOptions::new().create(false)).unwrap_err();
+    assert!(matches!(err, OpenError::NoSuchSession { .. }));
+}
+
+#[test]
+fn a_read_only_context_refuses_writes_and_changes_nothing() {
+    let dir = TempDir::new("read-only");
+    let path = dir.file("state.db");
+    Context::open(&path, "orders").unwrap().create("order:1", order("ada", 1)).unwrap();
+    let mut ctx = Context::open_with(&path, "orders", OpenOptions::new().read_only(true)).unwrap();
+    let err = ctx.create("order:2", order("bob", 2)).unwrap_err();
+    assert!(matches!(err, WriteError::Store(StoreError::ReadOnly { .. })), "{err}");
+    assert!(ctx.get::<Order>("order:2").unwrap().is_none());
+    let ctx = Context::open(&path, "orders").unwrap();
+    assert_eq!(ctx.len(), 1);
+}
+
+#[test]
+fn a_newer_schema_is_refused_with_a_clear_error() {
+    let dir = TempDir::new("newer-schema");
+    let path = dir.file("state.db");
+    Context::open(&path, "orders").unwrap();
+    set_user_version(&path, 99);
+    let err = Context::open(&path, "orders").unwrap_err();
+    assert!(matches!(err, OpenError::NewerSchema { found: 99, supported: 1, .. }), "{err:?}");
+    assert!(err.to_string().contains("upgrade reactifact"), "{err}");
+}
+
+/// Sets `PRAGMA user_version` with the sqlite3 file format directly: the header's 4-byte
+/// big-endian field at offset 60.
+fn set_user_version(path: &std::path::Path, version: u32) {
+    // Make sure the WAL is folded into the main file first.
+    drop(Context::open_with(path, "orders", OpenOptions::new().read_only(true)).unwrap());
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[60..64].copy_from_slice(&version.to_be_bytes());
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn stored_bytes_that_no_longer_decode_name_the_id_kind_and_type() {
+    #[derive(serde::Serialize, serde::Deserialize, Debug)]
+    #[allow(dead_code)]
+    struct OrderV2 {
+        customer: String,
+        total_cents: u64,
+        currency: String,
+    }
+    impl reactifact_core::Artifact for OrderV2 {
+        const KIND: &'static str = "order";
+    }
+    let dir = TempDir::new("decode");
+    let path = dir.file("state.db");
+    Context::open(&path, "orders").unwrap().create("order:1", order("ada", 1)).unwrap();
+    let ctx = Context::open(&path, "orders").unwrap();
+    let err = ctx.get::<OrderV2>("order:1").unwrap_err();
+    assert!(matches!(&err, ReadError::Decode { id, .. } if id == "order:1"));
+    let message = err.to_string();
+    assert!(message.contains("`order:1` of kind `order`") && message.contains("OrderV2"), "{message}");
+}
