@@ -11,6 +11,7 @@ mod errors;
 mod expand;
 mod kind_name;
 mod parse;
+mod suggest;
 mod validate;
 
 use proc_macro::TokenStream;

@@ -1,6 +1,6 @@
 //! Generating a produce: the marker struct, its registration and its declarations.
 
-use proc_macro2::TokenStream;
+use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Attribute, ItemFn, ReturnType};
@@ -24,7 +24,7 @@ use crate::validate::produce::{Invalid, ProduceModel};
 /// impl IntoProduce for process_order {
 ///     fn into_produce(self) -> Produce {
 ///         Produce::declared::<Order, process_order, _, _>("process_order",
-///             Vec::from([Kind::of::<Receipt>(), Kind::of::<PendingAction>()]), process_order::run)
+///             vec![Kind::of::<Receipt>(), Kind::of::<PendingAction>()], process_order::run)
 ///     }
 /// }
 ///
@@ -65,27 +65,24 @@ pub(crate) fn expand(model: ProduceModel) -> TokenStream {
     if let Some(syn::FnArg::Typed(param)) = run.sig.inputs.first_mut() {
         *param.ty = declared_call;
     }
-    // A return type the runtime cannot convert is reported on the return type.
-    let handler_span = match &function.sig.output {
+    // A return type the runtime cannot convert is reported on the return type: the call whose
+    // bound fails carries its span (the trigger type keeps its own, for its own error).
+    let call_span = match &function.sig.output {
         ReturnType::Type(_, ty) => ty.span(),
-        ReturnType::Default => ident.span(),
+        ReturnType::Default => Span::call_site(),
     };
-    let handler = quote_spanned!(handler_span=> #ident::run);
     let condition = condition.map(|c| quote!(.when::<#trigger, _>(#c)));
     let outputs_vec = if outputs.is_empty() {
         quote!(#private::Vec::new())
     } else {
-        {
-            let kinds = outputs.iter().map(|output| quote!(#private::Kind::of::<#output>()));
-            quote!(#private::Vec::from([#(#kinds),*]))
-        }
+        let kinds = outputs.iter().map(|output| quote!(#private::Kind::of::<#output>()));
+        // Inherent methods only: no trait needs to be in scope (`#![no_implicit_prelude]`).
+        quote!(<[#private::Kind]>::into_vec(#private::Box::new([#(#kinds),*])))
     };
-    let declarations = outputs.iter().map(|output| {
-        quote! {
-            #(#cfg)*
-            impl #private::DeclaredOutput<#ident> for #output {}
-        }
-    });
+    let register = quote_spanned! {call_span=>
+        #private::Produce::declared::<#trigger, #ident, _, _>(#name, #outputs_vec, #ident::run)
+    };
+    let declarations = declarations(&private, ident, &outputs, cfg);
     let user_docs = &attrs.doc;
     let separator = (!user_docs.is_empty()).then(|| quote!(#[doc = ""]));
 
@@ -106,7 +103,7 @@ pub(crate) fn expand(model: ProduceModel) -> TokenStream {
         #(#cfg)*
         impl #private::IntoProduce for #ident {
             fn into_produce(self) -> #private::Produce {
-                #private::Produce::declared::<#trigger, #ident, _, _>(#name, #outputs_vec, #handler)
+                #register
                     #condition
             }
         }
@@ -119,7 +116,12 @@ pub(crate) fn expand(model: ProduceModel) -> TokenStream {
 /// names (`process_order` as a type, its body as `process_order::run`) so that the rest of the
 /// crate still compiles and reports only its own mistakes.
 pub(crate) fn expand_invalid(invalid: Invalid) -> TokenStream {
-    let Invalid { function, krate, error } = invalid;
+    let Invalid {
+        function,
+        outputs,
+        krate,
+        error,
+    } = invalid;
     let errors = error.to_compile_error();
     let private = quote!(#krate::__private);
     let ident = &function.sig.ident;
@@ -128,6 +130,7 @@ pub(crate) fn expand_invalid(invalid: Invalid) -> TokenStream {
     let vis = &function.vis;
     let user_docs = &attrs.doc;
     let struct_doc = format!(" Produce `{ident}` (it does not compile; see the errors of `#[produce]`).");
+    let declarations = declarations(&private, ident, &outputs, cfg);
     let mut run: ItemFn = function.clone();
     run.attrs = attrs.run.clone();
     run.sig.ident = format_ident!("run", span = ident.span());
@@ -153,7 +156,25 @@ pub(crate) fn expand_invalid(invalid: Invalid) -> TokenStream {
                 loop {}
             }
         }
+
+        #(#declarations)*
     }
+}
+
+/// `impl DeclaredOutput<produce> for Output {}` per output, spanned on each declared type so
+/// that rustc's "implemented for" hints point at the declaration.
+fn declarations<'a>(
+    private: &'a TokenStream,
+    ident: &'a syn::Ident,
+    outputs: &'a [syn::Type],
+    cfg: &'a [Attribute],
+) -> impl Iterator<Item = TokenStream> + 'a {
+    outputs.iter().map(move |output| {
+        quote_spanned! {output.span()=>
+            #(#cfg)*
+            impl #private::DeclaredOutput<#ident> for #output {}
+        }
+    })
 }
 
 /// The function's attributes, sorted by where they go.

@@ -40,10 +40,15 @@ pub(crate) fn parse(item: TokenStream) -> syn::Result<ArtifactInput> {
                     args.push(RawArtifactArg::Crate { key, path });
                     Ok(())
                 }
-                _ => Err(meta.error(format_args!(
-                    "unknown option `{}` in `#[artifact(..)]`; expected `kind = \"…\"` or `crate = path`",
-                    crate::errors::display(&meta.path)
-                ))),
+                _ => {
+                    let written = crate::errors::display(&meta.path);
+                    let hint = crate::suggest::closest(&written, &["kind", "crate"])
+                        .map(|o| format!(" (did you mean `{o}`?)"))
+                        .unwrap_or_default();
+                    Err(meta.error(format_args!(
+                        "unknown option `{written}` in `#[artifact(..)]`{hint}; expected `kind = \"…\"` or `crate = path`"
+                    )))
+                }
             }
         });
         if let Err(e) = parsed {

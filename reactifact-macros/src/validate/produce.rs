@@ -27,6 +27,8 @@ pub(crate) struct ProduceModel {
 /// What the fallback expansion needs when validation failed.
 pub(crate) struct Invalid {
     pub(crate) function: ItemFn,
+    /// The outputs that could be read, still declared so that their imports stay used.
+    pub(crate) outputs: Vec<Type>,
     pub(crate) krate: syn::Path,
     pub(crate) error: syn::Error,
 }
@@ -61,6 +63,7 @@ pub(crate) fn validate(input: ProduceInput) -> Result<ProduceModel, Box<Invalid>
         }),
         (error, _) => Err(Box::new(Invalid {
             function,
+            outputs: options.outputs,
             krate,
             error: error.unwrap_or_else(|| syn::Error::new(proc_macro2::Span::call_site(), "invalid produce")),
         })),
@@ -113,7 +116,10 @@ fn check_args(args: RawArgs, produce: &Ident, errors: &mut Errors) -> Options {
         };
         saw_option = true;
         if let RawArg::Unknown { key } = &arg {
-            errors.spanned(key, format_args!("unknown option `{key}`; expected {OPTIONS}"));
+            let hint = crate::suggest::closest(&key.to_string(), &["also_creates", "name", "when", "crate"])
+                .map(|o| format!(" (did you mean `{o}`?)"))
+                .unwrap_or_default();
+            errors.spanned(key, format_args!("unknown option `{key}`{hint}; expected {OPTIONS}"));
             continue;
         }
         if seen.iter().any(|k| *k == key) {

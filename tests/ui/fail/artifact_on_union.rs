@@ -1,0 +1,20 @@
+use reactifact_core::Artifact;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, Artifact)]
+struct Order {
+    total_cents: u64,
+}
+
+#[derive(Serialize, Deserialize, Artifact)]
+struct Receipt {
+    total_cents: u64,
+}
+
+#[derive(Artifact)]
+union Amount {
+    cents: u64,
+    units: u32,
+}
+
+fn main() {}

@@ -1,0 +1,28 @@
+use reactifact_core::{produce, Agent, Artifact, ProduceCall};
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, Artifact)]
+struct Order {
+    total_cents: u64,
+}
+
+#[derive(Serialize, Deserialize, Artifact)]
+struct Receipt {
+    total_cents: u64,
+}
+
+#[derive(Serialize, Deserialize, Artifact)]
+struct Invoice {
+    total_cents: u64,
+}
+
+// Only one output is declared: inference must not pick it for the undeclared `Invoice`.
+#[produce(Receipt)]
+async fn process_order(call: ProduceCall<Order>) {
+    let total_cents = call.trigger.data.total_cents;
+    call.effects.upsert("invoice:1", Invoice { total_cents });
+}
+
+fn main() {
+    let _ = Agent::new("billing").produce(process_order);
+}

@@ -1,0 +1,21 @@
+use reactifact_core::{produce, Agent, Artifact, ProduceCall};
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, Artifact)]
+struct Order {
+    total_cents: u64,
+}
+
+#[derive(Serialize, Deserialize, Artifact)]
+struct Receipt {
+    total_cents: u64,
+}
+
+#[produce(Receipt)]
+async fn process_order(call: ProduceCall<Order>) -> u64 {
+    call.trigger.data.total_cents
+}
+
+fn main() {
+    let _ = Agent::new("billing").produce(process_order);
+}
