@@ -155,6 +155,9 @@ impl Produce {
     /// Runs the produce only when `condition` holds for the trigger, evaluated against the
     /// state when the generation's work is matched. A trigger that does not decode as `T`
     /// counts as holding, so the run reports the decode error.
+    ///
+    /// # Panics
+    /// If `T` is not the produce's trigger type: the condition could never be evaluated.
     pub fn when<T, C>(mut self, condition: C) -> Self
     where
         T: Artifact,
