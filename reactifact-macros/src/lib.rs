@@ -14,7 +14,11 @@ mod parse;
 mod suggest;
 mod validate;
 
+#[cfg(test)]
+mod expansion_tests;
+
 use proc_macro::TokenStream;
+use proc_macro2::TokenStream as TokenStream2;
 
 /// Turns an `async fn` into a produce whose outputs are checked at compile time.
 ///
@@ -149,19 +153,7 @@ use proc_macro::TokenStream;
 /// | `the trait bound `…: Artifact` is not satisfied` | a trigger or output type without `#[derive(Artifact)]` |
 #[proc_macro_attribute]
 pub fn produce(attr: TokenStream, item: TokenStream) -> TokenStream {
-    let item = proc_macro2::TokenStream::from(item);
-    let input = match parse::produce::parse(attr.into(), item.clone()) {
-        Ok(input) => input,
-        Err(error) => {
-            let errors = error.to_compile_error();
-            return quote::quote!(#errors #item).into();
-        }
-    };
-    match validate::produce::validate(input) {
-        Ok(model) => expand::produce::expand(model),
-        Err(invalid) => expand::produce::expand_invalid(*invalid),
-    }
-    .into()
+    produce_tokens(attr.into(), item.into()).into()
 }
 
 /// Implements `Artifact` for a struct or enum: its kind name is `#[artifact(kind = "…")]`, or
@@ -220,9 +212,29 @@ pub fn produce(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// | `the trait bound `…: Serialize` is not satisfied` | serde's derives are missing |
 #[proc_macro_derive(Artifact, attributes(artifact))]
 pub fn derive_artifact(item: TokenStream) -> TokenStream {
-    let input = match parse::artifact::parse(item.into()) {
+    derive_artifact_tokens(item.into()).into()
+}
+
+/// `#[produce]` on `proc_macro2` tokens: parse → validate → expand.
+fn produce_tokens(attr: TokenStream2, item: TokenStream2) -> TokenStream2 {
+    let input = match parse::produce::parse(attr, item.clone()) {
         Ok(input) => input,
-        Err(error) => return error.to_compile_error().into(),
+        Err(error) => {
+            let errors = error.to_compile_error();
+            return quote::quote!(#errors #item);
+        }
+    };
+    match validate::produce::validate(input) {
+        Ok(model) => expand::produce::expand(model),
+        Err(invalid) => expand::produce::expand_invalid(*invalid),
+    }
+}
+
+/// `#[derive(Artifact)]` on `proc_macro2` tokens: parse → validate → expand.
+fn derive_artifact_tokens(item: TokenStream2) -> TokenStream2 {
+    let input = match parse::artifact::parse(item) {
+        Ok(input) => input,
+        Err(error) => return error.to_compile_error(),
     };
     match validate::artifact::validate(input) {
         Ok(model) => expand::artifact::expand(&model),
@@ -232,5 +244,4 @@ pub fn derive_artifact(item: TokenStream) -> TokenStream {
             quote::quote!(#errors #fallback)
         }
     }
-    .into()
 }

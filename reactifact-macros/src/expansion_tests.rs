@@ -1,0 +1,315 @@
+//! Expansion-level tests: what the macros generate, checked on the token level.
+
+use proc_macro2::TokenStream;
+use quote::{quote, ToTokens};
+
+use crate::{derive_artifact_tokens, produce_tokens};
+
+/// Expands `#[produce(attr)] item` and parses the result as a file, which also checks that the
+/// output is well-formed Rust.
+fn produce(attr: TokenStream, item: TokenStream) -> syn::File {
+    let out = produce_tokens(attr, item);
+    syn::parse2(out.clone()).unwrap_or_else(|e| panic!("expansion does not parse: {e}\n{out}"))
+}
+
+fn text(tokens: &impl ToTokens) -> String {
+    tokens.to_token_stream().to_string()
+}
+
+/// The messages of the `compile_error!`s in an expansion.
+fn compile_errors(file: &syn::File) -> Vec<String> {
+    let mut messages = Vec::new();
+    for item in &file.items {
+        if let syn::Item::Macro(m) = item {
+            if m.mac.path.segments.last().is_some_and(|s| s.ident == "compile_error") {
+                let lit: syn::LitStr = m.mac.parse_body().unwrap();
+                messages.push(lit.value());
+            }
+        }
+    }
+    messages
+}
+
+fn order_produce() -> syn::File {
+    produce(
+        quote!(Receipt, also_creates = [PendingAction]),
+        quote! {
+            /// Writes receipts.
+            pub async fn process_order(call: ProduceCall<Order>) -> Result<(), ProduceError> {
+                call.effects.upsert("receipt:1", Receipt {});
+                Ok(())
+            }
+        },
+    )
+}
+
+#[test]
+fn a_produce_becomes_a_marker_struct_with_its_body_as_run() {
+    let file = order_produce();
+    assert!(compile_errors(&file).is_empty());
+    let syn::Item::Struct(marker) = &file.items[0] else {
+        panic!("the first item is the marker struct")
+    };
+    assert_eq!(marker.ident, "process_order");
+    assert!(matches!(marker.vis, syn::Visibility::Public(_)));
+    assert!(matches!(marker.fields, syn::Fields::Unit));
+    let docs: Vec<String> = marker
+        .attrs
+        .iter()
+        .filter(|a| a.path().is_ident("doc"))
+        .map(|a| text(&a.meta))
+        .collect();
+    assert!(docs[0].contains("Writes receipts."), "{docs:?}");
+
+    let syn::Item::Impl(inherent) = &file.items[1] else {
+        panic!("the second item holds the body")
+    };
+    let syn::ImplItem::Fn(run) = &inherent.items[0] else {
+        panic!("run is a function")
+    };
+    assert_eq!(run.sig.ident, "run");
+    assert!(run.sig.asyncness.is_some());
+    let syn::FnArg::Typed(param) = &run.sig.inputs[0] else {
+        panic!("typed parameter")
+    };
+    assert_eq!(text(&param.ty), text(&quote!(ProduceCall<Order, process_order>)));
+    assert_eq!(
+        text(&run.block),
+        text(&quote!({
+            call.effects.upsert("receipt:1", Receipt {});
+            Ok(())
+        }))
+    );
+}
+
+#[test]
+fn the_registration_names_trigger_declarations_and_outputs() {
+    let file = order_produce();
+    let registration = text(&file.items[2]);
+    assert!(registration.contains(":: reactifact_core :: __private :: IntoProduce for process_order"));
+    assert!(registration.contains(
+        ":: reactifact_core :: __private :: Produce :: declared :: < Order , process_order , _ , _ > (\"process_order\""
+    ));
+    assert!(registration.contains(":: reactifact_core :: __private :: Kind :: of :: < Receipt > ()"));
+    assert!(registration.contains(":: reactifact_core :: __private :: Kind :: of :: < PendingAction > ()"));
+    assert!(registration.contains("process_order :: run"));
+    let declarations: Vec<String> = file.items[3..].iter().map(text).collect();
+    assert_eq!(
+        declarations,
+        [
+            "impl :: reactifact_core :: __private :: DeclaredOutput < process_order > for Receipt { }",
+            "impl :: reactifact_core :: __private :: DeclaredOutput < process_order > for PendingAction { }",
+        ]
+    );
+}
+
+/// Every token of `tokens`, groups flattened, literals (docs, names) left out.
+fn flat_tokens(tokens: TokenStream, out: &mut Vec<String>) {
+    for tree in tokens {
+        match tree {
+            proc_macro2::TokenTree::Group(group) => flat_tokens(group.stream(), out),
+            proc_macro2::TokenTree::Literal(_) => out.push("<literal>".to_owned()),
+            other => out.push(other.to_string()),
+        }
+    }
+}
+
+#[test]
+fn generated_code_names_the_runtime_only_through_private() {
+    let file = order_produce();
+    let mut tokens = Vec::new();
+    // Everything but the user's own function, which is item 1.
+    for (i, item) in file.items.iter().enumerate() {
+        if i != 1 {
+            flat_tokens(item.to_token_stream(), &mut tokens);
+        }
+    }
+    let runtime_names = [
+        "Vec",
+        "Box",
+        "Option",
+        "Result",
+        "Ok",
+        "Some",
+        "Produce",
+        "Kind",
+        "IntoProduce",
+        "DeclaredOutput",
+    ];
+    for (at, token) in tokens.iter().enumerate() {
+        if runtime_names.contains(&token.as_str()) {
+            let path = &tokens[at.saturating_sub(3)..at];
+            assert_eq!(path, ["__private", ":", ":"], "`{token}` is named without `__private`");
+        }
+    }
+}
+
+#[test]
+fn options_set_the_name_the_condition_and_the_crate_path() {
+    let file = produce(
+        quote!(
+            Receipt,
+            name = "billing.process",
+            when = |_, order| order.data.total > 0,
+            crate = my::rf
+        ),
+        quote!(
+            async fn process_order(call: ProduceCall<Order>) {}
+        ),
+    );
+    assert!(compile_errors(&file).is_empty());
+    let all = text(&file);
+    assert!(all.contains("\"billing.process\""));
+    assert!(all.contains(". when :: < Order , _ > (| _ , order | order . data . total > 0)"));
+    assert!(all.contains("my :: rf :: __private :: Produce :: declared"));
+    assert!(!all.contains("reactifact_core"));
+}
+
+#[test]
+fn no_outputs_declare_nothing() {
+    let file = produce(
+        quote!(),
+        quote!(
+            async fn touch(call: ProduceCall<Order>) {}
+        ),
+    );
+    assert!(compile_errors(&file).is_empty());
+    let all = text(&file);
+    assert!(all.contains(":: reactifact_core :: __private :: Vec :: new ()"));
+    assert!(!all.contains("DeclaredOutput"));
+}
+
+#[test]
+fn every_mistake_is_reported_in_one_expansion() {
+    let file = produce(
+        quote!(
+            Receipt,
+            also_creates = [Receipt],
+            colour = "blue",
+            name = "a",
+            name = "b"
+        ),
+        quote!(
+            fn process_order(order: Order, extra: u8) -> u64 {
+                0
+            }
+        ),
+    );
+    let errors = compile_errors(&file);
+    let expected = [
+        "`Receipt` is declared twice",
+        "unknown option `colour`",
+        "duplicate option `name`",
+        "must be an `async fn`",
+        "returns `u64`",
+        "takes exactly one parameter",
+        "takes `ProduceCall<T>`",
+    ];
+    assert_eq!(errors.len(), expected.len(), "{errors:#?}");
+    for (error, expected) in errors.iter().zip(expected) {
+        assert!(error.contains(expected), "{error:?} should contain {expected:?}");
+    }
+}
+
+#[test]
+fn on_error_the_function_is_still_emitted_under_its_names() {
+    let item = quote!(
+        fn process_order(call: ProduceCall<Order>) {
+            let _ = call;
+        }
+    );
+    let file = produce(quote!(Receipt), item);
+    assert_eq!(compile_errors(&file).len(), 1);
+    let all = text(&file);
+    assert!(all.contains("struct process_order ;"));
+    assert!(all.contains("fn run (call : ProduceCall < Order >) { let _ = call ; }"));
+    assert!(all.contains("IntoProduce for process_order"));
+    // The declared types are still named, so their imports stay used.
+    assert!(all.contains("DeclaredOutput < process_order > for Receipt"));
+}
+
+#[test]
+fn an_item_that_is_not_a_function_is_returned_with_the_error() {
+    let out = produce_tokens(
+        quote!(Receipt),
+        quote!(
+            struct Order;
+        ),
+    );
+    let file: syn::File = syn::parse2(out).unwrap();
+    assert_eq!(compile_errors(&file).len(), 1);
+    assert!(text(&file).contains("struct Order ;"));
+}
+
+#[test]
+fn a_malformed_argument_list_keeps_the_function() {
+    let file = produce(
+        quote!(also_creates = Receipt),
+        quote!(
+            async fn p(call: ProduceCall<Order>) {}
+        ),
+    );
+    let errors = compile_errors(&file);
+    assert_eq!(errors.len(), 1);
+    assert!(errors[0].contains("expected square brackets"), "{errors:?}");
+    assert!(text(&file).contains("async fn run"));
+}
+
+fn derive(item: TokenStream) -> syn::File {
+    syn::parse2(derive_artifact_tokens(item)).unwrap()
+}
+
+#[test]
+fn derive_artifact_defaults_to_the_snake_case_name() {
+    let file = derive(quote!(
+        struct PurchaseOrder {
+            total: u64,
+        }
+    ));
+    assert_eq!(
+        text(&file),
+        text(&quote! {
+            #[automatically_derived]
+            impl ::reactifact_core::__private::Artifact for PurchaseOrder {
+                const KIND: &'static ::reactifact_core::__private::str = "purchase_order";
+            }
+        })
+    );
+}
+
+#[test]
+fn derive_artifact_takes_the_kind_and_crate_from_the_attribute() {
+    let file = derive(quote! {
+        #[artifact(kind = "billing.receipt", crate = my::rf)]
+        enum Receipt { Paid, Free }
+    });
+    let all = text(&file);
+    assert!(all.contains("impl my :: rf :: __private :: Artifact for Receipt"));
+    assert!(all.contains("\"billing.receipt\""));
+}
+
+#[test]
+fn derive_artifact_refuses_unions_generics_and_bad_options() {
+    let union = derive(quote!(union Amount { cents: u64, units: u32 }));
+    assert!(compile_errors(&union)[0].contains("is a union"));
+    assert!(!text(&union).contains("impl"));
+
+    let generic = derive(quote!(
+        struct Envelope<T> {
+            body: T,
+        }
+    ));
+    assert!(compile_errors(&generic)[0].contains("needs a concrete type"));
+
+    let options = derive(quote! {
+        #[artifact(kind = "a", kind = "b")]
+        #[artifact(knd = "c")]
+        struct Invoice;
+    });
+    let errors = compile_errors(&options);
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert!(errors[0].contains("duplicate option `kind`") || errors[1].contains("duplicate option `kind`"));
+    assert!(errors.iter().any(|e| e.contains("did you mean `kind`?")));
+    // The impl is still emitted, so uses of `Invoice` elsewhere add no errors.
+    assert!(text(&options).contains("Artifact for Invoice"));
+}
