@@ -1,8 +1,8 @@
 //! Procedural macros for reactifact: [`macro@produce`] and [`derive@Artifact`].
 //!
 //! Use them through `reactifact-core`, which re-exports both. Each macro runs the same pipeline:
-//! [`parse`] the input into raw syntax, [`validate`] it (collecting every mistake, spanned on
-//! its token), then [`expand`] the checked model. This file only dispatches.
+//! parse the input into raw syntax (`parse`), validate it, collecting every mistake spanned on
+//! its token (`validate`), then expand the checked model (`expand`). This file only dispatches.
 //!
 //! Generated code refers to `reactifact-core` only through `::reactifact_core::__private`,
 //! whose contents are not public API.
@@ -139,18 +139,18 @@ use proc_macro2::TokenStream as TokenStream2;
 ///
 /// | message | cause |
 /// | --- | --- |
-/// | `produce `…` must be an `async fn`` | the `async` is missing |
-/// | `produce `…` takes one parameter: `call: ProduceCall<T>`` | no parameter |
-/// | `produce `…` takes exactly one parameter` | a second parameter; read state through `call.snapshot` |
-/// | `produce `…` takes `ProduceCall<T>` … not `…`` | the parameter has another type |
-/// | `#[produce] fills in the second parameter of ProduceCall` | `ProduceCall<T, D>` written out |
-/// | `produce `…` returns `…`; a produce returns `()` or `Result<(), E>`` | another return type |
-/// | `produce `…` cannot be generic` | type or lifetime parameters |
-/// | `unknown option `…`` | a misspelt option |
-/// | `duplicate option `…`` | an option given twice |
-/// | ``…` is declared twice on produce `…`` | a type listed twice among the outputs |
+/// | ``produce `p` must be an `async fn` `` | the `async` is missing |
+/// | ``produce `p` takes one parameter: `call: ProduceCall<T>` `` | no parameter |
+/// | ``produce `p` takes exactly one parameter`` | a second parameter; read state through `call.snapshot` |
+/// | ``produce `p` takes `ProduceCall<T>` … not `Order` `` | the parameter has another type |
+/// | ``#[produce]` fills in the second parameter of `ProduceCall` `` | `ProduceCall<T, D>` written out |
+/// | ``produce `p` returns `u64`; a produce returns `()` or `Result<(), E>` `` | another return type |
+/// | ``produce `p` cannot be generic`` | type or lifetime parameters |
+/// | ``unknown option `also_create` (did you mean `also_creates`?)`` | a misspelt option |
+/// | ``duplicate option `name` `` | an option given twice |
+/// | ``` `Receipt` is declared twice on produce `p` ``` | a type listed twice among the outputs |
 /// | `the primary output comes first` | a bare type after an option |
-/// | `the trait bound `…: Artifact` is not satisfied` | a trigger or output type without `#[derive(Artifact)]` |
+/// | ``the trait bound `Refund: Artifact` is not satisfied`` | a trigger or output type without `#[derive(Artifact)]` |
 #[proc_macro_attribute]
 pub fn produce(attr: TokenStream, item: TokenStream) -> TokenStream {
     produce_tokens(attr.into(), item.into()).into()
@@ -204,12 +204,12 @@ pub fn produce(attr: TokenStream, item: TokenStream) -> TokenStream {
 ///
 /// | message | cause |
 /// | --- | --- |
-/// | `#[derive(Artifact)] is for structs and enums` | a union |
-/// | `#[derive(Artifact)] needs a concrete type` | a generic type: every instantiation would share one kind; implement `Artifact` by hand per instantiation |
-/// | `unknown option `…` in #[artifact(..)]` | a misspelt option |
-/// | `duplicate option `…`` | an option given twice |
+/// | ``` `#[derive(Artifact)]` is for structs and enums ``` | a union |
+/// | ``` `#[derive(Artifact)]` needs a concrete type ``` | a generic type: every instantiation would share one kind; implement `Artifact` by hand per instantiation |
+/// | ``unknown option `knd` in `#[artifact(..)]` (did you mean `kind`?)`` | a misspelt option |
+/// | ``duplicate option `name` `` | an option given twice |
 /// | `the artifact kind must not be empty` | `kind = ""` |
-/// | `the trait bound `…: Serialize` is not satisfied` | serde's derives are missing |
+/// | ``the trait bound `Invoice: Serialize` is not satisfied`` | serde's derives are missing |
 #[proc_macro_derive(Artifact, attributes(artifact))]
 pub fn derive_artifact(item: TokenStream) -> TokenStream {
     derive_artifact_tokens(item.into()).into()
@@ -238,9 +238,9 @@ fn derive_artifact_tokens(item: TokenStream2) -> TokenStream2 {
     };
     match validate::artifact::validate(input) {
         Ok(model) => expand::artifact::expand(&model),
-        Err((error, model)) => {
-            let errors = error.to_compile_error();
-            let fallback = model.as_ref().map(expand::artifact::expand);
+        Err(invalid) => {
+            let errors = invalid.error.to_compile_error();
+            let fallback = invalid.fallback.as_ref().map(expand::artifact::expand);
             quote::quote!(#errors #fallback)
         }
     }

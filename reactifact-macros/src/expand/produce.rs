@@ -13,7 +13,7 @@ use crate::validate::produce::{Invalid, ProduceModel};
 ///
 /// ```text
 /// /// (the function's docs)
-/// #[allow(non_camel_case_types)]
+/// #[allow(non_camel_case_types, missing_copy_implementations, missing_debug_implementations)]
 /// pub struct process_order;
 ///
 /// impl process_order {
@@ -91,7 +91,7 @@ pub(crate) fn expand(model: ProduceModel) -> TokenStream {
         #(#user_docs)*
         #separator
         #[doc = #struct_doc]
-        #[allow(non_camel_case_types)]
+        #[allow(non_camel_case_types, missing_copy_implementations, missing_debug_implementations)]
         #vis struct #ident;
 
         #(#cfg)*
@@ -140,7 +140,7 @@ pub(crate) fn expand_invalid(invalid: Invalid) -> TokenStream {
         #(#cfg)*
         #(#user_docs)*
         #[doc = #struct_doc]
-        #[allow(non_camel_case_types)]
+        #[allow(non_camel_case_types, missing_copy_implementations, missing_debug_implementations)]
         #vis struct #ident;
 
         #(#cfg)*

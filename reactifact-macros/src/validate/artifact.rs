@@ -13,9 +13,16 @@ pub(crate) struct ArtifactModel {
     pub(crate) krate: syn::Path,
 }
 
+/// A derive that failed validation.
+pub(crate) struct InvalidArtifact {
+    pub(crate) error: syn::Error,
+    /// The impl to emit anyway, when the type can have one.
+    pub(crate) fallback: Option<ArtifactModel>,
+}
+
 /// Checks the input; on error, also returns a model to emit anyway when one can be built, so
 /// that uses of the type elsewhere do not add errors of their own.
-pub(crate) fn validate(input: ArtifactInput) -> Result<ArtifactModel, (syn::Error, Option<ArtifactModel>)> {
+pub(crate) fn validate(input: ArtifactInput) -> Result<ArtifactModel, Box<InvalidArtifact>> {
     let ArtifactInput { item, args, mut errors } = input;
     let mut kind: Option<LitStr> = None;
     let mut krate: Option<syn::Path> = None;
@@ -79,6 +86,9 @@ pub(crate) fn validate(input: ArtifactInput) -> Result<ArtifactModel, (syn::Erro
     };
     match errors.into_error() {
         None => Ok(model),
-        Some(error) => Err((error, buildable.then_some(model))),
+        Some(error) => Err(Box::new(InvalidArtifact {
+            error,
+            fallback: buildable.then_some(model),
+        })),
     }
 }

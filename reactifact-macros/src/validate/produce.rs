@@ -122,7 +122,7 @@ fn check_args(args: RawArgs, produce: &Ident, errors: &mut Errors) -> Options {
             errors.spanned(key, format_args!("unknown option `{key}`{hint}; expected {OPTIONS}"));
             continue;
         }
-        if seen.iter().any(|k| *k == key) {
+        if seen.contains(&key) {
             errors.spanned(&key, format_args!("duplicate option `{key}`; give it once"));
             continue;
         }
@@ -225,7 +225,7 @@ fn check_signature(function: &ItemFn, errors: &mut Errors) -> Option<(Type, Type
     };
     if let Pat::Ident(pat) = &*typed.pat {
         if pat.by_ref.is_some() {
-            errors.spanned(&pat.by_ref, "the `ProduceCall` parameter is taken by value");
+            errors.spanned(pat.by_ref, "the `ProduceCall` parameter is taken by value");
         }
     }
     check_call_type(&typed.ty, produce, errors)
