@@ -3,7 +3,6 @@
 use std::sync::Arc;
 
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 use crate::action::{ActionKey, Intent};
 use crate::artifact::{ArtifactId, Generation, Kind, Stored, Version};
@@ -61,12 +60,11 @@ impl Commit {
         state_hash: &StateHash,
         runs: &[RunRecord],
     ) -> CommitHash {
-        let mut writer = HashWriter(Sha256::new());
-        writer.0.update(b"reactifact/commit/v1");
+        let mut writer = HashWriter::new(b"reactifact/commit/v1");
         (parent, generation, state_hash, runs)
             .serialize(&mut rmp_serde::Serializer::new(&mut writer).with_struct_map())
             .expect("commit headers always encode");
-        CommitHash(writer.0.finalize().into())
+        CommitHash(writer.finish())
     }
 }
 

@@ -8,8 +8,21 @@ use sha2::{Digest, Sha256};
 macro_rules! digest_type {
     ($(#[$meta:meta])* $name:ident) => {
         $(#[$meta])*
-        #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub struct $name(pub [u8; 32]);
+
+        /// Encoded as a 32-byte binary string (one rmp `bin 8`), not as 32 integers.
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_bytes(&self.0)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                serde_bytes::ByteArray::<32>::deserialize(deserializer).map(|bytes| $name(bytes.into_array()))
+            }
+        }
 
         impl $name {
             /// The 32 raw bytes of the digest.
@@ -68,11 +81,42 @@ pub(crate) fn content_hash(bytes: &[u8]) -> ContentHash {
 }
 
 /// An `io::Write` that feeds a SHA-256 hasher, so rmp-serde can encode straight into it.
-pub(crate) struct HashWriter(pub(crate) Sha256);
+/// rmp-serde writes many small pieces; they are gathered into whole blocks first, since the
+/// hasher's per-call cost dominates for pieces of a few bytes.
+pub(crate) struct HashWriter {
+    hasher: Sha256,
+    buffer: Vec<u8>,
+}
+
+impl HashWriter {
+    const CHUNK: usize = 4096;
+
+    pub(crate) fn new(domain: &[u8]) -> Self {
+        let mut buffer = Vec::with_capacity(Self::CHUNK);
+        buffer.extend_from_slice(domain);
+        HashWriter {
+            hasher: Sha256::new(),
+            buffer,
+        }
+    }
+
+    pub(crate) fn finish(mut self) -> [u8; 32] {
+        self.hasher.update(&self.buffer);
+        self.hasher.finalize().into()
+    }
+}
 
 impl std::io::Write for HashWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.update(buf);
+        if self.buffer.len() + buf.len() > Self::CHUNK {
+            self.hasher.update(&self.buffer);
+            self.buffer.clear();
+            if buf.len() >= Self::CHUNK {
+                self.hasher.update(buf);
+                return Ok(buf.len());
+            }
+        }
+        self.buffer.extend_from_slice(buf);
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -180,6 +224,29 @@ mod tests {
         assert_eq!(ab, only_b);
         ab.remove(&b);
         assert_eq!(ab.finish(), SetDigest::default().finish());
+    }
+
+    #[test]
+    fn hash_writer_matches_one_shot_hashing_across_chunk_boundaries() {
+        use std::io::Write;
+        let data: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+        let mut writer = HashWriter::new(b"domain");
+        for piece in data.chunks(7).chain([&data[..5000]]) {
+            writer.write_all(piece).unwrap();
+        }
+        let mut expected = Sha256::new();
+        expected.update(b"domain");
+        expected.update(&data);
+        expected.update(&data[..5000]);
+        assert_eq!(writer.finish(), <[u8; 32]>::from(expected.finalize()));
+    }
+
+    #[test]
+    fn digests_encode_as_one_binary_string() {
+        let h = content_hash(b"x");
+        let bytes = rmp_serde::to_vec(&h).unwrap();
+        assert_eq!(bytes.len(), 2 + 32, "bin 8 header and 32 bytes");
+        assert_eq!(rmp_serde::from_slice::<ContentHash>(&bytes).unwrap(), h);
     }
 
     #[test]

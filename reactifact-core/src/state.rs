@@ -43,13 +43,17 @@ impl Relation {
     }
 }
 
+/// A persistent hash map with a fast, per-process seeded hasher (ids are short strings and
+/// SipHash showed up in profiles). Iteration order is never relied on.
+type Map<K, V> = imbl::GenericHashMap<K, V, foldhash::fast::RandomState, imbl::shared_ptr::DefaultSharedPtr>;
+
 /// Current artifacts and relations. Every field is a persistent map, so `clone` shares
 /// structure and costs O(1); writes copy only the path they touch while a clone is alive.
 #[derive(Clone, Default)]
 pub(crate) struct State {
-    artifacts: imbl::HashMap<ArtifactId, Arc<Stored>>,
+    artifacts: Map<ArtifactId, Arc<Stored>>,
     /// Per kind, ids in creation order (keyed by `Stored::created`).
-    by_kind: imbl::HashMap<Kind, imbl::OrdMap<u64, ArtifactId>>,
+    by_kind: Map<Kind, imbl::OrdMap<u64, ArtifactId>>,
     relations: imbl::OrdSet<Relation>,
     /// Relations with `from` and `to` swapped, to find and drop a deleted artifact's incoming
     /// relations without a scan.
@@ -95,35 +99,33 @@ impl State {
     /// Sets the artifact stored under `id` (or removes it) and returns what was there.
     /// Keeps the kind index and the state digest in step.
     pub(crate) fn put(&mut self, id: &ArtifactId, value: Option<Arc<Stored>>) -> Option<Arc<Stored>> {
-        if let Some(new) = &value {
+        let new = value.clone();
+        let old = match value {
+            Some(value) => self.artifacts.insert(id.clone(), value),
+            None => self.artifacts.remove(id.as_str()),
+        };
+        if let Some(new) = &new {
             self.digest
                 .add(&hash::artifact_entry(id.as_str(), new.kind.as_str(), &new.hash));
         }
-        let old = match value {
-            Some(new) => self.artifacts.insert(id.clone(), new),
-            None => self.artifacts.remove(id.as_str()),
-        };
         if let Some(old) = &old {
             self.digest
                 .remove(&hash::artifact_entry(id.as_str(), old.kind.as_str(), &old.hash));
         }
-        let now = self.artifacts.get(id.as_str()).cloned();
-        match (&old, &now) {
-            (None, Some(new)) => {
-                self.by_kind
-                    .entry(new.kind)
-                    .or_default()
-                    .insert(new.created, id.clone());
-            }
-            (Some(old), None) => self.unindex(old),
-            (Some(old), Some(new)) if old.created != new.created || old.kind != new.kind => {
+        let moved = match (&old, &new) {
+            (Some(old), Some(new)) => old.created != new.created || old.kind != new.kind,
+            _ => true,
+        };
+        if moved {
+            if let Some(old) = &old {
                 self.unindex(old);
+            }
+            if let Some(new) = &new {
                 self.by_kind
                     .entry(new.kind)
                     .or_default()
                     .insert(new.created, id.clone());
             }
-            _ => {}
         }
         old
     }

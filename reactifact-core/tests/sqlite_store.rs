@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::*;
 use reactifact_core::{
-    Agent, Context, DeliveryStatus, DispatchError, Intent, OpenError, OpenOptions, ReadError, Runtime, RunError,
+    Agent, Context, DeliveryStatus, DispatchError, Intent, OpenError, OpenOptions, ReadError, RunError, Runtime,
     StoreError, TurnOutcome, WriteError,
 };
 
@@ -87,10 +87,17 @@ async fn queued_events_and_pending_intents_resume_after_reopening() {
         let mut rt = Runtime::builder(ctx)
             .agent(Agent::new("billing").produce(process_order()))
             .build();
-        let report = rt.run_with(reactifact_core::Budget::UNLIMITED.max_runs(1)).await.unwrap();
+        let report = rt
+            .run_with(reactifact_core::Budget::UNLIMITED.max_runs(1))
+            .await
+            .unwrap();
         assert_eq!(report.outcome, TurnOutcome::RunsExhausted);
         assert_eq!(rt.context().ledger().pending(), 1);
-        assert_eq!(rt.context().queued_events(), 3, "order:2, receipt:order:1, action:notify:order:1");
+        assert_eq!(
+            rt.context().queued_events(),
+            3,
+            "order:2, receipt:order:1, action:notify:order:1"
+        );
     }
     let ctx = Context::open(&path, "orders").unwrap();
     assert_eq!(ctx.queued_events(), 3);
@@ -157,7 +164,11 @@ async fn an_in_flight_delivery_whose_lease_expired_is_delivered_again_with_the_s
     }
     let ctx = Context::open_with(&path, "orders", OpenOptions::new().read_only(true)).unwrap();
     let entry = ctx.ledger().get("notify:order:1").unwrap();
-    assert_eq!(entry.status(), DeliveryStatus::InFlight, "read-only opens reclaim nothing");
+    assert_eq!(
+        entry.status(),
+        DeliveryStatus::InFlight,
+        "read-only opens reclaim nothing"
+    );
     assert!(entry.lease().unwrap().owner.contains(&std::process::id().to_string()));
     drop(ctx);
 
@@ -166,13 +177,20 @@ async fn an_in_flight_delivery_whose_lease_expired_is_delivered_again_with_the_s
     assert_eq!(entry.status(), DeliveryStatus::Pending);
     assert_eq!(entry.expired_leases(), 1);
     assert_eq!(entry.attempts(), 1);
-    assert!(entry.last_error().unwrap().contains("expired"), "{:?}", entry.last_error());
+    assert!(
+        entry.last_error().unwrap().contains("expired"),
+        "{:?}",
+        entry.last_error()
+    );
     let recorder = Recorder::default();
     let mut rt = runtime(ctx, &recorder);
     rt.run().await.unwrap();
     assert_eq!(recorder.sent(), ["notify:order:1"]);
     let entry = rt.context().ledger().get("notify:order:1").unwrap();
-    assert_eq!((entry.status(), entry.attempts(), entry.expired_leases()), (DeliveryStatus::Delivered, 2, 1));
+    assert_eq!(
+        (entry.status(), entry.attempts(), entry.expired_leases()),
+        (DeliveryStatus::Delivered, 2, 1)
+    );
 }
 
 #[tokio::test]
@@ -190,7 +208,10 @@ async fn a_failed_delivery_and_its_retry_are_durable() {
     }
     let ctx = Context::open(&path, "orders").unwrap();
     let entry = ctx.ledger().get("notify:order:1").unwrap();
-    assert_eq!((entry.status(), entry.last_error()), (DeliveryStatus::Failed, Some("smtp down")));
+    assert_eq!(
+        (entry.status(), entry.last_error()),
+        (DeliveryStatus::Failed, Some("smtp down"))
+    );
     let recorder = Recorder::default();
     let mut rt = runtime(ctx, &recorder);
     rt.retry("notify:order:1").unwrap();
@@ -212,7 +233,10 @@ async fn a_second_writer_of_the_same_session_is_refused() {
     let err = second.create("order:2", order("bob", 2)).unwrap_err();
     assert!(matches!(err, WriteError::Store(StoreError::Conflict { .. })), "{err}");
     assert!(err.to_string().contains("changed by another writer"), "{err}");
-    assert!(second.get::<Order>("order:2").unwrap().is_none(), "the refused write was rolled back");
+    assert!(
+        second.get::<Order>("order:2").unwrap().is_none(),
+        "the refused write was rolled back"
+    );
     assert_eq!(second.queued_events(), 0);
 }
 
@@ -224,7 +248,10 @@ fn a_file_that_is_not_a_database_is_refused_and_left_alone() {
     std::fs::write(&path, &text).unwrap();
     let err = Context::open(&path, "orders").unwrap_err();
     assert!(matches!(err, OpenError::NotADatabase { .. }), "{err:?}");
-    assert_eq!(err.to_string(), format!("{} is not a reactifact database (not a SQLite file)", path.display()));
+    assert_eq!(
+        err.to_string(),
+        format!("{} is not a reactifact database (not a SQLite file)", path.display())
+    );
     assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
 }
 
@@ -277,7 +304,10 @@ fn a_missing_session_is_an_error_when_opening_read_only() {
 fn a_read_only_context_refuses_writes_and_changes_nothing() {
     let dir = TempDir::new("read-only");
     let path = dir.file("state.db");
-    Context::open(&path, "orders").unwrap().create("order:1", order("ada", 1)).unwrap();
+    Context::open(&path, "orders")
+        .unwrap()
+        .create("order:1", order("ada", 1))
+        .unwrap();
     let mut ctx = Context::open_with(&path, "orders", OpenOptions::new().read_only(true)).unwrap();
     let err = ctx.create("order:2", order("bob", 2)).unwrap_err();
     assert!(matches!(err, WriteError::Store(StoreError::ReadOnly { .. })), "{err}");
@@ -293,7 +323,17 @@ fn a_newer_schema_is_refused_with_a_clear_error() {
     Context::open(&path, "orders").unwrap();
     set_user_version(&path, 99);
     let err = Context::open(&path, "orders").unwrap_err();
-    assert!(matches!(err, OpenError::NewerSchema { found: 99, supported: 1, .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            OpenError::NewerSchema {
+                found: 99,
+                supported: 1,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("upgrade reactifact"), "{err}");
 }
 
@@ -321,10 +361,16 @@ fn stored_bytes_that_no_longer_decode_name_the_id_kind_and_type() {
     }
     let dir = TempDir::new("decode");
     let path = dir.file("state.db");
-    Context::open(&path, "orders").unwrap().create("order:1", order("ada", 1)).unwrap();
+    Context::open(&path, "orders")
+        .unwrap()
+        .create("order:1", order("ada", 1))
+        .unwrap();
     let ctx = Context::open(&path, "orders").unwrap();
     let err = ctx.get::<OrderV2>("order:1").unwrap_err();
     assert!(matches!(&err, ReadError::Decode { id, .. } if id == "order:1"));
     let message = err.to_string();
-    assert!(message.contains("`order:1` of kind `order`") && message.contains("OrderV2"), "{message}");
+    assert!(
+        message.contains("`order:1` of kind `order`") && message.contains("OrderV2"),
+        "{message}"
+    );
 }
