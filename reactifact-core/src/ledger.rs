@@ -1,6 +1,8 @@
 //! The delivery ledger: per idempotency key, the delivery state of an intent.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use foldhash::HashMap;
 use std::fmt;
 use std::time::SystemTime;
 

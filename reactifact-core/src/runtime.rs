@@ -1,6 +1,6 @@
 //! The runtime: agents, the generation loop, budgets and the outbox drain.
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
