@@ -33,6 +33,11 @@ use crate::hash::ContentHash;
 /// Content is encoded with rmp-serde using named fields and hashed with SHA-256. The encoding
 /// must be deterministic for hashes, replay and verification to hold: a `HashMap` field iterates
 /// in a random order and breaks that; use `BTreeMap` (or an ordered map) instead.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an artifact",
+    label = "`{Self}` does not implement `Artifact`",
+    note = "derive it: `#[derive(Serialize, Deserialize, Artifact)]`, optionally with `#[artifact(kind = \"...\")]`"
+)]
 pub trait Artifact: Serialize + DeserializeOwned + Send + Sync + 'static {
     /// The stable kind name, e.g. `"order"`.
     const KIND: &'static str;

@@ -30,6 +30,11 @@ pub struct ProduceCall<T, D = Dynamic> {
 
 /// Turns what a produce function returns into the runtime's result: `()` or any
 /// `Result<(), E>` with `E: Into<ProduceError>`.
+#[diagnostic::on_unimplemented(
+    message = "a produce must return `()` or `Result<(), E>` where `E` converts into `ProduceError`, not `{Self}`",
+    label = "this produce returns `{Self}`",
+    note = "`ProduceError` converts from any `std::error::Error + Send + Sync + 'static`; for a plain message use `ProduceError::msg(..)`"
+)]
 pub trait IntoProduceResult {
     /// The conversion.
     fn into_produce_result(self) -> Result<(), ProduceError>;
