@@ -14,6 +14,8 @@
 //!   (each a receipt and a `notify` intent), validate, commit; the intents stay pending.
 //! - `drain`: `Runtime::flush` of k pending intents to an in-process dispatcher.
 //! - `turn`: the whole outbox workload for k orders (generation plus drain), as outbox-bench.
+//! - `fan_out`: one produce run that records k intents (one order, k notifications): the
+//!   cost of `Effects::act` as a run's patch grows. Linear in k is the expectation.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -276,6 +278,33 @@ fn turn(bencher: Bencher, k: usize) {
             let report = tokio.block_on(rt.run()).expect("turn succeeds");
             assert_eq!(report.outcome, TurnOutcome::Completed);
             assert_eq!(report.delivered, k as u64);
+            rt
+        });
+}
+
+/// One order whose produce records k intents: the run's effects and their commit.
+#[divan::bench(args = [10, 100, 1_000, 10_000], sample_count = 20)]
+fn fan_out(bencher: Bencher, k: usize) {
+    let tokio = tokio();
+    let fan_out = Produce::new("notify_all", move |call: ProduceCall<Order>| async move {
+        for i in 0..k {
+            call.effects
+                .act("notify", format!("notify:{}:{i}", call.trigger.id), &i);
+        }
+        Ok::<(), ProduceError>(())
+    })
+    .creates::<PendingAction>();
+    bencher
+        .counter(divan::counter::ItemsCount::new(k))
+        .with_inputs(|| {
+            Runtime::builder(seeded(1))
+                .agent(Agent::new("notifier").produce(fan_out.clone()))
+                .budget(Budget::UNLIMITED)
+                .build()
+        })
+        .bench_local_values(|mut rt| {
+            tokio.block_on(rt.run()).expect("turn succeeds");
+            assert_eq!(rt.context().ledger().pending(), k);
             rt
         });
 }
