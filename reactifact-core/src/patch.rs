@@ -114,17 +114,25 @@ impl Op {
     }
 
     pub(crate) fn act<P: Serialize + ?Sized>(action: &str, key: ActionKey, payload: &P) -> Result<Op, EffectError> {
+        /// Encodes exactly like [`PendingAction`], without copying its fields first.
+        #[derive(Serialize)]
+        struct PendingActionRef<'a> {
+            kind: &'a str,
+            key: &'a str,
+            #[serde(with = "serde_bytes")]
+            payload: &'a [u8],
+        }
         let payload = artifact::encode(payload).map_err(|source| EffectError::EncodePayload {
             key: key.clone(),
             kind: action.to_owned(),
             source,
         })?;
-        let record = PendingAction {
-            kind: action.to_owned(),
-            key: key.as_str().to_owned(),
-            payload,
-        };
         let id = key.artifact_id();
+        let record = PendingActionRef {
+            kind: action,
+            key: key.as_str(),
+            payload: &payload,
+        };
         let bytes = artifact::encode(&record).map_err(|source| EffectError::Encode {
             id: id.clone(),
             kind: Kind::of::<PendingAction>(),
@@ -136,7 +144,25 @@ impl Op {
             id,
             key,
             bytes: bytes.into(),
-            payload: record.payload.into(),
+            payload: payload.into(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_act_stores_a_pending_action_that_decodes() {
+        let op = Op::act("notify", ActionKey::from("k1"), &("ada", 42u32)).unwrap();
+        let Op::Act { bytes, payload, id, .. } = &op else {
+            panic!("not an act: {op:?}");
+        };
+        assert_eq!(id.as_str(), "action:k1");
+        let action: PendingAction = rmp_serde::from_slice(bytes).unwrap();
+        assert_eq!((action.kind.as_str(), action.key.as_str()), ("notify", "k1"));
+        assert_eq!(&action.payload[..], &payload[..]);
+        assert_eq!(action.payload::<(String, u32)>().unwrap(), ("ada".to_owned(), 42));
     }
 }
