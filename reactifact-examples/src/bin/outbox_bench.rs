@@ -7,6 +7,11 @@
 //! first (M/3 orders already processed: order, receipt and pending action each, all
 //! delivered) and only the N new orders are timed.
 //!
+//! The store is `memory` (default), `sqlite` (an embedded SQLite file, `synchronous = FULL`:
+//! one fsync per generation) or `sqlite-normal` (`synchronous = NORMAL`). The SQLite file is
+//! created fresh under `--db DIR` (default: the system's temporary directory) and removed
+//! after the run.
+//!
 //! Prints one JSON line per run and exits non-zero unless every key of the timed orders was
 //! delivered exactly once. See `docs/performance.md`.
 //!
@@ -22,8 +27,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use reactifact_core::{
-    ActionKey, Agent, Artifact, Budget, Context, DeliveryStatus, DispatchError, Intent, PendingAction, Produce,
-    ProduceCall, ProduceError, Runtime, TurnOutcome,
+    ActionKey, Agent, Artifact, Budget, Context, DeliveryStatus, DispatchError, Intent, OpenOptions, PendingAction,
+    Produce, ProduceCall, ProduceError, Runtime, Synchronous, TurnOutcome,
 };
 use serde::{Deserialize, Serialize};
 
@@ -82,10 +87,14 @@ fn process_order() -> Produce {
 }
 
 const USAGE: &str = "\
-usage: outbox-bench [N] [--n N] [--store memory] [--generations G] [--standing M] [--runs R]
+usage: outbox-bench [N] [--n N] [--store memory|sqlite|sqlite-normal] [--db DIR] [--generations G]
+                    [--standing M] [--runs R]
 
   N, --n N           orders in the timed workload (default 1000)
-  --store S          the store: `memory` (the only one so far)
+  --store S          `memory` (default); `sqlite`: an SQLite file, synchronous = FULL (one fsync
+                     per generation); `sqlite-normal`: synchronous = NORMAL
+  --db DIR           where the SQLite file is created (default: the temporary directory);
+                     the file is removed after each run
   --generations G    the orders arrive in G batches: seed N/G orders, run a turn, repeat (default 1)
   --standing M       store about M artifacts first (M/3 processed orders); time only the N new ones
   --runs R           repeat the whole run R times in this process, one JSON line each (default 1;
@@ -94,6 +103,7 @@ usage: outbox-bench [N] [--n N] [--store memory] [--generations G] [--standing M
 struct Options {
     n: u64,
     store: String,
+    db_dir: std::path::PathBuf,
     generations: u64,
     standing: u64,
     runs: u32,
@@ -103,6 +113,7 @@ fn parse_args() -> Result<Options, String> {
     let mut options = Options {
         n: 1000,
         store: "memory".to_owned(),
+        db_dir: std::env::temp_dir(),
         generations: 1,
         standing: 0,
         runs: 1,
@@ -127,6 +138,7 @@ fn parse_args() -> Result<Options, String> {
             }
             "--n" | "-n" => options.n = number(&name, &value(&name)?)?,
             "--store" => options.store = value(&name)?,
+            "--db" => options.db_dir = value(&name)?.into(),
             "--generations" | "-g" => options.generations = number(&name, &value(&name)?)?,
             "--standing" => options.standing = number(&name, &value(&name)?)?,
             "--runs" => options.runs = number(&name, &value(&name)?)? as u32,
@@ -146,9 +158,9 @@ fn parse_args() -> Result<Options, String> {
     if options.runs == 0 {
         return Err("--runs must be at least 1".to_owned());
     }
-    if options.store != "memory" {
+    if !["memory", "sqlite", "sqlite-normal"].contains(&options.store.as_str()) {
         return Err(format!(
-            "store `{}` is not available yet: only `memory` exists (durable stores are a later issue)",
+            "unknown store `{}`: the stores are `memory`, `sqlite` and `sqlite-normal` (a PostgreSQL store is not available yet)",
             options.store
         ));
     }
@@ -183,6 +195,59 @@ fn thread_cpu_ns() -> u64 {
         .unwrap_or(0)
 }
 
+/// A fresh SQLite file for one run, removed (with its WAL and shared-memory files) on drop.
+struct DbFile {
+    path: std::path::PathBuf,
+}
+
+impl DbFile {
+    fn new(dir: &std::path::Path) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        DbFile {
+            path: dir.join(format!("outbox-bench-{}-{nanos}.db", std::process::id())),
+        }
+    }
+
+    fn companions(&self) -> impl Iterator<Item = std::path::PathBuf> + '_ {
+        ["", "-wal", "-shm", "-journal"].into_iter().map(|suffix| {
+            let mut name = self.path.clone().into_os_string();
+            name.push(suffix);
+            name.into()
+        })
+    }
+
+    /// Bytes on disk: the database and its write-ahead log.
+    fn bytes(&self) -> u64 {
+        self.companions()
+            .filter_map(|p| std::fs::metadata(p).ok())
+            .map(|m| m.len())
+            .sum()
+    }
+}
+
+impl Drop for DbFile {
+    fn drop(&mut self) {
+        for path in self.companions() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+fn open_context(options: &Options, db: Option<&DbFile>) -> Result<Context, String> {
+    let Some(db) = db else {
+        return Ok(Context::new("bench"));
+    };
+    let synchronous = if options.store == "sqlite" {
+        Synchronous::Full
+    } else {
+        Synchronous::Normal
+    };
+    Context::open_with(&db.path, "bench", OpenOptions::new().synchronous(synchronous))
+        .map_err(|e| format!("cannot open the SQLite store: {e}"))
+}
+
 fn order_id(i: u64) -> String {
     format!("order:{i}")
 }
@@ -210,13 +275,15 @@ struct RunResult {
     deliveries: u64,
     artifacts: usize,
     rss_growth: u64,
+    db_bytes: Option<u64>,
     generations_committed: u64,
 }
 
 fn run_once(options: &Options, tokio: &tokio::runtime::Runtime) -> Result<RunResult, String> {
     let sent: Arc<Mutex<Vec<ActionKey>>> = Arc::new(Mutex::new(Vec::with_capacity(options.n as usize)));
     let rss_before = proc_status_bytes("VmRSS");
-    let mut rt = Runtime::builder(Context::new("bench"))
+    let db = (options.store != "memory").then(|| DbFile::new(&options.db_dir));
+    let mut rt = Runtime::builder(open_context(options, db.as_ref())?)
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher({
             let sent = sent.clone();
@@ -308,7 +375,9 @@ fn run_once(options: &Options, tokio: &tokio::runtime::Runtime) -> Result<RunRes
     let artifacts = rt.context().len();
     let rss_growth = proc_status_bytes("VmRSS").saturating_sub(rss_before);
     drop(rt);
+    let db_bytes = db.as_ref().map(DbFile::bytes);
     Ok(RunResult {
+        db_bytes,
         seconds,
         cpu_seconds: cpu_ns as f64 / 1e9,
         seed_seconds,
@@ -353,7 +422,7 @@ fn main() -> ExitCode {
             "{{\"bench\":\"outbox\",\"n\":{},\"store\":\"{}\",\"generations\":{},\"standing\":{},\
              \"seconds\":{:.6},\"cpu_seconds\":{:.6},\"orders_per_sec\":{:.0},\"us_per_order\":{:.4},\"seed_seconds\":{:.6},\
              \"deliveries\":{},\"committed_generations\":{},\"artifacts\":{},\"peak_rss_bytes\":{},\
-             \"bytes_per_artifact\":{}}}",
+             \"bytes_per_artifact\":{},\"db_bytes\":{}}}",
             options.n,
             options.store,
             options.generations,
@@ -368,6 +437,7 @@ fn main() -> ExitCode {
             result.artifacts,
             proc_status_bytes("VmHWM"),
             bytes_per_artifact,
+            result.db_bytes.map_or("null".to_owned(), |b| b.to_string()),
         );
     }
     ExitCode::SUCCESS
