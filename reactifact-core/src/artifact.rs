@@ -272,5 +272,8 @@ impl Stored {
 
 /// Encodes a value the way every artifact is stored: rmp-serde with named fields.
 pub(crate) fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, rmp_serde::encode::Error> {
-    rmp_serde::to_vec_named(value)
+    // Small records are the common case: one allocation instead of a few growth steps.
+    let mut bytes = Vec::with_capacity(128);
+    rmp_serde::encode::write_named(&mut bytes, value)?;
+    Ok(bytes)
 }

@@ -38,6 +38,8 @@ impl<T: Artifact> DeclaredOutput<Dynamic> for T {}
 pub(crate) struct Buffer {
     pub(crate) ops: Vec<Op>,
     pub(crate) error: Option<EffectError>,
+    /// Keys acted in this run, so a second `act` of a key is found without a scan.
+    acted: foldhash::HashSet<ActionKey>,
     sealed: bool,
 }
 
@@ -45,7 +47,10 @@ impl Buffer {
     /// Takes the recorded operations; later writes are refused.
     pub(crate) fn seal(&mut self) -> (Vec<Op>, Option<EffectError>) {
         self.sealed = true;
-        (std::mem::take(&mut self.ops), self.error.take())
+        let mut ops = std::mem::take(&mut self.ops);
+        // The commit log keeps the ops for the life of the context: no spare capacity.
+        ops.shrink_to_fit();
+        (ops, self.error.take())
     }
 }
 
@@ -147,21 +152,18 @@ impl<D> Effects<D> {
         PendingAction: DeclaredOutput<D>,
     {
         let key = key.into();
-        let op = Op::act(kind, key.clone(), payload);
-        if let Ok(op) = &op {
-            if self.snapshot.contains(op.id().as_str()) {
-                return None;
-            }
-            let buffer = self.buffer.lock().unwrap_or_else(|e| e.into_inner());
-            if buffer
-                .ops
-                .iter()
-                .any(|o| matches!(o, Op::Act { key: k, .. } if *k == key))
-            {
+        let id = key.artifact_id();
+        // Checked before anything is encoded: on a re-run the intent usually exists.
+        if self.snapshot.contains(id.as_str()) {
+            return None;
+        }
+        {
+            let mut buffer = self.buffer.lock().unwrap_or_else(|e| e.into_inner());
+            if !buffer.sealed && !buffer.acted.insert(key.clone()) {
                 return None;
             }
         }
-        self.push(op);
+        self.push(Op::act(kind, key.clone(), id, payload));
         Some(key)
     }
 

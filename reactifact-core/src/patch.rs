@@ -113,7 +113,13 @@ impl Op {
         }
     }
 
-    pub(crate) fn act<P: Serialize + ?Sized>(action: &str, key: ActionKey, payload: &P) -> Result<Op, EffectError> {
+    /// An intent of kind `action` under `key`, stored at `id` (`key.artifact_id()`).
+    pub(crate) fn act<P: Serialize + ?Sized>(
+        action: &str,
+        key: ActionKey,
+        id: ArtifactId,
+        payload: &P,
+    ) -> Result<Op, EffectError> {
         /// Encodes exactly like [`PendingAction`], without copying its fields first.
         #[derive(Serialize)]
         struct PendingActionRef<'a> {
@@ -127,7 +133,6 @@ impl Op {
             kind: action.to_owned(),
             source,
         })?;
-        let id = key.artifact_id();
         let record = PendingActionRef {
             kind: action,
             key: key.as_str(),
@@ -155,7 +160,8 @@ mod tests {
 
     #[test]
     fn an_act_stores_a_pending_action_that_decodes() {
-        let op = Op::act("notify", ActionKey::from("k1"), &("ada", 42u32)).unwrap();
+        let key = ActionKey::from("k1");
+        let op = Op::act("notify", key.clone(), key.artifact_id(), &("ada", 42u32)).unwrap();
         let Op::Act { bytes, payload, id, .. } = &op else {
             panic!("not an act: {op:?}");
         };

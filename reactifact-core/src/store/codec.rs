@@ -150,7 +150,8 @@ mod tests {
     #[test]
     fn runs_round_trip_with_their_bytes() {
         let put = Op::put(PutMode::Upsert, ArtifactId::from("receipt:1"), &Receipt { total: 7 }).unwrap();
-        let act = Op::act("notify", ActionKey::from("k"), &"payload").unwrap();
+        let key = ActionKey::from("k");
+        let act = Op::act("notify", key.clone(), key.artifact_id(), &"payload").unwrap();
         let runs = vec![RunRecord {
             agent: Some(Arc::from("billing")),
             produce: Some(Arc::from("process_order")),
