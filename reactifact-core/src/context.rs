@@ -418,7 +418,7 @@ impl Context {
                 commit: &commit,
                 artifacts,
                 relations,
-                consumed_before: self.events.get(consumed).map_or(next_seq, |q| q.seq),
+                consumed_before: self.events.get(consumed).map_or(self.next_event_seq, |q| q.seq),
                 events: &events,
                 deliveries: &deliveries,
                 next_created: state.created_counter(),

@@ -113,6 +113,21 @@ async fn queued_events_and_pending_intents_resume_after_reopening() {
     assert_eq!(ctx.queued_events(), 0);
 }
 
+#[test]
+fn events_of_direct_writes_stay_queued_across_a_reopen() {
+    let dir = TempDir::new("seed-queue");
+    let path = dir.file("state.db");
+    {
+        let mut ctx = Context::open(&path, "orders").unwrap();
+        ctx.create("order:1", order("ada", 1)).unwrap();
+        ctx.create("order:2", order("bob", 2)).unwrap();
+    }
+    let ctx = Context::open(&path, "orders").unwrap();
+    let queued: Vec<_> = ctx.events().map(|e| e.id.to_string()).collect();
+    assert_eq!(queued, ["order:1", "order:2"]);
+    assert!(ctx.events().all(|e| e.kind == reactifact_core::EventKind::Created));
+}
+
 #[tokio::test]
 async fn commit_hashes_are_the_same_in_memory_and_on_sqlite() {
     let dir = TempDir::new("same-hashes");

@@ -180,7 +180,8 @@ pub(crate) struct CommitDelta<'a> {
     pub(crate) artifacts: Vec<(&'a ArtifactId, Option<&'a Arc<Stored>>)>,
     /// Relations added (`true`) or removed (`false`).
     pub(crate) relations: Vec<(&'a Relation, bool)>,
-    /// Queued events with a lower sequence number are consumed.
+    /// After the commit, the queued events with a lower sequence number are consumed: the
+    /// number of the first event still queued (or, if none is, of the first event to come).
     pub(crate) consumed_before: u64,
     /// Events the commit queued.
     pub(crate) events: &'a [QueuedEvent],

@@ -11,7 +11,7 @@ use super::{CommitDelta, Loaded, OpenError, OpenOptions, Store, StoreError, Sync
 use crate::action::{ActionKey, Intent};
 use crate::artifact::{ArtifactId, Generation, Kind, Stored, Version};
 use crate::commit::Commit;
-use crate::event::{Event, EventKind, QueuedEvent};
+use crate::event::QueuedEvent;
 use crate::hash::{self, CommitHash, StateHash};
 use crate::ledger::{Delivery, DeliveryStatus, Lease};
 use crate::state::Relation;
@@ -28,7 +28,7 @@ const MIGRATIONS: &[&str] = &[
         generation INTEGER NOT NULL,
         head BLOB,
         next_created INTEGER NOT NULL,
-        next_event_seq INTEGER NOT NULL,
+        consumed_seq INTEGER NOT NULL,
         created_at INTEGER NOT NULL
     ) WITHOUT ROWID;
     CREATE TABLE artifacts (
@@ -49,16 +49,6 @@ const MIGRATIONS: &[&str] = &[
         dst TEXT NOT NULL,
         PRIMARY KEY (session, src, name, dst)
     ) WITHOUT ROWID;
-    CREATE TABLE events (
-        session TEXT NOT NULL,
-        seq INTEGER NOT NULL,
-        kind TEXT NOT NULL,
-        id TEXT NOT NULL,
-        artifact_kind TEXT NOT NULL,
-        version INTEGER NOT NULL,
-        generation INTEGER NOT NULL,
-        PRIMARY KEY (session, seq)
-    ) WITHOUT ROWID;
     CREATE TABLE commits (
         session TEXT NOT NULL,
         generation INTEGER NOT NULL,
@@ -67,6 +57,8 @@ const MIGRATIONS: &[&str] = &[
         state_hash BLOB NOT NULL,
         events_consumed INTEGER NOT NULL,
         runs BLOB NOT NULL,
+        first_event_seq INTEGER NOT NULL,
+        events BLOB NOT NULL,
         PRIMARY KEY (session, generation)
     ) WITHOUT ROWID;
     CREATE TABLE ledger (
@@ -112,14 +104,6 @@ fn status_name(status: DeliveryStatus) -> &'static str {
         DeliveryStatus::InFlight => "in_flight",
         DeliveryStatus::Delivered => "delivered",
         DeliveryStatus::Failed => "failed",
-    }
-}
-
-fn event_kind_name(kind: EventKind) -> &'static str {
-    match kind {
-        EventKind::Created => "created",
-        EventKind::Updated => "updated",
-        EventKind::Deleted => "deleted",
     }
 }
 
@@ -190,17 +174,17 @@ impl SqliteStore {
 
         let row: Option<(u64, u64, u64)> = conn
             .query_row(
-                "SELECT generation, next_created, next_event_seq FROM sessions WHERE name = ?1",
+                "SELECT generation, next_created, consumed_seq FROM sessions WHERE name = ?1",
                 [session],
                 |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
             )
             .optional()
             .map_err(|e| open_error(path, e))?;
-        let (generation, next_created, next_event_seq) = match row {
+        let (generation, next_created, consumed_seq) = match row {
             Some(row) => row,
             None if options.create && !options.read_only => {
                 conn.execute(
-                    "INSERT INTO sessions (name, generation, head, next_created, next_event_seq, created_at)
+                    "INSERT INTO sessions (name, generation, head, next_created, consumed_seq, created_at)
                      VALUES (?1, 0, NULL, 0, 0, ?2)",
                     params![session, millis(SystemTime::now())],
                 )
@@ -222,7 +206,7 @@ impl SqliteStore {
             read_only: options.read_only,
             generation,
         };
-        let mut loaded = store.load(next_created, next_event_seq).map_err(|e| match e {
+        let mut loaded = store.load(next_created, consumed_seq).map_err(|e| match e {
             LoadError::Sqlite(e) => open_error(path, e),
             LoadError::Corrupt(detail) => corrupt(detail),
         })?;
@@ -234,7 +218,7 @@ impl SqliteStore {
         Ok((store, loaded))
     }
 
-    fn load(&mut self, next_created: u64, next_event_seq: u64) -> Result<Loaded, LoadError> {
+    fn load(&mut self, next_created: u64, consumed_seq: u64) -> Result<Loaded, LoadError> {
         let session = self.session.as_str();
         let mut artifacts = Vec::new();
         let mut stmt = self.conn.prepare(
@@ -280,40 +264,14 @@ impl SqliteStore {
         drop(rows);
         drop(stmt);
 
+        // The event queue is the tail of the events the commits emitted: those numbered
+        // `consumed_seq` and up. Each commit row holds the events it emitted.
         let mut events = Vec::new();
-        let mut stmt = self.conn.prepare(
-            "SELECT seq, kind, id, artifact_kind, version, generation FROM events
-             WHERE session = ?1 ORDER BY seq",
-        )?;
-        let mut rows = stmt.query([session])?;
-        while let Some(row) = rows.next()? {
-            let kind: String = row.get(1)?;
-            let kind = match kind.as_str() {
-                "created" => EventKind::Created,
-                "updated" => EventKind::Updated,
-                "deleted" => EventKind::Deleted,
-                other => return Err(LoadError::Corrupt(format!("event of unknown kind `{other}`"))),
-            };
-            let id: String = row.get(2)?;
-            let artifact_kind: String = row.get(3)?;
-            events.push(QueuedEvent {
-                seq: row.get(0)?,
-                event: Event {
-                    kind,
-                    id: ArtifactId::from(id),
-                    artifact_kind: Kind::intern(&artifact_kind),
-                    version: Version(row.get(4)?),
-                    generation: Generation(row.get(5)?),
-                },
-            });
-        }
-        drop(rows);
-        drop(stmt);
-
+        let mut next_event_seq = 0;
         let mut commits = Vec::new();
         let mut stmt = self.conn.prepare(
-            "SELECT generation, hash, parent, state_hash, events_consumed, runs FROM commits
-             WHERE session = ?1 ORDER BY generation",
+            "SELECT generation, hash, parent, state_hash, events_consumed, runs, first_event_seq, events
+             FROM commits WHERE session = ?1 ORDER BY generation",
         )?;
         let mut rows = stmt.query([session])?;
         while let Some(row) = rows.next()? {
@@ -325,6 +283,24 @@ impl SqliteStore {
             let runs: Vec<u8> = row.get(5)?;
             let runs = codec::decode_runs(&runs)
                 .map_err(|e| LoadError::Corrupt(format!("commit {generation}: its runs do not decode: {e}")))?;
+            let first_event_seq: u64 = row.get(6)?;
+            let emitted: Vec<u8> = row.get(7)?;
+            let emitted = codec::decode_events(&emitted, Generation(generation))
+                .map_err(|e| LoadError::Corrupt(format!("commit {generation}: its events do not decode: {e}")))?;
+            next_event_seq = first_event_seq + emitted.len() as u64;
+            if next_event_seq > consumed_seq {
+                let skip = consumed_seq.saturating_sub(first_event_seq) as usize;
+                events.extend(
+                    emitted
+                        .into_iter()
+                        .enumerate()
+                        .skip(skip)
+                        .map(|(i, event)| QueuedEvent {
+                            seq: first_event_seq + i as u64,
+                            event,
+                        }),
+                );
+            }
             commits.push(Commit {
                 generation: Generation(generation),
                 hash: CommitHash(digest(&hash, &what("hash")).map_err(LoadError::Corrupt)?),
@@ -465,14 +441,14 @@ impl SqliteStore {
         let commit = delta.commit;
         let fenced = tx
             .prepare_cached(
-                "UPDATE sessions SET generation = ?1, head = ?2, next_created = ?3, next_event_seq = ?4
-             WHERE name = ?5 AND generation = ?6",
+                "UPDATE sessions SET generation = ?1, head = ?2, next_created = ?3, consumed_seq = ?4
+                 WHERE name = ?5 AND generation = ?6",
             )?
             .execute(params![
                 commit.generation.0,
                 &commit.hash.as_bytes()[..],
                 delta.next_created,
-                delta.next_event_seq,
+                delta.consumed_before,
                 session,
                 self.generation,
             ])?;
@@ -515,31 +491,10 @@ impl SqliteStore {
                 stmt.execute(params![session, r.from.as_str(), &*r.name, r.to.as_str()])?;
             }
         }
-        if commit.events_consumed > 0 {
-            tx.prepare_cached("DELETE FROM events WHERE session = ?1 AND seq < ?2")?
-                .execute(params![session, delta.consumed_before])?;
-        }
-        {
-            let mut insert = tx.prepare_cached(
-                "INSERT INTO events (session, seq, kind, id, artifact_kind, version, generation)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            )?;
-            for q in delta.events {
-                let e = &q.event;
-                insert.execute(params![
-                    session,
-                    q.seq,
-                    event_kind_name(e.kind),
-                    e.id.as_str(),
-                    e.artifact_kind.as_str(),
-                    e.version.0,
-                    e.generation.0,
-                ])?;
-            }
-        }
         tx.prepare_cached(
-            "INSERT INTO commits (session, generation, hash, parent, state_hash, events_consumed, runs)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            "INSERT INTO commits (session, generation, hash, parent, state_hash, events_consumed, runs,
+                 first_event_seq, events)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
         )?
         .execute(params![
             session,
@@ -549,6 +504,8 @@ impl SqliteStore {
             &commit.state_hash.as_bytes()[..],
             commit.events_consumed as u64,
             codec::encode_runs(&commit.runs),
+            delta.next_event_seq - delta.events.len() as u64,
+            codec::encode_events(delta.events.iter().map(|q| &q.event)),
         ])?;
         {
             let mut insert = tx.prepare_cached(
@@ -643,7 +600,7 @@ impl Store for SqliteStore {
     fn consume_events(&mut self, session: &str, before: u64) -> Result<(), StoreError> {
         self.check_writable()?;
         self.conn
-            .prepare_cached("DELETE FROM events WHERE session = ?1 AND seq < ?2")
+            .prepare_cached("UPDATE sessions SET consumed_seq = ?2 WHERE name = ?1")
             .and_then(|mut stmt| stmt.execute(params![session, before]))
             .map(|_| ())
             .map_err(|e| self.sqlite_error(e))
