@@ -137,11 +137,6 @@ impl<'a> Apply<'a> {
         self.state
     }
 
-    /// Every change applied so far, oldest first.
-    pub(crate) fn changes(&self) -> impl Iterator<Item = &Undo> + '_ {
-        self.undo.iter()
-    }
-
     /// Keeps the changes. Take `events` and `intents` first.
     pub(crate) fn finish(self) {}
 

@@ -2,7 +2,6 @@
 
 use std::collections::VecDeque;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::artifact::{Artifact, ArtifactId, Generation, Record};
@@ -13,7 +12,7 @@ use crate::hash::{CommitHash, StateHash};
 use crate::ledger::{Delivery, Lease, Ledger};
 use crate::patch::{Op, PutMode};
 use crate::snapshot::Snapshot;
-use crate::state::{Relation, State, Undo};
+use crate::state::{Relation, State};
 use crate::store::{CommitDelta, Loaded, OpenError, OpenOptions, SqliteStore, Store, StoreError};
 
 /// The versioned working state of one session: current artifacts and relations, the commit
@@ -138,26 +137,42 @@ impl Context {
         Ok(context)
     }
 
+    /// Rebuilds the context from a store's log: replays every commit, checking its parent
+    /// link and the state hash it recorded, and requeues the events not yet consumed.
     fn restore(&mut self, loaded: Loaded) -> Result<(), String> {
-        for stored in loaded.artifacts {
-            let id = stored.id.clone();
-            self.state.put(&id, Some(Arc::new(stored)));
-        }
-        for relation in &loaded.relations {
-            self.state.set_relation(relation, true);
-        }
-        self.state.reset_created_counter(loaded.next_created);
-        if let Some(head) = loaded.commits.last() {
-            if head.state_hash != self.state.state_hash() {
+        let mut seq = 0;
+        let mut parent = None;
+        for commit in &loaded.commits {
+            let generation = commit.generation;
+            if commit.parent != parent {
                 return Err(format!(
-                    "session `{}`: the stored state does not match the state hash of its last commit ({})",
-                    self.session, head.generation
+                    "commit {}: its parent is not the commit before it",
+                    generation.0
                 ));
             }
+            let mut apply = Apply::new(&mut self.state, generation);
+            for run in &commit.runs {
+                apply
+                    .patch(&run.ops)
+                    .map_err(|e| format!("commit {}: replaying it failed: {e}", generation.0))?;
+            }
+            if apply.state().state_hash() != commit.state_hash {
+                return Err(format!(
+                    "commit {}: replaying it does not give the state hash it recorded",
+                    generation.0
+                ));
+            }
+            for event in apply.events.drain(..) {
+                if seq >= loaded.consumed_seq {
+                    self.events.push_back(QueuedEvent { seq, event });
+                }
+                seq += 1;
+            }
+            apply.finish();
+            parent = Some(commit.hash);
         }
+        self.next_event_seq = seq;
         self.log = loaded.commits;
-        self.events = loaded.events.into();
-        self.next_event_seq = loaded.next_event_seq;
         for delivery in loaded.deliveries {
             self.ledger.insert(delivery);
         }
@@ -401,28 +416,11 @@ impl Context {
             .map(|intent| Delivery::new(intent, now))
             .collect();
         if let Some(store) = &mut self.store {
-            let state = apply.state();
-            let mut relations = Vec::new();
-            let artifacts = apply
-                .changes()
-                .filter_map(|undo| match undo {
-                    Undo::Artifact(id, _) => Some((id, state.get(id.as_str()))),
-                    Undo::Relation(relation, _) => {
-                        relations.push((relation, state.has_relation(relation)));
-                        None
-                    }
-                })
-                .collect();
             let delta = CommitDelta {
                 session: &self.session,
                 commit: &commit,
-                artifacts,
-                relations,
                 consumed_before: self.events.get(consumed).map_or(self.next_event_seq, |q| q.seq),
-                events: &events,
                 deliveries: &deliveries,
-                next_created: state.created_counter(),
-                next_event_seq: next_seq,
             };
             if let Err(e) = store.commit(&delta) {
                 apply.rollback();

@@ -89,7 +89,8 @@ fn appending_dispatcher(log: PathBuf) -> impl reactifact_core::Dispatcher {
         async move {
             checkpoint();
             let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
-            writeln!(file, "{} {}", intent.key(), intent.attempt())?;
+            // One write call per line: a kill never leaves half a line for the next append.
+            file.write_all(format!("{} {}\n", intent.key(), intent.attempt()).as_bytes())?;
             drop(file);
             checkpoint();
             Ok::<(), DispatchError>(())
@@ -259,9 +260,15 @@ fn trial(dir: &Path, name: &str, kill: Kill, states: &BTreeSet<StateHash>, final
             .get(&key)
             .unwrap_or_else(|| panic!("{name}: intent {key} lost"));
         assert_eq!(entry.status(), DeliveryStatus::Delivered, "{name}: {key}");
-        let attempts = sent
-            .get(&key)
-            .unwrap_or_else(|| panic!("{name}: {key} never reached the receiver"));
+        let attempts = sent.get(&key).unwrap_or_else(|| {
+            panic!(
+                "{name}: {key} never reached the receiver (ledger: {:?}, {} attempts, {} expired leases, {:?})",
+                entry.status(),
+                entry.attempts(),
+                entry.expired_leases(),
+                entry.last_error()
+            )
+        });
         if attempts.len() > 1 {
             assert!(
                 in_flight.contains(&key),

@@ -10,9 +10,8 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::action::ActionKey;
-use crate::artifact::{ArtifactId, Generation, Kind, Version};
+use crate::artifact::{ArtifactId, Kind, Version};
 use crate::commit::{RunRecord, TriggerRef};
-use crate::event::{Event, EventKind};
 use crate::hash::{self, ContentHash};
 use crate::patch::{Op, PutMode};
 use crate::state::Relation;
@@ -92,28 +91,6 @@ fn op_repr(op: &Op) -> OpRepr<'_> {
             payload: Cow::Borrowed(payload),
         },
     }
-}
-
-/// The events one commit emitted: (kind, id, artifact kind, version); their generation is the
-/// commit's.
-pub(crate) fn encode_events<'a>(events: impl ExactSizeIterator<Item = &'a Event>) -> Vec<u8> {
-    let repr: Vec<(EventKind, &ArtifactId, Kind, Version)> =
-        events.map(|e| (e.kind, &e.id, e.artifact_kind, e.version)).collect();
-    rmp_serde::to_vec(&repr).expect("events always encode")
-}
-
-pub(crate) fn decode_events(bytes: &[u8], generation: Generation) -> Result<Vec<Event>, rmp_serde::decode::Error> {
-    let repr: Vec<(EventKind, ArtifactId, Kind, Version)> = rmp_serde::from_slice(bytes)?;
-    Ok(repr
-        .into_iter()
-        .map(|(kind, id, artifact_kind, version)| Event {
-            kind,
-            id,
-            artifact_kind,
-            version,
-            generation,
-        })
-        .collect())
 }
 
 pub(crate) fn decode_runs(bytes: &[u8]) -> Result<Vec<RunRecord>, rmp_serde::decode::Error> {

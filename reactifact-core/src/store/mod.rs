@@ -2,20 +2,16 @@
 //!
 //! The context always serves reads from memory. A durable store receives each commit as one
 //! [`CommitDelta`], written in one transaction, and every change of the delivery ledger; on
-//! open it hands back everything needed to rebuild the context.
+//! open it hands back the log and the ledger, from which the context is rebuilt.
 
 mod codec;
 mod sqlite;
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
-use crate::artifact::{ArtifactId, Stored};
 use crate::commit::Commit;
-use crate::event::QueuedEvent;
 use crate::ledger::Delivery;
-use crate::state::Relation;
 
 pub(crate) use sqlite::SqliteStore;
 
@@ -172,25 +168,19 @@ impl OpenOptions {
     }
 }
 
-/// Everything one commit changed, for a store to persist in one transaction.
+/// One commit, for a store to persist in one transaction.
+///
+/// The store keeps the log, not the state: a session is rebuilt on open by replaying its
+/// commits, whose runs carry every operation with its bytes. So a commit is one row however
+/// many artifacts it writes.
 pub(crate) struct CommitDelta<'a> {
     pub(crate) session: &'a str,
     pub(crate) commit: &'a Commit,
-    /// The final value of every artifact the commit touched (`None`: deleted).
-    pub(crate) artifacts: Vec<(&'a ArtifactId, Option<&'a Arc<Stored>>)>,
-    /// Relations added (`true`) or removed (`false`).
-    pub(crate) relations: Vec<(&'a Relation, bool)>,
     /// After the commit, the queued events with a lower sequence number are consumed: the
     /// number of the first event still queued (or, if none is, of the first event to come).
     pub(crate) consumed_before: u64,
-    /// Events the commit queued.
-    pub(crate) events: &'a [QueuedEvent],
-    /// New ledger entries.
+    /// New ledger entries: the intents this commit registered.
     pub(crate) deliveries: &'a [Delivery],
-    /// The creation counter after the commit.
-    pub(crate) next_created: u64,
-    /// The sequence number the next queued event gets.
-    pub(crate) next_event_seq: u64,
 }
 
 /// A durable home for one session of a context.
@@ -198,7 +188,7 @@ pub(crate) trait Store: Send {
     /// Persists one commit in one transaction: all of it or none of it.
     fn commit(&mut self, delta: &CommitDelta<'_>) -> Result<(), StoreError>;
 
-    /// Drops the session's queued events with a sequence number below `before`.
+    /// Marks the session's queued events with a sequence number below `before` consumed.
     fn consume_events(&mut self, session: &str, before: u64) -> Result<(), StoreError>;
 
     /// Persists the current state of these ledger entries, in one transaction.
@@ -210,13 +200,12 @@ pub(crate) trait Store: Send {
 
 /// Everything a store hands back to rebuild a context.
 pub(crate) struct Loaded {
-    pub(crate) artifacts: Vec<Stored>,
-    pub(crate) relations: Vec<Relation>,
-    pub(crate) events: Vec<QueuedEvent>,
+    /// The session's log, oldest first; replaying it rebuilds the state and the event queue.
     pub(crate) commits: Vec<Commit>,
+    /// Events numbered below this one are consumed.
+    pub(crate) consumed_seq: u64,
+    /// The file's ledger, in registration order.
     pub(crate) deliveries: Vec<Delivery>,
-    pub(crate) next_created: u64,
-    pub(crate) next_event_seq: u64,
     /// Intents whose lease had expired and were put back to pending.
     pub(crate) reclaimed: usize,
 }

@@ -1,20 +1,27 @@
 //! The embedded durable store: one SQLite file (WAL mode), many named sessions.
+//!
+//! The file holds logs, not tables of current state: one row per commit (its runs with every
+//! operation's bytes, and the intents it registered) and one row per ledger write (the new
+//! state of the entries it touched). A generation is therefore two statements in one
+//! transaction however many artifacts it writes, and a drain batch is one insert. Opening a
+//! session replays its commits to rebuild the state, checking each commit's state hash, and
+//! folds the ledger rows.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
+use serde::{Deserialize, Serialize};
 
 use super::codec;
 use super::{CommitDelta, Loaded, OpenError, OpenOptions, Store, StoreError, Synchronous};
 use crate::action::{ActionKey, Intent};
-use crate::artifact::{ArtifactId, Generation, Kind, Stored, Version};
+use crate::artifact::Generation;
 use crate::commit::Commit;
-use crate::event::QueuedEvent;
-use crate::hash::{self, CommitHash, StateHash};
+use crate::hash::{CommitHash, StateHash};
 use crate::ledger::{Delivery, DeliveryStatus, Lease};
-use crate::state::Relation;
 
 /// The schema version this build writes (`PRAGMA user_version`).
 pub(crate) const SCHEMA_VERSION: i64 = 1;
@@ -27,59 +34,56 @@ const MIGRATIONS: &[&str] = &[
         name TEXT PRIMARY KEY,
         generation INTEGER NOT NULL,
         head BLOB,
-        next_created INTEGER NOT NULL,
         consumed_seq INTEGER NOT NULL,
         created_at INTEGER NOT NULL
     ) WITHOUT ROWID;
-    CREATE TABLE artifacts (
-        session TEXT NOT NULL,
-        id TEXT NOT NULL,
-        kind TEXT NOT NULL,
-        version INTEGER NOT NULL,
-        hash BLOB NOT NULL,
-        generation INTEGER NOT NULL,
-        created INTEGER NOT NULL,
-        bytes BLOB NOT NULL,
-        PRIMARY KEY (session, id)
-    ) WITHOUT ROWID;
-    CREATE TABLE relations (
-        session TEXT NOT NULL,
-        src TEXT NOT NULL,
-        name TEXT NOT NULL,
-        dst TEXT NOT NULL,
-        PRIMARY KEY (session, src, name, dst)
-    ) WITHOUT ROWID;
     CREATE TABLE commits (
+        seq INTEGER PRIMARY KEY,
         session TEXT NOT NULL,
         generation INTEGER NOT NULL,
         hash BLOB NOT NULL,
         parent BLOB,
         state_hash BLOB NOT NULL,
         events_consumed INTEGER NOT NULL,
+        intents BLOB,
         runs BLOB NOT NULL,
-        first_event_seq INTEGER NOT NULL,
-        events BLOB NOT NULL,
-        PRIMARY KEY (session, generation)
-    ) WITHOUT ROWID;
-    CREATE TABLE ledger (
+        UNIQUE (session, generation)
+    );
+    CREATE TABLE deliveries (
         seq INTEGER PRIMARY KEY,
-        key TEXT NOT NULL UNIQUE,
-        session TEXT NOT NULL,
-        kind TEXT NOT NULL,
-        payload BLOB NOT NULL,
-        generation INTEGER NOT NULL,
-        status TEXT NOT NULL,
-        attempts INTEGER NOT NULL,
-        last_error TEXT,
-        lease_owner TEXT,
-        lease_expires INTEGER,
-        expired_leases INTEGER NOT NULL,
-        recorded_at INTEGER NOT NULL,
-        updated_at INTEGER NOT NULL,
-        delivered_at INTEGER
+        written_at INTEGER NOT NULL,
+        entries BLOB NOT NULL
     );
     ",
 ];
+
+/// An intent as registered by a commit (the `intents` column).
+#[derive(Serialize, Deserialize)]
+struct IntentRow<'a> {
+    #[serde(borrow)]
+    key: Cow<'a, str>,
+    #[serde(borrow)]
+    kind: Cow<'a, str>,
+    #[serde(with = "serde_bytes", borrow)]
+    payload: Cow<'a, [u8]>,
+    recorded_at: i64,
+}
+
+/// The state of one ledger entry after a write (the `deliveries.entries` column).
+#[derive(Serialize, Deserialize)]
+struct DeliveryRow<'a> {
+    #[serde(borrow)]
+    key: Cow<'a, str>,
+    status: u8,
+    attempts: u32,
+    #[serde(borrow)]
+    last_error: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    lease: Option<(Cow<'a, str>, i64)>,
+    expired_leases: u32,
+    updated_at: i64,
+    delivered_at: Option<i64>,
+}
 
 pub(crate) struct SqliteStore {
     conn: Connection,
@@ -98,13 +102,23 @@ fn from_millis(ms: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)
 }
 
-fn status_name(status: DeliveryStatus) -> &'static str {
+fn status_code(status: DeliveryStatus) -> u8 {
     match status {
-        DeliveryStatus::Pending => "pending",
-        DeliveryStatus::InFlight => "in_flight",
-        DeliveryStatus::Delivered => "delivered",
-        DeliveryStatus::Failed => "failed",
+        DeliveryStatus::Pending => 0,
+        DeliveryStatus::InFlight => 1,
+        DeliveryStatus::Delivered => 2,
+        DeliveryStatus::Failed => 3,
     }
+}
+
+fn status_from(code: u8) -> Option<DeliveryStatus> {
+    Some(match code {
+        0 => DeliveryStatus::Pending,
+        1 => DeliveryStatus::InFlight,
+        2 => DeliveryStatus::Delivered,
+        3 => DeliveryStatus::Failed,
+        _ => return None,
+    })
 }
 
 fn digest(bytes: &[u8], what: &str) -> Result<[u8; 32], String> {
@@ -128,13 +142,28 @@ fn open_error(path: &Path, e: rusqlite::Error) -> OpenError {
     }
 }
 
+fn encode_deliveries<'a>(entries: &mut dyn Iterator<Item = &'a Delivery>) -> Vec<u8> {
+    let rows: Vec<DeliveryRow<'_>> = entries
+        .map(|d| DeliveryRow {
+            key: Cow::Borrowed(d.intent.key.as_str()),
+            status: status_code(d.status),
+            attempts: d.attempts,
+            last_error: d.last_error.as_deref().map(Cow::Borrowed),
+            lease: d
+                .lease
+                .as_ref()
+                .map(|l| (Cow::Borrowed(l.owner.as_str()), millis(l.expires_at))),
+            expired_leases: d.expired_leases,
+            updated_at: millis(d.updated_at),
+            delivered_at: d.delivered_at.map(millis),
+        })
+        .collect();
+    rmp_serde::to_vec(&rows).expect("ledger entries always encode")
+}
+
 impl SqliteStore {
     /// Opens (or creates) the file and the session and loads the session.
     pub(crate) fn open(path: &Path, session: &str, options: &OpenOptions) -> Result<(SqliteStore, Loaded), OpenError> {
-        let corrupt = |detail: String| OpenError::Corrupt {
-            path: path.into(),
-            detail,
-        };
         let flags = if options.read_only {
             OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
         } else {
@@ -172,24 +201,24 @@ impl SqliteStore {
             migrate(&mut conn, version).map_err(|e| open_error(path, e))?;
         }
 
-        let row: Option<(u64, u64, u64)> = conn
+        let row: Option<(u64, u64)> = conn
             .query_row(
-                "SELECT generation, next_created, consumed_seq FROM sessions WHERE name = ?1",
+                "SELECT generation, consumed_seq FROM sessions WHERE name = ?1",
                 [session],
-                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+                |row| Ok((row.get(0)?, row.get(1)?)),
             )
             .optional()
             .map_err(|e| open_error(path, e))?;
-        let (generation, next_created, consumed_seq) = match row {
+        let (generation, consumed_seq) = match row {
             Some(row) => row,
             None if options.create && !options.read_only => {
                 conn.execute(
-                    "INSERT INTO sessions (name, generation, head, next_created, consumed_seq, created_at)
-                     VALUES (?1, 0, NULL, 0, 0, ?2)",
+                    "INSERT INTO sessions (name, generation, head, consumed_seq, created_at)
+                     VALUES (?1, 0, NULL, 0, ?2)",
                     params![session, millis(SystemTime::now())],
                 )
                 .map_err(|e| open_error(path, e))?;
-                (0, 0, 0)
+                (0, 0)
             }
             None => {
                 return Err(OpenError::NoSuchSession {
@@ -206,101 +235,49 @@ impl SqliteStore {
             read_only: options.read_only,
             generation,
         };
-        let mut loaded = store.load(next_created, consumed_seq).map_err(|e| match e {
+        let corrupt = |e: LoadError| match e {
             LoadError::Sqlite(e) => open_error(path, e),
-            LoadError::Corrupt(detail) => corrupt(detail),
-        })?;
-        if !options.read_only {
-            loaded.reclaimed = store
-                .reclaim_expired_leases(&mut loaded.deliveries)
-                .map_err(|e| open_error(path, e))?;
-        }
-        Ok((store, loaded))
+            LoadError::Corrupt(detail) => OpenError::Corrupt {
+                path: path.into(),
+                detail,
+            },
+        };
+        let commits = store.load_commits().map_err(corrupt)?;
+        let mut deliveries = store.load_ledger().map_err(corrupt)?;
+        let reclaimed = if options.read_only {
+            0
+        } else {
+            store
+                .reclaim_expired_leases(&mut deliveries)
+                .map_err(|e| open_error(path, e))?
+        };
+        Ok((
+            store,
+            Loaded {
+                commits,
+                consumed_seq,
+                deliveries,
+                reclaimed,
+            },
+        ))
     }
 
-    fn load(&mut self, next_created: u64, consumed_seq: u64) -> Result<Loaded, LoadError> {
-        let session = self.session.as_str();
-        let mut artifacts = Vec::new();
-        let mut stmt = self.conn.prepare(
-            "SELECT id, kind, version, hash, generation, created, bytes FROM artifacts
-             WHERE session = ?1 ORDER BY created",
-        )?;
-        let mut rows = stmt.query([session])?;
-        while let Some(row) = rows.next()? {
-            let id: String = row.get(0)?;
-            let kind: String = row.get(1)?;
-            let stored_hash: Vec<u8> = row.get(3)?;
-            let bytes: Vec<u8> = row.get(6)?;
-            let hash = hash::content_hash(&bytes);
-            if hash.as_bytes()[..] != stored_hash[..] {
-                return Err(LoadError::Corrupt(format!(
-                    "artifact `{id}` (kind `{kind}`): its bytes do not match its content hash"
-                )));
-            }
-            artifacts.push(Stored {
-                id: ArtifactId::from(id),
-                kind: Kind::intern(&kind),
-                version: Version(row.get(2)?),
-                hash,
-                generation: Generation(row.get(4)?),
-                created: row.get(5)?,
-                bytes: Arc::from(bytes),
-            });
-        }
-        drop(rows);
-        drop(stmt);
-
-        let mut relations = Vec::new();
-        let mut stmt = self
-            .conn
-            .prepare("SELECT src, name, dst FROM relations WHERE session = ?1")?;
-        let mut rows = stmt.query([session])?;
-        while let Some(row) = rows.next()? {
-            let src: String = row.get(0)?;
-            let name: String = row.get(1)?;
-            let dst: String = row.get(2)?;
-            relations.push(Relation::new(src, &name, dst));
-        }
-        drop(rows);
-        drop(stmt);
-
-        // The event queue is the tail of the events the commits emitted: those numbered
-        // `consumed_seq` and up. Each commit row holds the events it emitted.
-        let mut events = Vec::new();
-        let mut next_event_seq = 0;
+    /// The session's log, oldest first.
+    fn load_commits(&mut self) -> Result<Vec<Commit>, LoadError> {
         let mut commits = Vec::new();
         let mut stmt = self.conn.prepare(
-            "SELECT generation, hash, parent, state_hash, events_consumed, runs, first_event_seq, events
-             FROM commits WHERE session = ?1 ORDER BY generation",
+            "SELECT generation, hash, parent, state_hash, events_consumed, runs FROM commits
+             WHERE session = ?1 ORDER BY generation",
         )?;
-        let mut rows = stmt.query([session])?;
+        let mut rows = stmt.query([self.session.as_str()])?;
         while let Some(row) = rows.next()? {
             let generation: u64 = row.get(0)?;
             let what = |field: &str| format!("commit {generation}: {field}");
             let hash: Vec<u8> = row.get(1)?;
             let parent: Option<Vec<u8>> = row.get(2)?;
             let state_hash: Vec<u8> = row.get(3)?;
-            let runs: Vec<u8> = row.get(5)?;
-            let runs = codec::decode_runs(&runs)
+            let runs = codec::decode_runs(row.get_ref(5)?.as_blob()?)
                 .map_err(|e| LoadError::Corrupt(format!("commit {generation}: its runs do not decode: {e}")))?;
-            let first_event_seq: u64 = row.get(6)?;
-            let emitted: Vec<u8> = row.get(7)?;
-            let emitted = codec::decode_events(&emitted, Generation(generation))
-                .map_err(|e| LoadError::Corrupt(format!("commit {generation}: its events do not decode: {e}")))?;
-            next_event_seq = first_event_seq + emitted.len() as u64;
-            if next_event_seq > consumed_seq {
-                let skip = consumed_seq.saturating_sub(first_event_seq) as usize;
-                events.extend(
-                    emitted
-                        .into_iter()
-                        .enumerate()
-                        .skip(skip)
-                        .map(|(i, event)| QueuedEvent {
-                            seq: first_event_seq + i as u64,
-                            event,
-                        }),
-                );
-            }
             commits.push(Commit {
                 generation: Generation(generation),
                 hash: CommitHash(digest(&hash, &what("hash")).map_err(LoadError::Corrupt)?),
@@ -313,75 +290,82 @@ impl SqliteStore {
                 runs,
             });
         }
-        drop(rows);
-        drop(stmt);
         if commits.len() as u64 != self.generation {
             return Err(LoadError::Corrupt(format!(
-                "session `{session}` is at generation {} but its log holds {} commits",
+                "session `{}` is at generation {} but its log holds {} commits",
+                self.session,
                 self.generation,
                 commits.len()
             )));
         }
+        Ok(commits)
+    }
 
-        let mut deliveries = Vec::new();
-        let mut stmt = self.conn.prepare(
-            "SELECT key, kind, payload, generation, status, attempts, last_error, lease_owner, lease_expires,
-                    expired_leases, recorded_at, updated_at, delivered_at
-             FROM ledger ORDER BY seq",
-        )?;
+    /// The file's ledger: the intents every session's commits registered, in commit order
+    /// (a key is registered once, by its first commit), with every later ledger write folded in.
+    fn load_ledger(&mut self) -> Result<Vec<Delivery>, LoadError> {
+        let mut entries: Vec<Delivery> = Vec::new();
+        let mut index: foldhash::HashMap<ActionKey, usize> = foldhash::HashMap::default();
+        let mut stmt = self
+            .conn
+            .prepare("SELECT generation, intents FROM commits WHERE intents IS NOT NULL ORDER BY seq")?;
         let mut rows = stmt.query([])?;
         while let Some(row) = rows.next()? {
-            let key: String = row.get(0)?;
-            let kind: String = row.get(1)?;
-            let payload: Vec<u8> = row.get(2)?;
-            let status: String = row.get(4)?;
-            let status = match status.as_str() {
-                "pending" => DeliveryStatus::Pending,
-                "in_flight" => DeliveryStatus::InFlight,
-                "delivered" => DeliveryStatus::Delivered,
-                "failed" => DeliveryStatus::Failed,
-                other => {
-                    return Err(LoadError::Corrupt(format!(
-                        "ledger entry `{key}` has unknown status `{other}`"
-                    )))
+            let generation = Generation(row.get(0)?);
+            let intents: Vec<IntentRow<'_>> = rmp_serde::from_slice(row.get_ref(1)?.as_blob()?)
+                .map_err(|e| LoadError::Corrupt(format!("the intents of a commit do not decode: {e}")))?;
+            for intent in intents {
+                let key = ActionKey::from(&*intent.key);
+                if index.contains_key(key.as_str()) {
+                    continue;
                 }
-            };
-            let lease_owner: Option<String> = row.get(7)?;
-            let lease_expires: Option<i64> = row.get(8)?;
-            deliveries.push(Delivery {
-                intent: Intent {
-                    key: ActionKey::from(key),
-                    kind: Arc::from(kind),
-                    payload: Arc::from(payload),
-                    generation: Generation(row.get(3)?),
-                    attempt: 0,
-                },
-                status,
-                attempts: row.get(5)?,
-                last_error: row.get(6)?,
-                lease: lease_owner.map(|owner| Lease {
-                    owner,
-                    expires_at: from_millis(lease_expires.unwrap_or(0)),
-                }),
-                expired_leases: row.get(9)?,
-                recorded_at: from_millis(row.get(10)?),
-                updated_at: from_millis(row.get(11)?),
-                delivered_at: row.get::<_, Option<i64>>(12)?.map(from_millis),
-            });
+                index.insert(key.clone(), entries.len());
+                entries.push(Delivery::new(
+                    Intent {
+                        key,
+                        kind: Arc::from(&*intent.kind),
+                        payload: Arc::from(&*intent.payload),
+                        generation,
+                        attempt: 0,
+                    },
+                    from_millis(intent.recorded_at),
+                ));
+            }
         }
         drop(rows);
         drop(stmt);
 
-        Ok(Loaded {
-            artifacts,
-            relations,
-            events,
-            commits,
-            deliveries,
-            next_created,
-            next_event_seq,
-            reclaimed: 0,
-        })
+        let mut stmt = self.conn.prepare("SELECT entries FROM deliveries ORDER BY seq")?;
+        let mut rows = stmt.query([])?;
+        while let Some(row) = rows.next()? {
+            let written: Vec<DeliveryRow<'_>> = rmp_serde::from_slice(row.get_ref(0)?.as_blob()?)
+                .map_err(|e| LoadError::Corrupt(format!("a ledger write does not decode: {e}")))?;
+            for state in written {
+                let Some(&at) = index.get(&*state.key) else {
+                    return Err(LoadError::Corrupt(format!(
+                        "the ledger records a delivery of `{}`, an intent no commit registered",
+                        state.key
+                    )));
+                };
+                let entry = &mut entries[at];
+                entry.status = status_from(state.status).ok_or_else(|| {
+                    LoadError::Corrupt(format!(
+                        "ledger entry `{}` has unknown status {}",
+                        state.key, state.status
+                    ))
+                })?;
+                entry.attempts = state.attempts;
+                entry.last_error = state.last_error.map(Cow::into_owned);
+                entry.lease = state.lease.map(|(owner, expires)| Lease {
+                    owner: owner.into_owned(),
+                    expires_at: from_millis(expires),
+                });
+                entry.expired_leases = state.expired_leases;
+                entry.updated_at = from_millis(state.updated_at);
+                entry.delivered_at = state.delivered_at.map(from_millis);
+            }
+        }
+        Ok(entries)
     }
 
     /// Puts intents whose lease expired back to pending, counting the ambiguous attempt.
@@ -410,12 +394,17 @@ impl SqliteStore {
         }
         let count = reclaimed.len();
         if count > 0 {
-            let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            save_deliveries(&tx, &mut reclaimed.into_iter())?;
-            tx.commit()?;
+            self.insert_deliveries(&mut reclaimed.into_iter())?;
             tracing::warn!(path = %self.path.display(), reclaimed = count, "in-flight deliveries with expired leases put back to pending");
         }
         Ok(count)
+    }
+
+    fn insert_deliveries(&mut self, entries: &mut dyn Iterator<Item = &Delivery>) -> Result<(), rusqlite::Error> {
+        self.conn
+            .prepare_cached("INSERT INTO deliveries (written_at, entries) VALUES (?1, ?2)")?
+            .execute(params![millis(SystemTime::now()), encode_deliveries(entries)])?;
+        Ok(())
     }
 
     fn sqlite_error(&self, source: rusqlite::Error) -> StoreError {
@@ -435,96 +424,52 @@ impl SqliteStore {
         Ok(())
     }
 
+    /// Writes one commit; `Ok(false)` if another writer advanced the session.
     fn write_commit(&mut self, delta: &CommitDelta<'_>) -> Result<bool, rusqlite::Error> {
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let session = delta.session;
         let commit = delta.commit;
         let fenced = tx
             .prepare_cached(
-                "UPDATE sessions SET generation = ?1, head = ?2, next_created = ?3, consumed_seq = ?4
-                 WHERE name = ?5 AND generation = ?6",
+                "UPDATE sessions SET generation = ?1, head = ?2, consumed_seq = ?3
+                 WHERE name = ?4 AND generation = ?5",
             )?
             .execute(params![
                 commit.generation.0,
                 &commit.hash.as_bytes()[..],
-                delta.next_created,
                 delta.consumed_before,
-                session,
+                delta.session,
                 self.generation,
             ])?;
         if fenced == 0 {
             return Ok(false);
         }
-        {
-            let mut put = tx.prepare_cached(
-                "INSERT OR REPLACE INTO artifacts (session, id, kind, version, hash, generation, created, bytes)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            )?;
-            let mut delete = tx.prepare_cached("DELETE FROM artifacts WHERE session = ?1 AND id = ?2")?;
-            for (id, stored) in &delta.artifacts {
-                match stored {
-                    Some(s) => {
-                        put.execute(params![
-                            session,
-                            id.as_str(),
-                            s.kind.as_str(),
-                            s.version.0,
-                            &s.hash.as_bytes()[..],
-                            s.generation.0,
-                            s.created,
-                            &s.bytes[..],
-                        ])?;
-                    }
-                    None => {
-                        delete.execute(params![session, id.as_str()])?;
-                    }
-                }
-            }
-        }
-        {
-            let mut link =
-                tx.prepare_cached("INSERT OR IGNORE INTO relations (session, src, name, dst) VALUES (?1, ?2, ?3, ?4)")?;
-            let mut unlink =
-                tx.prepare_cached("DELETE FROM relations WHERE session = ?1 AND src = ?2 AND name = ?3 AND dst = ?4")?;
-            for (r, present) in &delta.relations {
-                let stmt = if *present { &mut link } else { &mut unlink };
-                stmt.execute(params![session, r.from.as_str(), &*r.name, r.to.as_str()])?;
-            }
-        }
+        let intents = (!delta.deliveries.is_empty()).then(|| {
+            let rows: Vec<IntentRow<'_>> = delta
+                .deliveries
+                .iter()
+                .map(|d| IntentRow {
+                    key: Cow::Borrowed(d.intent.key.as_str()),
+                    kind: Cow::Borrowed(&d.intent.kind),
+                    payload: Cow::Borrowed(&d.intent.payload),
+                    recorded_at: millis(d.recorded_at),
+                })
+                .collect();
+            rmp_serde::to_vec(&rows).expect("intents always encode")
+        });
         tx.prepare_cached(
-            "INSERT INTO commits (session, generation, hash, parent, state_hash, events_consumed, runs,
-                 first_event_seq, events)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            "INSERT INTO commits (session, generation, hash, parent, state_hash, events_consumed, intents, runs)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         )?
         .execute(params![
-            session,
+            delta.session,
             commit.generation.0,
             &commit.hash.as_bytes()[..],
-            commit.parent.as_ref().map(|p| p.as_bytes().to_vec()),
+            commit.parent.as_ref().map(|p| &p.as_bytes()[..]),
             &commit.state_hash.as_bytes()[..],
             commit.events_consumed as u64,
+            intents,
             codec::encode_runs(&commit.runs),
-            delta.next_event_seq - delta.events.len() as u64,
-            codec::encode_events(delta.events.iter().map(|q| &q.event)),
         ])?;
-        {
-            let mut insert = tx.prepare_cached(
-                "INSERT OR IGNORE INTO ledger (key, session, kind, payload, generation, status, attempts,
-                     expired_leases, recorded_at, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, 0, ?7, ?7)",
-            )?;
-            for d in delta.deliveries {
-                insert.execute(params![
-                    d.intent.key.as_str(),
-                    session,
-                    &*d.intent.kind,
-                    &d.intent.payload[..],
-                    d.intent.generation.0,
-                    status_name(d.status),
-                    millis(d.recorded_at),
-                ])?;
-            }
-        }
         tx.commit()?;
         Ok(true)
     }
@@ -544,31 +489,6 @@ fn migrate(conn: &mut Connection, from: i64) -> Result<(), rusqlite::Error> {
     tx.commit()
 }
 
-fn save_deliveries(
-    tx: &rusqlite::Transaction<'_>,
-    entries: &mut dyn Iterator<Item = &Delivery>,
-) -> Result<(), rusqlite::Error> {
-    let mut update = tx.prepare_cached(
-        "UPDATE ledger SET status = ?1, attempts = ?2, last_error = ?3, lease_owner = ?4, lease_expires = ?5,
-             expired_leases = ?6, updated_at = ?7, delivered_at = ?8
-         WHERE key = ?9",
-    )?;
-    for d in entries {
-        update.execute(params![
-            status_name(d.status),
-            d.attempts,
-            d.last_error,
-            d.lease.as_ref().map(|l| l.owner.as_str()),
-            d.lease.as_ref().map(|l| millis(l.expires_at)),
-            d.expired_leases,
-            millis(d.updated_at),
-            d.delivered_at.map(millis),
-            d.intent.key.as_str(),
-        ])?;
-    }
-    Ok(())
-}
-
 enum LoadError {
     Sqlite(rusqlite::Error),
     Corrupt(String),
@@ -577,6 +497,12 @@ enum LoadError {
 impl From<rusqlite::Error> for LoadError {
     fn from(e: rusqlite::Error) -> Self {
         LoadError::Sqlite(e)
+    }
+}
+
+impl From<rusqlite::types::FromSqlError> for LoadError {
+    fn from(e: rusqlite::types::FromSqlError) -> Self {
+        LoadError::Corrupt(format!("a column has the wrong type: {e}"))
     }
 }
 
@@ -608,12 +534,7 @@ impl Store for SqliteStore {
 
     fn save_deliveries(&mut self, entries: &mut dyn Iterator<Item = &Delivery>) -> Result<(), StoreError> {
         self.check_writable()?;
-        let result = (|| {
-            let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            save_deliveries(&tx, entries)?;
-            tx.commit()
-        })();
-        result.map_err(|e| self.sqlite_error(e))
+        self.insert_deliveries(entries).map_err(|e| self.sqlite_error(e))
     }
 
     fn describe(&self) -> String {
