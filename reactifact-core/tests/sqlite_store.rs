@@ -389,3 +389,32 @@ fn stored_bytes_that_no_longer_decode_name_the_id_kind_and_type() {
         "{message}"
     );
 }
+
+#[test]
+fn a_tampered_commit_is_refused_at_open() {
+    let dir = TempDir::new("tampered");
+    let path = dir.file("state.db");
+    {
+        let mut ctx = Context::open(&path, "orders").unwrap();
+        ctx.create("order:1", order("ada", 1)).unwrap();
+        ctx.create("order:2", order("bob", 2)).unwrap();
+    }
+    // Change the customer of order:1 inside the first commit's stored bytes: same length,
+    // valid encoding, different content.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let runs: Vec<u8> = conn
+        .query_row("SELECT runs FROM commits WHERE generation = 1", [], |row| row.get(0))
+        .unwrap();
+    let at = runs.windows(3).position(|w| w == b"ada").expect("the customer is in the blob");
+    let mut tampered = runs.clone();
+    tampered[at..at + 3].copy_from_slice(b"eve");
+    conn.execute("UPDATE commits SET runs = ?1 WHERE generation = 1", [&tampered]).unwrap();
+    drop(conn);
+
+    let err = Context::open(&path, "orders").unwrap_err();
+    assert!(matches!(err, OpenError::Corrupt { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("commit 1: replaying it does not give the state hash it recorded"),
+        "{err}"
+    );
+}
