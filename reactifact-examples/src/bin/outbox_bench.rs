@@ -276,6 +276,8 @@ struct RunResult {
     artifacts: usize,
     rss_growth: u64,
     db_bytes: Option<u64>,
+    /// Seconds to reopen the SQLite session afterwards (it replays the log).
+    reopen_seconds: Option<f64>,
     generations_committed: u64,
 }
 
@@ -374,10 +376,25 @@ fn run_once(options: &Options, tokio: &tokio::runtime::Runtime) -> Result<RunRes
     }
     let artifacts = rt.context().len();
     let rss_growth = proc_status_bytes("VmRSS").saturating_sub(rss_before);
+    let state_hash = rt.context().state_hash();
     drop(rt);
     let db_bytes = db.as_ref().map(DbFile::bytes);
+    // Reopening replays the whole log: time it, and check it rebuilds the same state.
+    let reopen_seconds = match db.as_ref() {
+        Some(db) => {
+            let t0 = Instant::now();
+            let ctx = open_context(options, Some(db))?;
+            let elapsed = t0.elapsed().as_secs_f64();
+            if ctx.state_hash() != state_hash {
+                return Err("the reopened session has another state hash".to_owned());
+            }
+            Some(elapsed)
+        }
+        None => None,
+    };
     Ok(RunResult {
         db_bytes,
+        reopen_seconds,
         seconds,
         cpu_seconds: cpu_ns as f64 / 1e9,
         seed_seconds,
@@ -422,7 +439,7 @@ fn main() -> ExitCode {
             "{{\"bench\":\"outbox\",\"n\":{},\"store\":\"{}\",\"generations\":{},\"standing\":{},\
              \"seconds\":{:.6},\"cpu_seconds\":{:.6},\"orders_per_sec\":{:.0},\"us_per_order\":{:.4},\"seed_seconds\":{:.6},\
              \"deliveries\":{},\"committed_generations\":{},\"artifacts\":{},\"peak_rss_bytes\":{},\
-             \"bytes_per_artifact\":{},\"db_bytes\":{}}}",
+             \"bytes_per_artifact\":{},\"db_bytes\":{},\"reopen_seconds\":{}}}",
             options.n,
             options.store,
             options.generations,
@@ -438,6 +455,7 @@ fn main() -> ExitCode {
             proc_status_bytes("VmHWM"),
             bytes_per_artifact,
             result.db_bytes.map_or("null".to_owned(), |b| b.to_string()),
+            result.reopen_seconds.map_or("null".to_owned(), |s| format!("{s:.6}")),
         );
     }
     ExitCode::SUCCESS
