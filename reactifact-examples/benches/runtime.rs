@@ -22,65 +22,17 @@ use std::sync::Arc;
 
 use divan::Bencher;
 use reactifact_core::{
-    Agent, Artifact, Budget, Context, DispatchError, Intent, PendingAction, Produce, ProduceCall, ProduceError,
-    Runtime, TurnOutcome,
+    Agent, Budget, Context, DispatchError, Intent, PendingAction, Produce, ProduceCall, ProduceError, Runtime,
+    TurnOutcome,
 };
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 fn main() {
     divan::main();
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-struct Order {
-    customer: String,
-    total_cents: u64,
-}
-
-impl Artifact for Order {
-    const KIND: &'static str = "order";
-}
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-struct Receipt {
-    order: String,
-    total_cents: u64,
-}
-
-impl Artifact for Receipt {
-    const KIND: &'static str = "receipt";
-}
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-struct Notify {
-    customer: String,
-    order: String,
-}
-
-fn process_order() -> Produce {
-    Produce::new("process_order", |call: ProduceCall<Order>| async move {
-        let id = call.trigger.id.to_string();
-        call.effects.upsert(
-            format!("receipt:{id}"),
-            Receipt {
-                order: id.clone(),
-                total_cents: call.trigger.data.total_cents,
-            },
-        );
-        call.effects.act(
-            "notify",
-            format!("notify:{id}"),
-            &Notify {
-                customer: call.trigger.data.customer.clone(),
-                order: id,
-            },
-        );
-        Ok::<(), ProduceError>(())
-    })
-    .creates::<Receipt>()
-    .creates::<PendingAction>()
-}
+use reactifact_examples::order_flow::{process_order, Notify, Order, Receipt};
 
 fn order(i: usize) -> Order {
     Order {
@@ -221,7 +173,7 @@ fn generation(bencher: Bencher, k: usize) {
         .counter(divan::counter::ItemsCount::new(k))
         .with_inputs(|| {
             Runtime::builder(seeded(k))
-                .agent(Agent::new("billing").produce(process_order()))
+                .agent(Agent::new("billing").produce(process_order))
                 .budget(Budget::UNLIMITED)
                 .build()
         })
@@ -243,7 +195,7 @@ fn drain(bencher: Bencher, k: usize) {
             // A runtime without a dispatcher leaves the intents pending; a second one over the
             // same context delivers them.
             let mut producer = Runtime::builder(seeded(k))
-                .agent(Agent::new("billing").produce(process_order()))
+                .agent(Agent::new("billing").produce(process_order))
                 .budget(Budget::UNLIMITED)
                 .build();
             tokio.block_on(producer.run()).expect("turn succeeds");
@@ -269,7 +221,7 @@ fn turn(bencher: Bencher, k: usize) {
         .counter(divan::counter::ItemsCount::new(k))
         .with_inputs(|| {
             Runtime::builder(seeded(k))
-                .agent(Agent::new("billing").produce(process_order()))
+                .agent(Agent::new("billing").produce(process_order))
                 .dispatcher(counting_dispatcher(count.clone()))
                 .budget(Budget::UNLIMITED)
                 .build()

@@ -27,64 +27,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use reactifact_core::{
-    ActionKey, Agent, Artifact, Budget, Context, DeliveryStatus, DispatchError, Intent, OpenOptions, PendingAction,
-    Produce, ProduceCall, ProduceError, Runtime, Synchronous, TurnOutcome,
+    ActionKey, Agent, Budget, Context, DeliveryStatus, DispatchError, Intent, OpenOptions, Runtime, Synchronous,
+    TurnOutcome,
 };
-use serde::{Deserialize, Serialize};
 
-/// The trigger of the workload.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-struct Order {
-    customer: String,
-    total_cents: u64,
-}
-
-impl Artifact for Order {
-    const KIND: &'static str = "order";
-}
-
-/// What `process_order` writes for each order.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-struct Receipt {
-    order: String,
-    total_cents: u64,
-}
-
-impl Artifact for Receipt {
-    const KIND: &'static str = "receipt";
-}
-
-/// The payload of the `notify` intent.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-struct Notify {
-    customer: String,
-    order: String,
-}
-
-/// The order flow: a receipt per order and a `notify` intent keyed by the order id.
-fn process_order() -> Produce {
-    Produce::new("process_order", |call: ProduceCall<Order>| async move {
-        let id = call.trigger.id.to_string();
-        call.effects.upsert(
-            format!("receipt:{id}"),
-            Receipt {
-                order: id.clone(),
-                total_cents: call.trigger.data.total_cents,
-            },
-        );
-        call.effects.act(
-            "notify",
-            format!("notify:{id}"),
-            &Notify {
-                customer: call.trigger.data.customer.clone(),
-                order: id,
-            },
-        );
-        Ok::<(), ProduceError>(())
-    })
-    .creates::<Receipt>()
-    .creates::<PendingAction>()
-}
+use reactifact_examples::order_flow::{process_order, Order};
 
 const USAGE: &str = "\
 usage: outbox-bench [N] [--n N] [--store memory|sqlite|sqlite-normal] [--db DIR] [--generations G]
@@ -286,7 +233,7 @@ fn run_once(options: &Options, tokio: &tokio::runtime::Runtime) -> Result<RunRes
     let rss_before = proc_status_bytes("VmRSS");
     let db = (options.store != "memory").then(|| DbFile::new(&options.db_dir));
     let mut rt = Runtime::builder(open_context(options, db.as_ref())?)
-        .agent(Agent::new("billing").produce(process_order()))
+        .agent(Agent::new("billing").produce(process_order))
         .dispatcher({
             let sent = sent.clone();
             move |intent: Intent| {
