@@ -219,37 +219,85 @@ pub struct ProduceFailure {
     pub failure: RunFailure,
 }
 
-/// The error a dispatcher returns. Converts from any `std::error::Error` with `?`, or build one
-/// with [`DispatchError::msg`].
-pub struct DispatchError(BoxError);
+/// The error a dispatcher returns: what went wrong, and whether trying again can help.
+///
+/// Errors are *retryable* unless built with [`DispatchError::permanent`]: a retryable failure
+/// is attempted again after the retry policy's backoff (or after [`retry_after`]
+/// (DispatchError::retry_after), if the receiver said when), a permanent one goes straight to
+/// the dead letter. Converts from any `std::error::Error` with `?` (as retryable).
+pub struct DispatchError {
+    error: BoxError,
+    permanent: bool,
+    retry_after: Option<std::time::Duration>,
+}
 
 impl DispatchError {
-    /// An error with a plain message.
+    /// A retryable error with a plain message.
     pub fn msg(message: impl fmt::Display) -> Self {
-        DispatchError(message.to_string().into())
+        Self::retryable(message.to_string())
+    }
+
+    /// A failure that may succeed later: a timeout, a 503, a refused connection.
+    pub fn retryable(error: impl Into<BoxError>) -> Self {
+        DispatchError {
+            error: error.into(),
+            permanent: false,
+            retry_after: None,
+        }
+    }
+
+    /// A failure that will not succeed by trying again: a 400, a rejected payload. The intent
+    /// goes to the dead letter at once (it can still be re-armed by hand).
+    pub fn permanent(error: impl Into<BoxError>) -> Self {
+        DispatchError {
+            error: error.into(),
+            permanent: true,
+            retry_after: None,
+        }
+    }
+
+    /// Asks for the next attempt no earlier than `delay` from now (an HTTP `Retry-After`),
+    /// instead of the policy's backoff. Ignored for permanent errors.
+    pub fn retry_after(mut self, delay: std::time::Duration) -> Self {
+        self.retry_after = Some(delay);
+        self
+    }
+
+    /// Whether the error is permanent.
+    pub fn is_permanent(&self) -> bool {
+        self.permanent
+    }
+
+    /// The delay the receiver asked for, if any.
+    pub fn retry_after_hint(&self) -> Option<std::time::Duration> {
+        self.retry_after
     }
 
     /// The underlying error.
     pub fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
-        &*self.0
+        &*self.error
     }
 }
 
 impl<E: std::error::Error + Send + Sync + 'static> From<E> for DispatchError {
     fn from(e: E) -> Self {
-        DispatchError(Box::new(e))
+        Self::retryable(e)
     }
 }
 
 impl fmt::Debug for DispatchError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&self.0, f)
+        f.debug_struct("DispatchError")
+            .field("error", &self.error)
+            .field("permanent", &self.permanent)
+            .field("retry_after", &self.retry_after)
+            .finish()
     }
 }
 
 impl fmt::Display for DispatchError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.0, f)
+        fmt::Display::fmt(&self.error, f)
     }
 }
 

@@ -405,16 +405,21 @@ fn a_tampered_commit_is_refused_at_open() {
     let runs: Vec<u8> = conn
         .query_row("SELECT runs FROM commits WHERE generation = 1", [], |row| row.get(0))
         .unwrap();
-    let at = runs.windows(3).position(|w| w == b"ada").expect("the customer is in the blob");
+    let at = runs
+        .windows(3)
+        .position(|w| w == b"ada")
+        .expect("the customer is in the blob");
     let mut tampered = runs.clone();
     tampered[at..at + 3].copy_from_slice(b"eve");
-    conn.execute("UPDATE commits SET runs = ?1 WHERE generation = 1", [&tampered]).unwrap();
+    conn.execute("UPDATE commits SET runs = ?1 WHERE generation = 1", [&tampered])
+        .unwrap();
     drop(conn);
 
     let err = Context::open(&path, "orders").unwrap_err();
     assert!(matches!(err, OpenError::Corrupt { .. }), "{err:?}");
     assert!(
-        err.to_string().contains("commit 1: replaying it does not give the state hash it recorded"),
+        err.to_string()
+            .contains("commit 1: replaying it does not give the state hash it recorded"),
         "{err}"
     );
 }
