@@ -23,6 +23,16 @@ pub struct TriggerRef {
     pub hash: ContentHash,
 }
 
+/// One artifact a produce run read through its snapshot: the id, and the version it saw
+/// (`None` if nothing was stored under the id).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Read {
+    /// The id read.
+    pub id: ArtifactId,
+    /// The version the run saw, or `None` if the id was absent.
+    pub version: Option<Version>,
+}
+
 /// The patch of one produce run (or of one direct write) as recorded in a commit.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunRecord {
@@ -34,6 +44,11 @@ pub struct RunRecord {
     pub trigger: Option<TriggerRef>,
     /// The operations, in the order the produce recorded them.
     pub ops: Vec<Op>,
+    /// What the run read through its snapshot, in first-read order, each id once (see
+    /// `docs/replay.md` for which reads are recorded). Part of the commit hash; a run that read
+    /// nothing hashes as it did before reads were recorded.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub reads: Vec<Read>,
 }
 
 /// One entry of the commit log: everything one generation changed, applied atomically.
@@ -43,7 +58,8 @@ pub struct Commit {
     pub generation: Generation,
     /// The previous commit's hash; `None` for the first commit.
     pub parent: Option<CommitHash>,
-    /// SHA-256 over the rmp-serde encoding of the parent hash, generation, state hash and runs.
+    /// SHA-256 over the rmp-serde encoding of the parent hash, generation, state hash and runs
+    /// (each run's agent, produce, trigger, operations with their content hashes, and reads).
     pub hash: CommitHash,
     /// The state hash after the commit.
     pub state_hash: StateHash,

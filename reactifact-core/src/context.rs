@@ -14,6 +14,7 @@ use crate::patch::{Op, PutMode};
 use crate::snapshot::Snapshot;
 use crate::state::{Relation, State};
 use crate::store::{CommitDelta, Loaded, OpenError, OpenOptions, SqliteStore, Store, StoreError};
+use crate::verify::{Checks, Refold};
 
 /// The versioned working state of one session: current artifacts and relations, the commit
 /// log, the FIFO queue of events waiting for a generation, and the delivery ledger.
@@ -137,40 +138,20 @@ impl Context {
         Ok(context)
     }
 
-    /// Rebuilds the context from a store's log: replays every commit, checking its parent
+    /// Rebuilds the context from a store's log: refolds every commit, checking its parent
     /// link and the state hash it recorded, and requeues the events not yet consumed.
     fn restore(&mut self, loaded: Loaded) -> Result<(), String> {
         let mut seq = 0;
-        let mut parent = None;
+        let mut refold = Refold::new(Checks::STATE);
         for commit in &loaded.commits {
-            let generation = commit.generation;
-            if commit.parent != parent {
-                return Err(format!(
-                    "commit {}: its parent is not the commit before it",
-                    generation.0
-                ));
-            }
-            let mut apply = Apply::new(&mut self.state, generation);
-            for run in &commit.runs {
-                apply
-                    .patch(&run.ops)
-                    .map_err(|e| format!("commit {}: replaying it failed: {e}", generation.0))?;
-            }
-            if apply.state().state_hash() != commit.state_hash {
-                return Err(format!(
-                    "commit {}: replaying it does not give the state hash it recorded",
-                    generation.0
-                ));
-            }
-            for event in apply.events.drain(..) {
+            for event in refold.step(commit).map_err(|e| e.to_string())? {
                 if seq >= loaded.consumed_seq {
                     self.events.push_back(QueuedEvent { seq, event });
                 }
                 seq += 1;
             }
-            apply.finish();
-            parent = Some(commit.hash);
         }
+        self.state = refold.into_state();
         self.next_event_seq = seq;
         self.log = loaded.commits;
         for delivery in loaded.deliveries {
@@ -551,6 +532,7 @@ impl Transaction<'_> {
             produce: None,
             trigger: None,
             ops: self.ops,
+            reads: Vec::new(),
         };
         self.context.commit_runs(vec![run], 0, false, true)?;
         Ok(())

@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex};
 use serde::Serialize;
 
 use crate::action::{ActionKey, PendingAction};
-use crate::artifact::{Artifact, ArtifactId};
+use crate::artifact::{Artifact, ArtifactId, Version};
+use crate::commit::Read;
 use crate::error::EffectError;
 use crate::patch::{Op, PutMode};
 use crate::snapshot::Snapshot;
@@ -38,19 +39,46 @@ impl<T: Artifact> DeclaredOutput<Dynamic> for T {}
 pub(crate) struct Buffer {
     pub(crate) ops: Vec<Op>,
     pub(crate) error: Option<EffectError>,
+    /// What the run read through its snapshot, in read order (repeats removed at seal).
+    reads: Vec<Read>,
     /// Keys acted in this run, so a second `act` of a key is found without a scan.
     acted: foldhash::HashSet<ActionKey>,
     sealed: bool,
 }
 
+/// What a sealed buffer hands back: the run's patch, its reads and the first effect error.
+pub(crate) struct Sealed {
+    pub(crate) ops: Vec<Op>,
+    pub(crate) reads: Vec<Read>,
+    pub(crate) error: Option<EffectError>,
+}
+
 impl Buffer {
-    /// Takes the recorded operations; later writes are refused.
-    pub(crate) fn seal(&mut self) -> (Vec<Op>, Option<EffectError>) {
+    /// Records a read of `id` at `version` made through the run's snapshot; ignored once the
+    /// run has finished.
+    pub(crate) fn record_read(&mut self, id: ArtifactId, version: Option<Version>) {
+        if !self.sealed && self.reads.last().is_none_or(|last| last.id != id) {
+            self.reads.push(Read { id, version });
+        }
+    }
+
+    /// Takes the recorded operations and reads; later writes and reads are refused.
+    pub(crate) fn seal(&mut self) -> Sealed {
         self.sealed = true;
         let mut ops = std::mem::take(&mut self.ops);
         // The commit log keeps the ops for the life of the context: no spare capacity.
         ops.shrink_to_fit();
-        (ops, self.error.take())
+        let mut reads = std::mem::take(&mut self.reads);
+        if reads.len() > 1 {
+            let mut seen = foldhash::HashSet::default();
+            reads.retain(|read| seen.insert(read.id.clone()));
+        }
+        reads.shrink_to_fit();
+        Sealed {
+            ops,
+            reads,
+            error: self.error.take(),
+        }
     }
 }
 

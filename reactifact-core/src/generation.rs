@@ -12,13 +12,13 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::artifact::{Generation, Stored};
-use crate::commit::{RunRecord, TriggerRef};
+use crate::commit::{Read, RunRecord, TriggerRef};
 use crate::context::CommitFailure;
 use crate::effects::Buffer;
 use crate::error::{ProduceFailure, RunError, RunFailure};
 use crate::event::{Event, EventKind};
 use crate::patch::Op;
-use crate::produce::RunInput;
+use crate::produce::{Produce, RunInput};
 use crate::runtime::{ProduceErrors, Runtime, TurnOutcome, TurnReport};
 use crate::snapshot::Snapshot;
 
@@ -156,8 +156,9 @@ pub(crate) async fn run(
     let mut failures = Vec::new();
     for (i, (work, result)) in batch.work.iter().zip(results).enumerate() {
         let produce = &rt.agents[work.slot.agent].produces[work.slot.produce];
-        let checked = result.and_then(|ops| {
-            match ops
+        let checked = result.and_then(|output| {
+            match output
+                .ops
                 .iter()
                 .find_map(|op| op.created_kind().filter(|k| !produce.declares(*k)).map(|k| (op, k)))
             {
@@ -165,11 +166,11 @@ pub(crate) async fn run(
                     id: op.id().clone(),
                     kind,
                 }),
-                None => Ok(ops),
+                None => Ok(output),
             }
         });
         match checked {
-            Ok(ops) => {
+            Ok(RunOutput { ops, reads }) => {
                 records.push(RunRecord {
                     agent: Some(rt.agents[work.slot.agent].name.clone()),
                     produce: Some(produce.name_arc().clone()),
@@ -179,6 +180,7 @@ pub(crate) async fn run(
                         hash: work.trigger.hash,
                     }),
                     ops,
+                    reads,
                 });
                 record_work.push(i);
             }
@@ -238,8 +240,8 @@ async fn execute(
     work: &[Work],
     snapshot: &Snapshot,
     generation: Generation,
-) -> Vec<Result<Vec<Op>, RunFailure>> {
-    let mut results: Vec<Option<Result<Vec<Op>, RunFailure>>> = Vec::with_capacity(work.len());
+) -> Vec<Result<RunOutput, RunFailure>> {
+    let mut results: Vec<Option<Result<RunOutput, RunFailure>>> = Vec::with_capacity(work.len());
     results.resize_with(work.len(), || None);
     let mut active = vec![0usize; rt.agents.len()];
     // Work of an agent at its limit waits here; an agent with waiting work is always at its
@@ -278,14 +280,35 @@ fn run_one(
     work: &Work,
     snapshot: &Snapshot,
     generation: Generation,
-) -> impl Future<Output = (usize, Result<Vec<Op>, RunFailure>)> + Send + 'static {
+) -> impl Future<Output = (usize, Result<RunOutput, RunFailure>)> + Send + 'static {
     let agent = &rt.agents[work.slot.agent];
     let produce = &agent.produces[work.slot.produce];
     let span = tracing::debug_span!("produce", agent = %agent.name, produce = produce.name(), artifact_id = %work.trigger.id, generation = generation.0);
+    let run = start_run(produce, work.trigger.clone(), work.event, snapshot, generation);
+    async move { (index, run.await) }.instrument(span)
+}
+
+/// What one produce run recorded.
+pub(crate) struct RunOutput {
+    /// The patch.
+    pub(crate) ops: Vec<Op>,
+    /// What it read through its snapshot.
+    pub(crate) reads: Vec<Read>,
+}
+
+/// Starts one run of `produce` on `trigger` against `snapshot`, catching panics; the future
+/// yields the run's patch and reads. Used by the generation loop and by the replay oracle.
+pub(crate) fn start_run(
+    produce: &Produce,
+    trigger: Arc<Stored>,
+    event: EventKind,
+    snapshot: &Snapshot,
+    generation: Generation,
+) -> impl Future<Output = Result<RunOutput, RunFailure>> + Send + 'static {
     let buffer = Arc::new(Mutex::new(Buffer::default()));
     let input = RunInput {
-        trigger: work.trigger.clone(),
-        event: work.event,
+        trigger,
+        event,
         snapshot: snapshot.clone(),
         buffer: buffer.clone(),
         generation,
@@ -299,14 +322,15 @@ fn run_one(
                 .unwrap_or_else(|panic| Err(RunFailure::Panicked(panic_message(&panic)))),
             Err(panic) => Err(RunFailure::Panicked(panic_message(&panic))),
         };
-        let (ops, effect_error) = buffer.lock().unwrap_or_else(|e| e.into_inner()).seal();
-        let result = outcome.and_then(|()| match effect_error {
+        let sealed = buffer.lock().unwrap_or_else(|e| e.into_inner()).seal();
+        outcome.and_then(|()| match sealed.error {
             Some(e) => Err(RunFailure::Effect(e)),
-            None => Ok(ops),
-        });
-        (index, result)
+            None => Ok(RunOutput {
+                ops: sealed.ops,
+                reads: sealed.reads,
+            }),
+        })
     }
-    .instrument(span)
 }
 
 pub(crate) fn panic_message(panic: &Box<dyn Any + Send>) -> String {

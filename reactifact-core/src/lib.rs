@@ -31,10 +31,11 @@ mod runtime;
 mod snapshot;
 mod state;
 mod store;
+mod verify;
 
 pub use action::{ActionKey, Intent, PendingAction};
 pub use artifact::{Artifact, ArtifactId, Generation, Kind, Record, Version};
-pub use commit::{Commit, RunRecord, TriggerRef};
+pub use commit::{Commit, Read, RunRecord, TriggerRef};
 pub use context::{Context, Transaction};
 pub use dispatcher::Dispatcher;
 pub use effects::{DeclaredOutput, Dynamic, Effects};
@@ -54,6 +55,7 @@ pub use runtime::{
 pub use snapshot::Snapshot;
 pub use state::Relation;
 pub use store::{OpenError, OpenOptions, StoreError, Synchronous};
+pub use verify::{verify_log, TimeTravelError, VerifyError, VerifyReport};
 
 /// The README's examples, compiled and run as doctests.
 #[doc = include_str!("../../README.md")]

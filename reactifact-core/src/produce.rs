@@ -21,6 +21,7 @@ pub struct ProduceCall<T, D = Dynamic> {
     /// What happened to it: `Created` or `Updated`.
     pub event: EventKind,
     /// The state before this generation; every produce of the generation reads the same one.
+    /// Reads through it are recorded as the run's provenance (see [`Snapshot`]).
     pub snapshot: Snapshot,
     /// Where the produce records what should change.
     pub effects: Effects<D>,
@@ -128,11 +129,13 @@ impl Produce {
                 Ok(trigger) => trigger,
                 Err(e) => return Box::pin(std::future::ready(Err(RunFailure::Trigger(e)))),
             };
+            // The produce's snapshot records its reads; the one behind `effects` does not (its
+            // existence check for `act` is the runtime's, not the produce's).
             let call = ProduceCall {
                 trigger,
                 event: input.event,
-                effects: Effects::new(input.buffer, input.snapshot.clone()),
-                snapshot: input.snapshot,
+                snapshot: input.snapshot.tracked(input.buffer.clone()),
+                effects: Effects::new(input.buffer, input.snapshot),
                 generation: input.generation,
             };
             let fut = f(call);

@@ -1,6 +1,9 @@
 //! Read-only views of a context's state.
 
-use crate::artifact::{Artifact, ArtifactId, Kind, Record, Version};
+use std::sync::{Arc, Mutex};
+
+use crate::artifact::{Artifact, ArtifactId, Kind, Record, Stored, Version};
+use crate::effects::Buffer;
 use crate::error::ReadError;
 use crate::hash::{ContentHash, StateHash};
 use crate::state::{Relation, State};
@@ -10,14 +13,44 @@ use crate::state::{Relation, State};
 /// Taking a snapshot costs O(1): it shares structure with the live state. Every produce of a
 /// generation reads the same snapshot, taken before the generation, so no produce sees a
 /// sibling's writes. Reads decode only the artifacts they return.
+///
+/// The snapshot a produce receives in its [`ProduceCall`](crate::ProduceCall) records what
+/// the run reads — the id and version seen by [`get`](Snapshot::get),
+/// [`contains`](Snapshot::contains), [`meta`](Snapshot::meta), and every item
+/// [`list`](Snapshot::list) and [`ids`](Snapshot::ids) yield — into the run's
+/// [`RunRecord::reads`](crate::RunRecord::reads). Counts and relation queries are not recorded.
 #[derive(Clone)]
 pub struct Snapshot {
     pub(crate) state: State,
+    /// Where reads are recorded: the produce run's buffer, or `None` for an untracked view.
+    reads: Option<Arc<Mutex<Buffer>>>,
 }
 
 impl Snapshot {
     pub(crate) fn new(state: State) -> Self {
-        Snapshot { state }
+        Snapshot { state, reads: None }
+    }
+
+    /// The same view, recording its reads (and those of its clones) into `buffer`.
+    pub(crate) fn tracked(&self, buffer: Arc<Mutex<Buffer>>) -> Self {
+        Snapshot {
+            state: self.state.clone(),
+            reads: Some(buffer),
+        }
+    }
+
+    #[inline]
+    fn track(&self, id: &str, stored: Option<&Arc<Stored>>) {
+        if let Some(buffer) = &self.reads {
+            let (id, version) = match stored {
+                Some(stored) => (stored.id.clone(), Some(stored.version)),
+                None => (ArtifactId::from(id), None),
+            };
+            buffer
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .record_read(id, version);
+        }
     }
 
     /// Reads the artifact stored under `id` as a `T`; `Ok(None)` if there is none.
@@ -26,27 +59,41 @@ impl Snapshot {
     /// [`ReadError::WrongKind`] if the id holds another kind, [`ReadError::Decode`] if its bytes
     /// do not decode as `T`.
     pub fn get<T: Artifact>(&self, id: &str) -> Result<Option<Record<T>>, ReadError> {
-        self.state.read(id)
+        let stored = self.state.get(id);
+        self.track(id, stored);
+        stored.map(|s| s.decode()).transpose()
     }
 
     /// Whether an artifact is stored under `id`.
     pub fn contains(&self, id: &str) -> bool {
-        self.state.get(id).is_some()
+        let stored = self.state.get(id);
+        self.track(id, stored);
+        stored.is_some()
     }
 
     /// The kind, version and content hash stored under `id`, without decoding it.
     pub fn meta(&self, id: &str) -> Option<(Kind, Version, ContentHash)> {
-        self.state.get(id).map(|s| (s.kind, s.version, s.hash))
+        let stored = self.state.get(id);
+        self.track(id, stored);
+        stored.map(|s| (s.kind, s.version, s.hash))
     }
 
     /// Every artifact of type `T`, in creation order, decoded one at a time.
     pub fn list<T: Artifact>(&self) -> impl Iterator<Item = Result<Record<T>, ReadError>> + '_ {
-        self.state.list()
+        self.state.ids_of_kind(Kind::of::<T>()).map(move |id| {
+            let stored = self.state.get(id.as_str());
+            self.track(id.as_str(), stored);
+            stored.expect("kind index names a stored artifact").decode()
+        })
     }
 
     /// The ids of every artifact of type `T`, in creation order, without decoding anything.
     pub fn ids<T: Artifact>(&self) -> impl Iterator<Item = &ArtifactId> + '_ {
-        self.state.ids_of_kind(Kind::of::<T>())
+        self.state.ids_of_kind(Kind::of::<T>()).inspect(move |id| {
+            if self.reads.is_some() {
+                self.track(id.as_str(), self.state.get(id.as_str()));
+            }
+        })
     }
 
     /// How many artifacts of type `T` exist.

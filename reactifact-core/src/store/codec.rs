@@ -2,7 +2,9 @@
 //!
 //! [`Op`]'s own `Serialize` leaves the bytes out (it is the commit-hash input, where the
 //! content hash stands for them), so storage uses these mirrors. Content hashes are not
-//! stored: decoding recomputes them from the bytes.
+//! stored: decoding recomputes them from the bytes. A run's reads (its provenance) are stored
+//! after its operations and left out when empty, so runs that read nothing encode as before
+//! reads were recorded and older rows decode with no reads.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -11,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::action::ActionKey;
 use crate::artifact::{ArtifactId, Kind, Version};
-use crate::commit::{RunRecord, TriggerRef};
+use crate::commit::{Read, RunRecord, TriggerRef};
 use crate::hash::{self, ContentHash};
 use crate::patch::{Op, PutMode};
 use crate::state::Relation;
@@ -25,6 +27,8 @@ struct RunRepr<'a> {
     trigger: Option<(ArtifactId, Version, ContentHash)>,
     #[serde(borrow)]
     ops: Vec<OpRepr<'a>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    reads: Vec<(ArtifactId, Option<Version>)>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -60,6 +64,7 @@ pub(crate) fn encode_runs(runs: &[RunRecord]) -> Vec<u8> {
             produce: run.produce.as_deref().map(Cow::Borrowed),
             trigger: run.trigger.as_ref().map(|t| (t.id.clone(), t.version, t.hash)),
             ops: run.ops.iter().map(op_repr).collect(),
+            reads: run.reads.iter().map(|r| (r.id.clone(), r.version)).collect(),
         })
         .collect();
     rmp_serde::to_vec(&repr).expect("runs always encode")
@@ -102,6 +107,11 @@ pub(crate) fn decode_runs(bytes: &[u8]) -> Result<Vec<RunRecord>, rmp_serde::dec
             produce: run.produce.map(|p| Arc::from(&*p)),
             trigger: run.trigger.map(|(id, version, hash)| TriggerRef { id, version, hash }),
             ops: run.ops.into_iter().map(op_from).collect(),
+            reads: run
+                .reads
+                .into_iter()
+                .map(|(id, version)| Read { id, version })
+                .collect(),
         })
         .collect())
 }
@@ -168,8 +178,42 @@ mod tests {
                 },
                 Op::Link(Relation::new("a", "r", "b")),
             ],
+            reads: vec![
+                Read {
+                    id: ArtifactId::from("customer:ada"),
+                    version: Some(Version(2)),
+                },
+                Read {
+                    id: ArtifactId::from("missing"),
+                    version: None,
+                },
+            ],
         }];
         let decoded = decode_runs(&encode_runs(&runs)).unwrap();
         assert_eq!(format!("{runs:?}"), format!("{decoded:?}"));
+    }
+
+    #[test]
+    fn runs_without_reads_encode_as_before_reads_were_recorded() {
+        /// The run encoding before reads were added.
+        #[derive(Serialize)]
+        struct OldRun<'a> {
+            agent: Option<&'a str>,
+            produce: Option<&'a str>,
+            trigger: Option<(ArtifactId, Version, ContentHash)>,
+            ops: Vec<OpRepr<'a>>,
+        }
+        let old = rmp_serde::to_vec(&vec![OldRun {
+            agent: Some("a"),
+            produce: Some("p"),
+            trigger: None,
+            ops: vec![OpRepr::Delete {
+                id: ArtifactId::from("x"),
+            }],
+        }])
+        .unwrap();
+        let decoded = decode_runs(&old).unwrap();
+        assert!(decoded[0].reads.is_empty());
+        assert_eq!(encode_runs(&decoded), old);
     }
 }
