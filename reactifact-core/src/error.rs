@@ -229,6 +229,7 @@ pub struct DispatchError {
     error: BoxError,
     permanent: bool,
     retry_after: Option<std::time::Duration>,
+    no_route: bool,
 }
 
 impl DispatchError {
@@ -243,6 +244,7 @@ impl DispatchError {
             error: error.into(),
             permanent: false,
             retry_after: None,
+            no_route: false,
         }
     }
 
@@ -253,6 +255,7 @@ impl DispatchError {
             error: error.into(),
             permanent: true,
             retry_after: None,
+            no_route: false,
         }
     }
 
@@ -261,6 +264,21 @@ impl DispatchError {
     pub fn retry_after(mut self, delay: std::time::Duration) -> Self {
         self.retry_after = Some(delay);
         self
+    }
+
+    /// No route handles the intent's kind: the intent is held, not failed (see
+    /// [`Router`](crate::Router)).
+    pub(crate) fn no_route(kind: &str) -> Self {
+        DispatchError {
+            error: format!("no route handles action kind `{kind}`; add one and `retry` the intent").into(),
+            permanent: false,
+            retry_after: None,
+            no_route: true,
+        }
+    }
+
+    pub(crate) fn is_no_route(&self) -> bool {
+        self.no_route
     }
 
     /// Whether the error is permanent.
@@ -313,6 +331,10 @@ pub struct DeliveryFailure {
     pub attempt: u32,
     /// The dispatcher's error message, as recorded.
     pub error: String,
+    /// `Failed` (retried at `next_attempt_at`, or waiting for `retry`) or `Dead`.
+    pub status: DeliveryStatus,
+    /// When the retry policy tries again, if it does.
+    pub next_attempt_at: Option<std::time::SystemTime>,
 }
 
 /// A turn ([`Runtime::run`](crate::Runtime::run)) failed. The failure is already recorded: a

@@ -1,6 +1,6 @@
 //! The delivery ledger: per idempotency key, the delivery state of an intent.
 
-use std::collections::VecDeque;
+use std::collections::BTreeSet;
 
 use foldhash::HashMap;
 use std::fmt;
@@ -22,8 +22,15 @@ pub enum DeliveryStatus {
     InFlight,
     /// The dispatcher reported success. Never handed to a dispatcher again.
     Delivered,
-    /// The last attempt failed; `retry` re-arms it.
+    /// The last attempt failed. If [`Delivery::next_attempt_at`] is set, the retry policy
+    /// will try again then; otherwise it waits for `retry`.
     Failed,
+    /// No more automatic attempts: the retry policy's attempts are used up, or the dispatcher
+    /// said the failure is permanent. A dead letter stays visible; `retry` re-arms it.
+    Dead,
+    /// No dispatcher route handles its kind. Held, not dropped: `retry` re-arms it once a
+    /// route exists.
+    Held,
 }
 
 impl fmt::Display for DeliveryStatus {
@@ -33,6 +40,8 @@ impl fmt::Display for DeliveryStatus {
             DeliveryStatus::InFlight => "in flight",
             DeliveryStatus::Delivered => "delivered",
             DeliveryStatus::Failed => "failed",
+            DeliveryStatus::Dead => "dead",
+            DeliveryStatus::Held => "held",
         })
     }
 }
@@ -50,6 +59,7 @@ pub struct Delivery {
     pub(crate) delivered_at: Option<SystemTime>,
     pub(crate) lease: Option<Lease>,
     pub(crate) expired_leases: u32,
+    pub(crate) next_attempt_at: Option<SystemTime>,
 }
 
 /// Who holds an in-flight attempt, and until when.
@@ -113,6 +123,12 @@ impl Delivery {
         self.delivered_at
     }
 
+    /// When the next automatic attempt is due, for a failed intent the retry policy will try
+    /// again.
+    pub fn next_attempt_at(&self) -> Option<SystemTime> {
+        self.next_attempt_at
+    }
+
     /// The lease of the attempt in flight, if one is.
     pub fn lease(&self) -> Option<&Lease> {
         self.lease.as_ref()
@@ -137,6 +153,7 @@ impl Delivery {
             delivered_at: None,
             lease: None,
             expired_leases: 0,
+            next_attempt_at: None,
         }
     }
 }
@@ -148,8 +165,17 @@ impl Delivery {
 pub struct Ledger {
     entries: Vec<Delivery>,
     index: HashMap<ActionKey, usize>,
-    /// Entries waiting for a drain, in commit order.
-    due: VecDeque<usize>,
+    /// Entries waiting for an attempt, by (due time in Unix milliseconds, 0 for "now"; commit
+    /// order): pending ones and failed ones with a scheduled retry.
+    waiting: BTreeSet<(u64, usize)>,
+}
+
+fn due_key(at: Option<SystemTime>) -> u64 {
+    at.map_or(0, |t| {
+        t.duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+            .max(1)
+    })
 }
 
 impl Ledger {
@@ -173,9 +199,27 @@ impl Ledger {
         self.entries.is_empty()
     }
 
-    /// How many intents are waiting to be delivered.
+    /// How many intents wait for an attempt: pending ones, and failed ones whose retry is
+    /// scheduled.
     pub fn pending(&self) -> usize {
-        self.due.len()
+        self.waiting.len()
+    }
+
+    /// When the earliest waiting intent is due (`None` if none waits).
+    pub fn next_due(&self) -> Option<SystemTime> {
+        self.waiting.first().map(|&(due, at)| {
+            if due == 0 {
+                self.entries[at].updated_at
+            } else {
+                from_due_key(due)
+            }
+        })
+    }
+
+    /// How many intents are due at `now`.
+    pub(crate) fn due_count(&self, now: SystemTime) -> usize {
+        let now = due_key(Some(now));
+        self.waiting.range(..(now + 1, 0)).count()
     }
 
     /// Whether the ledger holds `key`.
@@ -183,34 +227,54 @@ impl Ledger {
         self.index.contains_key(key)
     }
 
-    /// Adds an entry, pending if its status is pending. Keys already present are ignored.
+    fn schedule(&mut self, at: usize) {
+        let entry = &self.entries[at];
+        let waits = entry.status == DeliveryStatus::Pending
+            || (entry.status == DeliveryStatus::Failed && entry.next_attempt_at.is_some());
+        if waits {
+            self.waiting.insert((due_key(entry.next_attempt_at), at));
+        }
+    }
+
+    fn unschedule(&mut self, at: usize) {
+        let key = (due_key(self.entries[at].next_attempt_at), at);
+        self.waiting.remove(&key);
+    }
+
+    /// Adds an entry, waiting if it is pending or has a scheduled retry. Keys already present
+    /// are ignored.
     pub(crate) fn insert(&mut self, entry: Delivery) {
         if self.index.contains_key(entry.intent.key.as_str()) {
             return;
         }
         let at = self.entries.len();
         self.index.insert(entry.intent.key.clone(), at);
-        if entry.status == DeliveryStatus::Pending {
-            self.due.push_back(at);
-        }
         self.entries.push(entry);
+        self.schedule(at);
     }
 
     pub(crate) fn entry(&self, at: usize) -> &Delivery {
         &self.entries[at]
     }
 
-    /// Takes up to `limit` pending intents and marks them in flight under `lease`, counting an
-    /// attempt for each. Returns their positions; [`Ledger::intent_for`] gives each intent.
+    /// Takes up to `limit` intents due at `now` and marks them in flight under `lease`,
+    /// counting an attempt for each. Returns their positions; [`Ledger::intent_for`] gives
+    /// each intent.
     pub(crate) fn begin_batch(&mut self, limit: usize, lease: &Lease, now: SystemTime) -> Vec<usize> {
-        let take = limit.min(self.due.len());
-        let batch: Vec<usize> = self.due.drain(..take).collect();
+        let due = due_key(Some(now));
+        let batch: Vec<usize> = self
+            .waiting
+            .range(..(due + 1, 0))
+            .take(limit)
+            .map(|&(_, at)| at)
+            .collect();
         for &at in &batch {
+            self.unschedule(at);
             let entry = &mut self.entries[at];
-            debug_assert_eq!(entry.status, DeliveryStatus::Pending);
             entry.status = DeliveryStatus::InFlight;
             entry.attempts += 1;
             entry.updated_at = now;
+            entry.next_attempt_at = None;
             entry.lease = Some(lease.clone());
         }
         batch
@@ -232,7 +296,7 @@ impl Ledger {
         entry.attempts -= 1;
         entry.lease = None;
         entry.updated_at = now;
-        self.due.push_back(at);
+        self.schedule(at);
     }
 
     pub(crate) fn record_delivered(&mut self, at: usize, now: SystemTime) {
@@ -244,46 +308,89 @@ impl Ledger {
         entry.delivered_at = Some(now);
     }
 
-    pub(crate) fn record_failed(&mut self, at: usize, error: String, now: SystemTime) {
+    /// Records a failed attempt: retried at `retry_at`, or, without one, left for `retry`
+    /// (`Failed`) or given up (`Dead`).
+    pub(crate) fn record_failed(&mut self, at: usize, error: String, outcome: FailedAttempt, now: SystemTime) {
         let entry = &mut self.entries[at];
-        entry.status = DeliveryStatus::Failed;
         entry.last_error = Some(error);
+        entry.lease = None;
+        entry.updated_at = now;
+        match outcome {
+            FailedAttempt::RetryAt(when) => {
+                entry.status = DeliveryStatus::Failed;
+                entry.next_attempt_at = Some(when);
+            }
+            FailedAttempt::AwaitRetry => entry.status = DeliveryStatus::Failed,
+            FailedAttempt::Dead => entry.status = DeliveryStatus::Dead,
+        }
+        self.schedule(at);
+    }
+
+    /// Records that no route handles the intent's kind: it is held, and its attempt (which
+    /// reached no handler) is not counted.
+    pub(crate) fn record_held(&mut self, at: usize, reason: String, now: SystemTime) {
+        let entry = &mut self.entries[at];
+        entry.status = DeliveryStatus::Held;
+        entry.attempts -= 1;
+        entry.last_error = Some(reason);
         entry.lease = None;
         entry.updated_at = now;
     }
 
-    /// Undoes [`Ledger::rearm`] when the store could not record it.
-    pub(crate) fn unarm(&mut self, at: usize) {
-        if let Some(pos) = self.due.iter().rposition(|&due| due == at) {
-            self.due.remove(pos);
-        }
-        self.entries[at].status = DeliveryStatus::Failed;
-    }
-
-    /// Puts a failed intent back to pending and returns its position.
-    pub(crate) fn rearm(&mut self, key: &str, now: SystemTime) -> Result<usize, RetryError> {
+    /// Puts a failed, dead or held intent back to pending, due now, and returns its position
+    /// and what it was, for [`Ledger::unarm`].
+    pub(crate) fn rearm(&mut self, key: &str, now: SystemTime) -> Result<(usize, Delivery), RetryError> {
         let Some(&at) = self.index.get(key) else {
             return Err(RetryError::UnknownKey(ActionKey::from(key)));
         };
-        let entry = &mut self.entries[at];
-        if entry.status != DeliveryStatus::Failed {
+        let status = self.entries[at].status;
+        if !matches!(
+            status,
+            DeliveryStatus::Failed | DeliveryStatus::Dead | DeliveryStatus::Held
+        ) {
             return Err(RetryError::NotFailed {
-                key: entry.intent.key.clone(),
-                status: entry.status,
+                key: self.entries[at].intent.key.clone(),
+                status,
             });
         }
+        let before = self.entries[at].clone();
+        self.unschedule(at);
+        let entry = &mut self.entries[at];
         entry.status = DeliveryStatus::Pending;
+        entry.next_attempt_at = None;
         entry.updated_at = now;
-        self.due.push_back(at);
-        Ok(at)
+        self.schedule(at);
+        Ok((at, before))
     }
+
+    /// Undoes [`Ledger::rearm`] when the store could not record it.
+    pub(crate) fn unarm(&mut self, at: usize, before: Delivery) {
+        self.unschedule(at);
+        self.entries[at] = before;
+        self.schedule(at);
+    }
+}
+
+fn from_due_key(millis: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(millis)
+}
+
+/// What happens after a failed attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FailedAttempt {
+    /// The retry policy tries again then.
+    RetryAt(SystemTime),
+    /// No automatic retry: it waits for `retry`.
+    AwaitRetry,
+    /// Given up: a dead letter.
+    Dead,
 }
 
 impl fmt::Debug for Ledger {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Ledger")
             .field("entries", &self.entries.len())
-            .field("pending", &self.due.len())
+            .field("pending", &self.waiting.len())
             .finish()
     }
 }

@@ -18,6 +18,7 @@ mod action;
 mod artifact;
 mod commit;
 mod context;
+mod delivery;
 mod dispatcher;
 mod effects;
 mod error;
@@ -27,6 +28,7 @@ mod hash;
 mod ledger;
 mod patch;
 mod produce;
+mod router;
 mod runtime;
 mod snapshot;
 mod state;
@@ -37,6 +39,7 @@ pub use action::{ActionKey, Intent, PendingAction};
 pub use artifact::{Artifact, ArtifactId, Generation, Kind, Record, Version};
 pub use commit::{Commit, Read, RunRecord, TriggerRef};
 pub use context::{Context, Transaction};
+pub use delivery::{DeliveryErrors, DrainReport, RetryPolicy};
 pub use dispatcher::Dispatcher;
 pub use effects::{DeclaredOutput, Dynamic, Effects};
 pub use error::{
@@ -49,9 +52,8 @@ pub use ledger::{Delivery, DeliveryStatus, Lease, Ledger};
 pub use patch::{Op, PutMode};
 pub use produce::{Agent, IntoProduce, IntoProduceResult, Produce, ProduceCall};
 pub use reactifact_macros::{produce, Artifact};
-pub use runtime::{
-    Budget, DeliveryErrors, DrainReport, ProduceErrors, Runtime, RuntimeBuilder, StopHandle, TurnOutcome, TurnReport,
-};
+pub use router::{ActionCall, Router};
+pub use runtime::{Budget, ProduceErrors, Runtime, RuntimeBuilder, StopHandle, TurnOutcome, TurnReport};
 pub use snapshot::Snapshot;
 pub use state::Relation;
 pub use store::{OpenError, OpenOptions, StoreError, Synchronous};

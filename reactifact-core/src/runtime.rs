@@ -1,23 +1,21 @@
 //! The runtime: agents, the generation loop, budgets and the outbox drain.
 
-use foldhash::{HashMap, HashMapExt};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use futures_util::FutureExt;
+use foldhash::{HashMap, HashMapExt};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::artifact::Kind;
 use crate::context::Context;
+use crate::delivery::{Clock, DeliveryConfig, DeliveryErrors, Drain, DrainError, DrainReport, RetryPolicy};
 use crate::dispatcher::{Dispatcher, ErasedDispatcher};
-use crate::error::{DeliveryFailure, FlushError, ProduceFailure, RetryError, RunError};
+use crate::error::{FlushError, ProduceFailure, RetryError, RunError};
 use crate::generation::{self, Slot};
-use crate::ledger::Ledger;
 use crate::produce::Agent;
-use crate::store::StoreError;
 
 /// What a produce error does to its generation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -30,19 +28,6 @@ pub enum ProduceErrors {
     /// Only the failing run's patch is dropped; the rest of the generation commits and the
     /// failure is reported in [`TurnReport::failed_runs`].
     Isolate,
-}
-
-/// What a failed delivery does to the drain.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum DeliveryErrors {
-    /// The failure is recorded in the ledger, then the drain stops and the turn returns
-    /// [`RunError::Delivery`]. Other pending intents stay pending.
-    #[default]
-    FailLoud,
-    /// The failure is recorded in the ledger and in [`TurnReport::failed_deliveries`]; the
-    /// drain goes on with the other intents.
-    Continue,
 }
 
 /// Limits of one turn. Hitting one is an [outcome](TurnOutcome), not an error.
@@ -112,6 +97,7 @@ pub enum TurnOutcome {
 
 /// What a turn did.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct TurnReport {
     /// How the turn ended.
     pub outcome: TurnOutcome,
@@ -121,21 +107,10 @@ pub struct TurnReport {
     pub generations: u64,
     /// Produce runs executed in committed generations.
     pub runs: u64,
-    /// Intents delivered.
-    pub delivered: u64,
-    /// Deliveries that failed ([`DeliveryErrors::Continue`]); each is recorded in the ledger.
-    pub failed_deliveries: Vec<DeliveryFailure>,
+    /// What the turn's drains delivered, and what failed, died or was held.
+    pub deliveries: DrainReport,
     /// Runs whose patch was dropped ([`ProduceErrors::Isolate`]).
     pub failed_runs: Vec<ProduceFailure>,
-}
-
-/// What a [`flush`](Runtime::flush) delivered.
-#[derive(Debug, Default)]
-pub struct DrainReport {
-    /// Intents delivered.
-    pub delivered: u64,
-    /// Deliveries that failed ([`DeliveryErrors::Continue`]); each is recorded in the ledger.
-    pub failed: Vec<DeliveryFailure>,
 }
 
 /// Asks a running turn to stop. Cheap to clone; get one from [`Runtime::stop_handle`].
@@ -187,7 +162,7 @@ pub struct RuntimeBuilder {
     agents: Vec<Agent>,
     dispatcher: Option<Arc<dyn ErasedDispatcher>>,
     produce_errors: ProduceErrors,
-    delivery_errors: DeliveryErrors,
+    delivery: DeliveryConfig,
     max_concurrency: usize,
     budget: Budget,
 }
@@ -211,9 +186,49 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Sets what a failed delivery does (default: [`DeliveryErrors::FailLoud`]).
+    /// Sets what a failed delivery does to the drain (default: [`DeliveryErrors::Continue`]).
     pub fn delivery_errors(mut self, mode: DeliveryErrors) -> Self {
-        self.delivery_errors = mode;
+        self.delivery.errors = mode;
+        self
+    }
+
+    /// Sets the retry policy for every action kind without one of its own (default:
+    /// [`RetryPolicy::default`]).
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.delivery.policy = policy;
+        self
+    }
+
+    /// Sets the retry policy for one action kind.
+    pub fn retry_policy_for(mut self, kind: &str, policy: RetryPolicy) -> Self {
+        self.delivery.policies.insert(kind.to_owned(), policy);
+        self
+    }
+
+    /// Limits how many deliveries run at once (default 64; at least 1).
+    pub fn delivery_concurrency(mut self, limit: usize) -> Self {
+        self.delivery.concurrency = limit.max(1);
+        self
+    }
+
+    /// Limits how many deliveries of one action kind run at once (at least 1).
+    pub fn delivery_concurrency_for(mut self, kind: &str, limit: usize) -> Self {
+        self.delivery.kind_limits.insert(kind.to_owned(), limit.max(1));
+        self
+    }
+
+    /// Bounds each delivery attempt (default 30 s); an attempt that takes longer is cancelled
+    /// and counts as a retryable failure. `None` waits as long as the dispatcher takes.
+    pub fn delivery_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.delivery.timeout = timeout;
+        self
+    }
+
+    /// How long deliveries already running may finish after a stop or the turn's deadline
+    /// (default 10 s). Those still running then are cancelled and recorded as failed attempts
+    /// that the receiver may have seen, due again at once.
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.delivery.grace = grace;
         self
     }
 
@@ -256,7 +271,8 @@ impl RuntimeBuilder {
             uniform_priority,
             dispatcher: self.dispatcher,
             produce_errors: self.produce_errors,
-            delivery_errors: self.delivery_errors,
+            delivery: self.delivery,
+            clock: Clock::new(),
             max_concurrency: self.max_concurrency,
             budget: self.budget,
             stop: StopHandle::default(),
@@ -279,7 +295,8 @@ pub struct Runtime {
     pub(crate) uniform_priority: bool,
     dispatcher: Option<Arc<dyn ErasedDispatcher>>,
     pub(crate) produce_errors: ProduceErrors,
-    delivery_errors: DeliveryErrors,
+    delivery: DeliveryConfig,
+    clock: Clock,
     pub(crate) max_concurrency: usize,
     budget: Budget,
     pub(crate) stop: StopHandle,
@@ -294,7 +311,7 @@ impl Runtime {
             agents: Vec::new(),
             dispatcher: None,
             produce_errors: ProduceErrors::default(),
-            delivery_errors: DeliveryErrors::default(),
+            delivery: DeliveryConfig::default(),
             max_concurrency: 1024,
             budget: Budget::default(),
         }
@@ -348,15 +365,11 @@ impl Runtime {
             turn,
             generations: 0,
             runs: 0,
-            delivered: 0,
-            failed_deliveries: Vec::new(),
+            deliveries: DrainReport::default(),
             failed_runs: Vec::new(),
         };
-        // Intents committed before this turn (or left by a failed drain) go out first.
-        if let Some(outcome) = self
-            .drain(deadline, &mut report.delivered, &mut report.failed_deliveries)
-            .await?
-        {
+        // Intents committed before this turn (or due for a retry) go out first.
+        if let Some(outcome) = self.drain(deadline, &mut report.deliveries).await? {
             return Ok(self.finish(report, outcome));
         }
         loop {
@@ -374,10 +387,7 @@ impl Runtime {
                 generation::Step::Committed | generation::Step::Consumed => {}
                 generation::Step::Interrupted(outcome) => return Ok(self.finish(report, outcome)),
             }
-            if let Some(outcome) = self
-                .drain(deadline, &mut report.delivered, &mut report.failed_deliveries)
-                .await?
-            {
+            if let Some(outcome) = self.drain(deadline, &mut report.deliveries).await? {
                 return Ok(self.finish(report, outcome));
             }
         }
@@ -388,164 +398,103 @@ impl Runtime {
             self.stop.clear();
         }
         report.outcome = outcome;
-        tracing::debug!(outcome = ?outcome, generations = report.generations, runs = report.runs, delivered = report.delivered, "turn finished");
+        tracing::debug!(outcome = ?outcome, generations = report.generations, runs = report.runs, delivered = report.deliveries.delivered, "turn finished");
         report
     }
 
     fn interrupted(&self, deadline: Option<Instant>) -> Option<TurnOutcome> {
-        interrupted(&self.stop, deadline)
+        if self.stop.is_requested() {
+            Some(TurnOutcome::Stopped)
+        } else if deadline.is_some_and(|d| Instant::now() >= d) {
+            Some(TurnOutcome::DeadlineExceeded)
+        } else {
+            None
+        }
     }
 
-    /// Delivers every committed, pending intent without running a generation.
+    /// Delivers every intent that is due, without running a generation. Retries scheduled for
+    /// later stay scheduled (see [`settle`](Runtime::settle)).
     ///
     /// # Errors
     /// [`FlushError::NoDispatcher`] without a dispatcher; [`FlushError::Delivery`] when a
-    /// delivery fails in fail-loud mode (recorded in the ledger first); [`FlushError::Store`]
-    /// when the durable store fails.
+    /// delivery fails with [`DeliveryErrors::FailLoud`] (recorded in the ledger first);
+    /// [`FlushError::Store`] when the durable store fails.
     pub async fn flush(&mut self) -> Result<DrainReport, FlushError> {
-        if self.dispatcher.is_none() {
+        self.drain_with(false).await
+    }
+
+    /// Delivers every waiting intent, sleeping until scheduled retries are due, until each is
+    /// delivered, dead, held or waiting for [`retry`](Runtime::retry) — or a
+    /// [`StopHandle`] stops it. Use it to ride out a transient outage; with tokio's paused
+    /// clock, the backoff takes no real time.
+    ///
+    /// # Errors
+    /// As [`flush`](Runtime::flush).
+    pub async fn settle(&mut self) -> Result<DrainReport, FlushError> {
+        self.drain_with(true).await
+    }
+
+    async fn drain_with(&mut self, settle: bool) -> Result<DrainReport, FlushError> {
+        let Some(dispatcher) = self.dispatcher.clone() else {
             return Err(FlushError::NoDispatcher);
-        }
+        };
         let mut report = DrainReport::default();
-        let span = tracing::info_span!("flush", session = %self.context.session());
-        let outcome = self
-            .drain(None, &mut report.delivered, &mut report.failed)
-            .instrument(span)
-            .await?;
-        if outcome == Some(TurnOutcome::Stopped) {
+        let span = tracing::info_span!("flush", session = %self.context.session(), settle);
+        let mut drain = Drain {
+            context: &mut self.context,
+            dispatcher: &dispatcher,
+            config: &self.delivery,
+            clock: &self.clock,
+            stop: &self.stop,
+            deadline: None,
+        };
+        let outcome = if settle {
+            drain.settle(&mut report).instrument(span).await
+        } else {
+            drain.run(&mut report).instrument(span).await
+        };
+        if outcome.map_err(FlushError::from)? == Some(TurnOutcome::Stopped) {
             self.stop.clear();
         }
         Ok(report)
     }
 
-    /// Re-arms a failed intent: it becomes pending and the next drain (a turn or a
-    /// [`flush`](Runtime::flush)) delivers it again with the same idempotency key.
+    /// Re-arms a failed, dead or held intent: it becomes pending, due now, and the next drain
+    /// (a turn, [`flush`](Runtime::flush) or [`settle`](Runtime::settle)) delivers it again
+    /// with the same idempotency key.
     ///
     /// # Errors
     /// [`RetryError::UnknownKey`] for a key the ledger does not hold, [`RetryError::NotFailed`]
-    /// for an intent that is not failed, [`RetryError::Store`] if the durable store could not
-    /// record it (the intent then stays failed).
+    /// for an intent that is pending, in flight or delivered, [`RetryError::Store`] if the
+    /// durable store could not record it (the intent then stays as it was).
     pub fn retry(&mut self, key: &str) -> Result<(), RetryError> {
-        let now = SystemTime::now();
-        let at = self.context.ledger_mut().rearm(key, now)?;
+        let now = self.clock.now();
+        let (at, before) = self.context.ledger_mut().rearm(key, now)?;
         if let Err(e) = self.context.persist_deliveries(&[at]) {
-            self.context.ledger_mut().unarm(at);
+            self.context.ledger_mut().unarm(at, before);
             return Err(e.into());
         }
         Ok(())
     }
 
-    /// Hands every pending intent to the dispatcher in commit order and records each outcome.
-    /// Returns the outcome that interrupted it, if a stop or the deadline did.
-    ///
-    /// Intents go out in batches: a batch is recorded in flight under one lease (one store
-    /// transaction), delivered one by one, and its outcomes recorded together (one more).
+    /// Delivers the intents due now; see [`Drain::run`].
     async fn drain(
         &mut self,
         deadline: Option<Instant>,
-        delivered: &mut u64,
-        failed: &mut Vec<DeliveryFailure>,
-    ) -> Result<Option<TurnOutcome>, DrainError> {
+        report: &mut DrainReport,
+    ) -> Result<Option<TurnOutcome>, RunError> {
         let Some(dispatcher) = self.dispatcher.clone() else {
             return Ok(None);
         };
-        while self.context.ledger().pending() > 0 {
-            if let Some(outcome) = self.interrupted(deadline) {
-                return Ok(Some(outcome));
-            }
-            let now = SystemTime::now();
-            let lease = self.context.new_lease(now);
-            let batch = self.context.ledger_mut().begin_batch(DRAIN_BATCH, &lease, now);
-            if let Err(e) = self.context.persist_deliveries(&batch) {
-                for &at in &batch {
-                    self.context.ledger_mut().release(at, now);
-                }
-                return Err(DrainError::Store(e));
-            }
-            let mut guard = InFlight {
-                ledger: self.context.ledger_mut(),
-                batch: &batch,
-                settled: 0,
-            };
-            let mut stop = None;
-            while guard.settled < batch.len() {
-                if guard.settled > 0 {
-                    if let Some(outcome) = interrupted(&self.stop, deadline) {
-                        stop = Some(Ok(outcome));
-                        break;
-                    }
-                }
-                let at = batch[guard.settled];
-                let intent = guard.ledger.intent_for(at);
-                let span = tracing::debug_span!("delivery", action_key = %intent.key(), kind = intent.kind(), attempt = intent.attempt());
-                let key = intent.key().clone();
-                let kind = intent.kind().to_owned();
-                let attempt = intent.attempt();
-                let result = std::panic::AssertUnwindSafe(dispatcher.dispatch_boxed(intent))
-                    .catch_unwind()
-                    .instrument(span)
-                    .await;
-                guard.settled += 1;
-                let error = match result {
-                    Ok(Ok(())) => {
-                        guard.ledger.record_delivered(at, SystemTime::now());
-                        *delivered += 1;
-                        continue;
-                    }
-                    Ok(Err(e)) => e.to_string(),
-                    Err(panic) => format!("dispatcher panicked: {}", generation::panic_message(&panic)),
-                };
-                guard.ledger.record_failed(at, error.clone(), SystemTime::now());
-                tracing::warn!(action_key = %key, kind = %kind, attempt, error = %error, "delivery failed");
-                let failure = DeliveryFailure {
-                    key,
-                    kind,
-                    attempt,
-                    error,
-                };
-                match self.delivery_errors {
-                    DeliveryErrors::FailLoud => {
-                        stop = Some(Err(failure));
-                        break;
-                    }
-                    DeliveryErrors::Continue => failed.push(failure),
-                }
-            }
-            guard.release_rest();
-            drop(guard);
-            self.context.persist_deliveries(&batch)?;
-            match stop {
-                Some(Ok(outcome)) => return Ok(Some(outcome)),
-                Some(Err(failure)) => return Err(DrainError::Delivery(failure)),
-                None => {}
-            }
-        }
-        Ok(None)
-    }
-}
-
-/// How many intents one drain step leases and records together.
-const DRAIN_BATCH: usize = 256;
-
-fn interrupted(stop: &StopHandle, deadline: Option<Instant>) -> Option<TurnOutcome> {
-    if stop.is_requested() {
-        Some(TurnOutcome::Stopped)
-    } else if deadline.is_some_and(|d| Instant::now() >= d) {
-        Some(TurnOutcome::DeadlineExceeded)
-    } else {
-        None
-    }
-}
-
-/// Why a drain stopped with an error.
-enum DrainError {
-    Delivery(DeliveryFailure),
-    Store(StoreError),
-}
-
-impl From<StoreError> for DrainError {
-    fn from(e: StoreError) -> Self {
-        DrainError::Store(e)
+        let mut drain = Drain {
+            context: &mut self.context,
+            dispatcher: &dispatcher,
+            config: &self.delivery,
+            clock: &self.clock,
+            stop: &self.stop,
+            deadline,
+        };
+        Ok(drain.run(report).await?)
     }
 }
 
@@ -567,48 +516,13 @@ impl From<DrainError> for FlushError {
     }
 }
 
-/// A batch of intents marked in flight, of which the first `settled` have a recorded outcome.
-/// Dropped before the batch is settled (the drain's future was cancelled), it records the
-/// attempt being dispatched as failed — the receiver may have seen it — and puts the others
-/// back to pending, so nothing stays in flight in memory.
-struct InFlight<'a> {
-    ledger: &'a mut Ledger,
-    batch: &'a [usize],
-    settled: usize,
-}
-
-impl InFlight<'_> {
-    /// Puts the intents never handed to the dispatcher back to pending.
-    fn release_rest(&mut self) {
-        let now = SystemTime::now();
-        for &at in &self.batch[self.settled..] {
-            self.ledger.release(at, now);
-        }
-        self.settled = self.batch.len();
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        if self.settled < self.batch.len() {
-            self.ledger.record_failed(
-                self.batch[self.settled],
-                "the drain was cancelled while the dispatcher ran; the receiver may have seen the intent".to_owned(),
-                SystemTime::now(),
-            );
-            self.settled += 1;
-            self.release_rest();
-        }
-    }
-}
-
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Runtime")
             .field("context", &self.context)
             .field("agents", &self.agents.iter().map(|a| a.name()).collect::<Vec<_>>())
             .field("produce_errors", &self.produce_errors)
-            .field("delivery_errors", &self.delivery_errors)
+            .field("delivery", &self.delivery)
             .finish()
     }
 }

@@ -333,7 +333,7 @@ async fn isolation_mode_drops_only_the_failing_patch() {
     assert!(rt.context().get::<Invoice>("invoice:1").unwrap().is_none());
     assert!(rt.context().get::<Receipt>("receipt:order:1").unwrap().is_some());
     assert_eq!(rt.context().queued_events(), 0);
-    assert_eq!(report.delivered, 1);
+    assert_eq!(report.deliveries.delivered, 1);
 }
 
 #[tokio::test]

@@ -38,7 +38,7 @@ async fn an_intent_is_delivered_once_after_its_commit() {
         .build();
     let report = rt.run().await.unwrap();
     assert_eq!(report.outcome, TurnOutcome::Completed);
-    assert_eq!(report.delivered, 1);
+    assert_eq!(report.deliveries.delivered, 1);
     assert_eq!(recorder.sent(), ["notify:order:1"]);
     // The intent came from generation 2 (the seed is generation 1).
     assert_eq!(seen_committed.load(Ordering::SeqCst), 2);
@@ -93,7 +93,7 @@ async fn a_re_run_produce_creates_no_second_intent() {
     rt.context_mut().update("order:1", order("ada", 1500)).unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.runs, 1);
-    assert_eq!(report.delivered, 0);
+    assert_eq!(report.deliveries.delivered, 0);
     assert_eq!(recorder.sent(), ["notify:order:1"]);
     let receipt = rt.context().get::<Receipt>("receipt:order:1").unwrap().unwrap();
     assert_eq!((receipt.data.total_cents, receipt.version.0), (1500, 2));
@@ -156,6 +156,7 @@ async fn a_failed_delivery_is_recorded_and_retry_then_flush_delivers_it_once() {
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
+        .delivery_errors(DeliveryErrors::FailLoud)
         .build();
     let err = rt.run().await.unwrap_err();
     let RunError::Delivery(failure) = &err else {
@@ -192,7 +193,7 @@ async fn a_failed_delivery_is_recorded_and_retry_then_flush_delivers_it_once() {
 }
 
 #[tokio::test]
-async fn with_continue_one_failing_delivery_does_not_block_the_others() {
+async fn one_failing_delivery_does_not_block_the_others() {
     let mut ctx = Context::new("t");
     let mut tx = ctx.transaction();
     tx.create("order:1", order("ada", 1)).create("order:2", order("bob", 2));
@@ -214,13 +215,12 @@ async fn with_continue_one_failing_delivery_does_not_block_the_others() {
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
-        .delivery_errors(DeliveryErrors::Continue)
         .build();
     let report = rt.run().await.unwrap();
     assert_eq!(report.outcome, TurnOutcome::Completed);
-    assert_eq!(report.delivered, 1);
-    assert_eq!(report.failed_deliveries.len(), 1);
-    assert_eq!(report.failed_deliveries[0].key.as_str(), "notify:order:1");
+    assert_eq!(report.deliveries.delivered, 1);
+    assert_eq!(report.deliveries.failed.len(), 1);
+    assert_eq!(report.deliveries.failed[0].key.as_str(), "notify:order:1");
     assert_eq!(recorder.sent(), ["notify:order:2"]);
 }
 
@@ -237,10 +237,15 @@ async fn a_panicking_dispatcher_is_recorded_as_a_failure() {
             Ok::<(), DispatchError>(())
         })
         .build();
-    let err = rt.run().await.unwrap_err();
-    assert!(err.to_string().contains("driver bug"), "{err}");
+    let report = rt.run().await.unwrap();
+    let failure = &report.deliveries.failed[0];
+    assert_eq!(failure.error, "dispatcher panicked: driver bug");
     let entry = rt.context().ledger().get("notify:order:1").unwrap();
     assert_eq!(entry.status(), DeliveryStatus::Failed);
+    assert!(
+        entry.next_attempt_at().is_some(),
+        "a panic is retried like any retryable failure"
+    );
 }
 
 #[tokio::test]
@@ -309,7 +314,11 @@ async fn a_turn_cancelled_mid_delivery_leaves_a_retryable_failure_not_a_stuck_in
     );
     let entry = rt.context().ledger().get("notify:order:1").unwrap();
     assert_eq!(entry.status(), DeliveryStatus::Failed);
-    assert!(entry.last_error().unwrap().contains("cancelled"));
+    assert!(
+        entry.last_error().unwrap().contains("the receiver may have seen"),
+        "{:?}",
+        entry.last_error()
+    );
     // The receipt's generation committed before the drain; retrying delivers with the same key.
     assert!(rt.context().get::<Receipt>("receipt:order:1").unwrap().is_some());
     rt.retry("notify:order:1").unwrap();

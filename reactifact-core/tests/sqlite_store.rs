@@ -71,7 +71,7 @@ async fn a_session_survives_reopening_with_its_state_log_and_ledger() {
     let mut rt = runtime(ctx, &recorder);
     rt.context_mut().update("order:1", order("ada", 1500)).unwrap();
     let report = rt.run().await.unwrap();
-    assert_eq!((report.runs, report.delivered), (1, 0));
+    assert_eq!((report.runs, report.deliveries.delivered), (1, 0));
     assert_eq!(recorder.sent(), ["notify:order:1"]);
 }
 
@@ -218,6 +218,7 @@ async fn a_failed_delivery_and_its_retry_are_durable() {
         let mut rt = Runtime::builder(ctx)
             .agent(Agent::new("billing").produce(process_order()))
             .dispatcher(|_: Intent| async { Err::<(), _>(DispatchError::msg("smtp down")) })
+            .delivery_errors(reactifact_core::DeliveryErrors::FailLoud)
             .build();
         assert!(matches!(rt.run().await, Err(RunError::Delivery(_))));
     }

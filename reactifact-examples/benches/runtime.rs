@@ -229,7 +229,7 @@ fn turn(bencher: Bencher, k: usize) {
         .bench_local_values(|mut rt| {
             let report = tokio.block_on(rt.run()).expect("turn succeeds");
             assert_eq!(report.outcome, TurnOutcome::Completed);
-            assert_eq!(report.delivered, k as u64);
+            assert_eq!(report.deliveries.delivered, k as u64);
             rt
         });
 }

@@ -115,7 +115,7 @@ async fn a_macro_built_produce_runs_commits_and_delivers_its_intents() {
     let report = rt.run().await.unwrap();
     assert_eq!(report.outcome, TurnOutcome::Completed);
     assert_eq!(report.runs, 2);
-    assert_eq!(report.delivered, 2);
+    assert_eq!(report.deliveries.delivered, 2);
 
     let receipt = rt.context().get::<Receipt>("receipt:order:2").unwrap().unwrap();
     assert_eq!(receipt.data.total_cents, 5_000);

@@ -83,6 +83,7 @@ struct DeliveryRow<'a> {
     expired_leases: u32,
     updated_at: i64,
     delivered_at: Option<i64>,
+    next_attempt_at: Option<i64>,
 }
 
 pub(crate) struct SqliteStore {
@@ -108,6 +109,8 @@ fn status_code(status: DeliveryStatus) -> u8 {
         DeliveryStatus::InFlight => 1,
         DeliveryStatus::Delivered => 2,
         DeliveryStatus::Failed => 3,
+        DeliveryStatus::Dead => 4,
+        DeliveryStatus::Held => 5,
     }
 }
 
@@ -117,6 +120,8 @@ fn status_from(code: u8) -> Option<DeliveryStatus> {
         1 => DeliveryStatus::InFlight,
         2 => DeliveryStatus::Delivered,
         3 => DeliveryStatus::Failed,
+        4 => DeliveryStatus::Dead,
+        5 => DeliveryStatus::Held,
         _ => return None,
     })
 }
@@ -156,6 +161,7 @@ fn encode_deliveries<'a>(entries: &mut dyn Iterator<Item = &'a Delivery>) -> Vec
             expired_leases: d.expired_leases,
             updated_at: millis(d.updated_at),
             delivered_at: d.delivered_at.map(millis),
+            next_attempt_at: d.next_attempt_at.map(millis),
         })
         .collect();
     rmp_serde::to_vec(&rows).expect("ledger entries always encode")
@@ -363,6 +369,7 @@ impl SqliteStore {
                 entry.expired_leases = state.expired_leases;
                 entry.updated_at = from_millis(state.updated_at);
                 entry.delivered_at = state.delivered_at.map(from_millis);
+                entry.next_attempt_at = state.next_attempt_at.map(from_millis);
             }
         }
         Ok(entries)

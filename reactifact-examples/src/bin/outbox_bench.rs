@@ -289,7 +289,7 @@ fn run_once(options: &Options, tokio: &tokio::runtime::Runtime) -> Result<RunRes
         if report.outcome != TurnOutcome::Completed {
             return Err(format!("turn ended with {:?}", report.outcome));
         }
-        deliveries += report.delivered;
+        deliveries += report.deliveries.delivered;
         generations_committed += report.generations;
     }
 

@@ -1,0 +1,564 @@
+//! The delivery engine: drains the outbox with retries, backoff, a dead letter, bounded
+//! concurrency, per-attempt timeouts and a graceful stop.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::FutureExt;
+use sha2::{Digest, Sha256};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::action::{ActionKey, Intent};
+use crate::context::Context;
+use crate::dispatcher::ErasedDispatcher;
+use crate::error::{DeliveryFailure, DispatchError};
+use crate::ledger::{DeliveryStatus, FailedAttempt};
+use crate::runtime::{StopHandle, TurnOutcome};
+use crate::store::StoreError;
+
+/// When to try a failed delivery again, and when to give up.
+///
+/// The delay before attempt `n + 1` is `initial × multiplier^(n − 1)`, capped at `max_delay`,
+/// then scaled by a jitter factor in [0.5, 1) derived from the key and the attempt (so two
+/// intents that failed together do not retry together, and a replay computes the same
+/// schedule). A `Retry-After` the dispatcher reports ([`DispatchError::retry_after`]) wins over
+/// the computed delay. After `max_attempts` attempts the intent is dead.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RetryPolicy {
+    max_attempts: u32,
+    initial: Duration,
+    max_delay: Duration,
+    multiplier: f64,
+    automatic: bool,
+}
+
+impl Default for RetryPolicy {
+    /// Up to 8 attempts, 1 s after the first failure, doubling, at most 5 minutes apart.
+    fn default() -> Self {
+        RetryPolicy::exponential(Duration::from_secs(1), Duration::from_secs(300)).max_attempts(8)
+    }
+}
+
+impl RetryPolicy {
+    /// Exponential backoff from `initial`, doubling, capped at `max_delay`, 8 attempts.
+    pub fn exponential(initial: Duration, max_delay: Duration) -> Self {
+        RetryPolicy {
+            max_attempts: 8,
+            initial,
+            max_delay: max_delay.max(initial),
+            multiplier: 2.0,
+            automatic: true,
+        }
+    }
+
+    /// No automatic retry: a failed intent stays `Failed` until [`retry`]
+    /// (crate::Runtime::retry) re-arms it.
+    pub fn manual() -> Self {
+        RetryPolicy {
+            max_attempts: u32::MAX,
+            initial: Duration::ZERO,
+            max_delay: Duration::ZERO,
+            multiplier: 1.0,
+            automatic: false,
+        }
+    }
+
+    /// Gives up (dead letter) after `attempts` attempts in all (at least 1).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// Sets the growth factor between delays (at least 1).
+    pub fn multiplier(mut self, multiplier: f64) -> Self {
+        self.multiplier = multiplier.max(1.0);
+        self
+    }
+
+    /// The delay after the failed attempt `attempt` (1 for the first) of `key`.
+    pub fn delay(&self, key: &str, attempt: u32) -> Duration {
+        let exponent = attempt.saturating_sub(1).min(64) as i32;
+        let base = self.initial.as_secs_f64() * self.multiplier.powi(exponent);
+        let capped = base.min(self.max_delay.as_secs_f64());
+        Duration::from_secs_f64(capped * jitter(key, attempt))
+    }
+
+    fn after_failure(&self, key: &str, attempt: u32, error: &DispatchError, now: SystemTime) -> FailedAttempt {
+        if error.is_permanent() || attempt >= self.max_attempts {
+            FailedAttempt::Dead
+        } else if !self.automatic {
+            FailedAttempt::AwaitRetry
+        } else {
+            let delay = error.retry_after_hint().unwrap_or_else(|| self.delay(key, attempt));
+            FailedAttempt::RetryAt(now + delay)
+        }
+    }
+}
+
+/// A factor in [0.5, 1) from the key and the attempt.
+fn jitter(key: &str, attempt: u32) -> f64 {
+    let digest = Sha256::new()
+        .chain_update(key.as_bytes())
+        .chain_update(attempt.to_le_bytes())
+        .finalize();
+    let mut bits = [0u8; 8];
+    bits.copy_from_slice(&digest[..8]);
+    0.5 + 0.5 * (u64::from_le_bytes(bits) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// What a failed delivery does to the drain.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeliveryErrors {
+    /// Failures are recorded in the ledger and listed in the drain's report; the drain goes
+    /// on with the other intents.
+    #[default]
+    Continue,
+    /// The first failure stops the drain: deliveries already running finish and are
+    /// recorded, none starts after it, and the turn returns
+    /// [`RunError::Delivery`](crate::RunError::Delivery).
+    FailLoud,
+}
+
+/// How the outbox delivers: policies, limits, timeouts. Set through the
+/// [`RuntimeBuilder`](crate::RuntimeBuilder).
+#[derive(Clone, Debug)]
+pub(crate) struct DeliveryConfig {
+    pub(crate) policy: RetryPolicy,
+    pub(crate) policies: foldhash::HashMap<String, RetryPolicy>,
+    pub(crate) concurrency: usize,
+    pub(crate) kind_limits: foldhash::HashMap<String, usize>,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) grace: Duration,
+    pub(crate) errors: DeliveryErrors,
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        DeliveryConfig {
+            policy: RetryPolicy::default(),
+            policies: Default::default(),
+            concurrency: 64,
+            kind_limits: Default::default(),
+            timeout: Some(Duration::from_secs(30)),
+            grace: Duration::from_secs(10),
+            errors: DeliveryErrors::default(),
+        }
+    }
+}
+
+impl DeliveryConfig {
+    fn policy_for(&self, kind: &str) -> &RetryPolicy {
+        self.policies.get(kind).unwrap_or(&self.policy)
+    }
+}
+
+/// Wall-clock time read from tokio's clock: anchored to the system clock when the runtime was
+/// built and advanced by tokio's monotonic clock, so backoff and leases follow a paused test
+/// clock and never jump with the system clock.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Clock {
+    wall: SystemTime,
+    mono: Instant,
+}
+
+impl Clock {
+    pub(crate) fn new() -> Self {
+        Clock {
+            wall: SystemTime::now(),
+            mono: Instant::now(),
+        }
+    }
+
+    pub(crate) fn now(&self) -> SystemTime {
+        self.wall + self.mono.elapsed()
+    }
+
+    /// The tokio instant at which the wall-clock time `at` is reached.
+    pub(crate) fn instant_at(&self, at: SystemTime) -> Instant {
+        self.mono + at.duration_since(self.wall).unwrap_or_default()
+    }
+}
+
+/// What a drain did.
+#[derive(Debug, Default)]
+#[non_exhaustive]
+pub struct DrainReport {
+    /// Intents delivered.
+    pub delivered: u64,
+    /// Failed attempts that will be retried (at `next_attempt_at`) or wait for `retry`.
+    pub failed: Vec<DeliveryFailure>,
+    /// Intents that became dead letters: attempts used up, or a permanent error.
+    pub dead: Vec<DeliveryFailure>,
+    /// Intents held because no route handles their kind.
+    pub held: Vec<ActionKey>,
+    /// Intents still waiting when the drain ended: retries not yet due, or not started
+    /// because of a stop or the deadline.
+    pub waiting: usize,
+}
+
+impl DrainReport {
+    fn absorb(&mut self, other: DrainReport) {
+        self.delivered += other.delivered;
+        self.failed.extend(other.failed);
+        self.dead.extend(other.dead);
+        self.held.extend(other.held);
+        self.waiting = other.waiting;
+    }
+}
+
+/// Why a drain stopped with an error.
+pub(crate) enum DrainError {
+    Delivery(DeliveryFailure),
+    Store(StoreError),
+}
+
+impl From<StoreError> for DrainError {
+    fn from(e: StoreError) -> Self {
+        DrainError::Store(e)
+    }
+}
+
+/// How many intents one drain step leases and records together.
+const DRAIN_BATCH: usize = 256;
+
+/// How one attempt ended.
+enum Attempt {
+    Delivered,
+    Failed(DispatchError),
+    TimedOut(Duration),
+    Panicked(String),
+}
+
+pub(crate) struct Drain<'a> {
+    pub(crate) context: &'a mut Context,
+    pub(crate) dispatcher: &'a Arc<dyn ErasedDispatcher>,
+    pub(crate) config: &'a DeliveryConfig,
+    pub(crate) clock: &'a Clock,
+    pub(crate) stop: &'a StopHandle,
+    pub(crate) deadline: Option<Instant>,
+}
+
+impl Drain<'_> {
+    fn interrupted(&self) -> Option<TurnOutcome> {
+        if self.stop.is_requested() {
+            Some(TurnOutcome::Stopped)
+        } else if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            Some(TurnOutcome::DeadlineExceeded)
+        } else {
+            None
+        }
+    }
+
+    /// Delivers every intent due now, in batches. Returns the outcome that interrupted it, if a
+    /// stop or the deadline did.
+    pub(crate) async fn run(&mut self, report: &mut DrainReport) -> Result<Option<TurnOutcome>, DrainError> {
+        let mut outcome = None;
+        while self.context.ledger().due_count(self.clock.now()) > 0 {
+            if let Some(interrupted) = self.interrupted() {
+                outcome = Some(interrupted);
+                break;
+            }
+            let mut batch_report = DrainReport::default();
+            let result = self.batch(&mut batch_report).await;
+            report.absorb(batch_report);
+            match result? {
+                Some(interrupted) => {
+                    outcome = Some(interrupted);
+                    break;
+                }
+                None => {}
+            }
+        }
+        report.waiting = self.context.ledger().pending();
+        Ok(outcome)
+    }
+
+    /// Delivers every waiting intent, sleeping until retries are due, until none waits (each
+    /// is delivered, dead, held or waiting for `retry`), or a stop or the deadline.
+    pub(crate) async fn settle(&mut self, report: &mut DrainReport) -> Result<Option<TurnOutcome>, DrainError> {
+        loop {
+            if let Some(outcome) = self.run(report).await? {
+                return Ok(Some(outcome));
+            }
+            let Some(next) = self.context.ledger().next_due() else {
+                return Ok(None);
+            };
+            let wake = self.clock.instant_at(next);
+            let deadline = async {
+                match self.deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = tokio::time::sleep_until(wake) => {}
+                () = self.stop.requested() => return Ok(Some(TurnOutcome::Stopped)),
+                () = deadline => return Ok(Some(TurnOutcome::DeadlineExceeded)),
+            }
+        }
+    }
+
+    /// One batch: lease it (one ledger write), deliver it concurrently, record the outcomes
+    /// (one more).
+    async fn batch(&mut self, report: &mut DrainReport) -> Result<Option<TurnOutcome>, DrainError> {
+        let now = self.clock.now();
+        let lease = self.context.new_lease(now);
+        let batch = self.context.ledger_mut().begin_batch(DRAIN_BATCH, &lease, now);
+        if let Err(e) = self.context.persist_deliveries(&batch) {
+            for &at in &batch {
+                self.context.ledger_mut().release(at, now);
+            }
+            return Err(DrainError::Store(e));
+        }
+        let intents: Vec<Intent> = batch.iter().map(|&at| self.context.ledger().intent_for(at)).collect();
+        let mut outcomes = Outcomes {
+            ledger: self.context.ledger_mut(),
+            batch: &batch,
+            results: Vec::new(),
+            started: vec![false; batch.len()],
+            clock: *self.clock,
+            settled: false,
+        };
+        outcomes.results.resize_with(batch.len(), || None);
+        let interrupted = deliver(
+            self.dispatcher.as_ref(),
+            self.config,
+            self.stop,
+            self.deadline,
+            &intents,
+            &mut outcomes,
+        )
+        .await;
+        let mut outcomes = outcomes.settle();
+        let results = std::mem::take(&mut outcomes.results);
+        let started = std::mem::take(&mut outcomes.started);
+        drop(outcomes);
+
+        // Record every outcome; intents never started go back to pending.
+        let now = self.clock.now();
+        let mut stop_error = None;
+        for (((&at, intent), result), started) in batch.iter().zip(&intents).zip(results).zip(started) {
+            let attempt = match result {
+                Some(attempt) => attempt,
+                None if started => Attempt::Failed(DispatchError::retryable(CANCELLED)),
+                None => {
+                    self.context.ledger_mut().release(at, now);
+                    continue;
+                }
+            };
+            let error = match attempt {
+                Attempt::Delivered => {
+                    self.context.ledger_mut().record_delivered(at, now);
+                    report.delivered += 1;
+                    continue;
+                }
+                Attempt::Failed(e) if e.is_no_route() => {
+                    self.context.ledger_mut().record_held(at, e.to_string(), now);
+                    tracing::warn!(action_key = %intent.key(), kind = intent.kind(), "no route for the intent's kind; held");
+                    report.held.push(intent.key().clone());
+                    continue;
+                }
+                Attempt::Failed(e) => e,
+                Attempt::TimedOut(limit) => DispatchError::retryable(format!("timed out after {limit:?}")),
+                Attempt::Panicked(message) => DispatchError::retryable(format!("dispatcher panicked: {message}")),
+            };
+            let policy = self.config.policy_for(intent.kind());
+            let next = policy.after_failure(intent.key().as_str(), intent.attempt(), &error, now);
+            let message = error.to_string();
+            self.context.ledger_mut().record_failed(at, message.clone(), next, now);
+            let entry = self.context.ledger().entry(at);
+            let failure = DeliveryFailure {
+                key: intent.key().clone(),
+                kind: intent.kind().to_owned(),
+                attempt: intent.attempt(),
+                error: message,
+                status: entry.status(),
+                next_attempt_at: entry.next_attempt_at(),
+            };
+            tracing::warn!(action_key = %failure.key, kind = %failure.kind, attempt = failure.attempt, status = %failure.status, error = %failure.error, "delivery failed");
+            if self.config.errors == DeliveryErrors::FailLoud && stop_error.is_none() {
+                stop_error = Some(failure.clone());
+            }
+            if failure.status == DeliveryStatus::Dead {
+                report.dead.push(failure);
+            } else {
+                report.failed.push(failure);
+            }
+        }
+        self.context.persist_deliveries(&batch)?;
+        if let Some(failure) = stop_error {
+            return Err(DrainError::Delivery(failure));
+        }
+        Ok(interrupted)
+    }
+}
+
+/// The error recorded for a delivery whose outcome is unknown because the drain stopped.
+const CANCELLED: &str =
+    "the drain stopped while the dispatcher ran; the receiver may have seen the intent, so it is delivered again with \
+     the same key";
+
+/// Hands the batch to the dispatcher, concurrently within the global and per-kind limits. On a
+/// stop or the deadline (or the first failure, failing loud) it starts nothing more and gives
+/// running deliveries the grace period.
+async fn deliver(
+    dispatcher: &dyn ErasedDispatcher,
+    config: &DeliveryConfig,
+    stop: &StopHandle,
+    deadline: Option<Instant>,
+    intents: &[Intent],
+    out: &mut Outcomes<'_>,
+) -> Option<TurnOutcome> {
+    let mut running = FuturesUnordered::new();
+    let mut active: foldhash::HashMap<&str, usize> = Default::default();
+    let mut waiting: foldhash::HashMap<&str, VecDeque<usize>> = Default::default();
+    let mut next = 0;
+    let mut stopping: Option<(TurnOutcome, Instant)> = None;
+    let mut failed_loud = false;
+    let start = |i: usize| attempt(dispatcher, intents[i].clone(), config.timeout, i);
+    loop {
+        let accepting = stopping.is_none() && !failed_loud;
+        while accepting && running.len() < config.concurrency && next < intents.len() {
+            let kind = intents[next].kind();
+            let limit = config.kind_limits.get(kind).copied().unwrap_or(usize::MAX);
+            let count = active.entry(kind).or_default();
+            if *count >= limit {
+                waiting.entry(kind).or_default().push_back(next);
+            } else {
+                *count += 1;
+                out.started[next] = true;
+                running.push(start(next));
+            }
+            next += 1;
+        }
+        let grace_over = async {
+            match stopping {
+                Some((_, until)) => tokio::time::sleep_until(until).await,
+                None => std::future::pending().await,
+            }
+        };
+        let interrupt = async {
+            if stopping.is_some() {
+                return std::future::pending().await;
+            }
+            let deadline = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = stop.requested() => TurnOutcome::Stopped,
+                () = deadline => TurnOutcome::DeadlineExceeded,
+            }
+        };
+        tokio::select! {
+            biased;
+            done = running.next() => {
+                let Some((i, attempt)) = done else { break };
+                let kind = intents[i].kind();
+                if let Some(count) = active.get_mut(kind) {
+                    *count -= 1;
+                }
+                if config.errors == DeliveryErrors::FailLoud && !matches!(attempt, Attempt::Delivered) {
+                    failed_loud = true;
+                }
+                out.results[i] = Some(attempt);
+                if stopping.is_none() && !failed_loud {
+                    if let Some(queued) = waiting.get_mut(kind).and_then(VecDeque::pop_front) {
+                        *active.entry(kind).or_default() += 1;
+                        out.started[queued] = true;
+                        running.push(start(queued));
+                    }
+                }
+            }
+            outcome = interrupt => {
+                tracing::info!(outcome = ?outcome, running = running.len(), grace = ?config.grace, "stopping the drain; running deliveries get the grace period");
+                stopping = Some((outcome, Instant::now() + config.grace));
+            }
+            () = grace_over => {
+                tracing::warn!(running = running.len(), "grace period over; cancelling the deliveries still running");
+                break;
+            }
+        }
+    }
+    stopping.map(|(outcome, _)| outcome)
+}
+
+/// The outcomes of a batch being delivered. If the drain's future is dropped before they are
+/// settled (the caller gave up on the turn), its `Drop` still leaves the ledger consistent in
+/// memory: deliveries that finished are recorded, the ones running are recorded as failed
+/// (the receiver may have seen them) and due again now, the ones not started go back to
+/// pending. A durable store keeps them in flight under their lease until it expires.
+struct Outcomes<'a> {
+    ledger: &'a mut crate::ledger::Ledger,
+    batch: &'a [usize],
+    results: Vec<Option<Attempt>>,
+    started: Vec<bool>,
+    clock: Clock,
+    settled: bool,
+}
+
+impl<'a> Outcomes<'a> {
+    /// The deliveries ended normally: the caller records the outcomes.
+    fn settle(mut self) -> Self {
+        self.settled = true;
+        self
+    }
+}
+
+impl Drop for Outcomes<'_> {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        let now = self.clock.now();
+        for (i, &at) in self.batch.iter().enumerate() {
+            match (&self.results[i], self.started[i]) {
+                (Some(Attempt::Delivered), _) => self.ledger.record_delivered(at, now),
+                (_, true) => self
+                    .ledger
+                    .record_failed(at, CANCELLED.to_owned(), FailedAttempt::RetryAt(now), now),
+                (_, false) => self.ledger.release(at, now),
+            }
+        }
+    }
+}
+
+type AttemptFuture<'a> = Pin<Box<dyn Future<Output = (usize, Attempt)> + Send + 'a>>;
+
+/// One attempt: the dispatch, bounded by the timeout, with panics caught.
+fn attempt(
+    dispatcher: &dyn ErasedDispatcher,
+    intent: Intent,
+    timeout: Option<Duration>,
+    index: usize,
+) -> AttemptFuture<'_> {
+    let span =
+        tracing::debug_span!("delivery", action_key = %intent.key(), kind = intent.kind(), attempt = intent.attempt());
+    let dispatch = std::panic::AssertUnwindSafe(dispatcher.dispatch_boxed(intent)).catch_unwind();
+    Box::pin(
+        async move {
+            let result = match timeout {
+                Some(limit) => match tokio::time::timeout(limit, dispatch).await {
+                    Ok(result) => result,
+                    Err(_) => return (index, Attempt::TimedOut(limit)),
+                },
+                None => dispatch.await,
+            };
+            let attempt = match result {
+                Ok(Ok(())) => Attempt::Delivered,
+                Ok(Err(e)) => Attempt::Failed(e),
+                Err(panic) => Attempt::Panicked(crate::generation::panic_message(&panic)),
+            };
+            (index, attempt)
+        }
+        .instrument(span),
+    )
+}
