@@ -1,0 +1,173 @@
+//! Turning an HTTP outcome into a delivery outcome: delivered, retryable or permanent.
+
+use std::time::{Duration, SystemTime};
+
+use reactifact_core::DispatchError;
+use reqwest::header::{HeaderMap, RETRY_AFTER};
+use reqwest::{Response, StatusCode};
+
+use crate::error::WebhookError;
+
+/// How many bytes of an error response's body are read for the message.
+const SNIPPET_BYTES: usize = 512;
+/// How many characters of it the message keeps.
+const SNIPPET_CHARS: usize = 200;
+
+/// 408, 429 and 5xx are worth trying again; other failures are not.
+pub(crate) fn is_retryable_status(status: StatusCode) -> bool {
+    status == StatusCode::REQUEST_TIMEOUT || status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error()
+}
+
+/// `Retry-After` as delta-seconds or an HTTP-date (a date in the past means "now").
+pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO))
+}
+
+/// The outcome of a response that was not a success, with the start of its body.
+pub(crate) async fn status_error(url: &str, mut response: Response) -> WebhookError {
+    let status = response.status();
+    let retry_after = if is_retryable_status(status) {
+        retry_after(response.headers())
+    } else {
+        None
+    };
+    let mut bytes = Vec::new();
+    while bytes.len() < SNIPPET_BYTES {
+        match response.chunk().await {
+            Ok(Some(chunk)) => bytes.extend_from_slice(&chunk),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    bytes.truncate(SNIPPET_BYTES);
+    WebhookError::Status {
+        url: url.to_owned(),
+        status,
+        body: snippet(&bytes),
+        retry_after,
+    }
+}
+
+/// The body as one short line: lossy UTF-8, whitespace collapsed, cut at a character boundary.
+fn snippet(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let mut out = String::new();
+    for (i, word) in text.split_whitespace().enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        out.push_str(word);
+    }
+    if out.chars().count() > SNIPPET_CHARS {
+        out = out.chars().take(SNIPPET_CHARS).collect();
+        out.push('…');
+    }
+    out
+}
+
+/// The outcome of a request that got no response.
+pub(crate) fn transport_error(url: &str, timeout: Duration, error: reqwest::Error) -> WebhookError {
+    let url = url.to_owned();
+    if error.is_timeout() {
+        return WebhookError::Timeout { url, after: timeout };
+    }
+    let connect = error.is_connect();
+    let reason = describe(&error.without_url());
+    if connect {
+        WebhookError::Connect { url, reason }
+    } else {
+        WebhookError::Request { url, reason }
+    }
+}
+
+/// An error and its sources on one line, without repeating a source the outer message quotes.
+fn describe(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = cause.source();
+    }
+    out
+}
+
+impl WebhookError {
+    /// The error as the outbox sees it: permanent unless [`is_retryable`](Self::is_retryable),
+    /// carrying the receiver's `Retry-After` as [`DispatchError::retry_after`].
+    pub fn into_dispatch_error(self) -> DispatchError {
+        if !self.is_retryable() {
+            return DispatchError::permanent(self);
+        }
+        let hint = match &self {
+            WebhookError::Status { retry_after, .. } => *retry_after,
+            _ => None,
+        };
+        let dispatch = DispatchError::retryable(self);
+        match hint {
+            Some(delay) => dispatch.retry_after(delay),
+            None => dispatch,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::HeaderValue;
+
+    fn headers(retry_after: &str) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        map.insert(RETRY_AFTER, HeaderValue::from_str(retry_after).unwrap());
+        map
+    }
+
+    #[test]
+    fn retry_after_reads_delta_seconds() {
+        assert_eq!(retry_after(&headers("7")), Some(Duration::from_secs(7)));
+        assert_eq!(retry_after(&headers(" 120 ")), Some(Duration::from_secs(120)));
+    }
+
+    #[test]
+    fn retry_after_reads_an_http_date() {
+        let later = SystemTime::now() + Duration::from_secs(3600);
+        let delay = retry_after(&headers(&httpdate::fmt_http_date(later))).unwrap();
+        assert!(delay > Duration::from_secs(3500) && delay <= Duration::from_secs(3600));
+        assert_eq!(
+            retry_after(&headers("Wed, 21 Oct 2015 07:28:00 GMT")),
+            Some(Duration::ZERO)
+        );
+    }
+
+    #[test]
+    fn an_unreadable_retry_after_is_ignored() {
+        assert_eq!(retry_after(&headers("soon")), None);
+        assert_eq!(retry_after(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn statuses_are_classified() {
+        for code in [408, 429, 500, 502, 503, 504] {
+            assert!(is_retryable_status(StatusCode::from_u16(code).unwrap()), "{code}");
+        }
+        for code in [301, 400, 401, 403, 404, 409, 410, 413, 422] {
+            assert!(!is_retryable_status(StatusCode::from_u16(code).unwrap()), "{code}");
+        }
+    }
+
+    #[test]
+    fn the_snippet_is_one_short_line() {
+        assert_eq!(snippet(b"  bad\n  request \t body "), "bad request body");
+        let long = "é".repeat(300);
+        let cut = snippet(long.as_bytes());
+        assert_eq!(cut.chars().count(), SNIPPET_CHARS + 1);
+        assert!(cut.ends_with('…'));
+    }
+}

@@ -1,0 +1,177 @@
+//! The dispatcher: one POST per delivery attempt.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use reactifact_core::{DispatchError, Dispatcher, Intent};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+use reqwest::{Client, Url};
+
+use crate::builder::WebhookBuilder;
+use crate::classify::{status_error, transport_error};
+use crate::error::WebhookError;
+use crate::payload::to_json;
+
+/// The header carrying the intent's idempotency key.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// The header carrying the intent's action kind.
+pub const KIND_HEADER: &str = "x-reactifact-kind";
+/// The header carrying the attempt number: 1 for the first delivery, 2 after one failure, …
+pub const ATTEMPT_HEADER: &str = "x-reactifact-attempt";
+
+/// A [`Dispatcher`] that POSTs each intent's payload as JSON to an HTTP webhook.
+///
+/// Built with [`WebhookDispatcher::builder`]; cheap to clone (clones share the connection
+/// pool). See the [crate documentation](crate) for what it sends and how answers are
+/// classified.
+#[derive(Clone, Debug)]
+pub struct WebhookDispatcher {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    pub(crate) default: Option<Target>,
+    pub(crate) routes: BTreeMap<String, Target>,
+    pub(crate) headers: HeaderMap,
+    pub(crate) timeout: Duration,
+}
+
+/// A URL and the form of it that messages show.
+#[derive(Debug)]
+pub(crate) struct Target {
+    pub(crate) url: Url,
+    pub(crate) shown: String,
+}
+
+/// One delivery attempt, as the dispatcher needs it: usually taken from an [`Intent`]
+/// (`Outgoing::from(&intent)`), or built by hand where there is none (a typed handler that
+/// forwards to a webhook, a test).
+#[derive(Clone, Copy, Debug)]
+pub struct Outgoing<'a> {
+    /// The action kind; selects the URL and is sent as `X-Reactifact-Kind`.
+    pub kind: &'a str,
+    /// The idempotency key, sent as `Idempotency-Key`.
+    pub key: &'a str,
+    /// The attempt number, sent as `X-Reactifact-Attempt`.
+    pub attempt: u32,
+    /// The payload's rmp-serde bytes (named fields); sent as JSON.
+    pub payload: &'a [u8],
+}
+
+impl<'a> From<&'a Intent> for Outgoing<'a> {
+    fn from(intent: &'a Intent) -> Self {
+        Outgoing {
+            kind: intent.kind(),
+            key: intent.key().as_str(),
+            attempt: intent.attempt(),
+            payload: intent.payload_bytes(),
+        }
+    }
+}
+
+impl WebhookDispatcher {
+    /// A builder: set a default URL and/or a URL per kind, then [`build`](WebhookBuilder::build).
+    pub fn builder() -> WebhookBuilder {
+        WebhookBuilder::default()
+    }
+
+    /// A dispatcher that posts every intent to `url`, with the default settings.
+    pub fn new(url: impl Into<String>) -> Result<Self, crate::BuildError> {
+        Self::builder().url(url).build()
+    }
+
+    pub(crate) fn from_inner(inner: Inner) -> Self {
+        WebhookDispatcher { inner: Arc::new(inner) }
+    }
+
+    /// The URL intents of `kind` are posted to: the kind's own, else the default.
+    pub fn url_for(&self, kind: &str) -> Option<&Url> {
+        self.target(kind).map(|target| &target.url)
+    }
+
+    /// The request timeout (connecting, sending and receiving the answer's head).
+    pub fn timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+
+    fn target(&self, kind: &str) -> Option<&Target> {
+        self.inner.routes.get(kind).or(self.inner.default.as_ref())
+    }
+
+    /// Posts one delivery attempt and classifies the answer: `Ok` for 2xx, otherwise the
+    /// [`WebhookError`] saying why. [`Dispatcher::dispatch`] is this plus
+    /// [`WebhookError::into_dispatch_error`].
+    pub async fn send(&self, outgoing: Outgoing<'_>) -> Result<(), WebhookError> {
+        let Outgoing {
+            kind,
+            key,
+            attempt,
+            payload,
+        } = outgoing;
+        let target = self
+            .target(kind)
+            .ok_or_else(|| WebhookError::NoRoute { kind: kind.to_owned() })?;
+        let body = to_json(kind, key, payload)?;
+        let headers = self.headers(kind, key, attempt)?;
+        let url = target.shown.as_str();
+        let sent = self
+            .inner
+            .client
+            .post(target.url.clone())
+            .headers(headers)
+            .timeout(self.inner.timeout)
+            .body(body)
+            .send()
+            .await;
+        let response = match sent {
+            Ok(response) => response,
+            Err(error) => {
+                let error = transport_error(url, self.inner.timeout, error);
+                tracing::debug!(kind, key, attempt, url, error = %error, "webhook delivery failed");
+                return Err(error);
+            }
+        };
+        let status = response.status();
+        if status.is_success() {
+            tracing::debug!(kind, key, attempt, url, status = status.as_u16(), "webhook delivered");
+            return Ok(());
+        }
+        let error = status_error(url, response).await;
+        tracing::debug!(
+            kind,
+            key,
+            attempt,
+            url,
+            status = status.as_u16(),
+            "webhook refused the delivery"
+        );
+        Err(error)
+    }
+
+    fn headers(&self, kind: &str, key: &str, attempt: u32) -> Result<HeaderMap, WebhookError> {
+        let value = |name: &str, text: &str| {
+            HeaderValue::from_bytes(text.as_bytes()).map_err(|_| WebhookError::Header {
+                key: key.to_owned(),
+                kind: kind.to_owned(),
+                reason: format!("the {name} contains a control character, which no HTTP header can carry"),
+            })
+        };
+        let mut headers = self.inner.headers.clone();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(HeaderName::from_static(IDEMPOTENCY_KEY), value("key", key)?);
+        headers.insert(HeaderName::from_static(KIND_HEADER), value("kind", kind)?);
+        headers.insert(HeaderName::from_static(ATTEMPT_HEADER), HeaderValue::from(attempt));
+        Ok(headers)
+    }
+}
+
+impl Dispatcher for WebhookDispatcher {
+    async fn dispatch(&self, intent: Intent) -> Result<(), DispatchError> {
+        self.send(Outgoing::from(&intent))
+            .await
+            .map_err(WebhookError::into_dispatch_error)
+    }
+}

@@ -1,0 +1,68 @@
+//! A reactifact [`Dispatcher`](reactifact_core::Dispatcher) that delivers each intent to an
+//! HTTP webhook.
+//!
+//! [`WebhookDispatcher`] POSTs the intent's payload, transcoded from rmp-serde to JSON, to a
+//! URL chosen by the intent's action kind, with these headers:
+//!
+//! | header | value |
+//! | --- | --- |
+//! | `Content-Type` | `application/json` |
+//! | `Idempotency-Key` | the intent's idempotency key, identical on every attempt |
+//! | `X-Reactifact-Kind` | the action kind |
+//! | `X-Reactifact-Attempt` | the attempt number: 1, then 2 after one failure, … |
+//!
+//! plus any extra headers set with [`WebhookBuilder::header`]. Delivery is at-least-once;
+//! the effect is exactly-once where the receiver deduplicates on `Idempotency-Key`.
+//!
+//! The answer decides the outcome:
+//!
+//! - **2xx**: delivered.
+//! - **408, 429, 5xx**, a timeout, a refused or broken connection: a *retryable*
+//!   [`DispatchError`](reactifact_core::DispatchError); the outbox tries again after its
+//!   backoff, or after the delay in a `Retry-After` header (delta-seconds or an HTTP-date).
+//! - **anything else** (other 4xx, a 3xx, which is not followed), a kind with no URL, or a
+//!   payload with no JSON form: a *permanent* error; the intent goes to the dead letter.
+//!
+//! Error messages name the URL (password and query string hidden), the status and the start of
+//! the response body; payloads are never logged. The [`WebhookError`] inside a
+//! `DispatchError` can be recovered with `as_error().downcast_ref::<WebhookError>()`.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use reactifact_core::{Agent, Context, Runtime};
+//! use reactifact_webhook::WebhookDispatcher;
+//!
+//! # async fn run(ctx: Context, agent: Agent) -> Result<(), Box<dyn std::error::Error>> {
+//! let webhook = WebhookDispatcher::builder()
+//!     .url("http://hooks.internal:8080/reactifact") // every kind without its own URL
+//!     .route("email", "http://mailer.internal/send") // kind `email`
+//!     .header("Authorization", "Bearer s3cret")
+//!     .timeout(Duration::from_secs(10))
+//!     .build()?;
+//! let mut rt = Runtime::builder(ctx).agent(agent).dispatcher(webhook).build();
+//! rt.run().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # TLS
+//!
+//! `https://` URLs need the crate feature `rustls` (off by default, to keep builds lean):
+//! `reactifact-webhook = { version = "0.1", features = ["rustls"] }`. Without it, building a
+//! dispatcher with an `https://` URL fails with [`BuildError::UnsupportedScheme`], unless you
+//! pass a [`reqwest::Client`] of your own with [`WebhookBuilder::client`].
+
+mod builder;
+mod classify;
+mod dispatcher;
+mod error;
+mod payload;
+
+pub use builder::{WebhookBuilder, DEFAULT_TIMEOUT};
+pub use dispatcher::{Outgoing, WebhookDispatcher, ATTEMPT_HEADER, IDEMPOTENCY_KEY, KIND_HEADER};
+pub use error::{BuildError, WebhookError};
+/// The HTTP client crate, re-exported for [`WebhookBuilder::client`].
+pub use reqwest;
