@@ -318,7 +318,8 @@ impl Ledger {
         match outcome {
             FailedAttempt::RetryAt(when) => {
                 entry.status = DeliveryStatus::Failed;
-                entry.next_attempt_at = Some(when);
+                // Whole milliseconds, rounded up: what a store keeps, and never early.
+                entry.next_attempt_at = Some(from_due_key(due_key(Some(when)) + u64::from(has_sub_millis(when))));
             }
             FailedAttempt::AwaitRetry => entry.status = DeliveryStatus::Failed,
             FailedAttempt::Dead => entry.status = DeliveryStatus::Dead,
@@ -369,6 +370,11 @@ impl Ledger {
         self.entries[at] = before;
         self.schedule(at);
     }
+}
+
+fn has_sub_millis(t: SystemTime) -> bool {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .is_ok_and(|d| d.subsec_nanos() % 1_000_000 != 0)
 }
 
 fn from_due_key(millis: u64) -> SystemTime {
