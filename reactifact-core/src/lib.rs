@@ -33,6 +33,10 @@ mod runtime;
 mod snapshot;
 mod state;
 mod store;
+mod audit;
+mod provenance;
+mod replay;
+mod verify;
 mod verify;
 
 pub use action::{ActionKey, Intent, PendingAction};
@@ -57,6 +61,8 @@ pub use runtime::{Budget, ProduceErrors, Runtime, RuntimeBuilder, StopHandle, Tu
 pub use snapshot::Snapshot;
 pub use state::Relation;
 pub use store::{OpenError, OpenOptions, StoreError, Synchronous};
+pub use replay::{testing, Difference, Divergence, FieldDiff, ReplayError, ReplayReport};
+pub use provenance::{content_key, Provenance};
 pub use verify::{verify_log, TimeTravelError, VerifyError, VerifyReport};
 
 /// The README's examples, compiled and run as doctests.

@@ -1,0 +1,188 @@
+//! Effect provenance ("why was this action sent?") and content-derived idempotency keys.
+
+use std::fmt;
+
+use sha2::{Digest, Sha256};
+
+use crate::action::ActionKey;
+use crate::artifact::{ArtifactId, Generation, Record};
+use crate::commit::{Commit, Read, RunRecord, TriggerRef};
+use crate::context::Context;
+use crate::hash::{self, CommitHash, ContentHash};
+use crate::ledger::Delivery;
+use crate::patch::Op;
+
+/// Derives an idempotency key from a name and an artifact's id and content hash:
+/// `{name}:{32 hex digits}`, the first 128 bits of a SHA-256 over the three.
+///
+/// The key depends on nothing else, so every re-derivation — a retry, a resume, a replay,
+/// another branch — gives the same key for the same content, and a change of content gives a
+/// new one. The id is part of it so that two artifacts with equal content (two identical
+/// orders) still get two keys.
+///
+/// ```
+/// # use reactifact_core::{content_key, ArtifactId, ContentHash};
+/// let key = content_key("notify", &ArtifactId::from("order:1"), &ContentHash([7; 32]));
+/// assert!(key.as_str().starts_with("notify:"));
+/// assert_eq!(key, content_key("notify", &ArtifactId::from("order:1"), &ContentHash([7; 32])));
+/// ```
+pub fn content_key(name: &str, id: &ArtifactId, hash: &ContentHash) -> ActionKey {
+    let mut hasher = Sha256::new();
+    hasher.update(b"reactifact/key/v1");
+    for part in [name.as_bytes(), id.as_str().as_bytes()] {
+        hasher.update((part.len() as u64).to_le_bytes());
+        hasher.update(part);
+    }
+    hasher.update(hash.as_bytes());
+    let digest: [u8; 32] = hasher.finalize().into();
+    ActionKey::from(format!("{name}:{}", hash::hex(&digest[..16])))
+}
+
+impl<T> Record<T> {
+    /// An idempotency key derived from this record's id and content hash and `name` (see
+    /// [`content_key`]). In a produce, `call.trigger.key("notify")` gives a key that every
+    /// re-run on the same trigger content derives again.
+    pub fn key(&self, name: &str) -> ActionKey {
+        content_key(name, &self.id, &self.hash)
+    }
+}
+
+impl TriggerRef {
+    /// The key [`Record::key`] derives from the trigger this refers to.
+    pub fn key(&self, name: &str) -> ActionKey {
+        content_key(name, &self.id, &self.hash)
+    }
+}
+
+/// Why an intent exists: the commit and produce run that recorded it, what triggered that
+/// run and what it read, and how its delivery went. Built by [`Context::provenance`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Provenance<'a> {
+    /// The intent's idempotency key.
+    pub key: ActionKey,
+    /// The commit (generation) that recorded the intent.
+    pub generation: Generation,
+    /// That commit's hash.
+    pub commit: CommitHash,
+    /// The index of the run in the commit.
+    pub run: usize,
+    /// The run: agent, produce, trigger, operations and reads.
+    pub record: &'a RunRecord,
+    /// The intent's delivery in the ledger, if this store's ledger has it.
+    pub delivery: Option<&'a Delivery>,
+}
+
+impl Provenance<'_> {
+    /// The agent of the run, `None` for a direct write.
+    pub fn agent(&self) -> Option<&str> {
+        self.record.agent.as_deref()
+    }
+
+    /// The produce of the run, `None` for a direct write.
+    pub fn produce(&self) -> Option<&str> {
+        self.record.produce.as_deref()
+    }
+
+    /// The artifact version that triggered the run.
+    pub fn trigger(&self) -> Option<&TriggerRef> {
+        self.record.trigger.as_ref()
+    }
+
+    /// The ids and versions the run read through its snapshot.
+    pub fn reads(&self) -> &[Read] {
+        &self.record.reads
+    }
+}
+
+impl fmt::Display for Provenance<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "intent `{}` was recorded in commit {} ({})",
+            self.key,
+            self.generation.0,
+            self.commit.short()
+        )?;
+        match (self.agent(), self.produce()) {
+            (Some(agent), Some(produce)) => write!(f, " by {agent}/{produce}")?,
+            _ => f.write_str(" by a direct write")?,
+        }
+        if let Some(trigger) = self.trigger() {
+            write!(
+                f,
+                ", triggered by `{}` version {} (content {})",
+                trigger.id,
+                trigger.version.0,
+                trigger.hash.short()
+            )?;
+        }
+        if !self.reads().is_empty() {
+            f.write_str(", reading ")?;
+            for (i, read) in self.reads().iter().enumerate() {
+                if i > 0 {
+                    f.write_str(", ")?;
+                }
+                match read.version {
+                    Some(v) => write!(f, "`{}` version {}", read.id, v.0)?,
+                    None => write!(f, "`{}` (absent)", read.id)?,
+                }
+            }
+        }
+        if let Some(delivery) = self.delivery {
+            write!(
+                f,
+                "; delivery {:?} after {} attempt(s)",
+                delivery.status(),
+                delivery.attempts()
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The index of the first run of `commit` that acts `key`: the one whose intent the commit
+/// created (a later act of the same key is skipped at commit).
+fn acting_run(commit: &Commit, key: &str) -> Option<usize> {
+    commit.runs.iter().position(|run| {
+        run.ops
+            .iter()
+            .any(|op| matches!(op, Op::Act { key: k, .. } if k.as_str() == key))
+    })
+}
+
+impl Context {
+    /// The run that recorded the intent `key`: its generation and its index in that commit.
+    ///
+    /// Derived from the log: the ledger names the generation of a known key (O(runs of that
+    /// commit)); otherwise the log is searched from the start for the first commit acting the
+    /// key. `None` if no commit acts it.
+    pub fn intent_origin(&self, key: &str) -> Option<(Generation, usize)> {
+        let log = self.log();
+        if let Some(delivery) = self.ledger().get(key) {
+            let generation = delivery.generation();
+            let at = usize::try_from(generation.0).ok()?.checked_sub(1)?;
+            if let Some(run) = log.get(at).and_then(|commit| acting_run(commit, key)) {
+                return Some((generation, run));
+            }
+        }
+        log.iter()
+            .find_map(|commit| acting_run(commit, key).map(|run| (commit.generation, run)))
+    }
+
+    /// Answers "why was this action sent?": from the intent's key to the commit and the run
+    /// (agent, produce) that recorded it, the run's trigger (id, version, content hash), what
+    /// it read, and the delivery in the ledger. `None` if no commit acts `key`.
+    pub fn provenance(&self, key: &str) -> Option<Provenance<'_>> {
+        let (generation, run) = self.intent_origin(key)?;
+        let commit = &self.log()[usize::try_from(generation.0 - 1).ok()?];
+        Some(Provenance {
+            key: ActionKey::from(key),
+            generation,
+            commit: commit.hash,
+            run,
+            record: &commit.runs[run],
+            delivery: self.ledger().get(key),
+        })
+    }
+}

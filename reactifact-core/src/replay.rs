@@ -1,0 +1,577 @@
+//! The replay oracle: re-execute recorded produce runs against the snapshots they saw and
+//! compare the patches with the recorded ones.
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+
+use crate::action::PendingAction;
+use crate::artifact::{ArtifactId, Generation, Version};
+use crate::commit::{Commit, RunRecord};
+use crate::context::Context;
+use crate::event::EventKind;
+use crate::generation::start_run;
+use crate::patch::Op;
+use crate::produce::{Agent, Produce};
+use crate::runtime::Runtime;
+use crate::snapshot::Snapshot;
+use crate::verify::{Checks, Refold, VerifyError};
+
+/// The first run whose replay does not reproduce its recorded patch.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct Divergence {
+    /// The commit (generation) holding the run.
+    pub generation: Generation,
+    /// The run's index in the commit.
+    pub run: usize,
+    /// The run's agent.
+    pub agent: String,
+    /// The run's produce.
+    pub produce: String,
+    /// The run's trigger.
+    pub trigger: ArtifactId,
+    /// The artifact where the patches first differ, when there is one.
+    pub id: Option<ArtifactId>,
+    /// How they differ.
+    pub difference: Difference,
+}
+
+/// How a replayed run differs from its record.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum Difference {
+    /// The same operation on the same id wrote different content. `fields` lists the differing
+    /// fields when both sides decode as structs or maps (for an intent, its payload's fields,
+    /// under `payload`); it is empty when the content is not structured.
+    Content {
+        /// The differing fields, at most 16.
+        fields: Vec<FieldDiff>,
+    },
+    /// The operations differ in shape: another operation, mode, kind or id, or one side has
+    /// an operation the other lacks. Each side is described as `create_once receipt:1`, or
+    /// `nothing`.
+    Operation {
+        /// The recorded operation.
+        recorded: String,
+        /// The replayed operation.
+        replayed: String,
+    },
+    /// The replayed run failed.
+    Failed {
+        /// The failure, as displayed.
+        error: String,
+    },
+    /// No agent and produce of the given names was passed to the oracle.
+    UnknownProduce,
+    /// The trigger is not in the snapshot the run saw at the version and hash it recorded.
+    TriggerMissing {
+        /// The version the run recorded.
+        version: Version,
+    },
+}
+
+/// One field that differs between the recorded and the replayed content.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldDiff {
+    /// The field's path, e.g. `.total_cents`, `.lines[2].sku` or `payload.sent_at`; empty for
+    /// the whole value.
+    pub path: String,
+    /// The recorded value, JSON-like; `absent` if the field is missing.
+    pub recorded: String,
+    /// The replayed value, JSON-like; `absent` if the field is missing.
+    pub replayed: String,
+}
+
+impl fmt::Display for Divergence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "generation {}, run {} ({}/{} on `{}`)",
+            self.generation.0, self.run, self.agent, self.produce, self.trigger
+        )?;
+        if let Some(id) = &self.id {
+            write!(f, ", artifact `{id}`")?;
+        }
+        match &self.difference {
+            Difference::Content { fields } if fields.is_empty() => write!(f, ": the content differs"),
+            Difference::Content { fields } => {
+                f.write_str(": ")?;
+                for (i, field) in fields.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str("; ")?;
+                    }
+                    let path = if field.path.is_empty() {
+                        "the value"
+                    } else {
+                        &field.path
+                    };
+                    write!(f, "{path} was {} and is now {}", field.recorded, field.replayed)?;
+                }
+                Ok(())
+            }
+            Difference::Operation { recorded, replayed } => {
+                write!(f, ": recorded {recorded}, replayed {replayed}")
+            }
+            Difference::Failed { error } => write!(f, ": the replayed run failed: {error}"),
+            Difference::UnknownProduce => write!(f, ": no such agent and produce was given to replay"),
+            Difference::TriggerMissing { version } => write!(
+                f,
+                ": the trigger is not at version {} in the snapshot the run saw",
+                version.0
+            ),
+        }
+    }
+}
+
+/// Why a replay did not pass.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReplayError {
+    /// A run's replay does not reproduce its recorded patch.
+    #[error("replay diverged at {0}")]
+    Diverged(Box<Divergence>),
+    /// The log itself does not refold (see [`Context::verify`]).
+    #[error("replay could not rebuild the recorded snapshots: {0}")]
+    Log(#[from] VerifyError),
+}
+
+/// What a passing replay checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReplayReport {
+    /// Commits whose runs were replayed (direct writes have nothing to replay).
+    pub commits: usize,
+    /// Produce runs re-executed, each with a patch equal to its record.
+    pub runs: usize,
+}
+
+impl Context {
+    /// The replay oracle: re-executes every recorded produce run of the log — the produce of
+    /// that name among `agents`, on its recorded trigger, against the snapshot the run
+    /// originally saw (the state after the commit before its own) — and compares each new patch
+    /// with the recorded one, operation by operation (kind, mode, id and content hash).
+    ///
+    /// The snapshots are rebuilt by refolding the log (checking parent links and state
+    /// hashes); the live context is only read. No dispatcher is called and nothing is written:
+    /// the replayed patches are compared and dropped. Runs are replayed one at a time, in log
+    /// order. Matching is not re-done: a run whose condition would no longer hold is still
+    /// replayed, and a run that would now be matched but was not recorded is not noticed.
+    ///
+    /// # Errors
+    /// [`ReplayError::Diverged`] with the first [`Divergence`] in log order: the produce, the
+    /// generation, the artifact id and, for structured content, the differing fields;
+    /// [`ReplayError::Log`] if the log does not refold.
+    pub async fn replay(&self, agents: &[Agent]) -> Result<ReplayReport, ReplayError> {
+        let mut refold = Refold::new(Checks::STATE);
+        let mut report = ReplayReport { commits: 0, runs: 0 };
+        for commit in self.log() {
+            let produced: Vec<(usize, &RunRecord)> = commit
+                .runs
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.produce.is_some())
+                .collect();
+            if !produced.is_empty() {
+                let snapshot = Snapshot::new(refold.state().clone());
+                for (index, run) in produced {
+                    replay_run(agents, commit, index, run, &snapshot).await?;
+                    report.runs += 1;
+                }
+                report.commits += 1;
+            }
+            refold.step(commit)?;
+        }
+        Ok(report)
+    }
+}
+
+impl Runtime {
+    /// [`Context::replay`] of this runtime's context with its agents. Calls no dispatcher.
+    ///
+    /// # Errors
+    /// As [`Context::replay`].
+    pub async fn replay(&self) -> Result<ReplayReport, ReplayError> {
+        self.context.replay(&self.agents).await
+    }
+}
+
+fn find<'a>(agents: &'a [Agent], agent: &str, produce: &str) -> Option<&'a Produce> {
+    agents
+        .iter()
+        .filter(|a| a.name() == agent)
+        .flat_map(|a| &a.produces)
+        .find(|p| p.name() == produce)
+}
+
+async fn replay_run(
+    agents: &[Agent],
+    commit: &Commit,
+    index: usize,
+    run: &RunRecord,
+    snapshot: &Snapshot,
+) -> Result<(), ReplayError> {
+    let agent = run.agent.as_deref().unwrap_or_default();
+    let produce_name = run.produce.as_deref().unwrap_or_default();
+    let Some(trigger) = &run.trigger else {
+        return Ok(());
+    };
+    let diverged = |id: Option<ArtifactId>, difference: Difference| {
+        ReplayError::Diverged(Box::new(Divergence {
+            generation: commit.generation,
+            run: index,
+            agent: agent.to_owned(),
+            produce: produce_name.to_owned(),
+            trigger: trigger.id.clone(),
+            id,
+            difference,
+        }))
+    };
+    let Some(produce) = find(agents, agent, produce_name) else {
+        return Err(diverged(None, Difference::UnknownProduce));
+    };
+    let stored = match snapshot.state.get(trigger.id.as_str()) {
+        Some(stored) if stored.version == trigger.version && stored.hash == trigger.hash => Arc::clone(stored),
+        _ => {
+            return Err(diverged(
+                Some(trigger.id.clone()),
+                Difference::TriggerMissing {
+                    version: trigger.version,
+                },
+            ))
+        }
+    };
+    let event = if stored.version == Version::FIRST {
+        EventKind::Created
+    } else {
+        EventKind::Updated
+    };
+    let output = start_run(produce, stored, event, snapshot, commit.generation)
+        .await
+        .map_err(|e| diverged(None, Difference::Failed { error: e.to_string() }))?;
+    let recorded = &run.ops;
+    let replayed = &output.ops;
+    for i in 0..recorded.len().max(replayed.len()) {
+        match (recorded.get(i), replayed.get(i)) {
+            (Some(a), Some(b)) if same_shape(a, b) => {
+                if let Some(fields) = content_difference(a, b) {
+                    return Err(diverged(Some(a.id().clone()), Difference::Content { fields }));
+                }
+            }
+            (a, b) => {
+                let id = a.or(b).map(|op| op.id().clone());
+                return Err(diverged(
+                    id,
+                    Difference::Operation {
+                        recorded: describe(a),
+                        replayed: describe(b),
+                    },
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether two operations are the same operation on the same id (content aside).
+fn same_shape(a: &Op, b: &Op) -> bool {
+    match (a, b) {
+        (
+            Op::Put {
+                mode: ma,
+                id: ia,
+                kind: ka,
+                ..
+            },
+            Op::Put {
+                mode: mb,
+                id: ib,
+                kind: kb,
+                ..
+            },
+        ) => ma == mb && ia == ib && ka == kb,
+        (
+            Op::Act {
+                key: ka, action: aa, ..
+            },
+            Op::Act {
+                key: kb, action: ab, ..
+            },
+        ) => ka == kb && aa == ab,
+        (Op::Delete { id: a }, Op::Delete { id: b }) => a == b,
+        (Op::Link(a), Op::Link(b)) | (Op::Unlink(a), Op::Unlink(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// `None` when the contents are equal; otherwise the differing fields.
+fn content_difference(a: &Op, b: &Op) -> Option<Vec<FieldDiff>> {
+    match (a, b) {
+        (
+            Op::Put {
+                hash: ha, bytes: ba, ..
+            },
+            Op::Put {
+                hash: hb, bytes: bb, ..
+            },
+        ) => (ha != hb).then(|| diff_bytes("", ba, bb)),
+        (
+            Op::Act {
+                hash: ha, bytes: ba, ..
+            },
+            Op::Act {
+                hash: hb, bytes: bb, ..
+            },
+        ) => (ha != hb).then(|| {
+            match (
+                rmp_serde::from_slice::<PendingAction>(ba),
+                rmp_serde::from_slice::<PendingAction>(bb),
+            ) {
+                (Ok(pa), Ok(pb)) => diff_bytes("payload", &pa.payload, &pb.payload),
+                _ => diff_bytes("", ba, bb),
+            }
+        }),
+        _ => None,
+    }
+}
+
+fn diff_bytes(path: &str, a: &[u8], b: &[u8]) -> Vec<FieldDiff> {
+    let mut out = Vec::new();
+    if let (Ok(va), Ok(vb)) = (rmp_serde::from_slice::<Value>(a), rmp_serde::from_slice::<Value>(b)) {
+        diff_values(path, Some(&va), Some(&vb), &mut out);
+    }
+    out
+}
+
+fn describe(op: Option<&Op>) -> String {
+    let Some(op) = op else {
+        return "nothing".to_owned();
+    };
+    match op {
+        Op::Put { mode, id, kind, .. } => {
+            let mode = match mode {
+                crate::patch::PutMode::Create => "create",
+                crate::patch::PutMode::Upsert => "upsert",
+                crate::patch::PutMode::CreateOnce => "create_once",
+                crate::patch::PutMode::Update => "update",
+            };
+            format!("{mode} {kind} `{id}`")
+        }
+        Op::Act { key, action, .. } => format!("act {action} `{key}`"),
+        Op::Delete { id } => format!("delete `{id}`"),
+        Op::Link(r) => format!("link `{}` -[{}]-> `{}`", r.from, r.name, r.to),
+        Op::Unlink(r) => format!("unlink `{}` -[{}]-> `{}`", r.from, r.name, r.to),
+    }
+}
+
+const MAX_FIELDS: usize = 16;
+
+fn diff_values(path: &str, a: Option<&Value>, b: Option<&Value>, out: &mut Vec<FieldDiff>) {
+    if out.len() >= MAX_FIELDS || a == b {
+        return;
+    }
+    match (a, b) {
+        (Some(Value::Map(ma)), Some(Value::Map(mb))) => {
+            for (key, va) in ma {
+                let vb = mb.iter().find(|(k, _)| k == key).map(|(_, v)| v);
+                diff_values(&child(path, key), Some(va), vb, out);
+            }
+            for (key, vb) in mb {
+                if !ma.iter().any(|(k, _)| k == key) {
+                    diff_values(&child(path, key), None, Some(vb), out);
+                }
+            }
+        }
+        (Some(Value::Seq(sa)), Some(Value::Seq(sb))) => {
+            for i in 0..sa.len().max(sb.len()) {
+                diff_values(&format!("{path}[{i}]"), sa.get(i), sb.get(i), out);
+            }
+        }
+        _ => out.push(FieldDiff {
+            path: path.to_owned(),
+            recorded: a.map_or_else(|| "absent".to_owned(), Value::to_string),
+            replayed: b.map_or_else(|| "absent".to_owned(), Value::to_string),
+        }),
+    }
+}
+
+fn child(path: &str, key: &Value) -> String {
+    match key {
+        Value::Str(name) => format!("{path}.{name}"),
+        other => format!("{path}[{other}]"),
+    }
+}
+
+/// Any rmp-serde value, decoded without knowing its type, for field-by-field comparison.
+#[derive(Clone, Debug, PartialEq)]
+enum Value {
+    Nil,
+    Bool(bool),
+    Int(i128),
+    Float(f64),
+    Str(String),
+    Bytes(Vec<u8>),
+    Seq(Vec<Value>),
+    Map(Vec<(Value, Value)>),
+}
+
+impl fmt::Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Value::Nil => f.write_str("null"),
+            Value::Bool(b) => write!(f, "{b}"),
+            Value::Int(i) => write!(f, "{i}"),
+            Value::Float(x) => write!(f, "{x}"),
+            Value::Str(s) => write!(f, "{s:?}"),
+            Value::Bytes(b) => write!(f, "<{} bytes {}>", b.len(), crate::hash::hex(&b[..b.len().min(16)])),
+            Value::Seq(items) => {
+                f.write_str("[")?;
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{item}")?;
+                }
+                f.write_str("]")
+            }
+            Value::Map(entries) => {
+                f.write_str("{")?;
+                for (i, (k, v)) in entries.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{k}: {v}")?;
+                }
+                f.write_str("}")
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Value {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ValueVisitor;
+        impl<'de> Visitor<'de> for ValueVisitor {
+            type Value = Value;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any MessagePack value")
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Value, E> {
+                Ok(Value::Bool(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Value, E> {
+                Ok(Value::Int(v.into()))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Value, E> {
+                Ok(Value::Int(v.into()))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
+                Ok(Value::Float(v))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Value, E> {
+                Ok(Value::Str(v.to_owned()))
+            }
+            fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Value, E> {
+                Ok(Value::Bytes(v.to_vec()))
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Value, E> {
+                Ok(Value::Nil)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
+                Ok(Value::Nil)
+            }
+            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+                Value::deserialize(d)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element()? {
+                    items.push(item);
+                }
+                Ok(Value::Seq(items))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = map.next_entry()? {
+                    entries.push(entry);
+                }
+                Ok(Value::Map(entries))
+            }
+        }
+        deserializer.deserialize_any(ValueVisitor)
+    }
+}
+
+/// Helpers for tests and CI.
+pub mod testing {
+    use crate::context::Context;
+    use crate::produce::Agent;
+
+    /// Replays `ctx`'s log with `agents` ([`Context::replay`]) and panics with the first
+    /// divergence if a produce no longer reproduces its recorded patch. One line in a test
+    /// after a code change:
+    ///
+    /// ```
+    /// # use reactifact_core::{Agent, Context};
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// # let ctx = Context::new("orders");
+    /// # let agents: Vec<Agent> = Vec::new();
+    /// reactifact_core::testing::assert_replays(&ctx, &agents).await;
+    /// # });
+    /// ```
+    ///
+    /// # Panics
+    /// On the first divergence, or if the log does not refold.
+    pub async fn assert_replays(ctx: &Context, agents: &[Agent]) {
+        if let Err(e) = ctx.replay(agents).await {
+            panic!("{e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Serialize)]
+    struct Line {
+        sku: String,
+        qty: u32,
+    }
+
+    #[derive(serde::Serialize)]
+    struct Invoice {
+        lines: Vec<Line>,
+        total: u64,
+        note: Option<String>,
+    }
+
+    #[test]
+    fn field_diffs_name_the_paths_that_differ() {
+        let a = crate::artifact::encode(&Invoice {
+            lines: vec![Line {
+                sku: "a".into(),
+                qty: 1,
+            }],
+            total: 10,
+            note: None,
+        })
+        .unwrap();
+        let b = crate::artifact::encode(&Invoice {
+            lines: vec![Line {
+                sku: "a".into(),
+                qty: 2,
+            }],
+            total: 10,
+            note: Some("x".into()),
+        })
+        .unwrap();
+        let diffs = diff_bytes("", &a, &b);
+        let paths: Vec<_> = diffs
+            .iter()
+            .map(|d| (d.path.as_str(), d.recorded.as_str(), d.replayed.as_str()))
+            .collect();
+        assert_eq!(paths, [(".lines[0].qty", "1", "2"), (".note", "null", "\"x\"")]);
+    }
+}
