@@ -16,6 +16,7 @@
 
 mod action;
 mod artifact;
+mod audit;
 mod commit;
 mod context;
 mod delivery;
@@ -28,15 +29,13 @@ mod hash;
 mod ledger;
 mod patch;
 mod produce;
+mod provenance;
+mod replay;
 mod router;
 mod runtime;
 mod snapshot;
 mod state;
 mod store;
-mod audit;
-mod provenance;
-mod replay;
-mod verify;
 mod verify;
 
 pub use action::{ActionKey, Intent, PendingAction};
@@ -61,8 +60,8 @@ pub use runtime::{Budget, ProduceErrors, Runtime, RuntimeBuilder, StopHandle, Tu
 pub use snapshot::Snapshot;
 pub use state::Relation;
 pub use store::{OpenError, OpenOptions, StoreError, Synchronous};
-pub use replay::{testing, Difference, Divergence, FieldDiff, ReplayError, ReplayReport};
 pub use provenance::{content_key, Provenance};
+pub use replay::{testing, Difference, Divergence, FieldDiff, ReplayError, ReplayReport};
 pub use verify::{verify_log, TimeTravelError, VerifyError, VerifyReport};
 
 /// The README's examples, compiled and run as doctests.
