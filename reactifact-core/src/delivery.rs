@@ -224,7 +224,8 @@ impl From<StoreError> for DrainError {
     }
 }
 
-/// How many intents one drain step leases and records together.
+/// How many intents one drain step leases and records together (at least the delivery
+/// concurrency, so the limit is reachable).
 const DRAIN_BATCH: usize = 256;
 
 /// How one attempt ended.
@@ -309,7 +310,8 @@ impl Drain<'_> {
     async fn batch(&mut self, report: &mut DrainReport) -> Result<Option<TurnOutcome>, DrainError> {
         let now = self.clock.now();
         let lease = self.context.new_lease(now);
-        let batch = self.context.ledger_mut().begin_batch(DRAIN_BATCH, &lease, now);
+        let size = DRAIN_BATCH.max(self.config.concurrency);
+        let batch = self.context.ledger_mut().begin_batch(size, &lease, now);
         if let Err(e) = self.context.persist_deliveries(&batch) {
             for &at in &batch {
                 self.context.ledger_mut().release(at, now);
