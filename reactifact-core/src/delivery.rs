@@ -268,12 +268,9 @@ impl Drain<'_> {
             let mut batch_report = DrainReport::default();
             let result = self.batch(&mut batch_report).await;
             report.absorb(batch_report);
-            match result? {
-                Some(interrupted) => {
-                    outcome = Some(interrupted);
-                    break;
-                }
-                None => {}
+            if let Some(interrupted) = result? {
+                outcome = Some(interrupted);
+                break;
             }
         }
         report.waiting = self.context.ledger().pending();

@@ -11,11 +11,14 @@ use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Metadata, Subscriber};
 
+/// A span's or event's fields, as (name, value).
+type FieldList = Vec<(String, String)>;
+
 /// Records every span with its fields, and every event's fields.
 #[derive(Clone, Default)]
 struct Capture {
-    spans: Arc<Mutex<Vec<(String, Vec<(String, String)>)>>>,
-    events: Arc<Mutex<Vec<Vec<(String, String)>>>>,
+    spans: Arc<Mutex<Vec<(String, FieldList)>>>,
+    events: Arc<Mutex<Vec<FieldList>>>,
     next: Arc<AtomicU64>,
 }
 

@@ -147,7 +147,7 @@ fn open_error(path: &Path, e: rusqlite::Error) -> OpenError {
     }
 }
 
-fn encode_deliveries<'a>(entries: &mut dyn Iterator<Item = &'a Delivery>) -> Vec<u8> {
+fn encode_deliveries(entries: &mut dyn Iterator<Item = &Delivery>) -> Vec<u8> {
     let rows: Vec<DeliveryRow<'_>> = entries
         .map(|d| DeliveryRow {
             key: Cow::Borrowed(d.intent.key.as_str()),
