@@ -84,10 +84,14 @@ pub(crate) fn transport_error(url: &str, timeout: Duration, error: reqwest::Erro
     }
 }
 
-/// An error and its sources on one line, without repeating a source the outer message quotes.
+/// An error's causes on one line. reqwest's own outer message ("error sending request") is
+/// left out when there is a cause, since the caller's message already says what failed.
 fn describe(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = error.to_string();
-    let mut source = error.source();
+    let Some(first) = error.source() else {
+        return error.to_string();
+    };
+    let mut out = first.to_string();
+    let mut source = first.source();
     while let Some(cause) = source {
         let text = cause.to_string();
         if !out.contains(&text) {
