@@ -76,3 +76,66 @@ async fn the_outbox_posts_each_intent_once_with_its_key() {
         assert_eq!(delivery.status(), DeliveryStatus::Delivered, "{key}");
     }
 }
+
+/// A runtime over one order, whose `notify` intent goes to `server`.
+fn runtime(server: &Server) -> Runtime {
+    let mut ctx = Context::new("t");
+    let order = Order {
+        customer: "ada".to_owned(),
+        total_cents: 1200,
+    };
+    ctx.create("order:1", order).unwrap();
+    Runtime::builder(ctx)
+        .agent(Agent::new("a").produce(notify_customer()))
+        .dispatcher(WebhookDispatcher::new(server.url("/hook")).unwrap())
+        .build()
+}
+
+#[tokio::test]
+async fn an_outage_is_ridden_out_with_the_same_key_and_the_receivers_retry_after() {
+    // `Retry-After: 0` makes each retry due at once, so `settle` takes no backoff time.
+    let busy = Reply::status(503).header("retry-after", "0").body("busy");
+    let server = Server::start(vec![busy.clone(), busy, Reply::status(200)]).await;
+    let mut rt = runtime(&server);
+    rt.run().await.unwrap();
+    let delivery = rt.context().ledger().get("notify:order:1").unwrap();
+    assert_eq!(delivery.status(), DeliveryStatus::Failed);
+    let error = delivery.last_error().unwrap();
+    assert!(error.contains("503") && error.contains("busy"), "{error}");
+
+    rt.settle().await.unwrap();
+    let delivery = rt.context().ledger().get("notify:order:1").unwrap();
+    assert_eq!(delivery.status(), DeliveryStatus::Delivered);
+    assert_eq!(delivery.attempts(), 3);
+    let received = server.received();
+    let sent: Vec<_> = received
+        .iter()
+        .map(|r| {
+            (
+                r.header("idempotency-key").unwrap(),
+                r.header("x-reactifact-attempt").unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        sent,
+        [
+            ("notify:order:1", "1"),
+            ("notify:order:1", "2"),
+            ("notify:order:1", "3")
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_400_sends_the_intent_to_the_dead_letter_after_one_post() {
+    let server = Server::start(vec![Reply::status(400).body("unknown customer")]).await;
+    let mut rt = runtime(&server);
+    rt.run().await.unwrap();
+    rt.settle().await.unwrap();
+    let delivery = rt.context().ledger().get("notify:order:1").unwrap();
+    assert_eq!(delivery.status(), DeliveryStatus::Dead);
+    assert_eq!(delivery.attempts(), 1);
+    assert!(delivery.last_error().unwrap().contains("unknown customer"));
+    assert_eq!(server.received().len(), 1);
+}
