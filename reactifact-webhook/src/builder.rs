@@ -1,6 +1,7 @@
 //! Configuring a [`WebhookDispatcher`].
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::time::Duration;
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
@@ -15,7 +16,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Configures a [`WebhookDispatcher`]. Nothing is checked until [`build`](Self::build), which
 /// reports the first invalid URL or header.
-#[derive(Debug, Default)]
+#[derive(Default)]
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct WebhookBuilder {
     default: Option<String>,
@@ -23,6 +24,22 @@ pub struct WebhookBuilder {
     headers: Vec<(String, String)>,
     timeout: Option<Duration>,
     client: Option<Client>,
+}
+
+/// Shows the kinds routed and the header names only: URLs and header values may hold secrets.
+impl fmt::Debug for WebhookBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WebhookBuilder")
+            .field("default", &self.default.is_some())
+            .field("routes", &self.routes.keys().collect::<Vec<_>>())
+            .field(
+                "headers",
+                &self.headers.iter().map(|(name, _)| name).collect::<Vec<_>>(),
+            )
+            .field("timeout", &self.timeout)
+            .field("client", &self.client.is_some())
+            .finish()
+    }
 }
 
 impl WebhookBuilder {
@@ -80,7 +97,8 @@ impl WebhookBuilder {
             if header == CONTENT_TYPE || [IDEMPOTENCY_KEY, KIND_HEADER, ATTEMPT_HEADER].contains(&header.as_str()) {
                 return Err(BuildError::ReservedHeader { name });
             }
-            let value = HeaderValue::from_str(&value).map_err(|e| invalid(e.to_string()))?;
+            let mut value = HeaderValue::from_str(&value).map_err(|e| invalid(e.to_string()))?;
+            value.set_sensitive(true);
             headers.append(header, value);
         }
         let client = match self.client {
@@ -151,6 +169,21 @@ mod tests {
     fn secrets_in_a_url_are_hidden() {
         let url = Url::parse("http://user:hunter2@example.invalid:8080/hook?token=abc#x").unwrap();
         assert_eq!(shown(&url), "http://user:***@example.invalid:8080/hook?…");
+    }
+
+    #[test]
+    fn debug_output_shows_no_secret() {
+        let builder = WebhookDispatcher::builder()
+            .url("http://user:hunter2@127.0.0.1:9/hook?token=abc")
+            .header("Authorization", "Bearer s3cret");
+        let dispatcher_debug = format!("{:?}", builder);
+        assert!(!dispatcher_debug.contains("hunter2") && !dispatcher_debug.contains("s3cret"));
+        let dispatcher = builder.build().unwrap();
+        let debug = format!("{dispatcher:?}");
+        assert!(debug.contains("authorization"), "{debug}");
+        for secret in ["hunter2", "abc", "s3cret"] {
+            assert!(!debug.contains(secret), "{debug}");
+        }
     }
 
     #[test]

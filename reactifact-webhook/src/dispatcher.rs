@@ -1,6 +1,7 @@
 //! The dispatcher: one POST per delivery attempt.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,12 +26,11 @@ pub const ATTEMPT_HEADER: &str = "x-reactifact-attempt";
 /// Built with [`WebhookDispatcher::builder`]; cheap to clone (clones share the connection
 /// pool). See the [crate documentation](crate) for what it sends and how answers are
 /// classified.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct WebhookDispatcher {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
 pub(crate) struct Inner {
     pub(crate) client: Client,
     pub(crate) default: Option<Target>,
@@ -40,7 +40,6 @@ pub(crate) struct Inner {
 }
 
 /// A URL and the form of it that messages show.
-#[derive(Debug)]
 pub(crate) struct Target {
     pub(crate) url: Url,
     pub(crate) shown: String,
@@ -59,6 +58,25 @@ pub struct Outgoing<'a> {
     pub attempt: u32,
     /// The payload's rmp-serde bytes (named fields); sent as JSON.
     pub payload: &'a [u8],
+}
+
+/// Shows URLs as messages do and header names only: both may hold secrets.
+impl fmt::Debug for WebhookDispatcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = &self.inner;
+        let routes: BTreeMap<&str, &str> = inner
+            .routes
+            .iter()
+            .map(|(k, t)| (k.as_str(), t.shown.as_str()))
+            .collect();
+        let headers: Vec<&str> = inner.headers.keys().map(|name| name.as_str()).collect();
+        f.debug_struct("WebhookDispatcher")
+            .field("default", &inner.default.as_ref().map(|t| t.shown.as_str()))
+            .field("routes", &routes)
+            .field("headers", &headers)
+            .field("timeout", &inner.timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<'a> From<&'a Intent> for Outgoing<'a> {
