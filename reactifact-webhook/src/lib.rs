@@ -27,6 +27,10 @@
 //! the response body; payloads are never logged. The [`WebhookError`] inside a
 //! `DispatchError` can be recovered with `as_error().downcast_ref::<WebhookError>()`.
 //!
+//! To post from code of your own — a typed handler that forwards to a webhook, say — call
+//! [`WebhookDispatcher::send`] with an [`Outgoing`] attempt; it returns the [`WebhookError`]
+//! itself, and [`WebhookError::into_dispatch_error`] classifies it as above.
+//!
 //! # Example
 //!
 //! ```no_run
