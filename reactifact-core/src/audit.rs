@@ -97,7 +97,7 @@ impl Context {
                             let delivery = created
                                 .then(|| self.ledger().get(key.as_str()))
                                 .flatten()
-                                .map(delivery_json);
+                                .map(|d| delivery_json(&d));
                             intents.push(json!({
                                 "key": key.as_str(), "kind": &**action, "id": id.as_str(), "hash": hash.to_string(),
                                 "created": created, "delivery": delivery,

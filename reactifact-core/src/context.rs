@@ -2,6 +2,7 @@
 
 use std::collections::VecDeque;
 use std::path::Path;
+use std::sync::MutexGuard;
 use std::time::{Duration, SystemTime};
 
 use crate::artifact::{Artifact, ArtifactId, Generation, Record};
@@ -9,7 +10,7 @@ use crate::commit::{Apply, Commit, RunRecord};
 use crate::error::{CommitError, EffectError, ReadError, WriteError};
 use crate::event::{Event, QueuedEvent};
 use crate::hash::{CommitHash, StateHash};
-use crate::ledger::{Delivery, Lease, Ledger};
+use crate::ledger::{Delivery, Lease, Ledger, LedgerInner};
 use crate::patch::{Op, PutMode};
 use crate::snapshot::Snapshot;
 use crate::state::{Relation, State};
@@ -155,7 +156,7 @@ impl Context {
         self.next_event_seq = seq;
         self.log = loaded.commits;
         for delivery in loaded.deliveries {
-            self.ledger.insert(delivery);
+            self.ledger.lock().insert(delivery);
         }
         if loaded.reclaimed > 0 {
             tracing::warn!(session = %self.session, reclaimed = loaded.reclaimed, "deliveries whose lease expired are pending again");
@@ -245,8 +246,9 @@ impl Context {
         &self.ledger
     }
 
-    pub(crate) fn ledger_mut(&mut self) -> &mut Ledger {
-        &mut self.ledger
+    /// The ledger's contents, locked (never across an await).
+    pub(crate) fn ledger_mut(&mut self) -> MutexGuard<'_, LedgerInner> {
+        self.ledger.lock()
     }
 
     /// A lease for deliveries starting now.
@@ -261,7 +263,7 @@ impl Context {
     pub(crate) fn persist_deliveries(&mut self, positions: &[usize]) -> Result<(), StoreError> {
         match &mut self.store {
             Some(store) if !positions.is_empty() => {
-                let ledger = &self.ledger;
+                let ledger = self.ledger.lock();
                 store.save_deliveries(&mut positions.iter().map(|&at| ledger.entry(at)))
             }
             _ => Ok(()),
@@ -390,12 +392,15 @@ impl Context {
             })
             .collect();
         let now = SystemTime::now();
-        let deliveries: Vec<Delivery> = apply
-            .intents
-            .drain(..)
-            .filter(|intent| !self.ledger.contains(intent.key.as_str()))
-            .map(|intent| Delivery::new(intent, now))
-            .collect();
+        let deliveries: Vec<Delivery> = {
+            let ledger = self.ledger.lock();
+            apply
+                .intents
+                .drain(..)
+                .filter(|intent| !ledger.contains(intent.key.as_str()))
+                .map(|intent| Delivery::new(intent, now))
+                .collect()
+        };
         if let Some(store) = &mut self.store {
             let delta = CommitDelta {
                 session: &self.session,
@@ -414,8 +419,9 @@ impl Context {
         self.events.drain(..consumed);
         self.events.extend(events);
         self.next_event_seq = next_seq;
+        let mut ledger = self.ledger.lock();
         for delivery in deliveries {
-            self.ledger.insert(delivery);
+            ledger.insert(delivery);
         }
         Ok(rejected)
     }

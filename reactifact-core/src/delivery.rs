@@ -260,7 +260,7 @@ impl Drain<'_> {
     /// stop or the deadline did.
     pub(crate) async fn run(&mut self, report: &mut DrainReport) -> Result<Option<TurnOutcome>, DrainError> {
         let mut outcome = None;
-        while self.context.ledger().due_count(self.clock.now()) > 0 {
+        while self.context.ledger().lock().due_count(self.clock.now()) > 0 {
             if let Some(interrupted) = self.interrupted() {
                 outcome = Some(interrupted);
                 break;
@@ -273,7 +273,7 @@ impl Drain<'_> {
                 break;
             }
         }
-        report.waiting = self.context.ledger().pending();
+        report.waiting = self.context.ledger().lock().pending();
         Ok(outcome)
     }
 
@@ -284,7 +284,7 @@ impl Drain<'_> {
             if let Some(outcome) = self.run(report).await? {
                 return Ok(Some(outcome));
             }
-            let Some(next) = self.context.ledger().next_due() else {
+            let Some(next) = self.context.ledger().lock().next_due() else {
                 return Ok(None);
             };
             let wake = self.clock.instant_at(next);
@@ -315,9 +315,12 @@ impl Drain<'_> {
             }
             return Err(DrainError::Store(e));
         }
-        let intents: Vec<Intent> = batch.iter().map(|&at| self.context.ledger().intent_for(at)).collect();
+        let intents: Vec<Intent> = batch
+            .iter()
+            .map(|&at| self.context.ledger().lock().intent_for(at))
+            .collect();
         let mut outcomes = Outcomes {
-            ledger: self.context.ledger_mut(),
+            ledger: self.context.ledger().clone(),
             batch: &batch,
             results: Vec::new(),
             started: vec![false; batch.len()],
@@ -370,15 +373,19 @@ impl Drain<'_> {
             let policy = self.config.policy_for(intent.kind());
             let next = policy.after_failure(intent.key().as_str(), intent.attempt(), &error, now);
             let message = error.to_string();
-            self.context.ledger_mut().record_failed(at, message.clone(), next, now);
-            let entry = self.context.ledger().entry(at);
+            let (status, next_attempt_at) = {
+                let mut ledger = self.context.ledger_mut();
+                ledger.record_failed(at, message.clone(), next, now);
+                let entry = ledger.entry(at);
+                (entry.status(), entry.next_attempt_at())
+            };
             let failure = DeliveryFailure {
                 key: intent.key().clone(),
                 kind: intent.kind().to_owned(),
                 attempt: intent.attempt(),
                 error: message,
-                status: entry.status(),
-                next_attempt_at: entry.next_attempt_at(),
+                status,
+                next_attempt_at,
             };
             tracing::warn!(action_key = %failure.key, kind = %failure.kind, attempt = failure.attempt, status = %failure.status, error = %failure.error, "delivery failed");
             if self.config.errors == DeliveryErrors::FailLoud && stop_error.is_none() {
@@ -496,7 +503,7 @@ async fn deliver(
 /// (the receiver may have seen them) and due again now, the ones not started go back to
 /// pending. A durable store keeps them in flight under their lease until it expires.
 struct Outcomes<'a> {
-    ledger: &'a mut crate::ledger::Ledger,
+    ledger: crate::ledger::Ledger,
     batch: &'a [usize],
     results: Vec<Option<Attempt>>,
     started: Vec<bool>,
@@ -518,13 +525,12 @@ impl Drop for Outcomes<'_> {
             return;
         }
         let now = self.clock.now();
+        let mut ledger = self.ledger.lock();
         for (i, &at) in self.batch.iter().enumerate() {
             match (&self.results[i], self.started[i]) {
-                (Some(Attempt::Delivered), _) => self.ledger.record_delivered(at, now),
-                (_, true) => self
-                    .ledger
-                    .record_failed(at, CANCELLED.to_owned(), FailedAttempt::RetryAt(now), now),
-                (_, false) => self.ledger.release(at, now),
+                (Some(Attempt::Delivered), _) => ledger.record_delivered(at, now),
+                (_, true) => ledger.record_failed(at, CANCELLED.to_owned(), FailedAttempt::RetryAt(now), now),
+                (_, false) => ledger.release(at, now),
             }
         }
     }

@@ -1,6 +1,7 @@
 //! The delivery ledger: per idempotency key, the delivery state of an intent.
 
 use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use foldhash::HashMap;
 use std::fmt;
@@ -158,11 +159,63 @@ impl Delivery {
     }
 }
 
-/// The delivery ledger of a context: one entry per idempotency key, in the order the intents
-/// were committed. A key is registered once; a key already in the ledger is never registered
+/// The delivery ledger: one entry per idempotency key, in the order the intents were
+/// committed. A key is registered once; a key already in the ledger is never registered
 /// again, so it is handed to a dispatcher at most once per successful delivery.
-#[derive(Default)]
+///
+/// The ledger belongs to the store, not to one branch: a context and the branches forked from
+/// it share one ledger, so a key delivered on one branch is never delivered again on another.
+/// `Ledger` is a cheap handle to it; reads return copies of the entries.
+#[derive(Clone, Default)]
 pub struct Ledger {
+    inner: Arc<Mutex<LedgerInner>>,
+}
+
+impl Ledger {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, LedgerInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The entry for `key`.
+    pub fn get(&self, key: &str) -> Option<Delivery> {
+        self.lock().get(key).cloned()
+    }
+
+    /// Every entry, in commit order (a copy taken now).
+    pub fn iter(&self) -> impl Iterator<Item = Delivery> {
+        self.lock().entries.clone().into_iter()
+    }
+
+    /// How many intents the ledger holds.
+    pub fn len(&self) -> usize {
+        self.lock().entries.len()
+    }
+
+    /// Whether the ledger is empty.
+    pub fn is_empty(&self) -> bool {
+        self.lock().entries.is_empty()
+    }
+
+    /// How many intents wait for an attempt: pending ones, and failed ones whose retry is
+    /// scheduled.
+    pub fn pending(&self) -> usize {
+        self.lock().waiting.len()
+    }
+
+    /// When the earliest waiting intent is due (`None` if none waits).
+    pub fn next_due(&self) -> Option<SystemTime> {
+        self.lock().next_due()
+    }
+
+    /// Whether `self` and `other` are the same ledger (a context and its branches).
+    pub fn same_as(&self, other: &Ledger) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+/// The ledger's contents, behind the [`Ledger`] handle's lock.
+#[derive(Default)]
+pub(crate) struct LedgerInner {
     entries: Vec<Delivery>,
     index: HashMap<ActionKey, usize>,
     /// Entries waiting for an attempt, by (due time in Unix milliseconds, 0 for "now"; commit
@@ -178,35 +231,16 @@ fn due_key(at: Option<SystemTime>) -> u64 {
     })
 }
 
-impl Ledger {
-    /// The entry for `key`.
-    pub fn get(&self, key: &str) -> Option<&Delivery> {
+impl LedgerInner {
+    pub(crate) fn get(&self, key: &str) -> Option<&Delivery> {
         self.index.get(key).map(|&i| &self.entries[i])
     }
 
-    /// Every entry, in commit order.
-    pub fn iter(&self) -> impl Iterator<Item = &Delivery> + '_ {
-        self.entries.iter()
-    }
-
-    /// How many intents the ledger holds.
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    /// Whether the ledger is empty.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
-    /// How many intents wait for an attempt: pending ones, and failed ones whose retry is
-    /// scheduled.
-    pub fn pending(&self) -> usize {
+    pub(crate) fn pending(&self) -> usize {
         self.waiting.len()
     }
 
-    /// When the earliest waiting intent is due (`None` if none waits).
-    pub fn next_due(&self) -> Option<SystemTime> {
+    pub(crate) fn next_due(&self) -> Option<SystemTime> {
         self.waiting.first().map(|&(due, at)| {
             if due == 0 {
                 self.entries[at].updated_at
@@ -394,9 +428,10 @@ pub(crate) enum FailedAttempt {
 
 impl fmt::Debug for Ledger {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = self.lock();
         f.debug_struct("Ledger")
-            .field("entries", &self.entries.len())
-            .field("pending", &self.waiting.len())
+            .field("entries", &inner.entries.len())
+            .field("pending", &inner.waiting.len())
             .finish()
     }
 }

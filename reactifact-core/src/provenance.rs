@@ -70,7 +70,7 @@ pub struct Provenance<'a> {
     /// The run: agent, produce, trigger, operations and reads.
     pub record: &'a RunRecord,
     /// The intent's delivery in the ledger, if this store's ledger has it.
-    pub delivery: Option<&'a Delivery>,
+    pub delivery: Option<Delivery>,
 }
 
 impl Provenance<'_> {
@@ -129,7 +129,7 @@ impl fmt::Display for Provenance<'_> {
                 }
             }
         }
-        if let Some(delivery) = self.delivery {
+        if let Some(delivery) = &self.delivery {
             write!(
                 f,
                 "; delivery {:?} after {} attempt(s)",

@@ -74,7 +74,7 @@ async fn provenance_of_an_intent_names_the_order_version_that_caused_it() {
         trigger.hash,
         ctx.state_at(Generation(1)).unwrap().meta("order:1").unwrap().2
     );
-    assert_eq!(why.delivery.unwrap().attempts(), 1);
+    assert_eq!(why.delivery.as_ref().unwrap().attempts(), 1);
     assert_eq!(ctx.intent_origin("notify:order:1"), Some((Generation(2), why.run)));
     assert!(
         why.to_string()
