@@ -58,8 +58,11 @@ pub struct Commit {
     pub generation: Generation,
     /// The previous commit's hash; `None` for the first commit.
     pub parent: Option<CommitHash>,
+    /// For a merge commit, its second parent: the head of the branch merged in.
+    pub merged: Option<CommitHash>,
     /// SHA-256 over the rmp-serde encoding of the parent hash, generation, state hash and runs
-    /// (each run's agent, produce, trigger, operations with their content hashes, and reads).
+    /// (each run's agent, produce, trigger, operations with their content hashes, and reads),
+    /// followed by the second parent for a merge commit.
     pub hash: CommitHash,
     /// The state hash after the commit.
     pub state_hash: StateHash,
@@ -72,15 +75,30 @@ pub struct Commit {
 impl Commit {
     pub(crate) fn compute_hash(
         parent: Option<&CommitHash>,
+        merged: Option<&CommitHash>,
         generation: Generation,
         state_hash: &StateHash,
         runs: &[RunRecord],
     ) -> CommitHash {
         let mut writer = HashWriter::new(b"reactifact/commit/v1");
-        (parent, generation, state_hash, runs)
-            .serialize(&mut rmp_serde::Serializer::new(&mut writer).with_struct_map())
-            .expect("commit headers always encode");
+        let mut serializer = rmp_serde::Serializer::new(&mut writer).with_struct_map();
+        match merged {
+            None => (parent, generation, state_hash, runs).serialize(&mut serializer),
+            Some(merged) => (parent, generation, state_hash, runs, merged).serialize(&mut serializer),
+        }
+        .expect("commit headers always encode");
         CommitHash(writer.finish())
+    }
+
+    /// This commit's hash as its fields say it should be.
+    pub(crate) fn recompute_hash(&self) -> CommitHash {
+        Self::compute_hash(
+            self.parent.as_ref(),
+            self.merged.as_ref(),
+            self.generation,
+            &self.state_hash,
+            &self.runs,
+        )
     }
 }
 

@@ -164,6 +164,42 @@ impl Context {
         Ok(())
     }
 
+    pub(crate) fn state(&self) -> &State {
+        &self.state
+    }
+
+    /// How many events the log has emitted (the number the next one gets).
+    pub(crate) fn next_event_seq(&self) -> u64 {
+        self.next_event_seq
+    }
+
+    pub(crate) fn store(&self) -> Option<&dyn Store> {
+        self.store.as_deref()
+    }
+
+    /// A branch of this context: `state` and `log` as given, no queued event, the same ledger,
+    /// lease and owner.
+    pub(crate) fn branch(
+        &self,
+        session: String,
+        state: State,
+        log: Vec<Commit>,
+        next_event_seq: u64,
+        store: Option<Box<dyn Store>>,
+    ) -> Context {
+        Context {
+            session,
+            state,
+            log,
+            events: VecDeque::new(),
+            next_event_seq,
+            ledger: self.ledger.clone(),
+            store,
+            lease: self.lease,
+            owner: self.owner.clone(),
+        }
+    }
+
     /// Where the session lives: `memory`, or `sqlite:{path}`.
     pub fn store_description(&self) -> String {
         self.store
@@ -340,6 +376,7 @@ impl Context {
         consumed: usize,
         isolate: bool,
         skip_if_unchanged: bool,
+        merged: Option<CommitHash>,
     ) -> Result<Vec<(usize, CommitError)>, CommitFailure> {
         let generation = self.generation().next();
         let _span = tracing::debug_span!("commit", session = %self.session, generation = generation.0).entered();
@@ -370,10 +407,11 @@ impl Context {
         }
         let state_hash = apply.state().state_hash();
         let parent = self.log.last().map(|c| c.hash);
-        let hash = Commit::compute_hash(parent.as_ref(), generation, &state_hash, &runs);
+        let hash = Commit::compute_hash(parent.as_ref(), merged.as_ref(), generation, &state_hash, &runs);
         let commit = Commit {
             generation,
             parent,
+            merged,
             hash,
             state_hash,
             runs,
@@ -540,7 +578,7 @@ impl Transaction<'_> {
             ops: self.ops,
             reads: Vec::new(),
         };
-        self.context.commit_runs(vec![run], 0, false, true)?;
+        self.context.commit_runs(vec![run], 0, false, true, None)?;
         Ok(())
     }
 }

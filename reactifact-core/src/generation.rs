@@ -197,7 +197,7 @@ pub(crate) async fn run(
     }
 
     let mut runs = records.len() as u64;
-    match rt.context.commit_runs(records, batch.events, isolate, false) {
+    match rt.context.commit_runs(records, batch.events, isolate, false, None) {
         Ok(rejected) => {
             runs -= rejected.len() as u64;
             for (r, error) in rejected {

@@ -17,6 +17,7 @@
 mod action;
 mod artifact;
 mod audit;
+mod branch;
 mod commit;
 mod context;
 mod delivery;
@@ -40,6 +41,7 @@ mod verify;
 
 pub use action::{ActionKey, Intent, PendingAction};
 pub use artifact::{Artifact, ArtifactId, Generation, Kind, Record, Version};
+pub use branch::{ArtifactState, Conflict, Diff, ForkError, MergeError, MergeReport, Resolution, Side, Updated};
 pub use commit::{Commit, Read, RunRecord, TriggerRef};
 pub use context::{Context, Transaction};
 pub use delivery::{DeliveryErrors, DrainReport, RetryPolicy};
@@ -54,14 +56,14 @@ pub use hash::{CommitHash, ContentHash, StateHash};
 pub use ledger::{Delivery, DeliveryStatus, Lease, Ledger};
 pub use patch::{Op, PutMode};
 pub use produce::{Agent, IntoProduce, IntoProduceResult, Produce, ProduceCall};
+pub use provenance::{content_key, Provenance};
 pub use reactifact_macros::{produce, Artifact};
+pub use replay::{testing, Difference, Divergence, FieldDiff, ReplayError, ReplayReport};
 pub use router::{ActionCall, Router};
 pub use runtime::{Budget, ProduceErrors, Runtime, RuntimeBuilder, StopHandle, TurnOutcome, TurnReport};
 pub use snapshot::Snapshot;
 pub use state::Relation;
 pub use store::{OpenError, OpenOptions, StoreError, Synchronous};
-pub use provenance::{content_key, Provenance};
-pub use replay::{testing, Difference, Divergence, FieldDiff, ReplayError, ReplayReport};
 pub use verify::{verify_log, TimeTravelError, VerifyError, VerifyReport};
 
 /// The README's examples, compiled and run as doctests.

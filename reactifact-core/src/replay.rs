@@ -336,7 +336,7 @@ fn content_difference(a: &Op, b: &Op) -> Option<Vec<FieldDiff>> {
     }
 }
 
-fn diff_bytes(path: &str, a: &[u8], b: &[u8]) -> Vec<FieldDiff> {
+pub(crate) fn diff_bytes(path: &str, a: &[u8], b: &[u8]) -> Vec<FieldDiff> {
     let mut out = Vec::new();
     if let (Ok(va), Ok(vb)) = (rmp_serde::from_slice::<Value>(a), rmp_serde::from_slice::<Value>(b)) {
         diff_values(path, Some(&va), Some(&vb), &mut out);

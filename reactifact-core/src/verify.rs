@@ -222,7 +222,7 @@ impl Refold {
             check_content(commit)?;
         }
         if self.checks.commit_hash {
-            let computed = Commit::compute_hash(commit.parent.as_ref(), generation, &commit.state_hash, &commit.runs);
+            let computed = commit.recompute_hash();
             if computed != commit.hash {
                 return Err(VerifyError::CommitHash {
                     generation,

@@ -39,6 +39,14 @@ pub enum StoreError {
         /// The generation this context last committed.
         expected: u64,
     },
+    /// A fork names a session that exists already.
+    #[error("session `{session}` already exists in {path}; fork under another name")]
+    SessionExists {
+        /// The database file.
+        path: PathBuf,
+        /// The session.
+        session: String,
+    },
     /// The context was opened read-only.
     #[error("session `{session}` in {path} is open read-only")]
     ReadOnly {
@@ -193,6 +201,17 @@ pub(crate) trait Store: Send {
 
     /// Persists the current state of these ledger entries, in one transaction.
     fn save_deliveries(&mut self, entries: &mut dyn Iterator<Item = &Delivery>) -> Result<(), StoreError>;
+
+    /// Creates the session `branch` in the same store, whose log is this session's up to
+    /// commit `at` (with hash `head`), and whose events numbered below `consumed_seq` are
+    /// consumed. Returns the store of the new session.
+    fn fork(
+        &self,
+        branch: &str,
+        at: crate::artifact::Generation,
+        head: Option<&crate::hash::CommitHash>,
+        consumed_seq: u64,
+    ) -> Result<Box<dyn Store>, StoreError>;
 
     /// A short description, e.g. `sqlite:/var/lib/app/state.db`.
     fn describe(&self) -> String;

@@ -35,6 +35,8 @@ const MIGRATIONS: &[&str] = &[
         generation INTEGER NOT NULL,
         head BLOB,
         consumed_seq INTEGER NOT NULL,
+        parent TEXT,
+        fork_generation INTEGER,
         created_at INTEGER NOT NULL
     ) WITHOUT ROWID;
     CREATE TABLE commits (
@@ -43,6 +45,7 @@ const MIGRATIONS: &[&str] = &[
         generation INTEGER NOT NULL,
         hash BLOB NOT NULL,
         parent BLOB,
+        merged BLOB,
         state_hash BLOB NOT NULL,
         events_consumed INTEGER NOT NULL,
         intents BLOB,
@@ -268,33 +271,70 @@ impl SqliteStore {
         ))
     }
 
-    /// The session's log, oldest first.
+    /// The session's log, oldest first. A branch's log is its parent's up to the fork (read
+    /// from the parent's rows, recursively), then its own commits.
     fn load_commits(&mut self) -> Result<Vec<Commit>, LoadError> {
+        // The chain of (session, last generation taken from it), from this session up to the
+        // root; each takes the commits after the next one's limit.
+        let mut chain = vec![(self.session.clone(), u64::MAX)];
+        loop {
+            let (session, _) = chain.last().expect("the chain starts with this session");
+            let fork: Option<(Option<String>, Option<u64>)> = self
+                .conn
+                .query_row(
+                    "SELECT parent, fork_generation FROM sessions WHERE name = ?1",
+                    [session.as_str()],
+                    |row| Ok((row.get(0)?, row.get(1)?)),
+                )
+                .optional()?;
+            match fork {
+                Some((Some(parent), Some(at))) => {
+                    if chain.iter().any(|(s, _)| *s == parent) || chain.len() > 1000 {
+                        return Err(LoadError::Corrupt(format!("session `{parent}` is its own ancestor")));
+                    }
+                    chain.push((parent, at));
+                }
+                Some(_) => break,
+                None => return Err(LoadError::Corrupt(format!("the parent session `{session}` is missing"))),
+            }
+        }
+        // Each session contributes the commits after its parent's fork point, up to where its
+        // child forked.
         let mut commits = Vec::new();
         let mut stmt = self.conn.prepare(
-            "SELECT generation, hash, parent, state_hash, events_consumed, runs FROM commits
-             WHERE session = ?1 ORDER BY generation",
+            "SELECT generation, hash, parent, merged, state_hash, events_consumed, runs FROM commits
+             WHERE session = ?1 AND generation > ?2 AND generation <= ?3 ORDER BY generation",
         )?;
-        let mut rows = stmt.query([self.session.as_str()])?;
-        while let Some(row) = rows.next()? {
-            let generation: u64 = row.get(0)?;
-            let what = |field: &str| format!("commit {generation}: {field}");
-            let hash: Vec<u8> = row.get(1)?;
-            let parent: Option<Vec<u8>> = row.get(2)?;
-            let state_hash: Vec<u8> = row.get(3)?;
-            let runs = codec::decode_runs(row.get_ref(5)?.as_blob()?)
-                .map_err(|e| LoadError::Corrupt(format!("commit {generation}: its runs do not decode: {e}")))?;
-            commits.push(Commit {
-                generation: Generation(generation),
-                hash: CommitHash(digest(&hash, &what("hash")).map_err(LoadError::Corrupt)?),
-                parent: parent
-                    .map(|p| digest(&p, &what("parent")).map(CommitHash))
-                    .transpose()
-                    .map_err(LoadError::Corrupt)?,
-                state_hash: StateHash(digest(&state_hash, &what("state hash")).map_err(LoadError::Corrupt)?),
-                events_consumed: row.get::<_, u64>(4)? as usize,
-                runs,
-            });
+        let mut from = 0u64;
+        for (session, upto) in chain.into_iter().rev() {
+            let upto = upto.min(i64::MAX as u64);
+            let mut rows = stmt.query(params![session, from, upto])?;
+            while let Some(row) = rows.next()? {
+                let generation: u64 = row.get(0)?;
+                let what = |field: &str| format!("commit {generation}: {field}");
+                let hash: Vec<u8> = row.get(1)?;
+                let parent: Option<Vec<u8>> = row.get(2)?;
+                let merged: Option<Vec<u8>> = row.get(3)?;
+                let state_hash: Vec<u8> = row.get(4)?;
+                let runs = codec::decode_runs(row.get_ref(6)?.as_blob()?)
+                    .map_err(|e| LoadError::Corrupt(format!("commit {generation}: its runs do not decode: {e}")))?;
+                let optional_hash = |bytes: Option<Vec<u8>>, field: &str| {
+                    bytes
+                        .map(|b| digest(&b, &what(field)).map(CommitHash))
+                        .transpose()
+                        .map_err(LoadError::Corrupt)
+                };
+                commits.push(Commit {
+                    generation: Generation(generation),
+                    hash: CommitHash(digest(&hash, &what("hash")).map_err(LoadError::Corrupt)?),
+                    parent: optional_hash(parent, "parent")?,
+                    merged: optional_hash(merged, "merged parent")?,
+                    state_hash: StateHash(digest(&state_hash, &what("state hash")).map_err(LoadError::Corrupt)?),
+                    events_consumed: row.get::<_, u64>(5)? as usize,
+                    runs,
+                });
+            }
+            from = upto;
         }
         if commits.len() as u64 != self.generation {
             return Err(LoadError::Corrupt(format!(
@@ -464,14 +504,15 @@ impl SqliteStore {
             rmp_serde::to_vec(&rows).expect("intents always encode")
         });
         tx.prepare_cached(
-            "INSERT INTO commits (session, generation, hash, parent, state_hash, events_consumed, intents, runs)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            "INSERT INTO commits (session, generation, hash, parent, merged, state_hash, events_consumed, intents, runs)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
         )?
         .execute(params![
             delta.session,
             commit.generation.0,
             &commit.hash.as_bytes()[..],
             commit.parent.as_ref().map(|p| &p.as_bytes()[..]),
+            commit.merged.as_ref().map(|p| &p.as_bytes()[..]),
             &commit.state_hash.as_bytes()[..],
             commit.events_consumed as u64,
             intents,
@@ -513,7 +554,70 @@ impl From<rusqlite::types::FromSqlError> for LoadError {
     }
 }
 
+impl SqliteStore {
+    /// A new session in the same file whose log is this session's up to commit `at`.
+    fn fork_session(
+        &self,
+        branch: &str,
+        at: u64,
+        head: Option<&CommitHash>,
+        consumed_seq: u64,
+    ) -> Result<SqliteStore, StoreError> {
+        let conn = Connection::open_with_flags(
+            &self.path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| self.sqlite_error(e))?;
+        conn.busy_timeout(Duration::from_secs(5))
+            .map_err(|e| self.sqlite_error(e))?;
+        let synchronous: i64 = self
+            .conn
+            .query_row("PRAGMA synchronous", [], |row| row.get(0))
+            .map_err(|e| self.sqlite_error(e))?;
+        conn.pragma_update(None, "synchronous", synchronous)
+            .map_err(|e| self.sqlite_error(e))?;
+        let inserted = conn
+            .execute(
+                "INSERT OR IGNORE INTO sessions (name, generation, head, consumed_seq, parent, fork_generation, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?2, ?6)",
+                params![
+                    branch,
+                    at,
+                    head.map(|h| &h.as_bytes()[..]),
+                    consumed_seq,
+                    self.session,
+                    millis(SystemTime::now()),
+                ],
+            )
+            .map_err(|e| self.sqlite_error(e))?;
+        if inserted == 0 {
+            return Err(StoreError::SessionExists {
+                path: self.path.clone(),
+                session: branch.to_owned(),
+            });
+        }
+        Ok(SqliteStore {
+            conn,
+            path: self.path.clone(),
+            session: branch.to_owned(),
+            read_only: false,
+            generation: at,
+        })
+    }
+}
+
 impl Store for SqliteStore {
+    fn fork(
+        &self,
+        branch: &str,
+        at: Generation,
+        head: Option<&CommitHash>,
+        consumed_seq: u64,
+    ) -> Result<Box<dyn Store>, StoreError> {
+        self.check_writable()?;
+        Ok(Box::new(self.fork_session(branch, at.0, head, consumed_seq)?))
+    }
+
     fn commit(&mut self, delta: &CommitDelta<'_>) -> Result<(), StoreError> {
         self.check_writable()?;
         match self.write_commit(delta) {

@@ -1,0 +1,565 @@
+//! Branches: fork a context, run the branches independently, diff them, merge them back.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::action::{ActionKey, PendingAction};
+use crate::artifact::{Artifact, ArtifactId, Generation, Kind, Record, Stored, Version};
+use crate::commit::{Commit, RunRecord};
+use crate::context::{CommitFailure, Context};
+use crate::error::{CommitError, ReadError};
+use crate::hash::{CommitHash, ContentHash};
+use crate::patch::{Op, PutMode};
+use crate::replay::{diff_bytes, FieldDiff};
+use crate::state::{Relation, State};
+use crate::store::StoreError;
+use crate::verify::{Checks, Refold, VerifyError};
+
+/// Forking a context failed; nothing was created.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ForkError {
+    /// The commit to fork at is not in the log.
+    #[error("cannot fork at generation {generation}: the log ends at generation {head}")]
+    NoSuchCommit {
+        /// The generation asked for.
+        generation: Generation,
+        /// The last generation of the log.
+        head: Generation,
+    },
+    /// Rebuilding the state at a past commit failed: the log does not verify.
+    #[error(transparent)]
+    Verify(#[from] VerifyError),
+    /// The store could not create the branch's session.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// An artifact's content on one side of a merge or a diff.
+#[derive(Clone, Debug)]
+pub struct ArtifactState {
+    /// The artifact's kind.
+    pub kind: Kind,
+    /// Its version on this side.
+    pub version: Version,
+    /// Its content hash.
+    pub hash: ContentHash,
+    stored: Arc<Stored>,
+}
+
+impl ArtifactState {
+    fn of(stored: &Arc<Stored>) -> Self {
+        ArtifactState {
+            kind: stored.kind,
+            version: stored.version,
+            hash: stored.hash,
+            stored: stored.clone(),
+        }
+    }
+
+    /// Decodes the content as `T`.
+    ///
+    /// # Errors
+    /// As [`Context::get`].
+    pub fn decode<T: Artifact>(&self) -> Result<Record<T>, ReadError> {
+        self.stored.decode()
+    }
+}
+
+/// An id changed to different content on both sides of a merge.
+#[derive(Clone, Debug)]
+pub struct Conflict {
+    /// The artifact.
+    pub id: ArtifactId,
+    /// Its content at the common ancestor (`None`: it did not exist).
+    pub base: Option<ArtifactState>,
+    /// Its content on our side (`None`: deleted or never created).
+    pub ours: Option<ArtifactState>,
+    /// Its content on their side.
+    pub theirs: Option<ArtifactState>,
+}
+
+impl fmt::Display for Conflict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let side = |s: &Option<ArtifactState>| match s {
+            Some(s) => format!("{} {} ({})", s.kind, s.version, s.hash.short()),
+            None => "absent".to_owned(),
+        };
+        write!(
+            f,
+            "`{}`: base {}, ours {}, theirs {}",
+            self.id,
+            side(&self.base),
+            side(&self.ours),
+            side(&self.theirs)
+        )
+    }
+}
+
+/// Which side a resolved conflict takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// Keep our content.
+    Ours,
+    /// Take their content.
+    Theirs,
+}
+
+/// What a merge does with conflicts.
+pub enum Resolution {
+    /// Report them and apply nothing (the default of [`Context::merge`]).
+    Fail,
+    /// Keep our side of every conflict.
+    Ours,
+    /// Take their side of every conflict.
+    Theirs,
+    /// Ask a function, conflict by conflict.
+    With(Box<dyn Fn(&Conflict) -> Side + Send + Sync>),
+}
+
+impl Resolution {
+    /// Resolves each conflict with `choose`.
+    pub fn with(choose: impl Fn(&Conflict) -> Side + Send + Sync + 'static) -> Self {
+        Resolution::With(Box::new(choose))
+    }
+
+    fn choose(&self, conflict: &Conflict) -> Option<Side> {
+        match self {
+            Resolution::Fail => None,
+            Resolution::Ours => Some(Side::Ours),
+            Resolution::Theirs => Some(Side::Theirs),
+            Resolution::With(choose) => Some(choose(conflict)),
+        }
+    }
+}
+
+impl fmt::Debug for Resolution {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Resolution::Fail => "Fail",
+            Resolution::Ours => "Ours",
+            Resolution::Theirs => "Theirs",
+            Resolution::With(_) => "With(..)",
+        })
+    }
+}
+
+/// A merge refused or failed; nothing was applied.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MergeError {
+    /// Ids changed to different content on both sides, and the resolution is
+    /// [`Resolution::Fail`].
+    #[error("{} conflicting artifact(s): {}", .0.len(), .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Conflicts(Vec<Conflict>),
+    /// Rebuilding the common ancestor's state failed: a log does not verify.
+    #[error(transparent)]
+    Verify(#[from] VerifyError),
+    /// The merged changes do not apply.
+    #[error(transparent)]
+    Commit(#[from] CommitError),
+    /// The store could not persist the merge commit.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What a merge did.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct MergeReport {
+    /// The merge commit, or `None` if their head was already merged (nothing to do).
+    pub generation: Option<Generation>,
+    /// The common ancestor: the last commit both sides share (`None`: unrelated histories,
+    /// merged from the empty state).
+    pub ancestor: Option<CommitHash>,
+    /// Artifacts that took their side.
+    pub taken: Vec<ArtifactId>,
+    /// Conflicts resolved by the [`Resolution`], with the side each took.
+    pub resolved: Vec<(Conflict, Side)>,
+}
+
+/// What changed between two states.
+#[derive(Debug, Default)]
+#[non_exhaustive]
+pub struct Diff {
+    /// Created: absent before, present after.
+    pub created: Vec<(ArtifactId, ArtifactState)>,
+    /// Updated: present on both sides with different content, with the changed fields where
+    /// the content is a map or struct.
+    pub updated: Vec<Updated>,
+    /// Deleted: present before, absent after.
+    pub deleted: Vec<(ArtifactId, ArtifactState)>,
+    /// Relations added.
+    pub linked: Vec<Relation>,
+    /// Relations removed.
+    pub unlinked: Vec<Relation>,
+}
+
+impl Diff {
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.created.is_empty()
+            && self.updated.is_empty()
+            && self.deleted.is_empty()
+            && self.linked.is_empty()
+            && self.unlinked.is_empty()
+    }
+}
+
+/// An artifact whose content changed.
+#[derive(Debug)]
+pub struct Updated {
+    /// The artifact.
+    pub id: ArtifactId,
+    /// Before.
+    pub before: ArtifactState,
+    /// After.
+    pub after: ArtifactState,
+    /// The fields that differ (path, before, after), where both decode as maps or structs.
+    pub fields: Vec<FieldDiff>,
+}
+
+/// The ids and relations a run of commits touches.
+#[derive(Default)]
+struct Touched {
+    ids: BTreeSet<ArtifactId>,
+    relations: BTreeSet<Relation>,
+}
+
+impl Touched {
+    fn add(&mut self, commits: &[Commit]) {
+        for op in commits
+            .iter()
+            .flat_map(|c| c.runs.iter())
+            .flat_map(|r: &RunRecord| &r.ops)
+        {
+            match op {
+                Op::Link(r) | Op::Unlink(r) => {
+                    self.relations.insert(r.clone());
+                }
+                _ => {
+                    self.ids.insert(op.id().clone());
+                }
+            }
+        }
+    }
+
+    /// Relations that a deletion of a touched id may have removed, on any of the states.
+    fn add_relations_of(&mut self, states: &[&State]) {
+        for id in &self.ids {
+            for state in states {
+                self.relations.extend(state.relations_touching(id));
+            }
+        }
+    }
+}
+
+fn same(a: Option<&Arc<Stored>>, b: Option<&Arc<Stored>>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => a.kind == b.kind && a.hash == b.hash,
+        _ => false,
+    }
+}
+
+/// The position in `theirs` of the last commit `ours` has seen (in its log, or merged in), and
+/// the position in `ours` from which its own changes since then start.
+fn common_ancestor(ours: &[Commit], theirs: &[Commit]) -> (usize, usize) {
+    let mut position = std::collections::HashMap::new();
+    for (i, commit) in ours.iter().enumerate() {
+        position.insert(commit.hash, i + 1);
+        if let Some(merged) = commit.merged {
+            // Everything up to `merged` is in our state from this merge commit on.
+            position.entry(merged).or_insert(i);
+        }
+    }
+    for (j, commit) in theirs.iter().enumerate().rev() {
+        if let Some(&i) = position.get(&commit.hash) {
+            return (j + 1, i);
+        }
+    }
+    (0, 0)
+}
+
+impl Context {
+    /// Forks this context at its head into a branch named `name`: a new context with the same
+    /// state (shared structure, O(1)), the same log, an empty event queue, and the same
+    /// delivery ledger — so a key delivered on one branch is never delivered on the other.
+    /// A context on SQLite forks into a new session of the same file, whose log is shared with
+    /// this one up to the fork.
+    ///
+    /// # Errors
+    /// [`ForkError::Store`] if the store cannot create the session (for instance, the name is
+    /// taken).
+    pub fn fork(&self, name: impl Into<String>) -> Result<Context, ForkError> {
+        self.fork_at(name, self.generation())
+    }
+
+    /// Forks this context at a past commit: the branch's state is the state after commit
+    /// `generation` (rebuilt by replaying the log up to it) and its log ends there.
+    ///
+    /// # Errors
+    /// [`ForkError::NoSuchCommit`] past the head, [`ForkError::Verify`] if the log does not
+    /// replay, [`ForkError::Store`] as for [`fork`](Context::fork).
+    pub fn fork_at(&self, name: impl Into<String>, generation: Generation) -> Result<Context, ForkError> {
+        let name = name.into();
+        let end = usize::try_from(generation.0)
+            .ok()
+            .filter(|&end| end <= self.log().len())
+            .ok_or(ForkError::NoSuchCommit {
+                generation,
+                head: self.generation(),
+            })?;
+        let (state, events_emitted) = if end == self.log().len() {
+            (self.state().clone(), self.next_event_seq())
+        } else {
+            let mut refold = Refold::new(Checks::STATE);
+            let mut events = 0;
+            for commit in &self.log()[..end] {
+                events += refold.step(commit)?.len() as u64;
+            }
+            (refold.into_state(), events)
+        };
+        let head = end.checked_sub(1).map(|i| self.log()[i].hash);
+        let store = match self.store() {
+            Some(store) => Some(store.fork(&name, generation, head.as_ref(), events_emitted)?),
+            None => None,
+        };
+        Ok(self.branch(name, state, self.log()[..end].to_vec(), events_emitted, store))
+    }
+
+    /// Merges `theirs` into this context, three-way from their common ancestor: a change
+    /// made on one side only is applied; an id changed to equal content on both sides is
+    /// already merged; an id changed to different content on both sides (including a deletion
+    /// against an update) is a conflict, and then nothing is applied. Relations merge the
+    /// same way (they cannot conflict: a relation is either there or not).
+    ///
+    /// The merge is one commit with two parents (this context's head and theirs); it emits
+    /// events like any commit and never dispatches. Intents: a key both sides recorded is one
+    /// intent; an intent only they recorded becomes ours too, and — since branches share the
+    /// ledger — is delivered once in all, by whichever drain comes first.
+    ///
+    /// # Errors
+    /// [`MergeError::Conflicts`] lists every conflict with its base, ours and theirs.
+    pub fn merge(&mut self, theirs: &Context) -> Result<MergeReport, MergeError> {
+        self.merge_with(theirs, Resolution::Fail)
+    }
+
+    /// [`merge`](Context::merge), resolving conflicts with `resolution`.
+    ///
+    /// # Errors
+    /// As [`merge`](Context::merge); with a resolution other than [`Resolution::Fail`],
+    /// conflicts are resolved instead of reported.
+    pub fn merge_with(&mut self, theirs: &Context, resolution: Resolution) -> Result<MergeReport, MergeError> {
+        let (their_start, our_start) = common_ancestor(self.log(), theirs.log());
+        let ancestor = their_start.checked_sub(1).map(|i| theirs.log()[i].hash);
+        if their_start == theirs.log().len() {
+            return Ok(MergeReport {
+                generation: None,
+                ancestor,
+                taken: Vec::new(),
+                resolved: Vec::new(),
+            });
+        }
+        let mut refold = Refold::new(Checks::STATE);
+        for commit in &theirs.log()[..their_start] {
+            refold.step(commit)?;
+        }
+        let base = refold.into_state();
+        let ours = self.state();
+        let their_state = theirs.state();
+
+        let mut touched = Touched::default();
+        touched.add(&self.log()[our_start..]);
+        touched.add(&theirs.log()[their_start..]);
+        touched.add_relations_of(&[&base, ours, their_state]);
+
+        let mut take = Vec::new();
+        let mut conflicts = Vec::new();
+        let mut resolved = Vec::new();
+        for id in &touched.ids {
+            let (b, o, t) = (
+                base.get(id.as_str()),
+                ours.get(id.as_str()),
+                their_state.get(id.as_str()),
+            );
+            if same(o, t) || same(b, t) {
+                continue;
+            }
+            if same(b, o) {
+                take.push((id.clone(), t.cloned()));
+                continue;
+            }
+            let conflict = Conflict {
+                id: id.clone(),
+                base: b.map(ArtifactState::of),
+                ours: o.map(ArtifactState::of),
+                theirs: t.map(ArtifactState::of),
+            };
+            match resolution.choose(&conflict) {
+                None => conflicts.push(conflict),
+                Some(side) => {
+                    if side == Side::Theirs {
+                        take.push((id.clone(), t.cloned()));
+                    }
+                    resolved.push((conflict, side));
+                }
+            }
+        }
+        if !conflicts.is_empty() {
+            return Err(MergeError::Conflicts(conflicts));
+        }
+
+        // Their changes, as operations: writes (intents as acts), links, unlinks, deletions.
+        let mut puts = Vec::new();
+        let mut deletes = Vec::new();
+        for (id, value) in &take {
+            match value {
+                Some(stored) if stored.kind == Kind::of::<PendingAction>() => puts.push(act_op(stored)),
+                Some(stored) => puts.push(Op::Put {
+                    mode: PutMode::Upsert,
+                    id: id.clone(),
+                    kind: stored.kind,
+                    hash: stored.hash,
+                    bytes: stored.bytes.clone(),
+                }),
+                None => deletes.push(Op::Delete { id: id.clone() }),
+            }
+        }
+        let mut links = Vec::new();
+        let mut unlinks = Vec::new();
+        for relation in &touched.relations {
+            let (b, o, t) = (
+                base.has_relation(relation),
+                ours.has_relation(relation),
+                their_state.has_relation(relation),
+            );
+            if o == b && t != b {
+                if t {
+                    links.push(Op::Link(relation.clone()));
+                } else {
+                    unlinks.push(Op::Unlink(relation.clone()));
+                }
+            }
+        }
+        let ops: Vec<Op> = puts.into_iter().chain(links).chain(unlinks).chain(deletes).collect();
+        let taken = take.into_iter().map(|(id, _)| id).collect();
+        let run = RunRecord {
+            agent: None,
+            produce: None,
+            trigger: None,
+            ops,
+            reads: Vec::new(),
+        };
+        let head = theirs.head();
+        match self.commit_runs(vec![run], 0, false, false, head) {
+            Ok(_) => Ok(MergeReport {
+                generation: Some(self.generation()),
+                ancestor,
+                taken,
+                resolved,
+            }),
+            Err(CommitFailure::Patch(_, e)) => Err(MergeError::Commit(e)),
+            Err(CommitFailure::Store(e)) => Err(MergeError::Store(e)),
+        }
+    }
+
+    /// What changed from this context's head to `other`'s: the ids and relations either side
+    /// touched since their common ancestor, compared.
+    ///
+    /// # Errors
+    /// [`VerifyError`] if the common ancestor's state cannot be rebuilt.
+    pub fn diff(&self, other: &Context) -> Result<Diff, VerifyError> {
+        let (their_start, our_start) = common_ancestor(self.log(), other.log());
+        let mut touched = Touched::default();
+        touched.add(&self.log()[our_start..]);
+        touched.add(&other.log()[their_start..]);
+        touched.add_relations_of(&[self.state(), other.state()]);
+        Ok(diff_states(self.state(), other.state(), &touched))
+    }
+
+    /// What changed from the state after commit `from` to the state after commit `to` of this
+    /// context's log (either may be 0, the empty state; `from` may be after `to`).
+    ///
+    /// # Errors
+    /// [`VerifyError`] if a generation is past the head or the log does not replay.
+    pub fn diff_commits(&self, from: Generation, to: Generation) -> Result<Diff, VerifyError> {
+        let (low, high) = (from.min(to), from.max(to));
+        let states = [self.state_at_or_empty(from)?, self.state_at_or_empty(to)?];
+        let mut touched = Touched::default();
+        let (low, high) = (low.0 as usize, (high.0 as usize).min(self.log().len()));
+        touched.add(&self.log()[low..high]);
+        touched.add_relations_of(&[&states[0], &states[1]]);
+        Ok(diff_states(&states[0], &states[1], &touched))
+    }
+
+    fn state_at_or_empty(&self, generation: Generation) -> Result<State, VerifyError> {
+        if generation.0 as usize > self.log().len() {
+            return Err(VerifyError::Numbering {
+                generation,
+                position: self.log().len() as u64,
+            });
+        }
+        let mut refold = Refold::new(Checks::STATE);
+        for commit in &self.log()[..generation.0 as usize] {
+            refold.step(commit)?;
+        }
+        Ok(refold.into_state())
+    }
+}
+
+/// The `PendingAction` of theirs as an act, so our ledger registers the intent if it does not
+/// know the key (a merge of contexts that do not share a ledger).
+fn act_op(stored: &Arc<Stored>) -> Op {
+    let (key, action, payload) = match rmp_serde::from_slice::<PendingAction>(&stored.bytes) {
+        Ok(a) => (
+            ActionKey::from(a.key),
+            Arc::<str>::from(a.kind),
+            Arc::<[u8]>::from(a.payload),
+        ),
+        // Unreachable for content that verified; keep the bytes as a plain write.
+        Err(_) => {
+            return Op::Put {
+                mode: PutMode::Upsert,
+                id: stored.id.clone(),
+                kind: stored.kind,
+                hash: stored.hash,
+                bytes: stored.bytes.clone(),
+            }
+        }
+    };
+    Op::Act {
+        key,
+        action,
+        id: stored.id.clone(),
+        hash: stored.hash,
+        bytes: stored.bytes.clone(),
+        payload,
+    }
+}
+
+fn diff_states(before: &State, after: &State, touched: &Touched) -> Diff {
+    let mut diff = Diff::default();
+    for id in &touched.ids {
+        match (before.get(id.as_str()), after.get(id.as_str())) {
+            (None, Some(a)) => diff.created.push((id.clone(), ArtifactState::of(a))),
+            (Some(b), None) => diff.deleted.push((id.clone(), ArtifactState::of(b))),
+            (Some(b), Some(a)) if !same(Some(b), Some(a)) => diff.updated.push(Updated {
+                id: id.clone(),
+                fields: diff_bytes("", &b.bytes, &a.bytes),
+                before: ArtifactState::of(b),
+                after: ArtifactState::of(a),
+            }),
+            _ => {}
+        }
+    }
+    for relation in &touched.relations {
+        match (before.has_relation(relation), after.has_relation(relation)) {
+            (false, true) => diff.linked.push(relation.clone()),
+            (true, false) => diff.unlinked.push(relation.clone()),
+            _ => {}
+        }
+    }
+    diff
+}
