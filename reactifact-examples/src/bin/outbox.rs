@@ -15,14 +15,14 @@
 //! any check fails. See `docs/walkthrough.md` for the cases in prose.
 
 use std::collections::VecDeque;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use reactifact_core::{
-    produce, Agent, Artifact, ArtifactId, Context, DeliveryStatus, DispatchError, Intent, PendingAction, ProduceCall,
-    Record, RetryPolicy, Runtime,
+    produce, Agent, Artifact, ArtifactId, Context, Delivery, DeliveryStatus, DispatchError, Dispatcher, Generation,
+    Intent, PendingAction, ProduceCall, Record, RetryPolicy, Runtime, StateHash,
 };
 use serde::{Deserialize, Serialize};
 
@@ -100,7 +100,7 @@ fn order(customer: &str, total_cents: u64) -> Order {
 // A mail service stand-in
 // ---------------------------------------------------------------------------------------------
 
-/// Counts every call the outbox makes to it, per key, and fails on request.
+/// Records every call the outbox makes to it, and fails on request.
 #[derive(Clone, Default)]
 struct Mailer {
     state: Arc<Mutex<MailerState>>,
@@ -108,35 +108,46 @@ struct Mailer {
 
 #[derive(Default)]
 struct MailerState {
-    /// Every call, in order: (key, attempt, generation that committed the intent).
-    calls: Vec<(String, u32, u64)>,
+    /// Every call, in order.
+    calls: Vec<Call>,
     /// Keys sent successfully.
     sent: Vec<String>,
     /// Errors to answer the next calls with, one per call.
     failures: VecDeque<DispatchError>,
 }
 
+struct Call {
+    key: String,
+    /// The generation whose commit recorded the intent.
+    generation: Generation,
+}
+
 impl Mailer {
     /// The dispatcher to give a runtime. Every runtime of a walkthrough shares one mailer,
-    /// so its counts are the truth about what went out.
-    fn dispatcher(&self) -> impl Fn(Intent) -> std::future::Ready<Result<(), DispatchError>> + Send + Sync + 'static {
-        let state = self.state.clone();
+    /// so its records are the truth about what went out.
+    fn dispatcher(&self) -> impl Dispatcher {
+        let mailer = self.clone();
         move |intent: Intent| {
-            let mut state = state.lock().unwrap();
-            let key = intent.key().to_string();
-            state.calls.push((key.clone(), intent.attempt(), intent.generation().0));
-            let result = match state.failures.pop_front() {
-                Some(error) => Err(error),
-                None => match intent.payload::<Notify>() {
-                    Ok(_mail) => {
-                        state.sent.push(key);
-                        Ok(())
-                    }
-                    Err(e) => Err(DispatchError::permanent(e)),
-                },
-            };
-            std::future::ready(result)
+            let result = mailer.receive(&intent);
+            async move { result }
         }
+    }
+
+    /// One call: record it, then fail if told to, or send.
+    fn receive(&self, intent: &Intent) -> Result<(), DispatchError> {
+        let mut state = self.state.lock().unwrap();
+        let key = intent.key().to_string();
+        state.calls.push(Call {
+            key: key.clone(),
+            generation: intent.generation(),
+        });
+        if let Some(error) = state.failures.pop_front() {
+            return Err(error);
+        }
+        // A real mail service would send this, passing `key` on as the idempotency key.
+        let _mail: Notify = intent.payload()?;
+        state.sent.push(key);
+        Ok(())
     }
 
     /// Answers the next calls with these errors, in order.
@@ -146,7 +157,7 @@ impl Mailer {
 
     /// How many times the outbox called the mailer for `key` (successful or not).
     fn calls(&self, key: &str) -> usize {
-        self.state.lock().unwrap().calls.iter().filter(|c| c.0 == key).count()
+        self.state.lock().unwrap().calls.iter().filter(|c| c.key == key).count()
     }
 
     /// How many times `key` was sent successfully.
@@ -159,10 +170,10 @@ impl Mailer {
         self.state.lock().unwrap().calls.len()
     }
 
-    /// The generation that committed the intent `key`, as the mailer was told when sending it.
-    fn committed_in(&self, key: &str) -> Option<u64> {
+    /// The generation of the intent `key`, as the mailer was told on the first call.
+    fn committed_in(&self, key: &str) -> Option<Generation> {
         let state = self.state.lock().unwrap();
-        state.calls.iter().find(|c| c.0 == key).map(|c| c.2)
+        state.calls.iter().find(|c| c.key == key).map(|c| c.generation)
     }
 }
 
@@ -205,12 +216,49 @@ impl Store {
     }
 }
 
+/// One pass of the walkthrough over one store.
 struct Walkthrough {
     store: Store,
     mailer: Mailer,
 }
 
+/// Prints a case's line, or names the case that failed.
+fn say(case: u32, title: &str, outcome: Outcome<String>) -> Outcome {
+    match outcome {
+        Ok(line) => {
+            println!("  {case}. {title}: {line}");
+            Ok(())
+        }
+        Err(e) => Err(format!("case {case} ({title}): {e}").into()),
+    }
+}
+
+/// The ledger's entry for `key`.
+fn delivery(rt: &Runtime, key: &str) -> Outcome<Delivery> {
+    match rt.context().ledger().get(key) {
+        Some(delivery) => Ok(delivery),
+        None => Err(format!("no intent `{key}` in the ledger").into()),
+    }
+}
+
 impl Walkthrough {
+    async fn run(&self) -> Outcome {
+        let mut shop = self.shop(self.store.open("shop")?);
+        say(1, "commit → dispatch", self.commit_then_dispatch(&mut shop).await)?;
+        say(2, "re-derivation", self.re_derivation(&mut shop).await)?;
+        say(3, "same generation", self.same_generation().await)?;
+        say(4, "two branches", self.two_branches(&mut shop).await)?;
+        say(5, "replay", self.replay(&shop).await)?;
+        say(6, "failure → retry", self.failure_then_retry(&mut shop).await)?;
+        say(7, "transient outage", self.transient_outage(&mut shop).await)?;
+        if let Store::Sqlite(path) = &self.store {
+            let (hash, commits) = (shop.context().state_hash(), shop.context().log().len());
+            drop(shop);
+            println!("  {}", reopen(path, hash, commits)?);
+        }
+        Ok(())
+    }
+
     /// A runtime over `context` with the given agents, the shared mailer, and a retry policy
     /// short enough for a demo: 50 ms after the first failure, doubling, at most 5 attempts.
     fn runtime(&self, context: Context, agents: impl IntoIterator<Item = Agent>) -> Runtime {
@@ -223,178 +271,204 @@ impl Walkthrough {
             .build()
     }
 
+    /// The shop: one agent, `billing`, running `process_order`.
     fn shop(&self, context: Context) -> Runtime {
         self.runtime(context, [Agent::new("billing").produce(process_order)])
     }
 
-    async fn run(&self) -> Outcome {
-        let mut rt = self.shop(self.store.open("shop")?);
-        let mailer = &self.mailer;
-
-        // 1. commit → dispatch
-        rt.context_mut().create("order:1", order("ada", 1200))?;
-        rt.run().await?;
+    /// Case 1: the produce only decides; the send happens after the commit that recorded it.
+    async fn commit_then_dispatch(&self, shop: &mut Runtime) -> Outcome<String> {
         let key = "notify:order:1";
-        let delivery = rt
-            .context()
-            .ledger()
-            .get(key)
-            .ok_or("case 1: no intent in the ledger")?;
-        check_eq(mailer.sent(key), 1, "case 1: sends of notify:order:1")?;
-        check_eq(delivery.status(), DeliveryStatus::Delivered, "case 1: ledger status")?;
-        let receipt = rt
-            .context()
-            .get::<Receipt>("receipt:order:1")?
-            .ok_or("case 1: no receipt")?;
+        shop.context_mut().create("order:1", order("ada", 1200))?;
+        shop.run().await?;
+
+        let delivery = delivery(shop, key)?;
+        let receipt = shop.context().get::<Receipt>("receipt:order:1")?.ok_or("no receipt")?;
+        check_eq(self.mailer.sent(key), 1, "sends of notify:order:1")?;
+        check_eq(delivery.status(), DeliveryStatus::Delivered, "ledger status")?;
         check_eq(
             delivery.generation(),
             receipt.generation,
-            "case 1: the intent was committed with the receipt",
+            "the commit that recorded the intent also wrote the receipt",
         )?;
         check_eq(
-            mailer.committed_in(key),
-            Some(delivery.generation().0),
-            "case 1: the mailer was handed the committed intent",
+            self.mailer.committed_in(key),
+            Some(delivery.generation()),
+            "the generation of the intent the mailer was handed",
         )?;
-        println!(
-            "  1. commit → dispatch: process_order did no I/O; commit {} holds the receipt and the intent; then 1 send; ledger: {}",
+        Ok(format!(
+            "process_order did no I/O; commit {} holds the receipt and the intent; then 1 send; ledger: {}",
             delivery.generation(),
             delivery.status()
-        );
-
-        // 2. re-derivation
-        rt.context_mut().update("order:1", order("ada", 1500))?;
-        let report = rt.run().await?;
-        let receipt = rt
-            .context()
-            .get::<Receipt>("receipt:order:1")?
-            .ok_or("case 2: no receipt")?;
-        check_eq(report.runs, 1, "case 2: produce runs after the edit")?;
-        check_eq(receipt.data.total_cents, 1500, "case 2: the receipt follows the edit")?;
-        check_eq(mailer.calls(key), 1, "case 2: calls for notify:order:1")?;
-        println!("  2. re-derivation: editing order:1 re-ran process_order (receipt now 15.00); same key, 0 new sends");
-
-        // 3. same generation, two agents
-        let mut two = self.runtime(
-            self.store.open("two-agents")?,
-            [
-                Agent::new("billing").produce(process_order),
-                Agent::new("support").produce(confirm_order),
-            ],
-        );
-        two.context_mut().create("order:3", order("bob", 300))?;
-        let report = two.run().await?;
-        let key = "notify:order:3";
-        let intents = two.context().list::<PendingAction>().filter(|a| a.is_ok()).count();
-        check_eq(report.generations, 1, "case 3: generations")?;
-        check_eq(report.runs, 2, "case 3: produce runs")?;
-        check_eq(intents, 1, "case 3: intents in the state")?;
-        check_eq(mailer.calls(key), 1, "case 3: calls for notify:order:3")?;
-        println!(
-            "  3. same generation: billing and support both acted on order:3 in one generation; one intent, one send"
-        );
-        drop(two);
-
-        // 4. two branches
-        println!("  4. two branches: pending — branches and merge (issue 7) have not landed yet");
-
-        // 5. replay
-        let calls_before = mailer.total_calls();
-        let replay = rt.replay().await?;
-        let verified = rt.context().verify()?;
-        let rebuilt = rt.context().state_at(rt.context().generation())?;
-        check_eq(mailer.total_calls(), calls_before, "case 5: mailer calls during replay")?;
-        check_eq(
-            verified.state_hash,
-            rt.context().state_hash(),
-            "case 5: verified state hash",
-        )?;
-        check_eq(
-            rebuilt.state_hash(),
-            rt.context().state_hash(),
-            "case 5: rebuilt state hash",
-        )?;
-        println!(
-            "  5. replay: {} produce runs re-executed from the log: same patches, 0 sends; rebuilt state hash {} = live",
-            replay.runs,
-            rebuilt.state_hash().short()
-        );
-
-        // 6. failure → retry
-        let key = "notify:order:6";
-        mailer.fail_next([DispatchError::permanent("550 mailbox unavailable")]);
-        rt.context_mut().create("order:6", order("eve", 990))?;
-        let report = rt.run().await?;
-        let delivery = rt.context().ledger().get(key).ok_or("case 6: no intent")?;
-        check_eq(report.deliveries.dead.len(), 1, "case 6: dead letters reported")?;
-        check_eq(
-            delivery.status(),
-            DeliveryStatus::Dead,
-            "case 6: ledger status after the failure",
-        )?;
-        check_eq(delivery.attempts(), 1, "case 6: attempts after the failure")?;
-        let error = delivery.last_error().unwrap_or_default().to_owned();
-        check(error.contains("550"), "case 6: the ledger keeps the error")?;
-        rt.retry(key)?;
-        let flushed = rt.flush().await?;
-        let delivery = rt.context().ledger().get(key).ok_or("case 6: no intent")?;
-        check_eq(flushed.delivered, 1, "case 6: delivered by the flush")?;
-        check_eq(
-            delivery.status(),
-            DeliveryStatus::Delivered,
-            "case 6: ledger status after retry",
-        )?;
-        check_eq(mailer.sent(key), 1, "case 6: sends of notify:order:6")?;
-        println!("  6. failure → retry: attempt 1 failed (\"{error}\"), ledger: dead; retry + flush delivered it once");
-
-        // 7. transient outage
-        let key = "notify:order:7";
-        mailer.fail_next([
-            DispatchError::retryable("503 service unavailable"),
-            DispatchError::retryable("503 service unavailable"),
-        ]);
-        let started = Instant::now();
-        rt.context_mut().create("order:7", order("fay", 4200))?;
-        let report = rt.run().await?;
-        check_eq(report.deliveries.failed.len(), 1, "case 7: failed attempts in the turn")?;
-        let settled = rt.settle().await?;
-        let waited = started.elapsed();
-        let delivery = rt.context().ledger().get(key).ok_or("case 7: no intent")?;
-        check_eq(settled.delivered, 1, "case 7: delivered by settle")?;
-        check_eq(delivery.status(), DeliveryStatus::Delivered, "case 7: ledger status")?;
-        check_eq(delivery.attempts(), 3, "case 7: attempts in the ledger")?;
-        check_eq(mailer.calls(key), 3, "case 7: calls for notify:order:7")?;
-        check_eq(mailer.sent(key), 1, "case 7: sends of notify:order:7")?;
-        println!(
-            "  7. transient outage: two 503s ridden out by the retry policy in {} ms; ledger: {} after {} attempts",
-            waited.as_millis(),
-            delivery.status(),
-            delivery.attempts()
-        );
-
-        if let Store::Sqlite(path) = &self.store {
-            let (hash, commits) = (rt.context().state_hash(), rt.context().log().len());
-            drop(rt);
-            let reopened = Context::open(path, "shop")?;
-            let delivery = reopened
-                .ledger()
-                .get(key)
-                .ok_or("reopen: the ledger lost notify:order:7")?;
-            check_eq(reopened.state_hash(), hash, "reopen: state hash")?;
-            check_eq(reopened.log().len(), commits, "reopen: commits")?;
-            check_eq(delivery.status(), DeliveryStatus::Delivered, "reopen: ledger status")?;
-            reopened.verify()?;
-            println!(
-                "  reopened {}: {} commits verified, state hash {} matches; ledger: notify:order:7 {} after {} attempts",
-                path.display(),
-                commits,
-                hash.short(),
-                delivery.status(),
-                delivery.attempts()
-            );
-        }
-        Ok(())
+        ))
     }
+
+    /// Case 2: editing the order re-runs the produce, which derives the same key: nothing is re-sent.
+    async fn re_derivation(&self, shop: &mut Runtime) -> Outcome<String> {
+        shop.context_mut().update("order:1", order("ada", 1500))?;
+        let report = shop.run().await?;
+
+        let receipt = shop.context().get::<Receipt>("receipt:order:1")?.ok_or("no receipt")?;
+        check_eq(report.runs, 1, "produce runs after the edit")?;
+        check_eq(receipt.data.total_cents, 1500, "the receipt's total after the edit")?;
+        check_eq(self.mailer.calls("notify:order:1"), 1, "calls for notify:order:1")?;
+        Ok("editing order:1 re-ran process_order (receipt now 15.00); same key, 0 new sends".into())
+    }
+
+    /// Case 3: two agents react to the same event in one generation and reach the same decision.
+    async fn same_generation(&self) -> Outcome<String> {
+        let agents = [
+            Agent::new("billing").produce(process_order),
+            Agent::new("support").produce(confirm_order),
+        ];
+        let mut rt = self.runtime(self.store.open("two-agents")?, agents);
+        rt.context_mut().create("order:3", order("bob", 300))?;
+        let report = rt.run().await?;
+
+        let intents = rt.context().list::<PendingAction>().count();
+        check_eq(report.generations, 1, "generations")?;
+        check_eq(report.runs, 2, "produce runs")?;
+        check_eq(intents, 1, "intents in the state")?;
+        check_eq(self.mailer.calls("notify:order:3"), 1, "calls for notify:order:3")?;
+        Ok("billing and support both acted on order:3 in one generation; one intent, one send".into())
+    }
+
+    /// Case 4: two branches reach the same intent: a fork tries out the `support` agent next to
+    /// `billing`. The branches share the delivery ledger, so the key goes out once in all, and
+    /// the merge keeps one intent.
+    async fn two_branches(&self, shop: &mut Runtime) -> Outcome<String> {
+        let key = "notify:order:4";
+        let agents = [
+            Agent::new("billing").produce(process_order),
+            Agent::new("support").produce(confirm_order),
+        ];
+        let mut fork = self.runtime(shop.context().fork("shop-with-support")?, agents);
+        for rt in [&mut *shop, &mut fork] {
+            rt.context_mut().create("order:4", order("cy", 800))?;
+            rt.run().await?;
+            let intent = rt.context().get::<PendingAction>(&format!("action:{key}"))?;
+            check(intent.is_some(), "each branch recorded the intent")?;
+        }
+        let merge = shop.context_mut().merge(fork.context())?;
+        shop.run().await?;
+
+        let merged = merge.generation.ok_or("the merge made no commit")?;
+        let intents = shop
+            .context()
+            .list::<PendingAction>()
+            .filter(|a| matches!(a, Ok(a) if a.data.key == key));
+        check_eq(intents.count(), 1, "intents for notify:order:4 after the merge")?;
+        check_eq(
+            self.mailer.calls(key),
+            1,
+            "calls for notify:order:4, both branches together",
+        )?;
+        check_eq(
+            delivery(shop, key)?.status(),
+            DeliveryStatus::Delivered,
+            "ledger status",
+        )?;
+        Ok(format!(
+            "order:4 run on `shop` and on a fork with a second agent; merge commit {merged}: one intent, 1 send in all"
+        ))
+    }
+
+    /// Case 5: replay re-executes every recorded run and rebuilds the state; it never dispatches.
+    async fn replay(&self, shop: &Runtime) -> Outcome<String> {
+        let calls_before = self.mailer.total_calls();
+        let replay = shop.replay().await?;
+        let verified = shop.context().verify()?;
+        let rebuilt = shop.context().state_at(shop.context().generation())?;
+
+        let live = shop.context().state_hash();
+        check_eq(
+            self.mailer.total_calls(),
+            calls_before,
+            "mailer calls during the replay",
+        )?;
+        check_eq(verified.state_hash, live, "verified state hash")?;
+        check_eq(rebuilt.state_hash(), live, "rebuilt state hash")?;
+        Ok(format!(
+            "{} produce runs re-executed from the log: same patches, 0 sends; rebuilt state hash {} = live",
+            replay.runs,
+            live.short()
+        ))
+    }
+
+    /// Case 6: a failed delivery is state: recorded with its error, re-armed by `retry`.
+    async fn failure_then_retry(&self, shop: &mut Runtime) -> Outcome<String> {
+        let key = "notify:order:6";
+        self.mailer
+            .fail_next([DispatchError::permanent("550 mailbox unavailable")]);
+        shop.context_mut().create("order:6", order("eve", 990))?;
+        let report = shop.run().await?;
+
+        let failed = delivery(shop, key)?;
+        let error = failed.last_error().unwrap_or_default().to_owned();
+        check_eq(report.deliveries.dead.len(), 1, "dead letters in the turn's report")?;
+        check_eq(failed.status(), DeliveryStatus::Dead, "ledger status after the failure")?;
+        check_eq(failed.attempts(), 1, "attempts after the failure")?;
+        check(error.contains("550"), "the ledger keeps the error")?;
+
+        shop.retry(key)?;
+        let flushed = shop.flush().await?;
+        check_eq(flushed.delivered, 1, "delivered by the flush")?;
+        check_eq(
+            delivery(shop, key)?.status(),
+            DeliveryStatus::Delivered,
+            "ledger status after the retry",
+        )?;
+        check_eq(self.mailer.sent(key), 1, "sends of notify:order:6")?;
+        Ok(format!(
+            "attempt 1 failed (\"{error}\"), ledger: dead; retry + flush delivered it once"
+        ))
+    }
+
+    /// Case 7: a retry policy rides out a short outage; the ledger counts the attempts.
+    async fn transient_outage(&self, shop: &mut Runtime) -> Outcome<String> {
+        let key = "notify:order:7";
+        let outage = || DispatchError::retryable("503 service unavailable");
+        self.mailer.fail_next([outage(), outage()]);
+        let started = Instant::now();
+        shop.context_mut().create("order:7", order("fay", 4200))?;
+        let report = shop.run().await?;
+        let settled = shop.settle().await?;
+        let waited = started.elapsed();
+
+        let delivered = delivery(shop, key)?;
+        check_eq(report.deliveries.failed.len(), 1, "failed attempts in the turn")?;
+        check_eq(settled.delivered, 1, "delivered by settle")?;
+        check_eq(delivered.status(), DeliveryStatus::Delivered, "ledger status")?;
+        check_eq(delivered.attempts(), 3, "attempts in the ledger")?;
+        check_eq(self.mailer.calls(key), 3, "calls for notify:order:7")?;
+        check_eq(self.mailer.sent(key), 1, "sends of notify:order:7")?;
+        Ok(format!(
+            "two 503s ridden out by the retry policy in {} ms; ledger: {} after {} attempts",
+            waited.as_millis(),
+            delivered.status(),
+            delivered.attempts()
+        ))
+    }
+}
+
+/// Reopens the SQLite file and checks the state survived the process's runtime.
+fn reopen(path: &Path, hash: StateHash, commits: usize) -> Outcome<String> {
+    let reopened = Context::open(path, "shop")?;
+    reopened.verify()?;
+    let delivery = reopened
+        .ledger()
+        .get("notify:order:7")
+        .ok_or("reopened: no intent notify:order:7")?;
+    check_eq(reopened.state_hash(), hash, "reopened: state hash")?;
+    check_eq(reopened.log().len(), commits, "reopened: commits")?;
+    check_eq(delivery.status(), DeliveryStatus::Delivered, "reopened: ledger status")?;
+    Ok(format!(
+        "reopened {}: {commits} commits verified, state hash {} matches; ledger: notify:order:7 {} after {} attempts",
+        path.display(),
+        hash.short(),
+        delivery.status(),
+        delivery.attempts()
+    ))
 }
 
 /// The SQLite file: the first argument, or a new file in a new temporary directory.
