@@ -238,6 +238,14 @@ impl IntoProduce for Produce {
     }
 }
 
+/// A function that builds a produce: what `#[produce]` generates under the annotated
+/// function's name, so `Agent::produce(process_order)` registers it.
+impl<F: FnOnce() -> Produce> IntoProduce for F {
+    fn into_produce(self) -> Produce {
+        self()
+    }
+}
+
 /// A named group of produces with a priority and a concurrency limit.
 ///
 /// Work of agents with a higher priority comes first in a generation's work order; agents

@@ -44,7 +44,7 @@ fn order_produce() -> syn::File {
 }
 
 #[test]
-fn a_produce_becomes_a_marker_struct_with_its_body_as_run() {
+fn a_produce_becomes_a_marker_type_with_its_body_as_run() {
     let file = order_produce();
     assert!(compile_errors(&file).is_empty());
     let syn::Item::Struct(marker) = &file.items[0] else {
@@ -52,7 +52,9 @@ fn a_produce_becomes_a_marker_struct_with_its_body_as_run() {
     };
     assert_eq!(marker.ident, "process_order");
     assert!(matches!(marker.vis, syn::Visibility::Public(_)));
-    assert!(matches!(marker.fields, syn::Fields::Unit));
+    // Braces, not a unit struct: the type takes no value name, so a `let` binding named like
+    // the produce is allowed, and the registration function can use the name.
+    assert!(matches!(&marker.fields, syn::Fields::Named(f) if f.named.is_empty()));
     let docs: Vec<String> = marker
         .attrs
         .iter()
@@ -85,8 +87,13 @@ fn a_produce_becomes_a_marker_struct_with_its_body_as_run() {
 #[test]
 fn the_registration_names_trigger_declarations_and_outputs() {
     let file = order_produce();
+    let syn::Item::Fn(function) = &file.items[2] else {
+        panic!("the third item is the registration function")
+    };
+    assert_eq!(function.sig.ident, "process_order");
+    assert!(function.sig.inputs.is_empty());
     let registration = text(&file.items[2]);
-    assert!(registration.contains(":: reactifact_core :: __private :: IntoProduce for process_order"));
+    assert!(registration.contains("fn process_order () -> :: reactifact_core :: __private :: Produce"));
     assert!(registration.contains(
         ":: reactifact_core :: __private :: Produce :: declared :: < Order , process_order , _ , _ > (\"process_order\""
     ));
@@ -221,9 +228,9 @@ fn on_error_the_function_is_still_emitted_under_its_names() {
     let file = produce(quote!(Receipt), item);
     assert_eq!(compile_errors(&file).len(), 1);
     let all = text(&file);
-    assert!(all.contains("struct process_order ;"));
+    assert!(all.contains("struct process_order { }"));
     assert!(all.contains("fn run (call : ProduceCall < Order >) { let _ = call ; }"));
-    assert!(all.contains("IntoProduce for process_order"));
+    assert!(all.contains("fn process_order () -> :: reactifact_core :: __private :: Produce"));
     // The declared types are still named, so their imports stay used.
     assert!(all.contains("DeclaredOutput < process_order > for Receipt"));
 }

@@ -48,8 +48,10 @@ use proc_macro2::TokenStream as TokenStream2;
 ///
 /// The function keeps its body; the macro generates, next to it:
 ///
-/// - a unit struct named after the function (`process_order`), which is what you register with
-///   `Agent::produce` and what compile errors call the produce;
+/// - a function of the same name, `process_order()`, which builds the produce and is what you
+///   register with `Agent::produce(process_order)`;
+/// - a type of the same name (a struct with braces, so it takes no value name), which holds the
+///   body as `process_order::run` and is what compile errors call the produce;
 /// - its registration: the name, the trigger type (`T` of the parameter's `ProduceCall<T>`),
 ///   the declared outputs and the optional condition;
 /// - an implementation of `DeclaredOutput<process_order>` for each declared type. The
