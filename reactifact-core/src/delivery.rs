@@ -260,7 +260,7 @@ impl Drain<'_> {
     /// stop or the deadline did.
     pub(crate) async fn run(&mut self, report: &mut DrainReport) -> Result<Option<TurnOutcome>, DrainError> {
         let mut outcome = None;
-        while self.context.ledger().lock().due_count(self.clock.now()) > 0 {
+        while self.context.ledger().lock().has_due(self.clock.now()) {
             if let Some(interrupted) = self.interrupted() {
                 outcome = Some(interrupted);
                 break;
@@ -428,6 +428,22 @@ async fn deliver(
     let mut stopping: Option<(TurnOutcome, Instant)> = None;
     let mut failed_loud = false;
     let start = |i: usize| attempt(dispatcher, intents[i].clone(), config.timeout, i);
+    // Built once: registering with the stop handle on every completion would cost a lock each.
+    let interrupt = async {
+        let deadline = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = stop.requested() => TurnOutcome::Stopped,
+            () = deadline => TurnOutcome::DeadlineExceeded,
+        }
+    };
+    tokio::pin!(interrupt);
+    let grace = tokio::time::sleep(config.grace);
+    tokio::pin!(grace);
     loop {
         let accepting = stopping.is_none() && !failed_loud;
         while accepting && running.len() < config.concurrency && next < intents.len() {
@@ -443,27 +459,6 @@ async fn deliver(
             }
             next += 1;
         }
-        let grace_over = async {
-            match stopping {
-                Some((_, until)) => tokio::time::sleep_until(until).await,
-                None => std::future::pending().await,
-            }
-        };
-        let interrupt = async {
-            if stopping.is_some() {
-                return std::future::pending().await;
-            }
-            let deadline = async {
-                match deadline {
-                    Some(d) => tokio::time::sleep_until(d).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                () = stop.requested() => TurnOutcome::Stopped,
-                () = deadline => TurnOutcome::DeadlineExceeded,
-            }
-        };
         tokio::select! {
             biased;
             done = running.next() => {
@@ -484,11 +479,13 @@ async fn deliver(
                     }
                 }
             }
-            outcome = interrupt => {
+            outcome = &mut interrupt, if stopping.is_none() => {
                 tracing::info!(outcome = ?outcome, running = running.len(), grace = ?config.grace, "stopping the drain; running deliveries get the grace period");
-                stopping = Some((outcome, Instant::now() + config.grace));
+                let until = Instant::now() + config.grace;
+                grace.as_mut().reset(until);
+                stopping = Some((outcome, until));
             }
-            () = grace_over => {
+            () = &mut grace, if stopping.is_some() => {
                 tracing::warn!(running = running.len(), "grace period over; cancelling the deliveries still running");
                 break;
             }

@@ -1,6 +1,6 @@
 //! The delivery ledger: per idempotency key, the delivery state of an intent.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use foldhash::HashMap;
@@ -199,7 +199,7 @@ impl Ledger {
     /// How many intents wait for an attempt: pending ones, and failed ones whose retry is
     /// scheduled.
     pub fn pending(&self) -> usize {
-        self.lock().waiting.len()
+        self.lock().pending()
     }
 
     /// When the earliest waiting intent is due (`None` if none waits).
@@ -218,9 +218,10 @@ impl Ledger {
 pub(crate) struct LedgerInner {
     entries: Vec<Delivery>,
     index: HashMap<ActionKey, usize>,
-    /// Entries waiting for an attempt, by (due time in Unix milliseconds, 0 for "now"; commit
-    /// order): pending ones and failed ones with a scheduled retry.
-    waiting: BTreeSet<(u64, usize)>,
+    /// Pending entries, due now, in commit order (the common case: a queue).
+    ready: VecDeque<usize>,
+    /// Failed entries with a scheduled retry, by (due time in Unix milliseconds, position).
+    scheduled: BTreeSet<(u64, usize)>,
 }
 
 fn due_key(at: Option<SystemTime>) -> u64 {
@@ -237,23 +238,23 @@ impl LedgerInner {
     }
 
     pub(crate) fn pending(&self) -> usize {
-        self.waiting.len()
+        self.ready.len() + self.scheduled.len()
     }
 
     pub(crate) fn next_due(&self) -> Option<SystemTime> {
-        self.waiting.first().map(|&(due, at)| {
-            if due == 0 {
-                self.entries[at].updated_at
-            } else {
-                from_due_key(due)
-            }
-        })
+        match self.ready.front() {
+            Some(&at) => Some(self.entries[at].updated_at),
+            None => self.scheduled.first().map(|&(due, _)| from_due_key(due)),
+        }
     }
 
-    /// How many intents are due at `now`.
-    pub(crate) fn due_count(&self, now: SystemTime) -> usize {
-        let now = due_key(Some(now));
-        self.waiting.range(..(now + 1, 0)).count()
+    /// Whether an intent is due at `now`.
+    pub(crate) fn has_due(&self, now: SystemTime) -> bool {
+        !self.ready.is_empty()
+            || self
+                .scheduled
+                .first()
+                .is_some_and(|&(due, _)| due <= due_key(Some(now)))
     }
 
     /// Whether the ledger holds `key`.
@@ -263,16 +264,28 @@ impl LedgerInner {
 
     fn schedule(&mut self, at: usize) {
         let entry = &self.entries[at];
-        let waits = entry.status == DeliveryStatus::Pending
-            || (entry.status == DeliveryStatus::Failed && entry.next_attempt_at.is_some());
-        if waits {
-            self.waiting.insert((due_key(entry.next_attempt_at), at));
+        match (entry.status, entry.next_attempt_at) {
+            (DeliveryStatus::Pending, _) => self.ready.push_back(at),
+            (DeliveryStatus::Failed, Some(when)) => {
+                self.scheduled.insert((due_key(Some(when)), at));
+            }
+            _ => {}
         }
     }
 
     fn unschedule(&mut self, at: usize) {
-        let key = (due_key(self.entries[at].next_attempt_at), at);
-        self.waiting.remove(&key);
+        let entry = &self.entries[at];
+        match (entry.status, entry.next_attempt_at) {
+            (DeliveryStatus::Pending, _) => {
+                if let Some(pos) = self.ready.iter().rposition(|&r| r == at) {
+                    self.ready.remove(pos);
+                }
+            }
+            (DeliveryStatus::Failed, Some(when)) => {
+                self.scheduled.remove(&(due_key(Some(when)), at));
+            }
+            _ => {}
+        }
     }
 
     /// Adds an entry, waiting if it is pending or has a scheduled retry. Keys already present
@@ -296,14 +309,19 @@ impl LedgerInner {
     /// each intent.
     pub(crate) fn begin_batch(&mut self, limit: usize, lease: &Lease, now: SystemTime) -> Vec<usize> {
         let due = due_key(Some(now));
-        let batch: Vec<usize> = self
-            .waiting
-            .range(..(due + 1, 0))
-            .take(limit)
-            .map(|&(_, at)| at)
-            .collect();
+        let mut batch = Vec::with_capacity(limit.min(self.pending()));
+        while batch.len() < limit {
+            match self.scheduled.first() {
+                Some(&(when, at)) if when <= due => {
+                    self.scheduled.pop_first();
+                    batch.push(at);
+                }
+                _ => break,
+            }
+        }
+        let take = (limit - batch.len()).min(self.ready.len());
+        batch.extend(self.ready.drain(..take));
         for &at in &batch {
-            self.unschedule(at);
             let entry = &mut self.entries[at];
             entry.status = DeliveryStatus::InFlight;
             entry.attempts += 1;
@@ -431,7 +449,7 @@ impl fmt::Debug for Ledger {
         let inner = self.lock();
         f.debug_struct("Ledger")
             .field("entries", &inner.entries.len())
-            .field("pending", &inner.waiting.len())
+            .field("pending", &inner.pending())
             .finish()
     }
 }
