@@ -282,14 +282,12 @@ fn check_content(commit: &Commit) -> Result<(), VerifyError> {
         match op {
             Op::Put {
                 id, kind, hash, bytes, ..
-            } => {
-                if hash::content_hash(bytes) != *hash {
-                    return Err(VerifyError::Content {
-                        generation,
-                        id: id.clone(),
-                        kind: *kind,
-                    });
-                }
+            } if hash::content_hash(bytes) != *hash => {
+                return Err(VerifyError::Content {
+                    generation,
+                    id: id.clone(),
+                    kind: *kind,
+                });
             }
             Op::Act {
                 key,

@@ -191,7 +191,7 @@ fn position(haystack: &[u8], needle: &[u8], last: bool) -> usize {
         .enumerate()
         .filter(|(_, w)| *w == needle)
         .map(|(i, _)| i);
-    if last { hits.last() } else { hits.next() }.expect("found in the blob")
+    if last { hits.next_back() } else { hits.next() }.expect("found in the blob")
 }
 
 #[tokio::test]
