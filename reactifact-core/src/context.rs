@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 use std::path::Path;
-use std::sync::MutexGuard;
+use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use crate::artifact::{Artifact, ArtifactId, Generation, Record};
@@ -51,7 +51,7 @@ pub struct Context {
     /// How long this process leases an in-flight delivery.
     lease: Duration,
     /// Who this process is, in leases.
-    owner: String,
+    owner: Arc<str>,
 }
 
 /// Why a commit of runs failed.
@@ -72,14 +72,14 @@ impl From<CommitFailure> for WriteError {
 }
 
 /// An identity for this process's leases: host-independent, unique per process start.
-fn lease_owner() -> String {
-    static OWNER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+fn lease_owner() -> Arc<str> {
+    static OWNER: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
     OWNER
         .get_or_init(|| {
             let started = SystemTime::now()
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos());
-            format!("pid {} started {started}", std::process::id())
+            Arc::from(format!("pid {} started {started}", std::process::id()))
         })
         .clone()
 }

@@ -67,7 +67,7 @@ pub struct Delivery {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
     /// The process (drainer) that handed the intent to its dispatcher.
-    pub owner: String,
+    pub owner: Arc<str>,
     /// When the lease expires. An intent still in flight after that is put back to pending
     /// when a durable store is opened, and delivered again with the same idempotency key.
     pub expires_at: SystemTime,

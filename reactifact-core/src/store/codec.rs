@@ -67,7 +67,21 @@ pub(crate) fn encode_runs(runs: &[RunRecord]) -> Vec<u8> {
             reads: run.reads.iter().map(|r| (r.id.clone(), r.version)).collect(),
         })
         .collect();
-    rmp_serde::to_vec(&repr).expect("runs always encode")
+    // The bytes dominate: start with room for them, so the buffer is not regrown and copied.
+    let bytes: usize = runs.iter().flat_map(|r| &r.ops).map(op_bytes).sum();
+    let mut out = Vec::with_capacity(bytes + 96 * runs.len() + 64);
+    rmp_serde::encode::write(&mut out, &repr).expect("runs always encode");
+    out
+}
+
+/// About how many bytes an operation's encoding takes.
+fn op_bytes(op: &Op) -> usize {
+    match op {
+        Op::Put { id, bytes, .. } => id.as_str().len() + bytes.len() + 16,
+        Op::Act { id, bytes, payload, .. } => 2 * id.as_str().len() + bytes.len() + payload.len() + 24,
+        Op::Delete { id } => id.as_str().len() + 8,
+        Op::Link(r) | Op::Unlink(r) => r.from.as_str().len() + r.name.len() + r.to.as_str().len() + 8,
+    }
 }
 
 fn op_repr(op: &Op) -> OpRepr<'_> {

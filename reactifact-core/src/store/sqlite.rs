@@ -160,7 +160,7 @@ fn encode_deliveries(entries: &mut dyn Iterator<Item = &Delivery>) -> Vec<u8> {
             lease: d
                 .lease
                 .as_ref()
-                .map(|l| (Cow::Borrowed(l.owner.as_str()), millis(l.expires_at))),
+                .map(|l| (Cow::Borrowed(&*l.owner), millis(l.expires_at))),
             expired_leases: d.expired_leases,
             updated_at: millis(d.updated_at),
             delivered_at: d.delivered_at.map(millis),
@@ -403,7 +403,7 @@ impl SqliteStore {
                 entry.attempts = state.attempts;
                 entry.last_error = state.last_error.map(Cow::into_owned);
                 entry.lease = state.lease.map(|(owner, expires)| Lease {
-                    owner: owner.into_owned(),
+                    owner: Arc::from(&*owner),
                     expires_at: from_millis(expires),
                 });
                 entry.expired_leases = state.expired_leases;
@@ -428,7 +428,7 @@ impl SqliteStore {
             let owner = entry
                 .lease
                 .take()
-                .map_or_else(|| "an unknown drainer".to_owned(), |l| l.owner);
+                .map_or_else(|| "an unknown drainer".to_owned(), |l| l.owner.to_string());
             entry.status = DeliveryStatus::Pending;
             entry.expired_leases += 1;
             entry.updated_at = now;
