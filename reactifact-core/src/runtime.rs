@@ -440,14 +440,7 @@ impl Runtime {
         };
         let mut report = DrainReport::default();
         let span = tracing::info_span!("flush", session = %self.context.session(), settle);
-        let mut drain = Drain {
-            context: &mut self.context,
-            dispatcher: &dispatcher,
-            config: &self.delivery,
-            clock: &self.clock,
-            stop: &self.stop,
-            deadline: None,
-        };
+        let mut drain = self.drainer(&dispatcher, None);
         let outcome = if settle {
             drain.settle(&mut report).instrument(span).await
         } else {
@@ -486,15 +479,18 @@ impl Runtime {
         let Some(dispatcher) = self.dispatcher.clone() else {
             return Ok(None);
         };
-        let mut drain = Drain {
+        Ok(self.drainer(&dispatcher, deadline).run(report).await?)
+    }
+
+    fn drainer<'a>(&'a mut self, dispatcher: &'a Arc<dyn ErasedDispatcher>, deadline: Option<Instant>) -> Drain<'a> {
+        Drain {
             context: &mut self.context,
-            dispatcher: &dispatcher,
+            dispatcher,
             config: &self.delivery,
             clock: &self.clock,
             stop: &self.stop,
             deadline,
-        };
-        Ok(drain.run(report).await?)
+        }
     }
 }
 
