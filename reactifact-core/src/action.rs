@@ -96,6 +96,8 @@ pub struct Intent {
     pub(crate) kind: Arc<str>,
     pub(crate) payload: Arc<[u8]>,
     pub(crate) generation: Generation,
+    /// The position, in its commit's runs, of the run that recorded the intent.
+    pub(crate) run: u32,
     pub(crate) attempt: u32,
 }
 
@@ -123,6 +125,13 @@ impl Intent {
     /// The generation whose commit recorded the intent.
     pub fn generation(&self) -> Generation {
         self.generation
+    }
+
+    /// Where the intent comes from: its commit's generation and the position of the run that
+    /// recorded it among that commit's runs (`Context::provenance` tells the rest: the agent,
+    /// the produce, the trigger and what it read).
+    pub fn origin(&self) -> (Generation, usize) {
+        (self.generation, self.run as usize)
     }
 
     /// Which attempt this is: 1 for the first delivery, 2 after one failure, and so on.

@@ -120,6 +120,8 @@ pub(crate) struct Apply<'a> {
     undo: Vec<Undo>,
     pub(crate) events: Vec<Event>,
     pub(crate) intents: Vec<Intent>,
+    /// The position in the commit of the run being applied, recorded in its intents.
+    pub(crate) run: usize,
 }
 
 impl<'a> Apply<'a> {
@@ -132,6 +134,7 @@ impl<'a> Apply<'a> {
             undo: Vec::new(),
             events: Vec::new(),
             intents: Vec::new(),
+            run: 0,
         }
     }
 
@@ -210,6 +213,7 @@ impl<'a> Apply<'a> {
                         kind: action.clone(),
                         payload: payload.clone(),
                         generation: self.generation,
+                        run: self.run as u32,
                         attempt: 0,
                     });
                 }

@@ -383,6 +383,8 @@ impl Context {
         let mut apply = Apply::new(&mut self.state, generation);
         let mut rejected = Vec::new();
         for (i, run) in runs.iter().enumerate() {
+            // Its position in the commit once the rejected runs before it are dropped.
+            apply.run = i - rejected.len();
             if let Err(e) = apply.patch(&run.ops) {
                 if isolate {
                     rejected.push((i, e));

@@ -20,6 +20,9 @@ pub struct ActionCall<P> {
     pub attempt: u32,
     /// The generation whose commit recorded the intent (its provenance in the log).
     pub generation: Generation,
+    /// The position of the recording run among that commit's runs:
+    /// `context.log()[generation - 1].runs[run]` names its agent, produce, trigger and reads.
+    pub run: usize,
     /// The decoded payload.
     pub payload: P,
 }
@@ -73,6 +76,7 @@ impl Router {
                     key: intent.key().clone(),
                     attempt: intent.attempt(),
                     generation: intent.generation(),
+                    run: intent.origin().1,
                     payload,
                 })),
                 Err(e) => {

@@ -325,3 +325,31 @@ async fn a_turn_cancelled_mid_delivery_leaves_a_retryable_failure_not_a_stuck_in
     assert_eq!(rt.flush().await.unwrap().delivered, 1);
     assert_eq!(rt.context().ledger().get("notify:order:1").unwrap().attempts(), 2);
 }
+
+#[tokio::test]
+async fn an_intent_knows_the_run_that_recorded_it_even_after_an_isolated_failure() {
+    let mut ctx = Context::new("t");
+    ctx.create("order:1", order("ada", 1)).unwrap();
+    let broken = Produce::new("broken", |_call: ProduceCall<Order>| async {
+        Err::<(), _>(reactifact_core::ProduceError::msg("bad data"))
+    });
+    let origins = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let dispatcher = {
+        let origins = origins.clone();
+        move |intent: Intent| {
+            origins.lock().unwrap().push(intent.origin());
+            async { Ok::<(), DispatchError>(()) }
+        }
+    };
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("billing").produce(broken).produce(process_order()))
+        .produce_errors(reactifact_core::ProduceErrors::Isolate)
+        .dispatcher(dispatcher)
+        .build();
+    rt.run().await.unwrap();
+    // The failed run was dropped from the commit, so the recording run is the first one kept.
+    let (generation, run) = origins.lock().unwrap()[0];
+    let commit = &rt.context().log()[generation.0 as usize - 1];
+    assert_eq!(commit.runs[run].produce.as_deref(), Some("process_order"));
+    assert_eq!(rt.context().intent_origin("notify:order:1"), Some((generation, run)));
+}

@@ -70,6 +70,8 @@ struct IntentRow<'a> {
     #[serde(with = "serde_bytes", borrow)]
     payload: Cow<'a, [u8]>,
     recorded_at: i64,
+    /// The position of the recording run in its commit.
+    run: u32,
 }
 
 /// The state of one ledger entry after a write (the `deliveries.entries` column).
@@ -372,6 +374,7 @@ impl SqliteStore {
                         kind: Arc::from(&*intent.kind),
                         payload: Arc::from(&*intent.payload),
                         generation,
+                        run: intent.run,
                         attempt: 0,
                     },
                     from_millis(intent.recorded_at),
@@ -499,6 +502,7 @@ impl SqliteStore {
                     kind: Cow::Borrowed(&d.intent.kind),
                     payload: Cow::Borrowed(&d.intent.payload),
                     recorded_at: millis(d.recorded_at),
+                    run: d.intent.run,
                 })
                 .collect();
             rmp_serde::to_vec(&rows).expect("intents always encode")
