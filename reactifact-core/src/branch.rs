@@ -153,6 +153,23 @@ pub enum MergeError {
     /// [`Resolution::Fail`].
     #[error("{} conflicting artifact(s): {}", .0.len(), .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Conflicts(Vec<Conflict>),
+    /// The two histories have more than one best common ancestor (a criss-cross: each side
+    /// merged the other while neither had seen the other's merge), so no single base says what
+    /// each side changed. Merge one of the candidate bases into the other side first, or fork
+    /// from one side and redo the other's changes.
+    #[error("no single merge base: the histories have {} best common ancestors ({})", .bases.len(), .bases.iter().map(|b| b.short()).collect::<Vec<_>>().join(", "))]
+    CrissCross {
+        /// The best common ancestors, none an ancestor of another.
+        bases: Vec<CommitHash>,
+    },
+    /// The resolution took their side of a conflict on an intent (`action:{key}`): an intent
+    /// recorded on our side cannot be replaced or withdrawn, since its key may have been
+    /// delivered already. Resolve intent conflicts with [`Side::Ours`].
+    #[error("conflict on intent `{id}`: their side cannot be taken (an intent recorded on our side may have been delivered already); resolve it with our side")]
+    IntentConflict {
+        /// The pending action's id.
+        id: ArtifactId,
+    },
     /// Rebuilding the common ancestor's state failed: a log does not verify.
     #[error(transparent)]
     Verify(#[from] VerifyError),

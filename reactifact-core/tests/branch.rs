@@ -360,3 +360,201 @@ async fn branches_live_in_the_sqlite_file_and_merge_there() {
     assert_eq!(recorder.sent(), ["notify:order:2", "notify:order:1"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn cents(ctx: &Context, id: &str) -> Option<u64> {
+    ctx.get::<Order>(id).unwrap().map(|r| r.data.total_cents)
+}
+
+/// `main` forks `l`; `l` creates `a`; `l` forks `r`; `l` creates `b`; `main` merges `l`. The
+/// merge base of `main` and `r` is then `l`'s commit that created `a`, reachable from `main`
+/// only through its merge parent.
+fn merged_through_l() -> (Context, Context) {
+    let mut main = Context::new("main");
+    main.create("order:0", order("zoe", 0)).unwrap();
+    let mut l = main.fork("l").unwrap();
+    l.create("order:a", order("ada", 1)).unwrap();
+    let r = l.fork("r").unwrap();
+    l.create("order:b", order("bob", 2)).unwrap();
+    main.merge(&l).unwrap();
+    (main, r)
+}
+
+#[test]
+fn a_deletion_merged_through_an_earlier_merge_is_not_lost() {
+    let (mut main, mut r) = merged_through_l();
+    r.delete("order:a").unwrap();
+    let report = main.merge(&r).unwrap();
+    assert_eq!(report.ancestor, Some(r.log()[1].hash), "the base is l's commit that created a");
+    assert_eq!(cents(&main, "order:a"), None, "their deletion is applied");
+    assert_eq!(cents(&main, "order:b"), Some(2), "our side (merged from l) is kept");
+    main.verify().unwrap();
+}
+
+#[test]
+fn an_update_merged_through_an_earlier_merge_is_not_a_conflict() {
+    let (mut main, mut r) = merged_through_l();
+    r.update("order:a", order("ada", 5)).unwrap();
+    let report = main.merge(&r).unwrap_or_else(|e| panic!("{e}"));
+    assert!(report.resolved.is_empty());
+    assert_eq!(cents(&main, "order:a"), Some(5));
+    assert_eq!(cents(&main, "order:b"), Some(2));
+    let diff = main.diff(&r).unwrap();
+    assert_eq!(
+        diff.deleted.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(),
+        ["order:b"],
+        "r never had b"
+    );
+    assert!(diff.updated.is_empty() && diff.created.is_empty());
+}
+
+#[test]
+fn sync_then_merge_back_keeps_the_newer_value() {
+    let mut a = Context::new("a");
+    a.create("order:seed", order("zoe", 0)).unwrap();
+    let mut b = a.fork("b").unwrap();
+    a.create("order:x", order("x", 1)).unwrap();
+    b.create("order:y", order("y", 1)).unwrap();
+    b.merge(&a).unwrap();
+    assert_eq!(cents(&b, "order:x"), Some(1));
+    a.update("order:x", order("x", 2)).unwrap();
+
+    // B's side of x is the value it took from A, which A has changed since: no conflict.
+    let mut with_theirs = a.fork("a-theirs").unwrap();
+    let report = a.merge(&b).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(cents(&a, "order:x"), Some(2));
+    assert_eq!(cents(&a, "order:y"), Some(1));
+    let taken: Vec<_> = report.taken.iter().map(|id| id.as_str()).collect();
+    assert_eq!(taken, ["order:y"]);
+
+    let report = with_theirs.merge_with(&b, Resolution::Theirs).unwrap();
+    assert!(report.resolved.is_empty(), "nothing conflicts, so nothing is resolved");
+    assert_eq!(cents(&with_theirs, "order:x"), Some(2), "Theirs does not revert x");
+    assert_eq!(with_theirs.state_hash(), a.state_hash());
+    a.verify().unwrap();
+}
+
+#[test]
+fn repeated_syncs_in_both_directions_merge_cleanly() {
+    let mut a = Context::new("a");
+    a.create("order:0", order("zoe", 0)).unwrap();
+    let mut b = a.fork("b").unwrap();
+    for round in 1..=4u64 {
+        a.create(format!("order:a{round}"), order("a", round)).unwrap();
+        b.create(format!("order:b{round}"), order("b", round)).unwrap();
+        b.update("order:0", order("zoe", round)).unwrap();
+        a.merge(&b).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        b.merge(&a).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert_eq!(a.state_hash(), b.state_hash(), "round {round}");
+    }
+    assert_eq!(cents(&a, "order:0"), Some(4));
+    assert_eq!(a.merge(&b).unwrap().generation, None, "b's head is merged already");
+    a.verify().unwrap();
+    b.verify().unwrap();
+}
+
+#[test]
+fn a_criss_cross_history_is_refused_naming_both_bases() {
+    let mut main = Context::new("main");
+    main.create("order:0", order("zoe", 0)).unwrap();
+    let mut a = main.fork("a").unwrap();
+    let mut b = main.fork("b").unwrap();
+    a.create("order:a", order("a", 1)).unwrap();
+    b.create("order:b", order("b", 1)).unwrap();
+    // Each merges the other's head at the same time.
+    let a1 = a.fork("a1").unwrap();
+    let b1 = b.fork("b1").unwrap();
+    a.merge(&b1).unwrap();
+    b.merge(&a1).unwrap();
+    a.update("order:0", order("zoe", 1)).unwrap();
+
+    let (hash, commits) = (a.state_hash(), a.log().len());
+    match a.merge(&b) {
+        Err(MergeError::CrissCross { bases }) => {
+            let mut bases: Vec<_> = bases.into_iter().collect();
+            bases.sort();
+            let mut expected = vec![a1.head().unwrap(), b1.head().unwrap()];
+            expected.sort();
+            assert_eq!(bases, expected);
+        }
+        other => panic!("expected a criss-cross refusal, got {other:?}"),
+    }
+    assert_eq!((a.state_hash(), a.log().len()), (hash, commits), "nothing applied");
+}
+
+#[tokio::test]
+async fn theirs_on_an_intent_conflict_is_refused_and_a_per_conflict_choice_keeps_our_intent() {
+    let main = Context::new("main");
+    let sends = Arc::new(AtomicUsize::new(0));
+    let mut ours = runtime(main.fork("ours").unwrap(), &sends);
+    let mut theirs = runtime(main.fork("theirs").unwrap(), &sends);
+    // The same key on both sides, with different payloads.
+    ours.context_mut().create("order:1", order("ada", 1)).unwrap();
+    theirs.context_mut().create("order:1", order("bob", 1)).unwrap();
+    ours.run().await.unwrap();
+    theirs.run().await.unwrap();
+    let key = "action:notify:order:1";
+    let our_intent = ours.context().get::<PendingAction>(key).unwrap().unwrap().data;
+
+    let (hash, commits) = (ours.context().state_hash(), ours.context().log().len());
+    for resolution in [Resolution::Theirs, Resolution::with(|_| Side::Theirs)] {
+        match ours.context_mut().merge_with(theirs.context(), resolution) {
+            Err(MergeError::IntentConflict { id }) => assert_eq!(id.as_str(), key),
+            other => panic!("expected the intent conflict to be refused, got {other:?}"),
+        }
+        assert_eq!(
+            (ours.context().state_hash(), ours.context().log().len()),
+            (hash, commits),
+            "nothing applied"
+        );
+    }
+
+    let report = ours
+        .context_mut()
+        .merge_with(
+            theirs.context(),
+            Resolution::with(|c| {
+                if c.id.as_str().starts_with("action:") {
+                    Side::Ours
+                } else {
+                    Side::Theirs
+                }
+            }),
+        )
+        .unwrap();
+    let sides: Vec<_> = report.resolved.iter().map(|(c, side)| (c.id.as_str(), *side)).collect();
+    assert_eq!(sides, [(key, Side::Ours), ("order:1", Side::Theirs)], "the receipts agree");
+    let ctx = ours.context();
+    assert_eq!(ctx.get::<Order>("order:1").unwrap().unwrap().data.customer, "bob");
+    assert_eq!(ctx.get::<PendingAction>(key).unwrap().unwrap().data, our_intent);
+    ours.run().await.unwrap();
+    assert_eq!(sends.load(Ordering::SeqCst), 1, "one key, delivered once");
+}
+
+#[test]
+fn sqlite_branches_reopened_merge_through_an_earlier_merge() {
+    let dir = std::env::temp_dir().join(format!("reactifact-branch-merged-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("state.db");
+    {
+        let mut main = Context::open(&path, "main").unwrap();
+        main.create("order:0", order("zoe", 0)).unwrap();
+        let mut l = main.fork("l").unwrap();
+        l.create("order:a", order("ada", 1)).unwrap();
+        let mut r = l.fork("r").unwrap();
+        l.create("order:b", order("bob", 2)).unwrap();
+        main.merge(&l).unwrap();
+        r.delete("order:a").unwrap();
+    }
+    // Reopened, main knows l's commits only through the file.
+    let mut main = Context::open(&path, "main").unwrap();
+    let r = Context::open(&path, "r").unwrap();
+    main.merge(&r).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(cents(&main, "order:a"), None);
+    assert_eq!(cents(&main, "order:b"), Some(2));
+    drop(main);
+    let main = Context::open(&path, "main").unwrap();
+    main.verify().unwrap();
+    assert_eq!(cents(&main, "order:a"), None);
+    let _ = std::fs::remove_dir_all(&dir);
+}
