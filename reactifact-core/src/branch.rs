@@ -9,6 +9,7 @@ use crate::artifact::{Artifact, ArtifactId, Generation, Kind, Record, Stored, Ve
 use crate::commit::{Commit, RunRecord};
 use crate::context::{CommitFailure, Context};
 use crate::error::{CommitError, ReadError};
+use crate::graph::{Histories, Path, Side as HistorySide};
 use crate::hash::{CommitHash, ContentHash};
 use crate::patch::{Op, PutMode};
 use crate::replay::{diff_bytes, FieldDiff};
@@ -245,9 +246,9 @@ struct Touched {
 }
 
 impl Touched {
-    fn add(&mut self, commits: &[Commit]) {
+    fn add<'a>(&mut self, commits: impl IntoIterator<Item = &'a Commit>) {
         for op in commits
-            .iter()
+            .into_iter()
             .flat_map(|c| c.runs.iter())
             .flat_map(|r: &RunRecord| &r.ops)
         {
@@ -260,6 +261,15 @@ impl Touched {
                 }
             }
         }
+    }
+
+    /// What either side changed since `base`: the commits on the way from it to each head.
+    fn since(histories: &Histories<'_>, paths: &[Path<'_>; 2]) -> Self {
+        let mut touched = Touched::default();
+        for path in paths {
+            touched.add(path.commits(histories));
+        }
+        touched
     }
 
     /// Relations that a deletion of a touched id may have removed, on any of the states.
@@ -280,23 +290,8 @@ fn same(a: Option<&Arc<Stored>>, b: Option<&Arc<Stored>>) -> bool {
     }
 }
 
-/// The position in `theirs` of the last commit `ours` has seen (in its log, or merged in), and
-/// the position in `ours` from which its own changes since then start.
-fn common_ancestor(ours: &[Commit], theirs: &[Commit]) -> (usize, usize) {
-    let mut position = std::collections::HashMap::new();
-    for (i, commit) in ours.iter().enumerate() {
-        position.insert(commit.hash, i + 1);
-        if let Some(merged) = commit.merged {
-            // Everything up to `merged` is in our state from this merge commit on.
-            position.entry(merged).or_insert(i);
-        }
-    }
-    for (j, commit) in theirs.iter().enumerate().rev() {
-        if let Some(&i) = position.get(&commit.hash) {
-            return (j + 1, i);
-        }
-    }
-    (0, 0)
+fn is_intent(stored: Option<&Arc<Stored>>) -> bool {
+    stored.is_some_and(|s| s.kind == Kind::of::<PendingAction>())
 }
 
 impl Context {
@@ -343,7 +338,8 @@ impl Context {
             Some(store) => Some(store.fork(&name, generation, head.as_ref(), events_emitted)?),
             None => None,
         };
-        Ok(self.branch(name, state, self.log()[..end].to_vec(), events_emitted, store))
+        let graph = self.graph().truncated(generation);
+        Ok(self.branch(name, state, self.log()[..end].to_vec(), graph, events_emitted, store))
     }
 
     /// Merges `theirs` into this context, three-way from their common ancestor: a change
@@ -369,9 +365,19 @@ impl Context {
     /// As [`merge`](Context::merge); with a resolution other than [`Resolution::Fail`],
     /// conflicts are resolved instead of reported.
     pub fn merge_with(&mut self, theirs: &Context, resolution: Resolution) -> Result<MergeReport, MergeError> {
-        let (their_start, our_start) = common_ancestor(self.log(), theirs.log());
-        let ancestor = their_start.checked_sub(1).map(|i| theirs.log()[i].hash);
-        if their_start == theirs.log().len() {
+        let histories = Histories::new(self.history(), theirs.history());
+        let base = match histories.merge_bases()?.as_slice() {
+            [] => None,
+            [base] => Some(*base),
+            bases => {
+                return Err(MergeError::CrissCross {
+                    bases: bases.iter().map(|b| b.hash()).collect(),
+                })
+            }
+        };
+        let ancestor = base.map(|b| b.hash());
+        if theirs.head().is_none() || ancestor == theirs.head() {
+            // Their head is in our history already.
             return Ok(MergeReport {
                 generation: None,
                 ancestor,
@@ -379,17 +385,11 @@ impl Context {
                 resolved: Vec::new(),
             });
         }
-        let mut refold = Refold::new(Checks::STATE);
-        for commit in &theirs.log()[..their_start] {
-            refold.step(commit)?;
-        }
-        let base = refold.into_state();
+        let paths = [histories.path(base, 0)?, histories.path(base, 1)?];
+        let base = histories.state_at(base, &paths)?;
         let ours = self.state();
         let their_state = theirs.state();
-
-        let mut touched = Touched::default();
-        touched.add(&self.log()[our_start..]);
-        touched.add(&theirs.log()[their_start..]);
+        let mut touched = Touched::since(&histories, &paths);
         touched.add_relations_of(&[&base, ours, their_state]);
 
         let mut take = Vec::new();
@@ -416,6 +416,9 @@ impl Context {
             };
             match resolution.choose(&conflict) {
                 None => conflicts.push(conflict),
+                Some(Side::Theirs) if is_intent(o) || is_intent(t) => {
+                    return Err(MergeError::IntentConflict { id: id.clone() });
+                }
                 Some(side) => {
                     if side == Side::Theirs {
                         take.push((id.clone(), t.cloned()));
@@ -469,60 +472,91 @@ impl Context {
             ops,
             reads: Vec::new(),
         };
-        let head = theirs.head();
-        match self.commit_runs(vec![run], 0, false, false, head) {
-            Ok(_) => Ok(MergeReport {
-                generation: Some(self.generation()),
-                ancestor,
-                taken,
-                resolved,
-            }),
+        let absorbed = histories.theirs_unknown_to_ours()?;
+        let their_level = histories.head_level(1);
+        match self.commit_runs(vec![run], 0, false, false, theirs.head()) {
+            Ok(_) => {
+                let generation = self.generation();
+                self.graph_mut().record_merge(generation, their_level);
+                self.graph_mut().absorb(absorbed);
+                Ok(MergeReport {
+                    generation: Some(generation),
+                    ancestor,
+                    taken,
+                    resolved,
+                })
+            }
             Err(CommitFailure::Patch(_, e)) => Err(MergeError::Commit(e)),
             Err(CommitFailure::Store(e)) => Err(MergeError::Store(e)),
         }
     }
 
     /// What changed from this context's head to `other`'s: the ids and relations either side
-    /// touched since their common ancestor, compared.
+    /// touched since their merge base (any best common ancestor, for a criss-cross history),
+    /// compared.
     ///
     /// # Errors
-    /// [`VerifyError`] if the common ancestor's state cannot be rebuilt.
+    /// [`VerifyError`] if a commit of either history is missing its parent.
     pub fn diff(&self, other: &Context) -> Result<Diff, VerifyError> {
-        let (their_start, our_start) = common_ancestor(self.log(), other.log());
-        let mut touched = Touched::default();
-        touched.add(&self.log()[our_start..]);
-        touched.add(&other.log()[their_start..]);
+        let histories = Histories::new(self.history(), other.history());
+        let base = histories.merge_bases()?.first().copied();
+        let paths = [histories.path(base, 0)?, histories.path(base, 1)?];
+        let mut touched = Touched::since(&histories, &paths);
         touched.add_relations_of(&[self.state(), other.state()]);
         Ok(diff_states(self.state(), other.state(), &touched))
     }
 
     /// What changed from the state after commit `from` to the state after commit `to` of this
-    /// context's log (either may be 0, the empty state; `from` may be after `to`).
+    /// context's log (either may be 0, the empty state; `from` may be after `to`). The two
+    /// states are rebuilt in one pass, from whichever end is closer: replaying the log up to
+    /// the later one, or taking the commits since the earlier one back off the head.
     ///
     /// # Errors
     /// [`VerifyError`] if a generation is past the head or the log does not replay.
     pub fn diff_commits(&self, from: Generation, to: Generation) -> Result<Diff, VerifyError> {
+        let log = self.log();
         let (low, high) = (from.min(to), from.max(to));
-        let states = [self.state_at_or_empty(from)?, self.state_at_or_empty(to)?];
-        let mut touched = Touched::default();
-        let (low, high) = (low.0 as usize, (high.0 as usize).min(self.log().len()));
-        touched.add(&self.log()[low..high]);
-        touched.add_relations_of(&[&states[0], &states[1]]);
-        Ok(diff_states(&states[0], &states[1], &touched))
-    }
-
-    fn state_at_or_empty(&self, generation: Generation) -> Result<State, VerifyError> {
-        if generation.0 as usize > self.log().len() {
+        if high.0 > log.len() as u64 {
             return Err(VerifyError::Numbering {
-                generation,
-                position: self.log().len() as u64,
+                generation: high,
+                position: log.len() as u64,
             });
         }
-        let mut refold = Refold::new(Checks::STATE);
-        for commit in &self.log()[..generation.0 as usize] {
-            refold.step(commit)?;
+        let (low, high) = (low.0 as usize, high.0 as usize);
+        let (at_low, at_high) = if high <= log.len() - low {
+            let mut refold = Refold::new(Checks::STATE);
+            for commit in &log[..low] {
+                refold.step(commit)?;
+            }
+            let at_low = refold.state().clone();
+            for commit in &log[low..high] {
+                refold.step(commit)?;
+            }
+            (at_low, refold.into_state())
+        } else {
+            let mut state = self.state().clone();
+            self.graph().rewind(&mut state, log, high)?;
+            let at_high = state.clone();
+            self.graph().rewind(&mut state, &log[..high], low)?;
+            (state, at_high)
+        };
+        let (before, after) = if from <= to {
+            (at_low, at_high)
+        } else {
+            (at_high, at_low)
+        };
+        let mut touched = Touched::default();
+        touched.add(&log[low..high]);
+        touched.add_relations_of(&[&before, &after]);
+        Ok(diff_states(&before, &after, &touched))
+    }
+
+    fn history(&self) -> HistorySide<'_> {
+        HistorySide {
+            log: self.log(),
+            graph: self.graph(),
+            state: self.state(),
         }
-        Ok(refold.into_state())
     }
 }
 

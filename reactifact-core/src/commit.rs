@@ -10,7 +10,7 @@ use crate::error::CommitError;
 use crate::event::{Event, EventKind};
 use crate::hash::{CommitHash, ContentHash, HashWriter, StateHash};
 use crate::patch::{Op, PutMode};
-use crate::state::{State, Undo};
+use crate::state::{Relation, State, Undo};
 
 /// The artifact version that triggered a produce run.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -174,8 +174,33 @@ impl<'a> Apply<'a> {
         self.state
     }
 
-    /// Keeps the changes. Take `events` and `intents` first.
-    pub(crate) fn finish(self) {}
+    /// Keeps the changes (take `events` and `intents` first) and returns how to take them back
+    /// off the state later, or `None` if the commit only created artifacts (see [`Undone`]).
+    pub(crate) fn finish(self) -> Option<Undone> {
+        let overwrote = self
+            .undo
+            .iter()
+            .any(|u| matches!(u, Undo::Artifact(_, Some(_)) | Undo::Relation(..)));
+        if !overwrote {
+            return None;
+        }
+        let mut undone = Undone::default();
+        let mut seen = std::collections::HashSet::new();
+        for undo in self.undo {
+            match undo {
+                // The first change of an id in the commit holds its value before the commit.
+                Undo::Artifact(id, previous) => {
+                    if seen.insert(id.clone()) {
+                        if let Some(previous) = previous {
+                            undone.artifacts.push((id, previous));
+                        }
+                    }
+                }
+                Undo::Relation(relation, was) => undone.relations.push((relation, was)),
+            }
+        }
+        Some(undone)
+    }
 
     /// Applies every operation of a patch, or none of them.
     pub(crate) fn patch(&mut self, ops: &[Op]) -> Result<(), CommitError> {
@@ -307,5 +332,45 @@ impl<'a> Apply<'a> {
             version,
             generation: self.generation,
         });
+    }
+}
+
+/// How to take one commit back off the state it produced, kept beside the log so that a past
+/// state (a merge base, a diff's end) is rebuilt from the head in what changed since, not by
+/// replaying the log from the start.
+///
+/// It lists, for the ids the commit changed that existed before it, their value before it, and
+/// every relation change in order. An id the commit wrote that is not listed did not exist
+/// before it: it is removed if the commit left it behind. A commit that only created artifacts
+/// (most commits) keeps no record at all.
+#[derive(Default)]
+pub(crate) struct Undone {
+    artifacts: Vec<(ArtifactId, Arc<Stored>)>,
+    relations: Vec<(Relation, bool)>,
+}
+
+/// Takes `commit` back off `state`, which must be the state right after it; `undone` is what
+/// [`Apply::finish`] returned for it.
+pub(crate) fn undo_commit(state: &mut State, commit: &Commit, undone: Option<&Undone>) {
+    if let Some(undone) = undone {
+        for (relation, was) in undone.relations.iter().rev() {
+            state.set_relation(relation, *was);
+        }
+        for (id, previous) in &undone.artifacts {
+            state.put(id, Some(previous.clone()));
+        }
+    }
+    // What is left written by this commit was created by it (a restored value is older).
+    for op in commit.runs.iter().flat_map(|r| &r.ops) {
+        if matches!(op, Op::Link(_) | Op::Unlink(_)) {
+            continue;
+        }
+        let id = op.id();
+        if state
+            .get(id.as_str())
+            .is_some_and(|s| s.generation == commit.generation)
+        {
+            state.put(id, None);
+        }
     }
 }

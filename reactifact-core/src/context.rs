@@ -9,6 +9,7 @@ use crate::artifact::{Artifact, ArtifactId, Generation, Record};
 use crate::commit::{Apply, Commit, RunRecord};
 use crate::error::{CommitError, EffectError, ReadError, WriteError};
 use crate::event::{Event, QueuedEvent};
+use crate::graph::Graph;
 use crate::hash::{CommitHash, StateHash};
 use crate::ledger::{Delivery, Lease, Ledger, LedgerInner};
 use crate::patch::{Op, PutMode};
@@ -46,6 +47,8 @@ pub struct Context {
     events: VecDeque<QueuedEvent>,
     next_event_seq: u64,
     ledger: Ledger,
+    /// Merge levels, commits reached through merges, and how to undo the log's commits.
+    graph: Graph,
     /// The durable home of the session; `None` in memory.
     store: Option<Box<dyn Store>>,
     /// How long this process leases an in-flight delivery.
@@ -94,6 +97,7 @@ impl Context {
             events: VecDeque::new(),
             next_event_seq: 0,
             ledger: Ledger::default(),
+            graph: Graph::default(),
             store: None,
             lease: OpenOptions::default().lease,
             owner: lease_owner(),
@@ -143,7 +147,7 @@ impl Context {
     /// link and the state hash it recorded, and requeues the events not yet consumed.
     fn restore(&mut self, loaded: Loaded) -> Result<(), String> {
         let mut seq = 0;
-        let mut refold = Refold::new(Checks::STATE);
+        let mut refold = Refold::keeping_undo(Checks::STATE);
         for commit in &loaded.commits {
             for event in refold.step(commit).map_err(|e| e.to_string())? {
                 if seq >= loaded.consumed_seq {
@@ -152,7 +156,9 @@ impl Context {
                 seq += 1;
             }
         }
-        self.state = refold.into_state();
+        let (state, undone) = refold.into_parts();
+        self.graph = Graph::restored(&loaded.commits, undone, loaded.foreign)?;
+        self.state = state;
         self.next_event_seq = seq;
         self.log = loaded.commits;
         for delivery in loaded.deliveries {
@@ -177,13 +183,22 @@ impl Context {
         self.store.as_deref()
     }
 
-    /// A branch of this context: `state` and `log` as given, no queued event, the same ledger,
-    /// lease and owner.
+    pub(crate) fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    pub(crate) fn graph_mut(&mut self) -> &mut Graph {
+        &mut self.graph
+    }
+
+    /// A branch of this context: `state`, `log` and its `graph` as given, no queued event, the
+    /// same ledger, lease and owner.
     pub(crate) fn branch(
         &self,
         session: String,
         state: State,
         log: Vec<Commit>,
+        graph: Graph,
         next_event_seq: u64,
         store: Option<Box<dyn Store>>,
     ) -> Context {
@@ -194,6 +209,7 @@ impl Context {
             events: VecDeque::new(),
             next_event_seq,
             ledger: self.ledger.clone(),
+            graph,
             store,
             lease: self.lease,
             owner: self.owner.clone(),
@@ -453,7 +469,7 @@ impl Context {
                 return Err(CommitFailure::Store(e));
             }
         }
-        apply.finish();
+        self.graph.record(generation, apply.finish());
         tracing::debug!(commit = %hash.short(), events = events.len(), intents = deliveries.len(), "committed");
         self.log.push(commit);
         self.events.drain(..consumed);

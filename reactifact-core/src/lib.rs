@@ -26,6 +26,7 @@ mod effects;
 mod error;
 mod event;
 mod generation;
+mod graph;
 mod hash;
 mod ledger;
 mod patch;

@@ -8,7 +8,7 @@
 
 use crate::action::{ActionKey, PendingAction};
 use crate::artifact::{ArtifactId, Generation, Kind};
-use crate::commit::{Apply, Commit};
+use crate::commit::{Apply, Commit, Undone};
 use crate::context::Context;
 use crate::error::CommitError;
 use crate::event::Event;
@@ -177,6 +177,8 @@ pub(crate) struct Refold {
     parent: Option<CommitHash>,
     next: Generation,
     checks: Checks,
+    /// How to undo each commit stepped, if asked for (see [`Undone`]).
+    undone: Option<Vec<(Generation, Undone)>>,
 }
 
 impl Refold {
@@ -187,7 +189,22 @@ impl Refold {
             parent: None,
             next: Generation(1),
             checks,
+            undone: None,
         }
+    }
+
+    /// A refold that also keeps how to undo each commit, for a context's [`Graph`](crate::graph::Graph).
+    pub(crate) fn keeping_undo(checks: Checks) -> Self {
+        Refold {
+            undone: Some(Vec::new()),
+            ..Refold::new(checks)
+        }
+    }
+
+    /// The state and how to undo each commit stepped (empty unless made by
+    /// [`keeping_undo`](Refold::keeping_undo)).
+    pub(crate) fn into_parts(self) -> (State, Vec<(Generation, Undone)>) {
+        (self.state, self.undone.unwrap_or_default())
     }
 
     /// The state after the commits stepped so far.
@@ -267,7 +284,9 @@ impl Refold {
             });
         }
         let events = std::mem::take(&mut apply.events);
-        apply.finish();
+        if let (Some(undone), Some(list)) = (apply.finish(), &mut self.undone) {
+            list.push((generation, undone));
+        }
         self.parent = Some(commit.hash);
         self.next = generation.next();
         Ok(events)

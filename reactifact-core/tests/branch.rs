@@ -384,7 +384,11 @@ fn a_deletion_merged_through_an_earlier_merge_is_not_lost() {
     let (mut main, mut r) = merged_through_l();
     r.delete("order:a").unwrap();
     let report = main.merge(&r).unwrap();
-    assert_eq!(report.ancestor, Some(r.log()[1].hash), "the base is l's commit that created a");
+    assert_eq!(
+        report.ancestor,
+        Some(r.log()[1].hash),
+        "the base is l's commit that created a"
+    );
     assert_eq!(cents(&main, "order:a"), None, "their deletion is applied");
     assert_eq!(cents(&main, "order:b"), Some(2), "our side (merged from l) is kept");
     main.verify().unwrap();
@@ -447,7 +451,11 @@ fn repeated_syncs_in_both_directions_merge_cleanly() {
         assert_eq!(a.state_hash(), b.state_hash(), "round {round}");
     }
     assert_eq!(cents(&a, "order:0"), Some(4));
-    assert_eq!(a.merge(&b).unwrap().generation, None, "b's head is merged already");
+    assert_eq!(
+        b.merge(&a).unwrap().generation,
+        None,
+        "a's head is in b's history already"
+    );
     a.verify().unwrap();
     b.verify().unwrap();
 }
@@ -522,7 +530,11 @@ async fn theirs_on_an_intent_conflict_is_refused_and_a_per_conflict_choice_keeps
         )
         .unwrap();
     let sides: Vec<_> = report.resolved.iter().map(|(c, side)| (c.id.as_str(), *side)).collect();
-    assert_eq!(sides, [(key, Side::Ours), ("order:1", Side::Theirs)], "the receipts agree");
+    assert_eq!(
+        sides,
+        [(key, Side::Ours), ("order:1", Side::Theirs)],
+        "the receipts agree"
+    );
     let ctx = ours.context();
     assert_eq!(ctx.get::<Order>("order:1").unwrap().unwrap().data.customer, "bob");
     assert_eq!(ctx.get::<PendingAction>(key).unwrap().unwrap().data, our_intent);

@@ -221,6 +221,8 @@ pub(crate) trait Store: Send {
 pub(crate) struct Loaded {
     /// The session's log, oldest first; replaying it rebuilds the state and the event queue.
     pub(crate) commits: Vec<Commit>,
+    /// The commits of other sessions reachable from the log's merge commits and not in the log.
+    pub(crate) foreign: Vec<Commit>,
     /// Events numbered below this one are consumed.
     pub(crate) consumed_seq: u64,
     /// The file's ledger, in registration order.

@@ -8,6 +8,7 @@
 //! folds the ledger rows.
 
 use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -254,6 +255,7 @@ impl SqliteStore {
             },
         };
         let commits = store.load_commits().map_err(corrupt)?;
+        let foreign = store.load_foreign(&commits).map_err(corrupt)?;
         let mut deliveries = store.load_ledger().map_err(corrupt)?;
         let reclaimed = if options.read_only {
             0
@@ -266,6 +268,7 @@ impl SqliteStore {
             store,
             Loaded {
                 commits,
+                foreign,
                 consumed_seq,
                 deliveries,
                 reclaimed,
@@ -303,38 +306,16 @@ impl SqliteStore {
         // Each session contributes the commits after its parent's fork point, up to where its
         // child forked.
         let mut commits = Vec::new();
-        let mut stmt = self.conn.prepare(
-            "SELECT generation, hash, parent, merged, state_hash, events_consumed, runs FROM commits
-             WHERE session = ?1 AND generation > ?2 AND generation <= ?3 ORDER BY generation",
-        )?;
+        let mut stmt = self.conn.prepare(&format!(
+            "SELECT {COMMIT_COLUMNS} FROM commits
+             WHERE session = ?1 AND generation > ?2 AND generation <= ?3 ORDER BY generation"
+        ))?;
         let mut from = 0u64;
         for (session, upto) in chain.into_iter().rev() {
             let upto = upto.min(i64::MAX as u64);
             let mut rows = stmt.query(params![session, from, upto])?;
             while let Some(row) = rows.next()? {
-                let generation: u64 = row.get(0)?;
-                let what = |field: &str| format!("commit {generation}: {field}");
-                let hash: Vec<u8> = row.get(1)?;
-                let parent: Option<Vec<u8>> = row.get(2)?;
-                let merged: Option<Vec<u8>> = row.get(3)?;
-                let state_hash: Vec<u8> = row.get(4)?;
-                let runs = codec::decode_runs(row.get_ref(6)?.as_blob()?)
-                    .map_err(|e| LoadError::Corrupt(format!("commit {generation}: its runs do not decode: {e}")))?;
-                let optional_hash = |bytes: Option<Vec<u8>>, field: &str| {
-                    bytes
-                        .map(|b| digest(&b, &what(field)).map(CommitHash))
-                        .transpose()
-                        .map_err(LoadError::Corrupt)
-                };
-                commits.push(Commit {
-                    generation: Generation(generation),
-                    hash: CommitHash(digest(&hash, &what("hash")).map_err(LoadError::Corrupt)?),
-                    parent: optional_hash(parent, "parent")?,
-                    merged: optional_hash(merged, "merged parent")?,
-                    state_hash: StateHash(digest(&state_hash, &what("state hash")).map_err(LoadError::Corrupt)?),
-                    events_consumed: row.get::<_, u64>(5)? as usize,
-                    runs,
-                });
+                commits.push(commit_from_row(row)?);
             }
             from = upto;
         }
@@ -347,6 +328,51 @@ impl SqliteStore {
             )));
         }
         Ok(commits)
+    }
+
+    /// The commits of other sessions that the log reaches through its merge commits' merged
+    /// parents and does not hold itself: the histories it merged, so a later merge can walk
+    /// them. Nothing is read for a log without merge commits; otherwise one pass over the
+    /// commits' hashes finds where each one is, then each commit needed is read by its key.
+    fn load_foreign(&mut self, log: &[Commit]) -> Result<Vec<Commit>, LoadError> {
+        let mut wanted: Vec<CommitHash> = log.iter().filter_map(|c| c.merged).collect();
+        if wanted.is_empty() {
+            return Ok(Vec::new());
+        }
+        let own: HashSet<CommitHash> = log.iter().map(|c| c.hash).collect();
+        let mut located: HashMap<Vec<u8>, (String, u64)> = HashMap::new();
+        {
+            let mut stmt = self.conn.prepare("SELECT hash, session, generation FROM commits")?;
+            let mut rows = stmt.query([])?;
+            while let Some(row) = rows.next()? {
+                located.insert(row.get(0)?, (row.get(1)?, row.get(2)?));
+            }
+        }
+        let mut stmt = self.conn.prepare(&format!(
+            "SELECT {COMMIT_COLUMNS} FROM commits WHERE session = ?1 AND generation = ?2"
+        ))?;
+        let mut found: HashMap<CommitHash, Commit> = HashMap::new();
+        while let Some(hash) = wanted.pop() {
+            if own.contains(&hash) || found.contains_key(&hash) {
+                continue;
+            }
+            let (session, generation) = located.get(&hash.as_bytes()[..]).ok_or_else(|| {
+                LoadError::Corrupt(format!(
+                    "commit {}, merged into the log, is not in the file",
+                    hash.short()
+                ))
+            })?;
+            let commit = stmt
+                .query_row(params![session, generation], |row| Ok(commit_from_row(row)))?
+                .map_err(|e| match e {
+                    LoadError::Sqlite(e) => LoadError::Sqlite(e),
+                    LoadError::Corrupt(detail) => LoadError::Corrupt(format!("session `{session}`: {detail}")),
+                })?;
+            wanted.extend(commit.parent);
+            wanted.extend(commit.merged);
+            found.insert(hash, commit);
+        }
+        Ok(found.into_values().collect())
     }
 
     /// The file's ledger: the intents every session's commits registered, in commit order
@@ -539,6 +565,36 @@ fn migrate(conn: &mut Connection, from: i64) -> Result<(), rusqlite::Error> {
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     tx.commit()
+}
+
+/// The columns [`commit_from_row`] reads, in its order.
+const COMMIT_COLUMNS: &str = "generation, hash, parent, merged, state_hash, events_consumed, runs";
+
+/// A commit from a row of [`COMMIT_COLUMNS`].
+fn commit_from_row(row: &rusqlite::Row<'_>) -> Result<Commit, LoadError> {
+    let generation: u64 = row.get(0)?;
+    let what = |field: &str| format!("commit {generation}: {field}");
+    let hash: Vec<u8> = row.get(1)?;
+    let parent: Option<Vec<u8>> = row.get(2)?;
+    let merged: Option<Vec<u8>> = row.get(3)?;
+    let state_hash: Vec<u8> = row.get(4)?;
+    let runs = codec::decode_runs(row.get_ref(6)?.as_blob()?)
+        .map_err(|e| LoadError::Corrupt(format!("commit {generation}: its runs do not decode: {e}")))?;
+    let optional_hash = |bytes: Option<Vec<u8>>, field: &str| {
+        bytes
+            .map(|b| digest(&b, &what(field)).map(CommitHash))
+            .transpose()
+            .map_err(LoadError::Corrupt)
+    };
+    Ok(Commit {
+        generation: Generation(generation),
+        hash: CommitHash(digest(&hash, &what("hash")).map_err(LoadError::Corrupt)?),
+        parent: optional_hash(parent, "parent")?,
+        merged: optional_hash(merged, "merged parent")?,
+        state_hash: StateHash(digest(&state_hash, &what("state hash")).map_err(LoadError::Corrupt)?),
+        events_consumed: row.get::<_, u64>(5)? as usize,
+        runs,
+    })
 }
 
 enum LoadError {
