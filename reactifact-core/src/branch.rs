@@ -9,11 +9,11 @@ use crate::artifact::{Artifact, ArtifactId, Generation, Kind, Record, Stored, Ve
 use crate::commit::{Commit, RunRecord};
 use crate::context::{CommitFailure, Context};
 use crate::error::{CommitError, ReadError};
-use crate::graph::{Histories, Path, Side as HistorySide};
+use crate::graph::{Histories, Past, Path, Side as HistorySide};
 use crate::hash::{CommitHash, ContentHash};
 use crate::patch::{Op, PutMode};
 use crate::replay::{diff_bytes, FieldDiff};
-use crate::state::{Relation, State};
+use crate::state::{Relation, Rewound, StateView};
 use crate::store::StoreError;
 use crate::verify::{Checks, Refold, VerifyError};
 
@@ -273,7 +273,7 @@ impl Touched {
     }
 
     /// Relations that a deletion of a touched id may have removed, on any of the states.
-    fn add_relations_of(&mut self, states: &[&State]) {
+    fn add_relations_of(&mut self, states: &[&dyn StateView]) {
         for id in &self.ids {
             for state in states {
                 self.relations.extend(state.relations_touching(id));
@@ -338,7 +338,11 @@ impl Context {
             Some(store) => Some(store.fork(&name, generation, head.as_ref(), events_emitted)?),
             None => None,
         };
-        let graph = self.graph().truncated(generation);
+        let graph = if end == self.log().len() {
+            self.graph().clone()
+        } else {
+            self.graph().truncated(generation)
+        };
         Ok(self.branch(name, state, self.log()[..end].to_vec(), graph, events_emitted, store))
     }
 
@@ -532,13 +536,13 @@ impl Context {
             for commit in &log[low..high] {
                 refold.step(commit)?;
             }
-            (at_low, refold.into_state())
+            (Past::Built(at_low), Past::Built(refold.into_state()))
         } else {
-            let mut state = self.state().clone();
-            self.graph().rewind(&mut state, log, high)?;
-            let at_high = state.clone();
-            self.graph().rewind(&mut state, &log[..high], low)?;
-            (state, at_high)
+            let mut view = Rewound::new(self.state());
+            self.graph().rewind(&mut view, log, high)?;
+            let at_high = view.clone();
+            self.graph().rewind(&mut view, &log[..high], low)?;
+            (Past::Rewound(view), Past::Rewound(at_high))
         };
         let (before, after) = if from <= to {
             (at_low, at_high)
@@ -590,7 +594,7 @@ fn act_op(stored: &Arc<Stored>) -> Op {
     }
 }
 
-fn diff_states(before: &State, after: &State, touched: &Touched) -> Diff {
+fn diff_states(before: &dyn StateView, after: &dyn StateView, touched: &Touched) -> Diff {
     let mut diff = Diff::default();
     for id in &touched.ids {
         match (before.get(id.as_str()), after.get(id.as_str())) {

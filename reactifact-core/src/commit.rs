@@ -10,7 +10,7 @@ use crate::error::CommitError;
 use crate::event::{Event, EventKind};
 use crate::hash::{CommitHash, ContentHash, HashWriter, StateHash};
 use crate::patch::{Op, PutMode};
-use crate::state::{Relation, State, Undo};
+use crate::state::{Relation, Rewind, State, Undo};
 
 /// The artifact version that triggered a produce run.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -351,7 +351,7 @@ pub(crate) struct Undone {
 
 /// Takes `commit` back off `state`, which must be the state right after it; `undone` is what
 /// [`Apply::finish`] returned for it.
-pub(crate) fn undo_commit(state: &mut State, commit: &Commit, undone: Option<&Undone>) {
+pub(crate) fn undo_commit(state: &mut impl Rewind, commit: &Commit, undone: Option<&Undone>) {
     if let Some(undone) = undone {
         for (relation, was) in undone.relations.iter().rev() {
             state.set_relation(relation, *was);

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use crate::artifact::Generation;
 use crate::commit::{undo_commit, Apply, Commit, Undone};
 use crate::hash::{CommitHash, StateHash};
-use crate::state::State;
+use crate::state::{Rewind, Rewound, State, StateView};
 use crate::verify::VerifyError;
 
 /// A commit reached only through a merge parent, with what the walk needs.
@@ -80,7 +80,7 @@ impl Graph {
 
     /// Takes the commits of `log` after the first `end` back off `state` (the state after the
     /// whole log), newest first, and checks the state hash commit `end` recorded.
-    pub(crate) fn rewind(&self, state: &mut State, log: &[Commit], end: usize) -> Result<(), VerifyError> {
+    pub(crate) fn rewind(&self, state: &mut impl Rewind, log: &[Commit], end: usize) -> Result<(), VerifyError> {
         for commit in log[end..].iter().rev() {
             undo_commit(state, commit, self.undone.get(&commit.generation).map(|u| &**u));
         }
@@ -181,7 +181,7 @@ impl Graph {
     }
 }
 
-fn check_state(state: &State, recorded: StateHash, generation: Generation) -> Result<(), VerifyError> {
+fn check_state(state: &impl StateView, recorded: StateHash, generation: Generation) -> Result<(), VerifyError> {
     let replayed = state.state_hash();
     if replayed == recorded {
         Ok(())
@@ -409,18 +409,23 @@ impl<'a> Histories<'a> {
     }
 
     /// The state at `base`, rebuilt from the head whose path to it is shorter: its commits
-    /// since the meeting point taken back, then the base's own commits applied.
-    pub(crate) fn state_at(&self, base: Option<Node<'a>>, paths: &[Path<'a>; 2]) -> Result<State, VerifyError> {
+    /// since the meeting point taken back (as a view of the head's state), then the base's own
+    /// commits applied, if it is not on that head's log.
+    pub(crate) fn state_at(&self, base: Option<Node<'a>>, paths: &[Path<'a>; 2]) -> Result<Past<'a>, VerifyError> {
         let Some(base) = base else {
-            return Ok(State::default());
+            return Ok(Past::Built(State::default()));
         };
         let path = paths
             .iter()
             .min_by_key(|p| self.sides[p.side].log.len() - p.meet + p.foreign.len())
             .expect("two paths");
         let side = &self.sides[path.side];
-        let mut state = side.state.clone();
-        side.graph.rewind(&mut state, side.log, path.meet)?;
+        let mut view = Rewound::new(side.state);
+        side.graph.rewind(&mut view, side.log, path.meet)?;
+        if path.foreign.is_empty() {
+            return Ok(Past::Rewound(view));
+        }
+        let mut state = view.to_state();
         for commit in path.foreign.iter().rev() {
             let mut apply = Apply::new(&mut state, commit.generation);
             for (run, record) in commit.runs.iter().enumerate() {
@@ -436,7 +441,7 @@ impl<'a> Histories<'a> {
             apply.finish();
         }
         check_state(&state, base.commit.state_hash, base.commit.generation)?;
-        Ok(state)
+        Ok(Past::Built(state))
     }
 
     /// The commits reachable from their head that our graph does not hold (in our log or among
@@ -478,5 +483,41 @@ impl Node<'_> {
     /// The commit's hash.
     pub(crate) fn hash(&self) -> CommitHash {
         self.commit.hash
+    }
+}
+
+/// A past state: a view of a later state with some commits taken back, or a state of its own.
+pub(crate) enum Past<'a> {
+    Rewound(Rewound<'a>),
+    Built(State),
+}
+
+impl StateView for Past<'_> {
+    fn get(&self, id: &str) -> Option<&Arc<crate::artifact::Stored>> {
+        match self {
+            Past::Rewound(view) => view.get(id),
+            Past::Built(state) => state.get(id),
+        }
+    }
+
+    fn has_relation(&self, relation: &crate::state::Relation) -> bool {
+        match self {
+            Past::Rewound(view) => view.has_relation(relation),
+            Past::Built(state) => state.has_relation(relation),
+        }
+    }
+
+    fn relations_touching(&self, id: &crate::artifact::ArtifactId) -> Vec<crate::state::Relation> {
+        match self {
+            Past::Rewound(view) => view.relations_touching(id),
+            Past::Built(state) => state.relations_touching(id),
+        }
+    }
+
+    fn state_hash(&self) -> StateHash {
+        match self {
+            Past::Rewound(view) => view.state_hash(),
+            Past::Built(state) => state.state_hash(),
+        }
     }
 }

@@ -43,6 +43,148 @@ impl Relation {
     }
 }
 
+/// What merges and diffs read of a state: an artifact, a relation, an artifact's relations,
+/// the state hash. Implemented by [`State`] and by a [`Rewound`] view of one.
+pub(crate) trait StateView {
+    fn get(&self, id: &str) -> Option<&Arc<Stored>>;
+    fn has_relation(&self, relation: &Relation) -> bool;
+    /// Every relation that starts or ends at `id`.
+    fn relations_touching(&self, id: &ArtifactId) -> Vec<Relation>;
+    fn state_hash(&self) -> StateHash;
+}
+
+/// A state that commits can be taken back off (see [`undo_commit`](crate::commit::undo_commit)).
+pub(crate) trait Rewind: StateView {
+    /// Sets the artifact stored under `id`, or removes it.
+    fn put(&mut self, id: &ArtifactId, value: Option<Arc<Stored>>);
+    /// Adds or removes a relation.
+    fn set_relation(&mut self, relation: &Relation, present: bool);
+}
+
+/// An earlier state seen through a later one, without writing to it: the later state's
+/// artifacts and relations except the ones set here. Taking a few commits back off a large
+/// state this way costs what they changed, and touches none of the later state's structure
+/// (writing to a clone of a persistent map copies every node on the way, each a cold cache line
+/// in a large state).
+#[derive(Clone)]
+pub(crate) struct Rewound<'a> {
+    later: &'a State,
+    artifacts: std::collections::HashMap<ArtifactId, Option<Arc<Stored>>>,
+    relations: std::collections::HashMap<Relation, bool>,
+}
+
+impl<'a> Rewound<'a> {
+    /// `later` itself, before anything is taken back.
+    pub(crate) fn new(later: &'a State) -> Self {
+        Rewound {
+            later,
+            artifacts: Default::default(),
+            relations: Default::default(),
+        }
+    }
+
+    /// The view as a state of its own.
+    pub(crate) fn to_state(&self) -> State {
+        let mut state = self.later.clone();
+        for (id, value) in &self.artifacts {
+            state.put(id, value.clone());
+        }
+        for (relation, &present) in &self.relations {
+            state.set_relation(relation, present);
+        }
+        state
+    }
+}
+
+impl StateView for Rewound<'_> {
+    fn get(&self, id: &str) -> Option<&Arc<Stored>> {
+        match self.artifacts.get(id) {
+            Some(value) => value.as_ref(),
+            None => self.later.get(id),
+        }
+    }
+
+    fn has_relation(&self, relation: &Relation) -> bool {
+        match self.relations.get(relation) {
+            Some(&present) => present,
+            None => self.later.has_relation(relation),
+        }
+    }
+
+    fn relations_touching(&self, id: &ArtifactId) -> Vec<Relation> {
+        let mut touching: Vec<Relation> = self
+            .later
+            .relations_touching(id)
+            .into_iter()
+            .filter(|r| self.relations.get(r) != Some(&false))
+            .collect();
+        for (relation, &present) in &self.relations {
+            if present && (relation.from == *id || relation.to == *id) && !self.later.has_relation(relation) {
+                touching.push(relation.clone());
+            }
+        }
+        touching
+    }
+
+    fn state_hash(&self) -> StateHash {
+        let mut digest = self.later.digest;
+        for (id, value) in &self.artifacts {
+            if let Some(old) = self.later.get(id.as_str()) {
+                digest.remove(&hash::artifact_entry(id.as_str(), old.kind.as_str(), &old.hash));
+            }
+            if let Some(new) = value {
+                digest.add(&hash::artifact_entry(id.as_str(), new.kind.as_str(), &new.hash));
+            }
+        }
+        for (relation, &present) in &self.relations {
+            match (self.later.has_relation(relation), present) {
+                (false, true) => digest.add(&relation.entry()),
+                (true, false) => digest.remove(&relation.entry()),
+                _ => {}
+            }
+        }
+        digest.finish()
+    }
+}
+
+impl Rewind for Rewound<'_> {
+    fn put(&mut self, id: &ArtifactId, value: Option<Arc<Stored>>) {
+        self.artifacts.insert(id.clone(), value);
+    }
+
+    fn set_relation(&mut self, relation: &Relation, present: bool) {
+        self.relations.insert(relation.clone(), present);
+    }
+}
+
+impl StateView for State {
+    fn get(&self, id: &str) -> Option<&Arc<Stored>> {
+        State::get(self, id)
+    }
+
+    fn has_relation(&self, relation: &Relation) -> bool {
+        State::has_relation(self, relation)
+    }
+
+    fn relations_touching(&self, id: &ArtifactId) -> Vec<Relation> {
+        State::relations_touching(self, id)
+    }
+
+    fn state_hash(&self) -> StateHash {
+        State::state_hash(self)
+    }
+}
+
+impl Rewind for State {
+    fn put(&mut self, id: &ArtifactId, value: Option<Arc<Stored>>) {
+        State::put(self, id, value);
+    }
+
+    fn set_relation(&mut self, relation: &Relation, present: bool) {
+        State::set_relation(self, relation, present);
+    }
+}
+
 /// A persistent hash map with a fast, per-process seeded hasher (ids are short strings and
 /// SipHash showed up in profiles). Iteration order is never relied on.
 type Map<K, V> = imbl::GenericHashMap<K, V, foldhash::fast::RandomState, imbl::shared_ptr::DefaultSharedPtr>;

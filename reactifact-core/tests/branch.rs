@@ -619,7 +619,10 @@ fn diff_commits_matches_the_two_states_in_either_direction() {
         let head = ctx.generation().0;
         for _ in 0..20 {
             let (from, to) = (Generation(rng.next() % (head + 1)), Generation(rng.next() % (head + 1)));
-            let (before, after) = (contents(&ctx.state_at(from).unwrap()), contents(&ctx.state_at(to).unwrap()));
+            let (before, after) = (
+                contents(&ctx.state_at(from).unwrap()),
+                contents(&ctx.state_at(to).unwrap()),
+            );
             let diff = ctx.diff_commits(from, to).unwrap();
             let ids = |list: &[(reactifact_core::ArtifactId, reactifact_core::ArtifactState)]| {
                 let mut ids: Vec<String> = list.iter().map(|(id, _)| id.to_string()).collect();
@@ -627,8 +630,7 @@ fn diff_commits_matches_the_two_states_in_either_direction() {
                 ids
             };
             let had = |orders: &[(String, u64)], id: &str| orders.iter().find(|(i, _)| i == id).map(|(_, c)| *c);
-            let all: std::collections::BTreeSet<&String> =
-                before.0.iter().chain(&after.0).map(|(id, _)| id).collect();
+            let all: std::collections::BTreeSet<&String> = before.0.iter().chain(&after.0).map(|(id, _)| id).collect();
             let (mut created, mut deleted, mut updated) = (Vec::new(), Vec::new(), Vec::new());
             for id in all {
                 match (had(&before.0, id), had(&after.0, id)) {
