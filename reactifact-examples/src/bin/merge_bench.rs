@@ -2,11 +2,14 @@
 //! context with S shared commits, merged; and `diff_commits` over the branch's last changes.
 //!
 //! ```text
-//! cargo run --release -p reactifact-examples --bin merge-bench -- 1000 100000 --samples 51
+//! cargo run --release -p reactifact-examples --bin merge-bench -- 1000 100000 --samples 101
+//! cargo run --release -p reactifact-examples --bin merge-bench -- 1000 100000 --ids all
 //! ```
 //!
-//! Each shared commit creates one order and updates an earlier one, so the base state holds
-//! about S/2 orders. Per sample, `ours` and `theirs` are forked from the base and make
+//! Shared commit `i` writes `order:{i % K}` with new content (a create, then updates), so the
+//! base state holds K orders: `--ids K` (default 1,000) keeps the state the same size whatever
+//! S, to measure the cost of history alone; `--ids all` makes K = S, so state and history grow
+//! together. Per sample, `ours` and `theirs` are forked from the base and make
 //! `--changes` commits each (updates of their own orders, a create and a delete) — untimed —
 //! then `ours.merge(&theirs)` is timed, and then `theirs.diff_commits(S, head)`. Prints one JSON
 //! line per S (medians, minimum and maximum in microseconds) and, with two or more S, a last
@@ -21,6 +24,8 @@ use reactifact_examples::order_flow::Order;
 
 struct Options {
     shared: Vec<u64>,
+    /// Distinct ids the shared history writes; `None`: as many as commits.
+    ids: Option<u64>,
     samples: usize,
     changes: u64,
 }
@@ -28,6 +33,7 @@ struct Options {
 fn parse() -> Result<Options, String> {
     let mut options = Options {
         shared: Vec::new(),
+        ids: Some(1_000),
         samples: 51,
         changes: 10,
     };
@@ -36,6 +42,12 @@ fn parse() -> Result<Options, String> {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
         match arg.as_str() {
             "--samples" => options.samples = value("--samples")?.parse().map_err(|e| format!("--samples: {e}"))?,
+            "--ids" => {
+                options.ids = match value("--ids")?.as_str() {
+                    "all" => None,
+                    k => Some(k.parse().map_err(|e| format!("--ids: {e}"))?),
+                }
+            }
             "--changes" => options.changes = value("--changes")?.parse().map_err(|e| format!("--changes: {e}"))?,
             s => options.shared.push(s.parse().map_err(|e| format!("S: {e}"))?),
         }
@@ -45,6 +57,10 @@ fn parse() -> Result<Options, String> {
     }
     if options.samples == 0 || options.changes < 3 {
         return Err("--samples must be at least 1 and --changes at least 3".into());
+    }
+    let fewest = options.ids.unwrap_or(u64::MAX).min(*options.shared.iter().min().expect("not empty"));
+    if fewest < 2 * (options.changes + 1) {
+        return Err(format!("the base must hold at least {} ids", 2 * (options.changes + 1)));
     }
     Ok(options)
 }
@@ -56,24 +72,20 @@ fn order(customer: &str, total_cents: u64) -> Order {
     }
 }
 
-/// `shared` commits: each creates `order:{i}` and, from the second on, updates `order:{i/2}`.
-fn base(shared: u64) -> Result<Context, String> {
+/// `shared` commits, commit `i` writing `order:{i % ids}`.
+fn base(shared: u64, ids: u64) -> Result<Context, String> {
     let mut ctx = Context::new("base");
     for i in 0..shared {
-        let mut tx = ctx.transaction();
-        tx.create(format!("order:{i}"), order("base", i));
-        if i > 0 {
-            tx.update(format!("order:{}", i / 2), order("base", i + 1_000_000));
-        }
-        tx.commit().map_err(|e| e.to_string())?;
+        ctx.create(format!("order:{}", i % ids), order("base", i))
+            .map_err(|e| e.to_string())?;
     }
     Ok(ctx)
 }
 
 /// `changes` commits on a side: updates of orders only this side touches, one create, one
 /// delete.
-fn change(ctx: &mut Context, side: &str, changes: u64, shared: u64) -> Result<(), String> {
-    let offset = if side == "ours" { 0 } else { shared / 2 };
+fn change(ctx: &mut Context, side: &str, changes: u64, ids: u64) -> Result<(), String> {
+    let offset = if side == "ours" { 0 } else { ids / 2 };
     let err = |e: reactifact_core::WriteError| e.to_string();
     for c in 0..changes - 2 {
         ctx.update(format!("order:{}", offset + c), order(side, c))
@@ -90,13 +102,14 @@ fn median(values: &mut [f64]) -> f64 {
 }
 
 fn measure(shared: u64, options: &Options) -> Result<(f64, String), String> {
-    let base = base(shared)?;
+    let ids = options.ids.unwrap_or(shared).min(shared);
+    let base = base(shared, ids)?;
     let (mut merges, mut diffs) = (Vec::new(), Vec::new());
     for sample in 0..options.samples {
         let mut ours = base.fork(format!("ours{sample}")).map_err(|e| e.to_string())?;
         let mut theirs = base.fork(format!("theirs{sample}")).map_err(|e| e.to_string())?;
-        change(&mut ours, "ours", options.changes, shared)?;
-        change(&mut theirs, "theirs", options.changes, shared)?;
+        change(&mut ours, "ours", options.changes, ids)?;
+        change(&mut theirs, "theirs", options.changes, ids)?;
 
         let started = Instant::now();
         let report = ours.merge(&theirs).map_err(|e| e.to_string())?;
@@ -127,7 +140,7 @@ fn measure(shared: u64, options: &Options) -> Result<(f64, String), String> {
     Ok((
         merge,
         format!(
-            "{{\"shared_commits\":{shared},\"changes\":{},\"samples\":{},\"merge_median_us\":{merge:.1},\"merge_min_us\":{min:.1},\"merge_max_us\":{max:.1},\"diff_commits_median_us\":{diff:.1}}}",
+            "{{\"shared_commits\":{shared},\"ids\":{ids},\"changes\":{},\"samples\":{},\"merge_median_us\":{merge:.1},\"merge_min_us\":{min:.1},\"merge_max_us\":{max:.1},\"diff_commits_median_us\":{diff:.1}}}",
             options.changes, options.samples
         ),
     ))
