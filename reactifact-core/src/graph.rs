@@ -112,24 +112,29 @@ impl Graph {
         let mut pending: HashMap<CommitHash, Commit> = foreign.into_iter().map(|c| (c.hash, c)).collect();
         for commit in log {
             if let Some(merged) = commit.merged {
-                let level = graph.load_foreign(merged, &positions, &mut pending)?;
-                graph.record_merge(commit.generation, level);
+                if let Some(level) = graph.load_foreign(merged, &positions, &mut pending)? {
+                    graph.record_merge(commit.generation, level);
+                }
             }
         }
         Ok(graph)
     }
 
     /// Moves `root` and its ancestors from `pending` into `foreign`, with their levels, and
-    /// returns the level of `root`. The log's commits up to the one being recorded have their
-    /// levels already.
+    /// returns the level of `root` (`None` if the store does not have it: a history merged from
+    /// elsewhere, walked no further, as are merged parents it does not have). The log's commits
+    /// up to the one being recorded have their levels already.
     fn load_foreign(
         &mut self,
         root: CommitHash,
         positions: &HashMap<CommitHash, Generation>,
         pending: &mut HashMap<CommitHash, Commit>,
-    ) -> Result<u64, String> {
+    ) -> Result<Option<u64>, String> {
         if let Some(&generation) = positions.get(&root) {
-            return Ok(self.level(generation));
+            return Ok(Some(self.level(generation)));
+        }
+        if !pending.contains_key(&root) && !self.foreign.contains_key(&root) {
+            return Ok(None);
         }
         let mut stack = vec![root];
         while let Some(&hash) = stack.last() {
@@ -150,6 +155,8 @@ impl Graph {
                 } else if pending.contains_key(&parent) {
                     unloaded = Some(parent);
                     break;
+                } else if merged {
+                    continue;
                 } else {
                     return Err(format!(
                         "commit {} (generation {}) has a parent that is missing",
@@ -177,7 +184,7 @@ impl Graph {
             );
             stack.pop();
         }
-        Ok(self.foreign[&root].level)
+        Ok(Some(self.foreign[&root].level))
     }
 }
 
@@ -293,16 +300,14 @@ impl<'a> Histories<'a> {
             .transpose()
     }
 
+    /// The parent and the merged parent of `node`. A merged parent neither history holds (a
+    /// SQLite session that merged a history from another file or from memory, reopened) is
+    /// walked no further: the walk may then find an older base and compare more, never less.
     fn parents(&self, node: Node<'a>) -> Result<impl Iterator<Item = Node<'a>>, VerifyError> {
         let merged = node
             .commit
             .merged
-            .map(|hash| {
-                self.find(hash, node.merged_generation).ok_or(VerifyError::Parent {
-                    generation: node.commit.generation,
-                })
-            })
-            .transpose()?;
+            .and_then(|hash| self.find(hash, node.merged_generation));
         Ok(self.parent(node)?.into_iter().chain(merged))
     }
 

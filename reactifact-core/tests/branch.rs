@@ -676,3 +676,31 @@ fn merges_after_churn_on_both_sides_match_a_merge_rebuilt_from_scratch() {
         ours.verify().unwrap();
     }
 }
+
+#[test]
+fn a_sqlite_session_that_merged_a_history_from_elsewhere_reopens_and_merges_again() {
+    let dir = std::env::temp_dir().join(format!("reactifact-branch-elsewhere-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("state.db");
+    {
+        let mut main = Context::open(&path, "main").unwrap();
+        main.create("order:0", order("zoe", 0)).unwrap();
+        // An in-memory context: its commits are not in the file.
+        let mut elsewhere = Context::new("elsewhere");
+        elsewhere.create("order:e", order("eve", 1)).unwrap();
+        main.merge(&elsewhere).unwrap();
+        let mut b = main.fork("b").unwrap();
+        b.create("order:b", order("bob", 2)).unwrap();
+    }
+    let mut main = Context::open(&path, "main").unwrap();
+    main.verify().unwrap();
+    let b = Context::open(&path, "b").unwrap();
+    let report = main.merge(&b).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        report.taken.iter().map(|id| id.as_str()).collect::<Vec<_>>(),
+        ["order:b"]
+    );
+    assert_eq!(cents(&main, "order:e"), Some(1));
+    let _ = std::fs::remove_dir_all(&dir);
+}

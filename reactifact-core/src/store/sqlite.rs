@@ -332,8 +332,9 @@ impl SqliteStore {
 
     /// The commits of other sessions that the log reaches through its merge commits' merged
     /// parents and does not hold itself: the histories it merged, so a later merge can walk
-    /// them. Nothing is read for a log without merge commits; otherwise one pass over the
-    /// commits' hashes finds where each one is, then each commit needed is read by its key.
+    /// them (those merged from elsewhere are not in the file, and are left out). Nothing is read
+    /// for a log without merge commits; otherwise one pass over the commits' hashes finds where
+    /// each one is, then each commit needed is read by its key.
     fn load_foreign(&mut self, log: &[Commit]) -> Result<Vec<Commit>, LoadError> {
         let mut wanted: Vec<CommitHash> = log.iter().filter_map(|c| c.merged).collect();
         if wanted.is_empty() {
@@ -356,12 +357,11 @@ impl SqliteStore {
             if own.contains(&hash) || found.contains_key(&hash) {
                 continue;
             }
-            let (session, generation) = located.get(&hash.as_bytes()[..]).ok_or_else(|| {
-                LoadError::Corrupt(format!(
-                    "commit {}, merged into the log, is not in the file",
-                    hash.short()
-                ))
-            })?;
+            // A history merged from another file or from memory is not here; the merge walk
+            // stops at its head.
+            let Some((session, generation)) = located.get(&hash.as_bytes()[..]) else {
+                continue;
+            };
             let commit = stmt
                 .query_row(params![session, generation], |row| Ok(commit_from_row(row)))?
                 .map_err(|e| match e {

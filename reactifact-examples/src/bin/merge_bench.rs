@@ -58,7 +58,10 @@ fn parse() -> Result<Options, String> {
     if options.samples == 0 || options.changes < 3 {
         return Err("--samples must be at least 1 and --changes at least 3".into());
     }
-    let fewest = options.ids.unwrap_or(u64::MAX).min(*options.shared.iter().min().expect("not empty"));
+    let fewest = options
+        .ids
+        .unwrap_or(u64::MAX)
+        .min(*options.shared.iter().min().expect("not empty"));
     if fewest < 2 * (options.changes + 1) {
         return Err(format!("the base must hold at least {} ids", 2 * (options.changes + 1)));
     }
