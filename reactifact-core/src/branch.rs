@@ -171,7 +171,8 @@ pub enum MergeError {
         /// The pending action's id.
         id: ArtifactId,
     },
-    /// Rebuilding the common ancestor's state failed: a log does not verify.
+    /// Rebuilding the merge base's state failed, or a commit of either history is missing its
+    /// parent.
     #[error(transparent)]
     Verify(#[from] VerifyError),
     /// The merged changes do not apply.
@@ -188,7 +189,7 @@ pub enum MergeError {
 pub struct MergeReport {
     /// The merge commit, or `None` if their head was already merged (nothing to do).
     pub generation: Option<Generation>,
-    /// The common ancestor: the last commit both sides share (`None`: unrelated histories,
+    /// The merge base: the best common ancestor of the two heads (`None`: unrelated histories,
     /// merged from the empty state).
     pub ancestor: Option<CommitHash>,
     /// Artifacts that took their side.
@@ -346,7 +347,9 @@ impl Context {
         Ok(self.branch(name, state, self.log()[..end].to_vec(), graph, events_emitted, store))
     }
 
-    /// Merges `theirs` into this context, three-way from their common ancestor: a change
+    /// Merges `theirs` into this context, three-way from their merge base — the best common
+    /// ancestor of the two heads, reachable from both through parents and merge parents, as
+    /// git defines it (see `docs/branching.md`). A change
     /// made on one side only is applied; an id changed to equal content on both sides is
     /// already merged; an id changed to different content on both sides (including a deletion
     /// against an update) is a conflict, and then nothing is applied. Relations merge the
@@ -357,8 +360,14 @@ impl Context {
     /// intent; an intent only they recorded becomes ours too, and — since branches share the
     /// ledger — is delivered once in all, by whichever drain comes first.
     ///
+    /// A merge costs what the two sides changed since the base: the base is found by walking
+    /// back from both heads until they meet, and its state is read from a head with the
+    /// commits since taken back, not replayed from the first commit.
+    ///
     /// # Errors
-    /// [`MergeError::Conflicts`] lists every conflict with its base, ours and theirs.
+    /// [`MergeError::Conflicts`] lists every conflict with its base, ours and theirs;
+    /// [`MergeError::CrissCross`] names the bases when there is more than one best common
+    /// ancestor. Nothing is applied on an error.
     pub fn merge(&mut self, theirs: &Context) -> Result<MergeReport, MergeError> {
         self.merge_with(theirs, Resolution::Fail)
     }
@@ -367,7 +376,9 @@ impl Context {
     ///
     /// # Errors
     /// As [`merge`](Context::merge); with a resolution other than [`Resolution::Fail`],
-    /// conflicts are resolved instead of reported.
+    /// conflicts are resolved instead of reported, except that taking their side of a conflict
+    /// on an intent is refused with [`MergeError::IntentConflict`] (an intent recorded on our
+    /// side may have been delivered already; keep ours).
     pub fn merge_with(&mut self, theirs: &Context, resolution: Resolution) -> Result<MergeReport, MergeError> {
         let histories = Histories::new(self.history(), theirs.history());
         let base = match histories.merge_bases()?.as_slice() {
