@@ -95,12 +95,12 @@ impl Graph {
     /// in the log.
     ///
     /// # Errors
-    /// A description of the first commit whose parent is missing.
+    /// [`VerifyError::Parent`] for a commit of the merged histories whose parent is missing.
     pub(crate) fn restored(
         log: &[Commit],
         undone: Vec<(Generation, Undone)>,
         foreign: Vec<Commit>,
-    ) -> Result<Graph, String> {
+    ) -> Result<Graph, VerifyError> {
         let mut graph = Graph::default();
         for (generation, undone) in undone {
             graph.undone.insert(generation, Arc::new(undone));
@@ -129,7 +129,7 @@ impl Graph {
         root: CommitHash,
         positions: &HashMap<CommitHash, Generation>,
         pending: &mut HashMap<CommitHash, Commit>,
-    ) -> Result<Option<u64>, String> {
+    ) -> Result<Option<u64>, VerifyError> {
         if let Some(&generation) = positions.get(&root) {
             return Ok(Some(self.level(generation)));
         }
@@ -142,9 +142,7 @@ impl Graph {
                 stack.pop();
                 continue;
             }
-            let commit = pending
-                .get(&hash)
-                .ok_or_else(|| format!("commit {}, merged into the log, is missing", hash.short()))?;
+            let commit = pending.get(&hash).expect("only commits in `pending` are stacked");
             let (mut level, mut merged_generation, mut unloaded) = (0, None, None);
             for (parent, merged) in [(commit.parent, false), (commit.merged, true)] {
                 let Some(parent) = parent else { continue };
@@ -158,11 +156,9 @@ impl Graph {
                 } else if merged {
                     continue;
                 } else {
-                    return Err(format!(
-                        "commit {} (generation {}) has a parent that is missing",
-                        hash.short(),
-                        commit.generation.0
-                    ));
+                    return Err(VerifyError::Parent {
+                        generation: commit.generation,
+                    });
                 };
                 level = level.max(parent_level);
                 if merged {
@@ -170,6 +166,12 @@ impl Graph {
                 }
             }
             if let Some(parent) = unloaded {
+                if stack.len() > pending.len() {
+                    // Only a cycle stacks more commits than there are: not a history.
+                    return Err(VerifyError::Parent {
+                        generation: commit.generation,
+                    });
+                }
                 stack.push(parent);
                 continue;
             }
@@ -289,12 +291,16 @@ impl<'a> Histories<'a> {
         })
     }
 
+    /// The first parent of `node`: the commit one generation before it (so a walk along first
+    /// parents always ends).
     fn parent(&self, node: Node<'a>) -> Result<Option<Node<'a>>, VerifyError> {
         let generation = node.commit.generation;
         node.commit
             .parent
             .map(|hash| {
-                self.find(hash, Some(Generation(generation.0 - 1)))
+                let before = Generation(generation.0.checked_sub(1).ok_or(VerifyError::Parent { generation })?);
+                self.find(hash, Some(before))
+                    .filter(|parent| parent.commit.generation == before)
                     .ok_or(VerifyError::Parent { generation })
             })
             .transpose()
@@ -456,9 +462,12 @@ impl<'a> Histories<'a> {
         let knows = |node: &Node<'_>| {
             let hash = node.commit.hash;
             ours.graph.foreign.contains_key(&hash)
-                || usize::try_from(node.commit.generation.0 - 1)
-                    .ok()
-                    .and_then(|i| ours.log.get(i))
+                || node
+                    .commit
+                    .generation
+                    .0
+                    .checked_sub(1)
+                    .and_then(|i| ours.log.get(usize::try_from(i).ok()?))
                     .is_some_and(|c| c.hash == hash)
         };
         let mut unknown = Vec::new();
