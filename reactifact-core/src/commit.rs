@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::action::{ActionKey, Intent};
+use crate::action::{ActionKey, Intent, Origin};
 use crate::artifact::{ArtifactId, Generation, Kind, Stored, Version};
 use crate::error::CommitError;
 use crate::event::{Event, EventKind};
@@ -102,6 +102,34 @@ impl Commit {
     }
 }
 
+/// An intent an [`Apply`] created: the committer makes it an [`Intent`] once the commit's
+/// hash is known.
+pub(crate) struct Acted {
+    pub(crate) key: ActionKey,
+    pub(crate) kind: Arc<str>,
+    pub(crate) payload: Arc<[u8]>,
+    /// The position in the commit of the run that acted it.
+    pub(crate) run: u32,
+}
+
+impl Acted {
+    /// The intent, recorded by run `self.run` of `commit` in `session`.
+    pub(crate) fn into_intent(self, session: &Arc<str>, commit: &Commit) -> Intent {
+        Intent {
+            key: self.key,
+            kind: self.kind,
+            payload: self.payload,
+            origin: Origin {
+                session: session.clone(),
+                commit: commit.hash,
+                generation: commit.generation,
+                run: self.run,
+            },
+            attempt: 0,
+        }
+    }
+}
+
 /// Where an [`Apply`] was, to roll back one patch.
 #[derive(Clone, Copy)]
 pub(crate) struct Savepoint {
@@ -119,7 +147,7 @@ pub(crate) struct Apply<'a> {
     created_counter: u64,
     undo: Vec<Undo>,
     pub(crate) events: Vec<Event>,
-    pub(crate) intents: Vec<Intent>,
+    pub(crate) intents: Vec<Acted>,
     /// The position in the commit of the run being applied, recorded in its intents.
     pub(crate) run: usize,
 }
@@ -208,13 +236,11 @@ impl<'a> Apply<'a> {
             } => {
                 let created = self.put(PutMode::CreateOnce, id, Kind::of::<crate::PendingAction>(), hash, bytes)?;
                 if created {
-                    self.intents.push(Intent {
+                    self.intents.push(Acted {
                         key: ActionKey::clone(key),
                         kind: action.clone(),
                         payload: payload.clone(),
-                        generation: self.generation,
                         run: self.run as u32,
-                        attempt: 0,
                     });
                 }
                 Ok(())

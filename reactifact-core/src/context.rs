@@ -40,7 +40,7 @@ use crate::verify::{Checks, Refold};
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Context {
-    session: String,
+    session: Arc<str>,
     state: State,
     log: Vec<Commit>,
     events: VecDeque<QueuedEvent>,
@@ -88,7 +88,7 @@ impl Context {
     /// An empty, in-memory context for the named session.
     pub fn new(session: impl Into<String>) -> Self {
         Context {
-            session: session.into(),
+            session: Arc::from(session.into()),
             state: State::default(),
             log: Vec::new(),
             events: VecDeque::new(),
@@ -188,7 +188,7 @@ impl Context {
         store: Option<Box<dyn Store>>,
     ) -> Context {
         Context {
-            session,
+            session: Arc::from(session),
             state,
             log,
             events: VecDeque::new(),
@@ -437,8 +437,8 @@ impl Context {
             apply
                 .intents
                 .drain(..)
-                .filter(|intent| !ledger.contains(intent.key.as_str()))
-                .map(|intent| Delivery::new(intent, now))
+                .filter(|acted| !ledger.contains(acted.key.as_str()))
+                .map(|acted| Delivery::new(acted.into_intent(&self.session, &commit), now))
                 .collect()
         };
         if let Some(store) = &mut self.store {

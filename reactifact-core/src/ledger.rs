@@ -9,7 +9,7 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use crate::action::{ActionKey, Intent};
+use crate::action::{ActionKey, Intent, Origin};
 use crate::artifact::{ArtifactId, Generation};
 use crate::error::RetryError;
 
@@ -89,9 +89,15 @@ impl Delivery {
         self.intent.key.artifact_id()
     }
 
-    /// The generation whose commit recorded the intent.
+    /// The generation, in [`Origin::session`], of the commit that recorded the intent (a
+    /// convenience for `origin().generation()`).
     pub fn generation(&self) -> Generation {
-        self.intent.generation
+        self.intent.origin.generation
+    }
+
+    /// Where the intent was recorded: session, commit hash and run.
+    pub fn origin(&self) -> &Origin {
+        &self.intent.origin
     }
 
     /// The delivery state.

@@ -39,7 +39,7 @@ mod state;
 mod store;
 mod verify;
 
-pub use action::{ActionKey, Intent, PendingAction};
+pub use action::{ActionKey, Intent, Origin, PendingAction};
 pub use artifact::{Artifact, ArtifactId, Generation, Kind, Record, Version};
 pub use branch::{ArtifactState, Conflict, Diff, ForkError, MergeError, MergeReport, Resolution, Side, Updated};
 pub use commit::{Commit, Read, RunRecord, TriggerRef};

@@ -337,7 +337,7 @@ async fn an_intent_knows_the_run_that_recorded_it_even_after_an_isolated_failure
     let dispatcher = {
         let origins = origins.clone();
         move |intent: Intent| {
-            origins.lock().unwrap().push(intent.origin());
+            origins.lock().unwrap().push(intent.origin().clone());
             async { Ok::<(), DispatchError>(()) }
         }
     };
@@ -348,8 +348,11 @@ async fn an_intent_knows_the_run_that_recorded_it_even_after_an_isolated_failure
         .build();
     rt.run().await.unwrap();
     // The failed run was dropped from the commit, so the recording run is the first one kept.
-    let (generation, run) = origins.lock().unwrap()[0];
-    let commit = &rt.context().log()[generation.0 as usize - 1];
-    assert_eq!(commit.runs[run].produce.as_deref(), Some("process_order"));
-    assert_eq!(rt.context().intent_origin("notify:order:1"), Some((generation, run)));
+    let origin = origins.lock().unwrap()[0].clone();
+    let commit = rt.context().commit_of(&origin).expect("the commit is in this log");
+    assert_eq!(commit.runs[origin.run()].produce.as_deref(), Some("process_order"));
+    assert_eq!(
+        rt.context().intent_origin("notify:order:1"),
+        Some((origin.generation(), origin.run()))
+    );
 }

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::codec;
 use super::{CommitDelta, Loaded, OpenError, OpenOptions, Store, StoreError, Synchronous};
-use crate::action::{ActionKey, Intent};
+use crate::action::{ActionKey, Intent, Origin};
 use crate::artifact::Generation;
 use crate::commit::Commit;
 use crate::hash::{CommitHash, StateHash};
@@ -356,11 +356,17 @@ impl SqliteStore {
         let mut index: foldhash::HashMap<ActionKey, usize> = foldhash::HashMap::default();
         let mut stmt = self
             .conn
-            .prepare("SELECT generation, intents FROM commits WHERE intents IS NOT NULL ORDER BY seq")?;
+            .prepare("SELECT session, generation, hash, intents FROM commits WHERE intents IS NOT NULL ORDER BY seq")?;
         let mut rows = stmt.query([])?;
+        let mut session: Arc<str> = Arc::from("");
         while let Some(row) = rows.next()? {
-            let generation = Generation(row.get(0)?);
-            let intents: Vec<IntentRow<'_>> = rmp_serde::from_slice(row.get_ref(1)?.as_blob()?)
+            let name = row.get_ref(0)?.as_str()?;
+            if *session != *name {
+                session = Arc::from(name);
+            }
+            let generation = Generation(row.get(1)?);
+            let commit = CommitHash(digest(row.get_ref(2)?.as_blob()?, "a commit's hash").map_err(LoadError::Corrupt)?);
+            let intents: Vec<IntentRow<'_>> = rmp_serde::from_slice(row.get_ref(3)?.as_blob()?)
                 .map_err(|e| LoadError::Corrupt(format!("the intents of a commit do not decode: {e}")))?;
             for intent in intents {
                 let key = ActionKey::from(&*intent.key);
@@ -373,8 +379,12 @@ impl SqliteStore {
                         key,
                         kind: Arc::from(&*intent.kind),
                         payload: Arc::from(&*intent.payload),
-                        generation,
-                        run: intent.run,
+                        origin: Origin {
+                            session: session.clone(),
+                            commit,
+                            generation,
+                            run: intent.run,
+                        },
                         attempt: 0,
                     },
                     from_millis(intent.recorded_at),
@@ -502,7 +512,7 @@ impl SqliteStore {
                     kind: Cow::Borrowed(&d.intent.kind),
                     payload: Cow::Borrowed(&d.intent.payload),
                     recorded_at: millis(d.recorded_at),
-                    run: d.intent.run,
+                    run: d.intent.origin.run,
                 })
                 .collect();
             rmp_serde::to_vec(&rows).expect("intents always encode")
