@@ -15,7 +15,7 @@ use crate::patch::{Op, PutMode};
 use crate::snapshot::Snapshot;
 use crate::state::{Relation, State};
 use crate::store::{CommitDelta, Loaded, OpenError, OpenOptions, SqliteStore, Store, StoreError};
-use crate::verify::{Checks, Refold};
+use crate::verify::{Checks, Refold, VerifyError};
 
 /// The versioned working state of one session: current artifacts and relations, the commit
 /// log, the FIFO queue of events waiting for a generation, and the delivery ledger.
@@ -131,9 +131,10 @@ impl Context {
         let (store, loaded) = SqliteStore::open(path, &session, &options)?;
         let mut context = Context::new(session);
         context.lease = options.lease;
-        context.restore(loaded).map_err(|detail| OpenError::Corrupt {
+        context.restore(loaded).map_err(|e| OpenError::Corrupt {
             path: path.into(),
-            detail,
+            detail: e.to_string(),
+            source: Some(e),
         })?;
         context.store = Some(Box::new(store));
         Ok(context)
@@ -141,11 +142,11 @@ impl Context {
 
     /// Rebuilds the context from a store's log: refolds every commit, checking its parent
     /// link and the state hash it recorded, and requeues the events not yet consumed.
-    fn restore(&mut self, loaded: Loaded) -> Result<(), String> {
+    fn restore(&mut self, loaded: Loaded) -> Result<(), VerifyError> {
         let mut seq = 0;
         let mut refold = Refold::new(Checks::STATE);
         for commit in &loaded.commits {
-            for event in refold.step(commit).map_err(|e| e.to_string())? {
+            for event in refold.step(commit)? {
                 if seq >= loaded.consumed_seq {
                     self.events.push_back(QueuedEvent { seq, event });
                 }

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::commit::Commit;
+use crate::verify::VerifyError;
 use crate::ledger::Delivery;
 
 pub(crate) use sqlite::SqliteStore;
@@ -73,8 +74,14 @@ pub enum OpenError {
     Corrupt {
         /// The path opened.
         path: PathBuf,
-        /// What is wrong.
+        /// What is wrong, in words (for a log that does not verify, the message of `source`).
         detail: String,
+        /// The failed check, when the log decodes but does not verify: it names the commit
+        /// and, where one is at fault, the artifact or intent, so a program can tell which
+        /// commit is bad without parsing `detail`. `None` when the file itself is damaged or
+        /// its rows do not decode.
+        #[source]
+        source: Option<VerifyError>,
     },
     /// The file was written by a newer reactifact.
     #[error("{path} has schema version {found}, newer than the {supported} this reactifact supports; upgrade reactifact to open it")]

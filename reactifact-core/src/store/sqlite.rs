@@ -144,6 +144,7 @@ fn open_error(path: &Path, e: rusqlite::Error) -> OpenError {
         Some(ErrorCode::DatabaseCorrupt) => OpenError::Corrupt {
             path: path.into(),
             detail: e.to_string(),
+            source: None,
         },
         _ => OpenError::Sqlite {
             path: path.into(),
@@ -251,6 +252,7 @@ impl SqliteStore {
             LoadError::Corrupt(detail) => OpenError::Corrupt {
                 path: path.into(),
                 detail,
+                source: None,
             },
         };
         let commits = store.load_commits().map_err(corrupt)?;
