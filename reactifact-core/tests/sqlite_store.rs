@@ -353,6 +353,21 @@ fn a_newer_schema_is_refused_with_a_clear_error() {
     assert!(err.to_string().contains("upgrade reactifact"), "{err}");
 }
 
+#[test]
+fn a_foreign_file_with_a_negative_schema_version_is_refused_not_a_panic() {
+    let dir = TempDir::new("negative-schema");
+    let path = dir.file("foreign.db");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch("CREATE TABLE notes (body TEXT); PRAGMA user_version = -7;")
+            .unwrap();
+    }
+    let err = Context::open(&path, "orders").unwrap_err();
+    assert!(matches!(err, OpenError::NotADatabase { .. }), "{err:?}");
+    let err = Context::open_with(&path, "orders", OpenOptions::new().read_only(true)).unwrap_err();
+    assert!(matches!(err, OpenError::NotADatabase { .. }), "{err:?}");
+}
+
 /// Sets `PRAGMA user_version` with the sqlite3 file format directly: the header's 4-byte
 /// big-endian field at offset 60.
 fn set_user_version(path: &std::path::Path, version: u32) {

@@ -187,6 +187,10 @@ impl SqliteStore {
         let version: i64 = conn
             .query_row("PRAGMA user_version", [], |row| row.get(0))
             .map_err(|e| open_error(path, e))?;
+        if version < 0 {
+            // No reactifact version writes a negative schema version: another program's file.
+            return Err(OpenError::NotADatabase { path: path.into() });
+        }
         if version > SCHEMA_VERSION {
             return Err(OpenError::NewerSchema {
                 path: path.into(),
@@ -210,7 +214,18 @@ impl SqliteStore {
             };
             conn.pragma_update(None, "synchronous", sync)
                 .map_err(|e| open_error(path, e))?;
-            migrate(&mut conn, version).map_err(|e| open_error(path, e))?;
+            let migrated = migrate(&mut conn, version).map_err(|e| open_error(path, e))?;
+            if migrated != SCHEMA_VERSION {
+                return Err(if migrated < 0 {
+                    OpenError::NotADatabase { path: path.into() }
+                } else {
+                    OpenError::NewerSchema {
+                        path: path.into(),
+                        found: migrated,
+                        supported: SCHEMA_VERSION,
+                    }
+                });
+            }
         }
 
         let row: Option<(u64, u64)> = conn
@@ -539,18 +554,23 @@ impl SqliteStore {
     }
 }
 
-fn migrate(conn: &mut Connection, from: i64) -> Result<(), rusqlite::Error> {
+/// Upgrades the file to [`SCHEMA_VERSION`]; returns the version found under the lock (another
+/// process may have migrated meanwhile, possibly past this build, which the caller refuses).
+fn migrate(conn: &mut Connection, from: i64) -> Result<i64, rusqlite::Error> {
     if from >= SCHEMA_VERSION {
-        return Ok(());
+        return Ok(from);
     }
     let tx = conn.transaction_with_behavior(TransactionBehavior::Exclusive)?;
-    // Re-read under the lock: another process may have migrated meanwhile.
     let current: i64 = tx.query_row("PRAGMA user_version", [], |row| row.get(0))?;
-    for script in &MIGRATIONS[current as usize..SCHEMA_VERSION as usize] {
+    let Some(scripts) = usize::try_from(current).ok().and_then(|from| MIGRATIONS.get(from..)) else {
+        return Ok(current);
+    };
+    for script in scripts {
         tx.execute_batch(script)?;
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
-    tx.commit()
+    tx.commit()?;
+    Ok(SCHEMA_VERSION)
 }
 
 enum LoadError {
