@@ -40,7 +40,8 @@ pub struct Budget {
     /// A hard wall-clock limit per turn (tokio time, so a paused clock drives it). A
     /// generation still running when it passes is cancelled: nothing of it is committed and
     /// its events stay queued for the next turn. A delivery already handed to the
-    /// dispatcher finishes and is recorded; no further one starts.
+    /// dispatcher finishes and is recorded; no further one starts. A deadline too far away
+    /// to represent (such as `Duration::MAX`) is no deadline.
     pub deadline: Option<Duration>,
 }
 
@@ -359,7 +360,8 @@ impl Runtime {
     }
 
     async fn turn(&mut self, turn: u64, budget: Budget) -> Result<TurnReport, RunError> {
-        let deadline = budget.deadline.map(|d| Instant::now() + d);
+        // A deadline too far to represent (`Duration::MAX`) is no deadline.
+        let deadline = budget.deadline.and_then(|d| Instant::now().checked_add(d));
         let mut report = TurnReport {
             outcome: TurnOutcome::Completed,
             turn,

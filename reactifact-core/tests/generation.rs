@@ -255,6 +255,21 @@ async fn a_generation_past_the_deadline_is_cancelled_and_its_events_stay_queued(
     assert!(rt.context().get::<Receipt>("receipt:1").unwrap().is_some());
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_deadline_of_duration_max_is_no_deadline_not_a_panic() {
+    let mut ctx = Context::new("t");
+    ctx.create("order:1", order("ada", 100)).unwrap();
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("billing").produce(process_order()))
+        .budget(Budget::UNLIMITED.deadline(Duration::MAX))
+        .build();
+    let report = rt.run().await.unwrap();
+    assert_eq!(report.outcome, TurnOutcome::Completed);
+    assert_eq!(report.generations, 1);
+    let report = rt.run_with(Budget::default().deadline(Duration::MAX)).await.unwrap();
+    assert_eq!(report.outcome, TurnOutcome::Completed);
+}
+
 #[tokio::test]
 async fn a_failing_produce_keeps_the_batch_queued_and_a_retry_re_runs_it() {
     let mut ctx = Context::new("t");
