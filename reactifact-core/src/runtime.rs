@@ -225,8 +225,9 @@ impl RuntimeBuilder {
     }
 
     /// How long deliveries already running may finish after a stop or the turn's deadline
-    /// (default 10 s). Those still running then are cancelled and recorded as failed attempts
-    /// that the receiver may have seen, due again at once.
+    /// (default 10 s). Those still running then are cancelled and recorded as attempts of
+    /// unknown outcome (the receiver may have seen them), due again at once; they do not count
+    /// against the retry policy.
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
         self.delivery.grace = grace;
         self
@@ -359,7 +360,7 @@ impl Runtime {
     }
 
     async fn turn(&mut self, turn: u64, budget: Budget) -> Result<TurnReport, RunError> {
-        let deadline = budget.deadline.map(|d| Instant::now() + d);
+        let deadline = budget.deadline.map(|d| crate::delivery::instant_after(Instant::now(), d));
         let mut report = TurnReport {
             outcome: TurnOutcome::Completed,
             turn,
