@@ -430,7 +430,11 @@ async fn a_stop_lets_running_deliveries_finish_within_the_grace_period_and_leave
     // so it is due again at once, with the attempt counted as interrupted.
     let cancelled = ledger.get("notify:order:2").unwrap();
     assert_eq!(
-        (cancelled.status(), cancelled.attempts(), cancelled.interrupted_attempts()),
+        (
+            cancelled.status(),
+            cancelled.attempts(),
+            cancelled.interrupted_attempts()
+        ),
         (DeliveryStatus::Pending, 1, 1)
     );
     assert!(cancelled.last_error().unwrap().contains("the receiver may have seen"));
@@ -532,7 +536,11 @@ async fn a_retry_after_of_u64_max_seconds_is_capped_and_ridden_out() {
     rt.run().await.unwrap();
     let entry = rt.context().ledger().get("notify:order:0").unwrap();
     assert_eq!(entry.status(), DeliveryStatus::Failed);
-    let wait = entry.next_attempt_at().unwrap().duration_since(entry.updated_at()).unwrap();
+    let wait = entry
+        .next_attempt_at()
+        .unwrap()
+        .duration_since(entry.updated_at())
+        .unwrap();
     assert!(
         wait >= MAX_RETRY_AFTER && wait < MAX_RETRY_AFTER + Duration::from_millis(5),
         "{wait:?}"
@@ -691,7 +699,11 @@ async fn a_flapping_503_with_retry_after_zero_does_not_use_up_the_attempts_at_on
     });
     let settled = rt.settle().await.unwrap();
     assert!(settled.dead.is_empty(), "{settled:?}");
-    assert!(calls.load(Ordering::SeqCst) <= 3, "{} attempts", calls.load(Ordering::SeqCst));
+    assert!(
+        calls.load(Ordering::SeqCst) <= 3,
+        "{} attempts",
+        calls.load(Ordering::SeqCst)
+    );
     let entry = rt.context().ledger().get("notify:order:0").unwrap();
     assert_eq!(entry.status(), DeliveryStatus::Failed);
 }
@@ -707,7 +719,10 @@ async fn a_manual_policy_waits_for_retry_whatever_the_hint() {
         .build();
     rt.run().await.unwrap();
     let entry = rt.context().ledger().get("notify:order:0").unwrap();
-    assert_eq!((entry.status(), entry.next_attempt_at()), (DeliveryStatus::Failed, None));
+    assert_eq!(
+        (entry.status(), entry.next_attempt_at()),
+        (DeliveryStatus::Failed, None)
+    );
     assert_eq!(rt.settle().await.unwrap().delivered, 0);
 }
 
@@ -780,7 +795,10 @@ async fn an_attempt_cut_off_by_the_deadline_does_not_count_against_max_attempts(
         .delivery_timeout(None)
         .shutdown_grace(Duration::ZERO)
         .build();
-    let report = rt.run_with(Budget::default().deadline(Duration::from_secs(5))).await.unwrap();
+    let report = rt
+        .run_with(Budget::default().deadline(Duration::from_secs(5)))
+        .await
+        .unwrap();
     assert_eq!(report.outcome, TurnOutcome::DeadlineExceeded);
     assert_eq!(report.deliveries.interrupted.len(), 1);
     let entry = rt.context().ledger().get("notify:order:0").unwrap();
@@ -833,10 +851,18 @@ async fn a_dropped_turn_records_finished_outcomes_as_they_finished() {
         let entry = ledger.get(key).unwrap();
         (entry.status(), entry.attempts())
     };
-    assert_eq!(state("notify:order:0"), (DeliveryStatus::Dead, 1), "a 400 is not retried");
+    assert_eq!(
+        state("notify:order:0"),
+        (DeliveryStatus::Dead, 1),
+        "a 400 is not retried"
+    );
     assert_eq!(state("notify:order:1"), (DeliveryStatus::Dead, 1), "max_attempts holds");
     assert_eq!(state("notify:order:2"), (DeliveryStatus::Delivered, 1));
-    assert_eq!(state("notify:order:3"), (DeliveryStatus::Pending, 1), "cut off: due again");
+    assert_eq!(
+        state("notify:order:3"),
+        (DeliveryStatus::Pending, 1),
+        "cut off: due again"
+    );
     assert_eq!(ledger.get("notify:order:3").unwrap().interrupted_attempts(), 1);
 
     let flushed = rt.flush().await.unwrap();
@@ -863,7 +889,10 @@ async fn a_dropped_turn_records_a_kind_without_a_route_as_held() {
     let notify = ledger.get("notify:order:0").unwrap();
     assert_eq!((notify.status(), notify.attempts()), (DeliveryStatus::Held, 0));
     let audit = ledger.get("audit:order:0").unwrap();
-    assert_eq!((audit.status(), audit.interrupted_attempts()), (DeliveryStatus::Pending, 1));
+    assert_eq!(
+        (audit.status(), audit.interrupted_attempts()),
+        (DeliveryStatus::Pending, 1)
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -903,7 +932,10 @@ async fn an_interrupted_attempt_survives_a_reopen_and_still_does_not_count() {
             .delivery_timeout(None)
             .shutdown_grace(Duration::ZERO)
             .build();
-        let report = rt.run_with(Budget::default().deadline(Duration::from_secs(1))).await.unwrap();
+        let report = rt
+            .run_with(Budget::default().deadline(Duration::from_secs(1)))
+            .await
+            .unwrap();
         assert_eq!(report.deliveries.interrupted.len(), 1);
     }
     let ctx = Context::open(&path, "orders").unwrap();

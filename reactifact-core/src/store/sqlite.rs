@@ -695,7 +695,10 @@ mod tests {
         }])
         .unwrap();
         let rows: Vec<DeliveryRow<'_>> = rmp_serde::from_slice(&old).unwrap();
-        assert_eq!((rows[0].attempts, rows[0].expired_leases, rows[0].interrupted), (2, 1, 0));
+        assert_eq!(
+            (rows[0].attempts, rows[0].expired_leases, rows[0].interrupted),
+            (2, 1, 0)
+        );
         assert_eq!(rows[0].next_attempt_at, Some(9));
     }
 }
