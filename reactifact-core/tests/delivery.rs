@@ -617,7 +617,7 @@ async fn a_delivery_timeout_and_grace_of_duration_max_wait_without_panicking() {
         stop.stop();
     });
     let began = Instant::now();
-    let report = rt.run_with(Budget::default().deadline(Duration::MAX)).await.unwrap();
+    let report = rt.run().await.unwrap();
     assert_eq!(report.outcome, TurnOutcome::Stopped);
     assert_eq!(report.deliveries.delivered, 1, "the grace period outlasts the delivery");
     assert_eq!(began.elapsed(), Duration::from_secs(60));
