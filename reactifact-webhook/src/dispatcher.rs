@@ -133,8 +133,8 @@ impl WebhookDispatcher {
     }
 
     /// Posts one delivery attempt and classifies the answer: `Ok` for a status classified as
-    /// delivered (2xx by default), otherwise the [`WebhookError`] saying why. [`Dispatcher::dispatch`] is this plus
-    /// [`WebhookError::into_dispatch_error`].
+    /// delivered (2xx by default), otherwise the [`WebhookError`] saying why.
+    /// [`Dispatcher::dispatch`] is this plus [`WebhookError::into_dispatch_error`].
     pub async fn send(&self, outgoing: Outgoing<'_>) -> Result<(), WebhookError> {
         let Outgoing {
             kind,
