@@ -327,6 +327,7 @@ impl fmt::Debug for DispatchError {
             .field("error", &self.error)
             .field("permanent", &self.permanent)
             .field("retry_after", &self.retry_after)
+            .field("no_route", &self.no_route)
             .finish()
     }
 }
