@@ -292,7 +292,7 @@ impl Context {
     pub(crate) fn new_lease(&self, now: SystemTime) -> Lease {
         Lease {
             owner: self.owner.clone(),
-            expires_at: now + self.lease,
+            expires_at: crate::ledger::later(now, self.lease),
         }
     }
 

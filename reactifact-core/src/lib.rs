@@ -49,7 +49,7 @@ pub use dispatcher::Dispatcher;
 pub use effects::{DeclaredOutput, Dynamic, Effects};
 pub use error::{
     BoxError, CommitError, DeliveryFailure, DispatchError, EffectError, FlushError, ProduceError, ProduceFailure,
-    ReadError, RetryError, RunError, RunFailure, WriteError,
+    ReadError, RetryError, RunError, RunFailure, WriteError, MAX_RETRY_AFTER,
 };
 pub use event::{Event, EventKind};
 pub use hash::{CommitHash, ContentHash, StateHash};

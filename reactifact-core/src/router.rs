@@ -114,7 +114,13 @@ impl Dispatcher for Router {
     fn dispatch(&self, intent: Intent) -> impl Future<Output = Result<(), DispatchError>> + Send {
         match self.routes.get(intent.kind()) {
             Some(route) => route(intent),
-            None => Box::pin(std::future::ready(Err(DispatchError::no_route(intent.kind())))),
+            None => {
+                let error = DispatchError::no_route(format!(
+                    "no route handles action kind `{}`; add one and `retry` the intent",
+                    intent.kind()
+                ));
+                Box::pin(std::future::ready(Err(error)))
+            }
         }
     }
 }

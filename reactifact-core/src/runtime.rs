@@ -226,8 +226,9 @@ impl RuntimeBuilder {
     }
 
     /// How long deliveries already running may finish after a stop or the turn's deadline
-    /// (default 10 s). Those still running then are cancelled and recorded as failed attempts
-    /// that the receiver may have seen, due again at once.
+    /// (default 10 s). Those still running then are cancelled and recorded as attempts of
+    /// unknown outcome (the receiver may have seen them), due again at once; they do not count
+    /// against the retry policy.
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
         self.delivery.grace = grace;
         self

@@ -176,7 +176,8 @@ impl OpenOptions {
 
     /// How long an in-flight delivery is leased to this process. An intent still in flight
     /// when its lease has expired is put back to pending at the next open, and delivered
-    /// again with the same idempotency key. Make it longer than any dispatch takes.
+    /// again with the same idempotency key. Make it longer than any dispatch takes. Any
+    /// duration is accepted: a lease ending past the year 9999 ends then.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self

@@ -89,6 +89,10 @@ struct DeliveryRow<'a> {
     updated_at: i64,
     delivered_at: Option<i64>,
     next_attempt_at: Option<i64>,
+    /// Attempts cut off before their outcome was known; absent from rows written before it
+    /// was kept.
+    #[serde(default)]
+    interrupted: u32,
 }
 
 pub(crate) struct SqliteStore {
@@ -168,6 +172,7 @@ fn encode_deliveries(entries: &mut dyn Iterator<Item = &Delivery>) -> Vec<u8> {
             updated_at: millis(d.updated_at),
             delivered_at: d.delivered_at.map(millis),
             next_attempt_at: d.next_attempt_at.map(millis),
+            interrupted: d.interrupted,
         })
         .collect();
     rmp_serde::to_vec(&rows).expect("ledger entries always encode")
@@ -437,6 +442,7 @@ impl SqliteStore {
                     expires_at: from_millis(expires),
                 });
                 entry.expired_leases = state.expired_leases;
+                entry.interrupted = state.interrupted;
                 entry.updated_at = from_millis(state.updated_at);
                 entry.delivered_at = state.delivered_at.map(from_millis);
                 entry.next_attempt_at = state.next_attempt_at.map(from_millis);
@@ -686,5 +692,45 @@ impl Store for SqliteStore {
 
     fn describe(&self) -> String {
         format!("sqlite:{}", self.path.display())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ledger_row_written_before_interrupted_attempts_were_kept_still_decodes() {
+        // The row as it was written before the `interrupted` field.
+        #[derive(Serialize)]
+        struct OldRow<'a> {
+            key: &'a str,
+            status: u8,
+            attempts: u32,
+            last_error: Option<&'a str>,
+            lease: Option<(&'a str, i64)>,
+            expired_leases: u32,
+            updated_at: i64,
+            delivered_at: Option<i64>,
+            next_attempt_at: Option<i64>,
+        }
+        let old = rmp_serde::to_vec(&vec![OldRow {
+            key: "k",
+            status: 3,
+            attempts: 2,
+            last_error: Some("down"),
+            lease: None,
+            expired_leases: 1,
+            updated_at: 5,
+            delivered_at: None,
+            next_attempt_at: Some(9),
+        }])
+        .unwrap();
+        let rows: Vec<DeliveryRow<'_>> = rmp_serde::from_slice(&old).unwrap();
+        assert_eq!(
+            (rows[0].attempts, rows[0].expired_leases, rows[0].interrupted),
+            (2, 1, 0)
+        );
+        assert_eq!(rows[0].next_attempt_at, Some(9));
     }
 }
