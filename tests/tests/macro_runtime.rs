@@ -111,7 +111,7 @@ async fn a_macro_built_produce_runs_commits_and_delivers_its_intents() {
     let mut rt = Runtime::builder(seeded())
         .agent(Agent::new("billing").produce(process_order))
         .dispatcher(dispatcher)
-        .build();
+        .build().unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.outcome, TurnOutcome::Completed);
     assert_eq!(report.runs, 2);
@@ -136,7 +136,7 @@ async fn a_macro_built_produce_runs_commits_and_delivers_its_intents() {
 async fn the_condition_and_the_name_option_reach_the_runtime() {
     let mut rt = Runtime::builder(seeded())
         .agent(Agent::new("risk").produce(review))
-        .build();
+        .build().unwrap();
     rt.run().await.unwrap();
     assert!(rt.context().get::<Review>("review:order:1").unwrap().is_none());
     assert!(rt.context().get::<Review>("review:order:2").unwrap().is_some());
@@ -155,7 +155,7 @@ async fn the_runtime_still_rejects_undeclared_outputs_of_hand_built_produces() {
     .creates::<Receipt>();
     let mut rt = Runtime::builder(seeded())
         .agent(Agent::new("billing").produce(process_order).produce(unchecked))
-        .build();
+        .build().unwrap();
     let before = rt.context().state_hash();
     let error = rt.run().await.unwrap_err();
     let RunError::Produce { first: failure, .. } = &error else {
