@@ -62,7 +62,8 @@ async fn a_transient_outage_is_ridden_out_with_exponential_backoff() {
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
         .retry_policy(policy.clone())
-        .build().unwrap();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.outcome, TurnOutcome::Completed);
     assert_eq!(report.deliveries.failed.len(), 1);
@@ -109,7 +110,8 @@ async fn attempts_used_up_make_a_dead_letter_that_retry_re_arms() {
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
         .retry_policy(RetryPolicy::exponential(Duration::from_millis(100), Duration::from_secs(1)).max_attempts(3))
-        .build().unwrap();
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     let settled = rt.settle().await.unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 3);
@@ -130,7 +132,8 @@ async fn a_permanent_error_goes_straight_to_the_dead_letter() {
     let mut rt = Runtime::builder(seeded_orders(1))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(|_: Intent| async { Err::<(), _>(DispatchError::permanent("400 bad request")) })
-        .build().unwrap();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.deliveries.dead.len(), 1);
     let entry = rt.context().ledger().get("notify:order:0").unwrap();
@@ -157,7 +160,8 @@ async fn a_retry_after_hint_wins_over_the_backoff() {
     let mut rt = Runtime::builder(seeded_orders(1))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
-        .build().unwrap();
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     rt.settle().await.unwrap();
     let seen = attempts.of("notify:order:0");
@@ -190,7 +194,8 @@ async fn one_failing_intent_does_not_block_the_others_and_manual_policies_wait_f
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
         .retry_policy_for("notify", RetryPolicy::manual())
-        .build().unwrap();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.deliveries.delivered, 2);
     assert_eq!(report.deliveries.failed.len(), 1);
@@ -226,7 +231,8 @@ async fn deliveries_run_concurrently_within_global_and_per_kind_limits() {
         .dispatcher(dispatcher)
         .delivery_concurrency(8)
         .delivery_concurrency_for("audit", 2)
-        .build().unwrap();
+        .build()
+        .unwrap();
     let started = Instant::now();
     let report = rt.run().await.unwrap();
     assert_eq!(report.deliveries.delivered, 80);
@@ -297,7 +303,8 @@ async fn an_attempt_past_its_timeout_is_a_retryable_failure() {
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
         .delivery_timeout(Some(Duration::from_secs(2)))
-        .build().unwrap();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.deliveries.failed[0].error, "timed out after 2s");
     rt.settle().await.unwrap();
@@ -327,7 +334,8 @@ async fn a_router_decodes_payloads_and_holds_kinds_it_has_no_route_for() {
     let mut rt = Runtime::builder(seeded_orders(2))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(router)
-        .build().unwrap();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(
         report.deliveries.held.len(),
@@ -374,7 +382,8 @@ async fn a_payload_that_does_not_decode_for_its_route_is_a_dead_letter() {
     let mut rt = Runtime::builder(seeded_orders(1))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(router)
-        .build().unwrap();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.deliveries.dead.len(), 1);
     assert!(
@@ -408,7 +417,8 @@ async fn a_stop_lets_running_deliveries_finish_within_the_grace_period_and_leave
         .delivery_concurrency(3)
         .delivery_timeout(None)
         .shutdown_grace(Duration::from_secs(5))
-        .build().unwrap();
+        .build()
+        .unwrap();
     let stop = rt.stop_handle();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -452,7 +462,8 @@ async fn a_scheduled_retry_survives_a_reopen_of_the_sqlite_store() {
         let mut rt = Runtime::builder(ctx)
             .agent(Agent::new("billing").produce(process_order()))
             .dispatcher(|_: Intent| async { Err::<(), _>(DispatchError::msg("down")) })
-            .build().unwrap();
+            .build()
+            .unwrap();
         rt.run().await.unwrap();
         rt.context().ledger().get("notify:order:1").unwrap().next_attempt_at()
     };

@@ -146,7 +146,10 @@ fn two_produces_with_one_name_in_an_agent_are_refused() {
     };
     assert_eq!((agent.as_str(), produce.as_str()), ("billing", "process"));
     let message = error.to_string();
-    assert!(message.contains("`billing`") && message.contains("`process`"), "{message}");
+    assert!(
+        message.contains("`billing`") && message.contains("`process`"),
+        "{message}"
+    );
 }
 
 #[test]

@@ -57,7 +57,8 @@ async fn the_outbox_posts_each_intent_once_with_its_key() {
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("a").produce(notify_customer()))
         .dispatcher(webhook)
-        .build().unwrap();
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     // A second turn has nothing left to deliver.
     rt.run().await.unwrap();
@@ -88,7 +89,8 @@ fn runtime(server: &Server) -> Runtime {
     Runtime::builder(ctx)
         .agent(Agent::new("a").produce(notify_customer()))
         .dispatcher(WebhookDispatcher::new(server.url("/hook")).unwrap())
-        .build().unwrap()
+        .build()
+        .unwrap()
 }
 
 #[tokio::test]

@@ -88,7 +88,9 @@ pub(crate) fn expand(model: ProduceModel) -> TokenStream {
     // Each output is recorded with its Rust type, so the runtime's builder can refuse two types
     // that claim one kind. Inherent methods only: no trait needs to be in scope
     // (`#![no_implicit_prelude]`).
-    let creates = outputs.iter().map(|output| quote!(.creates::<#output>()));
+    let creates = outputs
+        .iter()
+        .map(|output| quote_spanned!(output.span()=> .creates::<#output>()));
     let register = quote_spanned! {call_span=>
         #private::Produce::declared::<#trigger, #ident, _, _>(#name, #ident::run)
     };
