@@ -192,7 +192,7 @@ pub(crate) struct CommitDelta<'a> {
 }
 
 /// A durable home for one session of a context.
-pub(crate) trait Store: Send {
+pub(crate) trait Store: Send + Sync {
     /// Persists one commit in one transaction: all of it or none of it.
     fn commit(&mut self, delta: &CommitDelta<'_>) -> Result<(), StoreError>;
 
