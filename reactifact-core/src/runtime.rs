@@ -84,7 +84,9 @@ impl Default for Budget {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TurnOutcome {
-    /// No events are queued and nothing is deliverable.
+    /// No events are queued and nothing is deliverable. A runtime that registers no produce
+    /// (a drainer: a dispatcher and no agent) completes with its events still queued: it
+    /// leaves them for a runtime that has produces.
     Completed,
     /// The next generation would exceed [`Budget::max_runs`].
     RunsExhausted,
@@ -175,7 +177,8 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Sets the dispatcher that delivers intents. Without one, intents stay pending.
+    /// Sets the dispatcher that delivers intents. Without one, intents stay pending: each turn
+    /// counts them in [`DrainReport::waiting`] and logs a warning.
     pub fn dispatcher(mut self, dispatcher: impl Dispatcher) -> Self {
         self.dispatcher = Some(Arc::new(dispatcher));
         self
@@ -453,7 +456,9 @@ impl Runtime {
             if let Some(outcome) = self.interrupted(deadline) {
                 return Ok(self.finish(report, outcome));
             }
-            if self.context.queued_events() == 0 {
+            // A runtime without produces leaves the queue to one that has them: consuming the
+            // events would lose them for good.
+            if self.context.queued_events() == 0 || self.triggers.is_empty() {
                 return Ok(self.finish(report, TurnOutcome::Completed));
             }
             if budget.max_generations.is_some_and(|max| report.generations >= max) {
@@ -473,6 +478,16 @@ impl Runtime {
     fn finish(&self, mut report: TurnReport, outcome: TurnOutcome) -> TurnReport {
         if outcome == TurnOutcome::Stopped {
             self.stop.clear();
+        }
+        if self.dispatcher.is_none() {
+            let waiting = self.context.ledger().pending();
+            report.deliveries.waiting = waiting;
+            if waiting > 0 {
+                tracing::warn!(
+                    waiting,
+                    "no dispatcher is configured, so intents stay pending; add one with RuntimeBuilder::dispatcher"
+                );
+            }
         }
         report.outcome = outcome;
         tracing::debug!(outcome = ?outcome, generations = report.generations, runs = report.runs, delivered = report.deliveries.delivered, "turn finished");
