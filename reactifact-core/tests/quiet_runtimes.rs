@@ -13,11 +13,14 @@ use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Metadata, Subscriber};
 
-/// Records every event at `warn` or above with its fields, as (name, value).
-#[derive(Clone, Default)]
-struct Warnings(Arc<Mutex<Vec<Vec<(String, String)>>>>);
+/// An event's fields, as (name, value).
+type FieldList = Vec<(String, String)>;
 
-struct Fields(Vec<(String, String)>);
+/// Records every event at `warn` or above with its fields.
+#[derive(Clone, Default)]
+struct Warnings(Arc<Mutex<Vec<FieldList>>>);
+
+struct Fields(FieldList);
 
 impl Visit for Fields {
     fn record_u64(&mut self, field: &Field, value: u64) {
