@@ -179,7 +179,7 @@ impl<'de> Deserialize<'de> for Kind {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ArtifactType {
     pub(crate) kind: Kind,
-    pub(crate) id: TypeId,
+    pub(crate) type_id: TypeId,
     pub(crate) name: &'static str,
 }
 
@@ -187,7 +187,7 @@ impl ArtifactType {
     pub(crate) fn of<T: Artifact>() -> Self {
         ArtifactType {
             kind: Kind::of::<T>(),
-            id: TypeId::of::<T>(),
+            type_id: TypeId::of::<T>(),
             name: std::any::type_name::<T>(),
         }
     }

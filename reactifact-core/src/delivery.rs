@@ -197,9 +197,8 @@ pub struct DrainReport {
     pub dead: Vec<DeliveryFailure>,
     /// Intents held because no route handles their kind.
     pub held: Vec<ActionKey>,
-    /// Intents still waiting when the drain ended: retries not yet due, not started because
-    /// of a stop or the deadline, or, in a turn of a runtime without a dispatcher, every
-    /// pending intent.
+    /// Intents still waiting when the drain ended: retries not yet due, or not started
+    /// because of a stop or the deadline.
     pub waiting: usize,
 }
 

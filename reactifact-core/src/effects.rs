@@ -174,9 +174,9 @@ impl<D> Effects<D> {
     /// produce reads (or was already acted in this run); the commit also skips it if another
     /// produce of the same generation recorded it first. If `action:{key}` holds an artifact
     /// of another kind, the intent is not dropped: the commit refuses it with
-    /// [`CommitError::ActionIdTaken`](crate::CommitError::ActionIdTaken), failing the run. Derive `key` from stable
-    /// content (an order id, a content hash), never from the clock or a random number, so
-    /// that a retry, a replay or another branch derives the same key.
+    /// [`CommitError::ActionIdTaken`](crate::CommitError::ActionIdTaken), failing the run.
+    /// Derive `key` from stable content (an order id, a content hash), never from the clock or
+    /// a random number, so that a retry, a replay or another branch derives the same key.
     pub fn act<P: Serialize + ?Sized>(&self, kind: &str, key: impl Into<ActionKey>, payload: &P) -> Option<ActionKey>
     where
         PendingAction: DeclaredOutput<D>,

@@ -161,7 +161,7 @@ impl Produce {
         if !self.outputs.contains(&output.kind) {
             self.outputs.push(output.kind);
         }
-        if !self.output_types.iter().any(|t| t.id == output.id) {
+        if !self.output_types.iter().any(|t| t.type_id == output.type_id) {
             self.output_types.push(output);
         }
         self
@@ -180,7 +180,7 @@ impl Produce {
     {
         assert_eq!(
             std::any::TypeId::of::<T>(),
-            self.trigger.id,
+            self.trigger.type_id,
             "the condition of produce `{}` must take its trigger type",
             self.name
         );

@@ -110,7 +110,8 @@ pub struct TurnReport {
     pub generations: u64,
     /// Produce runs executed in committed generations.
     pub runs: u64,
-    /// What the turn's drains delivered, and what failed, died or was held.
+    /// What the turn's drains delivered, and what failed, died or was held. In a runtime
+    /// without a dispatcher, [`DrainReport::waiting`] counts every pending intent.
     pub deliveries: DrainReport,
     /// Runs whose patch was dropped ([`ProduceErrors::Isolate`]).
     pub failed_runs: Vec<ProduceFailure>,
@@ -348,7 +349,7 @@ fn check_registrations(agents: &[Agent]) -> Result<(), BuildError> {
             }
             for ty in produce.types() {
                 let known = *kinds.entry(ty.kind).or_insert(*ty);
-                if known.id != ty.id {
+                if known.type_id != ty.type_id {
                     return Err(BuildError::KindCollision {
                         kind: ty.kind,
                         first: known.name,
