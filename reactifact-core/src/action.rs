@@ -9,6 +9,9 @@ use serde::{Deserialize, Serialize};
 use crate::artifact::{Artifact, ArtifactId, Generation};
 use crate::hash::CommitHash;
 
+/// Ids starting with this prefix are reserved for intents: only `act` writes there.
+pub(crate) const ACTION_ID_PREFIX: &str = "action:";
+
 /// The idempotency key of an intent. The intent is stored at id `action:{key}`, the ledger is
 /// keyed by it, and the dispatcher should pass it on so the receiver can deduplicate.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -23,7 +26,7 @@ impl ActionKey {
 
     /// The id of the `PendingAction` artifact recorded for this key: `action:{key}`.
     pub fn artifact_id(&self) -> ArtifactId {
-        ArtifactId::from(format!("action:{}", self.0))
+        ArtifactId::from(format!("{ACTION_ID_PREFIX}{}", self.0))
     }
 }
 

@@ -75,6 +75,15 @@ pub enum EffectError {
         /// The id written.
         id: ArtifactId,
     },
+    /// Ids starting with `action:` are reserved for the intents `act` records; writing another
+    /// kind there would shadow (or be shadowed by) an intent.
+    #[error("artifact `{id}`: ids starting with `action:` are reserved for intents recorded with `act(kind, key, payload)`; writing a `{kind}` there is refused")]
+    ReservedForIntents {
+        /// The id written.
+        id: ArtifactId,
+        /// The kind written.
+        kind: Kind,
+    },
     /// The effects buffer was used after its produce run had been collected.
     #[error("effects used after the produce run finished (artifact `{id}`); the write was dropped")]
     AfterRun {
@@ -105,6 +114,17 @@ pub enum CommitError {
         stored: Kind,
         /// The kind written.
         written: Kind,
+    },
+    /// An intent's id, `action:{key}`, holds an artifact that is not a pending action, so the
+    /// intent cannot be recorded.
+    #[error("intent `{key}` cannot be recorded: `{id}` holds a `{found}`, not a pending action")]
+    ActionIdTaken {
+        /// The intent's idempotency key.
+        key: ActionKey,
+        /// `action:{key}`.
+        id: ArtifactId,
+        /// The kind stored there.
+        found: Kind,
     },
     /// A link names an endpoint that does not exist.
     #[error("link `{from}` -[{name}]-> `{to}`: artifact `{missing}` does not exist")]

@@ -60,7 +60,7 @@ pub use provenance::{content_key, Provenance};
 pub use reactifact_macros::{produce, Artifact};
 pub use replay::{testing, Difference, Divergence, FieldDiff, ReplayError, ReplayReport};
 pub use router::{ActionCall, Router};
-pub use runtime::{Budget, ProduceErrors, Runtime, RuntimeBuilder, StopHandle, TurnOutcome, TurnReport};
+pub use runtime::{Budget, BuildError, ProduceErrors, Runtime, RuntimeBuilder, StopHandle, TurnOutcome, TurnReport};
 pub use snapshot::Snapshot;
 pub use state::Relation;
 pub use store::{OpenError, OpenOptions, StoreError, Synchronous};

@@ -62,7 +62,8 @@ async fn a_transient_outage_is_ridden_out_with_exponential_backoff() {
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
         .retry_policy(policy.clone())
-        .build();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.outcome, TurnOutcome::Completed);
     assert_eq!(report.deliveries.failed.len(), 1);
@@ -109,7 +110,8 @@ async fn attempts_used_up_make_a_dead_letter_that_retry_re_arms() {
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
         .retry_policy(RetryPolicy::exponential(Duration::from_millis(100), Duration::from_secs(1)).max_attempts(3))
-        .build();
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     let settled = rt.settle().await.unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 3);
@@ -130,7 +132,8 @@ async fn a_permanent_error_goes_straight_to_the_dead_letter() {
     let mut rt = Runtime::builder(seeded_orders(1))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(|_: Intent| async { Err::<(), _>(DispatchError::permanent("400 bad request")) })
-        .build();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.deliveries.dead.len(), 1);
     let entry = rt.context().ledger().get("notify:order:0").unwrap();
@@ -157,7 +160,8 @@ async fn a_retry_after_longer_than_the_backoff_is_waited_out() {
     let mut rt = Runtime::builder(seeded_orders(1))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
-        .build();
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     rt.settle().await.unwrap();
     let seen = attempts.of("notify:order:0");
@@ -190,7 +194,8 @@ async fn one_failing_intent_does_not_block_the_others_and_manual_policies_wait_f
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
         .retry_policy_for("notify", RetryPolicy::manual())
-        .build();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.deliveries.delivered, 2);
     assert_eq!(report.deliveries.failed.len(), 1);
@@ -226,7 +231,8 @@ async fn deliveries_run_concurrently_within_global_and_per_kind_limits() {
         .dispatcher(dispatcher)
         .delivery_concurrency(8)
         .delivery_concurrency_for("audit", 2)
-        .build();
+        .build()
+        .unwrap();
     let started = Instant::now();
     let report = rt.run().await.unwrap();
     assert_eq!(report.deliveries.delivered, 80);
@@ -297,7 +303,8 @@ async fn an_attempt_past_its_timeout_is_a_retryable_failure() {
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
         .delivery_timeout(Some(Duration::from_secs(2)))
-        .build();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.deliveries.failed[0].error, "timed out after 2s");
     rt.settle().await.unwrap();
@@ -327,7 +334,8 @@ async fn a_router_decodes_payloads_and_holds_kinds_it_has_no_route_for() {
     let mut rt = Runtime::builder(seeded_orders(2))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(router)
-        .build();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(
         report.deliveries.held.len(),
@@ -358,7 +366,7 @@ async fn a_router_decodes_payloads_and_holds_kinds_it_has_no_route_for() {
             }
         })
     };
-    let mut rt = Runtime::builder(ctx).dispatcher(router).build();
+    let mut rt = Runtime::builder(ctx).dispatcher(router).build().unwrap();
     rt.retry("notify:order:0").unwrap();
     rt.retry("notify:order:1").unwrap();
     assert_eq!(rt.flush().await.unwrap().delivered, 2);
@@ -374,7 +382,8 @@ async fn a_payload_that_does_not_decode_for_its_route_is_a_dead_letter() {
     let mut rt = Runtime::builder(seeded_orders(1))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(router)
-        .build();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.deliveries.dead.len(), 1);
     assert!(
@@ -408,7 +417,8 @@ async fn a_stop_lets_running_deliveries_finish_within_the_grace_period_and_leave
         .delivery_concurrency(3)
         .delivery_timeout(None)
         .shutdown_grace(Duration::from_secs(5))
-        .build();
+        .build()
+        .unwrap();
     let stop = rt.stop_handle();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -462,7 +472,8 @@ async fn a_scheduled_retry_survives_a_reopen_of_the_sqlite_store() {
         let mut rt = Runtime::builder(ctx)
             .agent(Agent::new("billing").produce(process_order()))
             .dispatcher(|_: Intent| async { Err::<(), _>(DispatchError::msg("down")) })
-            .build();
+            .build()
+            .unwrap();
         rt.run().await.unwrap();
         rt.context().ledger().get("notify:order:1").unwrap().next_attempt_at()
     };
@@ -475,7 +486,7 @@ async fn a_scheduled_retry_survives_a_reopen_of_the_sqlite_store() {
     );
     assert_eq!(ctx.ledger().pending(), 1);
     let recorder = Recorder::default();
-    let mut rt = Runtime::builder(ctx).dispatcher(recorder.dispatcher()).build();
+    let mut rt = Runtime::builder(ctx).dispatcher(recorder.dispatcher()).build().unwrap();
     rt.settle().await.unwrap();
     assert_eq!(recorder.sent(), ["notify:order:1"]);
     let _ = std::fs::remove_dir_all(&dir);
@@ -501,7 +512,8 @@ async fn a_dispatcher_that_panics_before_returning_its_future_is_a_failed_attemp
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
         .delivery_concurrency(1)
-        .build();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.deliveries.delivered, 1, "the other intent is not held back");
     assert_eq!(report.deliveries.failed.len(), 1);
@@ -532,7 +544,8 @@ async fn a_retry_after_of_u64_max_seconds_is_capped_and_ridden_out() {
     let mut rt = Runtime::builder(seeded_orders(1))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(fails_once(huge, &attempts))
-        .build();
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     let entry = rt.context().ledger().get("notify:order:0").unwrap();
     assert_eq!(entry.status(), DeliveryStatus::Failed);
@@ -557,7 +570,8 @@ async fn a_policy_of_duration_max_schedules_far_ahead_without_panicking() {
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(|_: Intent| async { Err::<(), _>(DispatchError::msg("down")) })
         .retry_policy(RetryPolicy::exponential(Duration::MAX, Duration::MAX).max_attempts(3))
-        .build();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.deliveries.failed.len(), 1);
     let entry = rt.context().ledger().get("notify:order:0").unwrap();
@@ -610,7 +624,8 @@ async fn a_delivery_timeout_and_grace_of_duration_max_wait_without_panicking() {
         .dispatcher(dispatcher)
         .delivery_timeout(Some(Duration::MAX))
         .shutdown_grace(Duration::MAX)
-        .build();
+        .build()
+        .unwrap();
     let stop = rt.stop_handle();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -637,7 +652,8 @@ async fn a_lease_of_duration_max_is_kept_as_far_future() {
             .agent(Agent::new("billing").produce(process_order()))
             .dispatcher(|_: Intent| std::future::pending::<Result<(), DispatchError>>())
             .delivery_timeout(None)
-            .build();
+            .build()
+            .unwrap();
         // The caller gives up on the turn while the delivery is in flight.
         assert!(tokio::time::timeout(Duration::from_secs(1), rt.run()).await.is_err());
     }
@@ -659,7 +675,8 @@ async fn a_retry_after_shorter_than_the_backoff_does_not_shorten_it() {
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(fails_once(zero, &attempts))
         .retry_policy(policy.clone())
-        .build();
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     rt.settle().await.unwrap();
     let seen = attempts.of("notify:order:0");
@@ -688,7 +705,8 @@ async fn a_flapping_503_with_retry_after_zero_does_not_use_up_the_attempts_at_on
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
         .retry_policy(RetryPolicy::exponential(Duration::from_secs(1), Duration::from_secs(60)).max_attempts(8))
-        .build();
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     // Ride it out for 3 s: the backoff (0.5 s–1 s, then 1 s–2 s, …) allows at most three
     // attempts in all, and the intent is still waiting, not dead.
@@ -716,7 +734,8 @@ async fn a_manual_policy_waits_for_retry_whatever_the_hint() {
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(fails_once(soon, &attempts))
         .retry_policy(RetryPolicy::manual())
-        .build();
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     let entry = rt.context().ledger().get("notify:order:0").unwrap();
     assert_eq!(
@@ -751,7 +770,8 @@ async fn a_stop_that_cuts_off_the_only_attempt_leaves_the_intent_due_not_dead() 
         .retry_policy(RetryPolicy::exponential(Duration::from_secs(60), Duration::from_secs(60)).max_attempts(1))
         .delivery_timeout(None)
         .shutdown_grace(Duration::from_secs(2))
-        .build();
+        .build()
+        .unwrap();
     let stop = rt.stop_handle();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -794,7 +814,8 @@ async fn an_attempt_cut_off_by_the_deadline_does_not_count_against_max_attempts(
         .retry_policy(RetryPolicy::exponential(Duration::from_secs(1), Duration::from_secs(1)).max_attempts(2))
         .delivery_timeout(None)
         .shutdown_grace(Duration::ZERO)
-        .build();
+        .build()
+        .unwrap();
     let report = rt
         .run_with(Budget::default().deadline(Duration::from_secs(5)))
         .await
@@ -843,7 +864,8 @@ async fn a_dropped_turn_records_finished_outcomes_as_they_finished() {
         .dispatcher(dispatcher)
         .retry_policy(RetryPolicy::default().max_attempts(1))
         .delivery_timeout(None)
-        .build();
+        .build()
+        .unwrap();
     assert!(tokio::time::timeout(Duration::from_secs(1), rt.run()).await.is_err());
 
     let ledger = rt.context().ledger().clone();
@@ -883,7 +905,8 @@ async fn a_dropped_turn_records_a_kind_without_a_route_as_held() {
         .agent(Agent::new("billing").produce(process_order()).produce(audit))
         .dispatcher(router)
         .delivery_timeout(None)
-        .build();
+        .build()
+        .unwrap();
     assert!(tokio::time::timeout(Duration::from_secs(1), rt.run()).await.is_err());
     let ledger = rt.context().ledger();
     let notify = ledger.get("notify:order:0").unwrap();
@@ -906,7 +929,8 @@ async fn a_dispatcher_of_its_own_can_hold_an_intent_it_has_no_route_for() {
     let mut rt = Runtime::builder(seeded_orders(1))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
-        .build();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.deliveries.held.len(), 1);
     assert!(report.deliveries.dead.is_empty() && report.deliveries.failed.is_empty());
@@ -931,7 +955,8 @@ async fn an_interrupted_attempt_survives_a_reopen_and_still_does_not_count() {
             .dispatcher(|_: Intent| std::future::pending::<Result<(), DispatchError>>())
             .delivery_timeout(None)
             .shutdown_grace(Duration::ZERO)
-            .build();
+            .build()
+            .unwrap();
         let report = rt
             .run_with(Budget::default().deadline(Duration::from_secs(1)))
             .await
@@ -948,7 +973,8 @@ async fn an_interrupted_attempt_survives_a_reopen_and_still_does_not_count() {
     let mut rt = Runtime::builder(ctx)
         .dispatcher(|_: Intent| async { Err::<(), _>(DispatchError::msg("down")) })
         .retry_policy(RetryPolicy::default().max_attempts(2))
-        .build();
+        .build()
+        .unwrap();
     let flushed = rt.flush().await.unwrap();
     assert_eq!(flushed.failed.len(), 1, "{flushed:?}");
     assert!(flushed.dead.is_empty());

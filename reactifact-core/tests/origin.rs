@@ -22,15 +22,31 @@ async fn diverged() -> (Context, Context, Vec<Origin>) {
     let mut main = Context::new("main");
     main.create("seed", order("zoe", 1)).unwrap();
     let mut branch = main.fork("what-if").unwrap();
-    main.create("other", Receipt { order: "x".into(), total_cents: 0 }).unwrap();
+    main.create(
+        "other",
+        Receipt {
+            order: "x".into(),
+            total_cents: 0,
+        },
+    )
+    .unwrap();
 
     let origins = Arc::new(Mutex::new(Vec::new()));
-    branch.create("filler", Receipt { order: "y".into(), total_cents: 1 }).unwrap();
+    branch
+        .create(
+            "filler",
+            Receipt {
+                order: "y".into(),
+                total_cents: 1,
+            },
+        )
+        .unwrap();
     branch.create("order:1", order("ada", 1200)).unwrap();
     let mut rt = Runtime::builder(branch)
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(recording(&origins))
-        .build();
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     let origins = origins.lock().unwrap().clone();
     (main, rt.into_context(), origins)
@@ -42,7 +58,11 @@ async fn an_intent_recorded_on_a_branch_names_that_branch_and_its_commit() {
     assert_eq!(origins.len(), 1, "the dispatcher saw the intent once");
     let seen = &origins[0];
     assert_eq!(seen.session(), "what-if");
-    assert_eq!(seen.generation(), Generation(4), "seed, filler, order, then the produce's commit");
+    assert_eq!(
+        seen.generation(),
+        Generation(4),
+        "seed, filler, order, then the produce's commit"
+    );
     assert_eq!(seen.commit(), branch.log()[3].hash);
 
     // On the branch, the documented lookup finds the recording run.
@@ -58,7 +78,10 @@ async fn an_intent_recorded_on_a_branch_names_that_branch_and_its_commit() {
     assert_eq!(delivery.origin(), seen);
     assert!(main.provenance("notify:order:1").is_none());
     let why = branch.provenance("notify:order:1").unwrap();
-    assert_eq!((why.generation, why.commit, why.run), (seen.generation(), seen.commit(), seen.run()));
+    assert_eq!(
+        (why.generation, why.commit, why.run),
+        (seen.generation(), seen.commit(), seen.run())
+    );
 }
 
 #[tokio::test]
@@ -73,12 +96,17 @@ async fn a_generation_from_another_session_never_yields_the_wrong_commit() {
     let mut rt = Runtime::builder(branch)
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(recording(&origins))
-        .build();
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     main.create("main-again", order("main", 4)).unwrap();
     let origin = origins.lock().unwrap()[0].clone();
     assert_eq!(origin.generation(), Generation(3));
-    assert_eq!(main.generation(), Generation(3), "main holds a commit at the same generation");
+    assert_eq!(
+        main.generation(),
+        Generation(3),
+        "main holds a commit at the same generation"
+    );
     assert_ne!(main.log()[2].hash, origin.commit());
     assert!(main.commit_of(&origin).is_none(), "main's commit 3 is not the intent's");
     assert!(rt.context().commit_of(&origin).is_some());
@@ -99,7 +127,8 @@ async fn a_router_handler_gets_the_origin_with_session_and_commit() {
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(router)
-        .build();
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     let (origin, generation) = calls.lock().unwrap()[0].clone();
     assert_eq!(origin.session(), "shop");
@@ -121,7 +150,8 @@ async fn the_origin_survives_a_reopen_of_the_sqlite_store() {
     // No dispatcher: the intent stays pending, so the reopened store must rebuild its origin.
     let mut rt = Runtime::builder(branch)
         .agent(Agent::new("billing").produce(process_order()))
-        .build();
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     let before = rt.context().ledger().get("notify:order:1").unwrap().origin().clone();
     assert_eq!(before.session(), "what-if");

@@ -37,6 +37,7 @@ fn runtime(ctx: Context, recorder: &Recorder) -> Runtime {
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(recorder.dispatcher())
         .build()
+        .unwrap()
 }
 
 #[tokio::test]
@@ -86,7 +87,8 @@ async fn queued_events_and_pending_intents_resume_after_reopening() {
         // No dispatcher: the intent of order:1 stays pending; order:2's event stays queued.
         let mut rt = Runtime::builder(ctx)
             .agent(Agent::new("billing").produce(process_order()))
-            .build();
+            .build()
+            .unwrap();
         let report = rt
             .run_with(reactifact_core::Budget::UNLIMITED.max_runs(1))
             .await
@@ -173,7 +175,8 @@ async fn an_in_flight_delivery_whose_lease_expired_is_delivered_again_with_the_s
         let mut rt = Runtime::builder(ctx)
             .agent(Agent::new("billing").produce(process_order()))
             .dispatcher(|_: Intent| std::future::pending::<Result<(), DispatchError>>())
-            .build();
+            .build()
+            .unwrap();
         let gave_up = tokio::time::timeout(Duration::from_millis(200), rt.run()).await;
         assert!(gave_up.is_err());
     }
@@ -219,7 +222,8 @@ async fn a_failed_delivery_and_its_retry_are_durable() {
             .agent(Agent::new("billing").produce(process_order()))
             .dispatcher(|_: Intent| async { Err::<(), _>(DispatchError::msg("smtp down")) })
             .delivery_errors(reactifact_core::DeliveryErrors::FailLoud)
-            .build();
+            .build()
+            .unwrap();
         assert!(matches!(rt.run().await, Err(RunError::Delivery(_))));
     }
     let ctx = Context::open(&path, "orders").unwrap();

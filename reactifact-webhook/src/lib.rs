@@ -54,7 +54,7 @@
 //!     .header("Authorization", "Bearer s3cret")
 //!     .timeout(Duration::from_secs(10))
 //!     .build()?;
-//! let mut rt = Runtime::builder(ctx).agent(agent).dispatcher(webhook).build();
+//! let mut rt = Runtime::builder(ctx).agent(agent).dispatcher(webhook).build()?;
 //! rt.run().await?;
 //! # Ok(())
 //! # }

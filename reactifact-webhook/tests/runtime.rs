@@ -59,7 +59,8 @@ async fn the_outbox_posts_each_intent_once_with_its_key() {
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("a").produce(notify_customer()))
         .dispatcher(webhook)
-        .build();
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     // A second turn has nothing left to deliver.
     rt.run().await.unwrap();
@@ -100,6 +101,7 @@ fn runtime_with(webhook: WebhookDispatcher) -> Runtime {
             Duration::from_millis(50),
         ))
         .build()
+        .unwrap()
 }
 
 /// The (key, attempt) headers of every request the server received.

@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::commit::Commit;
-use crate::verify::VerifyError;
 use crate::ledger::Delivery;
+use crate::verify::VerifyError;
 
 pub(crate) use sqlite::SqliteStore;
 
@@ -200,7 +200,7 @@ pub(crate) struct CommitDelta<'a> {
 }
 
 /// A durable home for one session of a context.
-pub(crate) trait Store: Send {
+pub(crate) trait Store: Send + Sync {
     /// Persists one commit in one transaction: all of it or none of it.
     fn commit(&mut self, delta: &CommitDelta<'_>) -> Result<(), StoreError>;
 

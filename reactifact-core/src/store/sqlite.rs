@@ -9,7 +9,7 @@
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
@@ -95,8 +95,23 @@ struct DeliveryRow<'a> {
     interrupted: u32,
 }
 
+/// The store's connection, behind a mutex so that the store is `Sync` (a rusqlite
+/// `Connection` is `Send` but not `Sync`). Everything but a fork reaches it through `&mut`,
+/// without locking.
+struct Conn(Mutex<Connection>);
+
+impl Conn {
+    fn get(&mut self) -> &mut Connection {
+        self.0.get_mut().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Connection> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 pub(crate) struct SqliteStore {
-    conn: Connection,
+    conn: Conn,
     path: PathBuf,
     session: String,
     read_only: bool,
@@ -261,7 +276,7 @@ impl SqliteStore {
         };
 
         let mut store = SqliteStore {
-            conn,
+            conn: Conn(Mutex::new(conn)),
             path: path.into(),
             session: session.into(),
             read_only: options.read_only,
@@ -305,6 +320,7 @@ impl SqliteStore {
             let (session, _) = chain.last().expect("the chain starts with this session");
             let fork: Option<(Option<String>, Option<u64>)> = self
                 .conn
+                .get()
                 .query_row(
                     "SELECT parent, fork_generation FROM sessions WHERE name = ?1",
                     [session.as_str()],
@@ -325,7 +341,7 @@ impl SqliteStore {
         // Each session contributes the commits after its parent's fork point, up to where its
         // child forked.
         let mut commits = Vec::new();
-        let mut stmt = self.conn.prepare(
+        let mut stmt = self.conn.get().prepare(
             "SELECT generation, hash, parent, merged, state_hash, events_consumed, runs FROM commits
              WHERE session = ?1 AND generation > ?2 AND generation <= ?3 ORDER BY generation",
         )?;
@@ -378,6 +394,7 @@ impl SqliteStore {
         let mut index: foldhash::HashMap<ActionKey, usize> = foldhash::HashMap::default();
         let mut stmt = self
             .conn
+            .get()
             .prepare("SELECT session, generation, hash, intents FROM commits WHERE intents IS NOT NULL ORDER BY seq")?;
         let mut rows = stmt.query([])?;
         let mut session: Arc<str> = Arc::from("");
@@ -416,7 +433,7 @@ impl SqliteStore {
         drop(rows);
         drop(stmt);
 
-        let mut stmt = self.conn.prepare("SELECT entries FROM deliveries ORDER BY seq")?;
+        let mut stmt = self.conn.get().prepare("SELECT entries FROM deliveries ORDER BY seq")?;
         let mut rows = stmt.query([])?;
         while let Some(row) = rows.next()? {
             let written: Vec<DeliveryRow<'_>> = rmp_serde::from_slice(row.get_ref(0)?.as_blob()?)
@@ -485,6 +502,7 @@ impl SqliteStore {
 
     fn insert_deliveries(&mut self, entries: &mut dyn Iterator<Item = &Delivery>) -> Result<(), rusqlite::Error> {
         self.conn
+            .get()
             .prepare_cached("INSERT INTO deliveries (written_at, entries) VALUES (?1, ?2)")?
             .execute(params![millis(SystemTime::now()), encode_deliveries(entries)])?;
         Ok(())
@@ -509,7 +527,10 @@ impl SqliteStore {
 
     /// Writes one commit; `Ok(false)` if another writer advanced the session.
     fn write_commit(&mut self, delta: &CommitDelta<'_>) -> Result<bool, rusqlite::Error> {
-        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let tx = self
+            .conn
+            .get()
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let commit = delta.commit;
         let fenced = tx
             .prepare_cached(
@@ -614,6 +635,7 @@ impl SqliteStore {
             .map_err(|e| self.sqlite_error(e))?;
         let synchronous: i64 = self
             .conn
+            .lock()
             .query_row("PRAGMA synchronous", [], |row| row.get(0))
             .map_err(|e| self.sqlite_error(e))?;
         conn.pragma_update(None, "synchronous", synchronous)
@@ -639,7 +661,7 @@ impl SqliteStore {
             });
         }
         Ok(SqliteStore {
-            conn,
+            conn: Conn(Mutex::new(conn)),
             path: self.path.clone(),
             session: branch.to_owned(),
             read_only: false,
@@ -679,6 +701,7 @@ impl Store for SqliteStore {
     fn consume_events(&mut self, session: &str, before: u64) -> Result<(), StoreError> {
         self.check_writable()?;
         self.conn
+            .get()
             .prepare_cached("UPDATE sessions SET consumed_seq = ?2 WHERE name = ?1")
             .and_then(|mut stmt| stmt.execute(params![session, before]))
             .map(|_| ())
