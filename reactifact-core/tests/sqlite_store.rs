@@ -260,6 +260,53 @@ async fn a_second_writer_of_the_same_session_is_refused() {
     assert_eq!(second.queued_events(), 0);
 }
 
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Note {
+    text: String,
+}
+
+impl reactifact_core::Artifact for Note {
+    const KIND: &'static str = "note";
+}
+
+#[tokio::test]
+async fn a_stale_copy_cannot_move_the_consumed_events_back() {
+    let dir = TempDir::new("consume-fence");
+    let path = dir.file("state.db");
+    {
+        let mut ctx = Context::open(&path, "orders").unwrap();
+        ctx.create("note:1", Note { text: "no produce reacts to this".into() }).unwrap();
+    }
+    // Two copies of the session, both with the note's event queued.
+    let live = Context::open(&path, "orders").unwrap();
+    let stale = Context::open(&path, "orders").unwrap();
+    let recorder = Recorder::default();
+    let mut rt = runtime(live, &recorder);
+    rt.context_mut().create("order:1", order("ada", 1)).unwrap();
+    rt.run().await.unwrap();
+    assert_eq!(recorder.sent(), ["notify:order:1"]);
+    assert_eq!(rt.context().queued_events(), 0);
+    drop(rt);
+
+    // The stale copy matches the note to no produce and consumes it: that would set the
+    // session's consumed pointer back to before the order's events.
+    let mut stale = runtime(stale, &recorder);
+    let err = stale.run().await.unwrap_err();
+    assert!(
+        matches!(err, RunError::Store(StoreError::Conflict { .. })),
+        "expected a conflict, got {err}"
+    );
+    drop(stale);
+
+    // Nothing runs again.
+    let reopened = Context::open(&path, "orders").unwrap();
+    assert_eq!(reopened.queued_events(), 0, "the consumed events stay consumed");
+    let mut rt = runtime(reopened, &recorder);
+    let report = rt.run().await.unwrap();
+    assert_eq!(report.generations, 0);
+    assert_eq!(recorder.sent(), ["notify:order:1"]);
+}
+
 #[test]
 fn a_file_that_is_not_a_database_is_refused_and_left_alone() {
     let dir = TempDir::new("not-a-db");

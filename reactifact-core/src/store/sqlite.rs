@@ -534,8 +534,10 @@ impl SqliteStore {
         let commit = delta.commit;
         let fenced = tx
             .prepare_cached(
+                // Fenced on the generation this context loaded or last committed, and on the
+                // consumed events never moving back (a stale copy would run them again).
                 "UPDATE sessions SET generation = ?1, head = ?2, consumed_seq = ?3
-                 WHERE name = ?4 AND generation = ?5",
+                 WHERE name = ?4 AND generation = ?5 AND consumed_seq <= ?3",
             )?
             .execute(params![
                 commit.generation.0,
@@ -700,12 +702,24 @@ impl Store for SqliteStore {
 
     fn consume_events(&mut self, session: &str, before: u64) -> Result<(), StoreError> {
         self.check_writable()?;
-        self.conn
+        // Fenced like a commit: a copy that is behind the session (another writer committed,
+        // or consumed further) is refused instead of losing events or running them again.
+        let fenced = self
+            .conn
             .get()
-            .prepare_cached("UPDATE sessions SET consumed_seq = ?2 WHERE name = ?1")
-            .and_then(|mut stmt| stmt.execute(params![session, before]))
-            .map(|_| ())
-            .map_err(|e| self.sqlite_error(e))
+            .prepare_cached(
+                "UPDATE sessions SET consumed_seq = ?2 WHERE name = ?1 AND generation = ?3 AND consumed_seq <= ?2",
+            )
+            .and_then(|mut stmt| stmt.execute(params![session, before, self.generation]))
+            .map_err(|e| self.sqlite_error(e))?;
+        if fenced == 0 {
+            return Err(StoreError::Conflict {
+                path: self.path.clone(),
+                session: self.session.clone(),
+                expected: self.generation,
+            });
+        }
+        Ok(())
     }
 
     fn save_deliveries(&mut self, entries: &mut dyn Iterator<Item = &Delivery>) -> Result<(), StoreError> {
