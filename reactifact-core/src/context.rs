@@ -128,21 +128,30 @@ impl Context {
     ) -> Result<Self, OpenError> {
         let session = session.into();
         let path = path.as_ref();
-        let (store, loaded) = SqliteStore::open(path, &session, &options)?;
+        let (mut store, mut loaded) = SqliteStore::open(path, &session, &options)?;
         let mut context = Context::new(session);
         context.lease = options.lease;
-        context.restore(loaded).map_err(|e| OpenError::Corrupt {
+        context.restore(&loaded).map_err(|e| OpenError::Corrupt {
             path: path.into(),
             detail: e.to_string(),
             source: Some(e),
         })?;
+        // Only a log that verified is written to.
+        let reclaimed = store.settle_open(&mut loaded.deliveries)?;
+        if reclaimed > 0 {
+            tracing::warn!(session = %context.session, reclaimed, "deliveries whose lease expired are pending again");
+        }
+        context.log = std::mem::take(&mut loaded.commits);
+        for delivery in loaded.deliveries {
+            context.ledger.lock().insert(delivery);
+        }
         context.store = Some(Box::new(store));
         Ok(context)
     }
 
     /// Rebuilds the context from a store's log: refolds every commit, checking its parent
     /// link and the state hash it recorded, and requeues the events not yet consumed.
-    fn restore(&mut self, loaded: Loaded) -> Result<(), VerifyError> {
+    fn restore(&mut self, loaded: &Loaded) -> Result<(), VerifyError> {
         let mut seq = 0;
         let mut refold = Refold::new(Checks::STATE);
         for commit in &loaded.commits {
@@ -155,13 +164,6 @@ impl Context {
         }
         self.state = refold.into_state();
         self.next_event_seq = seq;
-        self.log = loaded.commits;
-        for delivery in loaded.deliveries {
-            self.ledger.lock().insert(delivery);
-        }
-        if loaded.reclaimed > 0 {
-            tracing::warn!(session = %self.session, reclaimed = loaded.reclaimed, "deliveries whose lease expired are pending again");
-        }
         Ok(())
     }
 

@@ -414,9 +414,9 @@ fn a_foreign_file_with_a_negative_schema_version_is_refused_not_a_panic() {
             .unwrap();
     }
     let err = Context::open(&path, "orders").unwrap_err();
-    assert!(matches!(err, OpenError::NotADatabase { .. }), "{err:?}");
+    assert!(matches!(err, OpenError::Foreign { .. }), "{err:?}");
     let err = Context::open_with(&path, "orders", OpenOptions::new().read_only(true)).unwrap_err();
-    assert!(matches!(err, OpenError::NotADatabase { .. }), "{err:?}");
+    assert!(matches!(err, OpenError::Foreign { .. }), "{err:?}");
 }
 
 /// Sets `PRAGMA user_version` with the sqlite3 file format directly: the header's 4-byte

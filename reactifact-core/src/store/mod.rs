@@ -83,6 +83,20 @@ pub enum OpenError {
         #[source]
         source: Option<VerifyError>,
     },
+    /// The file is a SQLite database that reactifact did not write (tables of another program,
+    /// or a schema version no reactifact writes); nothing in it was changed.
+    #[error("{path} is a SQLite database of another program, not a reactifact store; it was left as it was")]
+    Foreign {
+        /// The path opened.
+        path: PathBuf,
+    },
+    /// The file cannot be written (a read-only file or medium), and it was not opened
+    /// read-only.
+    #[error("{path} cannot be written (a read-only file or medium); open it with `OpenOptions::read_only` to read it")]
+    ReadOnlyFile {
+        /// The path opened.
+        path: PathBuf,
+    },
     /// The file was written by a newer reactifact.
     #[error("{path} has schema version {found}, newer than the {supported} this reactifact supports; upgrade reactifact to open it")]
     NewerSchema {
@@ -92,6 +106,13 @@ pub enum OpenError {
         found: i64,
         /// The newest schema version this build knows.
         supported: i64,
+    },
+    /// The file does not exist and the context was opened read-only (or with
+    /// [`OpenOptions::create`] off); nothing was created.
+    #[error("{path} does not exist; open it with `OpenOptions::create` (the default) to start a new store there")]
+    NoSuchFile {
+        /// The path opened.
+        path: PathBuf,
     },
     /// The session does not exist and the context was opened read-only (or with
     /// [`OpenOptions::create`] off).
@@ -233,6 +254,4 @@ pub(crate) struct Loaded {
     pub(crate) consumed_seq: u64,
     /// The file's ledger, in registration order.
     pub(crate) deliveries: Vec<Delivery>,
-    /// Intents whose lease had expired and were put back to pending.
-    pub(crate) reclaimed: usize,
 }

@@ -117,6 +117,8 @@ pub(crate) struct SqliteStore {
     read_only: bool,
     /// The session's generation as this store last wrote or read it: commits are fenced on it.
     generation: u64,
+    /// The session has no row yet: [`SqliteStore::settle_open`] writes it.
+    new_session: bool,
 }
 
 fn millis(t: SystemTime) -> i64 {
@@ -158,9 +160,17 @@ fn digest(bytes: &[u8], what: &str) -> Result<[u8; 32], String> {
 
 /// Maps a SQLite error met while opening to what the user should hear.
 fn open_error(path: &Path, e: rusqlite::Error) -> OpenError {
+    // A read past the end of the file: it was cut short.
+    const SQLITE_IOERR_SHORT_READ: i32 = 522;
+    let short_read = matches!(&e, rusqlite::Error::SqliteFailure(f, _) if f.extended_code == SQLITE_IOERR_SHORT_READ);
     match e.sqlite_error_code() {
         Some(ErrorCode::NotADatabase) => OpenError::NotADatabase { path: path.into() },
         Some(ErrorCode::DatabaseCorrupt) => OpenError::Corrupt {
+            path: path.into(),
+            detail: e.to_string(),
+            source: None,
+        },
+        _ if short_read => OpenError::Corrupt {
             path: path.into(),
             detail: e.to_string(),
             source: None,
@@ -195,29 +205,44 @@ fn encode_deliveries(entries: &mut dyn Iterator<Item = &Delivery>) -> Vec<u8> {
 
 impl SqliteStore {
     /// Opens (or creates) the file and the session and loads the session.
+    ///
+    /// Nothing is written before the file is known to be one of ours (or new and empty), and
+    /// nothing at all with [`OpenOptions::read_only`] or when the open is refused: a new
+    /// session and the reclaim of expired leases are written by [`SqliteStore::settle_open`],
+    /// once the log has verified.
     pub(crate) fn open(path: &Path, session: &str, options: &OpenOptions) -> Result<(SqliteStore, Loaded), OpenError> {
-        let flags = if options.read_only {
-            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
-        } else {
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        let size = match std::fs::metadata(path) {
+            Ok(metadata) => Some(metadata.len()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            // Let SQLite name what is wrong (a permission, a directory).
+            Err(_) => Some(u64::MAX),
         };
-        let mut conn = Connection::open_with_flags(path, flags).map_err(|e| open_error(path, e))?;
+        let creating = options.create && !options.read_only;
+        match size {
+            None if !creating => return Err(OpenError::NoSuchFile { path: path.into() }),
+            Some(0) if !creating => {
+                return Err(OpenError::NoSuchSession {
+                    path: path.into(),
+                    session: session.into(),
+                })
+            }
+            _ => {}
+        }
+        if let Some(size @ 1..) = size.filter(|&size| size != u64::MAX) {
+            check_header(path, size)?;
+        }
+        let mut conn = if options.read_only {
+            open_read_only(path)?
+        } else {
+            let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+            Connection::open_with_flags(path, flags).map_err(|e| open_error(path, e))?
+        };
         conn.busy_timeout(Duration::from_secs(5))
             .map_err(|e| open_error(path, e))?;
-        let version: i64 = conn
-            .query_row("PRAGMA user_version", [], |row| row.get(0))
-            .map_err(|e| open_error(path, e))?;
-        if version < 0 {
-            // No reactifact version writes a negative schema version: another program's file.
-            return Err(OpenError::NotADatabase { path: path.into() });
+        if !options.read_only && conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
+            return Err(OpenError::ReadOnlyFile { path: path.into() });
         }
-        if version > SCHEMA_VERSION {
-            return Err(OpenError::NewerSchema {
-                path: path.into(),
-                found: version,
-                supported: SCHEMA_VERSION,
-            });
-        }
+        let version = schema_version(&conn, path)?;
         if options.read_only {
             if version < SCHEMA_VERSION {
                 return Err(OpenError::NoSuchSession {
@@ -226,28 +251,8 @@ impl SqliteStore {
                 });
             }
         } else {
-            conn.pragma_update(None, "journal_mode", "WAL")
-                .map_err(|e| open_error(path, e))?;
-            let sync = match options.synchronous {
-                Synchronous::Full => "FULL",
-                Synchronous::Normal => "NORMAL",
-            };
-            conn.pragma_update(None, "synchronous", sync)
-                .map_err(|e| open_error(path, e))?;
-            let migrated = migrate(&mut conn, version).map_err(|e| open_error(path, e))?;
-            if migrated != SCHEMA_VERSION {
-                return Err(if migrated < 0 {
-                    OpenError::NotADatabase { path: path.into() }
-                } else {
-                    OpenError::NewerSchema {
-                        path: path.into(),
-                        found: migrated,
-                        supported: SCHEMA_VERSION,
-                    }
-                });
-            }
+            prepare_for_writing(&mut conn, options, version, path)?;
         }
-
         let row: Option<(u64, u64)> = conn
             .query_row(
                 "SELECT generation, consumed_seq FROM sessions WHERE name = ?1",
@@ -256,17 +261,9 @@ impl SqliteStore {
             )
             .optional()
             .map_err(|e| open_error(path, e))?;
-        let (generation, consumed_seq) = match row {
-            Some(row) => row,
-            None if options.create && !options.read_only => {
-                conn.execute(
-                    "INSERT INTO sessions (name, generation, head, consumed_seq, created_at)
-                     VALUES (?1, 0, NULL, 0, ?2)",
-                    params![session, millis(SystemTime::now())],
-                )
-                .map_err(|e| open_error(path, e))?;
-                (0, 0)
-            }
+        let (generation, consumed_seq, new_session) = match row {
+            Some((generation, consumed_seq)) => (generation, consumed_seq, false),
+            None if creating => (0, 0, true),
             None => {
                 return Err(OpenError::NoSuchSession {
                     path: path.into(),
@@ -281,6 +278,7 @@ impl SqliteStore {
             session: session.into(),
             read_only: options.read_only,
             generation,
+            new_session,
         };
         let corrupt = |e: LoadError| match e {
             LoadError::Sqlite(e) => open_error(path, e),
@@ -290,24 +288,44 @@ impl SqliteStore {
                 source: None,
             },
         };
-        let commits = store.load_commits().map_err(corrupt)?;
-        let mut deliveries = store.load_ledger().map_err(corrupt)?;
-        let reclaimed = if options.read_only {
-            0
+        // A session without a row has no log yet.
+        let commits = if new_session {
+            Vec::new()
         } else {
-            store
-                .reclaim_expired_leases(&mut deliveries)
-                .map_err(|e| open_error(path, e))?
+            store.load_commits().map_err(corrupt)?
         };
+        let deliveries = store.load_ledger().map_err(corrupt)?;
         Ok((
             store,
             Loaded {
                 commits,
                 consumed_seq,
                 deliveries,
-                reclaimed,
             },
         ))
+    }
+
+    /// The writes of an open, once the loaded log has verified: the new session's row, and
+    /// the expired leases put back to pending (returns how many). Nothing for a read-only open.
+    pub(crate) fn settle_open(&mut self, deliveries: &mut [Delivery]) -> Result<usize, OpenError> {
+        if self.read_only {
+            return Ok(0);
+        }
+        if self.new_session {
+            // Another process may create the same session at the same time: either row is
+            // the same empty session.
+            self.conn
+                .get()
+                .execute(
+                    "INSERT OR IGNORE INTO sessions (name, generation, head, consumed_seq, created_at)
+                     VALUES (?1, 0, NULL, 0, ?2)",
+                    params![self.session, millis(SystemTime::now())],
+                )
+                .map_err(|e| open_error(&self.path, e))?;
+            self.new_session = false;
+        }
+        self.reclaim_expired_leases(deliveries)
+            .map_err(|e| open_error(&self.path, e))
     }
 
     /// The session's log, oldest first. A branch's log is its parent's up to the fork (read
@@ -583,6 +601,145 @@ impl SqliteStore {
     }
 }
 
+/// Refuses a non-empty file that is not a whole SQLite database before SQLite sees it: one
+/// that does not start with the SQLite magic, or is shorter than its header, or — when no
+/// process has it open (no `-wal` beside it) — shorter than the size its header records.
+/// SQLite itself would take a file shorter than its header for a new database and write one,
+/// and read a file cut after its last page in use as if nothing were missing.
+fn check_header(path: &Path, size: u64) -> Result<(), OpenError> {
+    const MAGIC: &[u8; 16] = b"SQLite format 3\0";
+    let mut header = [0u8; 100];
+    let read = std::fs::File::open(path).and_then(|mut file| {
+        use std::io::Read;
+        let mut filled = 0;
+        while filled < header.len() {
+            match file.read(&mut header[filled..])? {
+                0 => break,
+                n => filled += n,
+            }
+        }
+        Ok(filled)
+    });
+    let Ok(read) = read else {
+        return Ok(()); // SQLite reports why it cannot be read.
+    };
+    if header[..read.min(MAGIC.len())] != MAGIC[..read.min(MAGIC.len())] {
+        return Err(OpenError::NotADatabase { path: path.into() });
+    }
+    let truncated = |detail: String| OpenError::Corrupt {
+        path: path.into(),
+        detail,
+        source: None,
+    };
+    if read < header.len() {
+        return Err(truncated(format!("the file is truncated: {size} bytes, shorter than a SQLite header")));
+    }
+    let field = |at: usize| u32::from_be_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]]);
+    let page_size = match u16::from_be_bytes([header[16], header[17]]) {
+        1 => 65_536,
+        n => u64::from(n),
+    };
+    // The page count is valid when the "version valid for" matches the change counter.
+    let recorded = (field(92) == field(24)).then(|| page_size * u64::from(field(28)));
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    if let Some(recorded) = recorded.filter(|&recorded| size < recorded) {
+        if !Path::new(&wal).exists() {
+            return Err(truncated(format!(
+                "the file is truncated: {size} bytes, its header records {recorded}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Opens the file read-only without leaving anything behind. A WAL-mode file that no process
+/// has open (no `-wal` file beside it) is read as immutable: SQLite then creates no `-wal` or
+/// `-shm` file, which also makes read-only media work. A file with a `-wal` (a writer has it
+/// open, or one crashed) is read through its WAL.
+fn open_read_only(path: &Path) -> Result<Connection, OpenError> {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let opened = if Path::new(&wal).exists() {
+        Connection::open_with_flags(path, flags)
+    } else {
+        Connection::open_with_flags(immutable_uri(path), flags | OpenFlags::SQLITE_OPEN_URI)
+    };
+    opened.map_err(|e| open_error(path, e))
+}
+
+/// `file:{path}?immutable=1`, the path percent-encoded.
+fn immutable_uri(path: &Path) -> String {
+    let mut uri = String::from("file:");
+    for &byte in path.as_os_str().as_encoded_bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~/".contains(&byte) {
+            uri.push(char::from(byte));
+        } else {
+            uri.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    uri.push_str("?immutable=1");
+    uri
+}
+
+/// The file's schema version, refusing what reactifact did not write: a negative or newer
+/// version, tables of another program in a file without a version, or a version without
+/// reactifact's tables. `0` is a new, empty database.
+fn schema_version(conn: &Connection, path: &Path) -> Result<i64, OpenError> {
+    // One statement, one snapshot: another process may be creating the schema right now.
+    let (version, objects, ours): (i64, i64, i64) = conn
+        .query_row(
+            "SELECT (SELECT user_version FROM pragma_user_version), count(*),
+                    count(CASE WHEN type = 'table' AND name IN ('sessions', 'commits', 'deliveries') THEN 1 END)
+             FROM sqlite_master",
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+        )
+        .map_err(|e| open_error(path, e))?;
+    if version > SCHEMA_VERSION {
+        return Err(OpenError::NewerSchema {
+            path: path.into(),
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    let foreign = match version {
+        ..0 => true,
+        0 => objects > 0,
+        _ => ours < 3,
+    };
+    if foreign {
+        return Err(OpenError::Foreign { path: path.into() });
+    }
+    Ok(version)
+}
+
+/// WAL mode, the sync setting and the migrations, for a file known to be ours or new.
+fn prepare_for_writing(conn: &mut Connection, options: &OpenOptions, version: i64, path: &Path) -> Result<(), OpenError> {
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(|e| open_error(path, e))?;
+    let sync = match options.synchronous {
+        Synchronous::Full => "FULL",
+        Synchronous::Normal => "NORMAL",
+    };
+    conn.pragma_update(None, "synchronous", sync)
+        .map_err(|e| open_error(path, e))?;
+    let migrated = migrate(conn, version).map_err(|e| open_error(path, e))?;
+    if migrated != SCHEMA_VERSION {
+        return Err(if migrated < 0 {
+            OpenError::Foreign { path: path.into() }
+        } else {
+            OpenError::NewerSchema {
+                path: path.into(),
+                found: migrated,
+                supported: SCHEMA_VERSION,
+            }
+        });
+    }
+    Ok(())
+}
+
 /// Upgrades the file to [`SCHEMA_VERSION`]; returns the version found under the lock (another
 /// process may have migrated meanwhile, possibly past this build, which the caller refuses).
 fn migrate(conn: &mut Connection, from: i64) -> Result<i64, rusqlite::Error> {
@@ -668,6 +825,7 @@ impl SqliteStore {
             session: branch.to_owned(),
             read_only: false,
             generation: at,
+            new_session: false,
         })
     }
 }
