@@ -7,6 +7,10 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::artifact::{Artifact, ArtifactId, Generation};
+use crate::hash::CommitHash;
+
+/// Ids starting with this prefix are reserved for intents: only `act` writes there.
+pub(crate) const ACTION_ID_PREFIX: &str = "action:";
 
 /// The idempotency key of an intent. The intent is stored at id `action:{key}`, the ledger is
 /// keyed by it, and the dispatcher should pass it on so the receiver can deduplicate.
@@ -22,7 +26,7 @@ impl ActionKey {
 
     /// The id of the `PendingAction` artifact recorded for this key: `action:{key}`.
     pub fn artifact_id(&self) -> ArtifactId {
-        ArtifactId::from(format!("action:{}", self.0))
+        ArtifactId::from(format!("{ACTION_ID_PREFIX}{}", self.0))
     }
 }
 
@@ -95,10 +99,58 @@ pub struct Intent {
     pub(crate) key: ActionKey,
     pub(crate) kind: Arc<str>,
     pub(crate) payload: Arc<[u8]>,
-    pub(crate) generation: Generation,
-    /// The position, in its commit's runs, of the run that recorded the intent.
-    pub(crate) run: u32,
+    pub(crate) origin: Origin,
     pub(crate) attempt: u32,
+}
+
+/// Where an intent was recorded: the session, the commit and the run that acted it first.
+///
+/// The delivery ledger is shared by every session of a store, and generations are numbered
+/// per session, so a generation alone does not name a commit: the commit hash does. Find the
+/// commit with [`Context::commit_of`](crate::Context::commit_of), which checks the hash.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Origin {
+    pub(crate) session: Arc<str>,
+    pub(crate) commit: CommitHash,
+    pub(crate) generation: Generation,
+    pub(crate) run: u32,
+}
+
+impl Origin {
+    /// The session (branch) whose commit recorded the intent.
+    pub fn session(&self) -> &str {
+        &self.session
+    }
+
+    /// The hash of the commit that recorded the intent: what identifies it in any session.
+    pub fn commit(&self) -> CommitHash {
+        self.commit
+    }
+
+    /// The commit's generation in [`session`](Origin::session) (a convenience: in another
+    /// session, the same generation may be another commit).
+    pub fn generation(&self) -> Generation {
+        self.generation
+    }
+
+    /// The position of the recording run among the commit's runs
+    /// (`commit.runs[origin.run()]` names its agent, produce, trigger and reads).
+    pub fn run(&self) -> usize {
+        self.run as usize
+    }
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "session `{}` commit {} ({}) run {}",
+            self.session,
+            self.generation.0,
+            self.commit.short(),
+            self.run
+        )
+    }
 }
 
 impl Intent {
@@ -122,16 +174,18 @@ impl Intent {
         &self.payload
     }
 
-    /// The generation whose commit recorded the intent.
+    /// The generation, in [`Origin::session`], of the commit that recorded the intent (a
+    /// convenience for `origin().generation()`).
     pub fn generation(&self) -> Generation {
-        self.generation
+        self.origin.generation
     }
 
-    /// Where the intent comes from: its commit's generation and the position of the run that
-    /// recorded it among that commit's runs (`Context::provenance` tells the rest: the agent,
-    /// the produce, the trigger and what it read).
-    pub fn origin(&self) -> (Generation, usize) {
-        (self.generation, self.run as usize)
+    /// Where the intent comes from: the session, the commit (by hash) and the run that
+    /// recorded it. [`Context::commit_of`](crate::Context::commit_of) finds the commit;
+    /// [`Context::provenance`](crate::Context::provenance) tells the rest: the agent, the
+    /// produce, the trigger and what it read.
+    pub fn origin(&self) -> &Origin {
+        &self.origin
     }
 
     /// Which attempt this is: 1 for the first delivery, 2 after one failure, and so on.

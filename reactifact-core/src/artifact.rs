@@ -1,5 +1,6 @@
 //! Artifacts: typed, serde-serializable values stored under stable string ids.
 
+use std::any::TypeId;
 use std::borrow::Borrow;
 use std::collections::HashSet;
 use std::fmt;
@@ -170,6 +171,25 @@ impl<'de> Deserialize<'de> for Kind {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let name = <std::borrow::Cow<'de, str>>::deserialize(d)?;
         Ok(Kind::intern(&name))
+    }
+}
+
+/// A Rust type that implements [`Artifact`], as a registration records it: its kind, its
+/// identity and its name, so that two distinct types claiming one kind are found.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ArtifactType {
+    pub(crate) kind: Kind,
+    pub(crate) type_id: TypeId,
+    pub(crate) name: &'static str,
+}
+
+impl ArtifactType {
+    pub(crate) fn of<T: Artifact>() -> Self {
+        ArtifactType {
+            kind: Kind::of::<T>(),
+            type_id: TypeId::of::<T>(),
+            name: std::any::type_name::<T>(),
+        }
     }
 }
 

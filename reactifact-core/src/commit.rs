@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::action::{ActionKey, Intent};
+use crate::action::{ActionKey, Intent, Origin};
 use crate::artifact::{ArtifactId, Generation, Kind, Stored, Version};
 use crate::error::CommitError;
 use crate::event::{Event, EventKind};
@@ -102,6 +102,34 @@ impl Commit {
     }
 }
 
+/// An intent an [`Apply`] created: the committer makes it an [`Intent`] once the commit's
+/// hash is known.
+pub(crate) struct Acted {
+    pub(crate) key: ActionKey,
+    pub(crate) kind: Arc<str>,
+    pub(crate) payload: Arc<[u8]>,
+    /// The position in the commit of the run that acted it.
+    pub(crate) run: u32,
+}
+
+impl Acted {
+    /// The intent, recorded by run `self.run` of `commit` in `session`.
+    pub(crate) fn into_intent(self, session: &Arc<str>, commit: &Commit) -> Intent {
+        Intent {
+            key: self.key,
+            kind: self.kind,
+            payload: self.payload,
+            origin: Origin {
+                session: session.clone(),
+                commit: commit.hash,
+                generation: commit.generation,
+                run: self.run,
+            },
+            attempt: 0,
+        }
+    }
+}
+
 /// Where an [`Apply`] was, to roll back one patch.
 #[derive(Clone, Copy)]
 pub(crate) struct Savepoint {
@@ -119,7 +147,7 @@ pub(crate) struct Apply<'a> {
     created_counter: u64,
     undo: Vec<Undo>,
     pub(crate) events: Vec<Event>,
-    pub(crate) intents: Vec<Intent>,
+    pub(crate) intents: Vec<Acted>,
     /// The position in the commit of the run being applied, recorded in its intents.
     pub(crate) run: usize,
 }
@@ -231,15 +259,21 @@ impl<'a> Apply<'a> {
                 bytes,
                 payload,
             } => {
-                let created = self.put(PutMode::CreateOnce, id, Kind::of::<crate::PendingAction>(), hash, bytes)?;
+                let pending_action = Kind::of::<crate::PendingAction>();
+                if let Some(current) = self.state.get(id.as_str()).filter(|c| c.kind != pending_action) {
+                    return Err(CommitError::ActionIdTaken {
+                        key: key.clone(),
+                        id: id.clone(),
+                        found: current.kind,
+                    });
+                }
+                let created = self.put(PutMode::CreateOnce, id, pending_action, hash, bytes)?;
                 if created {
-                    self.intents.push(Intent {
+                    self.intents.push(Acted {
                         key: ActionKey::clone(key),
                         kind: action.clone(),
                         payload: payload.clone(),
-                        generation: self.generation,
                         run: self.run as u32,
-                        attempt: 0,
                     });
                 }
                 Ok(())
@@ -372,5 +406,89 @@ pub(crate) fn undo_commit(state: &mut impl Rewind, commit: &Commit, undone: Opti
         {
             state.put(id, None);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hash;
+
+    /// A put built without `Op::put`'s checks: what a log written before `action:` ids were
+    /// reserved for intents may hold.
+    fn raw_put(id: &str, kind: &str, value: &impl Serialize) -> Op {
+        let bytes = crate::artifact::encode(value).unwrap();
+        Op::Put {
+            mode: PutMode::Create,
+            id: ArtifactId::from(id),
+            kind: Kind::intern(kind),
+            hash: hash::content_hash(&bytes),
+            bytes: bytes.into(),
+        }
+    }
+
+    #[test]
+    fn an_act_over_another_kind_under_its_id_is_refused_and_applies_nothing() {
+        let mut state = State::default();
+        let mut apply = Apply::new(&mut state, Generation(1));
+        apply.patch(&[raw_put("action:k1", "order", &("ada", 1u32))]).unwrap();
+        apply.finish();
+        let before = state.state_hash();
+
+        let mut apply = Apply::new(&mut state, Generation(2));
+        let key = ActionKey::from("k1");
+        let ops = [
+            raw_put("receipt:1", "receipt", &1u32),
+            Op::act("notify", key.clone(), key.artifact_id(), &"payload").unwrap(),
+        ];
+        let error = apply.patch(&ops).unwrap_err();
+        assert!(apply.intents.is_empty() && apply.events.is_empty());
+        apply.rollback();
+        let CommitError::ActionIdTaken {
+            key: refused,
+            id,
+            found,
+        } = &error
+        else {
+            panic!("not a refused act: {error}");
+        };
+        assert_eq!(
+            (refused.as_str(), id.as_str(), found.as_str()),
+            ("k1", "action:k1", "order")
+        );
+        assert_eq!(
+            error.to_string(),
+            "intent `k1` cannot be recorded: `action:k1` holds a `order`, not a pending action"
+        );
+        assert_eq!(state.state_hash(), before, "the patch was rolled back whole");
+        assert!(state.get("receipt:1").is_none());
+    }
+
+    #[test]
+    fn an_act_over_another_kind_in_the_snapshot_is_recorded_for_the_commit_to_refuse() {
+        let mut state = State::default();
+        let mut apply = Apply::new(&mut state, Generation(1));
+        apply.patch(&[raw_put("action:k1", "order", &("ada", 1u32))]).unwrap();
+        apply.finish();
+        let buffer = std::sync::Arc::new(std::sync::Mutex::new(crate::effects::Buffer::default()));
+        let effects: crate::Effects = crate::Effects::new(buffer.clone(), crate::Snapshot::new(state.clone()));
+        assert_eq!(effects.act("notify", "k1", &"payload"), Some(ActionKey::from("k1")));
+        let sealed = buffer.lock().unwrap().seal();
+        assert!(matches!(&sealed.ops[..], [Op::Act { key, .. }] if key.as_str() == "k1"));
+    }
+
+    #[test]
+    fn an_act_over_an_existing_intent_is_skipped() {
+        let mut state = State::default();
+        let key = ActionKey::from("k1");
+        let act = Op::act("notify", key.clone(), key.artifact_id(), &"payload").unwrap();
+        let mut apply = Apply::new(&mut state, Generation(1));
+        apply.patch(std::slice::from_ref(&act)).unwrap();
+        assert_eq!(apply.intents.len(), 1);
+        apply.finish();
+        let mut apply = Apply::new(&mut state, Generation(2));
+        apply.patch(&[act]).unwrap();
+        assert!(apply.intents.is_empty() && !apply.changed());
+        apply.finish();
     }
 }

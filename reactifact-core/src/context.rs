@@ -16,7 +16,7 @@ use crate::patch::{Op, PutMode};
 use crate::snapshot::Snapshot;
 use crate::state::{Relation, State};
 use crate::store::{CommitDelta, Loaded, OpenError, OpenOptions, SqliteStore, Store, StoreError};
-use crate::verify::{Checks, Refold};
+use crate::verify::{Checks, Refold, VerifyError};
 
 /// The versioned working state of one session: current artifacts and relations, the commit
 /// log, the FIFO queue of events waiting for a generation, and the delivery ledger.
@@ -41,7 +41,7 @@ use crate::verify::{Checks, Refold};
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Context {
-    session: String,
+    session: Arc<str>,
     state: State,
     log: Vec<Commit>,
     events: VecDeque<QueuedEvent>,
@@ -91,7 +91,7 @@ impl Context {
     /// An empty, in-memory context for the named session.
     pub fn new(session: impl Into<String>) -> Self {
         Context {
-            session: session.into(),
+            session: Arc::from(session.into()),
             state: State::default(),
             log: Vec::new(),
             events: VecDeque::new(),
@@ -132,24 +132,34 @@ impl Context {
     ) -> Result<Self, OpenError> {
         let session = session.into();
         let path = path.as_ref();
-        let (store, loaded) = SqliteStore::open(path, &session, &options)?;
+        let (mut store, mut loaded) = SqliteStore::open(path, &session, &options)?;
         let mut context = Context::new(session);
         context.lease = options.lease;
-        context.restore(loaded).map_err(|detail| OpenError::Corrupt {
+        context.restore(&loaded).map_err(|e| OpenError::Corrupt {
             path: path.into(),
-            detail,
+            detail: e.to_string(),
+            source: Some(e),
         })?;
+        // Only a log that verified is written to.
+        let reclaimed = store.settle_open(&mut loaded.deliveries)?;
+        if reclaimed > 0 {
+            tracing::warn!(session = %context.session, reclaimed, "deliveries whose lease expired are pending again");
+        }
+        context.log = std::mem::take(&mut loaded.commits);
+        for delivery in loaded.deliveries {
+            context.ledger.lock().insert(delivery);
+        }
         context.store = Some(Box::new(store));
         Ok(context)
     }
 
     /// Rebuilds the context from a store's log: refolds every commit, checking its parent
     /// link and the state hash it recorded, and requeues the events not yet consumed.
-    fn restore(&mut self, loaded: Loaded) -> Result<(), String> {
+    fn restore(&mut self, loaded: &Loaded) -> Result<(), VerifyError> {
         let mut seq = 0;
         let mut refold = Refold::keeping_undo(Checks::STATE);
         for commit in &loaded.commits {
-            for event in refold.step(commit).map_err(|e| e.to_string())? {
+            for event in refold.step(commit)? {
                 if seq >= loaded.consumed_seq {
                     self.events.push_back(QueuedEvent { seq, event });
                 }
@@ -157,16 +167,9 @@ impl Context {
             }
         }
         let (state, undone) = refold.into_parts();
-        self.graph = Graph::restored(&loaded.commits, undone, loaded.foreign).map_err(|e| e.to_string())?;
+        self.graph = Graph::restored(&loaded.commits, undone, &loaded.foreign)?;
         self.state = state;
         self.next_event_seq = seq;
-        self.log = loaded.commits;
-        for delivery in loaded.deliveries {
-            self.ledger.lock().insert(delivery);
-        }
-        if loaded.reclaimed > 0 {
-            tracing::warn!(session = %self.session, reclaimed = loaded.reclaimed, "deliveries whose lease expired are pending again");
-        }
         Ok(())
     }
 
@@ -203,7 +206,7 @@ impl Context {
         store: Option<Box<dyn Store>>,
     ) -> Context {
         Context {
-            session,
+            session: Arc::from(session),
             state,
             log,
             events: VecDeque::new(),
@@ -307,7 +310,7 @@ impl Context {
     pub(crate) fn new_lease(&self, now: SystemTime) -> Lease {
         Lease {
             owner: self.owner.clone(),
-            expires_at: now + self.lease,
+            expires_at: crate::ledger::later(now, self.lease),
         }
     }
 
@@ -453,8 +456,8 @@ impl Context {
             apply
                 .intents
                 .drain(..)
-                .filter(|intent| !ledger.contains(intent.key.as_str()))
-                .map(|intent| Delivery::new(intent, now))
+                .filter(|acted| !ledger.contains(acted.key.as_str()))
+                .map(|acted| Delivery::new(acted.into_intent(&self.session, &commit), now))
                 .collect()
         };
         if let Some(store) = &mut self.store {

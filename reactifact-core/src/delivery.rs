@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -17,17 +18,25 @@ use crate::action::{ActionKey, Intent};
 use crate::context::Context;
 use crate::dispatcher::ErasedDispatcher;
 use crate::error::{DeliveryFailure, DispatchError};
-use crate::ledger::{DeliveryStatus, FailedAttempt};
+use crate::ledger::{later, DeliveryStatus, FailedAttempt, Ledger};
 use crate::runtime::{StopHandle, TurnOutcome};
 use crate::store::StoreError;
 
 /// When to try a failed delivery again, and when to give up.
 ///
-/// The delay before attempt `n + 1` is `initial × multiplier^(n − 1)`, capped at `max_delay`,
-/// then scaled by a jitter factor in [0.5, 1) derived from the key and the attempt (so two
-/// intents that failed together do not retry together, and a replay computes the same
-/// schedule). A `Retry-After` the dispatcher reports ([`DispatchError::retry_after`]) wins over
-/// the computed delay. After `max_attempts` attempts the intent is dead.
+/// The delay after the `n`-th failed attempt is `initial × multiplier^(n − 1)`, capped at
+/// `max_delay`, then scaled by a jitter factor in [0.5, 1) derived from the key and `n` (so
+/// two intents that failed together do not retry together, and a replay computes the same
+/// schedule). A `Retry-After` the dispatcher reports ([`DispatchError::retry_after`]) is a
+/// floor under that delay, never a shortcut: the next attempt waits for the longer of the two,
+/// so a receiver answering `Retry-After: 0` cannot use up the attempts in a few round trips.
+/// After `max_attempts` failed attempts the intent is dead.
+///
+/// Only attempts that ended with an answer count as failures: an attempt cut off by a stop,
+/// the turn's deadline or a dropped turn, and one whose lease expired, has an unknown outcome
+/// and is delivered again at once with the same key, without counting against
+/// `max_attempts` (see [`Delivery::interrupted_attempts`](crate::Delivery::interrupted_attempts)).
+/// An attempt past the delivery timeout is a failure.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RetryPolicy {
     max_attempts: u32,
@@ -45,7 +54,9 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// Exponential backoff from `initial`, doubling, capped at `max_delay`, 8 attempts.
+    /// Exponential backoff from `initial`, doubling, capped at `max_delay`, 8 attempts. Any
+    /// durations are accepted: a delay too long to represent is `max_delay`, and a retry time
+    /// past the year 9999 is kept as the end of that year.
     pub fn exponential(initial: Duration, max_delay: Duration) -> Self {
         RetryPolicy {
             max_attempts: 8,
@@ -57,7 +68,7 @@ impl RetryPolicy {
     }
 
     /// No automatic retry: a failed intent stays `Failed` until [`retry`]
-    /// (crate::Runtime::retry) re-arms it.
+    /// (crate::Runtime::retry) re-arms it, whatever `Retry-After` the dispatcher reported.
     pub fn manual() -> Self {
         RetryPolicy {
             max_attempts: u32::MAX,
@@ -74,28 +85,38 @@ impl RetryPolicy {
         self
     }
 
-    /// Sets the growth factor between delays (at least 1).
+    /// Sets the growth factor between delays (at least 1; `NaN` is 1).
     pub fn multiplier(mut self, multiplier: f64) -> Self {
         self.multiplier = multiplier.max(1.0);
         self
     }
 
-    /// The delay after the failed attempt `attempt` (1 for the first) of `key`.
+    /// The backoff after the failed attempt `attempt` (1 for the first failure) of `key`,
+    /// before any `Retry-After` hint. Never more than `max_delay`.
     pub fn delay(&self, key: &str, attempt: u32) -> Duration {
         let exponent = attempt.saturating_sub(1).min(64) as i32;
         let base = self.initial.as_secs_f64() * self.multiplier.powi(exponent);
-        let capped = base.min(self.max_delay.as_secs_f64());
-        Duration::from_secs_f64(capped * jitter(key, attempt))
+        // An infinite growth of a zero start is NaN: it stays zero.
+        let capped = if base.is_nan() {
+            0.0
+        } else {
+            base.min(self.max_delay.as_secs_f64())
+        };
+        // Rounding near `Duration::MAX` can leave the range: that is `max_delay`.
+        Duration::try_from_secs_f64(capped * jitter(key, attempt)).unwrap_or(self.max_delay)
     }
 
-    fn after_failure(&self, key: &str, attempt: u32, error: &DispatchError, now: SystemTime) -> FailedAttempt {
-        if error.is_permanent() || attempt >= self.max_attempts {
+    /// What follows the `failures`-th failed attempt of `key` (attempts of unknown outcome not
+    /// counted).
+    fn after_failure(&self, key: &str, failures: u32, error: &DispatchError, now: SystemTime) -> FailedAttempt {
+        if error.is_permanent() || failures >= self.max_attempts {
             FailedAttempt::Dead
         } else if !self.automatic {
             FailedAttempt::AwaitRetry
         } else {
-            let delay = error.retry_after_hint().unwrap_or_else(|| self.delay(key, attempt));
-            FailedAttempt::RetryAt(now + delay)
+            let backoff = self.delay(key, failures);
+            let delay = error.retry_after_hint().map_or(backoff, |hint| hint.max(backoff));
+            FailedAttempt::RetryAt(later(now, delay))
         }
     }
 }
@@ -179,10 +200,19 @@ impl Clock {
         self.wall + self.mono.elapsed()
     }
 
-    /// The tokio instant at which the wall-clock time `at` is reached.
+    /// The tokio instant at which the wall-clock time `at` is reached (at most about 30 years
+    /// ahead, see [`instant_after`]).
     pub(crate) fn instant_at(&self, at: SystemTime) -> Instant {
-        self.mono + at.duration_since(self.wall).unwrap_or_default()
+        instant_after(self.mono, at.duration_since(self.wall).unwrap_or_default())
     }
+}
+
+/// `base + delay` for a delay from outside (a deadline, a grace period, a retry time), which
+/// may be as long as `Duration::MAX`: capped at about 30 years, as tokio caps its own timers,
+/// so it never overflows.
+pub(crate) fn instant_after(base: Instant, delay: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(30 * 365 * 24 * 60 * 60);
+    base.checked_add(delay.min(FAR)).unwrap_or(base)
 }
 
 /// What a drain did.
@@ -197,8 +227,13 @@ pub struct DrainReport {
     pub dead: Vec<DeliveryFailure>,
     /// Intents held because no route handles their kind.
     pub held: Vec<ActionKey>,
-    /// Intents still waiting when the drain ended: retries not yet due, or not started
-    /// because of a stop or the deadline.
+    /// Intents whose attempt was cut off by a stop or the deadline after the grace period:
+    /// the receiver may have seen them, so they are pending again, due at once, and are
+    /// delivered again with the same key. Not failures: they do not count against the retry
+    /// policy's `max_attempts`.
+    pub interrupted: Vec<ActionKey>,
+    /// Intents still waiting when the drain ended: retries not yet due, attempts cut off, or
+    /// intents not started because of a stop or the deadline.
     pub waiting: usize,
 }
 
@@ -208,6 +243,7 @@ impl DrainReport {
         self.failed.extend(other.failed);
         self.dead.extend(other.dead);
         self.held.extend(other.held);
+        self.interrupted.extend(other.interrupted);
         self.waiting = other.waiting;
     }
 }
@@ -321,13 +357,14 @@ impl Drain<'_> {
             .collect();
         let mut outcomes = Outcomes {
             ledger: self.context.ledger().clone(),
-            batch: &batch,
-            results: Vec::new(),
-            started: vec![false; batch.len()],
+            config: self.config,
             clock: *self.clock,
-            settled: false,
+            batch: &batch,
+            intents: &intents,
+            results: std::iter::repeat_with(|| None).take(batch.len()).collect(),
+            started: vec![false; batch.len()],
+            recorded: false,
         };
-        outcomes.results.resize_with(batch.len(), || None);
         let interrupted = deliver(
             self.dispatcher.as_ref(),
             self.config,
@@ -337,78 +374,20 @@ impl Drain<'_> {
             &mut outcomes,
         )
         .await;
-        let mut outcomes = outcomes.settle();
-        let results = std::mem::take(&mut outcomes.results);
-        let started = std::mem::take(&mut outcomes.started);
+        let first_failure = outcomes.record(report);
         drop(outcomes);
-
-        // Record every outcome; intents never started go back to pending.
-        let now = self.clock.now();
-        let mut stop_error = None;
-        for (((&at, intent), result), started) in batch.iter().zip(&intents).zip(results).zip(started) {
-            let attempt = match result {
-                Some(attempt) => attempt,
-                None if started => Attempt::Failed(DispatchError::retryable(CANCELLED)),
-                None => {
-                    self.context.ledger_mut().release(at, now);
-                    continue;
-                }
-            };
-            let error = match attempt {
-                Attempt::Delivered => {
-                    self.context.ledger_mut().record_delivered(at, now);
-                    report.delivered += 1;
-                    continue;
-                }
-                Attempt::Failed(e) if e.is_no_route() => {
-                    self.context.ledger_mut().record_held(at, e.to_string(), now);
-                    tracing::warn!(action_key = %intent.key(), kind = intent.kind(), "no route for the intent's kind; held");
-                    report.held.push(intent.key().clone());
-                    continue;
-                }
-                Attempt::Failed(e) => e,
-                Attempt::TimedOut(limit) => DispatchError::retryable(format!("timed out after {limit:?}")),
-                Attempt::Panicked(message) => DispatchError::retryable(format!("dispatcher panicked: {message}")),
-            };
-            let policy = self.config.policy_for(intent.kind());
-            let next = policy.after_failure(intent.key().as_str(), intent.attempt(), &error, now);
-            let message = error.to_string();
-            let (status, next_attempt_at) = {
-                let mut ledger = self.context.ledger_mut();
-                ledger.record_failed(at, message.clone(), next, now);
-                let entry = ledger.entry(at);
-                (entry.status(), entry.next_attempt_at())
-            };
-            let failure = DeliveryFailure {
-                key: intent.key().clone(),
-                kind: intent.kind().to_owned(),
-                attempt: intent.attempt(),
-                error: message,
-                status,
-                next_attempt_at,
-            };
-            tracing::warn!(action_key = %failure.key, kind = %failure.kind, attempt = failure.attempt, status = %failure.status, error = %failure.error, "delivery failed");
-            if self.config.errors == DeliveryErrors::FailLoud && stop_error.is_none() {
-                stop_error = Some(failure.clone());
-            }
-            if failure.status == DeliveryStatus::Dead {
-                report.dead.push(failure);
-            } else {
-                report.failed.push(failure);
-            }
-        }
         self.context.persist_deliveries(&batch)?;
-        if let Some(failure) = stop_error {
-            return Err(DrainError::Delivery(failure));
+        match first_failure {
+            Some(failure) if self.config.errors == DeliveryErrors::FailLoud => Err(DrainError::Delivery(failure)),
+            _ => Ok(interrupted),
         }
-        Ok(interrupted)
     }
 }
 
-/// The error recorded for a delivery whose outcome is unknown because the drain stopped.
-const CANCELLED: &str =
-    "the drain stopped while the dispatcher ran; the receiver may have seen the intent, so it is delivered again with \
-     the same key";
+/// The error recorded for an attempt cut off before its outcome was known.
+const INTERRUPTED: &str = "the attempt was cut off (a stop, the deadline or a dropped turn) before its outcome was \
+                           known; the receiver may have seen the intent, so it is delivered again at once with the \
+                           same key";
 
 /// Hands the batch to the dispatcher, concurrently within the global and per-kind limits. On a
 /// stop or the deadline (or the first failure, failing loud) it starts nothing more and gives
@@ -481,7 +460,7 @@ async fn deliver(
             }
             outcome = &mut interrupt, if stopping.is_none() => {
                 tracing::info!(outcome = ?outcome, running = running.len(), grace = ?config.grace, "stopping the drain; running deliveries get the grace period");
-                let until = Instant::now() + config.grace;
+                let until = instant_after(Instant::now(), config.grace);
                 grace.as_mut().reset(until);
                 stopping = Some((outcome, until));
             }
@@ -494,42 +473,94 @@ async fn deliver(
     stopping.map(|(outcome, _)| outcome)
 }
 
-/// The outcomes of a batch being delivered. If the drain's future is dropped before they are
-/// settled (the caller gave up on the turn), its `Drop` still leaves the ledger consistent in
-/// memory: deliveries that finished are recorded, the ones running are recorded as failed
-/// (the receiver may have seen them) and due again now, the ones not started go back to
-/// pending. A durable store keeps them in flight under their lease until it expires.
+/// The outcomes of a batch being delivered, and their recording in the ledger: by
+/// [`record`](Outcomes::record) when the deliveries end, or by `Drop` if the drain's future is
+/// dropped first (the caller gave up on the turn). Either way every intent is recorded as what
+/// happened to it: an attempt that finished as it finished (delivered, failed or dead per the
+/// retry policy, held); an attempt cut off while running as of unknown outcome, due again at
+/// once; an intent never started back to pending. A dropped drain cannot write to a durable
+/// store: there those intents stay in flight under their lease until it expires.
 struct Outcomes<'a> {
-    ledger: crate::ledger::Ledger,
+    ledger: Ledger,
+    config: &'a DeliveryConfig,
+    clock: Clock,
     batch: &'a [usize],
+    intents: &'a [Intent],
     results: Vec<Option<Attempt>>,
     started: Vec<bool>,
-    clock: Clock,
-    settled: bool,
+    recorded: bool,
 }
 
-impl<'a> Outcomes<'a> {
-    /// The deliveries ended normally: the caller records the outcomes.
-    fn settle(mut self) -> Self {
-        self.settled = true;
-        self
+impl Outcomes<'_> {
+    /// Records every outcome in the ledger (once), listing them in `report`. Returns the first
+    /// failed or dead delivery, for a fail-loud drain.
+    fn record(&mut self, report: &mut DrainReport) -> Option<DeliveryFailure> {
+        if std::mem::replace(&mut self.recorded, true) {
+            return None;
+        }
+        let now = self.clock.now();
+        let mut ledger = self.ledger.lock();
+        let mut first_failure = None;
+        for (i, (&at, intent)) in self.batch.iter().zip(self.intents).enumerate() {
+            let error = match (self.results[i].take(), self.started[i]) {
+                (None, false) => {
+                    ledger.release(at, now);
+                    continue;
+                }
+                (None, true) => {
+                    ledger.record_interrupted(at, INTERRUPTED.to_owned(), now);
+                    tracing::warn!(action_key = %intent.key(), kind = intent.kind(), attempt = intent.attempt(), "delivery cut off before its outcome was known; due again with the same key");
+                    report.interrupted.push(intent.key().clone());
+                    continue;
+                }
+                (Some(Attempt::Delivered), _) => {
+                    ledger.record_delivered(at, now);
+                    report.delivered += 1;
+                    continue;
+                }
+                (Some(Attempt::Failed(e)), _) if e.is_no_route() => {
+                    ledger.record_held(at, e.to_string(), now);
+                    tracing::warn!(action_key = %intent.key(), kind = intent.kind(), "no route for the intent's kind; held");
+                    report.held.push(intent.key().clone());
+                    continue;
+                }
+                (Some(Attempt::Failed(e)), _) => e,
+                (Some(Attempt::TimedOut(limit)), _) => DispatchError::retryable(format!("timed out after {limit:?}")),
+                (Some(Attempt::Panicked(message)), _) => {
+                    DispatchError::retryable(format!("dispatcher panicked: {message}"))
+                }
+            };
+            let policy = self.config.policy_for(intent.kind());
+            let failures = ledger.entry(at).failed_attempts();
+            let next = policy.after_failure(intent.key().as_str(), failures, &error, now);
+            let message = error.to_string();
+            ledger.record_failed(at, message.clone(), next, now);
+            let entry = ledger.entry(at);
+            let failure = DeliveryFailure {
+                key: intent.key().clone(),
+                kind: intent.kind().to_owned(),
+                attempt: intent.attempt(),
+                error: message,
+                status: entry.status(),
+                next_attempt_at: entry.next_attempt_at(),
+            };
+            tracing::warn!(action_key = %failure.key, kind = %failure.kind, attempt = failure.attempt, status = %failure.status, error = %failure.error, "delivery failed");
+            if first_failure.is_none() {
+                first_failure = Some(failure.clone());
+            }
+            if failure.status == DeliveryStatus::Dead {
+                report.dead.push(failure);
+            } else {
+                report.failed.push(failure);
+            }
+        }
+        first_failure
     }
 }
 
 impl Drop for Outcomes<'_> {
     fn drop(&mut self) {
-        if self.settled {
-            return;
-        }
-        let now = self.clock.now();
-        let mut ledger = self.ledger.lock();
-        for (i, &at) in self.batch.iter().enumerate() {
-            match (&self.results[i], self.started[i]) {
-                (Some(Attempt::Delivered), _) => ledger.record_delivered(at, now),
-                (_, true) => ledger.record_failed(at, CANCELLED.to_owned(), FailedAttempt::RetryAt(now), now),
-                (_, false) => ledger.release(at, now),
-            }
-        }
+        self.record(&mut DrainReport::default());
     }
 }
 
@@ -544,7 +575,15 @@ fn attempt(
 ) -> AttemptFuture<'_> {
     let span =
         tracing::debug_span!("delivery", action_key = %intent.key(), kind = intent.kind(), attempt = intent.attempt());
-    let dispatch = std::panic::AssertUnwindSafe(dispatcher.dispatch_boxed(intent)).catch_unwind();
+    // A dispatcher may panic while building its future as well as inside it.
+    let built = span.in_scope(|| std::panic::catch_unwind(AssertUnwindSafe(|| dispatcher.dispatch_boxed(intent))));
+    let dispatch = match built {
+        Ok(future) => AssertUnwindSafe(future).catch_unwind(),
+        Err(panic) => {
+            let attempt = Attempt::Panicked(crate::generation::panic_message(&panic));
+            return Box::pin(std::future::ready((index, attempt)));
+        }
+    };
     Box::pin(
         async move {
             let result = match timeout {

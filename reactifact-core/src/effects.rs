@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use serde::Serialize;
 
 use crate::action::{ActionKey, PendingAction};
-use crate::artifact::{Artifact, ArtifactId, Version};
+use crate::artifact::{Artifact, ArtifactId, Kind, Version};
 use crate::commit::Read;
 use crate::error::EffectError;
 use crate::patch::{Op, PutMode};
@@ -170,11 +170,13 @@ impl<D> Effects<D> {
     /// Records an intent: a [`PendingAction`] of `kind` with idempotency `key` and `payload`,
     /// stored at `action:{key}` and delivered by the outbox after the commit.
     ///
-    /// Returns `None`, recording nothing, when `action:{key}` already exists in the snapshot
-    /// this produce reads (or was already acted in this run); the commit also skips it if
-    /// another produce of the same generation recorded it first. Derive `key` from stable
-    /// content (an order id, a content hash), never from the clock or a random number, so
-    /// that a retry, a replay or another branch derives the same key.
+    /// Returns `None`, recording nothing, when the intent already exists in the snapshot this
+    /// produce reads (or was already acted in this run); the commit also skips it if another
+    /// produce of the same generation recorded it first. If `action:{key}` holds an artifact
+    /// of another kind, the intent is not dropped: the commit refuses it with
+    /// [`CommitError::ActionIdTaken`](crate::CommitError::ActionIdTaken), failing the run.
+    /// Derive `key` from stable content (an order id, a content hash), never from the clock or
+    /// a random number, so that a retry, a replay or another branch derives the same key.
     pub fn act<P: Serialize + ?Sized>(&self, kind: &str, key: impl Into<ActionKey>, payload: &P) -> Option<ActionKey>
     where
         PendingAction: DeclaredOutput<D>,
@@ -182,8 +184,11 @@ impl<D> Effects<D> {
         let key = key.into();
         let id = key.artifact_id();
         // Checked before anything is encoded: on a re-run the intent usually exists.
-        if self.snapshot.contains(id.as_str()) {
-            return None;
+        if let Some((kind, _, _)) = self.snapshot.meta(id.as_str()) {
+            if kind == Kind::of::<PendingAction>() {
+                return None;
+            }
+            // Another kind under the intent's id: the commit refuses the act, naming it.
         }
         {
             let mut buffer = self.buffer.lock().unwrap_or_else(|e| e.into_inner());

@@ -75,6 +75,15 @@ pub enum EffectError {
         /// The id written.
         id: ArtifactId,
     },
+    /// Ids starting with `action:` are reserved for the intents `act` records; writing another
+    /// kind there would shadow (or be shadowed by) an intent.
+    #[error("artifact `{id}`: ids starting with `action:` are reserved for intents recorded with `act(kind, key, payload)`; writing a `{kind}` there is refused")]
+    ReservedForIntents {
+        /// The id written.
+        id: ArtifactId,
+        /// The kind written.
+        kind: Kind,
+    },
     /// The effects buffer was used after its produce run had been collected.
     #[error("effects used after the produce run finished (artifact `{id}`); the write was dropped")]
     AfterRun {
@@ -105,6 +114,17 @@ pub enum CommitError {
         stored: Kind,
         /// The kind written.
         written: Kind,
+    },
+    /// An intent's id, `action:{key}`, holds an artifact that is not a pending action, so the
+    /// intent cannot be recorded.
+    #[error("intent `{key}` cannot be recorded: `{id}` holds a `{found}`, not a pending action")]
+    ActionIdTaken {
+        /// The intent's idempotency key.
+        key: ActionKey,
+        /// `action:{key}`.
+        id: ArtifactId,
+        /// The kind stored there.
+        found: Kind,
     },
     /// A link names an endpoint that does not exist.
     #[error("link `{from}` -[{name}]-> `{to}`: artifact `{missing}` does not exist")]
@@ -219,12 +239,22 @@ pub struct ProduceFailure {
     pub failure: RunFailure,
 }
 
+/// The longest delay a [`DispatchError::retry_after`] hint can ask for: one day. A longer one
+/// is cut to it.
+///
+/// Receivers ask for seconds to hours (a rate-limit window, a maintenance slot); a hint of
+/// days or of `u64::MAX` seconds is far more likely a bug or a hostile answer than a plan, and
+/// must not park an intent for centuries. The cap is not the retry policy's `max_delay`
+/// (5 minutes by default): that would cut an honest hour-long `Retry-After` short and send
+/// the receiver the very traffic it asked us to hold back.
+pub const MAX_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(24 * 60 * 60);
+
 /// The error a dispatcher returns: what went wrong, and whether trying again can help.
 ///
 /// Errors are *retryable* unless built with [`DispatchError::permanent`]: a retryable failure
-/// is attempted again after the retry policy's backoff (or after [`retry_after`]
+/// is attempted again after the retry policy's backoff (and no earlier than [`retry_after`]
 /// (DispatchError::retry_after), if the receiver said when), a permanent one goes straight to
-/// the dead letter. Converts from any `std::error::Error` with `?` (as retryable).
+/// the dead letter, and a [`no_route`](DispatchError::no_route) one is held. Converts from any `std::error::Error` with `?` (as retryable).
 pub struct DispatchError {
     error: BoxError,
     permanent: bool,
@@ -259,25 +289,33 @@ impl DispatchError {
         }
     }
 
-    /// Asks for the next attempt no earlier than `delay` from now (an HTTP `Retry-After`),
-    /// instead of the policy's backoff. Ignored for permanent errors.
+    /// Asks for the next attempt no earlier than `delay` from now (an HTTP `Retry-After`).
+    /// The hint is a floor under the retry policy's backoff, not a replacement: the next
+    /// attempt waits for the longer of the two, so `Retry-After: 0` does not hurry a retry.
+    /// A delay longer than [`MAX_RETRY_AFTER`] (one day) is cut to it. Ignored for permanent
+    /// errors and under a manual policy.
     pub fn retry_after(mut self, delay: std::time::Duration) -> Self {
-        self.retry_after = Some(delay);
+        self.retry_after = Some(delay.min(MAX_RETRY_AFTER));
         self
     }
 
-    /// No route handles the intent's kind: the intent is held, not failed (see
-    /// [`Router`](crate::Router)).
-    pub(crate) fn no_route(kind: &str) -> Self {
+    /// The dispatcher has no route for the intent's kind (no handler, no URL): the intent is
+    /// **held**, neither failed nor dead, and its attempt, which reached no receiver, is not
+    /// counted. A held intent stays in the ledger until [`retry`](crate::Runtime::retry)
+    /// re-arms it, once a route exists. [`Router`](crate::Router) answers this for a kind it
+    /// has no route for; a dispatcher of your own can too. `error` says which kind and what
+    /// to configure; it is recorded as the intent's last error.
+    pub fn no_route(error: impl Into<BoxError>) -> Self {
         DispatchError {
-            error: format!("no route handles action kind `{kind}`; add one and `retry` the intent").into(),
+            error: error.into(),
             permanent: false,
             retry_after: None,
             no_route: true,
         }
     }
 
-    pub(crate) fn is_no_route(&self) -> bool {
+    /// Whether the error says no route handles the intent's kind ([`no_route`](Self::no_route)).
+    pub fn is_no_route(&self) -> bool {
         self.no_route
     }
 
@@ -286,7 +324,7 @@ impl DispatchError {
         self.permanent
     }
 
-    /// The delay the receiver asked for, if any.
+    /// The delay the receiver asked for, if any (at most [`MAX_RETRY_AFTER`]).
     pub fn retry_after_hint(&self) -> Option<std::time::Duration> {
         self.retry_after
     }
@@ -309,6 +347,7 @@ impl fmt::Debug for DispatchError {
             .field("error", &self.error)
             .field("permanent", &self.permanent)
             .field("retry_after", &self.retry_after)
+            .field("no_route", &self.no_route)
             .finish()
     }
 }

@@ -5,11 +5,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use foldhash::HashMap;
 use std::fmt;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use crate::action::{ActionKey, Intent};
+use crate::action::{ActionKey, Intent, Origin};
 use crate::artifact::{ArtifactId, Generation};
 use crate::error::RetryError;
 
@@ -60,6 +60,7 @@ pub struct Delivery {
     pub(crate) delivered_at: Option<SystemTime>,
     pub(crate) lease: Option<Lease>,
     pub(crate) expired_leases: u32,
+    pub(crate) interrupted: u32,
     pub(crate) next_attempt_at: Option<SystemTime>,
 }
 
@@ -89,9 +90,15 @@ impl Delivery {
         self.intent.key.artifact_id()
     }
 
-    /// The generation whose commit recorded the intent.
+    /// The generation, in [`Origin::session`], of the commit that recorded the intent (a
+    /// convenience for `origin().generation()`).
     pub fn generation(&self) -> Generation {
-        self.intent.generation
+        self.intent.origin.generation
+    }
+
+    /// Where the intent was recorded: session, commit hash and run.
+    pub fn origin(&self) -> &Origin {
+        &self.intent.origin
     }
 
     /// The delivery state.
@@ -99,7 +106,12 @@ impl Delivery {
         self.status
     }
 
-    /// How many times the intent was handed to a dispatcher.
+    /// How many times the intent was handed to a dispatcher, whatever came of it: this is
+    /// also the attempt number the dispatcher last saw ([`Intent::attempt`]). It includes the
+    /// attempts of unknown outcome ([`interrupted_attempts`](Self::interrupted_attempts),
+    /// [`expired_leases`](Self::expired_leases)), which the retry policy does not count
+    /// against its `max_attempts`: the failures it counts are `attempts − interrupted_attempts
+    /// − expired_leases`. An attempt that found no route (held) is not counted at all.
     pub fn attempts(&self) -> u32 {
         self.attempts
     }
@@ -143,6 +155,23 @@ impl Delivery {
         self.expired_leases
     }
 
+    /// How many attempts were cut off before their outcome was known: still running when a
+    /// stop or the turn's deadline ended the grace period, or when the caller dropped the
+    /// turn. The receiver may have seen each of them, so each was followed by a delivery with
+    /// the same idempotency key, due at once; none counts as a failure against the retry
+    /// policy.
+    pub fn interrupted_attempts(&self) -> u32 {
+        self.interrupted
+    }
+
+    /// The failed attempts the retry policy counts: those that ended with an answer (an
+    /// error, a panic, a timeout).
+    pub(crate) fn failed_attempts(&self) -> u32 {
+        self.attempts
+            .saturating_sub(self.interrupted)
+            .saturating_sub(self.expired_leases)
+    }
+
     pub(crate) fn new(intent: Intent, now: SystemTime) -> Self {
         Delivery {
             intent,
@@ -154,6 +183,7 @@ impl Delivery {
             delivered_at: None,
             lease: None,
             expired_leases: 0,
+            interrupted: 0,
             next_attempt_at: None,
         }
     }
@@ -379,6 +409,18 @@ impl LedgerInner {
         self.schedule(at);
     }
 
+    /// Records an attempt cut off before its outcome was known: pending again, due now, the
+    /// attempt counted (the receiver may have seen it) and counted as interrupted.
+    pub(crate) fn record_interrupted(&mut self, at: usize, reason: String, now: SystemTime) {
+        let entry = &mut self.entries[at];
+        entry.status = DeliveryStatus::Pending;
+        entry.interrupted += 1;
+        entry.last_error = Some(reason);
+        entry.lease = None;
+        entry.updated_at = now;
+        self.schedule(at);
+    }
+
     /// Records that no route handles the intent's kind: it is held, and its attempt (which
     /// reached no handler) is not counted.
     pub(crate) fn record_held(&mut self, at: usize, reason: String, now: SystemTime) {
@@ -424,13 +466,25 @@ impl LedgerInner {
     }
 }
 
+/// The latest time the ledger records: the end of the year 9999 (UTC). A retry or a lease
+/// further ahead means "never" in practice, and this one every store can keep (milliseconds
+/// in an `i64`) and every HTTP date can show.
+const FAR_FUTURE: Duration = Duration::from_secs(253_402_300_799);
+
+/// `t + delay` for a delay from outside (a policy, a `Retry-After`, a lease), which may be as
+/// long as `Duration::MAX`: saturates at [`FAR_FUTURE`] instead of overflowing.
+pub(crate) fn later(t: SystemTime, delay: Duration) -> SystemTime {
+    let far = SystemTime::UNIX_EPOCH + FAR_FUTURE;
+    t.checked_add(delay).map_or(far, |at| at.min(far))
+}
+
 fn has_sub_millis(t: SystemTime) -> bool {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .is_ok_and(|d| d.subsec_nanos() % 1_000_000 != 0)
 }
 
 fn from_due_key(millis: u64) -> SystemTime {
-    SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(millis)
+    SystemTime::UNIX_EPOCH + Duration::from_millis(millis)
 }
 
 /// What happens after a failed attempt.

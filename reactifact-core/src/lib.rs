@@ -40,7 +40,7 @@ mod state;
 mod store;
 mod verify;
 
-pub use action::{ActionKey, Intent, PendingAction};
+pub use action::{ActionKey, Intent, Origin, PendingAction};
 pub use artifact::{Artifact, ArtifactId, Generation, Kind, Record, Version};
 pub use branch::{ArtifactState, Conflict, Diff, ForkError, MergeError, MergeReport, Resolution, Side, Updated};
 pub use commit::{Commit, Read, RunRecord, TriggerRef};
@@ -50,7 +50,7 @@ pub use dispatcher::Dispatcher;
 pub use effects::{DeclaredOutput, Dynamic, Effects};
 pub use error::{
     BoxError, CommitError, DeliveryFailure, DispatchError, EffectError, FlushError, ProduceError, ProduceFailure,
-    ReadError, RetryError, RunError, RunFailure, WriteError,
+    ReadError, RetryError, RunError, RunFailure, WriteError, MAX_RETRY_AFTER,
 };
 pub use event::{Event, EventKind};
 pub use hash::{CommitHash, ContentHash, StateHash};
@@ -61,7 +61,7 @@ pub use provenance::{content_key, Provenance};
 pub use reactifact_macros::{produce, Artifact};
 pub use replay::{testing, Difference, Divergence, FieldDiff, ReplayError, ReplayReport};
 pub use router::{ActionCall, Router};
-pub use runtime::{Budget, ProduceErrors, Runtime, RuntimeBuilder, StopHandle, TurnOutcome, TurnReport};
+pub use runtime::{Budget, BuildError, ProduceErrors, Runtime, RuntimeBuilder, StopHandle, TurnOutcome, TurnReport};
 pub use snapshot::Snapshot;
 pub use state::Relation;
 pub use store::{OpenError, OpenOptions, StoreError, Synchronous};

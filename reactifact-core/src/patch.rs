@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::action::{ActionKey, PendingAction};
+use crate::action::{ActionKey, PendingAction, ACTION_ID_PREFIX};
 use crate::artifact::{self, Artifact, ArtifactId, Kind};
 use crate::error::EffectError;
 use crate::hash::{self, ContentHash};
@@ -96,6 +96,12 @@ impl Op {
     pub(crate) fn put<T: Artifact>(mode: PutMode, id: ArtifactId, value: &T) -> Result<Op, EffectError> {
         if T::KIND == PendingAction::KIND {
             return Err(EffectError::ActionWrittenDirectly { id });
+        }
+        if id.as_str().starts_with(ACTION_ID_PREFIX) {
+            return Err(EffectError::ReservedForIntents {
+                id,
+                kind: Kind::of::<T>(),
+            });
         }
         match artifact::encode(value) {
             Ok(bytes) => Ok(Op::Put {

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
-use crate::artifact::{Artifact, Generation, Kind, Record, Stored};
+use crate::artifact::{Artifact, ArtifactType, Generation, Kind, Record, Stored};
 use crate::effects::{Buffer, Dynamic, Effects};
 use crate::error::{ProduceError, RunFailure};
 use crate::event::EventKind;
@@ -95,8 +95,11 @@ type Condition = dyn Fn(&Snapshot, &Stored) -> bool + Send + Sync;
 #[derive(Clone)]
 pub struct Produce {
     name: Arc<str>,
-    trigger: Kind,
+    trigger: ArtifactType,
     outputs: Vec<Kind>,
+    /// The Rust types behind `outputs` (a kind may be claimed by more than one: the runtime's
+    /// builder refuses that).
+    output_types: Vec<ArtifactType>,
     condition: Option<Arc<Condition>>,
     handler: Arc<Handler>,
 }
@@ -111,12 +114,12 @@ impl Produce {
         Fut: Future + Send + 'static,
         Fut::Output: IntoProduceResult,
     {
-        Self::declared::<T, Dynamic, F, Fut>(name, Vec::new(), f)
+        Self::declared::<T, Dynamic, F, Fut>(name, f)
     }
 
-    /// A produce whose effects are typed by the declarations `D` and whose outputs are
-    /// `outputs`. This is what `#[produce]` expands to; prefer the macro.
-    pub fn declared<T, D, F, Fut>(name: impl Into<Arc<str>>, outputs: Vec<Kind>, f: F) -> Self
+    /// A produce whose effects are typed by the declarations `D`; declare its outputs with
+    /// [`creates`](Produce::creates). This is what `#[produce]` expands to; prefer the macro.
+    pub fn declared<T, D, F, Fut>(name: impl Into<Arc<str>>, f: F) -> Self
     where
         T: Artifact,
         D: 'static,
@@ -143,8 +146,9 @@ impl Produce {
         };
         Produce {
             name: name.into(),
-            trigger: Kind::of::<T>(),
-            outputs,
+            trigger: ArtifactType::of::<T>(),
+            outputs: Vec::new(),
+            output_types: Vec::new(),
             condition: None,
             handler: Arc::new(handler),
         }
@@ -153,9 +157,12 @@ impl Produce {
     /// Declares `O` as an output: the produce may create, upsert or create_once it (and act,
     /// for [`PendingAction`](crate::PendingAction)).
     pub fn creates<O: Artifact>(mut self) -> Self {
-        let kind = Kind::of::<O>();
-        if !self.outputs.contains(&kind) {
-            self.outputs.push(kind);
+        let output = ArtifactType::of::<O>();
+        if !self.outputs.contains(&output.kind) {
+            self.outputs.push(output.kind);
+        }
+        if !self.output_types.iter().any(|t| t.type_id == output.type_id) {
+            self.output_types.push(output);
         }
         self
     }
@@ -172,8 +179,8 @@ impl Produce {
         C: Fn(&Snapshot, &Record<T>) -> bool + Send + Sync + 'static,
     {
         assert_eq!(
-            Kind::of::<T>(),
-            self.trigger,
+            std::any::TypeId::of::<T>(),
+            self.trigger.type_id,
             "the condition of produce `{}` must take its trigger type",
             self.name
         );
@@ -190,12 +197,17 @@ impl Produce {
 
     /// The kind of artifact it reacts to.
     pub fn trigger(&self) -> Kind {
-        self.trigger
+        self.trigger.kind
     }
 
     /// The kinds it declares.
     pub fn outputs(&self) -> &[Kind] {
         &self.outputs
+    }
+
+    /// The Rust types it names: its trigger type, then its declared outputs.
+    pub(crate) fn types(&self) -> impl Iterator<Item = &ArtifactType> + '_ {
+        std::iter::once(&self.trigger).chain(&self.output_types)
     }
 
     pub(crate) fn name_arc(&self) -> &Arc<str> {
@@ -219,7 +231,7 @@ impl std::fmt::Debug for Produce {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Produce")
             .field("name", &self.name)
-            .field("trigger", &self.trigger)
+            .field("trigger", &self.trigger.kind)
             .field("outputs", &self.outputs)
             .finish()
     }

@@ -4,7 +4,7 @@ use std::fmt;
 
 use sha2::{Digest, Sha256};
 
-use crate::action::ActionKey;
+use crate::action::{ActionKey, Origin};
 use crate::artifact::{ArtifactId, Generation, Record};
 use crate::commit::{Commit, Read, RunRecord, TriggerRef};
 use crate::context::Context;
@@ -152,21 +152,34 @@ fn acting_run(commit: &Commit, key: &str) -> Option<usize> {
 }
 
 impl Context {
-    /// The run that recorded the intent `key`: its generation and its index in that commit.
+    /// The commit of this context's log that `origin` names, or `None` if it is not in this
+    /// context's history (another branch's commit made after the fork: open that session).
     ///
-    /// Derived from the log: the ledger names the generation of a known key (O(runs of that
-    /// commit)); otherwise the log is searched from the start for the first commit acting the
-    /// key. `None` if no commit acts it.
+    /// O(1): a commit's hash covers its generation, so a commit sits at the same position in
+    /// every log that holds it; the hash is checked, so a generation from another session
+    /// never yields the wrong commit.
+    pub fn commit_of(&self, origin: &Origin) -> Option<&Commit> {
+        let at = usize::try_from(origin.generation().0).ok()?.checked_sub(1)?;
+        self.log().get(at).filter(|commit| commit.hash == origin.commit())
+    }
+
+    /// The run of this context's log that recorded the intent `key`: the generation of its
+    /// commit here and the run's index in that commit.
+    ///
+    /// The ledger's [`Origin`] of a known key is used when its commit is in this log (O(runs
+    /// of that commit)); otherwise (the intent came in through a merge, or the ledger does not
+    /// know the key) the log is searched from the start for the first commit acting the key.
+    /// `None` if no commit of this log acts it.
     pub fn intent_origin(&self, key: &str) -> Option<(Generation, usize)> {
-        let log = self.log();
         if let Some(delivery) = self.ledger().get(key) {
-            let generation = delivery.generation();
-            let at = usize::try_from(generation.0).ok()?.checked_sub(1)?;
-            if let Some(run) = log.get(at).and_then(|commit| acting_run(commit, key)) {
-                return Some((generation, run));
+            if let Some(commit) = self.commit_of(delivery.origin()) {
+                if let Some(run) = acting_run(commit, key) {
+                    return Some((commit.generation, run));
+                }
             }
         }
-        log.iter()
+        self.log()
+            .iter()
             .find_map(|commit| acting_run(commit, key).map(|run| (commit.generation, run)))
     }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 
-use crate::action::{ActionKey, Intent};
+use crate::action::{ActionKey, Intent, Origin};
 use crate::artifact::Generation;
 use crate::dispatcher::{DispatchFuture, Dispatcher};
 use crate::error::DispatchError;
@@ -18,11 +18,13 @@ pub struct ActionCall<P> {
     pub key: ActionKey,
     /// Which attempt this is: 1 for the first delivery.
     pub attempt: u32,
-    /// The generation whose commit recorded the intent (its provenance in the log).
+    /// Where the intent was recorded: the session, the commit (by hash) and the run.
+    /// `context.commit_of(&call.origin)` finds the commit, and its
+    /// `runs[call.origin.run()]` names the agent, produce, trigger and reads.
+    pub origin: Origin,
+    /// The generation of that commit in its session (a convenience for
+    /// `origin.generation()`; generations are numbered per session).
     pub generation: Generation,
-    /// The position of the recording run among that commit's runs:
-    /// `context.log()[generation - 1].runs[run]` names its agent, produce, trigger and reads.
-    pub run: usize,
     /// The decoded payload.
     pub payload: P,
 }
@@ -75,8 +77,8 @@ impl Router {
                 Ok(payload) => Box::pin(handler(ActionCall {
                     key: intent.key().clone(),
                     attempt: intent.attempt(),
+                    origin: intent.origin().clone(),
                     generation: intent.generation(),
-                    run: intent.origin().1,
                     payload,
                 })),
                 Err(e) => {
@@ -112,7 +114,13 @@ impl Dispatcher for Router {
     fn dispatch(&self, intent: Intent) -> impl Future<Output = Result<(), DispatchError>> + Send {
         match self.routes.get(intent.kind()) {
             Some(route) => route(intent),
-            None => Box::pin(std::future::ready(Err(DispatchError::no_route(intent.kind())))),
+            None => {
+                let error = DispatchError::no_route(format!(
+                    "no route handles action kind `{}`; add one and `retry` the intent",
+                    intent.kind()
+                ));
+                Box::pin(std::future::ready(Err(error)))
+            }
         }
     }
 }

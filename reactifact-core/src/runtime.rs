@@ -9,7 +9,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::artifact::Kind;
+use crate::action::PendingAction;
+use crate::artifact::{ArtifactType, Kind};
 use crate::context::Context;
 use crate::delivery::{Clock, DeliveryConfig, DeliveryErrors, Drain, DrainError, DrainReport, RetryPolicy};
 use crate::dispatcher::{Dispatcher, ErasedDispatcher};
@@ -40,7 +41,8 @@ pub struct Budget {
     /// A hard wall-clock limit per turn (tokio time, so a paused clock drives it). A
     /// generation still running when it passes is cancelled: nothing of it is committed and
     /// its events stay queued for the next turn. A delivery already handed to the
-    /// dispatcher finishes and is recorded; no further one starts.
+    /// dispatcher finishes and is recorded; no further one starts. A deadline too far away
+    /// to represent (such as `Duration::MAX`) is no deadline.
     pub deadline: Option<Duration>,
 }
 
@@ -83,7 +85,9 @@ impl Default for Budget {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TurnOutcome {
-    /// No events are queued and nothing is deliverable.
+    /// No events are queued and nothing is deliverable. A runtime that registers no produce
+    /// (a drainer: a dispatcher and no agent) completes with its events still queued: it
+    /// leaves them for a runtime that has produces.
     Completed,
     /// The next generation would exceed [`Budget::max_runs`].
     RunsExhausted,
@@ -107,7 +111,8 @@ pub struct TurnReport {
     pub generations: u64,
     /// Produce runs executed in committed generations.
     pub runs: u64,
-    /// What the turn's drains delivered, and what failed, died or was held.
+    /// What the turn's drains delivered, and what failed, died or was held. In a runtime
+    /// without a dispatcher, [`DrainReport::waiting`] counts every pending intent.
     pub deliveries: DrainReport,
     /// Runs whose patch was dropped ([`ProduceErrors::Isolate`]).
     pub failed_runs: Vec<ProduceFailure>,
@@ -174,7 +179,8 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Sets the dispatcher that delivers intents. Without one, intents stay pending.
+    /// Sets the dispatcher that delivers intents. Without one, intents stay pending: each turn
+    /// counts them in [`DrainReport::waiting`] and logs a warning.
     pub fn dispatcher(mut self, dispatcher: impl Dispatcher) -> Self {
         self.dispatcher = Some(Arc::new(dispatcher));
         self
@@ -225,8 +231,9 @@ impl RuntimeBuilder {
     }
 
     /// How long deliveries already running may finish after a stop or the turn's deadline
-    /// (default 10 s). Those still running then are cancelled and recorded as failed attempts
-    /// that the receiver may have seen, due again at once.
+    /// (default 10 s). Those still running then are cancelled and recorded as attempts of
+    /// unknown outcome (the receiver may have seen them), due again at once; they do not count
+    /// against the retry policy.
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
         self.delivery.grace = grace;
         self
@@ -245,8 +252,15 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Builds the runtime.
-    pub fn build(self) -> Runtime {
+    /// Builds the runtime, after checking that its registrations are unambiguous.
+    ///
+    /// # Errors
+    /// [`BuildError::KindCollision`] when two distinct Rust types among the produces' triggers
+    /// and declared outputs (and [`PendingAction`]) claim one kind;
+    /// [`BuildError::DuplicateAgent`] when two agents share a name;
+    /// [`BuildError::DuplicateProduce`] when an agent registers two produces under one name.
+    pub fn build(self) -> Result<Runtime, BuildError> {
+        check_registrations(&self.agents)?;
         let mut agents = self.agents;
         // Work order is (priority, event order, registration order): a stable sort by
         // descending priority keeps registration order among equals.
@@ -264,7 +278,7 @@ impl RuntimeBuilder {
             }
         }
         let uniform_priority = ranked.windows(2).all(|w| w[0].priority == w[1].priority);
-        Runtime {
+        Ok(Runtime {
             context: self.context,
             agents: ranked,
             triggers,
@@ -277,8 +291,77 @@ impl RuntimeBuilder {
             budget: self.budget,
             stop: StopHandle::default(),
             turns: 0,
+        })
+    }
+}
+
+/// Building a [`Runtime`] was refused: its registrations are ambiguous.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// Two distinct Rust types claim one kind, so each would trigger the other's produces
+    /// and be decoded as the other. Kinds default to the snake_case type name, so
+    /// `billing::Invoice` and `tax::Invoice` collide unless one is given a kind of its own.
+    #[error("kind `{kind}` is claimed by two types, `{first}` and `{second}`; give one of them a kind of its own with `#[artifact(kind = \"...\")]`")]
+    KindCollision {
+        /// The kind both claim.
+        kind: Kind,
+        /// The type registered first.
+        first: &'static str,
+        /// The other type.
+        second: &'static str,
+    },
+    /// Two agents share a name; replay and provenance find an agent by its name.
+    #[error("two agents are named `{agent}`; replay and provenance find agents by name, so give each its own")]
+    DuplicateAgent {
+        /// The name.
+        agent: String,
+    },
+    /// An agent registers two produces under one name; replay and provenance find a produce
+    /// by its agent's name and its own.
+    #[error("agent `{agent}` registers two produces named `{produce}`; replay and provenance find produces by name, so give each its own (`#[produce(.., name = \"...\")]`)")]
+    DuplicateProduce {
+        /// The agent.
+        agent: String,
+        /// The produce's name.
+        produce: String,
+    },
+}
+
+/// Refuses ambiguous registrations: duplicate agent or produce names, and two distinct types
+/// with one kind among the triggers and declared outputs.
+fn check_registrations(agents: &[Agent]) -> Result<(), BuildError> {
+    let mut agent_names = foldhash::HashSet::default();
+    let mut kinds: HashMap<Kind, ArtifactType> = HashMap::new();
+    let pending = ArtifactType::of::<PendingAction>();
+    kinds.insert(pending.kind, pending);
+    for agent in agents {
+        if !agent_names.insert(agent.name()) {
+            return Err(BuildError::DuplicateAgent {
+                agent: agent.name().to_owned(),
+            });
+        }
+        let mut produce_names = foldhash::HashSet::default();
+        for produce in &agent.produces {
+            if !produce_names.insert(produce.name()) {
+                return Err(BuildError::DuplicateProduce {
+                    agent: agent.name().to_owned(),
+                    produce: produce.name().to_owned(),
+                });
+            }
+            for ty in produce.types() {
+                let known = *kinds.entry(ty.kind).or_insert(*ty);
+                if known.type_id != ty.type_id {
+                    return Err(BuildError::KindCollision {
+                        kind: ty.kind,
+                        first: known.name,
+                        second: ty.name,
+                    });
+                }
+            }
         }
     }
+    Ok(())
 }
 
 /// Runs produces over a [`Context`] in generations and delivers the intents they record.
@@ -359,7 +442,8 @@ impl Runtime {
     }
 
     async fn turn(&mut self, turn: u64, budget: Budget) -> Result<TurnReport, RunError> {
-        let deadline = budget.deadline.map(|d| Instant::now() + d);
+        // A deadline too far to represent (`Duration::MAX`) is no deadline.
+        let deadline = budget.deadline.and_then(|d| Instant::now().checked_add(d));
         let mut report = TurnReport {
             outcome: TurnOutcome::Completed,
             turn,
@@ -376,7 +460,9 @@ impl Runtime {
             if let Some(outcome) = self.interrupted(deadline) {
                 return Ok(self.finish(report, outcome));
             }
-            if self.context.queued_events() == 0 {
+            // A runtime without produces leaves the queue to one that has them: consuming the
+            // events would lose them for good.
+            if self.context.queued_events() == 0 || self.triggers.is_empty() {
                 return Ok(self.finish(report, TurnOutcome::Completed));
             }
             if budget.max_generations.is_some_and(|max| report.generations >= max) {
@@ -396,6 +482,16 @@ impl Runtime {
     fn finish(&self, mut report: TurnReport, outcome: TurnOutcome) -> TurnReport {
         if outcome == TurnOutcome::Stopped {
             self.stop.clear();
+        }
+        if self.dispatcher.is_none() {
+            let waiting = self.context.ledger().pending();
+            report.deliveries.waiting = waiting;
+            if waiting > 0 {
+                tracing::warn!(
+                    waiting,
+                    "no dispatcher is configured, so intents stay pending; add one with RuntimeBuilder::dispatcher"
+                );
+            }
         }
         report.outcome = outcome;
         tracing::debug!(outcome = ?outcome, generations = report.generations, runs = report.runs, delivered = report.deliveries.delivered, "turn finished");

@@ -23,6 +23,7 @@ fn runtime(ctx: Context, sends: &Arc<AtomicUsize>) -> Runtime {
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(counting_dispatcher(sends))
         .build()
+        .unwrap()
 }
 
 #[test]
@@ -93,7 +94,8 @@ async fn an_intent_only_one_branch_had_is_delivered_once_after_the_merge() {
     // The branch runs without a dispatcher: its intent waits in the shared ledger.
     let mut other = Runtime::builder(branch)
         .agent(Agent::new("billing").produce(process_order()))
-        .build();
+        .build()
+        .unwrap();
     other.context_mut().create("order:7", order("eve", 7)).unwrap();
     other.run().await.unwrap();
     assert_eq!(other.context().ledger().pending(), 1);
@@ -328,6 +330,7 @@ async fn branches_live_in_the_sqlite_file_and_merge_there() {
             .agent(Agent::new("billing").produce(process_order()))
             .dispatcher(recorder.dispatcher())
             .build()
+            .unwrap()
     };
     {
         let mut main = Context::open(&path, "main").unwrap();

@@ -179,7 +179,8 @@ async fn run_flow() -> Context {
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(recorder.dispatcher())
-        .build();
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     rt.context_mut().update("order:1", order("ada", 1500)).unwrap();
     rt.run().await.unwrap();

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use common::*;
 use reactifact_core::{
-    ActionCall, Agent, Context, DeliveryStatus, DispatchError, Intent, Produce, ProduceCall, RetryPolicy, Router,
-    Runtime, TurnOutcome,
+    ActionCall, Agent, Budget, Context, DeliveryStatus, DispatchError, Dispatcher, Intent, OpenOptions, Produce,
+    ProduceCall, RetryPolicy, Router, Runtime, TurnOutcome, MAX_RETRY_AFTER,
 };
 use tokio::time::Instant;
 
@@ -62,7 +62,8 @@ async fn a_transient_outage_is_ridden_out_with_exponential_backoff() {
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
         .retry_policy(policy.clone())
-        .build();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.outcome, TurnOutcome::Completed);
     assert_eq!(report.deliveries.failed.len(), 1);
@@ -109,7 +110,8 @@ async fn attempts_used_up_make_a_dead_letter_that_retry_re_arms() {
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
         .retry_policy(RetryPolicy::exponential(Duration::from_millis(100), Duration::from_secs(1)).max_attempts(3))
-        .build();
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     let settled = rt.settle().await.unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 3);
@@ -130,7 +132,8 @@ async fn a_permanent_error_goes_straight_to_the_dead_letter() {
     let mut rt = Runtime::builder(seeded_orders(1))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(|_: Intent| async { Err::<(), _>(DispatchError::permanent("400 bad request")) })
-        .build();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.deliveries.dead.len(), 1);
     let entry = rt.context().ledger().get("notify:order:0").unwrap();
@@ -139,7 +142,7 @@ async fn a_permanent_error_goes_straight_to_the_dead_letter() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_retry_after_hint_wins_over_the_backoff() {
+async fn a_retry_after_longer_than_the_backoff_is_waited_out() {
     let attempts = Attempts::default();
     let dispatcher = {
         let attempts = attempts.clone();
@@ -157,7 +160,8 @@ async fn a_retry_after_hint_wins_over_the_backoff() {
     let mut rt = Runtime::builder(seeded_orders(1))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
-        .build();
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     rt.settle().await.unwrap();
     let seen = attempts.of("notify:order:0");
@@ -190,7 +194,8 @@ async fn one_failing_intent_does_not_block_the_others_and_manual_policies_wait_f
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
         .retry_policy_for("notify", RetryPolicy::manual())
-        .build();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.deliveries.delivered, 2);
     assert_eq!(report.deliveries.failed.len(), 1);
@@ -226,7 +231,8 @@ async fn deliveries_run_concurrently_within_global_and_per_kind_limits() {
         .dispatcher(dispatcher)
         .delivery_concurrency(8)
         .delivery_concurrency_for("audit", 2)
-        .build();
+        .build()
+        .unwrap();
     let started = Instant::now();
     let report = rt.run().await.unwrap();
     assert_eq!(report.deliveries.delivered, 80);
@@ -297,7 +303,8 @@ async fn an_attempt_past_its_timeout_is_a_retryable_failure() {
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
         .delivery_timeout(Some(Duration::from_secs(2)))
-        .build();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.deliveries.failed[0].error, "timed out after 2s");
     rt.settle().await.unwrap();
@@ -327,7 +334,8 @@ async fn a_router_decodes_payloads_and_holds_kinds_it_has_no_route_for() {
     let mut rt = Runtime::builder(seeded_orders(2))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(router)
-        .build();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(
         report.deliveries.held.len(),
@@ -358,7 +366,7 @@ async fn a_router_decodes_payloads_and_holds_kinds_it_has_no_route_for() {
             }
         })
     };
-    let mut rt = Runtime::builder(ctx).dispatcher(router).build();
+    let mut rt = Runtime::builder(ctx).dispatcher(router).build().unwrap();
     rt.retry("notify:order:0").unwrap();
     rt.retry("notify:order:1").unwrap();
     assert_eq!(rt.flush().await.unwrap().delivered, 2);
@@ -374,7 +382,8 @@ async fn a_payload_that_does_not_decode_for_its_route_is_a_dead_letter() {
     let mut rt = Runtime::builder(seeded_orders(1))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(router)
-        .build();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.deliveries.dead.len(), 1);
     assert!(
@@ -408,7 +417,8 @@ async fn a_stop_lets_running_deliveries_finish_within_the_grace_period_and_leave
         .delivery_concurrency(3)
         .delivery_timeout(None)
         .shutdown_grace(Duration::from_secs(5))
-        .build();
+        .build()
+        .unwrap();
     let stop = rt.stop_handle();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -426,10 +436,20 @@ async fn a_stop_lets_running_deliveries_finish_within_the_grace_period_and_leave
     assert_eq!(report.deliveries.delivered, 2, "the two running deliveries finished");
     let ledger = rt.context().ledger();
     let status = |key: &str| ledger.get(key).unwrap().status();
-    // The one still running when the grace period ended is a recorded, retryable failure.
+    // The one still running when the grace period ended was cut off: its outcome is unknown,
+    // so it is due again at once, with the attempt counted as interrupted.
     let cancelled = ledger.get("notify:order:2").unwrap();
-    assert_eq!((cancelled.status(), cancelled.attempts()), (DeliveryStatus::Failed, 1));
+    assert_eq!(
+        (
+            cancelled.status(),
+            cancelled.attempts(),
+            cancelled.interrupted_attempts()
+        ),
+        (DeliveryStatus::Pending, 1, 1)
+    );
     assert!(cancelled.last_error().unwrap().contains("the receiver may have seen"));
+    assert_eq!(report.deliveries.interrupted.len(), 1);
+    assert!(report.deliveries.failed.is_empty());
     for key in ["notify:order:3", "notify:order:4", "notify:order:5"] {
         assert_eq!(status(key), DeliveryStatus::Pending, "{key}");
         assert_eq!(ledger.get(key).unwrap().attempts(), 0, "{key}: never handed out");
@@ -452,7 +472,8 @@ async fn a_scheduled_retry_survives_a_reopen_of_the_sqlite_store() {
         let mut rt = Runtime::builder(ctx)
             .agent(Agent::new("billing").produce(process_order()))
             .dispatcher(|_: Intent| async { Err::<(), _>(DispatchError::msg("down")) })
-            .build();
+            .build()
+            .unwrap();
         rt.run().await.unwrap();
         rt.context().ledger().get("notify:order:1").unwrap().next_attempt_at()
     };
@@ -465,8 +486,497 @@ async fn a_scheduled_retry_survives_a_reopen_of_the_sqlite_store() {
     );
     assert_eq!(ctx.ledger().pending(), 1);
     let recorder = Recorder::default();
-    let mut rt = Runtime::builder(ctx).dispatcher(recorder.dispatcher()).build();
+    let mut rt = Runtime::builder(ctx).dispatcher(recorder.dispatcher()).build().unwrap();
     rt.settle().await.unwrap();
     assert_eq!(recorder.sent(), ["notify:order:1"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Adversarial dispatchers and outside values (issue 12).
+
+#[tokio::test(start_paused = true)]
+async fn a_dispatcher_that_panics_before_returning_its_future_is_a_failed_attempt() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let dispatcher = {
+        let calls = calls.clone();
+        move |_: Intent| {
+            // Panics while building the future, not inside it.
+            if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                panic!("no connection pool");
+            }
+            std::future::ready(Ok::<(), DispatchError>(()))
+        }
+    };
+    let mut rt = Runtime::builder(seeded_orders(2))
+        .agent(Agent::new("billing").produce(process_order()))
+        .dispatcher(dispatcher)
+        .delivery_concurrency(1)
+        .build()
+        .unwrap();
+    let report = rt.run().await.unwrap();
+    assert_eq!(report.deliveries.delivered, 1, "the other intent is not held back");
+    assert_eq!(report.deliveries.failed.len(), 1);
+    let failure = &report.deliveries.failed[0];
+    assert!(failure.error.contains("no connection pool"), "{}", failure.error);
+    let entry = rt.context().ledger().get(failure.key.as_str()).unwrap();
+    assert_eq!((entry.status(), entry.attempts()), (DeliveryStatus::Failed, 1));
+    rt.settle().await.unwrap();
+    let entry = rt.context().ledger().get(failure.key.as_str()).unwrap();
+    assert_eq!((entry.status(), entry.attempts()), (DeliveryStatus::Delivered, 2));
+}
+
+/// A dispatcher that fails the first attempt of every key with `first`, then delivers.
+fn fails_once(first: impl Fn() -> DispatchError + Send + Sync + 'static, attempts: &Attempts) -> impl Dispatcher {
+    let attempts = attempts.clone();
+    move |intent: Intent| {
+        attempts.record(&intent);
+        let result = if intent.attempt() == 1 { Err(first()) } else { Ok(()) };
+        std::future::ready(result)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_of_u64_max_seconds_is_capped_and_ridden_out() {
+    let attempts = Attempts::default();
+    let huge = || DispatchError::retryable("429").retry_after(Duration::from_secs(u64::MAX));
+    assert_eq!(huge().retry_after_hint(), Some(MAX_RETRY_AFTER));
+    let mut rt = Runtime::builder(seeded_orders(1))
+        .agent(Agent::new("billing").produce(process_order()))
+        .dispatcher(fails_once(huge, &attempts))
+        .build()
+        .unwrap();
+    rt.run().await.unwrap();
+    let entry = rt.context().ledger().get("notify:order:0").unwrap();
+    assert_eq!(entry.status(), DeliveryStatus::Failed);
+    let wait = entry
+        .next_attempt_at()
+        .unwrap()
+        .duration_since(entry.updated_at())
+        .unwrap();
+    assert!(
+        wait >= MAX_RETRY_AFTER && wait < MAX_RETRY_AFTER + Duration::from_millis(5),
+        "{wait:?}"
+    );
+    rt.settle().await.unwrap();
+    let seen = attempts.of("notify:order:0");
+    assert_eq!(seen.len(), 2);
+    assert!(seen[1].1 - seen[0].1 >= MAX_RETRY_AFTER);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_policy_of_duration_max_schedules_far_ahead_without_panicking() {
+    let mut rt = Runtime::builder(seeded_orders(1))
+        .agent(Agent::new("billing").produce(process_order()))
+        .dispatcher(|_: Intent| async { Err::<(), _>(DispatchError::msg("down")) })
+        .retry_policy(RetryPolicy::exponential(Duration::MAX, Duration::MAX).max_attempts(3))
+        .build()
+        .unwrap();
+    let report = rt.run().await.unwrap();
+    assert_eq!(report.deliveries.failed.len(), 1);
+    let entry = rt.context().ledger().get("notify:order:0").unwrap();
+    let next = entry.next_attempt_at().unwrap();
+    let years = next.duration_since(entry.updated_at()).unwrap().as_secs() / (365 * 86_400);
+    assert!(years > 1_000, "far ahead: {years} years");
+    // A settle sleeps towards it, without panicking, until it is stopped.
+    let stop = rt.stop_handle();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        stop.stop();
+    });
+    rt.settle().await.unwrap();
+    assert_eq!(
+        rt.context().ledger().get("notify:order:0").unwrap().status(),
+        DeliveryStatus::Failed
+    );
+}
+
+#[test]
+fn policy_delays_stay_finite_for_extreme_settings() {
+    let policies = [
+        RetryPolicy::exponential(Duration::MAX, Duration::MAX),
+        RetryPolicy::exponential(Duration::from_secs(1), Duration::MAX).multiplier(f64::INFINITY),
+        RetryPolicy::exponential(Duration::from_secs(1), Duration::MAX).multiplier(f64::MAX),
+        RetryPolicy::exponential(Duration::ZERO, Duration::MAX).multiplier(f64::INFINITY),
+        RetryPolicy::exponential(Duration::from_secs(1), Duration::from_secs(60)).multiplier(f64::NAN),
+        RetryPolicy::default(),
+    ];
+    for policy in &policies {
+        for attempt in [0, 1, 2, 64, 65, u32::MAX] {
+            let delay = policy.delay("k", attempt);
+            assert!(delay <= Duration::MAX, "{policy:?} {attempt}");
+        }
+    }
+    // NaN growth is no growth; zero start stays zero.
+    let nan = &policies[4];
+    assert!(nan.delay("k", 5) < Duration::from_secs(1));
+    assert_eq!(policies[3].delay("k", 9), Duration::ZERO);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_delivery_timeout_and_grace_of_duration_max_wait_without_panicking() {
+    let dispatcher = |_: Intent| async {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        Ok::<(), DispatchError>(())
+    };
+    let mut rt = Runtime::builder(seeded_orders(1))
+        .agent(Agent::new("billing").produce(process_order()))
+        .dispatcher(dispatcher)
+        .delivery_timeout(Some(Duration::MAX))
+        .shutdown_grace(Duration::MAX)
+        .build()
+        .unwrap();
+    let stop = rt.stop_handle();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        stop.stop();
+    });
+    let began = Instant::now();
+    let report = rt.run().await.unwrap();
+    assert_eq!(report.outcome, TurnOutcome::Stopped);
+    assert_eq!(report.deliveries.delivered, 1, "the grace period outlasts the delivery");
+    assert_eq!(began.elapsed(), Duration::from_secs(60));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_of_duration_max_is_kept_as_far_future() {
+    let dir = std::env::temp_dir().join(format!("reactifact-lease-max-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("state.db");
+    let options = || OpenOptions::new().lease(Duration::MAX);
+    {
+        let mut ctx = Context::open_with(&path, "orders", options()).unwrap();
+        ctx.create("order:1", order("ada", 1)).unwrap();
+        let mut rt = Runtime::builder(ctx)
+            .agent(Agent::new("billing").produce(process_order()))
+            .dispatcher(|_: Intent| std::future::pending::<Result<(), DispatchError>>())
+            .delivery_timeout(None)
+            .build()
+            .unwrap();
+        // The caller gives up on the turn while the delivery is in flight.
+        assert!(tokio::time::timeout(Duration::from_secs(1), rt.run()).await.is_err());
+    }
+    // The durable store still holds it in flight under a lease that has not expired.
+    let ctx = Context::open_with(&path, "orders", options()).unwrap();
+    let entry = ctx.ledger().get("notify:order:1").unwrap();
+    assert_eq!(entry.status(), DeliveryStatus::InFlight);
+    let expires = entry.lease().unwrap().expires_at;
+    assert!(expires > std::time::SystemTime::now() + Duration::from_secs(100 * 365 * 86_400));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_shorter_than_the_backoff_does_not_shorten_it() {
+    let attempts = Attempts::default();
+    let policy = RetryPolicy::exponential(Duration::from_secs(10), Duration::from_secs(60)).max_attempts(3);
+    let zero = || DispatchError::retryable("503").retry_after(Duration::ZERO);
+    let mut rt = Runtime::builder(seeded_orders(1))
+        .agent(Agent::new("billing").produce(process_order()))
+        .dispatcher(fails_once(zero, &attempts))
+        .retry_policy(policy.clone())
+        .build()
+        .unwrap();
+    rt.run().await.unwrap();
+    rt.settle().await.unwrap();
+    let seen = attempts.of("notify:order:0");
+    assert_eq!(seen.len(), 2);
+    let waited = seen[1].1 - seen[0].1;
+    let backoff = policy.delay("notify:order:0", 1);
+    assert!(
+        waited >= backoff && waited < backoff + Duration::from_millis(5),
+        "waited {waited:?}, the backoff is {backoff:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_flapping_503_with_retry_after_zero_does_not_use_up_the_attempts_at_once() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let dispatcher = {
+        let calls = calls.clone();
+        move |_: Intent| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(Err::<(), _>(
+                DispatchError::retryable("503").retry_after(Duration::ZERO),
+            ))
+        }
+    };
+    let mut rt = Runtime::builder(seeded_orders(1))
+        .agent(Agent::new("billing").produce(process_order()))
+        .dispatcher(dispatcher)
+        .retry_policy(RetryPolicy::exponential(Duration::from_secs(1), Duration::from_secs(60)).max_attempts(8))
+        .build()
+        .unwrap();
+    rt.run().await.unwrap();
+    // Ride it out for 3 s: the backoff (0.5 s–1 s, then 1 s–2 s, …) allows at most three
+    // attempts in all, and the intent is still waiting, not dead.
+    let stop = rt.stop_handle();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        stop.stop();
+    });
+    let settled = rt.settle().await.unwrap();
+    assert!(settled.dead.is_empty(), "{settled:?}");
+    assert!(
+        calls.load(Ordering::SeqCst) <= 3,
+        "{} attempts",
+        calls.load(Ordering::SeqCst)
+    );
+    let entry = rt.context().ledger().get("notify:order:0").unwrap();
+    assert_eq!(entry.status(), DeliveryStatus::Failed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_manual_policy_waits_for_retry_whatever_the_hint() {
+    let attempts = Attempts::default();
+    let soon = || DispatchError::retryable("429").retry_after(Duration::from_secs(5));
+    let mut rt = Runtime::builder(seeded_orders(1))
+        .agent(Agent::new("billing").produce(process_order()))
+        .dispatcher(fails_once(soon, &attempts))
+        .retry_policy(RetryPolicy::manual())
+        .build()
+        .unwrap();
+    rt.run().await.unwrap();
+    let entry = rt.context().ledger().get("notify:order:0").unwrap();
+    assert_eq!(
+        (entry.status(), entry.next_attempt_at()),
+        (DeliveryStatus::Failed, None)
+    );
+    assert_eq!(rt.settle().await.unwrap().delivered, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attempts cut off by a stop, a deadline or a dropped turn (issue 12).
+
+#[tokio::test(start_paused = true)]
+async fn a_stop_that_cuts_off_the_only_attempt_leaves_the_intent_due_not_dead() {
+    let attempts = Attempts::default();
+    let dispatcher = {
+        let attempts = attempts.clone();
+        move |intent: Intent| {
+            attempts.record(&intent);
+            let slow = intent.attempt() == 1;
+            async move {
+                if slow {
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                }
+                Ok::<(), DispatchError>(())
+            }
+        }
+    };
+    let mut rt = Runtime::builder(seeded_orders(1))
+        .agent(Agent::new("billing").produce(process_order()))
+        .dispatcher(dispatcher)
+        .retry_policy(RetryPolicy::exponential(Duration::from_secs(60), Duration::from_secs(60)).max_attempts(1))
+        .delivery_timeout(None)
+        .shutdown_grace(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let stop = rt.stop_handle();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        stop.stop();
+    });
+    let report = rt.run().await.unwrap();
+    assert_eq!(report.outcome, TurnOutcome::Stopped);
+    assert!(report.deliveries.dead.is_empty(), "{:?}", report.deliveries.dead);
+    assert!(report.deliveries.failed.is_empty(), "{:?}", report.deliveries.failed);
+    assert_eq!(report.deliveries.interrupted.len(), 1);
+    assert_eq!(report.deliveries.interrupted[0].as_str(), "notify:order:0");
+    assert_eq!(report.deliveries.waiting, 1);
+
+    let ledger = rt.context().ledger();
+    let entry = ledger.get("notify:order:0").unwrap();
+    assert_eq!(entry.status(), DeliveryStatus::Pending, "due again at once");
+    assert_eq!((entry.attempts(), entry.interrupted_attempts()), (1, 1));
+    assert!(entry.last_error().unwrap().contains("the receiver may have seen"));
+
+    // The next flush delivers it with the same key, without waiting out any backoff.
+    let flushed = rt.flush().await.unwrap();
+    assert_eq!(flushed.delivered, 1);
+    let seen = attempts.of("notify:order:0");
+    assert_eq!(seen.iter().map(|(a, _)| *a).collect::<Vec<_>>(), [1, 2]);
+    let entry = rt.context().ledger().get("notify:order:0").unwrap();
+    assert_eq!((entry.status(), entry.attempts()), (DeliveryStatus::Delivered, 2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_attempt_cut_off_by_the_deadline_does_not_count_against_max_attempts() {
+    let dispatcher = |intent: Intent| async move {
+        if intent.attempt() == 1 {
+            std::future::pending::<()>().await;
+        }
+        Err::<(), _>(DispatchError::msg("503 service unavailable"))
+    };
+    let mut rt = Runtime::builder(seeded_orders(1))
+        .agent(Agent::new("billing").produce(process_order()))
+        .dispatcher(dispatcher)
+        .retry_policy(RetryPolicy::exponential(Duration::from_secs(1), Duration::from_secs(1)).max_attempts(2))
+        .delivery_timeout(None)
+        .shutdown_grace(Duration::ZERO)
+        .build()
+        .unwrap();
+    let report = rt
+        .run_with(Budget::default().deadline(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert_eq!(report.outcome, TurnOutcome::DeadlineExceeded);
+    assert_eq!(report.deliveries.interrupted.len(), 1);
+    let entry = rt.context().ledger().get("notify:order:0").unwrap();
+    assert_eq!(entry.status(), DeliveryStatus::Pending);
+
+    // Two real failures make the dead letter; the cut-off attempt was not one of them.
+    let settled = rt.settle().await.unwrap();
+    assert_eq!(settled.failed.len(), 1, "{settled:?}");
+    assert_eq!(settled.failed[0].attempt, 2);
+    assert_eq!(settled.dead.len(), 1, "{settled:?}");
+    assert_eq!(settled.dead[0].attempt, 3);
+    let entry = rt.context().ledger().get("notify:order:0").unwrap();
+    assert_eq!(
+        (entry.status(), entry.attempts(), entry.interrupted_attempts()),
+        (DeliveryStatus::Dead, 3, 1)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_turn_records_finished_outcomes_as_they_finished() {
+    // order:0 is refused with a 400, order:1 fails once with its only attempt, order:2 is
+    // delivered, order:3 hangs until the caller gives up on the turn.
+    let calls = Attempts::default();
+    let dispatcher = {
+        let calls = calls.clone();
+        move |intent: Intent| {
+            calls.record(&intent);
+            let key = intent.key().to_string();
+            let first = intent.attempt() == 1;
+            async move {
+                match key.as_str() {
+                    "notify:order:0" => Err(DispatchError::permanent("400 bad request")),
+                    "notify:order:1" => Err(DispatchError::msg("503 service unavailable")),
+                    "notify:order:3" if first => std::future::pending().await,
+                    _ => Ok(()),
+                }
+            }
+        }
+    };
+    let mut rt = Runtime::builder(seeded_orders(4))
+        .agent(Agent::new("billing").produce(process_order()))
+        .dispatcher(dispatcher)
+        .retry_policy(RetryPolicy::default().max_attempts(1))
+        .delivery_timeout(None)
+        .build()
+        .unwrap();
+    assert!(tokio::time::timeout(Duration::from_secs(1), rt.run()).await.is_err());
+
+    let ledger = rt.context().ledger().clone();
+    let state = |key: &str| {
+        let entry = ledger.get(key).unwrap();
+        (entry.status(), entry.attempts())
+    };
+    assert_eq!(
+        state("notify:order:0"),
+        (DeliveryStatus::Dead, 1),
+        "a 400 is not retried"
+    );
+    assert_eq!(state("notify:order:1"), (DeliveryStatus::Dead, 1), "max_attempts holds");
+    assert_eq!(state("notify:order:2"), (DeliveryStatus::Delivered, 1));
+    assert_eq!(
+        state("notify:order:3"),
+        (DeliveryStatus::Pending, 1),
+        "cut off: due again"
+    );
+    assert_eq!(ledger.get("notify:order:3").unwrap().interrupted_attempts(), 1);
+
+    let flushed = rt.flush().await.unwrap();
+    assert_eq!(flushed.delivered, 1);
+    assert_eq!(calls.of("notify:order:0").len(), 1);
+    assert_eq!(calls.of("notify:order:1").len(), 1);
+    assert_eq!(calls.of("notify:order:3").len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_turn_records_a_kind_without_a_route_as_held() {
+    let router = Router::new().on("audit", |_: ActionCall<u8>| std::future::pending());
+    let audit = Produce::new("audit", |call: ProduceCall<Order>| async move {
+        call.effects.act("audit", format!("audit:{}", call.trigger.id), &1u8);
+    })
+    .creates::<reactifact_core::PendingAction>();
+    let mut rt = Runtime::builder(seeded_orders(1))
+        .agent(Agent::new("billing").produce(process_order()).produce(audit))
+        .dispatcher(router)
+        .delivery_timeout(None)
+        .build()
+        .unwrap();
+    assert!(tokio::time::timeout(Duration::from_secs(1), rt.run()).await.is_err());
+    let ledger = rt.context().ledger();
+    let notify = ledger.get("notify:order:0").unwrap();
+    assert_eq!((notify.status(), notify.attempts()), (DeliveryStatus::Held, 0));
+    let audit = ledger.get("audit:order:0").unwrap();
+    assert_eq!(
+        (audit.status(), audit.interrupted_attempts()),
+        (DeliveryStatus::Pending, 1)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dispatcher_of_its_own_can_hold_an_intent_it_has_no_route_for() {
+    let dispatcher = |intent: Intent| async move {
+        match intent.kind() {
+            "notify" => Err(DispatchError::no_route(format!("no handler for `{}`", intent.kind()))),
+            _ => Ok(()),
+        }
+    };
+    let mut rt = Runtime::builder(seeded_orders(1))
+        .agent(Agent::new("billing").produce(process_order()))
+        .dispatcher(dispatcher)
+        .build()
+        .unwrap();
+    let report = rt.run().await.unwrap();
+    assert_eq!(report.deliveries.held.len(), 1);
+    assert!(report.deliveries.dead.is_empty() && report.deliveries.failed.is_empty());
+    let entry = rt.context().ledger().get("notify:order:0").unwrap();
+    assert_eq!((entry.status(), entry.attempts()), (DeliveryStatus::Held, 0));
+    assert_eq!(entry.last_error(), Some("no handler for `notify`"));
+    assert!(DispatchError::no_route("x").is_no_route());
+    assert!(!DispatchError::msg("x").is_no_route());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_interrupted_attempt_survives_a_reopen_and_still_does_not_count() {
+    let dir = std::env::temp_dir().join(format!("reactifact-interrupted-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("state.db");
+    {
+        let mut ctx = Context::open(&path, "orders").unwrap();
+        ctx.create("order:1", order("ada", 1)).unwrap();
+        let mut rt = Runtime::builder(ctx)
+            .agent(Agent::new("billing").produce(process_order()))
+            .dispatcher(|_: Intent| std::future::pending::<Result<(), DispatchError>>())
+            .delivery_timeout(None)
+            .shutdown_grace(Duration::ZERO)
+            .build()
+            .unwrap();
+        let report = rt
+            .run_with(Budget::default().deadline(Duration::from_secs(1)))
+            .await
+            .unwrap();
+        assert_eq!(report.deliveries.interrupted.len(), 1);
+    }
+    let ctx = Context::open(&path, "orders").unwrap();
+    let entry = ctx.ledger().get("notify:order:1").unwrap();
+    assert_eq!(
+        (entry.status(), entry.attempts(), entry.interrupted_attempts()),
+        (DeliveryStatus::Pending, 1, 1)
+    );
+    // Two failures allowed: the first real one, attempt 2, is not the last.
+    let mut rt = Runtime::builder(ctx)
+        .dispatcher(|_: Intent| async { Err::<(), _>(DispatchError::msg("down")) })
+        .retry_policy(RetryPolicy::default().max_attempts(2))
+        .build()
+        .unwrap();
+    let flushed = rt.flush().await.unwrap();
+    assert_eq!(flushed.failed.len(), 1, "{flushed:?}");
+    assert!(flushed.dead.is_empty());
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -39,7 +39,8 @@ async fn produces_of_one_generation_read_the_same_snapshot() {
     .creates::<Invoice>();
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("a").produce(writer).produce(observer))
-        .build();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.outcome, TurnOutcome::Completed);
     let invoice = rt.context().get::<Invoice>("invoice:1").unwrap().unwrap();
@@ -64,7 +65,10 @@ async fn results_are_collected_in_work_order_whatever_the_completion_order() {
         );
     })
     .creates::<Receipt>();
-    let mut rt = Runtime::builder(ctx).agent(Agent::new("a").produce(slow_first)).build();
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("a").produce(slow_first))
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     let last = rt.context().get::<Receipt>("receipt:last").unwrap().unwrap();
     assert_eq!(last.data.order, "order:4");
@@ -98,7 +102,8 @@ async fn work_is_ordered_by_agent_priority_then_event_then_registration() {
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("low").produce(touch("low_a")).produce(touch("low_b")))
         .agent(Agent::new("high").priority(10).produce(touch("high")))
-        .build();
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     let commit = rt.context().log().last().unwrap();
     let order: Vec<_> = commit
@@ -137,7 +142,8 @@ async fn an_undeclared_output_fails_the_generation_before_anything_is_applied() 
     .creates::<Receipt>();
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("a").produce(sneaky).produce(process_order()))
-        .build();
+        .build()
+        .unwrap();
     let err = rt.run().await.unwrap_err();
     let RunError::Produce { first, others } = &err else {
         panic!("expected a produce error, got {err}");
@@ -179,7 +185,10 @@ async fn a_produce_rewriting_equal_content_does_not_cascade() {
     let echo = Produce::new("echo", |call: ProduceCall<Order>| async move {
         call.effects.update(call.trigger.id.clone(), call.trigger.data.clone());
     });
-    let mut rt = Runtime::builder(ctx).agent(Agent::new("a").produce(echo)).build();
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("a").produce(echo))
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.outcome, TurnOutcome::Completed);
     assert_eq!(report.generations, 1);
@@ -201,7 +210,8 @@ async fn a_cycle_is_stopped_by_the_run_budget() {
     ctx.create("order:1", order("ada", 0)).unwrap();
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("a").produce(ping_pong()))
-        .build();
+        .build()
+        .unwrap();
     let report = rt.run_with(Budget::UNLIMITED.max_runs(5)).await.unwrap();
     assert_eq!(report.outcome, TurnOutcome::RunsExhausted);
     assert_eq!(report.runs, 5);
@@ -239,7 +249,10 @@ async fn a_generation_past_the_deadline_is_cancelled_and_its_events_stay_queued(
         );
     })
     .creates::<Receipt>();
-    let mut rt = Runtime::builder(ctx).agent(Agent::new("a").produce(slow)).build();
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("a").produce(slow))
+        .build()
+        .unwrap();
     let hash = rt.context().state_hash();
     let report = rt
         .run_with(Budget::UNLIMITED.deadline(Duration::from_secs(1)))
@@ -253,6 +266,22 @@ async fn a_generation_past_the_deadline_is_cancelled_and_its_events_stay_queued(
     let report = rt.run().await.unwrap();
     assert_eq!(report.outcome, TurnOutcome::Completed);
     assert!(rt.context().get::<Receipt>("receipt:1").unwrap().is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_of_duration_max_is_no_deadline_not_a_panic() {
+    let mut ctx = Context::new("t");
+    ctx.create("order:1", order("ada", 100)).unwrap();
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("billing").produce(process_order()))
+        .budget(Budget::UNLIMITED.deadline(Duration::MAX))
+        .build()
+        .unwrap();
+    let report = rt.run().await.unwrap();
+    assert_eq!(report.outcome, TurnOutcome::Completed);
+    assert_eq!(report.generations, 1);
+    let report = rt.run_with(Budget::default().deadline(Duration::MAX)).await.unwrap();
+    assert_eq!(report.outcome, TurnOutcome::Completed);
 }
 
 #[tokio::test]
@@ -285,7 +314,8 @@ async fn a_failing_produce_keeps_the_batch_queued_and_a_retry_re_runs_it() {
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("a").produce(flaky).produce(process_order()))
         .dispatcher(recorder.dispatcher())
-        .build();
+        .build()
+        .unwrap();
     let err = rt.run().await.unwrap_err();
     assert!(err.to_string().contains("upstream hiccup"), "{err}");
     // The sibling runs finished (4 runs in all) but nothing was committed or sent.
@@ -324,7 +354,8 @@ async fn isolation_mode_drops_only_the_failing_patch() {
         )
         .produce_errors(ProduceErrors::Isolate)
         .dispatcher(Recorder::default().dispatcher())
-        .build();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.outcome, TurnOutcome::Completed);
     let failed: Vec<_> = report.failed_runs.iter().map(|f| f.produce.as_str()).collect();
@@ -352,7 +383,8 @@ async fn isolation_mode_drops_a_patch_that_does_not_apply() {
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("a").produce(dangling).produce(process_order()))
         .produce_errors(ProduceErrors::Isolate)
-        .build();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.failed_runs.len(), 1);
     assert!(report.failed_runs[0]
@@ -380,7 +412,8 @@ async fn fail_loud_commit_errors_apply_nothing() {
     });
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("a").produce(process_order()).produce(dangling))
-        .build();
+        .build()
+        .unwrap();
     let err = rt.run().await.unwrap_err();
     assert!(err.to_string().contains("produce `dangling`"), "{err}");
     assert_eq!(
@@ -412,7 +445,8 @@ async fn per_agent_and_global_concurrency_limits_hold() {
         .agent(Agent::new("a").concurrency(2).produce(gauge(a_active, a_peak.clone())))
         .agent(Agent::new("b").produce(gauge(b_active, b_peak.clone())))
         .max_concurrency(5)
-        .build();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.runs, 40);
     assert_eq!(a_peak.load(Ordering::SeqCst), 2);
@@ -432,7 +466,10 @@ async fn a_condition_filters_work_against_the_current_state() {
     tx.commit().unwrap();
     let big_only =
         process_order().when(|_snapshot, order: &reactifact_core::Record<Order>| order.data.total_cents > 100);
-    let mut rt = Runtime::builder(ctx).agent(Agent::new("a").produce(big_only)).build();
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("a").produce(big_only))
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.runs, 1);
     assert!(rt.context().get::<Receipt>("receipt:order:big").unwrap().is_some());
@@ -445,7 +482,8 @@ async fn stop_handle_ends_the_turn_with_stopped() {
     ctx.create("order:1", order("ada", 0)).unwrap();
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("a").produce(ping_pong()))
-        .build();
+        .build()
+        .unwrap();
     rt.stop_handle().stop();
     let report = rt.run().await.unwrap();
     assert_eq!(report.outcome, TurnOutcome::Stopped);
@@ -460,7 +498,10 @@ async fn stop_handle_cancels_a_running_generation() {
     let mut ctx = Context::new("t");
     ctx.create("order:1", order("ada", 0)).unwrap();
     let forever = Produce::new("forever", |_call: ProduceCall<Order>| std::future::pending::<()>());
-    let mut rt = Runtime::builder(ctx).agent(Agent::new("a").produce(forever)).build();
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("a").produce(forever))
+        .build()
+        .unwrap();
     let stop = rt.stop_handle();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -478,7 +519,10 @@ async fn produces_with_intents_must_declare_pending_action() {
     let undeclared = Produce::new("undeclared", |call: ProduceCall<Order>| async move {
         call.effects.act("notify", "k", &1u8);
     });
-    let mut rt = Runtime::builder(ctx).agent(Agent::new("a").produce(undeclared)).build();
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("a").produce(undeclared))
+        .build()
+        .unwrap();
     let err = rt.run().await.unwrap_err();
     assert!(err.to_string().contains("pending_action"), "{err}");
     assert!(rt.context().ledger().is_empty());
@@ -492,7 +536,8 @@ async fn an_event_superseded_by_a_later_change_of_its_artifact_runs_nothing() {
     assert_eq!(ctx.queued_events(), 2);
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("a").produce(process_order()))
-        .build();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.runs, 1, "the produce runs once, on the latest version");
     let trigger = rt.context().log().last().unwrap().runs[0].trigger.clone().unwrap();

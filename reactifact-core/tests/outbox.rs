@@ -35,7 +35,8 @@ async fn an_intent_is_delivered_once_after_its_commit() {
                 }
             }
         })
-        .build();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.outcome, TurnOutcome::Completed);
     assert_eq!(report.deliveries.delivered, 1);
@@ -65,7 +66,8 @@ async fn two_agents_reacting_to_one_event_write_one_intent_and_one_delivery() {
         .agent(Agent::new("billing").produce(process_order()))
         .agent(Agent::new("audit").produce(process_order()))
         .dispatcher(recorder.dispatcher())
-        .build();
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     assert_eq!(recorder.sent(), ["notify:order:1"]);
     assert_eq!(rt.context().ledger().len(), 1);
@@ -80,7 +82,8 @@ async fn a_re_run_produce_creates_no_second_intent() {
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(recorder.dispatcher())
-        .build();
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     let action_hash = rt
         .context()
@@ -123,7 +126,10 @@ async fn act_reports_an_existing_intent() {
         })
         .creates::<PendingAction>()
     };
-    let mut rt = Runtime::builder(ctx).agent(Agent::new("a").produce(twice)).build();
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("a").produce(twice))
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     rt.context_mut().update("order:1", order("ada", 2)).unwrap();
     rt.run().await.unwrap();
@@ -157,7 +163,8 @@ async fn a_failed_delivery_is_recorded_and_retry_then_flush_delivers_it_once() {
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
         .delivery_errors(DeliveryErrors::FailLoud)
-        .build();
+        .build()
+        .unwrap();
     let err = rt.run().await.unwrap_err();
     let RunError::Delivery(failure) = &err else {
         panic!("expected a delivery error, got {err}");
@@ -215,7 +222,8 @@ async fn one_failing_delivery_does_not_block_the_others() {
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
-        .build();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.outcome, TurnOutcome::Completed);
     assert_eq!(report.deliveries.delivered, 1);
@@ -236,7 +244,8 @@ async fn a_panicking_dispatcher_is_recorded_as_a_failure() {
             }
             Ok::<(), DispatchError>(())
         })
-        .build();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     let failure = &report.deliveries.failed[0];
     assert_eq!(failure.error, "dispatcher panicked: driver bug");
@@ -254,7 +263,8 @@ async fn intents_committed_without_a_dispatcher_wait_for_flush() {
     ctx.create("order:1", order("ada", 1)).unwrap();
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("billing").produce(process_order()))
-        .build();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.outcome, TurnOutcome::Completed);
     assert_eq!(rt.context().ledger().pending(), 1);
@@ -264,7 +274,8 @@ async fn intents_committed_without_a_dispatcher_wait_for_flush() {
     let recorder = Recorder::default();
     let mut rt = Runtime::builder(rt.into_context())
         .dispatcher(recorder.dispatcher())
-        .build();
+        .build()
+        .unwrap();
     assert_eq!(rt.flush().await.unwrap().delivered, 1);
     assert_eq!(recorder.sent(), ["notify:order:1"]);
 }
@@ -287,7 +298,7 @@ async fn pending_actions_cannot_be_written_directly() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_turn_cancelled_mid_delivery_leaves_a_retryable_failure_not_a_stuck_intent() {
+async fn a_turn_cancelled_mid_delivery_leaves_the_intent_due_again_not_stuck() {
     let mut ctx = Context::new("t");
     ctx.create("order:1", order("ada", 1)).unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
@@ -306,22 +317,25 @@ async fn a_turn_cancelled_mid_delivery_leaves_a_retryable_failure_not_a_stuck_in
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
-        .build();
+        .build()
+        .unwrap();
     let cancelled = tokio::time::timeout(std::time::Duration::from_secs(5), rt.run()).await;
     assert!(
         cancelled.is_err(),
         "the dispatcher never returns, so the caller's timeout fires"
     );
+    // The attempt's outcome is unknown: pending again, due at once, not a failure.
     let entry = rt.context().ledger().get("notify:order:1").unwrap();
-    assert_eq!(entry.status(), DeliveryStatus::Failed);
+    assert_eq!(entry.status(), DeliveryStatus::Pending);
+    assert_eq!(entry.interrupted_attempts(), 1);
     assert!(
         entry.last_error().unwrap().contains("the receiver may have seen"),
         "{:?}",
         entry.last_error()
     );
-    // The receipt's generation committed before the drain; retrying delivers with the same key.
+    // The receipt's generation committed before the drain; the next drain delivers the
+    // intent again with the same key.
     assert!(rt.context().get::<Receipt>("receipt:order:1").unwrap().is_some());
-    rt.retry("notify:order:1").unwrap();
     assert_eq!(rt.flush().await.unwrap().delivered, 1);
     assert_eq!(rt.context().ledger().get("notify:order:1").unwrap().attempts(), 2);
 }
@@ -337,7 +351,7 @@ async fn an_intent_knows_the_run_that_recorded_it_even_after_an_isolated_failure
     let dispatcher = {
         let origins = origins.clone();
         move |intent: Intent| {
-            origins.lock().unwrap().push(intent.origin());
+            origins.lock().unwrap().push(intent.origin().clone());
             async { Ok::<(), DispatchError>(()) }
         }
     };
@@ -345,11 +359,15 @@ async fn an_intent_knows_the_run_that_recorded_it_even_after_an_isolated_failure
         .agent(Agent::new("billing").produce(broken).produce(process_order()))
         .produce_errors(reactifact_core::ProduceErrors::Isolate)
         .dispatcher(dispatcher)
-        .build();
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     // The failed run was dropped from the commit, so the recording run is the first one kept.
-    let (generation, run) = origins.lock().unwrap()[0];
-    let commit = &rt.context().log()[generation.0 as usize - 1];
-    assert_eq!(commit.runs[run].produce.as_deref(), Some("process_order"));
-    assert_eq!(rt.context().intent_origin("notify:order:1"), Some((generation, run)));
+    let origin = origins.lock().unwrap()[0].clone();
+    let commit = rt.context().commit_of(&origin).expect("the commit is in this log");
+    assert_eq!(commit.runs[origin.run()].produce.as_deref(), Some("process_order"));
+    assert_eq!(
+        rt.context().intent_origin("notify:order:1"),
+        Some((origin.generation(), origin.run()))
+    );
 }

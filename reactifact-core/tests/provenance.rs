@@ -37,7 +37,8 @@ async fn flow(ctx: Context, recorder: &Recorder) -> Context {
         .agent(Agent::new("billing").produce(process_order()))
         .agent(Agent::new("mailer").produce(email_customer()))
         .dispatcher(recorder.dispatcher())
-        .build();
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     // A second version of the order: a new email key (new content), the same notify key.
     rt.context_mut().update("order:1", order("ada", 1500)).unwrap();

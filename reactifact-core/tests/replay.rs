@@ -27,7 +27,7 @@ async fn run(ctx: Context, agents: Vec<Agent>, recorder: &Recorder) -> Runtime {
     for agent in agents {
         builder = builder.agent(agent);
     }
-    let mut rt = builder.build();
+    let mut rt = builder.build().unwrap();
     rt.run().await.unwrap();
     rt
 }

@@ -37,6 +37,7 @@ fn runtime(ctx: Context, recorder: &Recorder) -> Runtime {
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(recorder.dispatcher())
         .build()
+        .unwrap()
 }
 
 #[tokio::test]
@@ -86,7 +87,8 @@ async fn queued_events_and_pending_intents_resume_after_reopening() {
         // No dispatcher: the intent of order:1 stays pending; order:2's event stays queued.
         let mut rt = Runtime::builder(ctx)
             .agent(Agent::new("billing").produce(process_order()))
-            .build();
+            .build()
+            .unwrap();
         let report = rt
             .run_with(reactifact_core::Budget::UNLIMITED.max_runs(1))
             .await
@@ -173,7 +175,8 @@ async fn an_in_flight_delivery_whose_lease_expired_is_delivered_again_with_the_s
         let mut rt = Runtime::builder(ctx)
             .agent(Agent::new("billing").produce(process_order()))
             .dispatcher(|_: Intent| std::future::pending::<Result<(), DispatchError>>())
-            .build();
+            .build()
+            .unwrap();
         let gave_up = tokio::time::timeout(Duration::from_millis(200), rt.run()).await;
         assert!(gave_up.is_err());
     }
@@ -219,7 +222,8 @@ async fn a_failed_delivery_and_its_retry_are_durable() {
             .agent(Agent::new("billing").produce(process_order()))
             .dispatcher(|_: Intent| async { Err::<(), _>(DispatchError::msg("smtp down")) })
             .delivery_errors(reactifact_core::DeliveryErrors::FailLoud)
-            .build();
+            .build()
+            .unwrap();
         assert!(matches!(rt.run().await, Err(RunError::Delivery(_))));
     }
     let ctx = Context::open(&path, "orders").unwrap();
@@ -254,6 +258,59 @@ async fn a_second_writer_of_the_same_session_is_refused() {
         "the refused write was rolled back"
     );
     assert_eq!(second.queued_events(), 0);
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Note {
+    text: String,
+}
+
+impl reactifact_core::Artifact for Note {
+    const KIND: &'static str = "note";
+}
+
+#[tokio::test]
+async fn a_stale_copy_cannot_move_the_consumed_events_back() {
+    let dir = TempDir::new("consume-fence");
+    let path = dir.file("state.db");
+    {
+        let mut ctx = Context::open(&path, "orders").unwrap();
+        ctx.create(
+            "note:1",
+            Note {
+                text: "no produce reacts to this".into(),
+            },
+        )
+        .unwrap();
+    }
+    // Two copies of the session, both with the note's event queued.
+    let live = Context::open(&path, "orders").unwrap();
+    let stale = Context::open(&path, "orders").unwrap();
+    let recorder = Recorder::default();
+    let mut rt = runtime(live, &recorder);
+    rt.context_mut().create("order:1", order("ada", 1)).unwrap();
+    rt.run().await.unwrap();
+    assert_eq!(recorder.sent(), ["notify:order:1"]);
+    assert_eq!(rt.context().queued_events(), 0);
+    drop(rt);
+
+    // The stale copy matches the note to no produce and consumes it: that would set the
+    // session's consumed pointer back to before the order's events.
+    let mut stale = runtime(stale, &recorder);
+    let err = stale.run().await.unwrap_err();
+    assert!(
+        matches!(err, RunError::Store(StoreError::Conflict { .. })),
+        "expected a conflict, got {err}"
+    );
+    drop(stale);
+
+    // Nothing runs again.
+    let reopened = Context::open(&path, "orders").unwrap();
+    assert_eq!(reopened.queued_events(), 0, "the consumed events stay consumed");
+    let mut rt = runtime(reopened, &recorder);
+    let report = rt.run().await.unwrap();
+    assert_eq!(report.generations, 0);
+    assert_eq!(recorder.sent(), ["notify:order:1"]);
 }
 
 #[test]
@@ -351,6 +408,21 @@ fn a_newer_schema_is_refused_with_a_clear_error() {
         "{err:?}"
     );
     assert!(err.to_string().contains("upgrade reactifact"), "{err}");
+}
+
+#[test]
+fn a_foreign_file_with_a_negative_schema_version_is_refused_not_a_panic() {
+    let dir = TempDir::new("negative-schema");
+    let path = dir.file("foreign.db");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch("CREATE TABLE notes (body TEXT); PRAGMA user_version = -7;")
+            .unwrap();
+    }
+    let err = Context::open(&path, "orders").unwrap_err();
+    assert!(matches!(err, OpenError::Foreign { .. }), "{err:?}");
+    let err = Context::open_with(&path, "orders", OpenOptions::new().read_only(true)).unwrap_err();
+    assert!(matches!(err, OpenError::Foreign { .. }), "{err:?}");
 }
 
 /// Sets `PRAGMA user_version` with the sqlite3 file format directly: the header's 4-byte

@@ -71,7 +71,8 @@ fn spans_cover_turn_generation_produce_commit_and_delivery_without_payloads() {
             let mut rt = Runtime::builder(ctx)
                 .agent(Agent::new("billing").produce(process_order()))
                 .dispatcher(Recorder::default().dispatcher())
-                .build();
+                .build()
+                .unwrap();
             rt.run().await.unwrap();
         })
     });

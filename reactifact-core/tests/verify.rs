@@ -15,7 +15,8 @@ async fn order_flow(ctx: Context) -> Context {
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(recorder.dispatcher())
-        .build();
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     rt.context_mut().update("order:1", order("ada", 1500)).unwrap();
     rt.run().await.unwrap();
@@ -261,7 +262,18 @@ async fn a_changed_artifact_byte_in_a_stored_commit_fails_opening_at_that_commit
         runs[at + 2] = 0xb1;
     });
     let err = Context::open(&path, "orders").unwrap_err();
-    assert!(matches!(err, OpenError::Corrupt { .. }), "{err:?}");
+    // A program tells the bad commit and the ids it writes from the structured source.
+    let OpenError::Corrupt {
+        source: Some(VerifyError::StateHash { generation, writes, .. }),
+        ..
+    } = &err
+    else {
+        panic!("expected a state-hash mismatch as the source, got {err:?}");
+    };
+    assert_eq!(*generation, Generation(2));
+    assert!(writes.iter().any(|id| id.as_str() == "receipt:order:1"), "{writes:?}");
+    let source = std::error::Error::source(&err).expect("the verify error is the source");
+    assert!(source.downcast_ref::<VerifyError>().is_some());
     let message = err.to_string();
     assert!(
         message.contains("commit 2: replaying it does not give the state hash it recorded"),

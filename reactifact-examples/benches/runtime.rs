@@ -176,6 +176,7 @@ fn generation(bencher: Bencher, k: usize) {
                 .agent(Agent::new("billing").produce(process_order))
                 .budget(Budget::UNLIMITED)
                 .build()
+                .unwrap()
         })
         .bench_local_values(|mut rt| {
             let report = tokio.block_on(rt.run()).expect("turn succeeds");
@@ -197,13 +198,15 @@ fn drain(bencher: Bencher, k: usize) {
             let mut producer = Runtime::builder(seeded(k))
                 .agent(Agent::new("billing").produce(process_order))
                 .budget(Budget::UNLIMITED)
-                .build();
+                .build()
+                .unwrap();
             tokio.block_on(producer.run()).expect("turn succeeds");
             let ctx = producer.into_context();
             assert_eq!(ctx.ledger().pending(), k);
             Runtime::builder(ctx)
                 .dispatcher(counting_dispatcher(count.clone()))
                 .build()
+                .unwrap()
         })
         .bench_local_values(|mut rt| {
             let report = tokio.block_on(rt.flush()).expect("flush succeeds");
@@ -225,6 +228,7 @@ fn turn(bencher: Bencher, k: usize) {
                 .dispatcher(counting_dispatcher(count.clone()))
                 .budget(Budget::UNLIMITED)
                 .build()
+                .unwrap()
         })
         .bench_local_values(|mut rt| {
             let report = tokio.block_on(rt.run()).expect("turn succeeds");
@@ -253,6 +257,7 @@ fn fan_out(bencher: Bencher, k: usize) {
                 .agent(Agent::new("notifier").produce(fan_out.clone()))
                 .budget(Budget::UNLIMITED)
                 .build()
+                .unwrap()
         })
         .bench_local_values(|mut rt| {
             tokio.block_on(rt.run()).expect("turn succeeds");

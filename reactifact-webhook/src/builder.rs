@@ -5,8 +5,9 @@ use std::fmt;
 use std::time::Duration;
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
-use reqwest::{Client, Url};
+use reqwest::{Client, StatusCode, Url};
 
+use crate::classify::Classification;
 use crate::dispatcher::{Inner, Target, ATTEMPT_HEADER, IDEMPOTENCY_KEY, KIND_HEADER};
 use crate::error::BuildError;
 use crate::WebhookDispatcher;
@@ -24,6 +25,7 @@ pub struct WebhookBuilder {
     headers: Vec<(String, String)>,
     timeout: Option<Duration>,
     client: Option<Client>,
+    classes: BTreeMap<u16, Classification>,
 }
 
 /// Shows the kinds routed and the header names only: URLs and header values may hold secrets.
@@ -38,6 +40,7 @@ impl fmt::Debug for WebhookBuilder {
             )
             .field("timeout", &self.timeout)
             .field("client", &self.client.is_some())
+            .field("classify", &self.classes)
             .finish()
     }
 }
@@ -78,7 +81,17 @@ impl WebhookBuilder {
         self
     }
 
-    /// Checks the URLs and headers and builds the dispatcher.
+    /// Classifies answers with `status` as `classification` instead of
+    /// [`Classification::default_for`]; replaces an earlier one for the same status. For a
+    /// receiver that answers 409 for a key it has already processed, say,
+    /// `.classify(409, Classification::Delivered)`; for one whose 503 means "never", say,
+    /// `.classify(503, Classification::Permanent)`. `build` refuses a status outside 100–999.
+    pub fn classify(mut self, status: u16, classification: Classification) -> Self {
+        self.classes.insert(status, classification);
+        self
+    }
+
+    /// Checks the URLs, headers and classified statuses and builds the dispatcher.
     pub fn build(self) -> Result<WebhookDispatcher, BuildError> {
         let own_client = self.client.is_none();
         let default = self.default.map(|url| target(&url, own_client)).transpose()?;
@@ -86,6 +99,14 @@ impl WebhookBuilder {
             .routes
             .into_iter()
             .map(|(kind, url)| Ok((kind, target(&url, own_client)?)))
+            .collect::<Result<_, BuildError>>()?;
+        let classes = self
+            .classes
+            .into_iter()
+            .map(|(status, class)| match StatusCode::from_u16(status) {
+                Ok(code) => Ok((code, class)),
+                Err(_) => Err(BuildError::InvalidStatus { status }),
+            })
             .collect::<Result<_, BuildError>>()?;
         let mut headers = HeaderMap::new();
         for (name, value) in self.headers {
@@ -115,6 +136,7 @@ impl WebhookBuilder {
             routes,
             headers,
             timeout: self.timeout.unwrap_or(DEFAULT_TIMEOUT),
+            classes,
         }))
     }
 }

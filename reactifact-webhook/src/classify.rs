@@ -1,4 +1,4 @@
-//! Turning an HTTP outcome into a delivery outcome: delivered, retryable or permanent.
+//! Turning an HTTP outcome into a delivery outcome: delivered, retryable, permanent or held.
 
 use std::time::{Duration, SystemTime};
 
@@ -13,9 +13,41 @@ const SNIPPET_BYTES: usize = 512;
 /// How many characters of it the message keeps.
 const SNIPPET_CHARS: usize = 200;
 
-/// 408, 429 and 5xx are worth trying again; other failures are not.
-pub(crate) fn is_retryable_status(status: StatusCode) -> bool {
-    status == StatusCode::REQUEST_TIMEOUT || status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error()
+/// What an answer's status means for the delivery. The dispatcher classifies every status with
+/// [`Classification::default_for`] unless [`WebhookBuilder::classify`](crate::WebhookBuilder::classify)
+/// says otherwise for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Classification {
+    /// The receiver has the intent: the delivery is recorded as delivered.
+    Delivered,
+    /// Trying again may help: a retryable [`DispatchError`], retried after the retry policy's
+    /// backoff and no earlier than the answer's `Retry-After`.
+    Retryable,
+    /// Trying again cannot help: a permanent [`DispatchError`]; the intent is dead at once
+    /// (re-armable by hand).
+    Permanent,
+}
+
+impl Classification {
+    /// The default: 2xx is delivered; 408 (request timeout), 409 (conflict: a receiver that
+    /// honours `Idempotency-Key` answers it while a request with the same key is still in
+    /// progress, which a redelivery can cause), 429 (too many requests) and 5xx are
+    /// retryable; every other status (1xx, 3xx, which is not followed, the other 4xx) is
+    /// permanent.
+    pub fn default_for(status: StatusCode) -> Self {
+        if status.is_success() {
+            Classification::Delivered
+        } else if matches!(
+            status,
+            StatusCode::REQUEST_TIMEOUT | StatusCode::CONFLICT | StatusCode::TOO_MANY_REQUESTS
+        ) || status.is_server_error()
+        {
+            Classification::Retryable
+        } else {
+            Classification::Permanent
+        }
+    }
 }
 
 /// `Retry-After` as delta-seconds or an HTTP-date (a date in the past means "now").
@@ -28,10 +60,11 @@ pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     Some(at.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO))
 }
 
-/// The outcome of a response that was not a success, with the start of its body.
-pub(crate) async fn status_error(url: &str, mut response: Response) -> WebhookError {
+/// The error for a response not classified as delivered, with the start of its body and, if
+/// it is retryable, its `Retry-After`.
+pub(crate) async fn status_error(url: &str, mut response: Response, retryable: bool) -> WebhookError {
     let status = response.status();
-    let retry_after = if is_retryable_status(status) {
+    let retry_after = if retryable {
         retry_after(response.headers())
     } else {
         None
@@ -49,6 +82,7 @@ pub(crate) async fn status_error(url: &str, mut response: Response) -> WebhookEr
         status,
         body: snippet(&bytes),
         retry_after,
+        retryable,
     }
 }
 
@@ -104,9 +138,15 @@ fn describe(error: &(dyn std::error::Error + 'static)) -> String {
 }
 
 impl WebhookError {
-    /// The error as the outbox sees it: permanent unless [`is_retryable`](Self::is_retryable),
-    /// carrying the receiver's `Retry-After` as [`DispatchError::retry_after`].
+    /// The error as the outbox sees it: a kind without a URL is
+    /// [`no_route`](DispatchError::no_route) (the intent is held, as a
+    /// [`Router`](reactifact_core::Router) holds a kind it has no route for); otherwise
+    /// permanent unless [`is_retryable`](Self::is_retryable), carrying the receiver's
+    /// `Retry-After` as [`DispatchError::retry_after`].
     pub fn into_dispatch_error(self) -> DispatchError {
+        if matches!(self, WebhookError::NoRoute { .. }) {
+            return DispatchError::no_route(self);
+        }
         if !self.is_retryable() {
             return DispatchError::permanent(self);
         }
@@ -154,16 +194,6 @@ mod tests {
     fn an_unreadable_retry_after_is_ignored() {
         assert_eq!(retry_after(&headers("soon")), None);
         assert_eq!(retry_after(&HeaderMap::new()), None);
-    }
-
-    #[test]
-    fn statuses_are_classified() {
-        for code in [408, 429, 500, 502, 503, 504] {
-            assert!(is_retryable_status(StatusCode::from_u16(code).unwrap()), "{code}");
-        }
-        for code in [301, 400, 401, 403, 404, 409, 410, 413, 422] {
-            assert!(!is_retryable_status(StatusCode::from_u16(code).unwrap()), "{code}");
-        }
     }
 
     #[test]

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use reactifact_core::{DispatchError, Dispatcher, Intent};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
-use reqwest::{Client, Url};
+use reqwest::{Client, StatusCode, Url};
 
 use crate::builder::WebhookBuilder;
-use crate::classify::{status_error, transport_error};
+use crate::classify::{status_error, transport_error, Classification};
 use crate::error::WebhookError;
 use crate::payload::to_json;
 
@@ -37,6 +37,8 @@ pub(crate) struct Inner {
     pub(crate) routes: BTreeMap<String, Target>,
     pub(crate) headers: HeaderMap,
     pub(crate) timeout: Duration,
+    /// Statuses classified otherwise than by default.
+    pub(crate) classes: BTreeMap<StatusCode, Classification>,
 }
 
 /// A URL and the form of it that messages show.
@@ -75,6 +77,7 @@ impl fmt::Debug for WebhookDispatcher {
             .field("routes", &routes)
             .field("headers", &headers)
             .field("timeout", &inner.timeout)
+            .field("classify", &inner.classes)
             .finish_non_exhaustive()
     }
 }
@@ -115,13 +118,23 @@ impl WebhookDispatcher {
         self.inner.timeout
     }
 
+    /// How an answer with `status` is classified: as set with
+    /// [`WebhookBuilder::classify`], else [`Classification::default_for`].
+    pub fn classification(&self, status: StatusCode) -> Classification {
+        self.inner
+            .classes
+            .get(&status)
+            .copied()
+            .unwrap_or_else(|| Classification::default_for(status))
+    }
+
     fn target(&self, kind: &str) -> Option<&Target> {
         self.inner.routes.get(kind).or(self.inner.default.as_ref())
     }
 
-    /// Posts one delivery attempt and classifies the answer: `Ok` for 2xx, otherwise the
-    /// [`WebhookError`] saying why. [`Dispatcher::dispatch`] is this plus
-    /// [`WebhookError::into_dispatch_error`].
+    /// Posts one delivery attempt and classifies the answer: `Ok` for a status classified as
+    /// delivered (2xx by default), otherwise the [`WebhookError`] saying why.
+    /// [`Dispatcher::dispatch`] is this plus [`WebhookError::into_dispatch_error`].
     pub async fn send(&self, outgoing: Outgoing<'_>) -> Result<(), WebhookError> {
         let Outgoing {
             kind,
@@ -153,11 +166,12 @@ impl WebhookDispatcher {
             }
         };
         let status = response.status();
-        if status.is_success() {
+        let class = self.classification(status);
+        if class == Classification::Delivered {
             tracing::debug!(kind, key, attempt, url, status = status.as_u16(), "webhook delivered");
             return Ok(());
         }
-        let error = status_error(url, response).await;
+        let error = status_error(url, response, class == Classification::Retryable).await;
         tracing::debug!(
             kind,
             key,

@@ -21,8 +21,12 @@ pub enum WebhookError {
         status: StatusCode,
         /// The start of the response body, whitespace collapsed (empty if there was none).
         body: String,
-        /// The delay the receiver asked for in `Retry-After`, if any.
+        /// The delay the receiver asked for in `Retry-After`, if any (read only when the status
+        /// is retryable).
         retry_after: Option<Duration>,
+        /// Whether the status is classified as retryable (see
+        /// [`Classification`](crate::Classification)); otherwise it is permanent.
+        retryable: bool,
     },
     /// The receiver did not answer within the request timeout.
     #[error("webhook {url} did not answer within {after:?}")]
@@ -48,7 +52,8 @@ pub enum WebhookError {
         /// What the HTTP client reported.
         reason: String,
     },
-    /// The intent's kind has no URL and the dispatcher has no default URL.
+    /// The intent's kind has no URL and the dispatcher has no default URL. The intent is held,
+    /// not failed: configure a URL and `retry` it.
     #[error("no webhook URL for action kind `{kind}` and no default URL")]
     NoRoute {
         /// The action kind.
@@ -79,10 +84,12 @@ pub enum WebhookError {
 
 impl WebhookError {
     /// Whether trying again can help: timeouts, connection and network errors, and the
-    /// statuses 408, 429 and 5xx. Everything else is permanent.
+    /// statuses classified as retryable (by default 408, 409, 429 and 5xx; see
+    /// [`Classification`](crate::Classification)). A kind without a URL is held (see
+    /// [`into_dispatch_error`](Self::into_dispatch_error)); everything else is permanent.
     pub fn is_retryable(&self) -> bool {
         match self {
-            WebhookError::Status { status, .. } => crate::classify::is_retryable_status(*status),
+            WebhookError::Status { retryable, .. } => *retryable,
             WebhookError::Timeout { .. } | WebhookError::Connect { .. } | WebhookError::Request { .. } => true,
             WebhookError::NoRoute { .. } | WebhookError::Payload { .. } | WebhookError::Header { .. } => false,
         }
@@ -146,6 +153,13 @@ pub enum BuildError {
     ReservedHeader {
         /// The header name as given.
         name: String,
+    },
+    /// A status given to [`WebhookBuilder::classify`](crate::WebhookBuilder::classify) is not
+    /// an HTTP status (100 to 999).
+    #[error("cannot classify status {status}: HTTP statuses run from 100 to 999")]
+    InvalidStatus {
+        /// The status as given.
+        status: u16,
     },
     /// The HTTP client could not be built.
     #[error("building the HTTP client failed: {reason}")]

@@ -17,11 +17,19 @@
 //! The answer decides the outcome:
 //!
 //! - **2xx**: delivered.
-//! - **408, 429, 5xx**, a timeout, a refused or broken connection: a *retryable*
+//! - **408, 409, 429, 5xx**, a timeout, a refused or broken connection: a *retryable*
 //!   [`DispatchError`](reactifact_core::DispatchError); the outbox tries again after its
-//!   backoff, or after the delay in a `Retry-After` header (delta-seconds or an HTTP-date).
-//! - **anything else** (other 4xx, a 3xx, which is not followed), a kind with no URL, or a
-//!   payload with no JSON form: a *permanent* error; the intent goes to the dead letter.
+//!   backoff, and no earlier than the delay in a `Retry-After` header (delta-seconds or an
+//!   HTTP-date). 409 is retried because a receiver that honours `Idempotency-Key` answers it
+//!   while a request with the same key is still in progress, which a redelivery can cause.
+//! - **anything else** (other 4xx, a 3xx, which is not followed), or a payload with no JSON
+//!   form: a *permanent* error; the intent goes to the dead letter.
+//! - a kind with no URL: the intent is *held*
+//!   ([`DispatchError::no_route`](reactifact_core::DispatchError::no_route)), as a `Router`
+//!   holds a kind it has no route for; add the URL and `retry` it.
+//!
+//! [`WebhookBuilder::classify`] classifies a status otherwise, as a [`Classification`]:
+//! `.classify(409, Classification::Delivered)` for a receiver whose 409 means "already done".
 //!
 //! Error messages name the URL (password and query string hidden), the status and the start of
 //! the response body; payloads are never logged. The [`WebhookError`] inside a
@@ -46,7 +54,7 @@
 //!     .header("Authorization", "Bearer s3cret")
 //!     .timeout(Duration::from_secs(10))
 //!     .build()?;
-//! let mut rt = Runtime::builder(ctx).agent(agent).dispatcher(webhook).build();
+//! let mut rt = Runtime::builder(ctx).agent(agent).dispatcher(webhook).build()?;
 //! rt.run().await?;
 //! # Ok(())
 //! # }
@@ -66,6 +74,7 @@ mod error;
 mod payload;
 
 pub use builder::{WebhookBuilder, DEFAULT_TIMEOUT};
+pub use classify::Classification;
 pub use dispatcher::{Outgoing, WebhookDispatcher, ATTEMPT_HEADER, IDEMPOTENCY_KEY, KIND_HEADER};
 pub use error::{BuildError, WebhookError};
 /// The HTTP client crate, re-exported for [`WebhookBuilder::client`].

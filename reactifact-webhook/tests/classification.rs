@@ -6,7 +6,8 @@ mod support;
 use std::time::Duration;
 
 use reactifact_core::DispatchError;
-use reactifact_webhook::{Outgoing, WebhookDispatcher, WebhookError};
+use reactifact_webhook::reqwest::StatusCode;
+use reactifact_webhook::{BuildError, Classification, Outgoing, WebhookDispatcher, WebhookError};
 use serde::Serialize;
 use support::{Reply, Server};
 
@@ -172,16 +173,104 @@ async fn a_server_that_never_answers_times_out_as_retryable() {
 }
 
 #[tokio::test]
-async fn a_kind_without_a_url_is_permanent_and_named() {
+async fn a_kind_without_a_url_is_held_and_named() {
     let server = Server::start(vec![Reply::status(200)]).await;
     let dispatcher = WebhookDispatcher::builder()
         .route("email", server.url("/email"))
         .build()
         .unwrap();
     let error = dispatch(&dispatcher, &payload(), 1).await.unwrap_err();
-    assert!(error.is_permanent(), "{error}");
+    assert!(
+        error.is_no_route(),
+        "held, as a Router holds a kind it has no route for: {error}"
+    );
+    assert!(!error.is_permanent(), "{error}");
     assert!(error.to_string().contains("`notify`"), "{error}");
+    let webhook = error.as_error().downcast_ref::<WebhookError>().unwrap();
+    assert!(matches!(webhook, WebhookError::NoRoute { .. }), "{webhook}");
     assert!(server.received().is_empty());
+}
+
+#[tokio::test]
+async fn a_409_is_retryable_since_the_receiver_may_still_be_processing_the_key() {
+    let server = Server::start(vec![Reply::status(409)
+        .header("retry-after", "3")
+        .body("a request with this idempotency key is in progress")])
+    .await;
+    let dispatcher = WebhookDispatcher::new(server.url("/hook")).unwrap();
+    let error = dispatch(&dispatcher, &payload(), 2).await.unwrap_err();
+    assert!(!error.is_permanent(), "{error}");
+    assert_eq!(error.retry_after_hint(), Some(Duration::from_secs(3)));
+    let webhook = error.as_error().downcast_ref::<WebhookError>().unwrap();
+    assert!(webhook.is_retryable());
+    assert!(error.to_string().contains("in progress"), "{error}");
+}
+
+#[tokio::test]
+async fn statuses_can_be_classified_otherwise() {
+    let server = Server::start(vec![
+        Reply::status(409).body("already processed"),
+        Reply::status(503),
+        Reply::status(422).header("retry-after", "5"),
+        Reply::status(202),
+    ])
+    .await;
+    let dispatcher = WebhookDispatcher::builder()
+        .url(server.url("/hook"))
+        .classify(409, Classification::Delivered)
+        .classify(503, Classification::Permanent)
+        .classify(422, Classification::Retryable)
+        .classify(202, Classification::Retryable)
+        .build()
+        .unwrap();
+    assert_eq!(
+        dispatcher.classification(StatusCode::CONFLICT),
+        Classification::Delivered
+    );
+    assert_eq!(
+        dispatcher.classification(StatusCode::BAD_REQUEST),
+        Classification::Permanent
+    );
+    let payload = payload();
+    dispatch(&dispatcher, &payload, 1).await.unwrap();
+    let error = dispatch(&dispatcher, &payload, 1).await.unwrap_err();
+    assert!(error.is_permanent(), "{error}");
+    let error = dispatch(&dispatcher, &payload, 1).await.unwrap_err();
+    assert!(!error.is_permanent(), "{error}");
+    assert_eq!(error.retry_after_hint(), Some(Duration::from_secs(5)));
+    let error = dispatch(&dispatcher, &payload, 1).await.unwrap_err();
+    assert!(!error.is_permanent() && error.to_string().contains("202"), "{error}");
+    assert_eq!(server.received().len(), 4);
+}
+
+#[test]
+fn the_default_classification_retries_what_may_succeed_later() {
+    let class = |code| Classification::default_for(StatusCode::from_u16(code).unwrap());
+    for code in [200, 201, 204, 299] {
+        assert_eq!(class(code), Classification::Delivered, "{code}");
+    }
+    for code in [408, 409, 429, 500, 502, 503, 504] {
+        assert_eq!(class(code), Classification::Retryable, "{code}");
+    }
+    for code in [100, 301, 304, 400, 401, 403, 404, 410, 413, 422] {
+        assert_eq!(class(code), Classification::Permanent, "{code}");
+    }
+}
+
+#[test]
+fn a_classification_for_a_status_that_does_not_exist_is_refused_at_build() {
+    for code in [0, 99, 1000, u16::MAX] {
+        let error = WebhookDispatcher::builder()
+            .url("http://127.0.0.1:9/hook")
+            .classify(code, Classification::Retryable)
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(error, BuildError::InvalidStatus { status } if status == code),
+            "{error}"
+        );
+        assert!(error.to_string().contains(&code.to_string()), "{error}");
+    }
 }
 
 #[tokio::test]

@@ -2,8 +2,10 @@
 
 mod support;
 
+use std::time::Duration;
+
 use reactifact_core::{
-    Agent, Artifact, Context, DeliveryStatus, PendingAction, Produce, ProduceCall, ProduceError, Runtime,
+    Agent, Artifact, Context, DeliveryStatus, PendingAction, Produce, ProduceCall, ProduceError, RetryPolicy, Runtime,
 };
 use reactifact_webhook::WebhookDispatcher;
 use serde::{Deserialize, Serialize};
@@ -57,7 +59,8 @@ async fn the_outbox_posts_each_intent_once_with_its_key() {
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("a").produce(notify_customer()))
         .dispatcher(webhook)
-        .build();
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     // A second turn has nothing left to deliver.
     rt.run().await.unwrap();
@@ -77,8 +80,13 @@ async fn the_outbox_posts_each_intent_once_with_its_key() {
     }
 }
 
-/// A runtime over one order, whose `notify` intent goes to `server`.
+/// A runtime over one order, whose `notify` intent goes to `server`, retried after 10 ms to
+/// 50 ms (the server is real, so the clock is too).
 fn runtime(server: &Server) -> Runtime {
+    runtime_with(WebhookDispatcher::new(server.url("/hook")).unwrap())
+}
+
+fn runtime_with(webhook: WebhookDispatcher) -> Runtime {
     let mut ctx = Context::new("t");
     let order = Order {
         customer: "ada".to_owned(),
@@ -87,13 +95,32 @@ fn runtime(server: &Server) -> Runtime {
     ctx.create("order:1", order).unwrap();
     Runtime::builder(ctx)
         .agent(Agent::new("a").produce(notify_customer()))
-        .dispatcher(WebhookDispatcher::new(server.url("/hook")).unwrap())
+        .dispatcher(webhook)
+        .retry_policy(RetryPolicy::exponential(
+            Duration::from_millis(10),
+            Duration::from_millis(50),
+        ))
         .build()
+        .unwrap()
+}
+
+/// The (key, attempt) headers of every request the server received.
+fn keys_and_attempts(server: &Server) -> Vec<(String, String)> {
+    server
+        .received()
+        .iter()
+        .map(|r| {
+            (
+                r.header("idempotency-key").unwrap().to_owned(),
+                r.header("x-reactifact-attempt").unwrap().to_owned(),
+            )
+        })
+        .collect()
 }
 
 #[tokio::test]
 async fn an_outage_is_ridden_out_with_the_same_key_and_the_receivers_retry_after() {
-    // `Retry-After: 0` makes each retry due at once, so `settle` takes no backoff time.
+    // `Retry-After: 0` does not hurry a retry: the policy's short backoff still applies.
     let busy = Reply::status(503).header("retry-after", "0").body("busy");
     let server = Server::start(vec![busy.clone(), busy, Reply::status(200)]).await;
     let mut rt = runtime(&server);
@@ -138,4 +165,43 @@ async fn a_400_sends_the_intent_to_the_dead_letter_after_one_post() {
     assert_eq!(delivery.attempts(), 1);
     assert!(delivery.last_error().unwrap().contains("unknown customer"));
     assert_eq!(server.received().len(), 1);
+}
+
+#[tokio::test]
+async fn a_409_for_a_key_still_in_progress_is_retried_with_the_same_key() {
+    let in_progress = Reply::status(409).body("a request with this key is in progress");
+    let server = Server::start(vec![in_progress, Reply::status(200)]).await;
+    let mut rt = runtime(&server);
+    rt.run().await.unwrap();
+    let delivery = rt.context().ledger().get("notify:order:1").unwrap();
+    assert_eq!(delivery.status(), DeliveryStatus::Failed, "retried, not dead");
+    assert!(delivery.next_attempt_at().is_some());
+    rt.settle().await.unwrap();
+    let delivery = rt.context().ledger().get("notify:order:1").unwrap();
+    assert_eq!((delivery.status(), delivery.attempts()), (DeliveryStatus::Delivered, 2));
+    let sent = keys_and_attempts(&server);
+    assert_eq!(
+        sent,
+        [
+            ("notify:order:1".into(), "1".into()),
+            ("notify:order:1".into(), "2".into())
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_kind_without_a_url_is_held_in_the_ledger_not_dead() {
+    let server = Server::start(vec![Reply::status(200)]).await;
+    let webhook = WebhookDispatcher::builder()
+        .route("email", server.url("/email"))
+        .build()
+        .unwrap();
+    let mut rt = runtime_with(webhook);
+    let report = rt.run().await.unwrap();
+    assert_eq!(report.deliveries.held.len(), 1);
+    assert!(report.deliveries.dead.is_empty(), "{:?}", report.deliveries.dead);
+    let delivery = rt.context().ledger().get("notify:order:1").unwrap();
+    assert_eq!((delivery.status(), delivery.attempts()), (DeliveryStatus::Held, 0));
+    assert!(delivery.last_error().unwrap().contains("`notify`"));
+    assert!(server.received().is_empty());
 }

@@ -117,7 +117,7 @@ async fn order_flow(ctx: Context, log: Option<PathBuf>) -> Context {
     if let Some(log) = log {
         builder = builder.dispatcher(appending_dispatcher(log));
     }
-    let mut rt = builder.build();
+    let mut rt = builder.build().unwrap();
     // Intents or events a crashed process left are finished first.
     rt.run_with(Budget::UNLIMITED).await.unwrap();
     for b in 0..ORDERS / BATCH {

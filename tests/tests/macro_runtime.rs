@@ -111,7 +111,8 @@ async fn a_macro_built_produce_runs_commits_and_delivers_its_intents() {
     let mut rt = Runtime::builder(seeded())
         .agent(Agent::new("billing").produce(process_order))
         .dispatcher(dispatcher)
-        .build();
+        .build()
+        .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.outcome, TurnOutcome::Completed);
     assert_eq!(report.runs, 2);
@@ -136,7 +137,8 @@ async fn a_macro_built_produce_runs_commits_and_delivers_its_intents() {
 async fn the_condition_and_the_name_option_reach_the_runtime() {
     let mut rt = Runtime::builder(seeded())
         .agent(Agent::new("risk").produce(review))
-        .build();
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     assert!(rt.context().get::<Review>("review:order:1").unwrap().is_none());
     assert!(rt.context().get::<Review>("review:order:2").unwrap().is_some());
@@ -155,7 +157,8 @@ async fn the_runtime_still_rejects_undeclared_outputs_of_hand_built_produces() {
     .creates::<Receipt>();
     let mut rt = Runtime::builder(seeded())
         .agent(Agent::new("billing").produce(process_order).produce(unchecked))
-        .build();
+        .build()
+        .unwrap();
     let before = rt.context().state_hash();
     let error = rt.run().await.unwrap_err();
     let RunError::Produce { first: failure, .. } = &error else {
@@ -167,4 +170,70 @@ async fn the_runtime_still_rejects_undeclared_outputs_of_hand_built_produces() {
         "{error}"
     );
     assert_eq!(rt.context().state_hash(), before);
+}
+
+/// Two types named alike in two modules: their derived kinds are both `invoice`.
+mod billing {
+    use super::*;
+
+    #[derive(Serialize, Deserialize, Artifact)]
+    pub struct Invoice {
+        pub cents: u64,
+    }
+}
+
+mod tax {
+    use super::*;
+
+    #[derive(Serialize, Deserialize, Artifact)]
+    pub struct Invoice {
+        pub rate: u32,
+    }
+
+    #[derive(Serialize, Deserialize, Artifact)]
+    #[artifact(kind = "tax.invoice")]
+    pub struct TaxInvoice {
+        pub rate: u32,
+    }
+}
+
+#[produce(billing::Invoice)]
+async fn bill(call: ProduceCall<Order>) {
+    call.effects
+        .create(format!("invoice:{}", call.trigger.id), billing::Invoice { cents: 1 });
+}
+
+#[produce]
+async fn assess(call: ProduceCall<tax::Invoice>) {
+    let _ = call;
+}
+
+#[produce]
+async fn assess_own_kind(call: ProduceCall<tax::TaxInvoice>) {
+    let _ = call;
+}
+
+#[test]
+fn a_declared_output_and_a_trigger_of_one_derived_kind_are_refused_at_build() {
+    let error = Runtime::builder(Context::new("kinds"))
+        .agent(Agent::new("billing").produce(bill))
+        .agent(Agent::new("tax").produce(assess))
+        .build()
+        .unwrap_err();
+    let message = error.to_string();
+    assert!(message.contains("`invoice`"), "{message}");
+    assert!(
+        message.contains("billing::Invoice") && message.contains("tax::Invoice"),
+        "{message}"
+    );
+    assert!(message.contains("#[artifact(kind = \"...\")]"), "{message}");
+}
+
+#[test]
+fn a_kind_of_its_own_resolves_the_collision() {
+    let built = Runtime::builder(Context::new("kinds"))
+        .agent(Agent::new("billing").produce(bill))
+        .agent(Agent::new("tax").produce(assess_own_kind))
+        .build();
+    assert!(built.is_ok(), "{:?}", built.err());
 }

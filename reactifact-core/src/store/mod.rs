@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use crate::commit::Commit;
 use crate::ledger::Delivery;
+use crate::verify::VerifyError;
 
 pub(crate) use sqlite::SqliteStore;
 
@@ -73,8 +74,28 @@ pub enum OpenError {
     Corrupt {
         /// The path opened.
         path: PathBuf,
-        /// What is wrong.
+        /// What is wrong, in words (for a log that does not verify, the message of `source`).
         detail: String,
+        /// The failed check, when the log decodes but does not verify: it names the commit
+        /// and, where one is at fault, the artifact or intent, so a program can tell which
+        /// commit is bad without parsing `detail`. `None` when the file itself is damaged or
+        /// its rows do not decode.
+        #[source]
+        source: Option<VerifyError>,
+    },
+    /// The file is a SQLite database that reactifact did not write (tables of another program,
+    /// or a schema version no reactifact writes); nothing in it was changed.
+    #[error("{path} is a SQLite database of another program, not a reactifact store; it was left as it was")]
+    Foreign {
+        /// The path opened.
+        path: PathBuf,
+    },
+    /// The file cannot be written (a read-only file or medium), and it was not opened
+    /// read-only.
+    #[error("{path} cannot be written (a read-only file or medium); open it with `OpenOptions::read_only` to read it")]
+    ReadOnlyFile {
+        /// The path opened.
+        path: PathBuf,
     },
     /// The file was written by a newer reactifact.
     #[error("{path} has schema version {found}, newer than the {supported} this reactifact supports; upgrade reactifact to open it")]
@@ -85,6 +106,13 @@ pub enum OpenError {
         found: i64,
         /// The newest schema version this build knows.
         supported: i64,
+    },
+    /// The file does not exist and the context was opened read-only (or with
+    /// [`OpenOptions::create`] off); nothing was created.
+    #[error("{path} does not exist; open it with `OpenOptions::create` (the default) to start a new store there")]
+    NoSuchFile {
+        /// The path opened.
+        path: PathBuf,
     },
     /// The session does not exist and the context was opened read-only (or with
     /// [`OpenOptions::create`] off).
@@ -169,7 +197,8 @@ impl OpenOptions {
 
     /// How long an in-flight delivery is leased to this process. An intent still in flight
     /// when its lease has expired is put back to pending at the next open, and delivered
-    /// again with the same idempotency key. Make it longer than any dispatch takes.
+    /// again with the same idempotency key. Make it longer than any dispatch takes. Any
+    /// duration is accepted: a lease ending past the year 9999 ends then.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
@@ -192,7 +221,7 @@ pub(crate) struct CommitDelta<'a> {
 }
 
 /// A durable home for one session of a context.
-pub(crate) trait Store: Send {
+pub(crate) trait Store: Send + Sync {
     /// Persists one commit in one transaction: all of it or none of it.
     fn commit(&mut self, delta: &CommitDelta<'_>) -> Result<(), StoreError>;
 
@@ -227,6 +256,4 @@ pub(crate) struct Loaded {
     pub(crate) consumed_seq: u64,
     /// The file's ledger, in registration order.
     pub(crate) deliveries: Vec<Delivery>,
-    /// Intents whose lease had expired and were put back to pending.
-    pub(crate) reclaimed: usize,
 }

@@ -10,7 +10,7 @@
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use super::codec;
 use super::{CommitDelta, Loaded, OpenError, OpenOptions, Store, StoreError, Synchronous};
-use crate::action::{ActionKey, Intent};
+use crate::action::{ActionKey, Intent, Origin};
 use crate::artifact::Generation;
 use crate::commit::Commit;
 use crate::hash::{CommitHash, StateHash};
@@ -90,15 +90,36 @@ struct DeliveryRow<'a> {
     updated_at: i64,
     delivered_at: Option<i64>,
     next_attempt_at: Option<i64>,
+    /// Attempts cut off before their outcome was known; absent from rows written before it
+    /// was kept.
+    #[serde(default)]
+    interrupted: u32,
+}
+
+/// The store's connection, behind a mutex so that the store is `Sync` (a rusqlite
+/// `Connection` is `Send` but not `Sync`). Everything but a fork reaches it through `&mut`,
+/// without locking.
+struct Conn(Mutex<Connection>);
+
+impl Conn {
+    fn get(&mut self) -> &mut Connection {
+        self.0.get_mut().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Connection> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 pub(crate) struct SqliteStore {
-    conn: Connection,
+    conn: Conn,
     path: PathBuf,
     session: String,
     read_only: bool,
     /// The session's generation as this store last wrote or read it: commits are fenced on it.
     generation: u64,
+    /// The session has no row yet: [`SqliteStore::settle_open`] writes it.
+    new_session: bool,
 }
 
 fn millis(t: SystemTime) -> i64 {
@@ -140,11 +161,20 @@ fn digest(bytes: &[u8], what: &str) -> Result<[u8; 32], String> {
 
 /// Maps a SQLite error met while opening to what the user should hear.
 fn open_error(path: &Path, e: rusqlite::Error) -> OpenError {
+    // A read past the end of the file: it was cut short.
+    const SQLITE_IOERR_SHORT_READ: i32 = 522;
+    let short_read = matches!(&e, rusqlite::Error::SqliteFailure(f, _) if f.extended_code == SQLITE_IOERR_SHORT_READ);
     match e.sqlite_error_code() {
         Some(ErrorCode::NotADatabase) => OpenError::NotADatabase { path: path.into() },
         Some(ErrorCode::DatabaseCorrupt) => OpenError::Corrupt {
             path: path.into(),
             detail: e.to_string(),
+            source: None,
+        },
+        _ if short_read => OpenError::Corrupt {
+            path: path.into(),
+            detail: e.to_string(),
+            source: None,
         },
         _ => OpenError::Sqlite {
             path: path.into(),
@@ -168,6 +198,7 @@ fn encode_deliveries(entries: &mut dyn Iterator<Item = &Delivery>) -> Vec<u8> {
             updated_at: millis(d.updated_at),
             delivered_at: d.delivered_at.map(millis),
             next_attempt_at: d.next_attempt_at.map(millis),
+            interrupted: d.interrupted,
         })
         .collect();
     rmp_serde::to_vec(&rows).expect("ledger entries always encode")
@@ -175,25 +206,45 @@ fn encode_deliveries(entries: &mut dyn Iterator<Item = &Delivery>) -> Vec<u8> {
 
 impl SqliteStore {
     /// Opens (or creates) the file and the session and loads the session.
+    ///
+    /// Nothing is written before the file is known to be one of ours (or new and empty), and
+    /// nothing at all with [`OpenOptions::read_only`] or when the open is refused: a new
+    /// session and the reclaim of expired leases are written by [`SqliteStore::settle_open`],
+    /// once the log has verified.
     pub(crate) fn open(path: &Path, session: &str, options: &OpenOptions) -> Result<(SqliteStore, Loaded), OpenError> {
-        let flags = if options.read_only {
-            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
-        } else {
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        let size = match std::fs::metadata(path) {
+            Ok(metadata) => Some(metadata.len()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            // Let SQLite name what is wrong (a permission, a directory).
+            Err(_) => Some(u64::MAX),
         };
-        let mut conn = Connection::open_with_flags(path, flags).map_err(|e| open_error(path, e))?;
+        let creating = options.create && !options.read_only;
+        match size {
+            None if !creating => return Err(OpenError::NoSuchFile { path: path.into() }),
+            Some(0) if !creating => {
+                return Err(OpenError::NoSuchSession {
+                    path: path.into(),
+                    session: session.into(),
+                })
+            }
+            _ => {}
+        }
+        if let Some(size @ 1..) = size.filter(|&size| size != u64::MAX) {
+            check_header(path, size)?;
+        }
+        let mut conn = if options.read_only {
+            open_read_only(path)?
+        } else {
+            let flags =
+                OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+            Connection::open_with_flags(path, flags).map_err(|e| open_error(path, e))?
+        };
         conn.busy_timeout(Duration::from_secs(5))
             .map_err(|e| open_error(path, e))?;
-        let version: i64 = conn
-            .query_row("PRAGMA user_version", [], |row| row.get(0))
-            .map_err(|e| open_error(path, e))?;
-        if version > SCHEMA_VERSION {
-            return Err(OpenError::NewerSchema {
-                path: path.into(),
-                found: version,
-                supported: SCHEMA_VERSION,
-            });
+        if !options.read_only && conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
+            return Err(OpenError::ReadOnlyFile { path: path.into() });
         }
+        let version = schema_version(&conn, path)?;
         if options.read_only {
             if version < SCHEMA_VERSION {
                 return Err(OpenError::NoSuchSession {
@@ -202,17 +253,8 @@ impl SqliteStore {
                 });
             }
         } else {
-            conn.pragma_update(None, "journal_mode", "WAL")
-                .map_err(|e| open_error(path, e))?;
-            let sync = match options.synchronous {
-                Synchronous::Full => "FULL",
-                Synchronous::Normal => "NORMAL",
-            };
-            conn.pragma_update(None, "synchronous", sync)
-                .map_err(|e| open_error(path, e))?;
-            migrate(&mut conn, version).map_err(|e| open_error(path, e))?;
+            prepare_for_writing(&mut conn, options, version, path)?;
         }
-
         let row: Option<(u64, u64)> = conn
             .query_row(
                 "SELECT generation, consumed_seq FROM sessions WHERE name = ?1",
@@ -221,17 +263,9 @@ impl SqliteStore {
             )
             .optional()
             .map_err(|e| open_error(path, e))?;
-        let (generation, consumed_seq) = match row {
-            Some(row) => row,
-            None if options.create && !options.read_only => {
-                conn.execute(
-                    "INSERT INTO sessions (name, generation, head, consumed_seq, created_at)
-                     VALUES (?1, 0, NULL, 0, ?2)",
-                    params![session, millis(SystemTime::now())],
-                )
-                .map_err(|e| open_error(path, e))?;
-                (0, 0)
-            }
+        let (generation, consumed_seq, new_session) = match row {
+            Some((generation, consumed_seq)) => (generation, consumed_seq, false),
+            None if creating => (0, 0, true),
             None => {
                 return Err(OpenError::NoSuchSession {
                     path: path.into(),
@@ -241,29 +275,29 @@ impl SqliteStore {
         };
 
         let mut store = SqliteStore {
-            conn,
+            conn: Conn(Mutex::new(conn)),
             path: path.into(),
             session: session.into(),
             read_only: options.read_only,
             generation,
+            new_session,
         };
         let corrupt = |e: LoadError| match e {
             LoadError::Sqlite(e) => open_error(path, e),
             LoadError::Corrupt(detail) => OpenError::Corrupt {
                 path: path.into(),
                 detail,
+                source: None,
             },
         };
-        let commits = store.load_commits().map_err(corrupt)?;
-        let foreign = store.load_foreign(&commits).map_err(corrupt)?;
-        let mut deliveries = store.load_ledger().map_err(corrupt)?;
-        let reclaimed = if options.read_only {
-            0
+        // A session without a row has no log yet.
+        let commits = if new_session {
+            Vec::new()
         } else {
-            store
-                .reclaim_expired_leases(&mut deliveries)
-                .map_err(|e| open_error(path, e))?
+            store.load_commits().map_err(corrupt)?
         };
+        let foreign = store.load_foreign(&commits).map_err(corrupt)?;
+        let deliveries = store.load_ledger().map_err(corrupt)?;
         Ok((
             store,
             Loaded {
@@ -271,9 +305,31 @@ impl SqliteStore {
                 foreign,
                 consumed_seq,
                 deliveries,
-                reclaimed,
             },
         ))
+    }
+
+    /// The writes of an open, once the loaded log has verified: the new session's row, and
+    /// the expired leases put back to pending (returns how many). Nothing for a read-only open.
+    pub(crate) fn settle_open(&mut self, deliveries: &mut [Delivery]) -> Result<usize, OpenError> {
+        if self.read_only {
+            return Ok(0);
+        }
+        if self.new_session {
+            // Another process may create the same session at the same time: either row is
+            // the same empty session.
+            self.conn
+                .get()
+                .execute(
+                    "INSERT OR IGNORE INTO sessions (name, generation, head, consumed_seq, created_at)
+                     VALUES (?1, 0, NULL, 0, ?2)",
+                    params![self.session, millis(SystemTime::now())],
+                )
+                .map_err(|e| open_error(&self.path, e))?;
+            self.new_session = false;
+        }
+        self.reclaim_expired_leases(deliveries)
+            .map_err(|e| open_error(&self.path, e))
     }
 
     /// The session's log, oldest first. A branch's log is its parent's up to the fork (read
@@ -286,6 +342,7 @@ impl SqliteStore {
             let (session, _) = chain.last().expect("the chain starts with this session");
             let fork: Option<(Option<String>, Option<u64>)> = self
                 .conn
+                .get()
                 .query_row(
                     "SELECT parent, fork_generation FROM sessions WHERE name = ?1",
                     [session.as_str()],
@@ -306,7 +363,7 @@ impl SqliteStore {
         // Each session contributes the commits after its parent's fork point, up to where its
         // child forked.
         let mut commits = Vec::new();
-        let mut stmt = self.conn.prepare(&format!(
+        let mut stmt = self.conn.get().prepare(&format!(
             "SELECT {COMMIT_COLUMNS} FROM commits
              WHERE session = ?1 AND generation > ?2 AND generation <= ?3 ORDER BY generation"
         ))?;
@@ -343,13 +400,16 @@ impl SqliteStore {
         let own: HashSet<CommitHash> = log.iter().map(|c| c.hash).collect();
         let mut located: HashMap<Vec<u8>, (String, u64)> = HashMap::new();
         {
-            let mut stmt = self.conn.prepare("SELECT hash, session, generation FROM commits")?;
+            let mut stmt = self
+                .conn
+                .get()
+                .prepare("SELECT hash, session, generation FROM commits")?;
             let mut rows = stmt.query([])?;
             while let Some(row) = rows.next()? {
                 located.insert(row.get(0)?, (row.get(1)?, row.get(2)?));
             }
         }
-        let mut stmt = self.conn.prepare(&format!(
+        let mut stmt = self.conn.get().prepare(&format!(
             "SELECT {COMMIT_COLUMNS} FROM commits WHERE session = ?1 AND generation = ?2"
         ))?;
         let mut found: HashMap<CommitHash, Commit> = HashMap::new();
@@ -382,11 +442,18 @@ impl SqliteStore {
         let mut index: foldhash::HashMap<ActionKey, usize> = foldhash::HashMap::default();
         let mut stmt = self
             .conn
-            .prepare("SELECT generation, intents FROM commits WHERE intents IS NOT NULL ORDER BY seq")?;
+            .get()
+            .prepare("SELECT session, generation, hash, intents FROM commits WHERE intents IS NOT NULL ORDER BY seq")?;
         let mut rows = stmt.query([])?;
+        let mut session: Arc<str> = Arc::from("");
         while let Some(row) = rows.next()? {
-            let generation = Generation(row.get(0)?);
-            let intents: Vec<IntentRow<'_>> = rmp_serde::from_slice(row.get_ref(1)?.as_blob()?)
+            let name = row.get_ref(0)?.as_str()?;
+            if *session != *name {
+                session = Arc::from(name);
+            }
+            let generation = Generation(row.get(1)?);
+            let commit = CommitHash(digest(row.get_ref(2)?.as_blob()?, "a commit's hash").map_err(LoadError::Corrupt)?);
+            let intents: Vec<IntentRow<'_>> = rmp_serde::from_slice(row.get_ref(3)?.as_blob()?)
                 .map_err(|e| LoadError::Corrupt(format!("the intents of a commit do not decode: {e}")))?;
             for intent in intents {
                 let key = ActionKey::from(&*intent.key);
@@ -399,8 +466,12 @@ impl SqliteStore {
                         key,
                         kind: Arc::from(&*intent.kind),
                         payload: Arc::from(&*intent.payload),
-                        generation,
-                        run: intent.run,
+                        origin: Origin {
+                            session: session.clone(),
+                            commit,
+                            generation,
+                            run: intent.run,
+                        },
                         attempt: 0,
                     },
                     from_millis(intent.recorded_at),
@@ -410,7 +481,7 @@ impl SqliteStore {
         drop(rows);
         drop(stmt);
 
-        let mut stmt = self.conn.prepare("SELECT entries FROM deliveries ORDER BY seq")?;
+        let mut stmt = self.conn.get().prepare("SELECT entries FROM deliveries ORDER BY seq")?;
         let mut rows = stmt.query([])?;
         while let Some(row) = rows.next()? {
             let written: Vec<DeliveryRow<'_>> = rmp_serde::from_slice(row.get_ref(0)?.as_blob()?)
@@ -436,6 +507,7 @@ impl SqliteStore {
                     expires_at: from_millis(expires),
                 });
                 entry.expired_leases = state.expired_leases;
+                entry.interrupted = state.interrupted;
                 entry.updated_at = from_millis(state.updated_at);
                 entry.delivered_at = state.delivered_at.map(from_millis);
                 entry.next_attempt_at = state.next_attempt_at.map(from_millis);
@@ -478,6 +550,7 @@ impl SqliteStore {
 
     fn insert_deliveries(&mut self, entries: &mut dyn Iterator<Item = &Delivery>) -> Result<(), rusqlite::Error> {
         self.conn
+            .get()
             .prepare_cached("INSERT INTO deliveries (written_at, entries) VALUES (?1, ?2)")?
             .execute(params![millis(SystemTime::now()), encode_deliveries(entries)])?;
         Ok(())
@@ -502,12 +575,17 @@ impl SqliteStore {
 
     /// Writes one commit; `Ok(false)` if another writer advanced the session.
     fn write_commit(&mut self, delta: &CommitDelta<'_>) -> Result<bool, rusqlite::Error> {
-        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let tx = self
+            .conn
+            .get()
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let commit = delta.commit;
         let fenced = tx
             .prepare_cached(
+                // Fenced on the generation this context loaded or last committed, and on the
+                // consumed events never moving back (a stale copy would run them again).
                 "UPDATE sessions SET generation = ?1, head = ?2, consumed_seq = ?3
-                 WHERE name = ?4 AND generation = ?5",
+                 WHERE name = ?4 AND generation = ?5 AND consumed_seq <= ?3",
             )?
             .execute(params![
                 commit.generation.0,
@@ -528,7 +606,7 @@ impl SqliteStore {
                     kind: Cow::Borrowed(&d.intent.kind),
                     payload: Cow::Borrowed(&d.intent.payload),
                     recorded_at: millis(d.recorded_at),
-                    run: d.intent.run,
+                    run: d.intent.origin.run,
                 })
                 .collect();
             rmp_serde::to_vec(&rows).expect("intents always encode")
@@ -553,18 +631,169 @@ impl SqliteStore {
     }
 }
 
-fn migrate(conn: &mut Connection, from: i64) -> Result<(), rusqlite::Error> {
+/// Refuses a non-empty file that is not a whole SQLite database before SQLite sees it: one
+/// that does not start with the SQLite magic, or is shorter than its header, or — when no
+/// process has it open (no `-wal` beside it) — shorter than the size its header records.
+/// SQLite itself would take a file shorter than its header for a new database and write one,
+/// and read a file cut after its last page in use as if nothing were missing.
+fn check_header(path: &Path, size: u64) -> Result<(), OpenError> {
+    const MAGIC: &[u8; 16] = b"SQLite format 3\0";
+    let mut header = [0u8; 100];
+    let read = std::fs::File::open(path).and_then(|mut file| {
+        use std::io::Read;
+        let mut filled = 0;
+        while filled < header.len() {
+            match file.read(&mut header[filled..])? {
+                0 => break,
+                n => filled += n,
+            }
+        }
+        Ok(filled)
+    });
+    let Ok(read) = read else {
+        return Ok(()); // SQLite reports why it cannot be read.
+    };
+    if header[..read.min(MAGIC.len())] != MAGIC[..read.min(MAGIC.len())] {
+        return Err(OpenError::NotADatabase { path: path.into() });
+    }
+    let truncated = |detail: String| OpenError::Corrupt {
+        path: path.into(),
+        detail,
+        source: None,
+    };
+    if read < header.len() {
+        return Err(truncated(format!(
+            "the file is truncated: {size} bytes, shorter than a SQLite header"
+        )));
+    }
+    let field = |at: usize| u32::from_be_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]]);
+    let page_size = match u16::from_be_bytes([header[16], header[17]]) {
+        1 => 65_536,
+        n => u64::from(n),
+    };
+    // The page count is valid when the "version valid for" matches the change counter.
+    let recorded = (field(92) == field(24)).then(|| page_size * u64::from(field(28)));
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    if let Some(recorded) = recorded.filter(|&recorded| size < recorded) {
+        if !Path::new(&wal).exists() {
+            return Err(truncated(format!(
+                "the file is truncated: {size} bytes, its header records {recorded}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Opens the file read-only without leaving anything behind. A WAL-mode file that no process
+/// has open (no `-wal` file beside it) is read as immutable: SQLite then creates no `-wal` or
+/// `-shm` file, which also makes read-only media work. A file with a `-wal` (a writer has it
+/// open, or one crashed) is read through its WAL.
+fn open_read_only(path: &Path) -> Result<Connection, OpenError> {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let opened = if Path::new(&wal).exists() {
+        Connection::open_with_flags(path, flags)
+    } else {
+        Connection::open_with_flags(immutable_uri(path), flags | OpenFlags::SQLITE_OPEN_URI)
+    };
+    opened.map_err(|e| open_error(path, e))
+}
+
+/// `file:{path}?immutable=1`, the path percent-encoded.
+fn immutable_uri(path: &Path) -> String {
+    let mut uri = String::from("file:");
+    for &byte in path.as_os_str().as_encoded_bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~/".contains(&byte) {
+            uri.push(char::from(byte));
+        } else {
+            uri.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    uri.push_str("?immutable=1");
+    uri
+}
+
+/// The file's schema version, refusing what reactifact did not write: a negative or newer
+/// version, tables of another program in a file without a version, or a version without
+/// reactifact's tables. `0` is a new, empty database.
+fn schema_version(conn: &Connection, path: &Path) -> Result<i64, OpenError> {
+    // One statement, one snapshot: another process may be creating the schema right now.
+    let (version, objects, ours): (i64, i64, i64) = conn
+        .query_row(
+            "SELECT (SELECT user_version FROM pragma_user_version), count(*),
+                    count(CASE WHEN type = 'table' AND name IN ('sessions', 'commits', 'deliveries') THEN 1 END)
+             FROM sqlite_master",
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+        )
+        .map_err(|e| open_error(path, e))?;
+    if version > SCHEMA_VERSION {
+        return Err(OpenError::NewerSchema {
+            path: path.into(),
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    let foreign = match version {
+        ..0 => true,
+        0 => objects > 0,
+        _ => ours < 3,
+    };
+    if foreign {
+        return Err(OpenError::Foreign { path: path.into() });
+    }
+    Ok(version)
+}
+
+/// WAL mode, the sync setting and the migrations, for a file known to be ours or new.
+fn prepare_for_writing(
+    conn: &mut Connection,
+    options: &OpenOptions,
+    version: i64,
+    path: &Path,
+) -> Result<(), OpenError> {
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(|e| open_error(path, e))?;
+    let sync = match options.synchronous {
+        Synchronous::Full => "FULL",
+        Synchronous::Normal => "NORMAL",
+    };
+    conn.pragma_update(None, "synchronous", sync)
+        .map_err(|e| open_error(path, e))?;
+    let migrated = migrate(conn, version).map_err(|e| open_error(path, e))?;
+    if migrated != SCHEMA_VERSION {
+        return Err(if migrated < 0 {
+            OpenError::Foreign { path: path.into() }
+        } else {
+            OpenError::NewerSchema {
+                path: path.into(),
+                found: migrated,
+                supported: SCHEMA_VERSION,
+            }
+        });
+    }
+    Ok(())
+}
+
+/// Upgrades the file to [`SCHEMA_VERSION`]; returns the version found under the lock (another
+/// process may have migrated meanwhile, possibly past this build, which the caller refuses).
+fn migrate(conn: &mut Connection, from: i64) -> Result<i64, rusqlite::Error> {
     if from >= SCHEMA_VERSION {
-        return Ok(());
+        return Ok(from);
     }
     let tx = conn.transaction_with_behavior(TransactionBehavior::Exclusive)?;
-    // Re-read under the lock: another process may have migrated meanwhile.
     let current: i64 = tx.query_row("PRAGMA user_version", [], |row| row.get(0))?;
-    for script in &MIGRATIONS[current as usize..SCHEMA_VERSION as usize] {
+    let Some(scripts) = usize::try_from(current).ok().and_then(|from| MIGRATIONS.get(from..)) else {
+        return Ok(current);
+    };
+    for script in scripts {
         tx.execute_batch(script)?;
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
-    tx.commit()
+    tx.commit()?;
+    Ok(SCHEMA_VERSION)
 }
 
 /// The columns [`commit_from_row`] reads, in its order.
@@ -632,6 +861,7 @@ impl SqliteStore {
             .map_err(|e| self.sqlite_error(e))?;
         let synchronous: i64 = self
             .conn
+            .lock()
             .query_row("PRAGMA synchronous", [], |row| row.get(0))
             .map_err(|e| self.sqlite_error(e))?;
         conn.pragma_update(None, "synchronous", synchronous)
@@ -657,11 +887,12 @@ impl SqliteStore {
             });
         }
         Ok(SqliteStore {
-            conn,
+            conn: Conn(Mutex::new(conn)),
             path: self.path.clone(),
             session: branch.to_owned(),
             read_only: false,
             generation: at,
+            new_session: false,
         })
     }
 }
@@ -696,11 +927,24 @@ impl Store for SqliteStore {
 
     fn consume_events(&mut self, session: &str, before: u64) -> Result<(), StoreError> {
         self.check_writable()?;
-        self.conn
-            .prepare_cached("UPDATE sessions SET consumed_seq = ?2 WHERE name = ?1")
-            .and_then(|mut stmt| stmt.execute(params![session, before]))
-            .map(|_| ())
-            .map_err(|e| self.sqlite_error(e))
+        // Fenced like a commit: a copy that is behind the session (another writer committed,
+        // or consumed further) is refused instead of losing events or running them again.
+        let fenced = self
+            .conn
+            .get()
+            .prepare_cached(
+                "UPDATE sessions SET consumed_seq = ?2 WHERE name = ?1 AND generation = ?3 AND consumed_seq <= ?2",
+            )
+            .and_then(|mut stmt| stmt.execute(params![session, before, self.generation]))
+            .map_err(|e| self.sqlite_error(e))?;
+        if fenced == 0 {
+            return Err(StoreError::Conflict {
+                path: self.path.clone(),
+                session: self.session.clone(),
+                expected: self.generation,
+            });
+        }
+        Ok(())
     }
 
     fn save_deliveries(&mut self, entries: &mut dyn Iterator<Item = &Delivery>) -> Result<(), StoreError> {
@@ -710,5 +954,45 @@ impl Store for SqliteStore {
 
     fn describe(&self) -> String {
         format!("sqlite:{}", self.path.display())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ledger_row_written_before_interrupted_attempts_were_kept_still_decodes() {
+        // The row as it was written before the `interrupted` field.
+        #[derive(Serialize)]
+        struct OldRow<'a> {
+            key: &'a str,
+            status: u8,
+            attempts: u32,
+            last_error: Option<&'a str>,
+            lease: Option<(&'a str, i64)>,
+            expired_leases: u32,
+            updated_at: i64,
+            delivered_at: Option<i64>,
+            next_attempt_at: Option<i64>,
+        }
+        let old = rmp_serde::to_vec(&vec![OldRow {
+            key: "k",
+            status: 3,
+            attempts: 2,
+            last_error: Some("down"),
+            lease: None,
+            expired_leases: 1,
+            updated_at: 5,
+            delivered_at: None,
+            next_attempt_at: Some(9),
+        }])
+        .unwrap();
+        let rows: Vec<DeliveryRow<'_>> = rmp_serde::from_slice(&old).unwrap();
+        assert_eq!(
+            (rows[0].attempts, rows[0].expired_leases, rows[0].interrupted),
+            (2, 1, 0)
+        );
+        assert_eq!(rows[0].next_attempt_at, Some(9));
     }
 }

@@ -63,7 +63,8 @@ async fn run(options: &Options) -> Result<f64, String> {
     tx.commit().map_err(|e| e.to_string())?;
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("billing").produce(process_order))
-        .build();
+        .build()
+        .map_err(|e| e.to_string())?;
     let report = rt.run_with(Budget::UNLIMITED).await.map_err(|e| e.to_string())?;
     if report.outcome != TurnOutcome::Completed || rt.context().ledger().pending() as u64 != options.n {
         return Err("the intents were not committed".into());
@@ -87,7 +88,8 @@ async fn run(options: &Options) -> Result<f64, String> {
     let mut rt = Runtime::builder(rt.into_context())
         .dispatcher(dispatcher)
         .delivery_concurrency(options.concurrency)
-        .build();
+        .build()
+        .map_err(|e| e.to_string())?;
     let started = Instant::now();
     let drained = rt.flush().await.map_err(|e| e.to_string())?;
     let seconds = started.elapsed().as_secs_f64();

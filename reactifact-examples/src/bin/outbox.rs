@@ -243,7 +243,7 @@ fn delivery(rt: &Runtime, key: &str) -> Outcome<Delivery> {
 
 impl Walkthrough {
     async fn run(&self) -> Outcome {
-        let mut shop = self.shop(self.store.open("shop")?);
+        let mut shop = self.shop(self.store.open("shop")?)?;
         say(1, "commit → dispatch", self.commit_then_dispatch(&mut shop).await)?;
         say(2, "re-derivation", self.re_derivation(&mut shop).await)?;
         say(3, "same generation", self.same_generation().await)?;
@@ -261,7 +261,7 @@ impl Walkthrough {
 
     /// A runtime over `context` with the given agents, the shared mailer, and a retry policy
     /// short enough for a demo: 50 ms after the first failure, doubling, at most 5 attempts.
-    fn runtime(&self, context: Context, agents: impl IntoIterator<Item = Agent>) -> Runtime {
+    fn runtime(&self, context: Context, agents: impl IntoIterator<Item = Agent>) -> Outcome<Runtime> {
         let builder = agents
             .into_iter()
             .fold(Runtime::builder(context), |b, agent| b.agent(agent));
@@ -269,10 +269,11 @@ impl Walkthrough {
             .dispatcher(self.mailer.dispatcher())
             .retry_policy(RetryPolicy::exponential(Duration::from_millis(50), Duration::from_secs(1)).max_attempts(5))
             .build()
+            .map_err(Into::into)
     }
 
     /// The shop: one agent, `billing`, running `process_order`.
-    fn shop(&self, context: Context) -> Runtime {
+    fn shop(&self, context: Context) -> Outcome<Runtime> {
         self.runtime(context, [Agent::new("billing").produce(process_order)])
     }
 
@@ -321,7 +322,7 @@ impl Walkthrough {
             Agent::new("billing").produce(process_order),
             Agent::new("support").produce(confirm_order),
         ];
-        let mut rt = self.runtime(self.store.open("two-agents")?, agents);
+        let mut rt = self.runtime(self.store.open("two-agents")?, agents)?;
         rt.context_mut().create("order:3", order("bob", 300))?;
         let report = rt.run().await?;
 
@@ -342,7 +343,7 @@ impl Walkthrough {
             Agent::new("billing").produce(process_order),
             Agent::new("support").produce(confirm_order),
         ];
-        let mut fork = self.runtime(shop.context().fork("shop-with-support")?, agents);
+        let mut fork = self.runtime(shop.context().fork("shop-with-support")?, agents)?;
         for rt in [&mut *shop, &mut fork] {
             rt.context_mut().create("order:4", order("cy", 800))?;
             rt.run().await?;

@@ -244,7 +244,8 @@ fn run_once(options: &Options, tokio: &tokio::runtime::Runtime) -> Result<RunRes
             }
         })
         .budget(Budget::UNLIMITED)
-        .build();
+        .build()
+        .map_err(|e| e.to_string())?;
 
     // The standing state: M/3 orders, processed and delivered before the clock starts.
     let standing_orders = options.standing.div_ceil(3);

@@ -23,8 +23,9 @@ use crate::validate::produce::{Invalid, ProduceModel};
 ///
 /// /// (the function's docs)
 /// pub fn process_order() -> Produce {
-///     Produce::declared::<Order, process_order, _, _>("process_order",
-///         vec![Kind::of::<Receipt>(), Kind::of::<PendingAction>()], process_order::run)
+///     Produce::declared::<Order, process_order, _, _>("process_order", process_order::run)
+///         .creates::<Receipt>()
+///         .creates::<PendingAction>()
 /// }
 /// ```
 ///
@@ -84,15 +85,14 @@ pub(crate) fn expand(model: ProduceModel) -> TokenStream {
         ReturnType::Default => Span::call_site(),
     };
     let condition = condition.map(|c| quote!(.when::<#trigger, _>(#c)));
-    let outputs_vec = if outputs.is_empty() {
-        quote!(#private::Vec::new())
-    } else {
-        let kinds = outputs.iter().map(|output| quote!(#private::Kind::of::<#output>()));
-        // Inherent methods only: no trait needs to be in scope (`#![no_implicit_prelude]`).
-        quote!(<[#private::Kind]>::into_vec(#private::Box::new([#(#kinds),*])))
-    };
+    // Each output is recorded with its Rust type, so the runtime's builder can refuse two types
+    // that claim one kind. Inherent methods only: no trait needs to be in scope
+    // (`#![no_implicit_prelude]`).
+    let creates = outputs
+        .iter()
+        .map(|output| quote_spanned!(output.span()=> .creates::<#output>()));
     let register = quote_spanned! {call_span=>
-        #private::Produce::declared::<#trigger, #ident, _, _>(#name, #outputs_vec, #ident::run)
+        #private::Produce::declared::<#trigger, #ident, _, _>(#name, #ident::run)
     };
     let declarations = declarations(&private, ident, &outputs, cfg);
     let user_docs = &attrs.doc;
@@ -118,6 +118,7 @@ pub(crate) fn expand(model: ProduceModel) -> TokenStream {
         #[doc = #fn_doc]
         #vis fn #ident() -> #private::Produce {
             #register
+                #(#creates)*
                 #condition
         }
 

@@ -1,0 +1,95 @@
+//! Every public future of the runtime is `Send`, so a turn can be `tokio::spawn`ed on a
+//! multi-thread runtime or driven from a web handler; the context and the runtime can be
+//! shared across threads.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::*;
+use reactifact_core::{Agent, Context, DeliveryStatus, Runtime, TurnOutcome};
+
+fn assert_send<T: Send>(_: &T) {}
+
+fn assert_send_sync<T: Send + Sync>() {}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("reactifact-send-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn runtime(ctx: Context, recorder: &Recorder) -> Runtime {
+    Runtime::builder(ctx)
+        .agent(Agent::new("billing").produce(process_order()))
+        .dispatcher(recorder.dispatcher())
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn the_context_and_the_runtime_are_send_and_sync() {
+    assert_send_sync::<Context>();
+    assert_send_sync::<Runtime>();
+}
+
+#[test]
+fn every_public_future_of_the_runtime_is_send() {
+    let dir = TempDir::new("futures");
+    let recorder = Recorder::default();
+    let ctx = Context::open(dir.0.join("state.db"), "orders").unwrap();
+    let mut rt = runtime(ctx, &recorder);
+    let budget = reactifact_core::Budget::default();
+    // Built, checked and dropped: never polled.
+    assert_send(&rt.run());
+    assert_send(&rt.run_with(budget));
+    assert_send(&rt.flush());
+    assert_send(&rt.settle());
+    assert_send(&rt.replay());
+    let agents = [Agent::new("billing").produce(process_order())];
+    assert_send(&rt.context().replay(&agents));
+    assert_send(&reactifact_core::testing::assert_replays(rt.context(), &agents));
+}
+
+#[test]
+fn a_turn_over_a_sqlite_context_runs_on_a_spawned_task_of_a_multi_thread_runtime() {
+    let dir = TempDir::new("spawn");
+    let path = dir.0.join("state.db");
+    let recorder = Recorder::default();
+    let mut ctx = Context::open(&path, "orders").unwrap();
+    ctx.create("order:1", order("ada", 1200)).unwrap();
+    let mut rt = runtime(ctx, &recorder);
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (report, rt) = tokio.block_on(async move {
+        tokio::spawn(async move {
+            let report = rt.run().await.unwrap();
+            (report, rt)
+        })
+        .await
+        .unwrap()
+    });
+    assert_eq!(report.outcome, TurnOutcome::Completed);
+    assert_eq!(report.deliveries.delivered, 1);
+    assert_eq!(recorder.sent(), ["notify:order:1"]);
+    drop(rt);
+    let reopened = Context::open(&path, "orders").unwrap();
+    assert_eq!(
+        reopened.ledger().get("notify:order:1").unwrap().status(),
+        DeliveryStatus::Delivered
+    );
+}
