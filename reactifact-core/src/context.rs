@@ -157,7 +157,7 @@ impl Context {
             }
         }
         let (state, undone) = refold.into_parts();
-        self.graph = Graph::restored(&loaded.commits, undone, loaded.foreign).map_err(|e| e.to_string())?;
+        self.graph = Graph::restored(&loaded.commits, undone, &loaded.foreign).map_err(|e| e.to_string())?;
         self.state = state;
         self.next_event_seq = seq;
         self.log = loaded.commits;

@@ -99,7 +99,7 @@ impl Graph {
     pub(crate) fn restored(
         log: &[Commit],
         undone: Vec<(Generation, Undone)>,
-        foreign: Vec<Commit>,
+        foreign: &[Commit],
     ) -> Result<Graph, VerifyError> {
         let mut graph = Graph::default();
         for (generation, undone) in undone {
@@ -109,7 +109,7 @@ impl Graph {
             return Ok(graph);
         }
         let positions: HashMap<CommitHash, Generation> = log.iter().map(|c| (c.hash, c.generation)).collect();
-        let mut pending: HashMap<CommitHash, Commit> = foreign.into_iter().map(|c| (c.hash, c)).collect();
+        let mut pending: HashMap<CommitHash, &Commit> = foreign.iter().map(|c| (c.hash, c)).collect();
         for commit in log {
             if let Some(merged) = commit.merged {
                 if let Some(level) = graph.load_foreign(merged, &positions, &mut pending)? {
@@ -128,7 +128,7 @@ impl Graph {
         &mut self,
         root: CommitHash,
         positions: &HashMap<CommitHash, Generation>,
-        pending: &mut HashMap<CommitHash, Commit>,
+        pending: &mut HashMap<CommitHash, &Commit>,
     ) -> Result<Option<u64>, VerifyError> {
         if let Some(&generation) = positions.get(&root) {
             return Ok(Some(self.level(generation)));
@@ -179,7 +179,7 @@ impl Graph {
             self.foreign.insert(
                 hash,
                 Arc::new(Foreign {
-                    commit,
+                    commit: commit.clone(),
                     level: level + 1,
                     merged_generation,
                 }),
