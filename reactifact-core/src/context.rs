@@ -138,7 +138,7 @@ impl Context {
         context.restore(&loaded).map_err(|e| OpenError::Corrupt {
             path: path.into(),
             detail: e.to_string(),
-            source: Some(e),
+            source: Some(Box::new(e)),
         })?;
         // Only a log that verified is written to.
         let reclaimed = store.settle_open(&mut loaded.deliveries)?;

@@ -264,11 +264,13 @@ async fn a_changed_artifact_byte_in_a_stored_commit_fails_opening_at_that_commit
     let err = Context::open(&path, "orders").unwrap_err();
     // A program tells the bad commit and the ids it writes from the structured source.
     let OpenError::Corrupt {
-        source: Some(VerifyError::StateHash { generation, writes, .. }),
-        ..
+        source: Some(source), ..
     } = &err
     else {
-        panic!("expected a state-hash mismatch as the source, got {err:?}");
+        panic!("expected a verify error as the source, got {err:?}");
+    };
+    let VerifyError::StateHash { generation, writes, .. } = &**source else {
+        panic!("expected a state-hash mismatch as the source, got {source:?}");
     };
     assert_eq!(*generation, Generation(2));
     assert!(writes.iter().any(|id| id.as_str() == "receipt:order:1"), "{writes:?}");

@@ -73,8 +73,11 @@ fn seeded() -> Context {
     ctx
 }
 
+/// The keys a dispatcher was handed, in order.
+type Sent = Arc<Mutex<Vec<String>>>;
+
 fn recorder() -> (
-    Arc<Mutex<Vec<String>>>,
+    Sent,
     impl Fn(Intent) -> std::future::Ready<Result<(), DispatchError>> + Send + Sync + 'static,
 ) {
     let sent = Arc::new(Mutex::new(Vec::new()));
