@@ -24,6 +24,9 @@ use crate::commit::Commit;
 use crate::hash::{CommitHash, StateHash};
 use crate::ledger::{Delivery, DeliveryStatus, Lease};
 
+/// How long a connection waits for another one's lock.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The schema version this build writes (`PRAGMA user_version`).
 pub(crate) const SCHEMA_VERSION: i64 = 1;
 
@@ -239,8 +242,7 @@ impl SqliteStore {
                 OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
             Connection::open_with_flags(path, flags).map_err(|e| open_error(path, e))?
         };
-        conn.busy_timeout(Duration::from_secs(5))
-            .map_err(|e| open_error(path, e))?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| open_error(path, e))?;
         if !options.read_only && conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
             return Err(OpenError::ReadOnlyFile { path: path.into() });
         }
@@ -748,21 +750,38 @@ fn schema_version(conn: &Connection, path: &Path) -> Result<i64, OpenError> {
 }
 
 /// WAL mode, the sync setting and the migrations, for a file known to be ours or new.
+///
+/// While several connections open one new file at once, SQLite can answer "database is
+/// locked" at once, without waiting for the busy timeout (switching to WAL mode, or upgrading a
+/// lock in a way that could deadlock). The steps are idempotent, so they are retried for up to
+/// the busy timeout: concurrent first opens all succeed.
 fn prepare_for_writing(
     conn: &mut Connection,
     options: &OpenOptions,
     version: i64,
     path: &Path,
 ) -> Result<(), OpenError> {
-    conn.pragma_update(None, "journal_mode", "WAL")
-        .map_err(|e| open_error(path, e))?;
     let sync = match options.synchronous {
         Synchronous::Full => "FULL",
         Synchronous::Normal => "NORMAL",
     };
-    conn.pragma_update(None, "synchronous", sync)
-        .map_err(|e| open_error(path, e))?;
-    let migrated = migrate(conn, version).map_err(|e| open_error(path, e))?;
+    let mut prepare = || -> Result<i64, rusqlite::Error> {
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", sync)?;
+        migrate(conn, version)
+    };
+    let give_up = std::time::Instant::now() + BUSY_TIMEOUT;
+    let mut pause = Duration::from_millis(1);
+    let migrated = loop {
+        match prepare() {
+            Ok(migrated) => break migrated,
+            Err(e) if e.sqlite_error_code() == Some(ErrorCode::DatabaseBusy) && std::time::Instant::now() < give_up => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            Err(e) => return Err(open_error(path, e)),
+        }
+    };
     if migrated != SCHEMA_VERSION {
         return Err(if migrated < 0 {
             OpenError::Foreign { path: path.into() }
@@ -857,8 +876,7 @@ impl SqliteStore {
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )
         .map_err(|e| self.sqlite_error(e))?;
-        conn.busy_timeout(Duration::from_secs(5))
-            .map_err(|e| self.sqlite_error(e))?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| self.sqlite_error(e))?;
         let synchronous: i64 = self
             .conn
             .lock()
