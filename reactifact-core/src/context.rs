@@ -117,6 +117,7 @@ impl Context {
     /// # Errors
     /// [`OpenError`] names the path and what is wrong: not a database, corrupt, a newer
     /// schema, a missing session (read-only), or another SQLite error.
+    #[allow(clippy::result_large_err)] // see `OpenError::Corrupt`: its source stays unboxed to downcast
     pub fn open(path: impl AsRef<Path>, session: impl Into<String>) -> Result<Self, OpenError> {
         Self::open_with(path, session, OpenOptions::default())
     }
@@ -125,6 +126,7 @@ impl Context {
     ///
     /// # Errors
     /// As [`open`](Context::open).
+    #[allow(clippy::result_large_err)] // see `OpenError::Corrupt`: its source stays unboxed to downcast
     pub fn open_with(
         path: impl AsRef<Path>,
         session: impl Into<String>,
@@ -138,7 +140,7 @@ impl Context {
         context.restore(&loaded).map_err(|e| OpenError::Corrupt {
             path: path.into(),
             detail: e.to_string(),
-            source: Some(Box::new(e)),
+            source: Some(e),
         })?;
         // Only a log that verified is written to.
         let reclaimed = store.settle_open(&mut loaded.deliveries)?;

@@ -320,10 +320,8 @@ fn merging_non_conflicting_branches_commutes() {
 
 #[tokio::test]
 async fn branches_live_in_the_sqlite_file_and_merge_there() {
-    let dir = std::env::temp_dir().join(format!("reactifact-branch-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("state.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
     let recorder = Recorder::default();
     let keyed = |ctx: Context| {
         Runtime::builder(ctx)
@@ -361,7 +359,6 @@ async fn branches_live_in_the_sqlite_file_and_merge_there() {
     let mut rt = keyed(main);
     rt.run().await.unwrap();
     assert_eq!(recorder.sent(), ["notify:order:2", "notify:order:1"]);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn cents(ctx: &Context, id: &str) -> Option<u64> {
@@ -547,10 +544,8 @@ async fn theirs_on_an_intent_conflict_is_refused_and_a_per_conflict_choice_keeps
 
 #[test]
 fn sqlite_branches_reopened_merge_through_an_earlier_merge() {
-    let dir = std::env::temp_dir().join(format!("reactifact-branch-merged-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("state.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
     {
         let mut main = Context::open(&path, "main").unwrap();
         main.create("order:0", order("zoe", 0)).unwrap();
@@ -571,7 +566,6 @@ fn sqlite_branches_reopened_merge_through_an_earlier_merge() {
     let main = Context::open(&path, "main").unwrap();
     main.verify().unwrap();
     assert_eq!(cents(&main, "order:a"), None);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Random writes of every sort: creates, updates, deletes (with their relations), links and
@@ -682,10 +676,8 @@ fn merges_after_churn_on_both_sides_match_a_merge_rebuilt_from_scratch() {
 
 #[test]
 fn a_sqlite_session_that_merged_a_history_from_elsewhere_reopens_and_merges_again() {
-    let dir = std::env::temp_dir().join(format!("reactifact-branch-elsewhere-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("state.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
     {
         let mut main = Context::open(&path, "main").unwrap();
         main.create("order:0", order("zoe", 0)).unwrap();
@@ -705,5 +697,4 @@ fn a_sqlite_session_that_merged_a_history_from_elsewhere_reopens_and_merges_agai
         ["order:b"]
     );
     assert_eq!(cents(&main, "order:e"), Some(1));
-    let _ = std::fs::remove_dir_all(&dir);
 }

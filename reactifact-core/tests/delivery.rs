@@ -462,10 +462,8 @@ async fn a_stop_lets_running_deliveries_finish_within_the_grace_period_and_leave
 
 #[tokio::test(start_paused = true)]
 async fn a_scheduled_retry_survives_a_reopen_of_the_sqlite_store() {
-    let dir = std::env::temp_dir().join(format!("reactifact-delivery-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("state.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
     let next = {
         let mut ctx = Context::open(&path, "orders").unwrap();
         ctx.create("order:1", order("ada", 1)).unwrap();
@@ -489,7 +487,6 @@ async fn a_scheduled_retry_survives_a_reopen_of_the_sqlite_store() {
     let mut rt = Runtime::builder(ctx).dispatcher(recorder.dispatcher()).build().unwrap();
     rt.settle().await.unwrap();
     assert_eq!(recorder.sent(), ["notify:order:1"]);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -640,10 +637,8 @@ async fn a_delivery_timeout_and_grace_of_duration_max_wait_without_panicking() {
 
 #[tokio::test(start_paused = true)]
 async fn a_lease_of_duration_max_is_kept_as_far_future() {
-    let dir = std::env::temp_dir().join(format!("reactifact-lease-max-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("state.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
     let options = || OpenOptions::new().lease(Duration::MAX);
     {
         let mut ctx = Context::open_with(&path, "orders", options()).unwrap();
@@ -663,7 +658,6 @@ async fn a_lease_of_duration_max_is_kept_as_far_future() {
     assert_eq!(entry.status(), DeliveryStatus::InFlight);
     let expires = entry.lease().unwrap().expires_at;
     assert!(expires > std::time::SystemTime::now() + Duration::from_secs(100 * 365 * 86_400));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(start_paused = true)]
@@ -943,10 +937,8 @@ async fn a_dispatcher_of_its_own_can_hold_an_intent_it_has_no_route_for() {
 
 #[tokio::test(start_paused = true)]
 async fn an_interrupted_attempt_survives_a_reopen_and_still_does_not_count() {
-    let dir = std::env::temp_dir().join(format!("reactifact-interrupted-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("state.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
     {
         let mut ctx = Context::open(&path, "orders").unwrap();
         ctx.create("order:1", order("ada", 1)).unwrap();
@@ -978,5 +970,4 @@ async fn an_interrupted_attempt_survives_a_reopen_and_still_does_not_count() {
     let flushed = rt.flush().await.unwrap();
     assert_eq!(flushed.failed.len(), 1, "{flushed:?}");
     assert!(flushed.dead.is_empty());
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -129,10 +129,8 @@ async fn content_keys_are_stable_across_re_derivation_and_change_with_content() 
 
 #[tokio::test]
 async fn reads_and_provenance_survive_reopening_a_stored_session() {
-    let dir = std::env::temp_dir().join(format!("reactifact-provenance-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("state.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
     let recorder = Recorder::default();
     let (before, head) = {
         let mut ctx = Context::open(&path, "orders").unwrap();
@@ -148,7 +146,6 @@ async fn reads_and_provenance_survive_reopening_a_stored_session() {
     assert_eq!(ctx.provenance(key.as_str()).unwrap().to_string(), before);
     assert!(before.contains("reading `customer:ada` version 1"), "{before}");
     drop(ctx);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]

@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use common::*;
@@ -139,27 +138,10 @@ fn a_runtime_without_a_dispatcher_and_without_intents_is_quiet() {
     assert!(warnings.about_the_dispatcher().is_empty());
 }
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("reactifact-quiet-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 #[tokio::test]
 async fn a_delivery_only_runtime_leaves_the_event_queue_to_a_runtime_with_agents() {
-    let dir = TempDir::new("delivery-only");
-    let path = dir.0.join("state.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
     let recorder = Recorder::default();
     let mut ctx = Context::open(&path, "orders").unwrap();
     ctx.create("order:1", order("ada", 1200)).unwrap();

@@ -4,31 +4,12 @@
 
 mod common;
 
-use std::path::PathBuf;
-
 use common::*;
 use reactifact_core::{Agent, Context, DeliveryStatus, Runtime, TurnOutcome};
 
 fn assert_send<T: Send>(_: &T) {}
 
 fn assert_send_sync<T: Send + Sync>() {}
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("reactifact-send-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn runtime(ctx: Context, recorder: &Recorder) -> Runtime {
     Runtime::builder(ctx)
@@ -46,9 +27,9 @@ fn the_context_and_the_runtime_are_send_and_sync() {
 
 #[test]
 fn every_public_future_of_the_runtime_is_send() {
-    let dir = TempDir::new("futures");
+    let dir = tempfile::tempdir().unwrap();
     let recorder = Recorder::default();
-    let ctx = Context::open(dir.0.join("state.db"), "orders").unwrap();
+    let ctx = Context::open(dir.path().join("state.db"), "orders").unwrap();
     let mut rt = runtime(ctx, &recorder);
     let budget = reactifact_core::Budget::default();
     // Built, checked and dropped: never polled.
@@ -64,8 +45,8 @@ fn every_public_future_of_the_runtime_is_send() {
 
 #[test]
 fn a_turn_over_a_sqlite_context_runs_on_a_spawned_task_of_a_multi_thread_runtime() {
-    let dir = TempDir::new("spawn");
-    let path = dir.0.join("state.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
     let recorder = Recorder::default();
     let mut ctx = Context::open(&path, "orders").unwrap();
     ctx.create("order:1", order("ada", 1200)).unwrap();

@@ -160,13 +160,13 @@ fn concurrent_first_opens_of_a_new_file_all_succeed() {
                         } else {
                             format!("own-{i}")
                         };
-                        Context::open(path, session).map(|_| ())
+                        Context::open(path, session).map(|_| ()).map_err(|e| e.to_string())
                     })
                 })
                 .collect();
             for (i, handle) in handles.into_iter().enumerate() {
                 let result = handle.join().unwrap();
-                assert!(result.is_ok(), "round {round}, opener {i}: {:?}", result.unwrap_err());
+                assert!(result.is_ok(), "round {round}, opener {i}: {}", result.unwrap_err());
             }
         });
         let ctx = Context::open_with(&path, "shared", OpenOptions::new().read_only(true)).unwrap();

@@ -2,7 +2,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use common::*;
@@ -10,27 +9,6 @@ use reactifact_core::{
     Agent, Context, DeliveryStatus, DispatchError, Intent, OpenError, OpenOptions, ReadError, RunError, Runtime,
     StoreError, TurnOutcome, WriteError,
 };
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("reactifact-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-
-    fn file(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn runtime(ctx: Context, recorder: &Recorder) -> Runtime {
     Runtime::builder(ctx)
@@ -42,8 +20,8 @@ fn runtime(ctx: Context, recorder: &Recorder) -> Runtime {
 
 #[tokio::test]
 async fn a_session_survives_reopening_with_its_state_log_and_ledger() {
-    let dir = TempDir::new("reopen");
-    let path = dir.file("state.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
     let recorder = Recorder::default();
     let (hash, head, commits) = {
         let mut ctx = Context::open(&path, "orders").unwrap();
@@ -78,8 +56,8 @@ async fn a_session_survives_reopening_with_its_state_log_and_ledger() {
 
 #[tokio::test]
 async fn queued_events_and_pending_intents_resume_after_reopening() {
-    let dir = TempDir::new("resume");
-    let path = dir.file("state.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
     {
         let mut ctx = Context::open(&path, "orders").unwrap();
         ctx.create("order:1", order("ada", 1)).unwrap();
@@ -117,8 +95,8 @@ async fn queued_events_and_pending_intents_resume_after_reopening() {
 
 #[test]
 fn events_of_direct_writes_stay_queued_across_a_reopen() {
-    let dir = TempDir::new("seed-queue");
-    let path = dir.file("state.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
     {
         let mut ctx = Context::open(&path, "orders").unwrap();
         ctx.create("order:1", order("ada", 1)).unwrap();
@@ -132,7 +110,7 @@ fn events_of_direct_writes_stay_queued_across_a_reopen() {
 
 #[tokio::test]
 async fn commit_hashes_are_the_same_in_memory_and_on_sqlite() {
-    let dir = TempDir::new("same-hashes");
+    let dir = tempfile::tempdir().unwrap();
     let flow = |ctx: Context| async move {
         let mut ctx = ctx;
         ctx.create("order:1", order("ada", 1)).unwrap();
@@ -142,14 +120,14 @@ async fn commit_hashes_are_the_same_in_memory_and_on_sqlite() {
         rt.context().log().iter().map(|c| c.hash).collect::<Vec<_>>()
     };
     let memory = flow(Context::new("orders")).await;
-    let sqlite = flow(Context::open(dir.file("s.db"), "orders").unwrap()).await;
+    let sqlite = flow(Context::open(dir.path().join("s.db"), "orders").unwrap()).await;
     assert_eq!(memory, sqlite);
 }
 
 #[tokio::test]
 async fn sessions_in_one_file_are_independent() {
-    let dir = TempDir::new("sessions");
-    let path = dir.file("state.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
     let mut a = Context::open(&path, "a").unwrap();
     let mut b = Context::open(&path, "b").unwrap();
     a.create("order:1", order("ada", 1)).unwrap();
@@ -164,8 +142,8 @@ async fn sessions_in_one_file_are_independent() {
 
 #[tokio::test(start_paused = true)]
 async fn an_in_flight_delivery_whose_lease_expired_is_delivered_again_with_the_same_key() {
-    let dir = TempDir::new("lease");
-    let path = dir.file("state.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
     {
         let mut ctx = Context::open_with(&path, "orders", OpenOptions::new().lease(Duration::ZERO)).unwrap();
         ctx.create("order:1", order("ada", 1)).unwrap();
@@ -213,8 +191,8 @@ async fn an_in_flight_delivery_whose_lease_expired_is_delivered_again_with_the_s
 
 #[tokio::test]
 async fn a_failed_delivery_and_its_retry_are_durable() {
-    let dir = TempDir::new("retry");
-    let path = dir.file("state.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
     {
         let mut ctx = Context::open(&path, "orders").unwrap();
         ctx.create("order:1", order("ada", 1)).unwrap();
@@ -245,8 +223,8 @@ async fn a_failed_delivery_and_its_retry_are_durable() {
 
 #[tokio::test]
 async fn a_second_writer_of_the_same_session_is_refused() {
-    let dir = TempDir::new("conflict");
-    let path = dir.file("state.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
     let mut first = Context::open(&path, "orders").unwrap();
     let mut second = Context::open(&path, "orders").unwrap();
     first.create("order:1", order("ada", 1)).unwrap();
@@ -271,8 +249,8 @@ impl reactifact_core::Artifact for Note {
 
 #[tokio::test]
 async fn a_stale_copy_cannot_move_the_consumed_events_back() {
-    let dir = TempDir::new("consume-fence");
-    let path = dir.file("state.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
     {
         let mut ctx = Context::open(&path, "orders").unwrap();
         ctx.create(
@@ -315,8 +293,8 @@ async fn a_stale_copy_cannot_move_the_consumed_events_back() {
 
 #[test]
 fn a_file_that_is_not_a_database_is_refused_and_left_alone() {
-    let dir = TempDir::new("not-a-db");
-    let path = dir.file("notes.txt");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notes.txt");
     let text = "these are my notes, not a database\n".repeat(200);
     std::fs::write(&path, &text).unwrap();
     let err = Context::open(&path, "orders").unwrap_err();
@@ -330,8 +308,8 @@ fn a_file_that_is_not_a_database_is_refused_and_left_alone() {
 
 #[tokio::test]
 async fn a_truncated_file_is_reported_as_corrupt() {
-    let dir = TempDir::new("truncated");
-    let path = dir.file("state.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
     {
         let mut ctx = Context::open(&path, "orders").unwrap();
         let mut tx = ctx.transaction();
@@ -364,8 +342,8 @@ fn rusqlite_checkpoint(path: &std::path::Path) -> Context {
 
 #[test]
 fn a_missing_session_is_an_error_when_opening_read_only() {
-    let dir = TempDir::new("missing-session");
-    let path = dir.file("state.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
     Context::open(&path, "orders").unwrap();
     let err = Context::open_with(&path, "billing", OpenOptions::new().read_only(true)).unwrap_err();
     assert_eq!(err.to_string(), format!("{} has no session `billing`", path.display()));
@@ -375,8 +353,8 @@ fn a_missing_session_is_an_error_when_opening_read_only() {
 
 #[test]
 fn a_read_only_context_refuses_writes_and_changes_nothing() {
-    let dir = TempDir::new("read-only");
-    let path = dir.file("state.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
     Context::open(&path, "orders")
         .unwrap()
         .create("order:1", order("ada", 1))
@@ -391,8 +369,8 @@ fn a_read_only_context_refuses_writes_and_changes_nothing() {
 
 #[test]
 fn a_newer_schema_is_refused_with_a_clear_error() {
-    let dir = TempDir::new("newer-schema");
-    let path = dir.file("state.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
     Context::open(&path, "orders").unwrap();
     set_user_version(&path, 99);
     let err = Context::open(&path, "orders").unwrap_err();
@@ -412,8 +390,8 @@ fn a_newer_schema_is_refused_with_a_clear_error() {
 
 #[test]
 fn a_foreign_file_with_a_negative_schema_version_is_refused_not_a_panic() {
-    let dir = TempDir::new("negative-schema");
-    let path = dir.file("foreign.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("foreign.db");
     {
         let conn = rusqlite::Connection::open(&path).unwrap();
         conn.execute_batch("CREATE TABLE notes (body TEXT); PRAGMA user_version = -7;")
@@ -447,8 +425,8 @@ fn stored_bytes_that_no_longer_decode_name_the_id_kind_and_type() {
     impl reactifact_core::Artifact for OrderV2 {
         const KIND: &'static str = "order";
     }
-    let dir = TempDir::new("decode");
-    let path = dir.file("state.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
     Context::open(&path, "orders")
         .unwrap()
         .create("order:1", order("ada", 1))
@@ -465,8 +443,8 @@ fn stored_bytes_that_no_longer_decode_name_the_id_kind_and_type() {
 
 #[test]
 fn a_tampered_commit_is_refused_at_open() {
-    let dir = TempDir::new("tampered");
-    let path = dir.file("state.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
     {
         let mut ctx = Context::open(&path, "orders").unwrap();
         ctx.create("order:1", order("ada", 1)).unwrap();

@@ -145,26 +145,9 @@ async fn time_travel_to_every_commit_gives_the_hash_it_recorded() {
     assert!(matches!(err, TimeTravelError::NoSuchCommit { .. }), "{err:?}");
 }
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("reactifact-verify-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// A SQLite file holding the order flow; returns its path.
-async fn stored_flow(dir: &TempDir) -> PathBuf {
-    let path = dir.0.join("state.db");
+async fn stored_flow(dir: &tempfile::TempDir) -> PathBuf {
+    let path = dir.path().join("state.db");
     let mut ctx = Context::open(&path, "orders").unwrap();
     ctx.create("order:1", order("ada", 1200)).unwrap();
     order_flow(ctx).await;
@@ -197,7 +180,7 @@ fn position(haystack: &[u8], needle: &[u8], last: bool) -> usize {
 
 #[tokio::test]
 async fn a_stored_session_verifies_after_reopening() {
-    let dir = TempDir::new("clean");
+    let dir = tempfile::tempdir().unwrap();
     let path = stored_flow(&dir).await;
     let ctx = Context::open(&path, "orders").unwrap();
     assert_eq!(ctx.verify().unwrap().commits, ctx.log().len());
@@ -205,7 +188,7 @@ async fn a_stored_session_verifies_after_reopening() {
 
 #[tokio::test]
 async fn a_changed_trigger_in_a_stored_commit_is_detected_at_that_commit() {
-    let dir = TempDir::new("trigger");
+    let dir = tempfile::tempdir().unwrap();
     let path = stored_flow(&dir).await;
     // Commit 2 is the first run: its trigger is order:1 version 1, stored as the id, a
     // positive fixint and a 32-byte binary string.
@@ -236,7 +219,7 @@ async fn a_changed_trigger_in_a_stored_commit_is_detected_at_that_commit() {
 
 #[tokio::test]
 async fn a_changed_intent_payload_in_a_stored_commit_is_named_by_key() {
-    let dir = TempDir::new("payload");
+    let dir = tempfile::tempdir().unwrap();
     let path = stored_flow(&dir).await;
     // The customer appears in the pending action's bytes and, last, in the payload stored
     // beside them for the dispatcher; change only the latter.
@@ -254,7 +237,7 @@ async fn a_changed_intent_payload_in_a_stored_commit_is_named_by_key() {
 
 #[tokio::test]
 async fn a_changed_artifact_byte_in_a_stored_commit_fails_opening_at_that_commit() {
-    let dir = TempDir::new("artifact");
+    let dir = tempfile::tempdir().unwrap();
     let path = stored_flow(&dir).await;
     // The receipt's total (1200 = 0xcd 0x04 0xb0) in commit 2.
     edit_runs(&path, 2, |runs| {
@@ -269,7 +252,7 @@ async fn a_changed_artifact_byte_in_a_stored_commit_fails_opening_at_that_commit
     else {
         panic!("expected a verify error as the source, got {err:?}");
     };
-    let VerifyError::StateHash { generation, writes, .. } = &**source else {
+    let VerifyError::StateHash { generation, writes, .. } = source else {
         panic!("expected a state-hash mismatch as the source, got {source:?}");
     };
     assert_eq!(*generation, Generation(2));

@@ -81,7 +81,7 @@ pub enum OpenError {
         /// commit is bad without parsing `detail`. `None` when the file itself is damaged or
         /// its rows do not decode.
         #[source]
-        source: Option<Box<VerifyError>>,
+        source: Option<VerifyError>,
     },
     /// The file is a SQLite database that reactifact did not write (tables of another program,
     /// or a schema version no reactifact writes); nothing in it was changed.
