@@ -207,4 +207,13 @@ fn a_file_that_cannot_be_written_is_refused_at_open_and_reads_read_only() {
     assert_eq!(ctx.len(), 20);
     drop(ctx);
     assert_eq!(files(dir.path()), before);
+
+    // Read-only media: not even a `-shm` file can be created beside it.
+    let _directory = Immutable::new(dir.path()).expect("chattr worked on the file");
+    let err = Context::open(&path, "orders").unwrap_err();
+    assert!(matches!(err, OpenError::ReadOnlyFile { .. }), "{err:?}");
+    let ctx = Context::open_with(&path, "orders", OpenOptions::new().read_only(true)).unwrap();
+    assert_eq!(ctx.len(), 20);
+    drop(ctx);
+    assert_eq!(files(dir.path()), before);
 }
