@@ -2,9 +2,9 @@
 
 use std::fmt;
 
-use crate::action::ActionKey;
-use crate::artifact::{ArtifactId, Kind};
-use crate::ledger::DeliveryStatus;
+use crate::model::action::ActionKey;
+use crate::model::artifact::{ArtifactId, Kind};
+use crate::outbox::ledger::DeliveryStatus;
 use crate::store::StoreError;
 
 /// A boxed error from user code (a produce or a dispatcher).

@@ -14,58 +14,42 @@
 //! See `docs/concepts.md` and `docs/scheduler-semantics.md` in the repository for the
 //! contract in full.
 
-mod action;
-mod artifact;
 mod audit;
-mod branch;
-mod commit;
-mod context;
-mod delivery;
-mod dispatcher;
-mod effects;
 mod error;
-mod event;
-mod generation;
-mod graph;
-mod hash;
-mod ledger;
-mod patch;
-mod produce;
-mod provenance;
-mod replay;
-mod router;
-mod runtime;
-mod snapshot;
+mod model;
+mod outbox;
+mod run;
 mod state;
 mod store;
-mod verify;
 
-pub use action::{ActionKey, Intent, Origin, PendingAction};
-pub use artifact::{Artifact, ArtifactId, Generation, Kind, Record, Version};
-pub use branch::{ArtifactState, Conflict, Diff, ForkError, MergeError, MergeReport, Resolution, Side, Updated};
-pub use commit::{Commit, Read, RunRecord, TriggerRef};
-pub use context::{Context, Transaction};
-pub use delivery::{DeliveryErrors, DrainReport, RetryPolicy};
-pub use dispatcher::Dispatcher;
-pub use effects::{DeclaredOutput, Dynamic, Effects};
+pub use audit::provenance::{content_key, Provenance};
+pub use audit::replay::{testing, Difference, Divergence, FieldDiff, ReplayError, ReplayReport};
+pub use audit::verify::{verify_log, TimeTravelError, VerifyError, VerifyReport};
 pub use error::{
     BoxError, CommitError, DeliveryFailure, DispatchError, EffectError, FlushError, ProduceError, ProduceFailure,
     ReadError, RetryError, RunError, RunFailure, WriteError, MAX_RETRY_AFTER,
 };
-pub use event::{Event, EventKind};
-pub use hash::{CommitHash, ContentHash, StateHash};
-pub use ledger::{Delivery, DeliveryStatus, Lease, Ledger};
-pub use patch::{Op, PutMode};
-pub use produce::{Agent, IntoProduce, IntoProduceResult, Produce, ProduceCall};
-pub use provenance::{content_key, Provenance};
+pub use model::action::{ActionKey, Intent, Origin, PendingAction};
+pub use model::artifact::{Artifact, ArtifactId, Generation, Kind, Record, Version};
+pub use model::event::{Event, EventKind};
+pub use model::hash::{CommitHash, ContentHash, StateHash};
+pub use model::patch::{Op, PutMode};
+pub use outbox::dispatcher::Dispatcher;
+pub use outbox::drain::{DeliveryErrors, DrainReport, RetryPolicy};
+pub use outbox::ledger::{Delivery, DeliveryStatus, Lease, Ledger};
+pub use outbox::router::{ActionCall, Router};
 pub use reactifact_macros::{produce, Artifact};
-pub use replay::{testing, Difference, Divergence, FieldDiff, ReplayError, ReplayReport};
-pub use router::{ActionCall, Router};
-pub use runtime::{Budget, BuildError, ProduceErrors, Runtime, RuntimeBuilder, StopHandle, TurnOutcome, TurnReport};
-pub use snapshot::Snapshot;
-pub use state::Relation;
+pub use run::effects::{DeclaredOutput, Dynamic, Effects};
+pub use run::produce::{Agent, IntoProduce, IntoProduceResult, Produce, ProduceCall};
+pub use run::runtime::{
+    Budget, BuildError, ProduceErrors, Runtime, RuntimeBuilder, StopHandle, TurnOutcome, TurnReport,
+};
+pub use state::branch::{ArtifactState, Conflict, Diff, ForkError, MergeError, MergeReport, Resolution, Side, Updated};
+pub use state::commit::{Commit, Read, RunRecord, TriggerRef};
+pub use state::context::{Context, Transaction};
+pub use state::live::Relation;
+pub use state::snapshot::Snapshot;
 pub use store::{OpenError, OpenOptions, StoreError, Synchronous};
-pub use verify::{verify_log, TimeTravelError, VerifyError, VerifyReport};
 
 /// The README's examples, compiled and run as doctests.
 #[doc = include_str!("../../README.md")]

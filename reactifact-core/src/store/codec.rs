@@ -11,12 +11,12 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::action::ActionKey;
-use crate::artifact::{ArtifactId, Kind, Version};
-use crate::commit::{Read, RunRecord, TriggerRef};
-use crate::hash::{self, ContentHash};
-use crate::patch::{Op, PutMode};
-use crate::state::Relation;
+use crate::model::action::ActionKey;
+use crate::model::artifact::{ArtifactId, Kind, Version};
+use crate::model::hash::{self, ContentHash};
+use crate::model::patch::{Op, PutMode};
+use crate::state::commit::{Read, RunRecord, TriggerRef};
+use crate::state::live::Relation;
 
 #[derive(Serialize, Deserialize)]
 struct RunRepr<'a> {

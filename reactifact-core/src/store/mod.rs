@@ -10,9 +10,9 @@ mod sqlite;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::commit::Commit;
-use crate::ledger::Delivery;
-use crate::verify::VerifyError;
+use crate::audit::verify::VerifyError;
+use crate::outbox::ledger::Delivery;
+use crate::state::commit::Commit;
 
 pub(crate) use sqlite::SqliteStore;
 
@@ -237,8 +237,8 @@ pub(crate) trait Store: Send + Sync {
     fn fork(
         &self,
         branch: &str,
-        at: crate::artifact::Generation,
-        head: Option<&crate::hash::CommitHash>,
+        at: crate::model::artifact::Generation,
+        head: Option<&crate::model::hash::CommitHash>,
         consumed_seq: u64,
     ) -> Result<Box<dyn Store>, StoreError>;
 

@@ -22,11 +22,11 @@ use serde::{Deserialize, Serialize};
 
 use super::codec;
 use super::{CommitDelta, Loaded, OpenError, OpenOptions, Store, StoreError, Synchronous};
-use crate::action::{ActionKey, Intent, Origin};
-use crate::artifact::Generation;
-use crate::commit::Commit;
-use crate::hash::{CommitHash, StateHash};
-use crate::ledger::{Delivery, DeliveryStatus, Lease};
+use crate::model::action::{ActionKey, Intent, Origin};
+use crate::model::artifact::Generation;
+use crate::model::hash::{CommitHash, StateHash};
+use crate::outbox::ledger::{Delivery, DeliveryStatus, Lease};
+use crate::state::commit::Commit;
 
 /// How long a connection waits for another one's lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);

@@ -5,13 +5,13 @@ use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
-use crate::action::{ActionKey, PendingAction};
-use crate::artifact::{Artifact, ArtifactId, Kind, Version};
-use crate::commit::Read;
 use crate::error::EffectError;
-use crate::patch::{Op, PutMode};
-use crate::snapshot::Snapshot;
-use crate::state::Relation;
+use crate::model::action::{ActionKey, PendingAction};
+use crate::model::artifact::{Artifact, ArtifactId, Kind, Version};
+use crate::model::patch::{Op, PutMode};
+use crate::state::commit::Read;
+use crate::state::live::Relation;
+use crate::state::snapshot::Snapshot;
 
 /// Marks `Self` as an output that produce `P` declared.
 ///

@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ReadError;
-use crate::hash::ContentHash;
+use crate::model::hash::ContentHash;
 
 /// A value the runtime can store, hash and hand to produces.
 ///

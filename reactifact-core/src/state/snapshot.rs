@@ -2,11 +2,11 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::artifact::{Artifact, ArtifactId, Kind, Record, Stored, Version};
-use crate::effects::Buffer;
 use crate::error::ReadError;
-use crate::hash::{ContentHash, StateHash};
-use crate::state::{Relation, State};
+use crate::model::artifact::{Artifact, ArtifactId, Kind, Record, Stored, Version};
+use crate::model::hash::{ContentHash, StateHash};
+use crate::run::effects::Buffer;
+use crate::state::live::{Relation, State};
 
 /// An immutable view of a context's artifacts and relations at one point in time.
 ///

@@ -5,10 +5,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
-use crate::commit::Commit;
-use crate::context::Context;
-use crate::ledger::Delivery;
-use crate::patch::{Op, PutMode};
+use crate::model::patch::{Op, PutMode};
+use crate::outbox::ledger::Delivery;
+use crate::state::commit::Commit;
+use crate::state::context::Context;
 
 fn seconds(at: SystemTime) -> f64 {
     at.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())

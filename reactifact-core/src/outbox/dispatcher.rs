@@ -3,8 +3,8 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::action::Intent;
 use crate::error::DispatchError;
+use crate::model::action::Intent;
 
 /// Performs the I/O of an intent: sends the email, calls the webhook.
 ///

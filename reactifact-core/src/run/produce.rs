@@ -4,11 +4,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
-use crate::artifact::{Artifact, ArtifactType, Generation, Kind, Record, Stored};
-use crate::effects::{Buffer, Dynamic, Effects};
 use crate::error::{ProduceError, RunFailure};
-use crate::event::EventKind;
-use crate::snapshot::Snapshot;
+use crate::model::artifact::{Artifact, ArtifactType, Generation, Kind, Record, Stored};
+use crate::model::event::EventKind;
+use crate::run::effects::{Buffer, Dynamic, Effects};
+use crate::state::snapshot::Snapshot;
 
 /// What a produce receives: its trigger, the snapshot it reads and the effects it writes to.
 ///

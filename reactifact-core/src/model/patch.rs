@@ -4,11 +4,11 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::action::{ActionKey, PendingAction, ACTION_ID_PREFIX};
-use crate::artifact::{self, Artifact, ArtifactId, Kind};
 use crate::error::EffectError;
-use crate::hash::{self, ContentHash};
-use crate::state::Relation;
+use crate::model::action::{ActionKey, PendingAction, ACTION_ID_PREFIX};
+use crate::model::artifact::{self, Artifact, ArtifactId, Kind};
+use crate::model::hash::{self, ContentHash};
+use crate::state::live::Relation;
 
 /// How a put treats an id that already exists at commit time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -6,16 +6,16 @@
 //! it, [`Context::state_at`] stops it after a commit, and the replay oracle
 //! ([`Context::replay`]) reads the state before each commit from it.
 
-use crate::action::{ActionKey, PendingAction};
-use crate::artifact::{ArtifactId, Generation, Kind};
-use crate::commit::{Apply, Commit, Undone};
-use crate::context::Context;
 use crate::error::CommitError;
-use crate::event::Event;
-use crate::hash::{self, CommitHash, StateHash};
-use crate::patch::Op;
-use crate::snapshot::Snapshot;
-use crate::state::State;
+use crate::model::action::{ActionKey, PendingAction};
+use crate::model::artifact::{ArtifactId, Generation, Kind};
+use crate::model::event::Event;
+use crate::model::hash::{self, CommitHash, StateHash};
+use crate::model::patch::Op;
+use crate::state::commit::{Apply, Commit, Undone};
+use crate::state::context::Context;
+use crate::state::live::State;
+use crate::state::snapshot::Snapshot;
 
 /// The first place where a commit log does not reproduce what it recorded.
 ///
@@ -193,7 +193,7 @@ impl Refold {
         }
     }
 
-    /// A refold that also keeps how to undo each commit, for a context's [`Graph`](crate::graph::Graph).
+    /// A refold that also keeps how to undo each commit, for a context's [`Graph`](crate::state::graph::Graph).
     pub(crate) fn keeping_undo(checks: Checks) -> Self {
         Refold {
             undone: Some(Vec::new()),

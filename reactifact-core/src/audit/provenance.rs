@@ -4,13 +4,13 @@ use std::fmt;
 
 use sha2::{Digest, Sha256};
 
-use crate::action::{ActionKey, Origin};
-use crate::artifact::{ArtifactId, Generation, Record};
-use crate::commit::{Commit, Read, RunRecord, TriggerRef};
-use crate::context::Context;
-use crate::hash::{self, CommitHash, ContentHash};
-use crate::ledger::Delivery;
-use crate::patch::Op;
+use crate::model::action::{ActionKey, Origin};
+use crate::model::artifact::{ArtifactId, Generation, Record};
+use crate::model::hash::{self, CommitHash, ContentHash};
+use crate::model::patch::Op;
+use crate::outbox::ledger::Delivery;
+use crate::state::commit::{Commit, Read, RunRecord, TriggerRef};
+use crate::state::context::Context;
 
 /// Derives an idempotency key from a name and an artifact's id and content hash:
 /// `{name}:{32 hex digits}`, the first 128 bits of a SHA-256 over the three.

@@ -4,18 +4,18 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::action::{ActionKey, PendingAction};
-use crate::artifact::{Artifact, ArtifactId, Generation, Kind, Record, Stored, Version};
-use crate::commit::{Commit, RunRecord};
-use crate::context::{CommitFailure, Context};
+use crate::audit::replay::{diff_bytes, FieldDiff};
+use crate::audit::verify::{Checks, Refold, VerifyError};
 use crate::error::{CommitError, ReadError};
-use crate::graph::{Histories, Past, Path, Side as HistorySide};
-use crate::hash::{CommitHash, ContentHash};
-use crate::patch::{Op, PutMode};
-use crate::replay::{diff_bytes, FieldDiff};
-use crate::state::{Relation, Rewound, StateView};
+use crate::model::action::{ActionKey, PendingAction};
+use crate::model::artifact::{Artifact, ArtifactId, Generation, Kind, Record, Stored, Version};
+use crate::model::hash::{CommitHash, ContentHash};
+use crate::model::patch::{Op, PutMode};
+use crate::state::commit::{Commit, RunRecord};
+use crate::state::context::{CommitFailure, Context};
+use crate::state::graph::{Histories, Past, Path, Side as HistorySide};
+use crate::state::live::{Relation, Rewound, StateView};
 use crate::store::StoreError;
-use crate::verify::{Checks, Refold, VerifyError};
 
 /// Forking a context failed; nothing was created.
 #[derive(Debug, thiserror::Error)]

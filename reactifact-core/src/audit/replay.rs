@@ -6,17 +6,17 @@ use std::sync::Arc;
 
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use crate::action::PendingAction;
-use crate::artifact::{ArtifactId, Generation, Version};
-use crate::commit::{Commit, RunRecord};
-use crate::context::Context;
-use crate::event::EventKind;
-use crate::generation::start_run;
-use crate::patch::Op;
-use crate::produce::{Agent, Produce};
-use crate::runtime::Runtime;
-use crate::snapshot::Snapshot;
-use crate::verify::{Checks, Refold, VerifyError};
+use crate::audit::verify::{Checks, Refold, VerifyError};
+use crate::model::action::PendingAction;
+use crate::model::artifact::{ArtifactId, Generation, Version};
+use crate::model::event::EventKind;
+use crate::model::patch::Op;
+use crate::run::generation::start_run;
+use crate::run::produce::{Agent, Produce};
+use crate::run::runtime::Runtime;
+use crate::state::commit::{Commit, RunRecord};
+use crate::state::context::Context;
+use crate::state::snapshot::Snapshot;
 
 /// The first run whose replay does not reproduce its recorded patch.
 #[derive(Clone, Debug, PartialEq)]
@@ -351,10 +351,10 @@ fn describe(op: Option<&Op>) -> String {
     match op {
         Op::Put { mode, id, kind, .. } => {
             let mode = match mode {
-                crate::patch::PutMode::Create => "create",
-                crate::patch::PutMode::Upsert => "upsert",
-                crate::patch::PutMode::CreateOnce => "create_once",
-                crate::patch::PutMode::Update => "update",
+                crate::model::patch::PutMode::Create => "create",
+                crate::model::patch::PutMode::Upsert => "upsert",
+                crate::model::patch::PutMode::CreateOnce => "create_once",
+                crate::model::patch::PutMode::Update => "update",
             };
             format!("{mode} {kind} `{id}`")
         }
@@ -424,7 +424,12 @@ impl fmt::Display for Value {
             Value::Int(i) => write!(f, "{i}"),
             Value::Float(x) => write!(f, "{x}"),
             Value::Str(s) => write!(f, "{s:?}"),
-            Value::Bytes(b) => write!(f, "<{} bytes {}>", b.len(), crate::hash::hex(&b[..b.len().min(16)])),
+            Value::Bytes(b) => write!(
+                f,
+                "<{} bytes {}>",
+                b.len(),
+                crate::model::hash::hex(&b[..b.len().min(16)])
+            ),
             Value::Seq(items) => {
                 f.write_str("[")?;
                 for (i, item) in items.iter().enumerate() {
@@ -505,8 +510,8 @@ impl<'de> Deserialize<'de> for Value {
 
 /// Helpers for tests and CI.
 pub mod testing {
-    use crate::context::Context;
-    use crate::produce::Agent;
+    use crate::run::produce::Agent;
+    use crate::state::context::Context;
 
     /// Replays `ctx`'s log with `agents` ([`Context::replay`]) and panics with the first
     /// divergence if a produce no longer reproduces its recorded patch. One line in a test
@@ -549,7 +554,7 @@ mod tests {
 
     #[test]
     fn field_diffs_name_the_paths_that_differ() {
-        let a = crate::artifact::encode(&Invoice {
+        let a = crate::model::artifact::encode(&Invoice {
             lines: vec![Line {
                 sku: "a".into(),
                 qty: 1,
@@ -558,7 +563,7 @@ mod tests {
             note: None,
         })
         .unwrap();
-        let b = crate::artifact::encode(&Invoice {
+        let b = crate::model::artifact::encode(&Invoice {
             lines: vec![Line {
                 sku: "a".into(),
                 qty: 2,

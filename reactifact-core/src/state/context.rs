@@ -5,18 +5,18 @@ use std::path::Path;
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-use crate::artifact::{Artifact, ArtifactId, Generation, Record};
-use crate::commit::{Apply, Commit, RunRecord};
+use crate::audit::verify::{Checks, Refold, VerifyError};
 use crate::error::{CommitError, EffectError, ReadError, WriteError};
-use crate::event::{Event, QueuedEvent};
-use crate::graph::Graph;
-use crate::hash::{CommitHash, StateHash};
-use crate::ledger::{Delivery, Lease, Ledger, LedgerInner};
-use crate::patch::{Op, PutMode};
-use crate::snapshot::Snapshot;
-use crate::state::{Relation, State};
+use crate::model::artifact::{Artifact, ArtifactId, Generation, Record};
+use crate::model::event::{Event, QueuedEvent};
+use crate::model::hash::{CommitHash, StateHash};
+use crate::model::patch::{Op, PutMode};
+use crate::outbox::ledger::{Delivery, Lease, Ledger, LedgerInner};
+use crate::state::commit::{Apply, Commit, RunRecord};
+use crate::state::graph::Graph;
+use crate::state::live::{Relation, State};
+use crate::state::snapshot::Snapshot;
 use crate::store::{CommitDelta, Loaded, OpenError, OpenOptions, SqliteStore, Store, StoreError};
-use crate::verify::{Checks, Refold, VerifyError};
 
 /// The versioned working state of one session: current artifacts and relations, the commit
 /// log, the FIFO queue of events waiting for a generation, and the delivery ledger.
@@ -312,7 +312,7 @@ impl Context {
     pub(crate) fn new_lease(&self, now: SystemTime) -> Lease {
         Lease {
             owner: self.owner.clone(),
-            expires_at: crate::ledger::later(now, self.lease),
+            expires_at: crate::outbox::ledger::later(now, self.lease),
         }
     }
 

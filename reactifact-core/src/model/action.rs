@@ -6,8 +6,8 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::artifact::{Artifact, ArtifactId, Generation};
-use crate::hash::CommitHash;
+use crate::model::artifact::{Artifact, ArtifactId, Generation};
+use crate::model::hash::CommitHash;
 
 /// Ids starting with this prefix are reserved for intents: only `act` writes there.
 pub(crate) const ACTION_ID_PREFIX: &str = "action:";

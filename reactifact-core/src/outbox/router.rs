@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 
-use crate::action::{ActionKey, Intent, Origin};
-use crate::artifact::Generation;
-use crate::dispatcher::{DispatchFuture, Dispatcher};
 use crate::error::DispatchError;
+use crate::model::action::{ActionKey, Intent, Origin};
+use crate::model::artifact::Generation;
+use crate::outbox::dispatcher::{DispatchFuture, Dispatcher};
 
 /// What a [`Router`] handler receives: the intent with its payload decoded.
 #[derive(Clone, Debug)]

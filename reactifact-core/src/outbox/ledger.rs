@@ -9,9 +9,9 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use crate::action::{ActionKey, Intent, Origin};
-use crate::artifact::{ArtifactId, Generation};
 use crate::error::RetryError;
+use crate::model::action::{ActionKey, Intent, Origin};
+use crate::model::artifact::{ArtifactId, Generation};
 
 /// Where an intent is in its delivery.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

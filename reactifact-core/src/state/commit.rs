@@ -4,13 +4,13 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::action::{ActionKey, Intent, Origin};
-use crate::artifact::{ArtifactId, Generation, Kind, Stored, Version};
 use crate::error::CommitError;
-use crate::event::{Event, EventKind};
-use crate::hash::{CommitHash, ContentHash, HashWriter, StateHash};
-use crate::patch::{Op, PutMode};
-use crate::state::{Relation, Rewind, State, Undo};
+use crate::model::action::{ActionKey, Intent, Origin};
+use crate::model::artifact::{ArtifactId, Generation, Kind, Stored, Version};
+use crate::model::event::{Event, EventKind};
+use crate::model::hash::{CommitHash, ContentHash, HashWriter, StateHash};
+use crate::model::patch::{Op, PutMode};
+use crate::state::live::{Relation, Rewind, State, Undo};
 
 /// The artifact version that triggered a produce run.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -412,12 +412,12 @@ pub(crate) fn undo_commit(state: &mut impl Rewind, commit: &Commit, undone: Opti
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hash;
+    use crate::model::hash;
 
     /// A put built without `Op::put`'s checks: what a log written before `action:` ids were
     /// reserved for intents may hold.
     fn raw_put(id: &str, kind: &str, value: &impl Serialize) -> Op {
-        let bytes = crate::artifact::encode(value).unwrap();
+        let bytes = crate::model::artifact::encode(value).unwrap();
         Op::Put {
             mode: PutMode::Create,
             id: ArtifactId::from(id),
@@ -470,7 +470,7 @@ mod tests {
         let mut apply = Apply::new(&mut state, Generation(1));
         apply.patch(&[raw_put("action:k1", "order", &("ada", 1u32))]).unwrap();
         apply.finish();
-        let buffer = std::sync::Arc::new(std::sync::Mutex::new(crate::effects::Buffer::default()));
+        let buffer = std::sync::Arc::new(std::sync::Mutex::new(crate::run::effects::Buffer::default()));
         let effects: crate::Effects = crate::Effects::new(buffer.clone(), crate::Snapshot::new(state.clone()));
         assert_eq!(effects.act("notify", "k1", &"payload"), Some(ActionKey::from("k1")));
         let sealed = buffer.lock().unwrap().seal();

@@ -14,12 +14,12 @@ use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::action::{ActionKey, Intent};
-use crate::context::Context;
-use crate::dispatcher::ErasedDispatcher;
 use crate::error::{DeliveryFailure, DispatchError};
-use crate::ledger::{later, DeliveryStatus, FailedAttempt, Ledger};
-use crate::runtime::{StopHandle, TurnOutcome};
+use crate::model::action::{ActionKey, Intent};
+use crate::outbox::dispatcher::ErasedDispatcher;
+use crate::outbox::ledger::{later, DeliveryStatus, FailedAttempt, Ledger};
+use crate::run::runtime::{StopHandle, TurnOutcome};
+use crate::state::context::Context;
 use crate::store::StoreError;
 
 /// When to try a failed delivery again, and when to give up.
@@ -580,7 +580,7 @@ fn attempt(
     let dispatch = match built {
         Ok(future) => AssertUnwindSafe(future).catch_unwind(),
         Err(panic) => {
-            let attempt = Attempt::Panicked(crate::generation::panic_message(&panic));
+            let attempt = Attempt::Panicked(crate::run::generation::panic_message(&panic));
             return Box::pin(std::future::ready((index, attempt)));
         }
     };
@@ -596,7 +596,7 @@ fn attempt(
             let attempt = match result {
                 Ok(Ok(())) => Attempt::Delivered,
                 Ok(Err(e)) => Attempt::Failed(e),
-                Err(panic) => Attempt::Panicked(crate::generation::panic_message(&panic)),
+                Err(panic) => Attempt::Panicked(crate::run::generation::panic_message(&panic)),
             };
             (index, attempt)
         }

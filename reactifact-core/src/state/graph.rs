@@ -10,11 +10,11 @@
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::artifact::Generation;
-use crate::commit::{undo_commit, Apply, Commit, Undone};
-use crate::hash::{CommitHash, StateHash};
-use crate::state::{Rewind, Rewound, State, StateView};
-use crate::verify::VerifyError;
+use crate::audit::verify::VerifyError;
+use crate::model::artifact::Generation;
+use crate::model::hash::{CommitHash, StateHash};
+use crate::state::commit::{undo_commit, Apply, Commit, Undone};
+use crate::state::live::{Rewind, Rewound, State, StateView};
 
 /// A commit reached only through a merge parent, with what the walk needs.
 pub(crate) struct Foreign {
@@ -507,21 +507,21 @@ pub(crate) enum Past<'a> {
 }
 
 impl StateView for Past<'_> {
-    fn get(&self, id: &str) -> Option<&Arc<crate::artifact::Stored>> {
+    fn get(&self, id: &str) -> Option<&Arc<crate::model::artifact::Stored>> {
         match self {
             Past::Rewound(view) => view.get(id),
             Past::Built(state) => state.get(id),
         }
     }
 
-    fn has_relation(&self, relation: &crate::state::Relation) -> bool {
+    fn has_relation(&self, relation: &crate::state::live::Relation) -> bool {
         match self {
             Past::Rewound(view) => view.has_relation(relation),
             Past::Built(state) => state.has_relation(relation),
         }
     }
 
-    fn relations_touching(&self, id: &crate::artifact::ArtifactId) -> Vec<crate::state::Relation> {
+    fn relations_touching(&self, id: &crate::model::artifact::ArtifactId) -> Vec<crate::state::live::Relation> {
         match self {
             Past::Rewound(view) => view.relations_touching(id),
             Past::Built(state) => state.relations_touching(id),

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::artifact::{ArtifactId, Generation, Kind, Version};
+use crate::model::artifact::{ArtifactId, Generation, Kind, Version};
 
 /// What happened to an artifact.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -11,16 +11,16 @@ use futures_util::FutureExt;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::artifact::{Generation, Stored};
-use crate::commit::{Read, RunRecord, TriggerRef};
-use crate::context::CommitFailure;
-use crate::effects::Buffer;
 use crate::error::{ProduceFailure, RunError, RunFailure};
-use crate::event::{Event, EventKind};
-use crate::patch::Op;
-use crate::produce::{Produce, RunInput};
-use crate::runtime::{ProduceErrors, Runtime, TurnOutcome, TurnReport};
-use crate::snapshot::Snapshot;
+use crate::model::artifact::{Generation, Stored};
+use crate::model::event::{Event, EventKind};
+use crate::model::patch::Op;
+use crate::run::effects::Buffer;
+use crate::run::produce::{Produce, RunInput};
+use crate::run::runtime::{ProduceErrors, Runtime, TurnOutcome, TurnReport};
+use crate::state::commit::{Read, RunRecord, TriggerRef};
+use crate::state::context::CommitFailure;
+use crate::state::snapshot::Snapshot;
 
 /// Where a produce is registered: agent index (in priority order) and produce index.
 #[derive(Clone, Copy, Debug)]

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::artifact::{Artifact, ArtifactId, Kind, Record, Stored};
 use crate::error::ReadError;
-use crate::hash::{self, SetDigest, StateHash};
+use crate::model::artifact::{Artifact, ArtifactId, Kind, Record, Stored};
+use crate::model::hash::{self, SetDigest, StateHash};
 
 /// A directed, named relation between two artifacts: `from -[name]-> to`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -53,7 +53,7 @@ pub(crate) trait StateView {
     fn state_hash(&self) -> StateHash;
 }
 
-/// A state that commits can be taken back off (see [`undo_commit`](crate::commit::undo_commit)).
+/// A state that commits can be taken back off (see [`undo_commit`](crate::state::commit::undo_commit)).
 pub(crate) trait Rewind: StateView {
     /// Sets the artifact stored under `id`, or removes it.
     fn put(&mut self, id: &ArtifactId, value: Option<Arc<Stored>>);

@@ -9,14 +9,14 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::action::PendingAction;
-use crate::artifact::{ArtifactType, Kind};
-use crate::context::Context;
-use crate::delivery::{Clock, DeliveryConfig, DeliveryErrors, Drain, DrainError, DrainReport, RetryPolicy};
-use crate::dispatcher::{Dispatcher, ErasedDispatcher};
 use crate::error::{FlushError, ProduceFailure, RetryError, RunError};
-use crate::generation::{self, Slot};
-use crate::produce::Agent;
+use crate::model::action::PendingAction;
+use crate::model::artifact::{ArtifactType, Kind};
+use crate::outbox::dispatcher::{Dispatcher, ErasedDispatcher};
+use crate::outbox::drain::{Clock, DeliveryConfig, DeliveryErrors, Drain, DrainError, DrainReport, RetryPolicy};
+use crate::run::generation::{self, Slot};
+use crate::run::produce::Agent;
+use crate::state::context::Context;
 
 /// What a produce error does to its generation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -1,0 +1,10 @@
+//! The model: values with no behaviour of their own — artifacts and their ids, kinds and
+//! versions, intents and their keys, events, hashes and the operations a patch is made of.
+//!
+//! Nothing here imports from the rest of the crate.
+
+pub(crate) mod action;
+pub(crate) mod artifact;
+pub(crate) mod event;
+pub(crate) mod hash;
+pub(crate) mod patch;

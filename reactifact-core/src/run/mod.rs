@@ -1,0 +1,8 @@
+//! Running produces: produces and agents, the effects buffer they write to, one generation
+//! (match, run, validate, commit), and the runtime that repeats generations and drains the
+//! outbox.
+
+pub(crate) mod effects;
+pub(crate) mod generation;
+pub(crate) mod produce;
+pub(crate) mod runtime;

@@ -1,0 +1,9 @@
+//! The versioned state: the live state and its relations, snapshots, the commit log and the
+//! rules that apply it, the context of one session, its commit graph, and branches.
+
+pub(crate) mod branch;
+pub(crate) mod commit;
+pub(crate) mod context;
+pub(crate) mod graph;
+pub(crate) mod live;
+pub(crate) mod snapshot;
