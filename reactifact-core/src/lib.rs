@@ -15,7 +15,6 @@
 //! contract in full.
 
 mod audit;
-mod error;
 mod model;
 mod outbox;
 mod run;
@@ -25,28 +24,27 @@ mod store;
 pub use audit::provenance::{content_key, Provenance};
 pub use audit::replay::{testing, Difference, Divergence, FieldDiff, ReplayError, ReplayReport};
 pub use audit::verify::{verify_log, TimeTravelError, VerifyError, VerifyReport};
-pub use error::{
-    BoxError, CommitError, DeliveryFailure, DispatchError, EffectError, FlushError, ProduceError, ProduceFailure,
-    ReadError, RetryError, RunError, RunFailure, WriteError, MAX_RETRY_AFTER,
-};
 pub use model::action::{ActionKey, Intent, Origin, PendingAction};
-pub use model::artifact::{Artifact, ArtifactId, Generation, Kind, Record, Version};
+pub use model::artifact::{Artifact, ArtifactId, Generation, Kind, ReadError, Record, Version};
 pub use model::event::{Event, EventKind};
 pub use model::hash::{CommitHash, ContentHash, StateHash};
-pub use model::patch::{Op, PutMode};
-pub use outbox::dispatcher::Dispatcher;
-pub use outbox::drain::{DeliveryErrors, DrainReport, RetryPolicy};
-pub use outbox::ledger::{Delivery, DeliveryStatus, Lease, Ledger};
+pub use model::patch::{EffectError, Op, PutMode};
+pub use outbox::dispatcher::{BoxError, DispatchError, Dispatcher, MAX_RETRY_AFTER};
+pub use outbox::drain::{DeliveryErrors, DeliveryFailure, DrainReport, RetryPolicy};
+pub use outbox::ledger::{Delivery, DeliveryStatus, Lease, Ledger, RetryError};
 pub use outbox::router::{ActionCall, Router};
 pub use reactifact_macros::{produce, Artifact};
 pub use run::effects::{DeclaredOutput, Dynamic, Effects};
-pub use run::produce::{Agent, IntoProduce, IntoProduceResult, Produce, ProduceCall};
+pub use run::produce::{
+    Agent, IntoProduce, IntoProduceResult, Produce, ProduceCall, ProduceError, ProduceFailure, RunFailure,
+};
 pub use run::runtime::{
-    Budget, BuildError, ProduceErrors, Runtime, RuntimeBuilder, StopHandle, TurnOutcome, TurnReport,
+    Budget, BuildError, FlushError, ProduceErrors, RunError, Runtime, RuntimeBuilder, StopHandle, TurnOutcome,
+    TurnReport,
 };
 pub use state::branch::{ArtifactState, Conflict, Diff, ForkError, MergeError, MergeReport, Resolution, Side, Updated};
-pub use state::commit::{Commit, Read, RunRecord, TriggerRef};
-pub use state::context::{Context, Transaction};
+pub use state::commit::{Commit, CommitError, Read, RunRecord, TriggerRef};
+pub use state::context::{Context, Transaction, WriteError};
 pub use state::live::Relation;
 pub use state::snapshot::Snapshot;
 pub use store::{OpenError, OpenOptions, StoreError, Synchronous};

@@ -6,13 +6,12 @@
 //! it, [`Context::state_at`] stops it after a commit, and the replay oracle
 //! ([`Context::replay`]) reads the state before each commit from it.
 
-use crate::error::CommitError;
 use crate::model::action::{ActionKey, PendingAction};
 use crate::model::artifact::{ArtifactId, Generation, Kind};
 use crate::model::event::Event;
 use crate::model::hash::{self, CommitHash, StateHash};
 use crate::model::patch::Op;
-use crate::state::commit::{Apply, Commit, Undone};
+use crate::state::commit::{Apply, Commit, CommitError, Undone};
 use crate::state::context::Context;
 use crate::state::live::State;
 use crate::state::snapshot::Snapshot;

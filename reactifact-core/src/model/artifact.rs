@@ -9,8 +9,38 @@ use std::sync::{Arc, OnceLock, RwLock};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::error::ReadError;
 use crate::model::hash::ContentHash;
+
+/// Reading a typed artifact failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReadError {
+    /// The id holds an artifact of another kind.
+    #[error("artifact `{id}` is a `{stored}`, not a `{expected}` (read as {type_name})")]
+    WrongKind {
+        /// The id read.
+        id: ArtifactId,
+        /// The kind stored under it.
+        stored: Kind,
+        /// The kind of the requested type.
+        expected: Kind,
+        /// The Rust type requested.
+        type_name: &'static str,
+    },
+    /// The stored bytes no longer decode as the requested type.
+    #[error("artifact `{id}` of kind `{kind}` does not decode as {type_name}: {source}")]
+    Decode {
+        /// The id read.
+        id: ArtifactId,
+        /// The kind stored under it.
+        kind: Kind,
+        /// The Rust type requested.
+        type_name: &'static str,
+        /// What rmp-serde reported.
+        #[source]
+        source: rmp_serde::decode::Error,
+    },
+}
 
 /// A value the runtime can store, hash and hand to produces.
 ///

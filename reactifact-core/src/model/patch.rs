@@ -4,11 +4,61 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::EffectError;
 use crate::model::action::{ActionKey, PendingAction, ACTION_ID_PREFIX};
 use crate::model::artifact::{self, Artifact, ArtifactId, Kind};
 use crate::model::hash::{self, ContentHash};
 use crate::state::live::Relation;
+
+/// Recording an effect in a produce's buffer failed; reported when the produce's patch is
+/// collected, and fails that produce run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EffectError {
+    /// The value could not be encoded.
+    #[error("encoding artifact `{id}` of kind `{kind}` failed: {source}")]
+    Encode {
+        /// The id written.
+        id: ArtifactId,
+        /// The kind written.
+        kind: Kind,
+        /// What rmp-serde reported.
+        #[source]
+        source: rmp_serde::encode::Error,
+    },
+    /// An intent payload could not be encoded.
+    #[error("encoding the payload of action `{key}` ({kind}) failed: {source}")]
+    EncodePayload {
+        /// The action's idempotency key.
+        key: ActionKey,
+        /// The action kind.
+        kind: String,
+        /// What rmp-serde reported.
+        #[source]
+        source: rmp_serde::encode::Error,
+    },
+    /// `PendingAction` records are written only through `act`, which registers them in the
+    /// delivery ledger.
+    #[error("artifact `{id}`: pending actions are recorded with `act(kind, key, payload)`, not written directly")]
+    ActionWrittenDirectly {
+        /// The id written.
+        id: ArtifactId,
+    },
+    /// Ids starting with `action:` are reserved for the intents `act` records; writing another
+    /// kind there would shadow (or be shadowed by) an intent.
+    #[error("artifact `{id}`: ids starting with `action:` are reserved for intents recorded with `act(kind, key, payload)`; writing a `{kind}` there is refused")]
+    ReservedForIntents {
+        /// The id written.
+        id: ArtifactId,
+        /// The kind written.
+        kind: Kind,
+    },
+    /// The effects buffer was used after its produce run had been collected.
+    #[error("effects used after the produce run finished (artifact `{id}`); the write was dropped")]
+    AfterRun {
+        /// The id written.
+        id: ArtifactId,
+    },
+}
 
 /// How a put treats an id that already exists at commit time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -14,13 +14,30 @@ use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::error::{DeliveryFailure, DispatchError};
 use crate::model::action::{ActionKey, Intent};
-use crate::outbox::dispatcher::ErasedDispatcher;
+use crate::outbox::dispatcher::{DispatchError, ErasedDispatcher};
 use crate::outbox::ledger::{later, DeliveryStatus, FailedAttempt, Ledger};
 use crate::run::runtime::{StopHandle, TurnOutcome};
 use crate::state::context::Context;
 use crate::store::StoreError;
+
+/// A delivery that failed, as recorded in the ledger.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("delivery of action `{key}` ({kind}) failed on attempt {attempt}: {error}")]
+pub struct DeliveryFailure {
+    /// The action's idempotency key.
+    pub key: ActionKey,
+    /// The action kind.
+    pub kind: String,
+    /// The attempt number that failed (1 for the first).
+    pub attempt: u32,
+    /// The dispatcher's error message, as recorded.
+    pub error: String,
+    /// `Failed` (retried at `next_attempt_at`, or waiting for `retry`) or `Dead`.
+    pub status: DeliveryStatus,
+    /// When the retry policy tries again, if it does.
+    pub next_attempt_at: Option<std::time::SystemTime>,
+}
 
 /// When to try a failed delivery again, and when to give up.
 ///

@@ -9,9 +9,29 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::RetryError;
 use crate::model::action::{ActionKey, Intent, Origin};
 use crate::model::artifact::{ArtifactId, Generation};
+use crate::store::StoreError;
+
+/// [`Runtime::retry`](crate::Runtime::retry) refused to re-arm an intent.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RetryError {
+    /// The ledger has no intent with this key.
+    #[error("no intent with key `{0}` in the delivery ledger")]
+    UnknownKey(ActionKey),
+    /// Only failed intents can be re-armed.
+    #[error("intent `{key}` is {status}, not failed; only failed intents can be retried")]
+    NotFailed {
+        /// The key.
+        key: ActionKey,
+        /// Its current status.
+        status: DeliveryStatus,
+    },
+    /// The durable store could not record the re-arming; the intent is still failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
 
 /// Where an intent is in its delivery.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

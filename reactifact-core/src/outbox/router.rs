@@ -5,10 +5,9 @@ use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 
-use crate::error::DispatchError;
 use crate::model::action::{ActionKey, Intent, Origin};
 use crate::model::artifact::Generation;
-use crate::outbox::dispatcher::{DispatchFuture, Dispatcher};
+use crate::outbox::dispatcher::{DispatchError, DispatchFuture, Dispatcher};
 
 /// What a [`Router`] handler receives: the intent with its payload decoded.
 #[derive(Clone, Debug)]

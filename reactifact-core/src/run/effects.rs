@@ -5,10 +5,9 @@ use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
-use crate::error::EffectError;
 use crate::model::action::{ActionKey, PendingAction};
 use crate::model::artifact::{Artifact, ArtifactId, Kind, Version};
-use crate::model::patch::{Op, PutMode};
+use crate::model::patch::{EffectError, Op, PutMode};
 use crate::state::commit::Read;
 use crate::state::live::Relation;
 use crate::state::snapshot::Snapshot;

@@ -11,13 +11,12 @@ use futures_util::FutureExt;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::error::{ProduceFailure, RunError, RunFailure};
 use crate::model::artifact::{Generation, Stored};
 use crate::model::event::{Event, EventKind};
 use crate::model::patch::Op;
 use crate::run::effects::Buffer;
-use crate::run::produce::{Produce, RunInput};
-use crate::run::runtime::{ProduceErrors, Runtime, TurnOutcome, TurnReport};
+use crate::run::produce::{Produce, ProduceFailure, RunFailure, RunInput};
+use crate::run::runtime::{ProduceErrors, RunError, Runtime, TurnOutcome, TurnReport};
 use crate::state::commit::{Read, RunRecord, TriggerRef};
 use crate::state::context::CommitFailure;
 use crate::state::snapshot::Snapshot;

@@ -1,14 +1,100 @@
 //! Produces (reactions to one artifact type) and the agents that group them.
 
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
-use crate::error::{ProduceError, RunFailure};
-use crate::model::artifact::{Artifact, ArtifactType, Generation, Kind, Record, Stored};
+use crate::model::artifact::{Artifact, ArtifactId, ArtifactType, Generation, Kind, ReadError, Record, Stored};
 use crate::model::event::EventKind;
+use crate::model::patch::EffectError;
+use crate::outbox::dispatcher::BoxError;
 use crate::run::effects::{Buffer, Dynamic, Effects};
+use crate::state::commit::CommitError;
 use crate::state::snapshot::Snapshot;
+
+/// The error a produce returns. Converts from any `std::error::Error` with `?`, or build one
+/// with [`ProduceError::msg`].
+pub struct ProduceError(BoxError);
+
+impl ProduceError {
+    /// An error with a plain message.
+    pub fn msg(message: impl fmt::Display) -> Self {
+        ProduceError(message.to_string().into())
+    }
+
+    /// The underlying error.
+    pub fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.0
+    }
+
+    /// Unwraps the underlying error.
+    pub fn into_inner(self) -> BoxError {
+        self.0
+    }
+}
+
+impl<E: std::error::Error + Send + Sync + 'static> From<E> for ProduceError {
+    fn from(e: E) -> Self {
+        ProduceError(Box::new(e))
+    }
+}
+
+impl fmt::Debug for ProduceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Display for ProduceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// Why one produce run failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunFailure {
+    /// The produce returned an error.
+    #[error("{0}")]
+    Returned(ProduceError),
+    /// The trigger artifact could not be read as the produce's input type.
+    #[error(transparent)]
+    Trigger(#[from] ReadError),
+    /// An effect could not be recorded.
+    #[error(transparent)]
+    Effect(#[from] EffectError),
+    /// The produce wrote a type it did not declare.
+    #[error("wrote `{id}` of kind `{kind}`, which the produce does not declare; add it to `#[produce(.., also_creates = [..])]` or to the produce's outputs")]
+    UndeclaredOutput {
+        /// The id written.
+        id: ArtifactId,
+        /// The undeclared kind.
+        kind: Kind,
+    },
+    /// Its patch does not apply to the state.
+    #[error(transparent)]
+    Commit(#[from] CommitError),
+    /// The produce panicked.
+    #[error("panicked: {0}")]
+    Panicked(String),
+}
+
+/// A produce run that failed, with where it ran.
+#[derive(Debug, thiserror::Error)]
+#[error("produce `{produce}` (agent `{agent}`) on `{trigger}` failed: {failure}")]
+pub struct ProduceFailure {
+    /// The agent the produce belongs to.
+    pub agent: String,
+    /// The produce's name.
+    pub produce: String,
+    /// The artifact that triggered the run.
+    pub trigger: ArtifactId,
+    /// What went wrong.
+    #[source]
+    pub failure: RunFailure,
+}
 
 /// What a produce receives: its trigger, the snapshot it reads and the effects it writes to.
 ///

@@ -9,14 +9,64 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::error::{FlushError, ProduceFailure, RetryError, RunError};
 use crate::model::action::PendingAction;
 use crate::model::artifact::{ArtifactType, Kind};
 use crate::outbox::dispatcher::{Dispatcher, ErasedDispatcher};
-use crate::outbox::drain::{Clock, DeliveryConfig, DeliveryErrors, Drain, DrainError, DrainReport, RetryPolicy};
+use crate::outbox::drain::{
+    Clock, DeliveryConfig, DeliveryErrors, DeliveryFailure, Drain, DrainError, DrainReport, RetryPolicy,
+};
+use crate::outbox::ledger::RetryError;
 use crate::run::generation::{self, Slot};
-use crate::run::produce::Agent;
+use crate::run::produce::{Agent, ProduceFailure};
 use crate::state::context::Context;
+use crate::store::StoreError;
+
+/// A turn ([`Runtime::run`](crate::Runtime::run)) failed. The failure is already recorded: a
+/// failed generation left its events queued, a failed delivery is in the ledger.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// A produce run failed (fail-loud mode); the generation was not committed and its events
+    /// stay queued. `others` counts further failed runs of the same generation.
+    #[error("{first}{}", others_suffix(*others))]
+    Produce {
+        /// The first failed run in work order.
+        first: Box<ProduceFailure>,
+        /// How many other runs of the generation failed.
+        others: usize,
+    },
+    /// A delivery failed (fail-loud delivery); the failure is recorded in the ledger and the
+    /// intent can be re-armed with `retry`.
+    #[error(transparent)]
+    Delivery(#[from] DeliveryFailure),
+    /// The durable store failed; what it was writing did not take effect (a generation stays
+    /// uncommitted with its events queued; a delivery outcome is re-derived from its lease).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn others_suffix(others: usize) -> String {
+    match others {
+        0 => String::new(),
+        1 => " (and 1 other run of the generation)".to_owned(),
+        n => format!(" (and {n} other runs of the generation)"),
+    }
+}
+
+/// [`Runtime::flush`](crate::Runtime::flush) failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FlushError {
+    /// No dispatcher is configured, so nothing can be delivered.
+    #[error("no dispatcher is configured; add one with RuntimeBuilder::dispatcher")]
+    NoDispatcher,
+    /// A delivery failed (fail-loud delivery); it is recorded in the ledger.
+    #[error(transparent)]
+    Delivery(#[from] DeliveryFailure),
+    /// The durable store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
 
 /// What a produce error does to its generation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -6,12 +6,11 @@ use std::sync::Arc;
 
 use crate::audit::replay::{diff_bytes, FieldDiff};
 use crate::audit::verify::{Checks, Refold, VerifyError};
-use crate::error::{CommitError, ReadError};
 use crate::model::action::{ActionKey, PendingAction};
-use crate::model::artifact::{Artifact, ArtifactId, Generation, Kind, Record, Stored, Version};
+use crate::model::artifact::{Artifact, ArtifactId, Generation, Kind, ReadError, Record, Stored, Version};
 use crate::model::hash::{CommitHash, ContentHash};
 use crate::model::patch::{Op, PutMode};
-use crate::state::commit::{Commit, RunRecord};
+use crate::state::commit::{Commit, CommitError, RunRecord};
 use crate::state::context::{CommitFailure, Context};
 use crate::state::graph::{Histories, Past, Path, Side as HistorySide};
 use crate::state::live::{Relation, Rewound, StateView};

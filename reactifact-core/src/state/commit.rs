@@ -4,13 +4,60 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::error::CommitError;
 use crate::model::action::{ActionKey, Intent, Origin};
 use crate::model::artifact::{ArtifactId, Generation, Kind, Stored, Version};
 use crate::model::event::{Event, EventKind};
 use crate::model::hash::{CommitHash, ContentHash, HashWriter, StateHash};
 use crate::model::patch::{Op, PutMode};
 use crate::state::live::{Relation, Rewind, State, Undo};
+
+/// Applying an operation to the state failed. Nothing of the generation (or, in isolation
+/// mode, of the patch) is applied.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommitError {
+    /// An update names an id that does not exist.
+    #[error("update of unknown artifact `{id}` (kind `{kind}`)")]
+    UnknownId {
+        /// The id updated.
+        id: ArtifactId,
+        /// The kind the update wrote.
+        kind: Kind,
+    },
+    /// A write would change the kind stored under an id.
+    #[error("artifact `{id}` is a `{stored}`; writing a `{written}` under the same id is refused")]
+    KindMismatch {
+        /// The id written.
+        id: ArtifactId,
+        /// The kind stored under it.
+        stored: Kind,
+        /// The kind written.
+        written: Kind,
+    },
+    /// An intent's id, `action:{key}`, holds an artifact that is not a pending action, so the
+    /// intent cannot be recorded.
+    #[error("intent `{key}` cannot be recorded: `{id}` holds a `{found}`, not a pending action")]
+    ActionIdTaken {
+        /// The intent's idempotency key.
+        key: ActionKey,
+        /// `action:{key}`.
+        id: ArtifactId,
+        /// The kind stored there.
+        found: Kind,
+    },
+    /// A link names an endpoint that does not exist.
+    #[error("link `{from}` -[{name}]-> `{to}`: artifact `{missing}` does not exist")]
+    UnknownEndpoint {
+        /// The relation's source.
+        from: ArtifactId,
+        /// The relation's name.
+        name: String,
+        /// The relation's target.
+        to: ArtifactId,
+        /// The endpoint that is missing.
+        missing: ArtifactId,
+    },
+}
 
 /// The artifact version that triggered a produce run.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

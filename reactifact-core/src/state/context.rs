@@ -6,17 +6,32 @@ use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use crate::audit::verify::{Checks, Refold, VerifyError};
-use crate::error::{CommitError, EffectError, ReadError, WriteError};
-use crate::model::artifact::{Artifact, ArtifactId, Generation, Record};
+use crate::model::artifact::{Artifact, ArtifactId, Generation, ReadError, Record};
 use crate::model::event::{Event, QueuedEvent};
 use crate::model::hash::{CommitHash, StateHash};
-use crate::model::patch::{Op, PutMode};
+use crate::model::patch::{EffectError, Op, PutMode};
 use crate::outbox::ledger::{Delivery, Lease, Ledger, LedgerInner};
-use crate::state::commit::{Apply, Commit, RunRecord};
+use crate::state::commit::{Apply, Commit, CommitError, RunRecord};
 use crate::state::graph::Graph;
 use crate::state::live::{Relation, State};
 use crate::state::snapshot::Snapshot;
 use crate::store::{CommitDelta, Loaded, OpenError, OpenOptions, SqliteStore, Store, StoreError};
+
+/// A direct write to a context (seeding, [`Context::create`](crate::Context::create) and
+/// friends) failed; nothing was written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WriteError {
+    /// The value could not be encoded, or a pending action was written directly.
+    #[error(transparent)]
+    Effect(#[from] EffectError),
+    /// The write does not apply to the current state.
+    #[error(transparent)]
+    Commit(#[from] CommitError),
+    /// The durable store could not persist the commit.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
 
 /// The versioned working state of one session: current artifacts and relations, the commit
 /// log, the FIFO queue of events waiting for a generation, and the delivery ledger.

@@ -5,8 +5,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::ReadError;
-use crate::model::artifact::{Artifact, ArtifactId, Kind, Record, Stored};
+use crate::model::artifact::{Artifact, ArtifactId, Kind, ReadError, Record, Stored};
 use crate::model::hash::{self, SetDigest, StateHash};
 
 /// A directed, named relation between two artifacts: `from -[name]-> to`.

@@ -2,8 +2,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::error::ReadError;
-use crate::model::artifact::{Artifact, ArtifactId, Kind, Record, Stored, Version};
+use crate::model::artifact::{Artifact, ArtifactId, Kind, ReadError, Record, Stored, Version};
 use crate::model::hash::{ContentHash, StateHash};
 use crate::run::effects::Buffer;
 use crate::state::live::{Relation, State};
