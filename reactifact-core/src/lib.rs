@@ -22,13 +22,15 @@ mod state;
 mod store;
 
 pub use audit::provenance::{content_key, Provenance};
-pub use audit::replay::{testing, Difference, Divergence, FieldDiff, ReplayError, ReplayReport};
-pub use audit::verify::{verify_log, TimeTravelError, VerifyError, VerifyReport};
+pub use audit::replay::{testing, Difference, Divergence, ReplayError, ReplayReport};
+pub use audit::verify::{verify_log, TimeTravelError, VerifyReport};
 pub use model::action::{ActionKey, Intent, Origin, PendingAction};
 pub use model::artifact::{Artifact, ArtifactId, Generation, Kind, ReadError, Record, Version};
 pub use model::event::{Event, EventKind};
+pub use model::field_diff::FieldDiff;
 pub use model::hash::{CommitHash, ContentHash, StateHash};
 pub use model::patch::{EffectError, Op, PutMode};
+pub use model::relation::Relation;
 pub use outbox::dispatcher::{BoxError, DispatchError, Dispatcher, MAX_RETRY_AFTER};
 pub use outbox::drain::{DeliveryErrors, DeliveryFailure, DrainReport, RetryPolicy};
 pub use outbox::ledger::{Delivery, DeliveryStatus, Lease, Ledger, RetryError};
@@ -45,7 +47,7 @@ pub use run::runtime::{
 pub use state::branch::{ArtifactState, Conflict, Diff, ForkError, MergeError, MergeReport, Resolution, Side, Updated};
 pub use state::commit::{Commit, CommitError, Read, RunRecord, TriggerRef};
 pub use state::context::{Context, Transaction, WriteError};
-pub use state::live::Relation;
+pub use state::refold::VerifyError;
 pub use state::snapshot::Snapshot;
 pub use store::{OpenError, OpenOptions, StoreError, Synchronous};
 

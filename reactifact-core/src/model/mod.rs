@@ -6,5 +6,7 @@
 pub(crate) mod action;
 pub(crate) mod artifact;
 pub(crate) mod event;
+pub(crate) mod field_diff;
 pub(crate) mod hash;
 pub(crate) mod patch;
+pub(crate) mod relation;

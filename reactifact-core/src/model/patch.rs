@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::action::{ActionKey, PendingAction, ACTION_ID_PREFIX};
 use crate::model::artifact::{self, Artifact, ArtifactId, Kind};
 use crate::model::hash::{self, ContentHash};
-use crate::state::live::Relation;
+use crate::model::relation::Relation;
 
 /// Recording an effect in a produce's buffer failed; reported when the produce's patch is
 /// collected, and fails that produce run.

@@ -8,8 +8,8 @@ use serde::Serialize;
 use crate::model::action::{ActionKey, PendingAction};
 use crate::model::artifact::{Artifact, ArtifactId, Kind, Version};
 use crate::model::patch::{EffectError, Op, PutMode};
+use crate::model::relation::Relation;
 use crate::state::commit::Read;
-use crate::state::live::Relation;
 use crate::state::snapshot::Snapshot;
 
 /// Marks `Self` as an output that produce `P` declared.

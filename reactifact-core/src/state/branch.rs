@@ -4,16 +4,17 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::audit::replay::{diff_bytes, FieldDiff};
-use crate::audit::verify::{Checks, Refold, VerifyError};
 use crate::model::action::{ActionKey, PendingAction};
 use crate::model::artifact::{Artifact, ArtifactId, Generation, Kind, ReadError, Record, Stored, Version};
+use crate::model::field_diff::{diff_bytes, FieldDiff};
 use crate::model::hash::{CommitHash, ContentHash};
 use crate::model::patch::{Op, PutMode};
+use crate::model::relation::Relation;
 use crate::state::commit::{Commit, CommitError, RunRecord};
 use crate::state::context::{CommitFailure, Context};
 use crate::state::graph::{Histories, Past, Path, Side as HistorySide};
-use crate::state::live::{Relation, Rewound, StateView};
+use crate::state::live::{Rewound, StateView};
+use crate::state::refold::{Checks, Refold, VerifyError};
 use crate::store::StoreError;
 
 /// Forking a context failed; nothing was created.

@@ -9,7 +9,8 @@ use crate::model::artifact::{ArtifactId, Generation, Kind, Stored, Version};
 use crate::model::event::{Event, EventKind};
 use crate::model::hash::{CommitHash, ContentHash, HashWriter, StateHash};
 use crate::model::patch::{Op, PutMode};
-use crate::state::live::{Relation, Rewind, State, Undo};
+use crate::model::relation::Relation;
+use crate::state::live::{Rewind, State, Undo};
 
 /// Applying an operation to the state failed. Nothing of the generation (or, in isolation
 /// mode, of the patch) is applied.

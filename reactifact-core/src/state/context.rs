@@ -5,15 +5,16 @@ use std::path::Path;
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-use crate::audit::verify::{Checks, Refold, VerifyError};
 use crate::model::artifact::{Artifact, ArtifactId, Generation, ReadError, Record};
 use crate::model::event::{Event, QueuedEvent};
 use crate::model::hash::{CommitHash, StateHash};
 use crate::model::patch::{EffectError, Op, PutMode};
+use crate::model::relation::Relation;
 use crate::outbox::ledger::{Delivery, Lease, Ledger, LedgerInner};
 use crate::state::commit::{Apply, Commit, CommitError, RunRecord};
 use crate::state::graph::Graph;
-use crate::state::live::{Relation, State};
+use crate::state::live::State;
+use crate::state::refold::{Checks, Refold, VerifyError};
 use crate::state::snapshot::Snapshot;
 use crate::store::{CommitDelta, Loaded, OpenError, OpenOptions, SqliteStore, Store, StoreError};
 

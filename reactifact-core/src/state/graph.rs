@@ -10,11 +10,11 @@
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::audit::verify::VerifyError;
 use crate::model::artifact::Generation;
 use crate::model::hash::{CommitHash, StateHash};
 use crate::state::commit::{undo_commit, Apply, Commit, Undone};
 use crate::state::live::{Rewind, Rewound, State, StateView};
+use crate::state::refold::VerifyError;
 
 /// A commit reached only through a merge parent, with what the walk needs.
 pub(crate) struct Foreign {
@@ -514,14 +514,14 @@ impl StateView for Past<'_> {
         }
     }
 
-    fn has_relation(&self, relation: &crate::state::live::Relation) -> bool {
+    fn has_relation(&self, relation: &crate::model::relation::Relation) -> bool {
         match self {
             Past::Rewound(view) => view.has_relation(relation),
             Past::Built(state) => state.has_relation(relation),
         }
     }
 
-    fn relations_touching(&self, id: &crate::model::artifact::ArtifactId) -> Vec<crate::state::live::Relation> {
+    fn relations_touching(&self, id: &crate::model::artifact::ArtifactId) -> Vec<crate::model::relation::Relation> {
         match self {
             Past::Rewound(view) => view.relations_touching(id),
             Past::Built(state) => state.relations_touching(id),

@@ -3,44 +3,9 @@
 use std::ops::Bound;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
 use crate::model::artifact::{Artifact, ArtifactId, Kind, ReadError, Record, Stored};
 use crate::model::hash::{self, SetDigest, StateHash};
-
-/// A directed, named relation between two artifacts: `from -[name]-> to`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Relation {
-    /// The source artifact.
-    pub from: ArtifactId,
-    /// The relation's name, e.g. `"billed_by"`.
-    pub name: Arc<str>,
-    /// The target artifact.
-    pub to: ArtifactId,
-}
-
-impl Relation {
-    /// A relation `from -[name]-> to`.
-    pub fn new(from: impl Into<ArtifactId>, name: &str, to: impl Into<ArtifactId>) -> Self {
-        Relation {
-            from: from.into(),
-            name: Arc::from(name),
-            to: to.into(),
-        }
-    }
-
-    fn reversed(&self) -> Relation {
-        Relation {
-            from: self.to.clone(),
-            name: self.name.clone(),
-            to: self.from.clone(),
-        }
-    }
-
-    fn entry(&self) -> [u8; 32] {
-        hash::relation_entry(self.from.as_str(), &self.name, self.to.as_str())
-    }
-}
+use crate::model::relation::Relation;
 
 /// What merges and diffs read of a state: an artifact, a relation, an artifact's relations,
 /// the state hash. Implemented by [`State`] and by a [`Rewound`] view of one.

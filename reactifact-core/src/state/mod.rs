@@ -6,4 +6,5 @@ pub(crate) mod commit;
 pub(crate) mod context;
 pub(crate) mod graph;
 pub(crate) mod live;
+pub(crate) mod refold;
 pub(crate) mod snapshot;

@@ -4,8 +4,9 @@ use std::sync::{Arc, Mutex};
 
 use crate::model::artifact::{Artifact, ArtifactId, Kind, ReadError, Record, Stored, Version};
 use crate::model::hash::{ContentHash, StateHash};
+use crate::model::relation::Relation;
 use crate::run::effects::Buffer;
-use crate::state::live::{Relation, State};
+use crate::state::live::State;
 
 /// An immutable view of a context's artifacts and relations at one point in time.
 ///

@@ -15,8 +15,8 @@ use crate::model::action::ActionKey;
 use crate::model::artifact::{ArtifactId, Kind, Version};
 use crate::model::hash::{self, ContentHash};
 use crate::model::patch::{Op, PutMode};
+use crate::model::relation::Relation;
 use crate::state::commit::{Read, RunRecord, TriggerRef};
-use crate::state::live::Relation;
 
 #[derive(Serialize, Deserialize)]
 struct RunRepr<'a> {

@@ -10,9 +10,9 @@ mod sqlite;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::audit::verify::VerifyError;
 use crate::outbox::ledger::Delivery;
 use crate::state::commit::Commit;
+use crate::state::refold::VerifyError;
 
 pub(crate) use sqlite::SqliteStore;
 

@@ -1,0 +1,308 @@
+//! The refold: apply a commit log again from an empty state, checking every commit on the way.
+//!
+//! [`Refold`] is the one implementation of "apply the log again": opening a durable session
+//! ([`Context::open`](crate::Context::open)) and forking rebuild their state with it,
+//! [`Context::verify`](crate::Context::verify) checks a whole log with it,
+//! [`Context::state_at`](crate::Context::state_at) stops it after a commit, and the replay
+//! oracle ([`Context::replay`](crate::Context::replay)) reads the state before each commit
+//! from it.
+
+use crate::model::action::{ActionKey, PendingAction};
+use crate::model::artifact::{ArtifactId, Generation, Kind};
+use crate::model::event::Event;
+use crate::model::hash::{self, CommitHash, StateHash};
+use crate::model::patch::Op;
+use crate::state::commit::{Apply, Commit, CommitError, Undone};
+use crate::state::live::State;
+
+/// The first place where a commit log does not reproduce what it recorded.
+///
+/// Every variant names the commit (its generation); those that can name an artifact or an
+/// intent do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum VerifyError {
+    /// The commit sits at another position in the log than its generation says.
+    #[error("commit {}: it is the log's entry {}", .generation.0, .position)]
+    Numbering {
+        /// The generation the commit records.
+        generation: Generation,
+        /// Its position in the log, counting from 1.
+        position: u64,
+    },
+    /// The commit's parent hash is not the hash of the commit before it.
+    #[error("commit {}: its parent is not the commit before it", .generation.0)]
+    Parent {
+        /// The commit.
+        generation: Generation,
+    },
+    /// An artifact's bytes do not hash to the content hash recorded with them.
+    #[error("commit {}: the bytes of `{id}` (kind `{kind}`) do not match its content hash", .generation.0)]
+    Content {
+        /// The commit.
+        generation: Generation,
+        /// The artifact written.
+        id: ArtifactId,
+        /// Its kind.
+        kind: Kind,
+    },
+    /// An intent's payload (as handed to the dispatcher) is not the payload of the pending
+    /// action it was committed as.
+    #[error("commit {}: the payload of intent `{key}` does not match its pending action", .generation.0)]
+    Payload {
+        /// The commit.
+        generation: Generation,
+        /// The intent's key.
+        key: ActionKey,
+    },
+    /// The commit's hash is not the hash of its content (parent, generation, state hash,
+    /// runs): a run's agent, produce, trigger, operations or reads were changed.
+    #[error("commit {}: its hash does not match its content (recorded {recorded}, computed {computed})", .generation.0)]
+    CommitHash {
+        /// The commit.
+        generation: Generation,
+        /// The hash the log recorded.
+        recorded: CommitHash,
+        /// The hash of the commit's content.
+        computed: CommitHash,
+    },
+    /// A run of the commit does not apply to the state before it.
+    #[error("commit {}: replaying it failed: run {run}: {source}", .generation.0)]
+    Apply {
+        /// The commit.
+        generation: Generation,
+        /// The run's index in the commit.
+        run: usize,
+        /// Why the patch does not apply.
+        #[source]
+        source: CommitError,
+    },
+    /// Applying the commit does not give the state hash it recorded.
+    #[error(
+        "commit {}: replaying it does not give the state hash it recorded (recorded {recorded}, replayed {replayed}); it writes {}",
+        .generation.0, id_list(.writes, *.more_writes)
+    )]
+    StateHash {
+        /// The commit.
+        generation: Generation,
+        /// The state hash the log recorded.
+        recorded: StateHash,
+        /// The state hash the refold gives.
+        replayed: StateHash,
+        /// The first ids the commit writes (the candidates for a changed artifact).
+        writes: Vec<ArtifactId>,
+        /// How many more ids it writes.
+        more_writes: usize,
+    },
+    /// The whole log checks out, but the live state is not the state it refolds to.
+    #[error("the live state hash {live} is not the state hash {replayed} the log refolds to (head commit {})", .generation.0)]
+    LiveState {
+        /// The last commit.
+        generation: Generation,
+        /// The live state hash.
+        live: StateHash,
+        /// The state hash of the refolded log.
+        replayed: StateHash,
+    },
+}
+
+fn id_list(ids: &[ArtifactId], more: usize) -> String {
+    let mut out = ids.iter().map(|id| format!("`{id}`")).collect::<Vec<_>>().join(", ");
+    if ids.is_empty() {
+        out.push_str("nothing");
+    }
+    if more > 0 {
+        out.push_str(&format!(" and {more} more"));
+    }
+    out
+}
+
+/// Which hashes a [`Refold`] checks besides parent links, numbering and state hashes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Checks {
+    /// Recompute every artifact's content hash from its bytes and check intent payloads.
+    pub(crate) content: bool,
+    /// Recompute every commit hash.
+    pub(crate) commit_hash: bool,
+}
+
+impl Checks {
+    /// Parent links, numbering and state hashes: what opening a durable session checks (its
+    /// decoder derives content hashes from the bytes, so they cannot disagree).
+    pub(crate) const STATE: Checks = Checks {
+        content: false,
+        commit_hash: false,
+    };
+    /// Everything.
+    pub(crate) const ALL: Checks = Checks {
+        content: true,
+        commit_hash: true,
+    };
+}
+
+/// Applies a commit log to a state, commit by commit, checking each commit on the way.
+pub(crate) struct Refold {
+    state: State,
+    parent: Option<CommitHash>,
+    next: Generation,
+    checks: Checks,
+    /// How to undo each commit stepped, if asked for (see [`Undone`]).
+    undone: Option<Vec<(Generation, Undone)>>,
+}
+
+impl Refold {
+    /// A refold starting from the empty state.
+    pub(crate) fn new(checks: Checks) -> Self {
+        Refold {
+            state: State::default(),
+            parent: None,
+            next: Generation(1),
+            checks,
+            undone: None,
+        }
+    }
+
+    /// A refold that also keeps how to undo each commit, for a context's [`Graph`](crate::state::graph::Graph).
+    pub(crate) fn keeping_undo(checks: Checks) -> Self {
+        Refold {
+            undone: Some(Vec::new()),
+            ..Refold::new(checks)
+        }
+    }
+
+    /// The state and how to undo each commit stepped (empty unless made by
+    /// [`keeping_undo`](Refold::keeping_undo)).
+    pub(crate) fn into_parts(self) -> (State, Vec<(Generation, Undone)>) {
+        (self.state, self.undone.unwrap_or_default())
+    }
+
+    /// The state after the commits stepped so far.
+    pub(crate) fn state(&self) -> &State {
+        &self.state
+    }
+
+    /// The state after the commits stepped so far, taken out.
+    pub(crate) fn into_state(self) -> State {
+        self.state
+    }
+
+    /// The hash of the last commit stepped.
+    pub(crate) fn head(&self) -> Option<CommitHash> {
+        self.parent
+    }
+
+    /// Checks and applies the next commit; returns the events it emits. On error the state is
+    /// as it was before the commit.
+    pub(crate) fn step(&mut self, commit: &Commit) -> Result<Vec<Event>, VerifyError> {
+        let generation = commit.generation;
+        if generation != self.next {
+            return Err(VerifyError::Numbering {
+                generation,
+                position: self.next.0,
+            });
+        }
+        if commit.parent != self.parent {
+            return Err(VerifyError::Parent { generation });
+        }
+        if self.checks.content {
+            check_content(commit)?;
+        }
+        if self.checks.commit_hash {
+            let computed = commit.recompute_hash();
+            if computed != commit.hash {
+                return Err(VerifyError::CommitHash {
+                    generation,
+                    recorded: commit.hash,
+                    computed,
+                });
+            }
+        }
+        let mut apply = Apply::new(&mut self.state, generation);
+        for (run, record) in commit.runs.iter().enumerate() {
+            if let Err(source) = apply.patch(&record.ops) {
+                apply.rollback();
+                return Err(VerifyError::Apply {
+                    generation,
+                    run,
+                    source,
+                });
+            }
+        }
+        let replayed = apply.state().state_hash();
+        if replayed != commit.state_hash {
+            apply.rollback();
+            const SHOWN: usize = 8;
+            let mut writes: Vec<ArtifactId> = Vec::new();
+            let mut more_writes = 0;
+            for op in commit.runs.iter().flat_map(|r| &r.ops) {
+                if writes.contains(op.id()) {
+                    continue;
+                }
+                if writes.len() < SHOWN {
+                    writes.push(op.id().clone());
+                } else {
+                    more_writes += 1;
+                }
+            }
+            return Err(VerifyError::StateHash {
+                generation,
+                recorded: commit.state_hash,
+                replayed,
+                writes,
+                more_writes,
+            });
+        }
+        let events = std::mem::take(&mut apply.events);
+        if let (Some(undone), Some(list)) = (apply.finish(), &mut self.undone) {
+            list.push((generation, undone));
+        }
+        self.parent = Some(commit.hash);
+        self.next = generation.next();
+        Ok(events)
+    }
+}
+
+/// Checks that every artifact's bytes hash to its recorded content hash and that every
+/// intent's payload is the one inside its pending action.
+fn check_content(commit: &Commit) -> Result<(), VerifyError> {
+    let generation = commit.generation;
+    for op in commit.runs.iter().flat_map(|r| &r.ops) {
+        match op {
+            Op::Put {
+                id, kind, hash, bytes, ..
+            } if hash::content_hash(bytes) != *hash => {
+                return Err(VerifyError::Content {
+                    generation,
+                    id: id.clone(),
+                    kind: *kind,
+                });
+            }
+            Op::Act {
+                key,
+                id,
+                hash,
+                bytes,
+                payload,
+                ..
+            } => {
+                if hash::content_hash(bytes) != *hash {
+                    return Err(VerifyError::Content {
+                        generation,
+                        id: id.clone(),
+                        kind: Kind::of::<PendingAction>(),
+                    });
+                }
+                let matches = rmp_serde::from_slice::<PendingAction>(bytes)
+                    .is_ok_and(|action| action.payload[..] == payload[..] && action.key == key.as_str());
+                if !matches {
+                    return Err(VerifyError::Payload {
+                        generation,
+                        key: key.clone(),
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
