@@ -13,6 +13,21 @@
 //!
 //! See `docs/concepts.md` and `docs/scheduler-semantics.md` in the repository for the
 //! contract in full.
+//!
+//! The source is laid out by subsystem, imports running downward: `model/` (values with no
+//! behaviour of their own) ← `state/` (live state, snapshots, the commit log, the context,
+//! branches) ← `store/` (durable homes) ← `outbox/` (the ledger, the drain, dispatchers, the
+//! router) ← `run/` (produces, effects, generations, the runtime) ← `audit/` (verification,
+//! time travel, replay, provenance, export). Each error enum lives beside the operation that
+//! raises it and is re-exported here.
+//!
+//! Known upward edges, to go with the store-owned outbox (issue 13): `state/context.rs` holds
+//! a `Box<dyn Store>` and the `Ledger` (and so imports `store/` and `outbox/ledger.rs`;
+//! `WriteError` and `state/branch.rs` carry a `StoreError`), and `store/` persists the
+//! ledger's `Delivery`, `DeliveryStatus` and `Lease` from `outbox/ledger.rs`. Two more are
+//! not part of that redesign: `state/snapshot.rs` records a produce's reads into the effects
+//! `Buffer` of `run/effects.rs`, and `outbox/drain.rs` takes `StopHandle` and `TurnOutcome`
+//! from `run/runtime.rs` and `panic_message` from `run/generation.rs`.
 
 mod audit;
 mod model;

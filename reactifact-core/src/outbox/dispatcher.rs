@@ -22,9 +22,10 @@ pub const MAX_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(
 /// The error a dispatcher returns: what went wrong, and whether trying again can help.
 ///
 /// Errors are *retryable* unless built with [`DispatchError::permanent`]: a retryable failure
-/// is attempted again after the retry policy's backoff (and no earlier than [`retry_after`]
-/// (DispatchError::retry_after), if the receiver said when), a permanent one goes straight to
-/// the dead letter, and a [`no_route`](DispatchError::no_route) one is held. Converts from any `std::error::Error` with `?` (as retryable).
+/// is attempted again after the retry policy's backoff (and no earlier than
+/// [`retry_after`](DispatchError::retry_after), if the receiver said when), a permanent one
+/// goes straight to the dead letter, and a [`no_route`](DispatchError::no_route) one is held.
+/// Converts from any `std::error::Error` with `?` (as retryable).
 pub struct DispatchError {
     error: BoxError,
     permanent: bool,

@@ -84,8 +84,8 @@ impl RetryPolicy {
         }
     }
 
-    /// No automatic retry: a failed intent stays `Failed` until [`retry`]
-    /// (crate::Runtime::retry) re-arms it, whatever `Retry-After` the dispatcher reported.
+    /// No automatic retry: a failed intent stays `Failed` until
+    /// [`retry`](crate::Runtime::retry) re-arms it, whatever `Retry-After` the dispatcher reported.
     pub fn manual() -> Self {
         RetryPolicy {
             max_attempts: u32::MAX,

@@ -355,7 +355,7 @@ impl LedgerInner {
     }
 
     /// Takes up to `limit` intents due at `now` and marks them in flight under `lease`,
-    /// counting an attempt for each. Returns their positions; [`Ledger::intent_for`] gives
+    /// counting an attempt for each. Returns their positions; [`LedgerInner::intent_for`] gives
     /// each intent.
     pub(crate) fn begin_batch(&mut self, limit: usize, lease: &Lease, now: SystemTime) -> Vec<usize> {
         let due = due_key(Some(now));
@@ -453,7 +453,7 @@ impl LedgerInner {
     }
 
     /// Puts a failed, dead or held intent back to pending, due now, and returns its position
-    /// and what it was, for [`Ledger::unarm`].
+    /// and what it was, for [`LedgerInner::unarm`].
     pub(crate) fn rearm(&mut self, key: &str, now: SystemTime) -> Result<(usize, Delivery), RetryError> {
         let Some(&at) = self.index.get(key) else {
             return Err(RetryError::UnknownKey(ActionKey::from(key)));
@@ -478,7 +478,7 @@ impl LedgerInner {
         Ok((at, before))
     }
 
-    /// Undoes [`Ledger::rearm`] when the store could not record it.
+    /// Undoes [`LedgerInner::rearm`] when the store could not record it.
     pub(crate) fn unarm(&mut self, at: usize, before: Delivery) {
         self.unschedule(at);
         self.entries[at] = before;

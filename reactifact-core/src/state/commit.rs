@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::model::action::{ActionKey, Intent, Origin};
+use crate::model::action::{ActionKey, Intent, Origin, PendingAction};
 use crate::model::artifact::{ArtifactId, Generation, Kind, Stored, Version};
 use crate::model::event::{Event, EventKind};
 use crate::model::hash::{CommitHash, ContentHash, HashWriter, StateHash};
@@ -307,7 +307,7 @@ impl<'a> Apply<'a> {
                 bytes,
                 payload,
             } => {
-                let pending_action = Kind::of::<crate::PendingAction>();
+                let pending_action = Kind::of::<PendingAction>();
                 if let Some(current) = self.state.get(id.as_str()).filter(|c| c.kind != pending_action) {
                     return Err(CommitError::ActionIdTaken {
                         key: key.clone(),
@@ -461,6 +461,9 @@ pub(crate) fn undo_commit(state: &mut impl Rewind, commit: &Commit, undone: Opti
 mod tests {
     use super::*;
     use crate::model::hash;
+    // The effects buffer sits above state/ (run/); only this test reaches up to it.
+    use crate::run::effects::{Buffer, Effects};
+    use crate::state::snapshot::Snapshot;
 
     /// A put built without `Op::put`'s checks: what a log written before `action:` ids were
     /// reserved for intents may hold.
@@ -518,8 +521,8 @@ mod tests {
         let mut apply = Apply::new(&mut state, Generation(1));
         apply.patch(&[raw_put("action:k1", "order", &("ada", 1u32))]).unwrap();
         apply.finish();
-        let buffer = std::sync::Arc::new(std::sync::Mutex::new(crate::run::effects::Buffer::default()));
-        let effects: crate::Effects = crate::Effects::new(buffer.clone(), crate::Snapshot::new(state.clone()));
+        let buffer = std::sync::Arc::new(std::sync::Mutex::new(Buffer::default()));
+        let effects: Effects = Effects::new(buffer.clone(), Snapshot::new(state.clone()));
         assert_eq!(effects.act("notify", "k1", &"payload"), Some(ActionKey::from("k1")));
         let sealed = buffer.lock().unwrap().seal();
         assert!(matches!(&sealed.ops[..], [Op::Act { key, .. }] if key.as_str() == "k1"));

@@ -167,7 +167,7 @@ mod tests {
         total: u32,
     }
 
-    impl crate::Artifact for Receipt {
+    impl crate::model::artifact::Artifact for Receipt {
         const KIND: &'static str = "receipt";
     }
 
