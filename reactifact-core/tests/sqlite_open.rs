@@ -252,7 +252,9 @@ async fn a_flipped_byte_anywhere_in_the_file_is_an_error_or_a_verified_open_neve
         }
         for options in [OpenOptions::new().read_only(true), OpenOptions::new()] {
             let result = std::panic::catch_unwind(|| {
-                Context::open_with(&copy, "orders", options).map(|ctx| ctx.verify().is_ok())
+                Context::open_with(&copy, "orders", options)
+                    .map(|ctx| ctx.verify().is_ok())
+                    .map_err(|e| e.to_string())
             });
             match result {
                 Err(_) => panic!("a byte flipped at offset {at} made the open panic"),
@@ -261,5 +263,8 @@ async fn a_flipped_byte_anywhere_in_the_file_is_an_error_or_a_verified_open_neve
             }
         }
     }
-    assert!(refused > 0 && opened + refused > 2000, "opened {opened}, refused {refused}");
+    assert!(
+        refused > 0 && opened + refused > 2000,
+        "opened {opened}, refused {refused}"
+    );
 }
