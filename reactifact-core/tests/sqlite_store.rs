@@ -189,6 +189,56 @@ async fn an_in_flight_delivery_whose_lease_expired_is_delivered_again_with_the_s
     );
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_live_drain_delivers_a_crashed_holders_intent_once_its_lease_expires() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let lease = Duration::from_secs(60);
+    {
+        let mut ctx = Context::open_with(&path, "orders", OpenOptions::new().lease(lease)).unwrap();
+        ctx.create("order:1", order("ada", 1)).unwrap();
+        // The dispatcher never answers and the caller gives up: the file keeps the intent in
+        // flight under this holder's lease, as after a crash.
+        let mut rt = Runtime::builder(ctx)
+            .agent(Agent::new("billing").produce(process_order()))
+            .dispatcher(|_: Intent| std::future::pending::<Result<(), DispatchError>>())
+            .build()
+            .unwrap();
+        assert!(tokio::time::timeout(Duration::from_secs(1), rt.run()).await.is_err());
+    }
+    // A quick restart: the lease has not expired, so open leaves the intent in flight.
+    let ctx = Context::open_with(&path, "orders", OpenOptions::new().lease(lease)).unwrap();
+    assert_eq!(
+        ctx.ledger().get("notify:order:1").unwrap().status(),
+        DeliveryStatus::InFlight
+    );
+    let recorder = Recorder::default();
+    let mut rt = runtime(ctx, &recorder);
+    let report = rt.flush().await.unwrap();
+    assert_eq!(report.delivered, 0, "the lease still holds");
+    assert_eq!(report.waiting, 1, "the intent in flight is waiting, not forgotten");
+
+    // Riding it out: the drain sleeps until the lease expires, reclaims it and delivers it
+    // with the same key — without another restart.
+    let started = tokio::time::Instant::now();
+    let report = rt.settle().await.unwrap();
+    assert_eq!(report.delivered, 1);
+    assert_eq!(recorder.sent(), ["notify:order:1"]);
+    assert!(started.elapsed() <= lease, "waited {:?}", started.elapsed());
+    let entry = rt.context().ledger().get("notify:order:1").unwrap();
+    assert_eq!(
+        (entry.status(), entry.attempts(), entry.expired_leases()),
+        (DeliveryStatus::Delivered, 2, 1)
+    );
+    drop(rt);
+    let entry = Context::open(&path, "orders")
+        .unwrap()
+        .ledger()
+        .get("notify:order:1")
+        .unwrap();
+    assert_eq!((entry.status(), entry.expired_leases()), (DeliveryStatus::Delivered, 1));
+}
+
 #[tokio::test]
 async fn a_failed_delivery_and_its_retry_are_durable() {
     let dir = tempfile::tempdir().unwrap();

@@ -249,8 +249,10 @@ pub struct DrainReport {
     /// delivered again with the same key. Not failures: they do not count against the retry
     /// policy's `max_attempts`.
     pub interrupted: Vec<ActionKey>,
-    /// Intents still waiting when the drain ended: retries not yet due, attempts cut off, or
-    /// intents not started because of a stop or the deadline.
+    /// Intents still waiting when the drain ended: retries not yet due, attempts cut off,
+    /// intents not started because of a stop or the deadline, and intents in flight under
+    /// another holder's lease (a process that died after handing them out): they are due again
+    /// when the lease expires.
     pub waiting: usize,
 }
 
@@ -318,6 +320,7 @@ impl Drain<'_> {
                 outcome = Some(interrupted);
                 break;
             }
+            self.reclaim_expired_leases()?;
             let mut batch_report = DrainReport::default();
             let result = self.batch(&mut batch_report).await;
             report.absorb(batch_report);
@@ -326,8 +329,24 @@ impl Drain<'_> {
                 break;
             }
         }
-        report.waiting = self.context.ledger().lock().pending();
+        let ledger = self.context.ledger().lock();
+        report.waiting = ledger.pending() + ledger.in_flight();
+        drop(ledger);
         Ok(outcome)
+    }
+
+    /// Puts the in-flight intents whose lease expired back to pending, in memory and in the
+    /// store: their holder (another process, or an earlier context of this one) died or
+    /// stalled past its lease after handing them to a dispatcher. Between batches this drain
+    /// holds no lease of its own, so only another holder's leases can have expired.
+    fn reclaim_expired_leases(&mut self) -> Result<(), DrainError> {
+        let now = self.clock.now();
+        let reclaimed = self.context.ledger().lock().reclaim_expired(now);
+        if !reclaimed.is_empty() {
+            tracing::warn!(reclaimed = reclaimed.len(), "in-flight deliveries whose lease expired are pending again; they are delivered again with the same key");
+            self.context.persist_deliveries(&reclaimed)?;
+        }
+        Ok(())
     }
 
     /// Delivers every waiting intent, sleeping until retries are due, until none waits (each

@@ -192,6 +192,23 @@ impl Delivery {
             .saturating_sub(self.expired_leases)
     }
 
+    /// Puts this in-flight entry, whose lease expired, back to pending, counting the expired
+    /// lease and saying why in `last_error`. The caller tracks scheduling.
+    pub(crate) fn reclaim(&mut self, now: SystemTime) {
+        let owner = self
+            .lease
+            .take()
+            .map_or_else(|| "an unknown drainer".to_owned(), |l| l.owner.to_string());
+        self.status = DeliveryStatus::Pending;
+        self.expired_leases += 1;
+        self.updated_at = now;
+        self.last_error = Some(format!(
+            "attempt {} was in flight under the lease of {owner}, which expired before its outcome was recorded; \
+             the receiver may have seen it, so it is delivered again with the same key",
+            self.attempts
+        ));
+    }
+
     pub(crate) fn new(intent: Intent, now: SystemTime) -> Self {
         Delivery {
             intent,
@@ -252,7 +269,8 @@ impl Ledger {
         self.lock().pending()
     }
 
-    /// When the earliest waiting intent is due (`None` if none waits).
+    /// When the earliest waiting intent is due, or the earliest lease of an intent in flight
+    /// expires (`None` if none waits and none is in flight).
     pub fn next_due(&self) -> Option<SystemTime> {
         self.lock().next_due()
     }
@@ -272,6 +290,9 @@ pub(crate) struct LedgerInner {
     ready: VecDeque<usize>,
     /// Failed entries with a scheduled retry, by (due time in Unix milliseconds, position).
     scheduled: BTreeSet<(u64, usize)>,
+    /// In-flight entries, by (lease expiry in Unix milliseconds, position): a drain reclaims
+    /// those whose lease expired ([`LedgerInner::reclaim_expired`]).
+    leased: BTreeSet<(u64, usize)>,
 }
 
 fn due_key(at: Option<SystemTime>) -> u64 {
@@ -287,24 +308,67 @@ impl LedgerInner {
         self.index.get(key).map(|&i| &self.entries[i])
     }
 
+    /// Pending entries and failed ones with a scheduled retry.
     pub(crate) fn pending(&self) -> usize {
         self.ready.len() + self.scheduled.len()
     }
 
+    /// Entries in flight under a lease: each finishes, or comes back when its lease expires.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.leased.len()
+    }
+
+    /// When the next entry is due: a pending one, a scheduled retry, or a lease's expiry.
     pub(crate) fn next_due(&self) -> Option<SystemTime> {
         match self.ready.front() {
             Some(&at) => Some(self.entries[at].updated_at),
-            None => self.scheduled.first().map(|&(due, _)| from_due_key(due)),
+            None => {
+                let retry = self.scheduled.first().map(|&(due, _)| due);
+                let lease = self.leased.first().map(|&(due, _)| due);
+                retry.into_iter().chain(lease).min().map(from_due_key)
+            }
         }
     }
 
-    /// Whether an intent is due at `now`.
+    /// Whether an intent is due at `now`, or a lease has expired.
     pub(crate) fn has_due(&self, now: SystemTime) -> bool {
+        let now = due_key(Some(now));
         !self.ready.is_empty()
-            || self
-                .scheduled
-                .first()
-                .is_some_and(|&(due, _)| due <= due_key(Some(now)))
+            || self.scheduled.first().is_some_and(|&(due, _)| due <= now)
+            || self.leased.first().is_some_and(|&(due, _)| due <= now)
+    }
+
+    /// Puts every in-flight entry whose lease expired at `now` back to pending, due now (its
+    /// holder died, or stalled past its lease, after handing it to a dispatcher: the receiver
+    /// may have seen it, so it is delivered again with the same key). Returns their positions,
+    /// for the store to record.
+    pub(crate) fn reclaim_expired(&mut self, now: SystemTime) -> Vec<usize> {
+        let mut reclaimed = Vec::new();
+        while let Some(&(due, at)) = self.leased.first() {
+            if due > due_key(Some(now)) {
+                break;
+            }
+            self.leased.pop_first();
+            self.entries[at].reclaim(now);
+            self.schedule(at);
+            reclaimed.push(at);
+        }
+        reclaimed
+    }
+
+    /// Clears the lease of an in-flight entry leaving that state.
+    fn end_lease(&mut self, at: usize) {
+        if let Some(lease) = self.entries[at].lease.take() {
+            self.leased.remove(&(due_key(Some(lease.expires_at)), at));
+        }
+    }
+
+    /// Tracks the lease of an entry in flight.
+    fn track_lease(&mut self, at: usize) {
+        let entry = &self.entries[at];
+        if let (DeliveryStatus::InFlight, Some(lease)) = (entry.status, &entry.lease) {
+            self.leased.insert((due_key(Some(lease.expires_at)), at));
+        }
     }
 
     /// Whether the ledger holds `key`.
@@ -348,6 +412,7 @@ impl LedgerInner {
         self.index.insert(entry.intent.key.clone(), at);
         self.entries.push(entry);
         self.schedule(at);
+        self.track_lease(at);
     }
 
     pub(crate) fn entry(&self, at: usize) -> &Delivery {
@@ -378,6 +443,7 @@ impl LedgerInner {
             entry.updated_at = now;
             entry.next_attempt_at = None;
             entry.lease = Some(lease.clone());
+            self.leased.insert((due_key(Some(lease.expires_at)), at));
         }
         batch
     }
@@ -393,19 +459,19 @@ impl LedgerInner {
     /// Puts an in-flight intent that was never handed to its dispatcher back to pending,
     /// uncounting its attempt.
     pub(crate) fn release(&mut self, at: usize, now: SystemTime) {
+        self.end_lease(at);
         let entry = &mut self.entries[at];
         entry.status = DeliveryStatus::Pending;
         entry.attempts -= 1;
-        entry.lease = None;
         entry.updated_at = now;
         self.schedule(at);
     }
 
     pub(crate) fn record_delivered(&mut self, at: usize, now: SystemTime) {
+        self.end_lease(at);
         let entry = &mut self.entries[at];
         entry.status = DeliveryStatus::Delivered;
         entry.last_error = None;
-        entry.lease = None;
         entry.updated_at = now;
         entry.delivered_at = Some(now);
     }
@@ -413,9 +479,9 @@ impl LedgerInner {
     /// Records a failed attempt: retried at `retry_at`, or, without one, left for `retry`
     /// (`Failed`) or given up (`Dead`).
     pub(crate) fn record_failed(&mut self, at: usize, error: String, outcome: FailedAttempt, now: SystemTime) {
+        self.end_lease(at);
         let entry = &mut self.entries[at];
         entry.last_error = Some(error);
-        entry.lease = None;
         entry.updated_at = now;
         match outcome {
             FailedAttempt::RetryAt(when) => {
@@ -432,11 +498,11 @@ impl LedgerInner {
     /// Records an attempt cut off before its outcome was known: pending again, due now, the
     /// attempt counted (the receiver may have seen it) and counted as interrupted.
     pub(crate) fn record_interrupted(&mut self, at: usize, reason: String, now: SystemTime) {
+        self.end_lease(at);
         let entry = &mut self.entries[at];
         entry.status = DeliveryStatus::Pending;
         entry.interrupted += 1;
         entry.last_error = Some(reason);
-        entry.lease = None;
         entry.updated_at = now;
         self.schedule(at);
     }
@@ -444,11 +510,11 @@ impl LedgerInner {
     /// Records that no route handles the intent's kind: it is held, and its attempt (which
     /// reached no handler) is not counted.
     pub(crate) fn record_held(&mut self, at: usize, reason: String, now: SystemTime) {
+        self.end_lease(at);
         let entry = &mut self.entries[at];
         entry.status = DeliveryStatus::Held;
         entry.attempts -= 1;
         entry.last_error = Some(reason);
-        entry.lease = None;
         entry.updated_at = now;
     }
 
@@ -483,6 +549,7 @@ impl LedgerInner {
         self.unschedule(at);
         self.entries[at] = before;
         self.schedule(at);
+        self.track_lease(at);
     }
 }
 

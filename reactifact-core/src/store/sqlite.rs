@@ -532,18 +532,7 @@ impl SqliteStore {
             if !expired {
                 continue;
             }
-            let owner = entry
-                .lease
-                .take()
-                .map_or_else(|| "an unknown drainer".to_owned(), |l| l.owner.to_string());
-            entry.status = DeliveryStatus::Pending;
-            entry.expired_leases += 1;
-            entry.updated_at = now;
-            entry.last_error = Some(format!(
-                "attempt {} was in flight under the lease of {owner}, which expired before its outcome was \
-                 recorded; the receiver may have seen it, so it is delivered again with the same key",
-                entry.attempts
-            ));
+            entry.reclaim(now);
             reclaimed.push(&*entry);
         }
         let count = reclaimed.len();
