@@ -1,0 +1,255 @@
+//! SQLite files in schema version 1, kept in `tests/fixtures/v1/`, open and verify with what
+//! they hold: the ledger in every state, a stale in-flight row written after a delivery, and
+//! branches with a merge next to another session.
+//!
+//! The files were written by `regenerate_v1_fixtures` (ignored) with the code of schema
+//! version 1. Once the schema moves on they can no longer be regenerated — that is their
+//! point: a newer reactifact must keep opening (or migrating) what an older one wrote.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+use reactifact_core::{Agent, Context, DeliveryStatus, DispatchError, Intent, OpenOptions, Runtime, TurnOutcome};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/v1")
+        .join(name)
+}
+
+/// A writable copy of a fixture (opening may write: a reclaim, a new session).
+fn copy_of(name: &str, dir: &Path) -> PathBuf {
+    let to = dir.join(name);
+    std::fs::copy(fixture(name), &to).unwrap();
+    to
+}
+
+fn status(ctx: &Context, key: &str) -> DeliveryStatus {
+    ctx.ledger()
+        .get(key)
+        .unwrap_or_else(|| panic!("{key} is in the ledger"))
+        .status()
+}
+
+/// A dispatcher that hangs on every intent, as a process that dies mid-dispatch.
+async fn hang(_: Intent) -> Result<(), DispatchError> {
+    std::future::pending().await
+}
+
+fn billing(ctx: Context) -> reactifact_core::RuntimeBuilder {
+    Runtime::builder(ctx).agent(Agent::new("billing").produce(process_order()))
+}
+
+/// Runs a turn and gives up on it after a second, as a process that dies mid-dispatch: the file
+/// keeps the hung intents in flight.
+async fn run_and_die(rt: &mut Runtime) {
+    assert!(tokio::time::timeout(Duration::from_secs(1), rt.run()).await.is_err());
+}
+
+/// Writes the fixtures into `tests/fixtures/v1/`. Run only with the code of schema version 1:
+/// `cargo test -p reactifact-core --test v1_fixtures -- --ignored regenerate`.
+#[tokio::test]
+#[ignore = "writes the checked-in fixtures; only meaningful with the code of schema version 1"]
+async fn regenerate_v1_fixtures() {
+    let out = fixture("");
+    std::fs::create_dir_all(&out).unwrap();
+    for name in ["ledger-states.db", "stale-in-flight.db", "branches.db"] {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(out.join(format!("{name}{suffix}")));
+        }
+    }
+
+    // Every ledger state, one order each. The steps run in this order so that no later drain
+    // or open touches an earlier order's state.
+    let path = out.join("ledger-states.db");
+    let open = |lease: Duration| Context::open_with(&path, "orders", OpenOptions::new().lease(lease)).unwrap();
+    {
+        // 1 delivered, 2 failed with a retry in an hour, 3 dead, 4 held.
+        let mut ctx = open(Duration::from_secs(300));
+        for i in 1..=4 {
+            ctx.create(format!("order:{i}"), order("ada", i)).unwrap();
+        }
+        let mut rt = billing(ctx)
+            .retry_policy(reactifact_core::RetryPolicy::exponential(
+                Duration::from_secs(3600),
+                Duration::from_secs(3600),
+            ))
+            .dispatcher(|intent: Intent| async move {
+                match intent.key().as_str() {
+                    "notify:order:2" => Err(DispatchError::retryable("503 service unavailable")),
+                    "notify:order:3" => Err(DispatchError::permanent("550 mailbox unavailable")),
+                    "notify:order:4" => Err(DispatchError::no_route("no route for `notify` in this fixture")),
+                    _ => Ok(()),
+                }
+            })
+            .build()
+            .unwrap();
+        assert_eq!(rt.run().await.unwrap().deliveries.delivered, 1);
+    }
+    {
+        // 6 dies in flight under a lease of a century.
+        let mut ctx = open(Duration::from_secs(100 * 365 * 86_400));
+        ctx.create("order:6", order("bob", 6)).unwrap();
+        run_and_die(&mut billing(ctx).dispatcher(hang).build().unwrap()).await;
+    }
+    {
+        // 7 dies in flight under a 30-second lease: long expired when a test opens the file.
+        let mut ctx = open(Duration::from_secs(30));
+        ctx.create("order:7", order("bob", 7)).unwrap();
+        run_and_die(&mut billing(ctx).dispatcher(hang).build().unwrap()).await;
+    }
+    {
+        // 8: a stop cuts off its attempt: pending again, counted as interrupted.
+        let mut ctx = open(Duration::from_secs(300));
+        ctx.create("order:8", order("eve", 8)).unwrap();
+        let mut rt = billing(ctx)
+            .dispatcher(hang)
+            .shutdown_grace(Duration::ZERO)
+            .build()
+            .unwrap();
+        let stop = rt.stop_handle();
+        let stopper = async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            stop.stop();
+        };
+        let (report, ()) = tokio::join!(rt.run(), stopper);
+        assert_eq!(report.unwrap().outcome, TurnOutcome::Stopped);
+    }
+    {
+        // 5 pending: committed by a runtime without a dispatcher.
+        let mut ctx = open(Duration::from_secs(300));
+        ctx.create("order:5", order("bob", 5)).unwrap();
+        billing(ctx).build().unwrap().run().await.unwrap();
+    }
+
+    // A stale copy writes "in flight" after another copy wrote "delivered" for the same key.
+    let path = out.join("stale-in-flight.db");
+    {
+        let mut ctx = Context::open(&path, "orders").unwrap();
+        ctx.create("order:1", order("ada", 1)).unwrap();
+        let mut rt = Runtime::builder(ctx)
+            .agent(Agent::new("billing").produce(process_order()))
+            .build()
+            .unwrap();
+        rt.run().await.unwrap();
+    }
+    {
+        let live = Context::open(&path, "orders").unwrap();
+        let stale = Context::open_with(&path, "orders", OpenOptions::new().lease(Duration::ZERO)).unwrap();
+        let recorder = Recorder::default();
+        let mut live = Runtime::builder(live)
+            .dispatcher(recorder.dispatcher())
+            .build()
+            .unwrap();
+        assert_eq!(live.flush().await.unwrap().delivered, 1);
+        let mut stale = Runtime::builder(stale)
+            .dispatcher(|_: Intent| std::future::pending::<Result<(), DispatchError>>())
+            .build()
+            .unwrap();
+        assert!(tokio::time::timeout(Duration::from_secs(1), stale.flush())
+            .await
+            .is_err());
+    }
+
+    // Branches: a fork with intents of its own merged back, and an unrelated session.
+    let path = out.join("branches.db");
+    {
+        let recorder = Recorder::default();
+        let mut main = Runtime::builder(Context::open(&path, "main").unwrap())
+            .agent(Agent::new("billing").produce(process_order()))
+            .dispatcher(recorder.dispatcher())
+            .build()
+            .unwrap();
+        main.context_mut().create("order:1", order("ada", 1)).unwrap();
+        main.run().await.unwrap();
+        let branch = main.context().fork("what-if").unwrap();
+        let mut branch = Runtime::builder(branch)
+            .agent(Agent::new("billing").produce(process_order()))
+            .build()
+            .unwrap();
+        branch.context_mut().create("order:2", order("bob", 2)).unwrap();
+        branch.run().await.unwrap();
+        main.context_mut().create("order:3", order("eve", 3)).unwrap();
+        main.run().await.unwrap();
+        main.context_mut().merge(branch.context()).unwrap();
+        main.run().await.unwrap();
+        let mut billing = Context::open(&path, "billing").unwrap();
+        billing.create("order:9", order("zoe", 9)).unwrap();
+    }
+    for name in ["ledger-states.db", "stale-in-flight.db", "branches.db"] {
+        // Fold the WAL into the file, so the fixture is one file.
+        let conn = rusqlite::Connection::open(out.join(name)).unwrap();
+        conn.pragma_update(None, "journal_mode", "DELETE").unwrap();
+    }
+}
+
+#[test]
+fn the_ledger_in_every_state_opens_as_it_was_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = copy_of("ledger-states.db", dir.path());
+    let ctx = Context::open_with(&path, "orders", OpenOptions::new().read_only(true)).unwrap();
+    ctx.verify().unwrap();
+    assert_eq!(status(&ctx, "notify:order:1"), DeliveryStatus::Delivered);
+    assert_eq!(status(&ctx, "notify:order:2"), DeliveryStatus::Failed);
+    assert!(ctx.ledger().get("notify:order:2").unwrap().next_attempt_at().is_some());
+    assert_eq!(status(&ctx, "notify:order:3"), DeliveryStatus::Dead);
+    assert_eq!(status(&ctx, "notify:order:4"), DeliveryStatus::Held);
+    assert_eq!(status(&ctx, "notify:order:5"), DeliveryStatus::Pending);
+    assert_eq!(status(&ctx, "notify:order:6"), DeliveryStatus::InFlight);
+    assert_eq!(status(&ctx, "notify:order:7"), DeliveryStatus::InFlight);
+    let interrupted = ctx.ledger().get("notify:order:8").unwrap();
+    assert_eq!(
+        (interrupted.status(), interrupted.interrupted_attempts()),
+        (DeliveryStatus::Pending, 1)
+    );
+    drop(ctx);
+
+    // A writable open reclaims the expired lease of order:7 and leaves order:6's century.
+    let ctx = Context::open(&path, "orders").unwrap();
+    assert_eq!(status(&ctx, "notify:order:7"), DeliveryStatus::Pending);
+    assert_eq!(ctx.ledger().get("notify:order:7").unwrap().expired_leases(), 1);
+    assert_eq!(status(&ctx, "notify:order:6"), DeliveryStatus::InFlight);
+}
+
+#[test]
+fn a_stale_in_flight_row_after_a_delivery_is_what_schema_1_folds_last() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = copy_of("stale-in-flight.db", dir.path());
+    let ctx = Context::open_with(&path, "orders", OpenOptions::new().read_only(true)).unwrap();
+    ctx.verify().unwrap();
+    // Schema 1 folds ledger rows last-write-wins, so the stale copy's "in flight" hides the
+    // delivery (issue 13: a delivered key must stay delivered once the ledger is the store's).
+    assert_eq!(status(&ctx, "notify:order:1"), DeliveryStatus::InFlight);
+}
+
+#[test]
+fn branches_and_a_merge_reopen_and_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = copy_of("branches.db", dir.path());
+    let read_only = OpenOptions::new().read_only(true);
+    let main = Context::open_with(&path, "main", read_only.clone()).unwrap();
+    let branch = Context::open_with(&path, "what-if", read_only.clone()).unwrap();
+    let billing = Context::open_with(&path, "billing", read_only).unwrap();
+    for ctx in [&main, &branch, &billing] {
+        ctx.verify().unwrap();
+    }
+    assert!(
+        main.log().iter().any(|c| c.merged.is_some()),
+        "main holds the merge commit"
+    );
+    assert!(
+        main.get::<Order>("order:2").unwrap().is_some(),
+        "the branch's order came in"
+    );
+    assert_eq!(status(&main, "notify:order:1"), DeliveryStatus::Delivered);
+    assert_eq!(status(&main, "notify:order:2"), DeliveryStatus::Delivered);
+    assert_eq!(status(&main, "notify:order:3"), DeliveryStatus::Delivered);
+    assert_eq!(
+        main.ledger().get("notify:order:2").unwrap().origin().session(),
+        "what-if"
+    );
+    assert!(billing.get::<Order>("order:9").unwrap().is_some());
+}
