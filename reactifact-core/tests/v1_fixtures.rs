@@ -214,15 +214,26 @@ fn the_ledger_in_every_state_opens_as_it_was_written() {
     assert_eq!(status(&ctx, "notify:order:6"), DeliveryStatus::InFlight);
 }
 
-#[test]
-fn a_stale_in_flight_row_after_a_delivery_is_what_schema_1_folds_last() {
+#[tokio::test]
+async fn a_stale_in_flight_row_written_after_a_delivery_does_not_re_arm_the_key() {
     let dir = tempfile::tempdir().unwrap();
     let path = copy_of("stale-in-flight.db", dir.path());
     let ctx = Context::open_with(&path, "orders", OpenOptions::new().read_only(true)).unwrap();
     ctx.verify().unwrap();
-    // Schema 1 folds ledger rows last-write-wins, so the stale copy's "in flight" hides the
-    // delivery (issue 13: a delivered key must stay delivered once the ledger is the store's).
-    assert_eq!(status(&ctx, "notify:order:1"), DeliveryStatus::InFlight);
+    // The file's last row for the key says "in flight" (a stale copy wrote it after the
+    // delivery); delivered is final, so the key stays delivered.
+    assert_eq!(status(&ctx, "notify:order:1"), DeliveryStatus::Delivered);
+    drop(ctx);
+    // And nothing sends it again: not at a writable open (its stale lease has expired), not
+    // at a drain.
+    let recorder = Recorder::default();
+    let mut rt = Runtime::builder(Context::open(&path, "orders").unwrap())
+        .dispatcher(recorder.dispatcher())
+        .build()
+        .unwrap();
+    assert_eq!(rt.flush().await.unwrap().delivered, 0);
+    assert!(recorder.sent().is_empty());
+    assert_eq!(status(rt.context(), "notify:order:1"), DeliveryStatus::Delivered);
 }
 
 #[test]

@@ -500,12 +500,22 @@ impl SqliteStore {
                     )));
                 };
                 let entry = &mut entries[at];
-                entry.status = status_from(state.status).ok_or_else(|| {
+                let status = status_from(state.status).ok_or_else(|| {
                     LoadError::Corrupt(format!(
                         "ledger entry `{}` has unknown status {}",
                         state.key, state.status
                     ))
                 })?;
+                if entry.status == DeliveryStatus::Delivered {
+                    // Delivered is final: no transition leaves it, so a later row is a stale
+                    // copy's (one that loaded the ledger before the delivery) and must not
+                    // re-arm the key.
+                    if status != DeliveryStatus::Delivered {
+                        tracing::warn!(action_key = %state.key, status = %status, "a ledger write after the delivery of this key is ignored: it came from a stale copy of the ledger");
+                    }
+                    continue;
+                }
+                entry.status = status;
                 entry.attempts = state.attempts;
                 entry.last_error = state.last_error.map(Cow::into_owned);
                 entry.lease = state.lease.map(|(owner, expires)| Lease {
