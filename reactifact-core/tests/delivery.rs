@@ -971,3 +971,47 @@ async fn an_interrupted_attempt_survives_a_reopen_and_still_does_not_count() {
     assert_eq!(flushed.failed.len(), 1, "{flushed:?}");
     assert!(flushed.dead.is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_holder_stalled_past_its_lease_cannot_overwrite_the_drain_that_reclaimed_it() {
+    // Two runtimes over one ledger (a context and its fork). The first hands the intent to a
+    // dispatcher that stalls for ten minutes, past the five-minute lease, then fails; the
+    // second reclaims the expired lease and delivers the intent.
+    let mut ctx = Context::new("shop");
+    ctx.create("order:1", order("ada", 1)).unwrap();
+    let other = ctx.fork("other").unwrap();
+    let mut stalled = Runtime::builder(ctx)
+        .agent(Agent::new("billing").produce(process_order()))
+        .dispatcher(|_: Intent| async {
+            tokio::time::sleep(Duration::from_secs(600)).await;
+            Err::<(), _>(DispatchError::permanent("a late answer"))
+        })
+        .delivery_timeout(None)
+        .build()
+        .unwrap();
+    let recorder = Recorder::default();
+    let mut live = Runtime::builder(other)
+        .dispatcher(recorder.dispatcher())
+        .build()
+        .unwrap();
+    let (stalled_report, live_report) = tokio::join!(stalled.run(), async {
+        tokio::time::sleep(Duration::from_secs(360)).await;
+        live.flush().await
+    });
+    let live_report = live_report.unwrap();
+    assert_eq!(live_report.delivered, 1);
+    assert_eq!(recorder.sent(), ["notify:order:1"]);
+    // The stalled holder's late failure is rejected, not recorded over the delivery.
+    let stalled_report = stalled_report.unwrap();
+    assert_eq!(stalled_report.deliveries.stale, 1);
+    assert!(
+        stalled_report.deliveries.dead.is_empty(),
+        "{:?}",
+        stalled_report.deliveries.dead
+    );
+    let entry = stalled.context().ledger().get("notify:order:1").unwrap();
+    assert_eq!(
+        (entry.status(), entry.attempts(), entry.expired_leases()),
+        (DeliveryStatus::Delivered, 2, 1)
+    );
+}

@@ -16,7 +16,7 @@ use tracing::Instrument;
 
 use crate::model::action::{ActionKey, Intent};
 use crate::outbox::dispatcher::{DispatchError, ErasedDispatcher};
-use crate::outbox::ledger::{later, DeliveryStatus, FailedAttempt, Ledger};
+use crate::outbox::ledger::{later, DeliveryStatus, FailedAttempt, Lease, Ledger};
 use crate::run::runtime::{StopHandle, TurnOutcome};
 use crate::state::context::Context;
 use crate::store::StoreError;
@@ -249,6 +249,10 @@ pub struct DrainReport {
     /// delivered again with the same key. Not failures: they do not count against the retry
     /// policy's `max_attempts`.
     pub interrupted: Vec<ActionKey>,
+    /// Outcomes rejected as stale: this drain stalled past its lease while delivering these
+    /// intents, another drain reclaimed them meanwhile, and the ledger keeps that drain's
+    /// record (each was logged at warn).
+    pub stale: u64,
     /// Intents still waiting when the drain ended: retries not yet due, attempts cut off,
     /// intents not started because of a stop or the deadline, and intents in flight under
     /// another holder's lease (a process that died after handing them out): they are due again
@@ -263,6 +267,7 @@ impl DrainReport {
         self.dead.extend(other.dead);
         self.held.extend(other.held);
         self.interrupted.extend(other.interrupted);
+        self.stale += other.stale;
         self.waiting = other.waiting;
     }
 }
@@ -396,6 +401,7 @@ impl Drain<'_> {
             config: self.config,
             clock: *self.clock,
             batch: &batch,
+            lease: &lease,
             intents: &intents,
             results: std::iter::repeat_with(|| None).take(batch.len()).collect(),
             started: vec![false; batch.len()],
@@ -521,6 +527,9 @@ struct Outcomes<'a> {
     config: &'a DeliveryConfig,
     clock: Clock,
     batch: &'a [usize],
+    /// The lease the batch was taken under: an entry that no longer holds it was reclaimed by
+    /// another drain, and this drain's outcome for it is stale.
+    lease: &'a Lease,
     intents: &'a [Intent],
     results: Vec<Option<Attempt>>,
     started: Vec<bool>,
@@ -538,7 +547,17 @@ impl Outcomes<'_> {
         let mut ledger = self.ledger.lock();
         let mut first_failure = None;
         for (i, (&at, intent)) in self.batch.iter().zip(self.intents).enumerate() {
-            let error = match (self.results[i].take(), self.started[i]) {
+            let result = self.results[i].take();
+            if ledger.entry(at).lease() != Some(self.lease) {
+                // Our lease expired and another drain reclaimed the intent (it may have
+                // delivered it since): its record stands, ours is rejected.
+                if self.started[i] {
+                    tracing::warn!(action_key = %intent.key(), attempt = intent.attempt(), status = %ledger.entry(at).status(), "a late outcome of a delivery whose lease had expired is rejected: another drain reclaimed the intent");
+                    report.stale += 1;
+                }
+                continue;
+            }
+            let error = match (result, self.started[i]) {
                 (None, false) => {
                     ledger.release(at, now);
                     continue;
