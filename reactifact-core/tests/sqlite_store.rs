@@ -2,6 +2,8 @@
 
 mod common;
 
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
@@ -522,5 +524,104 @@ fn a_tampered_commit_is_refused_at_open() {
         err.to_string()
             .contains("commit 1: replaying it does not give the state hash it recorded"),
         "{err}"
+    );
+}
+
+/// Rewrites the `intents` column (the ledger's copy of the intents) of commit `generation`.
+fn edit_intents(path: &std::path::Path, generation: u64, edit: impl FnOnce(&mut Vec<u8>)) {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let mut blob: Vec<u8> = conn
+        .query_row(
+            "SELECT intents FROM commits WHERE session = 'orders' AND generation = ?1",
+            [generation],
+            |row| row.get(0),
+        )
+        .unwrap();
+    edit(&mut blob);
+    conn.execute(
+        "UPDATE commits SET intents = ?1 WHERE session = 'orders' AND generation = ?2",
+        rusqlite::params![blob, generation],
+    )
+    .unwrap();
+}
+
+fn replace_once(blob: &mut [u8], from: &[u8], to: &[u8]) {
+    let at = blob
+        .windows(from.len())
+        .position(|w| w == from)
+        .expect("the bytes are in the blob");
+    blob[at..at + to.len()].copy_from_slice(to);
+}
+
+/// Commits `notify:order:1` (customer `ada`) without delivering it, and returns the file.
+async fn an_undelivered_intent(dir: &std::path::Path) -> PathBuf {
+    let path = dir.join("state.db");
+    let mut ctx = Context::open(&path, "orders").unwrap();
+    ctx.create("order:1", order("ada", 1)).unwrap();
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("billing").produce(process_order()))
+        .build()
+        .unwrap();
+    rt.run().await.unwrap();
+    path
+}
+
+/// The keys and payloads a dispatcher was handed.
+type Sent = Arc<Mutex<Vec<(String, Notify)>>>;
+
+fn payload_recorder() -> (Sent, impl reactifact_core::Dispatcher) {
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let log = sent.clone();
+    let dispatcher = move |intent: Intent| {
+        let notify: Notify = intent.payload().unwrap();
+        log.lock().unwrap().push((intent.key().to_string(), notify));
+        async { Ok::<(), DispatchError>(()) }
+    };
+    (sent, dispatcher)
+}
+
+#[tokio::test]
+async fn a_changed_payload_in_the_ledgers_copy_is_never_delivered() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = an_undelivered_intent(dir.path()).await;
+    edit_intents(&path, 2, |blob| replace_once(blob, b"ada", b"eve"));
+    let (sent, dispatcher) = payload_recorder();
+    let mut rt = Runtime::builder(Context::open(&path, "orders").unwrap())
+        .dispatcher(dispatcher)
+        .build()
+        .unwrap();
+    assert_eq!(rt.flush().await.unwrap().delivered, 1);
+    let sent = sent.lock().unwrap().clone();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].0, "notify:order:1");
+    assert_eq!(sent[0].1.customer, "ada", "the committed payload, not the changed copy");
+}
+
+#[tokio::test]
+async fn a_changed_key_in_the_ledgers_copy_neither_loses_the_intent_nor_sends_the_changed_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = an_undelivered_intent(dir.path()).await;
+    edit_intents(&path, 2, |blob| {
+        replace_once(blob, b"notify:order:1", b"notify:order:7")
+    });
+    let (sent, dispatcher) = payload_recorder();
+    let mut rt = Runtime::builder(Context::open(&path, "orders").unwrap())
+        .dispatcher(dispatcher)
+        .build()
+        .unwrap();
+    let report = rt.flush().await.unwrap();
+    let sent: Vec<String> = sent.lock().unwrap().iter().map(|(key, _)| key.clone()).collect();
+    assert_eq!(
+        sent,
+        ["notify:order:1"],
+        "the committed key is delivered, the changed one is not"
+    );
+    assert_eq!(report.delivered, 1);
+    let changed = rt.context().ledger().get("notify:order:7").unwrap();
+    assert_eq!(changed.status(), DeliveryStatus::Held);
+    assert!(
+        changed.last_error().unwrap().contains("integrity"),
+        "{:?}",
+        changed.last_error()
     );
 }
