@@ -268,3 +268,23 @@ async fn a_flipped_byte_anywhere_in_the_file_is_an_error_or_a_verified_open_neve
         "opened {opened}, refused {refused}"
     );
 }
+
+#[test]
+fn a_session_whose_row_was_changed_is_corrupt_not_a_new_empty_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = stored(dir.path());
+    {
+        // One flipped byte in the session's name: its commits stay, its row now names another.
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute("UPDATE sessions SET name = 'order)' WHERE name = 'orders'", [])
+            .unwrap();
+        conn.pragma_update(None, "journal_mode", "DELETE").unwrap();
+    }
+    let before = files(dir.path());
+    for options in [OpenOptions::new(), OpenOptions::new().read_only(true)] {
+        let err = Context::open_with(&path, "orders", options).unwrap_err();
+        assert!(matches!(err, OpenError::Corrupt { .. }), "{err:?}");
+        assert!(err.to_string().contains("commits of session `orders`"), "{err}");
+    }
+    assert_eq!(files(dir.path()), before, "no empty session was created");
+}

@@ -127,6 +127,9 @@ pub(crate) struct SqliteStore {
     generation: u64,
     /// The session has no row yet: [`SqliteStore::settle_open`] writes it.
     new_session: bool,
+    /// A file of this schema version opened for writing is switched to WAL mode, with this
+    /// sync setting, by [`SqliteStore::settle_open`], once its log verified.
+    unprepared: Option<Synchronous>,
 }
 
 fn millis(t: SystemTime) -> i64 {
@@ -258,8 +261,10 @@ impl SqliteStore {
                     session: session.into(),
                 });
             }
-        } else {
-            prepare_for_writing(&mut conn, options, version, path)?;
+        } else if version < SCHEMA_VERSION {
+            // A new (or older) file: it gets its schema now. A file of this version is
+            // prepared for writing only once its log verified (`settle_open`).
+            prepare_for_writing(&mut conn, options.synchronous, version, path)?;
         }
         let row: Option<(u64, u64)> = conn
             .query_row(
@@ -269,6 +274,24 @@ impl SqliteStore {
             )
             .optional()
             .map_err(|e| open_error(path, e))?;
+        if row.is_none() {
+            // Commits of a session without its row: the row was lost or changed. Creating the
+            // session afresh would hide them behind an empty log.
+            let orphaned: bool = conn
+                .query_row(
+                    "SELECT EXISTS (SELECT 1 FROM commits WHERE session = ?1)",
+                    [session],
+                    |row| row.get(0),
+                )
+                .map_err(|e| open_error(path, e))?;
+            if orphaned {
+                return Err(OpenError::Corrupt {
+                    path: path.into(),
+                    detail: format!("the file holds commits of session `{session}` but no such session"),
+                    source: None,
+                });
+            }
+        }
         let (generation, consumed_seq, new_session) = match row {
             Some((generation, consumed_seq)) => (generation, consumed_seq, false),
             None if creating => (0, 0, true),
@@ -287,6 +310,7 @@ impl SqliteStore {
             read_only: options.read_only,
             generation,
             new_session,
+            unprepared: (!options.read_only && version >= SCHEMA_VERSION).then_some(options.synchronous),
         };
         let corrupt = |e: LoadError| match e {
             LoadError::Sqlite(e) => open_error(path, e),
@@ -320,6 +344,9 @@ impl SqliteStore {
     pub(crate) fn settle_open(&mut self, deliveries: &mut [Delivery]) -> Result<usize, OpenError> {
         if self.read_only {
             return Ok(0);
+        }
+        if let Some(synchronous) = self.unprepared.take() {
+            prepare_for_writing(self.conn.get(), synchronous, SCHEMA_VERSION, &self.path)?;
         }
         if self.new_session {
             // Another process may create the same session at the same time: either row is
@@ -760,11 +787,11 @@ fn schema_version(conn: &Connection, path: &Path) -> Result<i64, OpenError> {
 /// the busy timeout: concurrent first opens all succeed.
 fn prepare_for_writing(
     conn: &mut Connection,
-    options: &OpenOptions,
+    synchronous: Synchronous,
     version: i64,
     path: &Path,
 ) -> Result<(), OpenError> {
-    let sync = match options.synchronous {
+    let sync = match synchronous {
         Synchronous::Full => "FULL",
         Synchronous::Normal => "NORMAL",
     };
@@ -914,6 +941,7 @@ impl SqliteStore {
             read_only: false,
             generation: at,
             new_session: false,
+            unprepared: None,
         })
     }
 }
