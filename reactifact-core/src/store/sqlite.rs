@@ -222,25 +222,25 @@ impl SqliteStore {
     /// session and the reclaim of expired leases are written by [`SqliteStore::settle_open`],
     /// once the log has verified.
     pub(crate) fn open(path: &Path, session: &str, options: &OpenOptions) -> Result<(SqliteStore, Loaded), OpenError> {
-        let size = match std::fs::metadata(path) {
-            Ok(metadata) => Some(metadata.len()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            // Let SQLite name what is wrong (a permission, a directory).
-            Err(_) => Some(u64::MAX),
+        // (whether the path exists, its size if it could be read: if not, SQLite says why).
+        let (exists, size) = match std::fs::metadata(path) {
+            Ok(metadata) => (true, Some(metadata.len())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (false, None),
+            Err(_) => (true, None),
         };
         let creating = options.create && !options.read_only;
+        if !exists && !creating {
+            return Err(OpenError::NoSuchFile { path: path.into() });
+        }
         match size {
-            None if !creating => return Err(OpenError::NoSuchFile { path: path.into() }),
             Some(0) if !creating => {
                 return Err(OpenError::NoSuchSession {
                     path: path.into(),
                     session: session.into(),
                 })
             }
+            Some(size @ 1..) => check_header(path, size)?,
             _ => {}
-        }
-        if let Some(size @ 1..) = size.filter(|&size| size != u64::MAX) {
-            check_header(path, size)?;
         }
         let mut conn = if options.read_only {
             open_read_only(path)?
