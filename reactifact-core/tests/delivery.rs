@@ -975,8 +975,9 @@ async fn an_interrupted_attempt_survives_a_reopen_and_still_does_not_count() {
 #[tokio::test(start_paused = true)]
 async fn a_holder_stalled_past_its_lease_cannot_overwrite_the_drain_that_reclaimed_it() {
     // Two runtimes over one ledger (a context and its fork). The first hands the intent to a
-    // dispatcher that stalls for ten minutes, past the five-minute lease, then fails; the
-    // second reclaims the expired lease and delivers the intent.
+    // dispatcher that answers after ten minutes, with a failure; while it waits, its turn is
+    // not polled at all (a stalled holder: not even its lease renewal runs), so the
+    // five-minute lease expires and the second runtime reclaims and delivers the intent.
     let mut ctx = Context::new("shop");
     ctx.create("order:1", order("ada", 1)).unwrap();
     let other = ctx.fork("other").unwrap();
@@ -994,15 +995,18 @@ async fn a_holder_stalled_past_its_lease_cannot_overwrite_the_drain_that_reclaim
         .dispatcher(recorder.dispatcher())
         .build()
         .unwrap();
-    let (stalled_report, live_report) = tokio::join!(stalled.run(), async {
-        tokio::time::sleep(Duration::from_secs(360)).await;
-        live.flush().await
-    });
-    let live_report = live_report.unwrap();
+
+    let mut turn = Box::pin(stalled.run());
+    // Poll the turn until its dispatch is under way, then leave it alone.
+    assert!(tokio::time::timeout(Duration::from_secs(1), &mut turn).await.is_err());
+    tokio::time::sleep(Duration::from_secs(360)).await;
+    let live_report = live.flush().await.unwrap();
     assert_eq!(live_report.delivered, 1);
     assert_eq!(recorder.sent(), ["notify:order:1"]);
-    // The stalled holder's late failure is rejected, not recorded over the delivery.
-    let stalled_report = stalled_report.unwrap();
+
+    // The stalled holder resumes; its late failure is rejected, not recorded over the
+    // delivery.
+    let stalled_report = turn.await.unwrap();
     assert_eq!(stalled_report.deliveries.stale, 1);
     assert!(
         stalled_report.deliveries.dead.is_empty(),
@@ -1013,5 +1017,53 @@ async fn a_holder_stalled_past_its_lease_cannot_overwrite_the_drain_that_reclaim
     assert_eq!(
         (entry.status(), entry.attempts(), entry.expired_leases()),
         (DeliveryStatus::Delivered, 2, 1)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_long_dispatch_renews_its_lease_and_is_not_reclaimed_while_its_drain_lives() {
+    // The dispatch takes twenty minutes, four times the five-minute lease; a second runtime on
+    // the same ledger drains every six minutes meanwhile.
+    let mut ctx = Context::new("shop");
+    ctx.create("order:1", order("ada", 1)).unwrap();
+    let other = ctx.fork("other").unwrap();
+    let slow = Recorder::default();
+    let mut long = Runtime::builder(ctx)
+        .agent(Agent::new("billing").produce(process_order()))
+        .dispatcher({
+            let sent = slow.sent.clone();
+            move |intent: Intent| {
+                let sent = sent.clone();
+                async move {
+                    tokio::time::sleep(Duration::from_secs(1200)).await;
+                    sent.lock().unwrap().push(intent.key().to_string());
+                    Ok::<(), DispatchError>(())
+                }
+            }
+        })
+        .delivery_timeout(None)
+        .build()
+        .unwrap();
+    let other_sends = Recorder::default();
+    let mut watcher = Runtime::builder(other)
+        .dispatcher(other_sends.dispatcher())
+        .build()
+        .unwrap();
+    let (report, reclaimed) = tokio::join!(long.run(), async {
+        let mut delivered = 0;
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_secs(360)).await;
+            delivered += watcher.flush().await.unwrap().delivered;
+        }
+        delivered
+    });
+    assert_eq!(reclaimed, 0, "the renewed lease was never taken for expired");
+    assert!(other_sends.sent().is_empty());
+    assert_eq!(report.unwrap().deliveries.delivered, 1);
+    assert_eq!(slow.sent(), ["notify:order:1"]);
+    let entry = long.context().ledger().get("notify:order:1").unwrap();
+    assert_eq!(
+        (entry.status(), entry.attempts(), entry.expired_leases()),
+        (DeliveryStatus::Delivered, 1, 0)
     );
 }

@@ -401,11 +401,16 @@ impl Drain<'_> {
             config: self.config,
             clock: *self.clock,
             batch: &batch,
-            lease: &lease,
+            lease,
             intents: &intents,
             results: std::iter::repeat_with(|| None).take(batch.len()).collect(),
             started: vec![false; batch.len()],
             recorded: false,
+        };
+        let mut renewal = Renewal {
+            every: self.context.lease_duration() / 3,
+            context: &mut *self.context,
+            clock: self.clock,
         };
         let interrupted = deliver(
             self.dispatcher.as_ref(),
@@ -414,6 +419,7 @@ impl Drain<'_> {
             self.deadline,
             &intents,
             &mut outcomes,
+            &mut renewal,
         )
         .await;
         let first_failure = outcomes.record(report);
@@ -434,6 +440,36 @@ const INTERRUPTED: &str = "the attempt was cut off (a stop, the deadline or a dr
 /// Hands the batch to the dispatcher, concurrently within the global and per-kind limits. On a
 /// stop or the deadline (or the first failure, failing loud) it starts nothing more and gives
 /// running deliveries the grace period.
+/// Renews the lease of a batch while it is delivered, every third of the lease, so that a
+/// long dispatch is not reclaimed while its drain lives.
+struct Renewal<'a> {
+    context: &'a mut Context,
+    clock: &'a Clock,
+    every: Duration,
+}
+
+impl Renewal<'_> {
+    /// Moves every entry of the batch that still holds the batch's lease to a new one, from
+    /// now, in memory and in the store. An entry another drain reclaimed is left to it.
+    fn renew(&mut self, out: &mut Outcomes<'_>) {
+        let lease = self.context.new_lease(self.clock.now());
+        let renewed: Vec<usize> = {
+            let mut ledger = out.ledger.lock();
+            out.batch
+                .iter()
+                .copied()
+                .filter(|&at| ledger.renew(at, &out.lease, &lease))
+                .collect()
+        };
+        out.lease = lease;
+        if let Err(e) = self.context.persist_deliveries(&renewed) {
+            // The renewal holds in memory; a process that opens the store meanwhile may take
+            // the lease for expired, and deliver again with the same key.
+            tracing::warn!(error = %e, renewed = renewed.len(), "the renewed lease could not be stored");
+        }
+    }
+}
+
 async fn deliver(
     dispatcher: &dyn ErasedDispatcher,
     config: &DeliveryConfig,
@@ -441,6 +477,7 @@ async fn deliver(
     deadline: Option<Instant>,
     intents: &[Intent],
     out: &mut Outcomes<'_>,
+    renewal: &mut Renewal<'_>,
 ) -> Option<TurnOutcome> {
     let mut running = FuturesUnordered::new();
     let mut active: foldhash::HashMap<&str, usize> = Default::default();
@@ -465,6 +502,9 @@ async fn deliver(
     tokio::pin!(interrupt);
     let grace = tokio::time::sleep(config.grace);
     tokio::pin!(grace);
+    let renew_every = (!renewal.every.is_zero()).then_some(renewal.every);
+    let renew = tokio::time::sleep_until(instant_after(Instant::now(), renewal.every));
+    tokio::pin!(renew);
     loop {
         let accepting = stopping.is_none() && !failed_loud;
         while accepting && running.len() < config.concurrency && next < intents.len() {
@@ -506,6 +546,10 @@ async fn deliver(
                 grace.as_mut().reset(until);
                 stopping = Some((outcome, until));
             }
+            () = &mut renew, if renew_every.is_some() => {
+                renewal.renew(out);
+                renew.as_mut().reset(instant_after(Instant::now(), renewal.every));
+            }
             () = &mut grace, if stopping.is_some() => {
                 tracing::warn!(running = running.len(), "grace period over; cancelling the deliveries still running");
                 break;
@@ -527,9 +571,9 @@ struct Outcomes<'a> {
     config: &'a DeliveryConfig,
     clock: Clock,
     batch: &'a [usize],
-    /// The lease the batch was taken under: an entry that no longer holds it was reclaimed by
-    /// another drain, and this drain's outcome for it is stale.
-    lease: &'a Lease,
+    /// The lease the batch holds (taken under, or renewed to): an entry that no longer holds
+    /// it was reclaimed by another drain, and this drain's outcome for it is stale.
+    lease: Lease,
     intents: &'a [Intent],
     results: Vec<Option<Attempt>>,
     started: Vec<bool>,
@@ -548,7 +592,7 @@ impl Outcomes<'_> {
         let mut first_failure = None;
         for (i, (&at, intent)) in self.batch.iter().zip(self.intents).enumerate() {
             let result = self.results[i].take();
-            if ledger.entry(at).lease() != Some(self.lease) {
+            if ledger.entry(at).lease() != Some(&self.lease) {
                 // Our lease expired and another drain reclaimed the intent (it may have
                 // delivered it since): its record stands, ours is rejected.
                 if self.started[i] {

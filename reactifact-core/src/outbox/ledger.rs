@@ -356,6 +356,17 @@ impl LedgerInner {
         reclaimed
     }
 
+    /// Moves the entry at `at` from lease `from` to lease `to`, if it still holds `from`.
+    pub(crate) fn renew(&mut self, at: usize, from: &Lease, to: &Lease) -> bool {
+        if self.entries[at].lease.as_ref() != Some(from) {
+            return false;
+        }
+        self.leased.remove(&(due_key(Some(from.expires_at)), at));
+        self.entries[at].lease = Some(to.clone());
+        self.leased.insert((due_key(Some(to.expires_at)), at));
+        true
+    }
+
     /// Clears the lease of an in-flight entry leaving that state.
     fn end_lease(&mut self, at: usize) {
         if let Some(lease) = self.entries[at].lease.take() {

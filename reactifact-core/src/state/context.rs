@@ -328,6 +328,11 @@ impl Context {
         self.ledger.lock()
     }
 
+    /// How long this context leases an in-flight delivery.
+    pub(crate) fn lease_duration(&self) -> Duration {
+        self.lease
+    }
+
     /// A lease for deliveries starting now.
     pub(crate) fn new_lease(&self, now: SystemTime) -> Lease {
         Lease {
