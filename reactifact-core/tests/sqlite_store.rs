@@ -149,16 +149,13 @@ async fn an_in_flight_delivery_whose_lease_expired_is_delivered_again_with_the_s
     {
         let mut ctx = Context::open_with(&path, "orders", OpenOptions::new().lease(Duration::ZERO)).unwrap();
         ctx.create("order:1", order("ada", 1)).unwrap();
-        // The dispatcher never returns, and the caller gives up: the process "dies" with the
-        // intent in flight. (In memory the attempt is recorded as cancelled; the file still
-        // says in flight, as after a crash, because the drop cannot write.)
+        // The dispatcher never returns, and the process "dies" with the intent in flight.
         let mut rt = Runtime::builder(ctx)
             .agent(Agent::new("billing").produce(process_order()))
             .dispatcher(|_: Intent| std::future::pending::<Result<(), DispatchError>>())
             .build()
             .unwrap();
-        let gave_up = tokio::time::timeout(Duration::from_millis(200), rt.run()).await;
-        assert!(gave_up.is_err());
+        crash_mid_turn(&mut rt).await;
     }
     let ctx = Context::open_with(&path, "orders", OpenOptions::new().read_only(true)).unwrap();
     let entry = ctx.ledger().get("notify:order:1").unwrap();
@@ -199,14 +196,14 @@ async fn a_live_drain_delivers_a_crashed_holders_intent_once_its_lease_expires()
     {
         let mut ctx = Context::open_with(&path, "orders", OpenOptions::new().lease(lease)).unwrap();
         ctx.create("order:1", order("ada", 1)).unwrap();
-        // The dispatcher never answers and the caller gives up: the file keeps the intent in
-        // flight under this holder's lease, as after a crash.
+        // The dispatcher never answers and the process dies: the file keeps the intent in
+        // flight under this holder's lease.
         let mut rt = Runtime::builder(ctx)
             .agent(Agent::new("billing").produce(process_order()))
             .dispatcher(|_: Intent| std::future::pending::<Result<(), DispatchError>>())
             .build()
             .unwrap();
-        assert!(tokio::time::timeout(Duration::from_secs(1), rt.run()).await.is_err());
+        crash_mid_turn(&mut rt).await;
     }
     // A quick restart: the lease has not expired, so open leaves the intent in flight.
     let ctx = Context::open_with(&path, "orders", OpenOptions::new().lease(lease)).unwrap();
@@ -239,6 +236,46 @@ async fn a_live_drain_delivers_a_crashed_holders_intent_once_its_lease_expires()
         .get("notify:order:1")
         .unwrap();
     assert_eq!((entry.status(), entry.expired_leases()), (DeliveryStatus::Delivered, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_turn_writes_its_outcomes_to_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    {
+        let mut ctx = Context::open(&path, "orders").unwrap();
+        let mut tx = ctx.transaction();
+        tx.create("order:1", order("ada", 1)).create("order:2", order("bob", 2));
+        tx.commit().unwrap();
+        // order:1 is refused with a 400 at once; order:2 hangs until the caller gives up.
+        let mut rt = Runtime::builder(ctx)
+            .agent(Agent::new("billing").produce(process_order()))
+            .dispatcher(|intent: Intent| async move {
+                if intent.key().as_str() == "notify:order:1" {
+                    return Err(DispatchError::permanent("400 bad request"));
+                }
+                std::future::pending().await
+            })
+            .delivery_timeout(None)
+            .build()
+            .unwrap();
+        assert!(tokio::time::timeout(Duration::from_secs(1), rt.run()).await.is_err());
+    }
+    // The file says what happened, not "in flight" for both until the lease expires.
+    let ctx = Context::open_with(&path, "orders", OpenOptions::new().read_only(true)).unwrap();
+    let refused = ctx.ledger().get("notify:order:1").unwrap();
+    assert_eq!((refused.status(), refused.attempts()), (DeliveryStatus::Dead, 1));
+    let cut_off = ctx.ledger().get("notify:order:2").unwrap();
+    assert_eq!(
+        (cut_off.status(), cut_off.attempts(), cut_off.interrupted_attempts()),
+        (DeliveryStatus::Pending, 1, 1)
+    );
+    drop(ctx);
+    // A restart delivers the cut-off one at once, with the same key, and not the 400.
+    let recorder = Recorder::default();
+    let mut rt = runtime(Context::open(&path, "orders").unwrap(), &recorder);
+    assert_eq!(rt.flush().await.unwrap().delivered, 1);
+    assert_eq!(recorder.sent(), ["notify:order:2"]);
 }
 
 #[tokio::test]

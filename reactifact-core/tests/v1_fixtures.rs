@@ -43,10 +43,10 @@ fn billing(ctx: Context) -> reactifact_core::RuntimeBuilder {
     Runtime::builder(ctx).agent(Agent::new("billing").produce(process_order()))
 }
 
-/// Runs a turn and gives up on it after a second, as a process that dies mid-dispatch: the file
-/// keeps the hung intents in flight.
+/// Runs a turn and dies mid-dispatch (see `crash_mid_turn`): the file keeps the hung intents
+/// in flight.
 async fn run_and_die(rt: &mut Runtime) {
-    assert!(tokio::time::timeout(Duration::from_secs(1), rt.run()).await.is_err());
+    crash_mid_turn(rt).await;
 }
 
 /// Writes the fixtures into `tests/fixtures/v1/`. Run only with the code of schema version 1:
@@ -149,9 +149,10 @@ async fn regenerate_v1_fixtures() {
             .dispatcher(|_: Intent| std::future::pending::<Result<(), DispatchError>>())
             .build()
             .unwrap();
-        assert!(tokio::time::timeout(Duration::from_secs(1), stale.flush())
-            .await
-            .is_err());
+        // The stale copy dies with its "in flight" on file.
+        let mut flush = Box::pin(stale.flush());
+        assert!(tokio::time::timeout(Duration::from_secs(1), &mut flush).await.is_err());
+        std::mem::forget(flush);
     }
 
     // Branches: a fork with intents of its own merged back, and an unrelated session.

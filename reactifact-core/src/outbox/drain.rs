@@ -396,8 +396,17 @@ impl Drain<'_> {
             .iter()
             .map(|&at| self.context.ledger().lock().intent_for(at))
             .collect();
+        // Declared before the outcomes, so that if this future is dropped, the outcomes are
+        // recorded in memory first and the hold then writes them to the store.
+        let mut hold = BatchHold {
+            every: self.context.lease_duration() / 3,
+            context: &mut *self.context,
+            clock: self.clock,
+            batch: &batch,
+            written: false,
+        };
         let mut outcomes = Outcomes {
-            ledger: self.context.ledger().clone(),
+            ledger: hold.context.ledger().clone(),
             config: self.config,
             clock: *self.clock,
             batch: &batch,
@@ -407,11 +416,6 @@ impl Drain<'_> {
             started: vec![false; batch.len()],
             recorded: false,
         };
-        let mut renewal = Renewal {
-            every: self.context.lease_duration() / 3,
-            context: &mut *self.context,
-            clock: self.clock,
-        };
         let interrupted = deliver(
             self.dispatcher.as_ref(),
             self.config,
@@ -419,11 +423,13 @@ impl Drain<'_> {
             self.deadline,
             &intents,
             &mut outcomes,
-            &mut renewal,
+            &mut hold,
         )
         .await;
         let first_failure = outcomes.record(report);
         drop(outcomes);
+        hold.written = true;
+        drop(hold);
         self.context.persist_deliveries(&batch)?;
         match first_failure {
             Some(failure) if self.config.errors == DeliveryErrors::FailLoud => Err(DrainError::Delivery(failure)),
@@ -440,15 +446,34 @@ const INTERRUPTED: &str = "the attempt was cut off (a stop, the deadline or a dr
 /// Hands the batch to the dispatcher, concurrently within the global and per-kind limits. On a
 /// stop or the deadline (or the first failure, failing loud) it starts nothing more and gives
 /// running deliveries the grace period.
-/// Renews the lease of a batch while it is delivered, every third of the lease, so that a
-/// long dispatch is not reclaimed while its drain lives.
-struct Renewal<'a> {
+/// A batch's hold on the context while it is delivered: it renews the batch's lease every
+/// third of the lease, so that a long dispatch is not reclaimed while its drain lives, and if
+/// the drain's future is dropped mid-batch it writes what [`Outcomes`] recorded in memory to
+/// the store, so that a finished outcome survives the dropped turn and a cut-off attempt is
+/// due again at once instead of waiting out its lease.
+struct BatchHold<'a> {
     context: &'a mut Context,
     clock: &'a Clock,
     every: Duration,
+    batch: &'a [usize],
+    /// The normal path writes the outcomes itself.
+    written: bool,
 }
 
-impl Renewal<'_> {
+impl Drop for BatchHold<'_> {
+    fn drop(&mut self) {
+        if self.written {
+            return;
+        }
+        if let Err(e) = self.context.persist_deliveries(self.batch) {
+            // The file keeps the batch in flight: the lease expires and the intents are
+            // delivered again with the same key.
+            tracing::warn!(error = %e, "the outcomes of a dropped drain could not be stored");
+        }
+    }
+}
+
+impl BatchHold<'_> {
     /// Moves every entry of the batch that still holds the batch's lease to a new one, from
     /// now, in memory and in the store. An entry another drain reclaimed is left to it.
     fn renew(&mut self, out: &mut Outcomes<'_>) {
@@ -477,7 +502,7 @@ async fn deliver(
     deadline: Option<Instant>,
     intents: &[Intent],
     out: &mut Outcomes<'_>,
-    renewal: &mut Renewal<'_>,
+    renewal: &mut BatchHold<'_>,
 ) -> Option<TurnOutcome> {
     let mut running = FuturesUnordered::new();
     let mut active: foldhash::HashMap<&str, usize> = Default::default();
@@ -564,8 +589,8 @@ async fn deliver(
 /// dropped first (the caller gave up on the turn). Either way every intent is recorded as what
 /// happened to it: an attempt that finished as it finished (delivered, failed or dead per the
 /// retry policy, held); an attempt cut off while running as of unknown outcome, due again at
-/// once; an intent never started back to pending. A dropped drain cannot write to a durable
-/// store: there those intents stay in flight under their lease until it expires.
+/// once; an intent never started back to pending. After a drop, the [`BatchHold`] writes
+/// them to a durable store.
 struct Outcomes<'a> {
     ledger: Ledger,
     config: &'a DeliveryConfig,

@@ -2,8 +2,11 @@
 #![allow(dead_code)]
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use reactifact_core::{Artifact, Context, DispatchError, Intent, PendingAction, Produce, ProduceCall, ProduceError};
+use reactifact_core::{
+    Artifact, Context, DispatchError, Intent, PendingAction, Produce, ProduceCall, ProduceError, Runtime,
+};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -104,4 +107,15 @@ impl Recorder {
             std::future::ready(Ok(()))
         }
     }
+}
+
+/// Runs a turn until its dispatches are under way, then "kills the process": the turn's
+/// future is leaked, not dropped, so no destructor records anything — the file keeps the
+/// batch in flight under its lease, as after a SIGKILL.
+pub async fn crash_mid_turn(rt: &mut Runtime) {
+    let mut turn = Box::pin(rt.run());
+    assert!(tokio::time::timeout(Duration::from_millis(200), &mut turn)
+        .await
+        .is_err());
+    std::mem::forget(turn);
 }
