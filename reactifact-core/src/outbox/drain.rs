@@ -320,12 +320,17 @@ impl Drain<'_> {
     /// stop or the deadline did.
     pub(crate) async fn run(&mut self, report: &mut DrainReport) -> Result<Option<TurnOutcome>, DrainError> {
         let mut outcome = None;
-        while self.context.ledger().lock().has_due(self.clock.now()) {
+        loop {
+            // First, so that what is due includes what an expired lease gives back (and no
+            // expiry of a batch that has since finished counts as due).
+            self.reclaim_expired_leases()?;
+            if !self.context.ledger().lock().has_due(self.clock.now()) {
+                break;
+            }
             if let Some(interrupted) = self.interrupted() {
                 outcome = Some(interrupted);
                 break;
             }
-            self.reclaim_expired_leases()?;
             let mut batch_report = DrainReport::default();
             let result = self.batch(&mut batch_report).await;
             report.absorb(batch_report);

@@ -1,6 +1,6 @@
 //! The delivery ledger: per idempotency key, the delivery state of an intent.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use foldhash::HashMap;
@@ -290,9 +290,13 @@ pub(crate) struct LedgerInner {
     ready: VecDeque<usize>,
     /// Failed entries with a scheduled retry, by (due time in Unix milliseconds, position).
     scheduled: BTreeSet<(u64, usize)>,
-    /// In-flight entries, by (lease expiry in Unix milliseconds, position): a drain reclaims
-    /// those whose lease expired ([`LedgerInner::reclaim_expired`]).
-    leased: BTreeSet<(u64, usize)>,
+    /// In-flight entries by lease expiry (Unix milliseconds): the positions that took or
+    /// renewed a lease expiring then, one vector per batch. An entry that has left flight, or
+    /// moved to a renewed lease, is skipped when its old expiry is reclaimed, so recording an
+    /// outcome costs nothing here ([`LedgerInner::reclaim_expired`]).
+    leases: BTreeMap<u64, Vec<usize>>,
+    /// How many entries are in flight.
+    in_flight: usize,
 }
 
 fn due_key(at: Option<SystemTime>) -> u64 {
@@ -315,7 +319,7 @@ impl LedgerInner {
 
     /// Entries in flight under a lease: each finishes, or comes back when its lease expires.
     pub(crate) fn in_flight(&self) -> usize {
-        self.leased.len()
+        self.in_flight
     }
 
     /// When the next entry is due: a pending one, a scheduled retry, or a lease's expiry.
@@ -324,7 +328,7 @@ impl LedgerInner {
             Some(&at) => Some(self.entries[at].updated_at),
             None => {
                 let retry = self.scheduled.first().map(|&(due, _)| due);
-                let lease = self.leased.first().map(|&(due, _)| due);
+                let lease = self.leases.keys().next().copied();
                 retry.into_iter().chain(lease).min().map(from_due_key)
             }
         }
@@ -335,7 +339,7 @@ impl LedgerInner {
         let now = due_key(Some(now));
         !self.ready.is_empty()
             || self.scheduled.first().is_some_and(|&(due, _)| due <= now)
-            || self.leased.first().is_some_and(|&(due, _)| due <= now)
+            || self.leases.keys().next().is_some_and(|&due| due <= now)
     }
 
     /// Puts every in-flight entry whose lease expired at `now` back to pending, due now (its
@@ -344,16 +348,33 @@ impl LedgerInner {
     /// for the store to record.
     pub(crate) fn reclaim_expired(&mut self, now: SystemTime) -> Vec<usize> {
         let mut reclaimed = Vec::new();
-        while let Some(&(due, at)) = self.leased.first() {
-            if due > due_key(Some(now)) {
+        let now_key = due_key(Some(now));
+        while let Some(expiring) = self.leases.first_entry() {
+            if *expiring.key() > now_key {
                 break;
             }
-            self.leased.pop_first();
-            self.entries[at].reclaim(now);
-            self.schedule(at);
-            reclaimed.push(at);
+            let (due, positions) = expiring.remove_entry();
+            for at in positions {
+                let entry = &self.entries[at];
+                let holds = entry.status == DeliveryStatus::InFlight
+                    && entry.lease.as_ref().is_some_and(|l| due_key(Some(l.expires_at)) == due);
+                if holds {
+                    self.entries[at].reclaim(now);
+                    self.in_flight -= 1;
+                    self.schedule(at);
+                    reclaimed.push(at);
+                }
+            }
         }
+        self.forget_leases_if_none_in_flight();
         reclaimed
+    }
+
+    /// Drops the expiries of batches that have all left flight.
+    fn forget_leases_if_none_in_flight(&mut self) {
+        if self.in_flight == 0 {
+            self.leases.clear();
+        }
     }
 
     /// Moves the entry at `at` from lease `from` to lease `to`, if it still holds `from`.
@@ -361,16 +382,16 @@ impl LedgerInner {
         if self.entries[at].lease.as_ref() != Some(from) {
             return false;
         }
-        self.leased.remove(&(due_key(Some(from.expires_at)), at));
         self.entries[at].lease = Some(to.clone());
-        self.leased.insert((due_key(Some(to.expires_at)), at));
+        self.leases.entry(due_key(Some(to.expires_at))).or_default().push(at);
         true
     }
 
     /// Clears the lease of an in-flight entry leaving that state.
     fn end_lease(&mut self, at: usize) {
-        if let Some(lease) = self.entries[at].lease.take() {
-            self.leased.remove(&(due_key(Some(lease.expires_at)), at));
+        if self.entries[at].lease.take().is_some() {
+            self.in_flight -= 1;
+            self.forget_leases_if_none_in_flight();
         }
     }
 
@@ -378,7 +399,8 @@ impl LedgerInner {
     fn track_lease(&mut self, at: usize) {
         let entry = &self.entries[at];
         if let (DeliveryStatus::InFlight, Some(lease)) = (entry.status, &entry.lease) {
-            self.leased.insert((due_key(Some(lease.expires_at)), at));
+            self.leases.entry(due_key(Some(lease.expires_at))).or_default().push(at);
+            self.in_flight += 1;
         }
     }
 
@@ -454,7 +476,13 @@ impl LedgerInner {
             entry.updated_at = now;
             entry.next_attempt_at = None;
             entry.lease = Some(lease.clone());
-            self.leased.insert((due_key(Some(lease.expires_at)), at));
+        }
+        if !batch.is_empty() {
+            self.in_flight += batch.len();
+            self.leases
+                .entry(due_key(Some(lease.expires_at)))
+                .or_default()
+                .extend_from_slice(&batch);
         }
         batch
     }
