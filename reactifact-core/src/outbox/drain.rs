@@ -507,7 +507,7 @@ async fn deliver(
     deadline: Option<Instant>,
     intents: &[Intent],
     out: &mut Outcomes<'_>,
-    renewal: &mut BatchHold<'_>,
+    hold: &mut BatchHold<'_>,
 ) -> Option<TurnOutcome> {
     let mut running = FuturesUnordered::new();
     let mut active: foldhash::HashMap<&str, usize> = Default::default();
@@ -532,8 +532,8 @@ async fn deliver(
     tokio::pin!(interrupt);
     let grace = tokio::time::sleep(config.grace);
     tokio::pin!(grace);
-    let renew_every = (!renewal.every.is_zero()).then_some(renewal.every);
-    let renew = tokio::time::sleep_until(instant_after(Instant::now(), renewal.every));
+    let renew_every = (!hold.every.is_zero()).then_some(hold.every);
+    let renew = tokio::time::sleep_until(instant_after(Instant::now(), hold.every));
     tokio::pin!(renew);
     loop {
         let accepting = stopping.is_none() && !failed_loud;
@@ -577,8 +577,8 @@ async fn deliver(
                 stopping = Some((outcome, until));
             }
             () = &mut renew, if renew_every.is_some() => {
-                renewal.renew(out);
-                renew.as_mut().reset(instant_after(Instant::now(), renewal.every));
+                hold.renew(out);
+                renew.as_mut().reset(instant_after(Instant::now(), hold.every));
             }
             () = &mut grace, if stopping.is_some() => {
                 tracing::warn!(running = running.len(), "grace period over; cancelling the deliveries still running");

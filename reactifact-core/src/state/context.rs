@@ -547,8 +547,9 @@ impl std::fmt::Debug for Context {
 /// left as they are (they are checked when their session is opened). Returns how many entries
 /// were rebuilt, registered or held.
 fn reconcile_intents(session: &Arc<str>, log: &[Commit], deliveries: &mut Vec<Delivery>) -> usize {
-    use crate::model::action::{ActionKey, Intent, Origin, PendingAction};
+    use crate::model::action::{ActionKey, PendingAction};
     use crate::outbox::ledger::DeliveryStatus;
+    use crate::state::commit::Acted;
 
     let mut index: foldhash::HashMap<ActionKey, usize> = deliveries
         .iter()
@@ -591,21 +592,13 @@ fn reconcile_intents(session: &Arc<str>, log: &[Commit], deliveries: &mut Vec<De
                     None => {
                         if let Ok(committed) = rmp_serde::from_slice::<PendingAction>(bytes) {
                             tracing::warn!(action_key = %key, "a committed intent was missing from the ledger; it is registered again");
-                            missing.push(Delivery::new(
-                                Intent {
-                                    key: key.clone(),
-                                    kind: Arc::from(committed.kind),
-                                    payload: Arc::from(committed.payload),
-                                    origin: Origin {
-                                        session: session.clone(),
-                                        commit: commit.hash,
-                                        generation: commit.generation,
-                                        run: run as u32,
-                                    },
-                                    attempt: 0,
-                                },
-                                SystemTime::now(),
-                            ));
+                            let acted = Acted {
+                                key: key.clone(),
+                                kind: Arc::from(committed.kind),
+                                payload: Arc::from(committed.payload),
+                                run: run as u32,
+                            };
+                            missing.push(Delivery::new(acted.into_intent(session, commit), SystemTime::now()));
                             index.insert(key.clone(), usize::MAX);
                             repaired += 1;
                         }

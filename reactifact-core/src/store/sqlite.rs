@@ -705,10 +705,8 @@ fn check_header(path: &Path, size: u64) -> Result<(), OpenError> {
     };
     // The page count is valid when the "version valid for" matches the change counter.
     let recorded = (field(92) == field(24)).then(|| page_size * u64::from(field(28)));
-    let mut wal = path.as_os_str().to_owned();
-    wal.push("-wal");
     if let Some(recorded) = recorded.filter(|&recorded| size < recorded) {
-        if !Path::new(&wal).exists() {
+        if !has_wal(path) {
             return Err(truncated(format!(
                 "the file is truncated: {size} bytes, its header records {recorded}"
             )));
@@ -717,15 +715,20 @@ fn check_header(path: &Path, size: u64) -> Result<(), OpenError> {
     Ok(())
 }
 
+/// Whether a `-wal` file sits beside the database: a process has it open, or one crashed.
+fn has_wal(path: &Path) -> bool {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    Path::new(&wal).exists()
+}
+
 /// Opens the file read-only without leaving anything behind. A WAL-mode file that no process
 /// has open (no `-wal` file beside it) is read as immutable: SQLite then creates no `-wal` or
 /// `-shm` file, which also makes read-only media work. A file with a `-wal` (a writer has it
 /// open, or one crashed) is read through its WAL.
 fn open_read_only(path: &Path) -> Result<Connection, OpenError> {
-    let mut wal = path.as_os_str().to_owned();
-    wal.push("-wal");
     let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let opened = if Path::new(&wal).exists() {
+    let opened = if has_wal(path) {
         Connection::open_with_flags(path, flags)
     } else {
         Connection::open_with_flags(immutable_uri(path), flags | OpenFlags::SQLITE_OPEN_URI)
