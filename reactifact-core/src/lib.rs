@@ -41,6 +41,7 @@ pub use audit::replay::{testing, Difference, Divergence, ReplayError, ReplayRepo
 pub use audit::verify::{verify_log, TimeTravelError, VerifyReport};
 pub use model::action::{ActionKey, Intent, Origin, PendingAction};
 pub use model::artifact::{Artifact, ArtifactId, Generation, Kind, ReadError, Record, Version};
+pub use model::delivery::{Delivery, DeliveryStatus, FenceToken, Lease};
 pub use model::event::{Event, EventKind};
 pub use model::field_diff::FieldDiff;
 pub use model::hash::{CommitHash, ContentHash, StateHash};
@@ -48,7 +49,7 @@ pub use model::patch::{EffectError, Op, PutMode};
 pub use model::relation::Relation;
 pub use outbox::dispatcher::{BoxError, DispatchError, Dispatcher, MAX_RETRY_AFTER};
 pub use outbox::drain::{DeliveryErrors, DeliveryFailure, DrainReport, RetryPolicy};
-pub use outbox::ledger::{Delivery, DeliveryStatus, Lease, Ledger, RetryError};
+pub use outbox::ledger::Ledger;
 pub use outbox::router::{ActionCall, Router};
 pub use reactifact_macros::{produce, Artifact};
 pub use run::effects::{DeclaredOutput, Dynamic, Effects};
@@ -64,6 +65,10 @@ pub use state::commit::{Commit, CommitError, Read, RunRecord, TriggerRef};
 pub use state::context::{Context, Transaction, WriteError};
 pub use state::refold::VerifyError;
 pub use state::snapshot::Snapshot;
+pub use store::outbox::{
+    BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome, Page, Recorded,
+    Recording, RetryError, Scope, StatusCounts,
+};
 pub use store::{OpenError, OpenOptions, StoreError, Synchronous};
 
 /// The README's examples, compiled and run as doctests.

@@ -7,223 +7,27 @@ use foldhash::HashMap;
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
-use serde::{Deserialize, Serialize};
+use crate::model::action::{ActionKey, Intent};
+pub(crate) use crate::model::delivery::later;
+pub use crate::model::delivery::{Delivery, DeliveryStatus, Lease};
+pub(crate) use crate::store::outbox::FailedAttempt;
+pub use crate::store::outbox::RetryError;
 
-use crate::model::action::{ActionKey, Intent, Origin};
-use crate::model::artifact::{ArtifactId, Generation};
-use crate::store::StoreError;
-
-/// [`Runtime::retry`](crate::Runtime::retry) refused to re-arm an intent.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum RetryError {
-    /// The ledger has no intent with this key.
-    #[error("no intent with key `{0}` in the delivery ledger")]
-    UnknownKey(ActionKey),
-    /// Only failed intents can be re-armed.
-    #[error("intent `{key}` is {status}, not failed; only failed intents can be retried")]
-    NotFailed {
-        /// The key.
-        key: ActionKey,
-        /// Its current status.
-        status: DeliveryStatus,
-    },
-    /// The durable store could not record the re-arming; the intent is still failed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
-
-/// Where an intent is in its delivery.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[non_exhaustive]
-pub enum DeliveryStatus {
-    /// Committed and waiting for a drain.
-    Pending,
-    /// Handed to a dispatcher; the outcome is not recorded yet.
-    InFlight,
-    /// The dispatcher reported success. Never handed to a dispatcher again.
-    Delivered,
-    /// The last attempt failed. If [`Delivery::next_attempt_at`] is set, the retry policy
-    /// will try again then; otherwise it waits for `retry`.
-    Failed,
-    /// No more automatic attempts: the retry policy's attempts are used up, or the dispatcher
-    /// said the failure is permanent. A dead letter stays visible; `retry` re-arms it.
-    Dead,
-    /// No dispatcher route handles its kind. Held, not dropped: `retry` re-arms it once a
-    /// route exists.
-    Held,
-}
-
-impl fmt::Display for DeliveryStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            DeliveryStatus::Pending => "pending",
-            DeliveryStatus::InFlight => "in flight",
-            DeliveryStatus::Delivered => "delivered",
-            DeliveryStatus::Failed => "failed",
-            DeliveryStatus::Dead => "dead",
-            DeliveryStatus::Held => "held",
-        })
-    }
-}
-
-/// The ledger entry of one intent. Kept out of the `PendingAction`'s content, so delivery
-/// never changes a content hash.
-#[derive(Clone, Debug)]
-pub struct Delivery {
-    pub(crate) intent: Intent,
-    pub(crate) status: DeliveryStatus,
-    pub(crate) attempts: u32,
-    pub(crate) last_error: Option<String>,
-    pub(crate) recorded_at: SystemTime,
-    pub(crate) updated_at: SystemTime,
-    pub(crate) delivered_at: Option<SystemTime>,
-    pub(crate) lease: Option<Lease>,
-    pub(crate) expired_leases: u32,
-    pub(crate) interrupted: u32,
-    pub(crate) next_attempt_at: Option<SystemTime>,
-}
-
-/// Who holds an in-flight attempt, and until when.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Lease {
-    /// The process (drainer) that handed the intent to its dispatcher.
-    pub owner: Arc<str>,
-    /// When the lease expires. An intent still in flight after that is put back to pending
-    /// when a durable store is opened, and delivered again with the same idempotency key.
-    pub expires_at: SystemTime,
-}
-
-impl Delivery {
-    /// The idempotency key.
-    pub fn key(&self) -> &ActionKey {
-        &self.intent.key
-    }
-
-    /// The action kind.
-    pub fn kind(&self) -> &str {
-        &self.intent.kind
-    }
-
-    /// The id of the `PendingAction` artifact: `action:{key}`.
-    pub fn action_id(&self) -> ArtifactId {
-        self.intent.key.artifact_id()
-    }
-
-    /// The generation, in [`Origin::session`], of the commit that recorded the intent (a
-    /// convenience for `origin().generation()`).
-    pub fn generation(&self) -> Generation {
-        self.intent.origin.generation
-    }
-
-    /// Where the intent was recorded: session, commit hash and run.
-    pub fn origin(&self) -> &Origin {
-        &self.intent.origin
-    }
-
-    /// The delivery state.
-    pub fn status(&self) -> DeliveryStatus {
-        self.status
-    }
-
-    /// How many times the intent was handed to a dispatcher, whatever came of it: this is
-    /// also the attempt number the dispatcher last saw ([`Intent::attempt`]). It includes the
-    /// attempts of unknown outcome ([`interrupted_attempts`](Self::interrupted_attempts),
-    /// [`expired_leases`](Self::expired_leases)), which the retry policy does not count
-    /// against its `max_attempts`: the failures it counts are `attempts − interrupted_attempts
-    /// − expired_leases`. An attempt that found no route (held) is not counted at all.
-    pub fn attempts(&self) -> u32 {
-        self.attempts
-    }
-
-    /// The error of the last failed attempt, if the last attempt failed.
-    pub fn last_error(&self) -> Option<&str> {
-        self.last_error.as_deref()
-    }
-
-    /// When the intent was committed.
-    pub fn recorded_at(&self) -> SystemTime {
-        self.recorded_at
-    }
-
-    /// When the entry last changed.
-    pub fn updated_at(&self) -> SystemTime {
-        self.updated_at
-    }
-
-    /// When the delivery succeeded.
-    pub fn delivered_at(&self) -> Option<SystemTime> {
-        self.delivered_at
-    }
-
-    /// When the next automatic attempt is due, for a failed intent the retry policy will try
-    /// again.
-    pub fn next_attempt_at(&self) -> Option<SystemTime> {
-        self.next_attempt_at
-    }
-
-    /// The lease of the attempt in flight, if one is.
-    pub fn lease(&self) -> Option<&Lease> {
-        self.lease.as_ref()
-    }
-
-    /// How many attempts ended with an expired lease: the process died (or lost its lease)
-    /// after handing the intent to its dispatcher and before recording the outcome, so the
-    /// receiver may have seen the intent. Each such attempt was followed by a delivery with
-    /// the same idempotency key.
-    pub fn expired_leases(&self) -> u32 {
-        self.expired_leases
-    }
-
-    /// How many attempts were cut off before their outcome was known: still running when a
-    /// stop or the turn's deadline ended the grace period, or when the caller dropped the
-    /// turn. The receiver may have seen each of them, so each was followed by a delivery with
-    /// the same idempotency key, due at once; none counts as a failure against the retry
-    /// policy.
-    pub fn interrupted_attempts(&self) -> u32 {
-        self.interrupted
-    }
-
-    /// The failed attempts the retry policy counts: those that ended with an answer (an
-    /// error, a panic, a timeout).
-    pub(crate) fn failed_attempts(&self) -> u32 {
-        self.attempts
-            .saturating_sub(self.interrupted)
-            .saturating_sub(self.expired_leases)
-    }
-
-    /// Puts this in-flight entry, whose lease expired, back to pending, counting the expired
-    /// lease and saying why in `last_error`. The caller tracks scheduling.
-    pub(crate) fn reclaim(&mut self, now: SystemTime) {
-        let owner = self
-            .lease
-            .take()
-            .map_or_else(|| "an unknown drainer".to_owned(), |l| l.owner.to_string());
-        self.status = DeliveryStatus::Pending;
-        self.expired_leases += 1;
-        self.updated_at = now;
-        self.last_error = Some(format!(
-            "attempt {} was in flight under the lease of {owner}, which expired before its outcome was recorded; \
-             the receiver may have seen it, so it is delivered again with the same key",
-            self.attempts
-        ));
-    }
-
-    pub(crate) fn new(intent: Intent, now: SystemTime) -> Self {
-        Delivery {
-            intent,
-            status: DeliveryStatus::Pending,
-            attempts: 0,
-            last_error: None,
-            recorded_at: now,
-            updated_at: now,
-            delivered_at: None,
-            lease: None,
-            expired_leases: 0,
-            interrupted: 0,
-            next_attempt_at: None,
-        }
-    }
+/// Puts this in-flight entry, whose lease expired, back to pending, counting the expired
+/// lease and saying why in `last_error`. The caller tracks scheduling.
+pub(crate) fn reclaim(entry: &mut Delivery, now: SystemTime) {
+    let owner = entry
+        .lease
+        .take()
+        .map_or_else(|| "an unknown drainer".to_owned(), |l| l.owner.to_string());
+    entry.status = DeliveryStatus::Pending;
+    entry.expired_leases += 1;
+    entry.updated_at = now;
+    entry.last_error = Some(format!(
+        "attempt {} was in flight under the lease of {owner}, which expired before its outcome was recorded; \
+         the receiver may have seen it, so it is delivered again with the same key",
+        entry.attempts
+    ));
 }
 
 /// The delivery ledger: one entry per idempotency key, in the order the intents were
@@ -359,7 +163,7 @@ impl LedgerInner {
                 let holds = entry.status == DeliveryStatus::InFlight
                     && entry.lease.as_ref().is_some_and(|l| due_key(Some(l.expires_at)) == due);
                 if holds {
-                    self.entries[at].reclaim(now);
+                    reclaim(&mut self.entries[at], now);
                     self.in_flight -= 1;
                     self.schedule(at);
                     reclaimed.push(at);
@@ -592,18 +396,6 @@ impl LedgerInner {
     }
 }
 
-/// The latest time the ledger records: the end of the year 9999 (UTC). A retry or a lease
-/// further ahead means "never" in practice, and this one every store can keep (milliseconds
-/// in an `i64`) and every HTTP date can show.
-const FAR_FUTURE: Duration = Duration::from_secs(253_402_300_799);
-
-/// `t + delay` for a delay from outside (a policy, a `Retry-After`, a lease), which may be as
-/// long as `Duration::MAX`: saturates at [`FAR_FUTURE`] instead of overflowing.
-pub(crate) fn later(t: SystemTime, delay: Duration) -> SystemTime {
-    let far = SystemTime::UNIX_EPOCH + FAR_FUTURE;
-    t.checked_add(delay).map_or(far, |at| at.min(far))
-}
-
 fn has_sub_millis(t: SystemTime) -> bool {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .is_ok_and(|d| d.subsec_nanos() % 1_000_000 != 0)
@@ -611,17 +403,6 @@ fn has_sub_millis(t: SystemTime) -> bool {
 
 fn from_due_key(millis: u64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_millis(millis)
-}
-
-/// What happens after a failed attempt.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum FailedAttempt {
-    /// The retry policy tries again then.
-    RetryAt(SystemTime),
-    /// No automatic retry: it waits for `retry`.
-    AwaitRetry,
-    /// Given up: a dead letter.
-    Dead,
 }
 
 impl fmt::Debug for Ledger {

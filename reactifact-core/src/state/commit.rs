@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use crate::model::action::{ActionKey, Intent, Origin, PendingAction};
 use crate::model::artifact::{ArtifactId, Generation, Kind, Stored, Version};
+use crate::model::delivery::NewIntent;
 use crate::model::event::{Event, EventKind};
 use crate::model::hash::{CommitHash, ContentHash, HashWriter, StateHash};
 use crate::model::patch::{Op, PutMode};
@@ -156,24 +157,33 @@ pub(crate) struct Acted {
     pub(crate) key: ActionKey,
     pub(crate) kind: Arc<str>,
     pub(crate) payload: Arc<[u8]>,
+    /// The content hash of the `PendingAction` bytes.
+    pub(crate) hash: ContentHash,
+    /// The `PendingAction` encoding, as committed.
+    pub(crate) bytes: Arc<[u8]>,
     /// The position in the commit of the run that acted it.
     pub(crate) run: u32,
 }
 
 impl Acted {
-    /// The intent, recorded by run `self.run` of `commit` in `session`.
-    pub(crate) fn into_intent(self, session: &Arc<str>, commit: &Commit) -> Intent {
-        Intent {
-            key: self.key,
-            kind: self.kind,
-            payload: self.payload,
-            origin: Origin {
-                session: session.clone(),
-                commit: commit.hash,
-                generation: commit.generation,
-                run: self.run,
+    /// The intent, recorded by run `self.run` of `commit` in `session`, as its store
+    /// registers it.
+    pub(crate) fn into_new_intent(self, session: &Arc<str>, commit: &Commit) -> NewIntent {
+        NewIntent {
+            intent: Intent {
+                key: self.key,
+                kind: self.kind,
+                payload: self.payload,
+                origin: Origin {
+                    session: session.clone(),
+                    commit: commit.hash,
+                    generation: commit.generation,
+                    run: self.run,
+                },
+                attempt: 0,
             },
-            attempt: 0,
+            bytes: self.bytes,
+            action_hash: self.hash,
         }
     }
 }
@@ -321,6 +331,8 @@ impl<'a> Apply<'a> {
                         key: ActionKey::clone(key),
                         kind: action.clone(),
                         payload: payload.clone(),
+                        hash: *hash,
+                        bytes: bytes.clone(),
                         run: self.run as u32,
                     });
                 }

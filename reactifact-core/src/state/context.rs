@@ -6,6 +6,7 @@ use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use crate::model::artifact::{Artifact, ArtifactId, Generation, ReadError, Record};
+use crate::model::delivery::NewIntent;
 use crate::model::event::{Event, QueuedEvent};
 use crate::model::hash::{CommitHash, StateHash};
 use crate::model::patch::{EffectError, Op, PutMode};
@@ -158,10 +159,6 @@ impl Context {
             detail: e.to_string(),
             source: Some(e),
         })?;
-        let repaired = reconcile_intents(&context.session, &loaded.commits, &mut loaded.deliveries);
-        if repaired > 0 {
-            tracing::warn!(session = %context.session, repaired, "ledger entries that did not match their committed pending actions were rebuilt from the log or held");
-        }
         // Only a log that verified is written to.
         let reclaimed = store.settle_open(&mut loaded.deliveries)?;
         if reclaimed > 0 {
@@ -338,6 +335,7 @@ impl Context {
         Lease {
             owner: self.owner.clone(),
             expires_at: crate::outbox::ledger::later(now, self.lease),
+            token: crate::model::delivery::FenceToken(0),
         }
     }
 
@@ -478,13 +476,17 @@ impl Context {
             })
             .collect();
         let now = SystemTime::now();
+        let intents: Vec<NewIntent> = apply
+            .intents
+            .drain(..)
+            .map(|acted| acted.into_new_intent(&self.session, &commit))
+            .collect();
         let deliveries: Vec<Delivery> = {
             let ledger = self.ledger.lock();
-            apply
-                .intents
-                .drain(..)
-                .filter(|acted| !ledger.contains(acted.key.as_str()))
-                .map(|acted| Delivery::new(acted.into_intent(&self.session, &commit), now))
+            intents
+                .iter()
+                .filter(|new| !ledger.contains(new.intent.key.as_str()))
+                .map(|new| Delivery::new(new.intent.clone(), now))
                 .collect()
         };
         if let Some(store) = &mut self.store {
@@ -492,7 +494,7 @@ impl Context {
                 session: &self.session,
                 commit: &commit,
                 consumed_before: self.events.get(consumed).map_or(self.next_event_seq, |q| q.seq),
-                deliveries: &deliveries,
+                intents: &intents,
             };
             if let Err(e) = store.commit(&delta) {
                 apply.rollback();
@@ -534,101 +536,6 @@ impl std::fmt::Debug for Context {
             .field("ledger", &self.ledger)
             .finish()
     }
-}
-
-/// Makes the loaded ledger entries of this session's intents say what the verified log says.
-///
-/// The store keeps each intent's key, kind and payload beside the log, outside every hash;
-/// the log's act holds the committed `PendingAction` bytes, whose content hash the refold has
-/// just checked. For every intent this log acts (the first act of a key registers it):
-/// an entry that differs from the committed action is rebuilt from it, and a missing one is
-/// registered again; an entry that names a commit of this log which acts no such key (a
-/// changed key) is held, never handed to a dispatcher. Entries of other sessions' commits are
-/// left as they are (they are checked when their session is opened). Returns how many entries
-/// were rebuilt, registered or held.
-fn reconcile_intents(session: &Arc<str>, log: &[Commit], deliveries: &mut Vec<Delivery>) -> usize {
-    use crate::model::action::{ActionKey, PendingAction};
-    use crate::outbox::ledger::DeliveryStatus;
-    use crate::state::commit::Acted;
-
-    let mut index: foldhash::HashMap<ActionKey, usize> = deliveries
-        .iter()
-        .enumerate()
-        .map(|(at, d)| (d.intent.key.clone(), at))
-        .collect();
-    let mut checked = vec![false; deliveries.len()];
-    let mut repaired = 0;
-    let mut missing = Vec::new();
-    for commit in log {
-        for (run, record) in commit.runs.iter().enumerate() {
-            for op in &record.ops {
-                let Op::Act {
-                    key,
-                    action,
-                    bytes,
-                    payload,
-                    ..
-                } = op
-                else {
-                    continue;
-                };
-                match index.get(key.as_str()) {
-                    Some(&at) if checked[at] => {} // a later act of a key already registered
-                    Some(&at) => {
-                        checked[at] = true;
-                        let entry = &mut deliveries[at];
-                        // The side column and the op agree: a single changed byte cannot fake
-                        // both. Otherwise the committed bytes decide.
-                        if entry.intent.kind == *action && entry.intent.payload == *payload {
-                            continue;
-                        }
-                        if let Ok(committed) = rmp_serde::from_slice::<PendingAction>(bytes) {
-                            tracing::warn!(action_key = %key, "the ledger's copy of this intent differs from its committed pending action; the committed one is delivered");
-                            entry.intent.kind = Arc::from(committed.kind);
-                            entry.intent.payload = Arc::from(committed.payload);
-                            repaired += 1;
-                        }
-                    }
-                    None => {
-                        if let Ok(committed) = rmp_serde::from_slice::<PendingAction>(bytes) {
-                            tracing::warn!(action_key = %key, "a committed intent was missing from the ledger; it is registered again");
-                            let acted = Acted {
-                                key: key.clone(),
-                                kind: Arc::from(committed.kind),
-                                payload: Arc::from(committed.payload),
-                                run: run as u32,
-                            };
-                            missing.push(Delivery::new(acted.into_intent(session, commit), SystemTime::now()));
-                            index.insert(key.clone(), usize::MAX);
-                            repaired += 1;
-                        }
-                    }
-                }
-            }
-        }
-    }
-    for (at, entry) in deliveries.iter_mut().enumerate() {
-        let origin = &entry.intent.origin;
-        let ours = origin.session == *session
-            && usize::try_from(origin.generation.0)
-                .ok()
-                .and_then(|g| g.checked_sub(1))
-                .and_then(|i| log.get(i))
-                .is_some_and(|c| c.hash == origin.commit);
-        if ours && !checked[at] && entry.status != DeliveryStatus::Held {
-            tracing::warn!(action_key = %entry.intent.key, "a ledger entry names a commit of this session that acts no such intent; it is held, not delivered");
-            entry.status = DeliveryStatus::Held;
-            entry.lease = None;
-            entry.next_attempt_at = None;
-            entry.last_error = Some(format!(
-                "integrity: commit {} of session `{session}` acts no intent `{}`; the ledger entry was changed, so it is held and never delivered",
-                origin.generation.0, entry.intent.key
-            ));
-            repaired += 1;
-        }
-    }
-    deliveries.extend(missing);
-    repaired
 }
 
 /// A batch of direct writes to a [`Context`], committed as one generation by

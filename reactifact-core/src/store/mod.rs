@@ -5,11 +5,13 @@
 //! open it hands back the log and the ledger, from which the context is rebuilt.
 
 mod codec;
+pub(crate) mod outbox;
 mod sqlite;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::model::delivery::NewIntent;
 use crate::outbox::ledger::Delivery;
 use crate::state::commit::Commit;
 use crate::state::refold::VerifyError;
@@ -216,8 +218,10 @@ pub(crate) struct CommitDelta<'a> {
     /// After the commit, the queued events with a lower sequence number are consumed: the
     /// number of the first event still queued (or, if none is, of the first event to come).
     pub(crate) consumed_before: u64,
-    /// New ledger entries: the intents this commit registered.
-    pub(crate) deliveries: &'a [Delivery],
+    /// The intents this commit acted (created `action:{key}` for), in commit order: the
+    /// store registers each key it does not hold yet, in the commit's transaction, and
+    /// attaches the others to the session.
+    pub(crate) intents: &'a [NewIntent],
 }
 
 /// A durable home for one session of a context.

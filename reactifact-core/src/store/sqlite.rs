@@ -148,6 +148,7 @@ fn status_code(status: DeliveryStatus) -> u8 {
         DeliveryStatus::Failed => 3,
         DeliveryStatus::Dead => 4,
         DeliveryStatus::Held => 5,
+        DeliveryStatus::Cancelled => 6,
     }
 }
 
@@ -548,6 +549,7 @@ impl SqliteStore {
                 entry.lease = state.lease.map(|(owner, expires)| Lease {
                     owner: Arc::from(&*owner),
                     expires_at: from_millis(expires),
+                    token: crate::model::delivery::FenceToken(u64::from(state.attempts)),
                 });
                 entry.expired_leases = state.expired_leases;
                 entry.interrupted = state.interrupted;
@@ -569,7 +571,7 @@ impl SqliteStore {
             if !expired {
                 continue;
             }
-            entry.reclaim(now);
+            crate::outbox::ledger::reclaim(entry, now);
             reclaimed.push(&*entry);
         }
         let count = reclaimed.len();
@@ -629,15 +631,16 @@ impl SqliteStore {
         if fenced == 0 {
             return Ok(false);
         }
-        let intents = (!delta.deliveries.is_empty()).then(|| {
+        let now = millis(SystemTime::now());
+        let intents = (!delta.intents.is_empty()).then(|| {
             let rows: Vec<IntentRow<'_>> = delta
-                .deliveries
+                .intents
                 .iter()
                 .map(|d| IntentRow {
                     key: Cow::Borrowed(d.intent.key.as_str()),
                     kind: Cow::Borrowed(&d.intent.kind),
                     payload: Cow::Borrowed(&d.intent.payload),
-                    recorded_at: millis(d.recorded_at),
+                    recorded_at: now,
                     run: d.intent.origin.run,
                 })
                 .collect();

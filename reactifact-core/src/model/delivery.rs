@@ -1,0 +1,316 @@
+//! The delivery state of an intent, as the outbox of a store keeps it: its status, its
+//! attempts, and the lease and fencing token of the attempt in flight.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::action::{ActionKey, Intent, Origin};
+use crate::model::artifact::{ArtifactId, Generation};
+use crate::model::hash::ContentHash;
+
+/// Where an intent is in its delivery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum DeliveryStatus {
+    /// Committed and waiting for a drain.
+    Pending,
+    /// Claimed by a drain, which holds a lease on it: handed to a dispatcher (or about to be),
+    /// the outcome not recorded yet.
+    InFlight,
+    /// The dispatcher reported success. Never handed to a dispatcher again.
+    Delivered,
+    /// The last attempt failed. If [`Delivery::next_attempt_at`] is set, the retry policy
+    /// will try again then; otherwise it waits for `retry`.
+    Failed,
+    /// No more automatic attempts: the retry policy's attempts are used up, or the dispatcher
+    /// said the failure is permanent. A dead letter stays visible; `retry` re-arms it.
+    Dead,
+    /// Not delivered until an operator acts: no dispatcher route handles its kind, or its
+    /// stored row failed its integrity check. Held, not dropped: `retry` re-arms it.
+    Held,
+    /// Cancelled by an operator before it was delivered: never handed to a dispatcher again
+    /// ([`Delivery::cancel_reason`] says why). Final, like `Delivered`.
+    Cancelled,
+}
+
+impl DeliveryStatus {
+    /// Every status, in the order of their codes.
+    pub const ALL: [DeliveryStatus; 7] = [
+        DeliveryStatus::Pending,
+        DeliveryStatus::InFlight,
+        DeliveryStatus::Delivered,
+        DeliveryStatus::Failed,
+        DeliveryStatus::Dead,
+        DeliveryStatus::Held,
+        DeliveryStatus::Cancelled,
+    ];
+
+    /// Whether no transition leaves this status: delivered or cancelled.
+    pub fn is_final(self) -> bool {
+        matches!(self, DeliveryStatus::Delivered | DeliveryStatus::Cancelled)
+    }
+
+    /// The status's stable code in a store (0 pending … 6 cancelled).
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            DeliveryStatus::Pending => 0,
+            DeliveryStatus::InFlight => 1,
+            DeliveryStatus::Delivered => 2,
+            DeliveryStatus::Failed => 3,
+            DeliveryStatus::Dead => 4,
+            DeliveryStatus::Held => 5,
+            DeliveryStatus::Cancelled => 6,
+        }
+    }
+
+    /// The status with this code, if one has it.
+    pub(crate) fn from_code(code: u8) -> Option<DeliveryStatus> {
+        DeliveryStatus::ALL.get(usize::from(code)).copied()
+    }
+}
+
+impl fmt::Display for DeliveryStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DeliveryStatus::Pending => "pending",
+            DeliveryStatus::InFlight => "in flight",
+            DeliveryStatus::Delivered => "delivered",
+            DeliveryStatus::Failed => "failed",
+            DeliveryStatus::Dead => "dead",
+            DeliveryStatus::Held => "held",
+            DeliveryStatus::Cancelled => "cancelled",
+        })
+    }
+}
+
+/// A fencing token: how many times an intent has been claimed. Every claim takes the next
+/// one, so a token names one attempt, and the store accepts an outcome or a renewal only
+/// while the intent is still in flight under the token it was claimed with. A holder that
+/// stalled past its lease, whose intent was reclaimed (and perhaps claimed and delivered by
+/// another drain), holds an old token: its late outcome is rejected, not recorded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct FenceToken(pub u64);
+
+impl fmt::Display for FenceToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+/// Who holds an in-flight attempt, until when, and under which token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// The drainer (process and drain) that claimed the intent.
+    pub owner: Arc<str>,
+    /// When the lease expires, unless its holder renews it. Once it has expired, any drain of
+    /// the store puts the intent back to pending, and it is delivered again with the same
+    /// idempotency key.
+    pub expires_at: SystemTime,
+    /// The fencing token of the claim.
+    pub token: FenceToken,
+}
+
+/// The ledger entry of one intent. Kept out of the `PendingAction`'s content, so delivery
+/// never changes a content hash.
+#[derive(Clone, Debug)]
+pub struct Delivery {
+    pub(crate) intent: Intent,
+    pub(crate) status: DeliveryStatus,
+    pub(crate) attempts: u32,
+    pub(crate) last_error: Option<String>,
+    pub(crate) recorded_at: SystemTime,
+    pub(crate) updated_at: SystemTime,
+    pub(crate) delivered_at: Option<SystemTime>,
+    pub(crate) lease: Option<Lease>,
+    pub(crate) expired_leases: u32,
+    pub(crate) interrupted: u32,
+    pub(crate) next_attempt_at: Option<SystemTime>,
+    /// The token of the last claim (0 before the first).
+    pub(crate) token: FenceToken,
+    pub(crate) cancel_reason: Option<String>,
+}
+
+impl Delivery {
+    /// The idempotency key.
+    pub fn key(&self) -> &ActionKey {
+        &self.intent.key
+    }
+
+    /// The action kind.
+    pub fn kind(&self) -> &str {
+        &self.intent.kind
+    }
+
+    /// The intent as a dispatcher receives it (its [`attempt`](Intent::attempt) is the
+    /// number of the last attempt).
+    pub fn intent(&self) -> &Intent {
+        &self.intent
+    }
+
+    /// The id of the `PendingAction` artifact: `action:{key}`.
+    pub fn action_id(&self) -> ArtifactId {
+        self.intent.key.artifact_id()
+    }
+
+    /// The generation, in [`Origin::session`], of the commit that recorded the intent (a
+    /// convenience for `origin().generation()`).
+    pub fn generation(&self) -> Generation {
+        self.intent.origin.generation
+    }
+
+    /// Where the intent was recorded: session, commit hash and run.
+    pub fn origin(&self) -> &Origin {
+        &self.intent.origin
+    }
+
+    /// The delivery state.
+    pub fn status(&self) -> DeliveryStatus {
+        self.status
+    }
+
+    /// How many times the intent was handed to a dispatcher, whatever came of it: this is
+    /// also the attempt number the dispatcher last saw ([`Intent::attempt`]). It includes the
+    /// attempts of unknown outcome ([`interrupted_attempts`](Self::interrupted_attempts),
+    /// [`expired_leases`](Self::expired_leases)), which the retry policy does not count
+    /// against its `max_attempts`: the failures it counts are `attempts − interrupted_attempts
+    /// − expired_leases`. An attempt that found no route (held), and a claim released before
+    /// it was handed to a dispatcher, are not counted at all.
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// The error of the last failed attempt, if the last attempt failed (or why the intent is
+    /// held, or pending again after an attempt of unknown outcome).
+    pub fn last_error(&self) -> Option<&str> {
+        self.last_error.as_deref()
+    }
+
+    /// When the intent was committed.
+    pub fn recorded_at(&self) -> SystemTime {
+        self.recorded_at
+    }
+
+    /// When the entry last changed.
+    pub fn updated_at(&self) -> SystemTime {
+        self.updated_at
+    }
+
+    /// When the delivery succeeded.
+    pub fn delivered_at(&self) -> Option<SystemTime> {
+        self.delivered_at
+    }
+
+    /// When the next automatic attempt is due, for a failed intent the retry policy will try
+    /// again.
+    pub fn next_attempt_at(&self) -> Option<SystemTime> {
+        self.next_attempt_at
+    }
+
+    /// The lease of the attempt in flight, if one is.
+    pub fn lease(&self) -> Option<&Lease> {
+        self.lease.as_ref()
+    }
+
+    /// The fencing token of the last claim: how many times the intent was claimed (0 if it
+    /// never was).
+    pub fn token(&self) -> FenceToken {
+        self.token
+    }
+
+    /// Why an operator cancelled the intent, if one did.
+    pub fn cancel_reason(&self) -> Option<&str> {
+        self.cancel_reason.as_deref()
+    }
+
+    /// How many attempts ended with an expired lease: the holder died (or stalled past its
+    /// lease) after claiming the intent and before recording the outcome, so the receiver may
+    /// have seen the intent. Each such attempt was followed by a delivery with the same
+    /// idempotency key.
+    pub fn expired_leases(&self) -> u32 {
+        self.expired_leases
+    }
+
+    /// How many attempts were cut off before their outcome was known: still running when a
+    /// stop or the turn's deadline ended the grace period, or when the caller dropped the
+    /// turn. The receiver may have seen each of them, so each was followed by a delivery with
+    /// the same idempotency key, due at once; none counts as a failure against the retry
+    /// policy.
+    pub fn interrupted_attempts(&self) -> u32 {
+        self.interrupted
+    }
+
+    /// The failed attempts the retry policy counts: those that ended with an answer (an
+    /// error, a panic, a timeout).
+    pub fn failed_attempts(&self) -> u32 {
+        self.attempts
+            .saturating_sub(self.interrupted)
+            .saturating_sub(self.expired_leases)
+    }
+
+    /// A new entry, pending and due at `now`.
+    pub(crate) fn new(intent: Intent, now: SystemTime) -> Self {
+        Delivery {
+            intent,
+            status: DeliveryStatus::Pending,
+            attempts: 0,
+            last_error: None,
+            recorded_at: now,
+            updated_at: now,
+            delivered_at: None,
+            lease: None,
+            expired_leases: 0,
+            interrupted: 0,
+            next_attempt_at: None,
+            token: FenceToken(0),
+            cancel_reason: None,
+        }
+    }
+}
+
+/// The latest time the ledger records: the end of the year 9999 (UTC). A retry or a lease
+/// further ahead means "never" in practice, and this one every store can keep (milliseconds
+/// in an `i64`) and every HTTP date can show.
+pub(crate) const FAR_FUTURE: Duration = Duration::from_secs(253_402_300_799);
+
+/// `t + delay` for a delay from outside (a policy, a `Retry-After`, a lease), which may be as
+/// long as `Duration::MAX`: saturates at [`FAR_FUTURE`] instead of overflowing.
+pub(crate) fn later(t: SystemTime, delay: Duration) -> SystemTime {
+    let far = SystemTime::UNIX_EPOCH + FAR_FUTURE;
+    t.checked_add(delay).map_or(far, |at| at.min(far))
+}
+
+/// Milliseconds since the Unix epoch (0 before it): the resolution stores keep times in.
+pub(crate) fn unix_millis(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The time `millis` milliseconds after the Unix epoch.
+pub(crate) fn from_unix_millis(millis: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_millis(millis)
+}
+
+/// `t` rounded up to a whole millisecond: what a store keeps of a retry time, never early.
+pub(crate) fn ceil_millis(t: SystemTime) -> SystemTime {
+    let sub = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .is_ok_and(|d| d.subsec_nanos() % 1_000_000 != 0);
+    from_unix_millis(unix_millis(t) + u64::from(sub))
+}
+
+/// An intent a commit registers, as the commit hands it to its store: the intent (its
+/// origin names the committing session), the `PendingAction` bytes the commit hashed, and
+/// their content hash. A store keeps the bytes and the hash with the row and hands a
+/// dispatcher only bytes that still hash to it.
+#[derive(Clone, Debug)]
+pub(crate) struct NewIntent {
+    /// The intent, attempt 0.
+    pub(crate) intent: Intent,
+    /// The `PendingAction` encoding, as committed.
+    pub(crate) bytes: Arc<[u8]>,
+    /// Its content hash, as the commit hashed it.
+    pub(crate) action_hash: ContentHash,
+}

@@ -1,0 +1,407 @@
+//! The outbox of a store: the delivery ledger as a table of the store, and the operations
+//! that move an intent through it.
+//!
+//! The ledger is the store's, not a process's: every drain (a runtime's own, or a standalone
+//! [`Drainer`](crate::Drainer)) in every process works on it through [`OutboxStore`], and no
+//! process keeps a private copy. The transitions:
+//!
+//! - **register** — in the commit transaction of the generation that acted the intent: a new
+//!   key is pending, due at once, and belongs to the committing session; a key the store
+//!   already holds is not registered again (it is *attached* to the committing session unless
+//!   it is final, so that session's drain delivers it too);
+//! - **claim** ([`OutboxStore::claim`]) — atomically takes due intents in a [`Scope`] and puts
+//!   them in flight under a lease, each with the next [`FenceToken`]; expired leases are
+//!   reclaimed first;
+//! - **record** ([`OutboxStore::record`]) — the outcome of an attempt, accepted only while the
+//!   intent is in flight under the token of the claim: a stale holder's late outcome is
+//!   rejected ([`Recorded::Stale`]) and changes nothing;
+//! - **renew** ([`OutboxStore::renew`]) — a live holder extends the lease of a long dispatch;
+//! - **retry**, **cancel** and **purge** — the operator's.
+//!
+//! Reads ([`get`](OutboxStore::get), [`list`](OutboxStore::list),
+//! [`counts`](OutboxStore::counts), [`next_due`](OutboxStore::next_due)) are store queries.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use crate::model::action::ActionKey;
+use crate::model::delivery::{Delivery, DeliveryStatus, FenceToken};
+use crate::store::StoreError;
+
+/// The future of a store operation: boxed, so that [`OutboxStore`] is object-safe, and `Send`,
+/// so that it can be awaited on any executor thread.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Which intents of a store an operation sees: those of some sessions (registered by them, or
+/// attached to them), of some kinds, or all of them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Scope {
+    sessions: Option<Vec<Arc<str>>>,
+    kinds: Option<Vec<Arc<str>>>,
+}
+
+impl Scope {
+    /// Every intent of the store.
+    pub fn all() -> Self {
+        Scope::default()
+    }
+
+    /// The intents of one session: those its commits registered, and those attached to it (a
+    /// key it committed that another session had registered first, such as a merged one).
+    pub fn session(session: impl Into<Arc<str>>) -> Self {
+        Scope::all().sessions([session])
+    }
+
+    /// Only the intents of these sessions (replacing any earlier session filter).
+    pub fn sessions<S: Into<Arc<str>>>(mut self, sessions: impl IntoIterator<Item = S>) -> Self {
+        self.sessions = Some(sessions.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Only the intents of these action kinds (replacing any earlier kind filter).
+    pub fn kinds<S: Into<Arc<str>>>(mut self, kinds: impl IntoIterator<Item = S>) -> Self {
+        self.kinds = Some(kinds.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// The session filter: `None` for every session.
+    pub fn session_filter(&self) -> Option<&[Arc<str>]> {
+        self.sessions.as_deref()
+    }
+
+    /// The kind filter: `None` for every kind.
+    pub fn kind_filter(&self) -> Option<&[Arc<str>]> {
+        self.kinds.as_deref()
+    }
+
+    /// Whether an intent of `kind` that belongs to `sessions` is in scope.
+    pub fn admits<'a>(&self, kind: &str, mut sessions: impl Iterator<Item = &'a str>) -> bool {
+        self.kinds
+            .as_ref()
+            .is_none_or(|kinds| kinds.iter().any(|k| &**k == kind))
+            && self
+                .sessions
+                .as_ref()
+                .is_none_or(|wanted| sessions.any(|s| wanted.iter().any(|w| &**w == s)))
+    }
+}
+
+/// A request to claim due intents ([`OutboxStore::claim`]).
+#[derive(Clone, Debug)]
+pub struct ClaimRequest<'a> {
+    /// Which intents may be claimed.
+    pub scope: &'a Scope,
+    /// At most this many are claimed.
+    pub limit: usize,
+    /// Who claims: recorded in each lease (a process and drain identity).
+    pub owner: &'a Arc<str>,
+    /// How long each claim is leased from `now`.
+    pub lease: Duration,
+    /// The time of the claim, from the drain's clock.
+    pub now: SystemTime,
+}
+
+/// What a claim took.
+#[derive(Debug, Default)]
+#[non_exhaustive]
+pub struct Claimed {
+    /// The intents claimed, in flight under this claim's lease, in the order they fell due
+    /// (registration order among those due at the same time). Each entry's
+    /// [`lease`](Delivery::lease) holds its token; its attempt count includes this attempt.
+    pub claims: Vec<Delivery>,
+    /// How many in-flight intents (in any scope) whose lease had expired the claim put back
+    /// to pending first.
+    pub reclaimed: usize,
+    /// Keys whose stored row failed its integrity check while the claim read it: each is now
+    /// held with an `integrity:` error, and never handed to a dispatcher.
+    pub integrity: Vec<ActionKey>,
+}
+
+/// The outcome of one attempt, for [`OutboxStore::record`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The dispatcher reported success: delivered, final.
+    Delivered,
+    /// The attempt failed with `error`; `next` says what follows.
+    Failed {
+        /// The error, as recorded in [`Delivery::last_error`].
+        error: String,
+        /// A retry at a time, a wait for an operator's retry, or a dead letter.
+        next: FailedAttempt,
+    },
+    /// No route handles the intent's kind: held, and the attempt (which reached no handler)
+    /// not counted.
+    Held {
+        /// Why, as recorded in [`Delivery::last_error`].
+        reason: String,
+    },
+    /// The attempt was cut off before its outcome was known: pending again, due at once, the
+    /// attempt counted and counted as interrupted.
+    Interrupted {
+        /// Why, as recorded in [`Delivery::last_error`].
+        reason: String,
+    },
+    /// The claim was never handed to a dispatcher: pending again, due at once, the attempt
+    /// not counted.
+    Released,
+}
+
+/// What follows a failed attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FailedAttempt {
+    /// The retry policy tries again then (kept in whole milliseconds, rounded up).
+    RetryAt(SystemTime),
+    /// No automatic retry: it waits for an operator's `retry`.
+    AwaitRetry,
+    /// Given up: a dead letter.
+    Dead,
+}
+
+/// One outcome to record: for the attempt claimed with `token`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recording {
+    /// The intent.
+    pub key: ActionKey,
+    /// The token of the claim the attempt was made under.
+    pub token: FenceToken,
+    /// What happened.
+    pub outcome: Outcome,
+}
+
+/// What the store did with one [`Recording`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Recorded {
+    /// Recorded: the intent now has this status.
+    Accepted(DeliveryStatus),
+    /// Rejected: the intent is no longer in flight under the recording's token (its lease
+    /// expired and it was reclaimed, and perhaps claimed again and delivered). Nothing
+    /// changed. `status` and `token` are the intent's current ones (`None` for a key the
+    /// store does not hold).
+    Stale {
+        /// The intent's current status.
+        status: Option<DeliveryStatus>,
+        /// The intent's current token.
+        token: FenceToken,
+    },
+}
+
+/// How many intents of a scope are in each status.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StatusCounts {
+    /// Pending: waiting for a drain.
+    pub pending: u64,
+    /// In flight under a lease.
+    pub in_flight: u64,
+    /// Delivered (not counting purged ones).
+    pub delivered: u64,
+    /// Failed (retried at their `next_attempt_at`, or waiting for `retry`).
+    pub failed: u64,
+    /// Of the failed, those with a retry scheduled.
+    pub retrying: u64,
+    /// Dead letters.
+    pub dead: u64,
+    /// Held.
+    pub held: u64,
+    /// Cancelled (not counting purged ones).
+    pub cancelled: u64,
+}
+
+impl StatusCounts {
+    /// Intents a drain will still act on without an operator: pending ones, failed ones with
+    /// a retry scheduled, and those in flight (each finishes, or comes back when its lease
+    /// expires).
+    pub fn waiting(&self) -> u64 {
+        self.pending + self.retrying + self.in_flight
+    }
+
+    /// Every intent counted.
+    pub fn total(&self) -> u64 {
+        self.pending + self.in_flight + self.delivered + self.failed + self.dead + self.held + self.cancelled
+    }
+
+    /// The count for one status.
+    pub fn of(&self, status: DeliveryStatus) -> u64 {
+        match status {
+            DeliveryStatus::Pending => self.pending,
+            DeliveryStatus::InFlight => self.in_flight,
+            DeliveryStatus::Delivered => self.delivered,
+            DeliveryStatus::Failed => self.failed,
+            DeliveryStatus::Dead => self.dead,
+            DeliveryStatus::Held => self.held,
+            DeliveryStatus::Cancelled => self.cancelled,
+        }
+    }
+}
+
+/// A page of ledger entries ([`OutboxStore::list`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LedgerQuery {
+    /// Which intents.
+    pub scope: Scope,
+    /// Only those in this status.
+    pub status: Option<DeliveryStatus>,
+    /// Only those registered after this cursor (a page's [`Page::next`]); `None` from the
+    /// start.
+    pub after: Option<u64>,
+    /// At most this many.
+    pub limit: usize,
+}
+
+impl Default for LedgerQuery {
+    fn default() -> Self {
+        LedgerQuery {
+            scope: Scope::all(),
+            status: None,
+            after: None,
+            limit: 100,
+        }
+    }
+}
+
+/// One page of ledger entries, in registration order.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct Page {
+    /// The entries.
+    pub entries: Vec<Delivery>,
+    /// The cursor of the next page (pass it as [`LedgerQuery::after`]), `None` after the last.
+    pub next: Option<u64>,
+}
+
+/// An operator's [`retry`](OutboxStore::retry) refused to re-arm an intent.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RetryError {
+    /// The ledger has no intent with this key.
+    #[error("no intent with key `{0}` in the delivery ledger")]
+    UnknownKey(ActionKey),
+    /// Only failed, dead and held intents can be re-armed.
+    #[error("intent `{key}` is {status}; only failed, dead and held intents can be retried")]
+    NotFailed {
+        /// The key.
+        key: ActionKey,
+        /// Its current status.
+        status: DeliveryStatus,
+    },
+    /// The store could not record the re-arming; the intent is as it was.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// An operator's [`cancel`](OutboxStore::cancel) refused to cancel an intent.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CancelError {
+    /// The ledger has no intent with this key.
+    #[error("no intent with key `{0}` in the delivery ledger")]
+    UnknownKey(ActionKey),
+    /// The intent is delivered, or in flight (its dispatcher may be sending it right now):
+    /// it cannot be cancelled. An in-flight intent can be cancelled once its attempt ends
+    /// other than delivered.
+    #[error("intent `{key}` is {status} and cannot be cancelled")]
+    NotCancellable {
+        /// The key.
+        key: ActionKey,
+        /// Its current status.
+        status: DeliveryStatus,
+    },
+    /// The store could not record the cancellation; the intent is as it was.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The outbox of a store: the delivery ledger and its transitions, shared by every drain in
+/// every process that opens the store.
+///
+/// Every method is one atomic store operation. A store implements it so that any number of
+/// drains, in any number of processes, together hand each key to a dispatcher once per
+/// recorded outcome: a claim is a compare-and-set, an outcome is accepted only under the
+/// claim's token, and only an expired lease makes a claimed intent claimable again.
+///
+/// Times come from the caller (its drain's clock), so that tests can run on tokio's paused
+/// clock; a store keeps them in whole milliseconds.
+pub trait OutboxStore: Send + Sync + 'static {
+    /// A short description, e.g. `sqlite:/var/lib/app/state.db` or `memory`.
+    fn describe(&self) -> String;
+
+    /// Claims up to `request.limit` intents of `request.scope` that are due at `request.now`:
+    /// pending ones, and failed ones whose `next_attempt_at` has come. Each becomes in flight
+    /// under a lease of `request.owner` until `now + lease`, with the next fencing token
+    /// (`token + 1`) and one more attempt; its `next_attempt_at` is cleared.
+    ///
+    /// First, every in-flight intent of the store whose lease expired at `now` is put back to
+    /// pending, due at once, with one more [`expired_leases`](Delivery::expired_leases) and
+    /// `last_error` saying so (any drain reclaims for all).
+    ///
+    /// Intents are claimed in the order they fell due; among those due at the same time, in
+    /// registration order. Two concurrent claims never take the same intent.
+    fn claim<'a>(&'a self, request: ClaimRequest<'a>) -> BoxFuture<'a, Result<Claimed, StoreError>>;
+
+    /// Records outcomes, each accepted only while its intent is in flight under its token
+    /// ([`Recorded::Stale`] otherwise, changing nothing). Accepted outcomes are durable when
+    /// the future completes. One result per recording, in order.
+    ///
+    /// - [`Outcome::Delivered`]: delivered at `now`, `last_error` cleared, final;
+    /// - [`Outcome::Failed`]: `last_error` set; failed with `next_attempt_at` for
+    ///   [`FailedAttempt::RetryAt`], failed without one for `AwaitRetry`, dead for `Dead`;
+    /// - [`Outcome::Held`]: held, the attempt uncounted;
+    /// - [`Outcome::Interrupted`]: pending, due at once, one more interrupted attempt;
+    /// - [`Outcome::Released`]: pending, due at once, the attempt uncounted.
+    ///
+    /// Every accepted outcome ends the lease.
+    fn record<'a>(
+        &'a self,
+        outcomes: &'a [Recording],
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Vec<Recorded>, StoreError>>;
+
+    /// Records outcomes without waiting, for code that cannot await (a drain whose future is
+    /// dropped). Best effort: what the store cannot record stays in flight until its lease
+    /// expires.
+    fn submit(&self, outcomes: Vec<Recording>, now: SystemTime);
+
+    /// Extends the lease of each held attempt still in flight under its token to `until`;
+    /// returns, per entry, whether it still held it.
+    fn renew<'a>(
+        &'a self,
+        held: &'a [(ActionKey, FenceToken)],
+        until: SystemTime,
+    ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>>;
+
+    /// Re-arms a failed, dead or held intent: pending, due at `now`, `next_attempt_at`
+    /// cleared. Returns the entry as it is now.
+    fn retry<'a>(&'a self, key: &'a str, now: SystemTime) -> BoxFuture<'a, Result<Delivery, RetryError>>;
+
+    /// Cancels a pending, failed, dead or held intent: cancelled, final, with `reason`.
+    /// Cancelling a cancelled intent again changes nothing. Returns the entry as it is now.
+    fn cancel<'a>(
+        &'a self,
+        key: &'a str,
+        reason: &'a str,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Delivery, CancelError>>;
+
+    /// Deletes up to `limit` delivered or cancelled entries last changed before `before`,
+    /// oldest first; returns how many. A purged key is remembered: committing it again never
+    /// registers it again.
+    fn purge(&self, before: SystemTime, limit: usize) -> BoxFuture<'_, Result<u64, StoreError>>;
+
+    /// The entry for `key`.
+    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Delivery>, StoreError>>;
+
+    /// A page of entries, in registration order.
+    fn list<'a>(&'a self, query: &'a LedgerQuery) -> BoxFuture<'a, Result<Page, StoreError>>;
+
+    /// How many entries of `scope` are in each status.
+    fn counts<'a>(&'a self, scope: &'a Scope) -> BoxFuture<'a, Result<StatusCounts, StoreError>>;
+
+    /// When the next intent of `scope` falls due: the earliest pending one (due now), retry,
+    /// or lease expiry of one in flight. `None` if none waits and none is in flight.
+    fn next_due<'a>(&'a self, scope: &'a Scope) -> BoxFuture<'a, Result<Option<SystemTime>, StoreError>>;
+}
