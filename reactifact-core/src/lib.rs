@@ -49,6 +49,7 @@ pub use model::patch::{EffectError, Op, PutMode};
 pub use model::relation::Relation;
 pub use outbox::dispatcher::{BoxError, DispatchError, Dispatcher, MAX_RETRY_AFTER};
 pub use outbox::drain::{DeliveryErrors, DeliveryFailure, DrainReport, RetryPolicy};
+pub use outbox::drainer::{Drainer, DrainerBuilder};
 pub use outbox::ledger::Ledger;
 pub use outbox::router::{ActionCall, Router};
 pub use reactifact_macros::{produce, Artifact};
@@ -69,7 +70,7 @@ pub use store::outbox::{
     BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome, Page, Recorded,
     Recording, RetryError, Scope, StatusCounts,
 };
-pub use store::{OpenError, OpenOptions, StoreError, Synchronous};
+pub use store::{OpenError, OpenOptions, SqliteOutbox, StoreError, Synchronous};
 
 /// The README's examples, compiled and run as doctests.
 #[doc = include_str!("../../README.md")]

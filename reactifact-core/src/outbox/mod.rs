@@ -3,5 +3,6 @@
 
 pub(crate) mod dispatcher;
 pub(crate) mod drain;
+pub(crate) mod drainer;
 pub(crate) mod ledger;
 pub(crate) mod router;

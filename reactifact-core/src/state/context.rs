@@ -315,6 +315,12 @@ impl Context {
         self.events.iter().map(|q| &q.event)
     }
 
+    /// STUB (the lead replaces it): the outbox of the context's store, shared with every
+    /// other drain of it.
+    pub fn outbox(&self) -> std::sync::Arc<dyn crate::store::outbox::OutboxStore> {
+        todo!()
+    }
+
     /// The delivery ledger.
     pub fn ledger(&self) -> &Ledger {
         &self.ledger

@@ -261,3 +261,15 @@ pub(crate) struct Loaded {
     /// The file's ledger, in registration order.
     pub(crate) deliveries: Vec<Delivery>,
 }
+
+/// STUB (helper S replaces it): the outbox of a SQLite file, for a standalone drainer.
+pub struct SqliteOutbox;
+
+impl SqliteOutbox {
+    /// Opens the outbox of the SQLite file at `path` (which a context created).
+    #[allow(clippy::result_large_err)]
+    pub fn open(path: impl AsRef<std::path::Path>) -> Result<std::sync::Arc<SqliteOutbox>, OpenError> {
+        let _ = path;
+        todo!()
+    }
+}
