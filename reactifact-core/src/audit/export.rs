@@ -5,8 +5,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
-use crate::model::patch::{Op, PutMode};
 use crate::model::delivery::Delivery;
+use crate::model::patch::{Op, PutMode};
 use crate::state::commit::Commit;
 use crate::state::context::Context;
 
@@ -75,7 +75,8 @@ impl Context {
         }
         let mut acted = foldhash::HashSet::default();
         for commit in self.log() {
-            let line = serde_json::to_string(&self.audit_line(commit, &mut acted, &deliveries)).map_err(io::Error::other)?;
+            let line =
+                serde_json::to_string(&self.audit_line(commit, &mut acted, &deliveries)).map_err(io::Error::other)?;
             out.write_all(line.as_bytes())?;
             out.write_all(b"\n")?;
         }

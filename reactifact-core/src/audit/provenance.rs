@@ -6,12 +6,12 @@ use sha2::{Digest, Sha256};
 
 use crate::model::action::{ActionKey, Origin};
 use crate::model::artifact::{ArtifactId, Generation, Record};
+use crate::model::delivery::Delivery;
 use crate::model::hash::{self, CommitHash, ContentHash};
 use crate::model::patch::Op;
-use crate::model::delivery::Delivery;
-use crate::store::StoreError;
 use crate::state::commit::{Commit, Read, RunRecord, TriggerRef};
 use crate::state::context::Context;
+use crate::store::StoreError;
 
 /// Derives an idempotency key from a name and an artifact's id and content hash:
 /// `{name}:{32 hex digits}`, the first 128 bits of a SHA-256 over the three.

@@ -386,7 +386,10 @@ impl Holds<'_> {
     }
 
     fn held(&self) -> impl Iterator<Item = (usize, &Slot)> {
-        self.slots.iter().enumerate().filter_map(|(at, s)| s.as_ref().map(|s| (at, s)))
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(at, s)| s.as_ref().map(|s| (at, s)))
     }
 }
 
@@ -448,13 +451,24 @@ impl<'a> Drain<'a> {
         poll: Option<Duration>,
     ) -> Result<Option<TurnOutcome>, DrainError> {
         loop {
-            let before = (report.delivered, report.failed.len(), report.dead.len(), report.held.len());
+            let before = (
+                report.delivered,
+                report.failed.len(),
+                report.dead.len(),
+                report.held.len(),
+            );
             if let Some(outcome) = self.run(report).await? {
                 return Ok(Some(outcome));
             }
             let next = self.outbox.next_due(self.scope).await?;
             let now = self.clock.now();
-            let idle = before == (report.delivered, report.failed.len(), report.dead.len(), report.held.len());
+            let idle = before
+                == (
+                    report.delivered,
+                    report.failed.len(),
+                    report.dead.len(),
+                    report.held.len(),
+                );
             let wake = match (next, poll) {
                 (None, None) => return Ok(None),
                 // Due already, yet this drain took nothing: another drain holds it or took it
@@ -714,12 +728,7 @@ impl<'a> Drain<'a> {
     }
 
     /// The outcome to record for a finished attempt, listing failures in `report`.
-    fn outcome_of(
-        &self,
-        slot: &Slot,
-        attempt: Attempt,
-        first_failure: &mut Option<DeliveryFailure>,
-    ) -> Outcome {
+    fn outcome_of(&self, slot: &Slot, attempt: Attempt, first_failure: &mut Option<DeliveryFailure>) -> Outcome {
         let intent = &slot.claim.intent;
         let error = match attempt {
             Attempt::Delivered => return Outcome::Delivered,

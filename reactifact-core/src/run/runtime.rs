@@ -11,15 +11,15 @@ use tracing::Instrument;
 
 use crate::model::action::PendingAction;
 use crate::model::artifact::{ArtifactType, Kind};
+use crate::model::delivery::Delivery;
 use crate::outbox::dispatcher::{Dispatcher, ErasedDispatcher};
 use crate::outbox::drain::{
     Clock, DeliveryConfig, DeliveryErrors, DeliveryFailure, Drain, DrainError, DrainReport, RetryPolicy,
 };
-use crate::model::delivery::Delivery;
-use crate::store::outbox::{CancelError, RetryError, Scope};
 use crate::run::generation::{self, Slot};
 use crate::run::produce::{Agent, ProduceFailure};
 use crate::state::context::Context;
+use crate::store::outbox::{CancelError, RetryError, Scope};
 use crate::store::StoreError;
 
 /// A turn ([`Runtime::run`](crate::Runtime::run)) failed. The failure is already recorded: a
@@ -195,7 +195,7 @@ impl StopHandle {
         self.0.requested.load(Ordering::SeqCst)
     }
 
-    fn clear(&self) {
+    pub(crate) fn clear(&self) {
         self.0.requested.store(false, Ordering::SeqCst);
     }
 

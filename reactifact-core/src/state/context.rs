@@ -12,13 +12,13 @@ use crate::model::hash::{CommitHash, StateHash};
 use crate::model::patch::{EffectError, Op, PutMode};
 use crate::model::relation::Relation;
 use crate::outbox::ledger::Ledger;
-use crate::store::memory::MemoryOutbox;
-use crate::store::outbox::OutboxStore;
 use crate::state::commit::{Apply, Commit, CommitError, RunRecord};
 use crate::state::graph::Graph;
 use crate::state::live::State;
 use crate::state::refold::{Checks, Refold, VerifyError};
 use crate::state::snapshot::Snapshot;
+use crate::store::memory::MemoryOutbox;
+use crate::store::outbox::OutboxStore;
 use crate::store::{CommitDelta, Loaded, OpenError, OpenOptions, SqliteStore, Store, StoreError};
 
 /// A direct write to a context (seeding, [`Context::create`](crate::Context::create) and
@@ -98,19 +98,6 @@ impl From<CommitFailure> for WriteError {
     }
 }
 
-/// An identity for this process's leases: host-independent, unique per process start.
-fn lease_owner() -> Arc<str> {
-    static OWNER: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
-    OWNER
-        .get_or_init(|| {
-            let started = SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos());
-            Arc::from(format!("pid {} started {started}", std::process::id()))
-        })
-        .clone()
-}
-
 impl Context {
     /// An empty, in-memory context for the named session.
     pub fn new(session: impl Into<String>) -> Self {
@@ -126,7 +113,7 @@ impl Context {
             graph: Graph::default(),
             store: None,
             lease: OpenOptions::default().lease,
-            owner: lease_owner(),
+            owner: crate::model::delivery::process_owner(),
         }
     }
 
