@@ -70,7 +70,15 @@ pub use store::outbox::{
     BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome, Page, Recorded,
     Recording, RetryError, Scope, StatusCounts,
 };
+pub use store::memory::MemoryOutbox;
 pub use store::{OpenError, OpenOptions, SqliteOutbox, StoreError, Synchronous};
+
+/// The store contract suite: checks every [`OutboxStore`] must pass, written once and run
+/// against each store (memory, SQLite, and stores of other crates). Not public API; enabled by
+/// the `store-contract` feature.
+#[cfg(feature = "store-contract")]
+#[doc(hidden)]
+pub use store::contract as store_contract;
 
 /// The README's examples, compiled and run as doctests.
 #[doc = include_str!("../../README.md")]
