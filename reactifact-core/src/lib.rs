@@ -66,11 +66,11 @@ pub use state::commit::{Commit, CommitError, Read, RunRecord, TriggerRef};
 pub use state::context::{Context, Transaction, WriteError};
 pub use state::refold::VerifyError;
 pub use state::snapshot::Snapshot;
+pub use store::memory::MemoryOutbox;
 pub use store::outbox::{
     BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome, Page, Recorded,
     Recording, RetryError, Scope, StatusCounts,
 };
-pub use store::memory::MemoryOutbox;
 pub use store::{OpenError, OpenOptions, SqliteOutbox, StoreError, Synchronous};
 
 /// The store contract suite: checks every [`OutboxStore`] must pass, written once and run

@@ -39,8 +39,12 @@ pub trait ContractStore: Send {
     /// would: new keys pending and due at `now`, owned by `session`; keys already held
     /// attached to `session` unless final or purged. The store must take `now` as the commit
     /// time (whole milliseconds).
-    fn register<'a>(&'a mut self, session: &'a str, keys: &'a [(&'a str, &'a str)], now: SystemTime)
-        -> BoxFuture<'a, ()>;
+    fn register<'a>(
+        &'a mut self,
+        session: &'a str,
+        keys: &'a [(&'a str, &'a str)],
+        now: SystemTime,
+    ) -> BoxFuture<'a, ()>;
 }
 
 /// The harness of [`MemoryOutbox`]: registers through `MemoryOutbox::register`.
@@ -153,7 +157,14 @@ pub async fn run_all(harness: &dyn ContractHarness) {
 const OWNER: &str = "drainer-1";
 const LEASE: Duration = Duration::from_secs(30);
 
-async fn claim_with(o: &dyn OutboxStore, scope: &Scope, limit: usize, owner: &str, lease: Duration, now: SystemTime) -> Claimed {
+async fn claim_with(
+    o: &dyn OutboxStore,
+    scope: &Scope,
+    limit: usize,
+    owner: &str,
+    lease: Duration,
+    now: SystemTime,
+) -> Claimed {
     let owner: Arc<str> = Arc::from(owner);
     o.claim(ClaimRequest {
         scope,
@@ -187,7 +198,10 @@ async fn record(o: &dyn OutboxStore, key: &str, token: FenceToken, outcome: Outc
         token,
         outcome,
     }];
-    let mut out = o.record(&recording, now).await.unwrap_or_else(|e| panic!("record failed: {e}"));
+    let mut out = o
+        .record(&recording, now)
+        .await
+        .unwrap_or_else(|e| panic!("record failed: {e}"));
     assert_eq!(out.len(), 1, "record returns one result per recording");
     out.remove(0)
 }
@@ -216,19 +230,35 @@ pub async fn register_once_per_key(h: &dyn ContractHarness) {
     let (mut s, o) = fresh(h).await;
     s.register("a", &[("k1", "x"), ("k2", "x")], at(0)).await;
     let c = claim(&*o, 1, at(10)).await;
-    assert_eq!(keys(&c), ["k1"], "register_once: the first registered key is claimed first");
+    assert_eq!(
+        keys(&c),
+        ["k1"],
+        "register_once: the first registered key is claimed first"
+    );
     s.register("a", &[("k1", "x"), ("k3", "x")], at(20)).await;
     s.register("a", &[("k3", "x")], at(30)).await;
     let k1 = get(&*o, "k1").await;
-    assert_eq!(k1.status(), DeliveryStatus::InFlight, "register_once: a second registration reset k1");
+    assert_eq!(
+        k1.status(),
+        DeliveryStatus::InFlight,
+        "register_once: a second registration reset k1"
+    );
     assert_eq!(k1.token(), FenceToken(1), "register_once: token of k1");
     assert_eq!(k1.recorded_at(), at(0), "register_once: recorded_at of k1 changed");
-    assert_eq!(get(&*o, "k3").await.recorded_at(), at(20), "register_once: k3 registered at its first commit");
+    assert_eq!(
+        get(&*o, "k3").await.recorded_at(),
+        at(20),
+        "register_once: k3 registered at its first commit"
+    );
     let total = counts(&*o, &Scope::all()).await.total();
     assert_eq!(total, 3, "register_once: three keys, counted once each");
     let page = o.list(&LedgerQuery::default()).await.expect("list");
     let listed: Vec<&str> = page.entries.iter().map(|d| d.key().as_str()).collect();
-    assert_eq!(listed, ["k1", "k2", "k3"], "register_once: list in registration order, once each");
+    assert_eq!(
+        listed,
+        ["k1", "k2", "k3"],
+        "register_once: list in registration order, once each"
+    );
 }
 
 /// A key registered by `a` and committed again by `b` is in `b`'s scope too (attached); a
@@ -239,23 +269,37 @@ pub async fn attach_to_committing_session(h: &dyn ContractHarness) {
     let c = claim_with(&*o, &Scope::all(), 1, OWNER, LEASE, at(1)).await;
     assert_eq!(keys(&c), ["k1"]);
     let t = c.claims[0].token();
-    assert_eq!(record(&*o, "k1", t, Outcome::Delivered, at(2)).await, Recorded::Accepted(DeliveryStatus::Delivered));
+    assert_eq!(
+        record(&*o, "k1", t, Outcome::Delivered, at(2)).await,
+        Recorded::Accepted(DeliveryStatus::Delivered)
+    );
     s.register("b", &[("k2", "x"), ("k1", "x")], at(3)).await;
     let b = Scope::session("b");
     let cb = counts(&*o, &b).await;
-    assert_eq!(cb.pending, 1, "attach: k2 (registered by a, committed by b) is in b's scope: {cb:?}");
+    assert_eq!(
+        cb.pending, 1,
+        "attach: k2 (registered by a, committed by b) is in b's scope: {cb:?}"
+    );
     assert_eq!(cb.delivered, 0, "attach: a delivered key is not attached: {cb:?}");
     let c = claim_with(&*o, &b, 10, OWNER, LEASE, at(4)).await;
     assert_eq!(keys(&c), ["k2"], "attach: b's claim takes the attached key");
     assert_eq!(c.claims[0].origin().session(), "a", "attach: the origin stays a's");
-    assert_eq!(counts(&*o, &Scope::session("a")).await.in_flight, 1, "attach: still in a's scope");
-    assert!(claim_with(&*o, &Scope::session("c"), 10, OWNER, LEASE, at(5)).await.claims.is_empty());
+    assert_eq!(
+        counts(&*o, &Scope::session("a")).await.in_flight,
+        1,
+        "attach: still in a's scope"
+    );
+    assert!(claim_with(&*o, &Scope::session("c"), 10, OWNER, LEASE, at(5))
+        .await
+        .claims
+        .is_empty());
 }
 
 /// Claims take only due intents, in the order they fell due, then registration order.
 pub async fn claim_due_in_order(h: &dyn ContractHarness) {
     let (mut s, o) = fresh(h).await;
-    s.register("a", &[("k1", "x"), ("k2", "x"), ("k3", "x"), ("k4", "x")], at(0)).await;
+    s.register("a", &[("k1", "x"), ("k2", "x"), ("k3", "x"), ("k4", "x")], at(0))
+        .await;
     let c = claim(&*o, 2, at(0)).await;
     assert_eq!(keys(&c), ["k1", "k2"], "order: registration order at one due time");
     let (t1, t2) = (c.claims[0].token(), c.claims[1].token());
@@ -264,12 +308,24 @@ pub async fn claim_due_in_order(h: &dyn ContractHarness) {
     s.register("a", &[("k5", "x")], at(10)).await;
     s.register("a", &[("k6", "x")], at(100)).await;
     let c = claim(&*o, 10, at(49)).await;
-    assert_eq!(keys(&c), ["k3", "k4", "k2", "k5"], "order: by due time, then registration; k1 not yet due, k6 not before t=100");
+    assert_eq!(
+        keys(&c),
+        ["k3", "k4", "k2", "k5"],
+        "order: by due time, then registration; k1 not yet due, k6 not before t=100"
+    );
     s.register("a", &[("k7", "x")], at(60)).await;
     let c = claim(&*o, 10, at(99)).await;
-    assert_eq!(keys(&c), ["k1", "k7"], "order: the retry due at 50 before the intent registered at 60");
+    assert_eq!(
+        keys(&c),
+        ["k1", "k7"],
+        "order: the retry due at 50 before the intent registered at 60"
+    );
     let c = claim(&*o, 10, at(100)).await;
-    assert_eq!(keys(&c), ["k6"], "order: a pending intent is due at its registration time");
+    assert_eq!(
+        keys(&c),
+        ["k6"],
+        "order: a pending intent is due at its registration time"
+    );
 }
 
 /// A claim puts each intent in flight: token + 1, attempts + 1, the lease, no next attempt.
@@ -284,24 +340,40 @@ pub async fn claim_sets_token_attempts_lease(h: &dyn ContractHarness) {
     assert_eq!(d.intent().attempt(), 1, "claim: the intent's attempt");
     assert_eq!(d.token(), FenceToken(1), "claim: token");
     let lease = d.lease().expect("claim: a lease");
-    assert_eq!((&*lease.owner, lease.expires_at, lease.token), ("me", at(710), FenceToken(1)), "claim: lease");
+    assert_eq!(
+        (&*lease.owner, lease.expires_at, lease.token),
+        ("me", at(710), FenceToken(1)),
+        "claim: lease"
+    );
     assert_eq!(d.updated_at(), at(10), "claim: updated_at");
     assert_eq!(d.next_attempt_at(), None);
     let g = get(&*o, "k1").await;
-    assert_eq!((g.status(), g.token(), g.attempts(), g.lease()), (d.status(), d.token(), d.attempts(), d.lease()), "claim: get agrees");
+    assert_eq!(
+        (g.status(), g.token(), g.attempts(), g.lease()),
+        (d.status(), d.token(), d.attempts(), d.lease()),
+        "claim: get agrees"
+    );
     record(&*o, "k1", d.token(), Outcome::Released, at(11)).await;
     let c = claim(&*o, 5, at(12)).await;
     let d = &c.claims[0];
-    assert_eq!((d.token(), d.attempts()), (FenceToken(2), 1), "claim: the token grows on every claim, a released attempt is uncounted");
+    assert_eq!(
+        (d.token(), d.attempts()),
+        (FenceToken(2), 1),
+        "claim: the token grows on every claim, a released attempt is uncounted"
+    );
 }
 
 /// Claims respect their limit and scope (sessions, kinds); intents of other kinds stay
 /// claimable.
 pub async fn claim_limit_and_scope(h: &dyn ContractHarness) {
     let (mut s, o) = fresh(h).await;
-    s.register("a", &[("a1", "x"), ("a2", "y"), ("a3", "x"), ("a4", "y")], at(0)).await;
+    s.register("a", &[("a1", "x"), ("a2", "y"), ("a3", "x"), ("a4", "y")], at(0))
+        .await;
     s.register("b", &[("b1", "x"), ("b2", "y")], at(0)).await;
-    assert!(claim(&*o, 0, at(1)).await.claims.is_empty(), "scope: limit 0 claims nothing");
+    assert!(
+        claim(&*o, 0, at(1)).await.claims.is_empty(),
+        "scope: limit 0 claims nothing"
+    );
     let ax = Scope::session("a").kinds(["x"]);
     let c = claim_with(&*o, &ax, 1, OWNER, LEASE, at(1)).await;
     assert_eq!(keys(&c), ["a1"], "scope: session a, kind x, limit 1");
@@ -310,7 +382,11 @@ pub async fn claim_limit_and_scope(h: &dyn ContractHarness) {
     let c = claim_with(&*o, &Scope::all().kinds(["x"]), 10, OWNER, LEASE, at(1)).await;
     assert_eq!(keys(&c), ["b1"], "scope: kind x of any session");
     let c = claim_with(&*o, &Scope::sessions(Scope::all(), ["b", "a"]), 2, OWNER, LEASE, at(1)).await;
-    assert_eq!(keys(&c), ["a2", "a4"], "scope: sessions a and b, registration order, limit 2");
+    assert_eq!(
+        keys(&c),
+        ["a2", "a4"],
+        "scope: sessions a and b, registration order, limit 2"
+    );
     let c = claim(&*o, 10, at(1)).await;
     assert_eq!(keys(&c), ["b2"], "scope: the rest stays claimable");
 }
@@ -361,8 +437,20 @@ pub async fn record_outcomes(h: &dyn ContractHarness) {
         ("r", failed(FailedAttempt::RetryAt(at(90))), DeliveryStatus::Failed),
         ("w", failed(FailedAttempt::AwaitRetry), DeliveryStatus::Failed),
         ("x", failed(FailedAttempt::Dead), DeliveryStatus::Dead),
-        ("h", Outcome::Held { reason: "no route".to_owned() }, DeliveryStatus::Held),
-        ("i", Outcome::Interrupted { reason: "cut".to_owned() }, DeliveryStatus::Pending),
+        (
+            "h",
+            Outcome::Held {
+                reason: "no route".to_owned(),
+            },
+            DeliveryStatus::Held,
+        ),
+        (
+            "i",
+            Outcome::Interrupted {
+                reason: "cut".to_owned(),
+            },
+            DeliveryStatus::Pending,
+        ),
         ("l", Outcome::Released, DeliveryStatus::Pending),
     ];
     for (key, outcome, status) in outcomes {
@@ -390,7 +478,17 @@ pub async fn record_outcomes(h: &dyn ContractHarness) {
     let c = claim(&*o, 10, at(5)).await;
     assert_eq!(keys(&c), ["i", "l"], "record: interrupted and released are due at once");
     let counts = counts(&*o, &Scope::all()).await;
-    assert_eq!((counts.failed, counts.retrying, counts.dead, counts.held, counts.delivered), (2, 1, 1, 1, 1), "record: counts {counts:?}");
+    assert_eq!(
+        (
+            counts.failed,
+            counts.retrying,
+            counts.dead,
+            counts.held,
+            counts.delivered
+        ),
+        (2, 1, 1, 1, 1),
+        "record: counts {counts:?}"
+    );
 }
 
 /// An outcome under a token that does not hold the intent is `Stale`, and changes nothing.
@@ -400,14 +498,42 @@ pub async fn stale_token_changes_nothing(h: &dyn ContractHarness) {
     claim(&*o, 1, at(1)).await;
     let before = format!("{:?}", get(&*o, "k1").await);
     let got = record(&*o, "k1", FenceToken(2), Outcome::Delivered, at(2)).await;
-    assert_eq!(got, Recorded::Stale { status: Some(DeliveryStatus::InFlight), token: FenceToken(1) }, "stale: a wrong token");
+    assert_eq!(
+        got,
+        Recorded::Stale {
+            status: Some(DeliveryStatus::InFlight),
+            token: FenceToken(1)
+        },
+        "stale: a wrong token"
+    );
     assert_eq!(format!("{:?}", get(&*o, "k1").await), before, "stale: nothing changed");
-    assert_eq!(record(&*o, "k1", FenceToken(1), Outcome::Delivered, at(3)).await, Recorded::Accepted(DeliveryStatus::Delivered));
+    assert_eq!(
+        record(&*o, "k1", FenceToken(1), Outcome::Delivered, at(3)).await,
+        Recorded::Accepted(DeliveryStatus::Delivered)
+    );
     let got = record(&*o, "k1", FenceToken(1), failed(FailedAttempt::Dead), at(4)).await;
-    assert_eq!(got, Recorded::Stale { status: Some(DeliveryStatus::Delivered), token: FenceToken(1) }, "stale: after the outcome");
-    assert_eq!(get(&*o, "k1").await.status(), DeliveryStatus::Delivered, "stale: delivered stays delivered");
+    assert_eq!(
+        got,
+        Recorded::Stale {
+            status: Some(DeliveryStatus::Delivered),
+            token: FenceToken(1)
+        },
+        "stale: after the outcome"
+    );
+    assert_eq!(
+        get(&*o, "k1").await.status(),
+        DeliveryStatus::Delivered,
+        "stale: delivered stays delivered"
+    );
     let got = record(&*o, "nope", FenceToken(1), Outcome::Delivered, at(4)).await;
-    assert_eq!(got, Recorded::Stale { status: None, token: FenceToken(0) }, "stale: an unknown key");
+    assert_eq!(
+        got,
+        Recorded::Stale {
+            status: None,
+            token: FenceToken(0)
+        },
+        "stale: an unknown key"
+    );
 }
 
 /// After a reclaim, the old token is stale even before anyone claims the intent again.
@@ -419,17 +545,38 @@ pub async fn reclaim_makes_old_token_stale(h: &dyn ContractHarness) {
     assert_eq!(c.reclaimed, 1, "reclaim: a claim at the expiry reclaims");
     let d = get(&*o, "k1").await;
     assert_eq!(d.status(), DeliveryStatus::Pending, "reclaim: pending again");
-    assert_eq!((d.expired_leases(), d.token(), d.attempts()), (1, FenceToken(1), 1), "reclaim: expired, token and attempts");
+    assert_eq!(
+        (d.expired_leases(), d.token(), d.attempts()),
+        (1, FenceToken(1), 1),
+        "reclaim: expired, token and attempts"
+    );
     assert!(d.lease().is_none(), "reclaim: lease cleared");
     assert_eq!(d.updated_at(), at(100), "reclaim: updated_at");
     let error = d.last_error().unwrap_or_default();
-    assert!(error.contains(OWNER) && error.contains('1'), "reclaim: last_error names the attempt and owner: {error}");
+    assert!(
+        error.contains(OWNER) && error.contains('1'),
+        "reclaim: last_error names the attempt and owner: {error}"
+    );
     let got = record(&*o, "k1", FenceToken(1), Outcome::Delivered, at(101)).await;
-    assert_eq!(got, Recorded::Stale { status: Some(DeliveryStatus::Pending), token: FenceToken(1) }, "reclaim: old token stale");
-    let renewed = o.renew(&[(ActionKey::from("k1"), FenceToken(1))], at(500)).await.expect("renew");
+    assert_eq!(
+        got,
+        Recorded::Stale {
+            status: Some(DeliveryStatus::Pending),
+            token: FenceToken(1)
+        },
+        "reclaim: old token stale"
+    );
+    let renewed = o
+        .renew(&[(ActionKey::from("k1"), FenceToken(1))], at(500))
+        .await
+        .expect("renew");
     assert_eq!(renewed, [false], "reclaim: the old holder cannot renew");
     let c = claim(&*o, 1, at(102)).await;
-    assert_eq!((keys(&c), c.claims[0].token()), (vec!["k1"], FenceToken(2)), "reclaim: claimed again with the next token");
+    assert_eq!(
+        (keys(&c), c.claims[0].token()),
+        (vec!["k1"], FenceToken(2)),
+        "reclaim: claimed again with the next token"
+    );
 }
 
 /// Only the holder renews; a renewed lease is not reclaimed before its new expiry.
@@ -445,10 +592,26 @@ pub async fn renew_only_for_holder(h: &dyn ContractHarness) {
     ];
     let renewed = o.renew(&held, at(500)).await.expect("renew");
     assert_eq!(renewed, [true, false, false, false], "renew: only the holder's token");
-    assert_eq!(get(&*o, "k1").await.lease().map(|l| l.expires_at), Some(at(500)), "renew: the new expiry");
-    assert_eq!(claim(&*o, 0, at(100)).await.reclaimed, 0, "renew: not reclaimed at the old expiry");
-    assert_eq!(claim(&*o, 0, at(499)).await.reclaimed, 0, "renew: not reclaimed before the new expiry");
-    assert_eq!(claim(&*o, 0, at(500)).await.reclaimed, 1, "renew: reclaimed at the new expiry");
+    assert_eq!(
+        get(&*o, "k1").await.lease().map(|l| l.expires_at),
+        Some(at(500)),
+        "renew: the new expiry"
+    );
+    assert_eq!(
+        claim(&*o, 0, at(100)).await.reclaimed,
+        0,
+        "renew: not reclaimed at the old expiry"
+    );
+    assert_eq!(
+        claim(&*o, 0, at(499)).await.reclaimed,
+        0,
+        "renew: not reclaimed before the new expiry"
+    );
+    assert_eq!(
+        claim(&*o, 0, at(500)).await.reclaimed,
+        1,
+        "renew: reclaimed at the new expiry"
+    );
 }
 
 /// A lease expiring at `t` is reclaimed by a claim at `t`, not at `t − 1 ms`; the same claim
@@ -458,7 +621,11 @@ pub async fn reclaim_only_after_expiry(h: &dyn ContractHarness) {
     s.register("a", &[("k1", "x")], at(0)).await;
     claim_with(&*o, &Scope::all(), 1, "old", Duration::from_millis(100), at(0)).await;
     let c = claim(&*o, 5, at(99)).await;
-    assert_eq!((c.reclaimed, c.claims.len()), (0, 0), "expiry: nothing reclaimed 1 ms early");
+    assert_eq!(
+        (c.reclaimed, c.claims.len()),
+        (0, 0),
+        "expiry: nothing reclaimed 1 ms early"
+    );
     assert_eq!(get(&*o, "k1").await.status(), DeliveryStatus::InFlight);
     let c = claim(&*o, 5, at(100)).await;
     assert_eq!(c.reclaimed, 1, "expiry: reclaimed at the expiry");
@@ -474,68 +641,159 @@ pub async fn retry_at_not_before(h: &dyn ContractHarness) {
     let (mut s, o) = fresh(h).await;
     s.register("a", &[("k1", "x"), ("k2", "x")], at(0)).await;
     claim(&*o, 2, at(1)).await;
-    record(&*o, "k1", FenceToken(1), failed(FailedAttempt::RetryAt(at(200))), at(10)).await;
+    record(
+        &*o,
+        "k1",
+        FenceToken(1),
+        failed(FailedAttempt::RetryAt(at(200))),
+        at(10),
+    )
+    .await;
     let sub = at(300) + Duration::from_micros(500);
     record(&*o, "k2", FenceToken(1), failed(FailedAttempt::RetryAt(sub)), at(10)).await;
-    assert_eq!(get(&*o, "k2").await.next_attempt_at(), Some(at(301)), "retry_at: rounded up to the millisecond");
-    assert!(claim(&*o, 5, at(199)).await.claims.is_empty(), "retry_at: not claimable before");
-    assert_eq!(keys(&claim(&*o, 5, at(200)).await), ["k1"], "retry_at: claimable at its time");
-    assert!(claim(&*o, 5, at(300)).await.claims.is_empty(), "retry_at: not early for a sub-millisecond time");
+    assert_eq!(
+        get(&*o, "k2").await.next_attempt_at(),
+        Some(at(301)),
+        "retry_at: rounded up to the millisecond"
+    );
+    assert!(
+        claim(&*o, 5, at(199)).await.claims.is_empty(),
+        "retry_at: not claimable before"
+    );
+    assert_eq!(
+        keys(&claim(&*o, 5, at(200)).await),
+        ["k1"],
+        "retry_at: claimable at its time"
+    );
+    assert!(
+        claim(&*o, 5, at(300)).await.claims.is_empty(),
+        "retry_at: not early for a sub-millisecond time"
+    );
     let c = claim(&*o, 5, at(301)).await;
     assert_eq!(keys(&c), ["k2"]);
-    assert_eq!(c.claims[0].next_attempt_at(), None, "retry_at: a claim clears next_attempt_at");
+    assert_eq!(
+        c.claims[0].next_attempt_at(),
+        None,
+        "retry_at: a claim clears next_attempt_at"
+    );
 }
 
 /// What an operator's retry and cancel accept and refuse.
 pub async fn retry_cancel_legality(h: &dyn ContractHarness) {
     let (mut s, o) = fresh(h).await;
-    s.register("a", &[("p", "x"), ("f", "x"), ("d", "x"), ("h", "x"), ("ok", "x"), ("fly", "x")], at(0)).await;
+    s.register(
+        "a",
+        &[
+            ("p", "x"),
+            ("f", "x"),
+            ("d", "x"),
+            ("h", "x"),
+            ("ok", "x"),
+            ("fly", "x"),
+        ],
+        at(0),
+    )
+    .await;
     claim(&*o, 6, at(1)).await;
     record(&*o, "p", FenceToken(1), Outcome::Released, at(2)).await;
     record(&*o, "f", FenceToken(1), failed(FailedAttempt::RetryAt(at(1000))), at(2)).await;
     record(&*o, "d", FenceToken(1), failed(FailedAttempt::Dead), at(2)).await;
     record(&*o, "h", FenceToken(1), Outcome::Held { reason: "r".to_owned() }, at(2)).await;
     record(&*o, "ok", FenceToken(1), Outcome::Delivered, at(2)).await;
-    assert!(matches!(o.retry("nope", at(3)).await, Err(RetryError::UnknownKey(_))), "retry: unknown key");
-    for (key, status) in [("p", DeliveryStatus::Pending), ("ok", DeliveryStatus::Delivered), ("fly", DeliveryStatus::InFlight)] {
+    assert!(
+        matches!(o.retry("nope", at(3)).await, Err(RetryError::UnknownKey(_))),
+        "retry: unknown key"
+    );
+    for (key, status) in [
+        ("p", DeliveryStatus::Pending),
+        ("ok", DeliveryStatus::Delivered),
+        ("fly", DeliveryStatus::InFlight),
+    ] {
         match o.retry(key, at(3)).await {
             Err(RetryError::NotFailed { status: got, .. }) => assert_eq!(got, status, "retry: {key}"),
             other => panic!("retry: {key} ({status}) must be NotFailed, got {other:?}"),
         }
     }
     for key in ["f", "d", "h"] {
-        let d = o.retry(key, at(4)).await.unwrap_or_else(|e| panic!("retry: {key}: {e}"));
-        assert_eq!((d.status(), d.next_attempt_at(), d.updated_at()), (DeliveryStatus::Pending, None, at(4)), "retry: {key} re-armed");
+        let d = o
+            .retry(key, at(4))
+            .await
+            .unwrap_or_else(|e| panic!("retry: {key}: {e}"));
+        assert_eq!(
+            (d.status(), d.next_attempt_at(), d.updated_at()),
+            (DeliveryStatus::Pending, None, at(4)),
+            "retry: {key} re-armed"
+        );
     }
-    assert_eq!(keys(&claim(&*o, 10, at(4)).await), ["p", "f", "d", "h"], "retry: re-armed intents are due at once");
-    for (key, outcome) in [("p", Outcome::Released), ("f", failed(FailedAttempt::AwaitRetry)), ("d", failed(FailedAttempt::Dead))] {
+    assert_eq!(
+        keys(&claim(&*o, 10, at(4)).await),
+        ["p", "f", "d", "h"],
+        "retry: re-armed intents are due at once"
+    );
+    for (key, outcome) in [
+        ("p", Outcome::Released),
+        ("f", failed(FailedAttempt::AwaitRetry)),
+        ("d", failed(FailedAttempt::Dead)),
+    ] {
         record(&*o, key, FenceToken(2), outcome, at(5)).await;
     }
-    assert!(matches!(o.cancel("nope", "why", at(6)).await, Err(CancelError::UnknownKey(_))), "cancel: unknown key");
-    for (key, status) in [("ok", DeliveryStatus::Delivered), ("fly", DeliveryStatus::InFlight), ("h", DeliveryStatus::InFlight)] {
+    assert!(
+        matches!(o.cancel("nope", "why", at(6)).await, Err(CancelError::UnknownKey(_))),
+        "cancel: unknown key"
+    );
+    for (key, status) in [
+        ("ok", DeliveryStatus::Delivered),
+        ("fly", DeliveryStatus::InFlight),
+        ("h", DeliveryStatus::InFlight),
+    ] {
         match o.cancel(key, "why", at(6)).await {
             Err(CancelError::NotCancellable { status: got, .. }) => assert_eq!(got, status, "cancel: {key}"),
             other => panic!("cancel: {key} ({status}) must be NotCancellable, got {other:?}"),
         }
     }
     for key in ["p", "f", "d"] {
-        let d = o.cancel(key, "why", at(7)).await.unwrap_or_else(|e| panic!("cancel: {key}: {e}"));
-        assert_eq!((d.status(), d.cancel_reason(), d.updated_at()), (DeliveryStatus::Cancelled, Some("why"), at(7)), "cancel: {key}");
+        let d = o
+            .cancel(key, "why", at(7))
+            .await
+            .unwrap_or_else(|e| panic!("cancel: {key}: {e}"));
+        assert_eq!(
+            (d.status(), d.cancel_reason(), d.updated_at()),
+            (DeliveryStatus::Cancelled, Some("why"), at(7)),
+            "cancel: {key}"
+        );
     }
-    let again = o.cancel("p", "other", at(8)).await.expect("cancel: a cancelled intent again is Ok");
-    assert_eq!((again.cancel_reason(), again.updated_at()), (Some("why"), at(7)), "cancel: cancelling again changes nothing");
+    let again = o
+        .cancel("p", "other", at(8))
+        .await
+        .expect("cancel: a cancelled intent again is Ok");
+    assert_eq!(
+        (again.cancel_reason(), again.updated_at()),
+        (Some("why"), at(7)),
+        "cancel: cancelling again changes nothing"
+    );
     match o.retry("p", at(9)).await {
-        Err(RetryError::NotFailed { status: DeliveryStatus::Cancelled, .. }) => {}
+        Err(RetryError::NotFailed {
+            status: DeliveryStatus::Cancelled,
+            ..
+        }) => {}
         other => panic!("retry: a cancelled intent must be NotFailed, got {other:?}"),
     }
-    assert!(claim(&*o, 10, at(2000)).await.claims.is_empty(), "cancel: cancelled intents are never claimed");
+    assert!(
+        claim(&*o, 10, at(2000)).await.claims.is_empty(),
+        "cancel: cancelled intents are never claimed"
+    );
 }
 
 /// Purge deletes only final entries last changed before the cutoff, oldest first, at most
 /// `limit`; a purged key registered again stays absent.
 pub async fn purge_rules(h: &dyn ContractHarness) {
     let (mut s, o) = fresh(h).await;
-    s.register("a", &[("k1", "x"), ("k2", "x"), ("k3", "x"), ("k4", "x"), ("k5", "x")], at(0)).await;
+    s.register(
+        "a",
+        &[("k1", "x"), ("k2", "x"), ("k3", "x"), ("k4", "x"), ("k5", "x")],
+        at(0),
+    )
+    .await;
     claim(&*o, 5, at(1)).await;
     record(&*o, "k2", FenceToken(1), Outcome::Delivered, at(20)).await;
     record(&*o, "k1", FenceToken(1), Outcome::Delivered, at(10)).await;
@@ -543,44 +801,98 @@ pub async fn purge_rules(h: &dyn ContractHarness) {
     o.cancel("k3", "no", at(30)).await.expect("cancel");
     record(&*o, "k4", FenceToken(1), Outcome::Released, at(3)).await;
     record(&*o, "k5", FenceToken(1), failed(FailedAttempt::Dead), at(4)).await;
-    assert_eq!(o.purge(at(10), 10).await.expect("purge"), 0, "purge: strictly before the cutoff");
+    assert_eq!(
+        o.purge(at(10), 10).await.expect("purge"),
+        0,
+        "purge: strictly before the cutoff"
+    );
     assert_eq!(o.purge(at(100), 1).await.expect("purge"), 1, "purge: at most limit");
-    assert!(o.get("k1").await.expect("get").is_none(), "purge: oldest first (k1, changed at 10)");
+    assert!(
+        o.get("k1").await.expect("get").is_none(),
+        "purge: oldest first (k1, changed at 10)"
+    );
     assert!(o.get("k2").await.expect("get").is_some(), "purge: k2 is newer");
-    assert_eq!(o.purge(at(100), 10).await.expect("purge"), 2, "purge: the other final ones");
+    assert_eq!(
+        o.purge(at(100), 10).await.expect("purge"),
+        2,
+        "purge: the other final ones"
+    );
     for key in ["k4", "k5"] {
         assert!(o.get(key).await.expect("get").is_some(), "purge: {key} is not final");
     }
     s.register("b", &[("k1", "x"), ("k3", "x")], at(200)).await;
-    assert!(o.get("k1").await.expect("get").is_none(), "purge: a purged key is not registered again");
+    assert!(
+        o.get("k1").await.expect("get").is_none(),
+        "purge: a purged key is not registered again"
+    );
     let all = counts(&*o, &Scope::all()).await;
-    assert_eq!((all.total(), all.delivered, all.cancelled), (2, 0, 0), "purge: counts {all:?}");
-    assert_eq!(keys(&claim(&*o, 10, at(201)).await), ["k4"], "purge: nothing purged is claimed");
+    assert_eq!(
+        (all.total(), all.delivered, all.cancelled),
+        (2, 0, 0),
+        "purge: counts {all:?}"
+    );
+    assert_eq!(
+        keys(&claim(&*o, 10, at(201)).await),
+        ["k4"],
+        "purge: nothing purged is claimed"
+    );
 }
 
 /// Counts, `next_due` and pages.
 pub async fn queries(h: &dyn ContractHarness) {
     let (mut s, o) = fresh(h).await;
-    assert_eq!(o.next_due(&Scope::all()).await.expect("next_due"), None, "next_due: empty store");
+    assert_eq!(
+        o.next_due(&Scope::all()).await.expect("next_due"),
+        None,
+        "next_due: empty store"
+    );
     s.register("a", &[("a1", "x"), ("a2", "y"), ("a3", "x")], at(5)).await;
     s.register("b", &[("b1", "x"), ("b2", "y")], at(7)).await;
-    assert_eq!(o.next_due(&Scope::all()).await.expect("next_due"), Some(at(5)), "next_due: the earliest pending");
-    assert_eq!(o.next_due(&Scope::session("b")).await.expect("next_due"), Some(at(7)), "next_due: b's");
+    assert_eq!(
+        o.next_due(&Scope::all()).await.expect("next_due"),
+        Some(at(5)),
+        "next_due: the earliest pending"
+    );
+    assert_eq!(
+        o.next_due(&Scope::session("b")).await.expect("next_due"),
+        Some(at(7)),
+        "next_due: b's"
+    );
     let c = claim_with(&*o, &Scope::session("a"), 10, OWNER, Duration::from_millis(100), at(10)).await;
     assert_eq!(c.claims.len(), 3);
     record(&*o, "a1", FenceToken(1), failed(FailedAttempt::RetryAt(at(50))), at(11)).await;
-    assert_eq!(o.next_due(&Scope::session("a")).await.expect("next_due"), Some(at(50)), "next_due: a retry before a lease");
+    assert_eq!(
+        o.next_due(&Scope::session("a")).await.expect("next_due"),
+        Some(at(50)),
+        "next_due: a retry before a lease"
+    );
     record(&*o, "a1", FenceToken(1), Outcome::Delivered, at(12)).await; // stale: no change
     o.cancel("a1", "no", at(12)).await.expect("cancel");
-    assert_eq!(o.next_due(&Scope::session("a")).await.expect("next_due"), Some(at(110)), "next_due: the lease expiry");
-    assert_eq!(o.next_due(&Scope::all().kinds(["y"])).await.expect("next_due"), Some(at(7)), "next_due: kind y");
+    assert_eq!(
+        o.next_due(&Scope::session("a")).await.expect("next_due"),
+        Some(at(110)),
+        "next_due: the lease expiry"
+    );
+    assert_eq!(
+        o.next_due(&Scope::all().kinds(["y"])).await.expect("next_due"),
+        Some(at(7)),
+        "next_due: kind y"
+    );
     let a = counts(&*o, &Scope::session("a")).await;
-    assert_eq!((a.in_flight, a.cancelled, a.pending, a.total()), (2, 1, 0, 3), "counts: a {a:?}");
+    assert_eq!(
+        (a.in_flight, a.cancelled, a.pending, a.total()),
+        (2, 1, 0, 3),
+        "counts: a {a:?}"
+    );
     let x = counts(&*o, &Scope::all().kinds(["x"])).await;
     assert_eq!((x.in_flight, x.cancelled, x.pending), (1, 1, 1), "counts: kind x {x:?}");
     let bx = counts(&*o, &Scope::session("b").kinds(["x"])).await;
     assert_eq!(bx.total(), 1, "counts: b and x {bx:?}");
-    assert_eq!(counts(&*o, &Scope::session("zz")).await.total(), 0, "counts: an unknown session");
+    assert_eq!(
+        counts(&*o, &Scope::session("zz")).await.total(),
+        0,
+        "counts: an unknown session"
+    );
     // Pages of two, in registration order.
     let mut query = LedgerQuery {
         limit: 2,
@@ -596,7 +908,11 @@ pub async fn queries(h: &dyn ContractHarness) {
             None => break,
         }
     }
-    assert_eq!(seen, ["a1", "a2", "a3", "b1", "b2"], "list: every entry once, in registration order");
+    assert_eq!(
+        seen,
+        ["a1", "a2", "a3", "b1", "b2"],
+        "list: every entry once, in registration order"
+    );
     let query = LedgerQuery {
         scope: Scope::all().kinds(["y"]),
         status: Some(DeliveryStatus::Pending),
@@ -684,11 +1000,18 @@ fn check_entry(d: &Delivery, m: &Model, step: usize) {
     assert_eq!(d.interrupted_attempts(), m.interrupted, "{what}: interrupted");
     assert_eq!(d.cancel_reason(), m.cancel.as_deref(), "{what}: cancel_reason");
     let lease = d.lease().map(|l| (l.owner.to_string(), ms(l.expires_at), l.token));
-    assert_eq!(lease, m.lease.as_ref().map(|(o, e)| (o.clone(), *e, FenceToken(m.token))), "{what}: lease");
+    assert_eq!(
+        lease,
+        m.lease.as_ref().map(|(o, e)| (o.clone(), *e, FenceToken(m.token))),
+        "{what}: lease"
+    );
     match &m.reclaimed_from {
         Some(owner) => {
             let error = d.last_error().unwrap_or_default();
-            assert!(error.contains(owner.as_str()), "{what}: reclaim error names {owner}: {error}");
+            assert!(
+                error.contains(owner.as_str()),
+                "{what}: reclaim error names {owner}: {error}"
+            );
         }
         None => assert_eq!(d.last_error(), m.last_error.as_deref(), "{what}: last_error"),
     }
@@ -753,7 +1076,11 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                 for &(key, kind) in &reg {
                     match model.iter_mut().find(|m| m.key == key) {
                         Some(m) => {
-                            if !m.purged && !m.status.is_final() && m.owner != session && !m.members.iter().any(|x| x == session) {
+                            if !m.purged
+                                && !m.status.is_final()
+                                && m.owner != session
+                                && !m.members.iter().any(|x| x == session)
+                            {
                                 m.members.push(session.to_owned());
                             }
                         }
@@ -807,7 +1134,11 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                 due.sort();
                 due.truncate(limit);
                 let expected: Vec<&str> = due.iter().map(|&(_, i)| model[i].key.as_str()).collect();
-                assert_eq!(keys(&got), expected, "differential step {step}: claim {scope:?} limit {limit} at {now}");
+                assert_eq!(
+                    keys(&got),
+                    expected,
+                    "differential step {step}: claim {scope:?} limit {limit} at {now}"
+                );
                 for &(_, i) in &due {
                     let m = &mut model[i];
                     m.attempts += 1;
@@ -828,10 +1159,20 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                 let token = current.saturating_sub(rng.below(2));
                 let outcome = match rng.below(7) {
                     0 | 1 => Outcome::Delivered,
-                    2 => failed(FailedAttempt::RetryAt(at(now + rng.below(10)) + Duration::from_micros(rng.below(2) * 300))),
-                    3 => failed(if rng.below(2) == 0 { FailedAttempt::AwaitRetry } else { FailedAttempt::Dead }),
-                    4 => Outcome::Held { reason: "held".to_owned() },
-                    5 => Outcome::Interrupted { reason: "cut".to_owned() },
+                    2 => failed(FailedAttempt::RetryAt(
+                        at(now + rng.below(10)) + Duration::from_micros(rng.below(2) * 300),
+                    )),
+                    3 => failed(if rng.below(2) == 0 {
+                        FailedAttempt::AwaitRetry
+                    } else {
+                        FailedAttempt::Dead
+                    }),
+                    4 => Outcome::Held {
+                        reason: "held".to_owned(),
+                    },
+                    5 => Outcome::Interrupted {
+                        reason: "cut".to_owned(),
+                    },
                     _ => Outcome::Released,
                 };
                 let got = record(&*o, key, FenceToken(token), outcome.clone(), at(now)).await;
@@ -851,7 +1192,9 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                                 match next {
                                     FailedAttempt::RetryAt(t) => {
                                         let since = t.duration_since(at(0)).expect("after");
-                                        m.next = Some(since.as_millis() as u64 + u64::from(since.subsec_nanos() % 1_000_000 != 0));
+                                        m.next = Some(
+                                            since.as_millis() as u64 + u64::from(since.subsec_nanos() % 1_000_000 != 0),
+                                        );
                                         DeliveryStatus::Failed
                                     }
                                     FailedAttempt::AwaitRetry => DeliveryStatus::Failed,
@@ -887,7 +1230,10 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                         token: FenceToken(0),
                     },
                 };
-                assert_eq!(got, expected, "differential step {step}: record {key} #{token} at {now}");
+                assert_eq!(
+                    got, expected,
+                    "differential step {step}: record {key} #{token} at {now}"
+                );
             }
             6 => {
                 let i = rng.below(key_names.len() as u64) as usize;
@@ -895,7 +1241,10 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                 let current = model.iter().find(|m| m.key == key).map_or(0, |m| m.token);
                 let token = current.saturating_sub(rng.below(2));
                 let until = now + 1 + rng.below(15);
-                let got = o.renew(&[(ActionKey::from(key), FenceToken(token))], at(until)).await.expect("renew");
+                let got = o
+                    .renew(&[(ActionKey::from(key), FenceToken(token))], at(until))
+                    .await
+                    .expect("renew");
                 let expected = match model.iter_mut().find(|m| m.key == key && !m.purged) {
                     Some(m) if m.status == DeliveryStatus::InFlight && m.token == token => {
                         m.lease.as_mut().expect("in flight").1 = until;
@@ -909,11 +1258,23 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                 let key = key_names[rng.below(key_names.len() as u64) as usize].as_str();
                 let got = o.retry(key, at(now)).await;
                 match model.iter_mut().find(|m| m.key == key && !m.purged) {
-                    None => assert!(matches!(got, Err(RetryError::UnknownKey(_))), "differential step {step}: retry {key}: {got:?}"),
-                    Some(m) if matches!(m.status, DeliveryStatus::Failed | DeliveryStatus::Dead | DeliveryStatus::Held) => {
+                    None => assert!(
+                        matches!(got, Err(RetryError::UnknownKey(_))),
+                        "differential step {step}: retry {key}: {got:?}"
+                    ),
+                    Some(m)
+                        if matches!(
+                            m.status,
+                            DeliveryStatus::Failed | DeliveryStatus::Dead | DeliveryStatus::Held
+                        ) =>
+                    {
                         m.next = None;
                         m.set(DeliveryStatus::Pending, now);
-                        check_entry(&got.unwrap_or_else(|e| panic!("differential step {step}: retry {key}: {e}")), m, step);
+                        check_entry(
+                            &got.unwrap_or_else(|e| panic!("differential step {step}: retry {key}: {e}")),
+                            m,
+                            step,
+                        );
                     }
                     Some(m) => match got {
                         Err(RetryError::NotFailed { status, .. }) if status == m.status => {}
@@ -925,15 +1286,30 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                 let key = key_names[rng.below(key_names.len() as u64) as usize].as_str();
                 let got = o.cancel(key, "stop", at(now)).await;
                 match model.iter_mut().find(|m| m.key == key && !m.purged) {
-                    None => assert!(matches!(got, Err(CancelError::UnknownKey(_))), "differential step {step}: cancel {key}: {got:?}"),
+                    None => assert!(
+                        matches!(got, Err(CancelError::UnknownKey(_))),
+                        "differential step {step}: cancel {key}: {got:?}"
+                    ),
                     Some(m) if m.status == DeliveryStatus::Cancelled => {
                         check_entry(&got.expect("cancel of cancelled is Ok"), m, step);
                     }
-                    Some(m) if matches!(m.status, DeliveryStatus::Pending | DeliveryStatus::Failed | DeliveryStatus::Dead | DeliveryStatus::Held) => {
+                    Some(m)
+                        if matches!(
+                            m.status,
+                            DeliveryStatus::Pending
+                                | DeliveryStatus::Failed
+                                | DeliveryStatus::Dead
+                                | DeliveryStatus::Held
+                        ) =>
+                    {
                         m.next = None;
                         m.cancel = Some("stop".to_owned());
                         m.set(DeliveryStatus::Cancelled, now);
-                        check_entry(&got.unwrap_or_else(|e| panic!("differential step {step}: cancel {key}: {e}")), m, step);
+                        check_entry(
+                            &got.unwrap_or_else(|e| panic!("differential step {step}: cancel {key}: {e}")),
+                            m,
+                            step,
+                        );
                     }
                     Some(m) => match got {
                         Err(CancelError::NotCancellable { status, .. }) if status == m.status => {}
@@ -956,7 +1332,11 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                 for &(_, i) in &finals {
                     model[i].purged = true;
                 }
-                assert_eq!(got, finals.len() as u64, "differential step {step}: purge before {before} limit {limit}");
+                assert_eq!(
+                    got,
+                    finals.len() as u64,
+                    "differential step {step}: purge before {before} limit {limit}"
+                );
             }
         }
         // Compare the whole state.
@@ -969,9 +1349,17 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
             }
         }
         for scope in &scopes {
-            assert_eq!(counts(&*o, scope).await, model_counts(&model, scope), "differential step {step}: counts {scope:?}");
+            assert_eq!(
+                counts(&*o, scope).await,
+                model_counts(&model, scope),
+                "differential step {step}: counts {scope:?}"
+            );
             let due = o.next_due(scope).await.expect("next_due").map(ms);
-            assert_eq!(due, model_next_due(&model, scope), "differential step {step}: next_due {scope:?}");
+            assert_eq!(
+                due,
+                model_next_due(&model, scope),
+                "differential step {step}: next_due {scope:?}"
+            );
         }
         let scope = &scopes[step % scopes.len()];
         let mut query = LedgerQuery {
@@ -988,7 +1376,11 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                 None => break,
             }
         }
-        let expected: Vec<String> = model.iter().filter(|m| !m.purged && m.in_scope(scope)).map(|m| m.key.clone()).collect();
+        let expected: Vec<String> = model
+            .iter()
+            .filter(|m| !m.purged && m.in_scope(scope))
+            .map(|m| m.key.clone())
+            .collect();
         assert_eq!(listed, expected, "differential step {step}: list {scope:?}");
     }
 }

@@ -318,7 +318,10 @@ fn live(slots: &[Option<Entry>], (due, pos, stamp): Item) -> bool {
 fn holds_lease(slots: &[Option<Entry>], pos: Pos, expiry: u64) -> bool {
     slots[pos as usize].as_ref().is_some_and(|e| {
         e.delivery.status == DeliveryStatus::InFlight
-            && e.delivery.lease.as_ref().is_some_and(|l| unix_millis(l.expires_at) == expiry)
+            && e.delivery
+                .lease
+                .as_ref()
+                .is_some_and(|l| unix_millis(l.expires_at) == expiry)
     })
 }
 
@@ -746,7 +749,9 @@ impl Inner {
     fn purge(&mut self, before: SystemTime, limit: usize) -> u64 {
         let mut purged = 0;
         while purged < limit as u64 {
-            let Some(((changed, pos, _), _)) = self.finals.peek() else { break };
+            let Some(((changed, pos, _), _)) = self.finals.peek() else {
+                break;
+            };
             if from_unix_millis(changed) >= before {
                 break;
             }
@@ -767,7 +772,9 @@ impl Inner {
     }
 
     fn list(&self, query: &LedgerQuery) -> Page {
-        let start = query.after.map_or(0, |after| usize::try_from(after).unwrap_or(usize::MAX));
+        let start = query
+            .after
+            .map_or(0, |after| usize::try_from(after).unwrap_or(usize::MAX));
         let mut entries = Vec::new();
         let mut last = 0;
         let mut next = None;
@@ -839,15 +846,12 @@ impl Inner {
                 .iter()
                 .any(|&pos| {
                     holds_lease(&self.slots, pos, expiry)
-                        && self.slots[pos as usize]
-                            .as_ref()
-                            .is_some_and(|e| self.admits(e, scope))
+                        && self.slots[pos as usize].as_ref().is_some_and(|e| self.admits(e, scope))
                 })
                 .then_some(expiry)
         });
         due.into_iter().chain(lease).min().map(from_unix_millis)
     }
-
 }
 
 impl OutboxStore for MemoryOutbox {
@@ -884,7 +888,10 @@ impl OutboxStore for MemoryOutbox {
     ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
         Box::pin(async move {
             let mut inner = self.lock();
-            Ok(held.iter().map(|(key, token)| inner.renew(key.as_str(), *token, until)).collect())
+            Ok(held
+                .iter()
+                .map(|(key, token)| inner.renew(key.as_str(), *token, until))
+                .collect())
         })
     }
 
