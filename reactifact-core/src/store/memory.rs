@@ -87,14 +87,11 @@ impl MemoryOutbox {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Registers the intents of a commit made at `now`, in commit order (decision 2 of issue
-    /// 13): a key the outbox has never held is inserted pending, due at `now`, owned by the
+    /// Registers the intents of a commit made at `now`, in commit order: a key the outbox has never held is inserted pending, due at `now`, owned by the
     /// committing session (`intent.origin.session`); a key it holds, not final and owned by
     /// another session, gets the committing session as a member (attached); a final or purged
     /// key is left as it is.
-    // Called by the in-memory context after each commit (the lead wires it) and by the
-    // contract suite.
-    #[cfg_attr(not(feature = "store-contract"), allow(dead_code))]
+    // Called by the in-memory context after each commit, and by the contract suite.
     pub(crate) fn register(&self, intents: &[NewIntent], now: SystemTime) {
         self.lock().register(intents, now);
     }
