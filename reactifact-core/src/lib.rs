@@ -54,7 +54,6 @@ pub use outbox::ledger::Ledger;
 pub use outbox::router::{ActionCall, Router};
 pub use reactifact_macros::{produce, Artifact};
 pub use run::effects::{DeclaredOutput, Dynamic, Effects};
-pub use run::serve::{RuntimeHandle, ServeReport, SubmitError};
 pub use run::produce::{
     Agent, IntoProduce, IntoProduceResult, Produce, ProduceCall, ProduceError, ProduceFailure, RunFailure,
 };
@@ -62,6 +61,7 @@ pub use run::runtime::{
     Budget, BuildError, FlushError, ProduceErrors, RunError, Runtime, RuntimeBuilder, StopHandle, TurnOutcome,
     TurnReport,
 };
+pub use run::serve::{RuntimeHandle, ServeReport, SubmitError};
 pub use state::branch::{ArtifactState, Conflict, Diff, ForkError, MergeError, MergeReport, Resolution, Side, Updated};
 pub use state::commit::{Commit, CommitError, Read, RunRecord, TriggerRef};
 pub use state::context::{Context, Transaction, WriteError};

@@ -27,7 +27,10 @@ async fn a_serving_runtime_commits_handle_writes_reacts_and_delivers_until_stopp
     let handle = rt.handle();
     let writer = tokio::spawn(async move {
         for i in 0..5 {
-            handle.create(format!("order:{i}"), order("ada", 100 + i)).await.unwrap();
+            handle
+                .create(format!("order:{i}"), order("ada", 100 + i))
+                .await
+                .unwrap();
         }
         // A refused write answers with its error and writes nothing.
         let refused = handle.update("order:missing", order("bob", 1)).await;
@@ -73,7 +76,10 @@ async fn a_serving_runtime_retries_when_the_retry_falls_due_without_any_write() 
                 }
             }
         })
-        .retry_policy(RetryPolicy::exponential(Duration::from_secs(60), Duration::from_secs(60)))
+        .retry_policy(RetryPolicy::exponential(
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+        ))
         .build()
         .unwrap();
     let stop = rt.stop_handle();

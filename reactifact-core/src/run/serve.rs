@@ -73,7 +73,10 @@ impl RuntimeHandle {
     async fn submit(&self, ops: Result<Vec<Op>, crate::model::patch::EffectError>) -> Result<(), SubmitError> {
         let (done, answer) = oneshot::channel();
         self.tx.send(Submitted { ops, done }).map_err(|_| SubmitError::Closed)?;
-        answer.await.map_err(|_| SubmitError::Closed)?.map_err(SubmitError::Write)
+        answer
+            .await
+            .map_err(|_| SubmitError::Closed)?
+            .map_err(SubmitError::Write)
     }
 
     /// Creates `value` at `id`, or refreshes it; resolves once it is committed.

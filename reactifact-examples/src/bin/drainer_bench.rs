@@ -165,7 +165,11 @@ fn main() -> ExitCode {
         seen.len()
     );
     if !ok || total != options.n || seen.len() as u64 != options.n {
-        eprintln!("drainer-bench: expected each of {} keys sent once; sent {total}, {} distinct", options.n, seen.len());
+        eprintln!(
+            "drainer-bench: expected each of {} keys sent once; sent {total}, {} distinct",
+            options.n,
+            seen.len()
+        );
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
