@@ -160,14 +160,8 @@ impl Context {
             source: Some(e),
         })?;
         // Only a log that verified is written to.
-        let reclaimed = store.settle_open(&mut loaded.deliveries)?;
-        if reclaimed > 0 {
-            tracing::warn!(session = %context.session, reclaimed, "deliveries whose lease expired are pending again");
-        }
+        store.settle_open(&loaded.commits)?;
         context.log = std::mem::take(&mut loaded.commits);
-        for delivery in loaded.deliveries {
-            context.ledger.lock().insert(delivery);
-        }
         context.store = Some(Box::new(store));
         Ok(context)
     }
@@ -347,13 +341,10 @@ impl Context {
 
     /// Writes the current state of these ledger entries to the store, if there is one.
     pub(crate) fn persist_deliveries(&mut self, positions: &[usize]) -> Result<(), StoreError> {
-        match &mut self.store {
-            Some(store) if !positions.is_empty() => {
-                let ledger = self.ledger.lock();
-                store.save_deliveries(&mut positions.iter().map(|&at| ledger.entry(at)))
-            }
-            _ => Ok(()),
-        }
+        // (helper S) The SQLite store no longer takes ledger copies: its outbox is the ledger.
+        // The lead's drain rewrite removes this call.
+        let _ = positions;
+        Ok(())
     }
 
     /// Creates `value` at `id`, or refreshes it (a new version only if the content differs).
