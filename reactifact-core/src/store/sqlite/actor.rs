@@ -2,7 +2,10 @@
 //!
 //! Requests are boxed closures over `&mut Connection`, sent on a std channel; each replies on
 //! a tokio oneshot. So no SQLite call of the outbox (and no fsync) runs on an executor thread.
-//! The thread ends once every handle is dropped and the queued requests have run.
+//! The thread ends once every handle is dropped and the queued requests have run; dropping
+//! the last handle waits for that, so that the connection is closed (and the WAL folded into
+//! the file, if it was the file's last connection) when the drop returns, as for a plain
+//! `Connection`.
 
 use std::path::PathBuf;
 use std::sync::mpsc;
@@ -17,22 +20,40 @@ type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 
 /// A handle to the connection's thread.
 pub(super) struct Actor {
-    jobs: mpsc::Sender<Job>,
+    /// `None` only while dropping.
+    jobs: Option<mpsc::Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
     path: PathBuf,
+}
+
+impl Drop for Actor {
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take() {
+            // (Never the case: no request holds a handle. Joining itself would deadlock.)
+            if thread.thread().id() != std::thread::current().id() {
+                let _ = thread.join();
+            }
+        }
+    }
 }
 
 impl Actor {
     /// Starts the thread that owns `conn`.
     pub(super) fn spawn(mut conn: Connection, path: PathBuf) -> std::io::Result<Actor> {
         let (jobs, queue) = mpsc::channel::<Job>();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("reactifact-sqlite-outbox".into())
             .spawn(move || {
                 while let Ok(job) = queue.recv() {
                     job(&mut conn);
                 }
             })?;
-        Ok(Actor { jobs, path })
+        Ok(Actor {
+            jobs: Some(jobs),
+            thread: Some(thread),
+            path,
+        })
     }
 
     /// Runs `op` on the thread; its result, when it has run.
@@ -41,12 +62,13 @@ impl Actor {
         op: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> BoxFuture<'static, Result<T, StoreError>> {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let sent = self.jobs.send(Box::new(move |conn: &mut Connection| {
+        let job: Job = Box::new(move |conn: &mut Connection| {
             let _ = reply.send(op(conn));
-        }));
+        });
+        let sent = self.jobs.as_ref().map(|jobs| jobs.send(job));
         let path = self.path.clone();
         Box::pin(async move {
-            if sent.is_err() {
+            if !matches!(sent, Some(Ok(()))) {
                 return Err(StoreError::Closed { path });
             }
             answer.await.unwrap_or(Err(StoreError::Closed { path }))
@@ -55,7 +77,8 @@ impl Actor {
 
     /// Runs `op` on the thread without waiting for it.
     pub(super) fn send(&self, op: impl FnOnce(&mut Connection) + Send + 'static) {
-        if self.jobs.send(Box::new(op)).is_err() {
+        let sent = self.jobs.as_ref().map(|jobs| jobs.send(Box::new(op)));
+        if !matches!(sent, Some(Ok(()))) {
             tracing::warn!(path = %self.path.display(), "the outbox thread is gone; the submitted outcomes stay in flight until their leases expire");
         }
     }
