@@ -226,12 +226,19 @@ fn migrate(conn: &mut Connection, from: i64) -> Result<i64, LoadError> {
     Ok(SCHEMA_VERSION)
 }
 
-/// An intent as version 1 registered it (the `commits.intents` column).
+/// An intent as version 1 registered it (the `commits.intents` column; rmp encodes it as an
+/// array, so every field is decoded, in order, though only the key and time are used).
 #[derive(Deserialize)]
+#[allow(dead_code)]
 struct IntentRow<'a> {
     #[serde(borrow)]
     key: Cow<'a, str>,
+    #[serde(borrow)]
+    kind: Cow<'a, str>,
+    #[serde(with = "serde_bytes", borrow)]
+    payload: Cow<'a, [u8]>,
     recorded_at: i64,
+    run: u32,
 }
 
 /// The state of one ledger entry after a version-1 write (the `deliveries.entries` column).
