@@ -838,3 +838,98 @@ impl Store for SqliteStore {
 }
 
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::outbox::{ClaimRequest, Scope};
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+    }
+
+    #[test]
+    fn a_read_only_store_has_an_outbox_that_reads_and_refuses_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let (mut store, _) = SqliteStore::open(&path, "orders", &OpenOptions::new()).unwrap();
+        store.settle_open(&[]).unwrap();
+        drop(store);
+        let (store, _) = SqliteStore::open(&path, "orders", &OpenOptions::new().read_only(true)).unwrap();
+        let outbox = store.outbox();
+        assert!(Arc::ptr_eq(&outbox, &store.outbox()), "one outbox per opened store");
+        block_on(async {
+            assert_eq!(outbox.counts(&Scope::all()).await.unwrap().total(), 0);
+            let owner: Arc<str> = Arc::from("x");
+            let err = outbox
+                .claim(ClaimRequest {
+                    scope: &Scope::all(),
+                    limit: 1,
+                    owner: &owner,
+                    lease: Duration::from_secs(1),
+                    now: SystemTime::now(),
+                })
+                .await
+                .unwrap_err();
+            assert!(matches!(err, StoreError::ReadOnly { .. }), "{err}");
+            assert!(matches!(outbox.purge(SystemTime::now(), 1).await, Err(StoreError::ReadOnly { .. })));
+        });
+    }
+
+    #[test]
+    fn a_row_pointing_at_a_commit_that_did_not_act_it_is_forged() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let (mut store, _) = SqliteStore::open(&path, "orders", &OpenOptions::new()).unwrap();
+        store.settle_open(&[]).unwrap();
+        let commit = Commit {
+            generation: Generation(1),
+            parent: None,
+            merged: None,
+            hash: CommitHash([7; 32]),
+            state_hash: StateHash([0; 32]),
+            runs: Vec::new(),
+            events_consumed: 0,
+        };
+        // A row, with a digest that checks out, claiming to come from a commit of the log
+        // that acted nothing.
+        let bytes = rmp_serde::to_vec_named(&crate::model::action::PendingAction {
+            kind: "notify".into(),
+            key: "k".into(),
+            payload: Vec::new(),
+        })
+        .unwrap();
+        let forged = row::Row {
+            seq: 0,
+            key: "k".into(),
+            kind: "notify".into(),
+            session: "orders".into(),
+            origin_commit: vec![7; 32],
+            origin_gen: 1,
+            origin_run: 0,
+            action_hash: crate::model::hash::content_hash(&bytes).as_bytes().to_vec(),
+            bytes,
+            recorded_at: 0,
+            status: row::PENDING,
+            due_at: Some(0),
+            token: 0,
+            owner: None,
+            lease_until: None,
+            attempts: 0,
+            expired: 0,
+            interrupted: 0,
+            last_error: None,
+            cancel_reason: None,
+            updated_at: 0,
+            delivered_at: None,
+            next_attempt_at: None,
+        };
+        assert!(forged.insert(store.conn.get()).unwrap());
+        match store.verify_outbox(std::slice::from_ref(&commit)) {
+            Err(VerifyError::OutboxForged { key }) => assert_eq!(key.as_str(), "k"),
+            other => panic!("expected a forged row, got {other:?}"),
+        }
+        // Not a commit of this log: another session's row, not checked against it.
+        assert!(store.verify_outbox(&[]).is_ok());
+    }
+}
