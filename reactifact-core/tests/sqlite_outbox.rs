@@ -130,11 +130,17 @@ async fn claims_come_in_registration_order_with_a_growing_token() {
     let first = claim(&*outbox, &Scope::all(), 2, "a", now).await;
     assert_eq!(keys(&first), ["notify:order:1", "notify:order:2"]);
     let entry = &first.claims[0];
-    assert_eq!((entry.status(), entry.attempts(), entry.token()), (DeliveryStatus::InFlight, 1, FenceToken(1)));
+    assert_eq!(
+        (entry.status(), entry.attempts(), entry.token()),
+        (DeliveryStatus::InFlight, 1, FenceToken(1))
+    );
     assert_eq!(entry.intent().payload::<Notify>().unwrap().customer, "ada");
     let lease = entry.lease().unwrap();
     assert_eq!((&*lease.owner, lease.token), ("a", FenceToken(1)));
-    assert_eq!(keys(&claim(&*outbox, &Scope::all(), 5, "b", now).await), ["notify:order:3"]);
+    assert_eq!(
+        keys(&claim(&*outbox, &Scope::all(), 5, "b", now).await),
+        ["notify:order:3"]
+    );
     assert!(claim(&*outbox, &Scope::all(), 5, "b", now).await.claims.is_empty());
     // Released: pending again, the attempt uncounted; the next claim takes the next token.
     let released = outbox
@@ -218,9 +224,15 @@ async fn an_expired_lease_is_reclaimed_by_the_next_claim_and_its_late_outcome_is
     let other = claim(&*outbox, &Scope::session("nobody"), 1, "b", now + LEASE).await;
     assert_eq!((other.reclaimed, other.claims.len()), (1, 0));
     let entry = outbox.get("notify:order:1").await.unwrap().unwrap();
-    assert_eq!((entry.status(), entry.expired_leases(), entry.token()), (DeliveryStatus::Pending, 1, old));
+    assert_eq!(
+        (entry.status(), entry.expired_leases(), entry.token()),
+        (DeliveryStatus::Pending, 1, old)
+    );
     let error = entry.last_error().unwrap();
-    assert!(error.contains("attempt 1") && error.contains("dead-holder") && error.contains("expired"), "{error}");
+    assert!(
+        error.contains("attempt 1") && error.contains("dead-holder") && error.contains("expired"),
+        "{error}"
+    );
     let second = claim(&*outbox, &Scope::all(), 1, "b", now + LEASE).await;
     assert_eq!(keys(&second), ["notify:order:1"]);
     let new = token_of(&second, 0);
@@ -237,7 +249,12 @@ async fn an_expired_lease_is_reclaimed_by_the_next_claim_and_its_late_outcome_is
             token: new
         }]
     );
-    assert!(!outbox.renew(&[("notify:order:1".into(), old)], now + LEASE * 3).await.unwrap()[0]);
+    assert!(
+        !outbox
+            .renew(&[("notify:order:1".into(), old)], now + LEASE * 3)
+            .await
+            .unwrap()[0]
+    );
 }
 
 #[tokio::test]
@@ -250,7 +267,10 @@ async fn a_renewed_lease_is_not_reclaimed() {
     let token = token_of(&claimed, 0);
     let renewed = outbox
         .renew(
-            &[("notify:order:1".into(), token), ("notify:order:1".into(), FenceToken(token.0 + 1))],
+            &[
+                ("notify:order:1".into(), token),
+                ("notify:order:1".into(), FenceToken(token.0 + 1)),
+            ],
             now + LEASE * 4,
         )
         .await
@@ -259,9 +279,15 @@ async fn a_renewed_lease_is_not_reclaimed() {
     let later = claim(&*outbox, &Scope::all(), 1, "b", now + LEASE * 2).await;
     assert_eq!((later.reclaimed, later.claims.len()), (0, 0));
     let entry = outbox.get("notify:order:1").await.unwrap().unwrap();
-    assert_eq!(entry.lease().unwrap().expires_at, reactifact_core_millis(now + LEASE * 4));
+    assert_eq!(
+        entry.lease().unwrap().expires_at,
+        reactifact_core_millis(now + LEASE * 4)
+    );
     let done = outbox
-        .record(&[recording("notify:order:1", token, Outcome::Delivered)], now + LEASE * 2)
+        .record(
+            &[recording("notify:order:1", token, Outcome::Delivered)],
+            now + LEASE * 2,
+        )
         .await
         .unwrap();
     assert_eq!(done, [Recorded::Accepted(DeliveryStatus::Delivered)]);
@@ -290,7 +316,10 @@ async fn a_session_scope_claims_its_own_and_attached_intents_only() {
         .unwrap();
     let listed: Vec<_> = page.entries.iter().map(|d| d.key().to_string()).collect();
     assert_eq!(listed, ["notify:order:2", "notify:order:3"]);
-    assert!(claim(&*outbox, &Scope::session("c"), 10, "c", now).await.claims.is_empty());
+    assert!(claim(&*outbox, &Scope::session("c"), 10, "c", now)
+        .await
+        .claims
+        .is_empty());
     assert!(claim(&*outbox, &Scope::session("b").kinds(["email"]), 10, "b", now)
         .await
         .claims
@@ -298,7 +327,11 @@ async fn a_session_scope_claims_its_own_and_attached_intents_only() {
     let b = claim(&*outbox, &Scope::session("b"), 10, "b", now).await;
     assert_eq!(keys(&b), ["notify:order:2", "notify:order:3"]);
     let a = claim(&*outbox, &Scope::session("a"), 10, "a", now).await;
-    assert_eq!(keys(&a), ["notify:order:1"], "notify:order:2 is in flight under b's claim");
+    assert_eq!(
+        keys(&a),
+        ["notify:order:1"],
+        "notify:order:2 is in flight under b's claim"
+    );
 }
 
 #[tokio::test]
@@ -343,7 +376,10 @@ async fn retry_cancel_and_purge_are_checked_and_a_purged_key_is_never_registered
             Recorded::Accepted(DeliveryStatus::Failed)
         ]
     );
-    assert!(matches!(outbox.retry("notify:order:9", now).await, Err(RetryError::UnknownKey(_))));
+    assert!(matches!(
+        outbox.retry("notify:order:9", now).await,
+        Err(RetryError::UnknownKey(_))
+    ));
     assert!(matches!(
         outbox.cancel("notify:order:1", "too late", now).await,
         Err(CancelError::NotCancellable {
@@ -352,7 +388,10 @@ async fn retry_cancel_and_purge_are_checked_and_a_purged_key_is_never_registered
         })
     ));
     let retried = outbox.retry("notify:order:2", now).await.unwrap();
-    assert_eq!((retried.status(), retried.last_error()), (DeliveryStatus::Pending, Some("503")));
+    assert_eq!(
+        (retried.status(), retried.last_error()),
+        (DeliveryStatus::Pending, Some("503"))
+    );
     assert!(matches!(
         outbox.retry("notify:order:2", now).await,
         Err(RetryError::NotFailed {
@@ -366,7 +405,11 @@ async fn retry_cancel_and_purge_are_checked_and_a_purged_key_is_never_registered
         (DeliveryStatus::Cancelled, Some("customer left"))
     );
     let again = outbox.cancel("notify:order:3", "twice", now).await.unwrap();
-    assert_eq!(again.cancel_reason(), Some("customer left"), "cancelling again changes nothing");
+    assert_eq!(
+        again.cancel_reason(),
+        Some("customer left"),
+        "cancelling again changes nothing"
+    );
     let due = claim(&*outbox, &Scope::all(), 10, "a", now).await;
     assert_eq!(keys(&due), ["notify:order:2"], "a cancelled intent is never claimed");
 
@@ -406,7 +449,11 @@ async fn a_row_whose_status_was_changed_is_held_with_an_integrity_error_never_cl
     assert_eq!(claimed.integrity, ["notify:order:1".into()]);
     let held = outbox.get("notify:order:1").await.unwrap().unwrap();
     assert_eq!(held.status(), DeliveryStatus::Held);
-    assert!(held.last_error().unwrap().starts_with("integrity:"), "{:?}", held.last_error());
+    assert!(
+        held.last_error().unwrap().starts_with("integrity:"),
+        "{:?}",
+        held.last_error()
+    );
     assert!(claim(&*outbox, &Scope::all(), 10, "a", now).await.claims.is_empty());
 }
 
@@ -461,14 +508,20 @@ async fn verify_names_a_deleted_row_and_a_changed_one() {
     drop(ctx);
     let outbox = SqliteOutbox::open(&path).unwrap();
     let entry = outbox.get("notify:order:1").await.unwrap().unwrap();
-    assert_eq!((entry.status(), entry.origin().session()), (DeliveryStatus::Pending, "orders"));
+    assert_eq!(
+        (entry.status(), entry.origin().session()),
+        (DeliveryStatus::Pending, "orders")
+    );
 }
 
 #[test]
 fn a_standalone_outbox_refuses_a_missing_file_and_an_older_schema() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("missing.db");
-    assert!(matches!(SqliteOutbox::open(&missing), Err(OpenError::NoSuchFile { .. })));
+    assert!(matches!(
+        SqliteOutbox::open(&missing),
+        Err(OpenError::NoSuchFile { .. })
+    ));
     assert!(!missing.exists(), "nothing was created");
     let v1 = dir.path().join("v1.db");
     std::fs::copy(

@@ -569,7 +569,11 @@ fn a_tampered_commit_is_refused_at_open() {
 fn edit_outbox_row(path: &std::path::Path, key: &str, column: &str, edit: impl FnOnce(&mut Vec<u8>)) {
     let conn = rusqlite::Connection::open(path).unwrap();
     let mut value: Vec<u8> = conn
-        .query_row(&format!("SELECT CAST({column} AS BLOB) FROM outbox WHERE key = ?1"), [key], |row| row.get(0))
+        .query_row(
+            &format!("SELECT CAST({column} AS BLOB) FROM outbox WHERE key = ?1"),
+            [key],
+            |row| row.get(0),
+        )
         .unwrap();
     edit(&mut value);
     let sql = if column == "bytes" {
@@ -623,7 +627,9 @@ async fn claim_all(path: &std::path::Path) -> reactifact_core::Claimed {
 async fn a_changed_payload_in_the_outbox_row_is_never_handed_out() {
     let dir = tempfile::tempdir().unwrap();
     let path = an_undelivered_intent(dir.path()).await;
-    edit_outbox_row(&path, "notify:order:1", "bytes", |blob| replace_once(blob, b"ada", b"eve"));
+    edit_outbox_row(&path, "notify:order:1", "bytes", |blob| {
+        replace_once(blob, b"ada", b"eve")
+    });
     let claimed = claim_all(&path).await;
     assert!(claimed.claims.is_empty(), "the changed payload is not handed out");
     assert_eq!(claimed.integrity, ["notify:order:1".into()]);
@@ -633,7 +639,11 @@ async fn a_changed_payload_in_the_outbox_row_is_never_handed_out() {
         .unwrap()
         .unwrap();
     assert_eq!(held.status(), DeliveryStatus::Held);
-    assert!(held.last_error().unwrap().starts_with("integrity:"), "{:?}", held.last_error());
+    assert!(
+        held.last_error().unwrap().starts_with("integrity:"),
+        "{:?}",
+        held.last_error()
+    );
 }
 
 #[tokio::test]
@@ -651,7 +661,11 @@ async fn a_changed_key_in_the_outbox_row_neither_loses_the_intent_nor_sends_the_
     drop(Context::open(&path, "orders").unwrap());
     let claimed = claim_all(&path).await;
     let keys: Vec<String> = claimed.claims.iter().map(|d| d.key().to_string()).collect();
-    assert_eq!(keys, ["notify:order:1"], "the committed key is handed out, the changed one is not");
+    assert_eq!(
+        keys,
+        ["notify:order:1"],
+        "the committed key is handed out, the changed one is not"
+    );
     let notify: Notify = claimed.claims[0].intent().payload().unwrap();
     assert_eq!(notify.customer, "ada", "with the committed payload");
     assert_eq!(claimed.integrity, ["notify:order:7".into()]);

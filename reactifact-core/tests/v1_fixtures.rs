@@ -224,7 +224,11 @@ async fn the_ledger_in_every_state_migrates_as_it_was_written() {
     for key in ["notify:order:6", "notify:order:7"] {
         let in_flight = entry(&outbox, key).await;
         assert_eq!(in_flight.status(), DeliveryStatus::InFlight);
-        assert_eq!(in_flight.lease().unwrap().token, FenceToken(1), "migrated leases take token 1");
+        assert_eq!(
+            in_flight.lease().unwrap().token,
+            FenceToken(1),
+            "migrated leases take token 1"
+        );
     }
     let interrupted = entry(&outbox, "notify:order:8").await;
     assert_eq!(
@@ -249,7 +253,10 @@ async fn the_ledger_in_every_state_migrates_as_it_was_written() {
     let mut keys: Vec<String> = claimed.claims.iter().map(|d| d.key().to_string()).collect();
     keys.sort();
     // order:2's retry fell due an hour after the fixture was written, long ago.
-    assert_eq!(keys, ["notify:order:2", "notify:order:5", "notify:order:7", "notify:order:8"]);
+    assert_eq!(
+        keys,
+        ["notify:order:2", "notify:order:5", "notify:order:7", "notify:order:8"]
+    );
     let seven = entry(&outbox, "notify:order:7").await;
     assert_eq!((seven.expired_leases(), seven.token()), (1, FenceToken(2)));
     assert_eq!(status(&outbox, "notify:order:6").await, DeliveryStatus::InFlight);

@@ -448,7 +448,6 @@ impl SqliteStore {
         Ok(found.into_values().collect())
     }
 
-
     fn sqlite_error(&self, source: rusqlite::Error) -> StoreError {
         StoreError::Sqlite {
             path: self.path.clone(),
@@ -666,7 +665,6 @@ fn immutable_uri(path: &Path) -> String {
     uri
 }
 
-
 /// The columns [`commit_from_row`] reads, in its order.
 const COMMIT_COLUMNS: &str = "generation, hash, parent, merged, state_hash, events_consumed, runs";
 
@@ -713,7 +711,6 @@ impl From<rusqlite::types::FromSqlError> for LoadError {
         LoadError::Corrupt(format!("a column has the wrong type: {e}"))
     }
 }
-
 
 impl SqliteStore {
     /// A new session in the same file whose log is this session's up to commit `at`.
@@ -825,11 +822,8 @@ impl Store for SqliteStore {
     }
 
     fn verify_outbox(&self, log: &[Commit]) -> Result<(), VerifyError> {
-        self.check_outbox(log).unwrap_or_else(|e| {
-            Err(VerifyError::OutboxUnreadable {
-                detail: e.to_string(),
-            })
-        })
+        self.check_outbox(log)
+            .unwrap_or_else(|e| Err(VerifyError::OutboxUnreadable { detail: e.to_string() }))
     }
 
     fn describe(&self) -> String {
@@ -837,15 +831,16 @@ impl Store for SqliteStore {
     }
 }
 
-
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::store::outbox::{ClaimRequest, Scope};
 
     fn block_on<F: std::future::Future>(f: F) -> F::Output {
-        tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(f)
     }
 
     #[test]
@@ -872,7 +867,10 @@ mod tests {
                 .await
                 .unwrap_err();
             assert!(matches!(err, StoreError::ReadOnly { .. }), "{err}");
-            assert!(matches!(outbox.purge(SystemTime::now(), 1).await, Err(StoreError::ReadOnly { .. })));
+            assert!(matches!(
+                outbox.purge(SystemTime::now(), 1).await,
+                Err(StoreError::ReadOnly { .. })
+            ));
         });
     }
 

@@ -165,7 +165,9 @@ impl SqliteOutbox {
         let path = self.path.clone();
         let answer = self.run(op);
         Box::pin(async move {
-            answer.await?.map_err(|(key, detail)| StoreError::Integrity { path, key, detail })
+            answer
+                .await?
+                .map_err(|(key, detail)| StoreError::Integrity { path, key, detail })
         })
     }
 }
@@ -313,7 +315,14 @@ fn reclaim_error(attempts: i64, owner: &str) -> String {
     )
 }
 
-fn claim(conn: &mut Connection, scope: &Scope, limit: usize, owner: &str, lease: Duration, now: SystemTime) -> rusqlite::Result<Claimed> {
+fn claim(
+    conn: &mut Connection,
+    scope: &Scope,
+    limit: usize,
+    owner: &str,
+    lease: Duration,
+    now: SystemTime,
+) -> rusqlite::Result<Claimed> {
     let at = ms(now);
     let until = ms(later(now, lease));
     actor::write(conn, |tx| {
@@ -751,7 +760,10 @@ mod tests {
     fn assert_no_table_scan(plan: &[String]) {
         for step in plan {
             let scans_a_table = step.starts_with("SCAN ") && !step.contains("subquery") && !step.contains('(');
-            assert!(!scans_a_table && !step.starts_with("SCAN o") && !step.starts_with("SCAN m"), "{plan:#?}");
+            assert!(
+                !scans_a_table && !step.starts_with("SCAN o") && !step.starts_with("SCAN m"),
+                "{plan:#?}"
+            );
         }
     }
 

@@ -81,6 +81,7 @@ pub(super) struct Row {
 }
 
 /// A row as read: whole and intact, or failing its integrity check.
+#[allow(clippy::large_enum_variant)] // short-lived, read one at a time
 pub(super) enum Read {
     Intact(Row),
     /// The row's digest does not match, or a column has the wrong type.
@@ -265,7 +266,9 @@ impl Row {
             detail,
         };
         if !matches!(stored, ValueRef::Blob(d) if d == digest(values.iter().copied())) {
-            return Ok(damaged("the row does not match its digest (it was changed outside reactifact)".into()));
+            return Ok(damaged(
+                "the row does not match its digest (it was changed outside reactifact)".into(),
+            ));
         }
         match Row::typed(seq, &values) {
             Some(row) => Ok(Read::Intact(row)),
@@ -347,7 +350,10 @@ impl Row {
             return Err(format!("its pending action is for key `{}`", action.key));
         }
         if action.kind != self.kind {
-            return Err(format!("its pending action is of kind `{}`, not `{}`", action.kind, self.kind));
+            return Err(format!(
+                "its pending action is of kind `{}`, not `{}`",
+                action.kind, self.kind
+            ));
         }
         Ok(action.payload)
     }

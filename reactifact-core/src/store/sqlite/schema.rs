@@ -297,12 +297,18 @@ fn migrate_1_to_2(tx: &Transaction<'_>) -> Result<(), LoadError> {
                 None => HashMap::new(),
             };
             let runs = codec::decode_runs(commit.get_ref(4)?.as_blob()?).map_err(|e| {
-                LoadError::Corrupt(format!("commit {generation} of session `{session}`: its runs do not decode: {e}"))
+                LoadError::Corrupt(format!(
+                    "commit {generation} of session `{session}`: its runs do not decode: {e}"
+                ))
             })?;
             for (run, record) in runs.iter().enumerate() {
                 for op in &record.ops {
                     let Op::Act {
-                        key, action, hash: action_hash, bytes, ..
+                        key,
+                        action,
+                        hash: action_hash,
+                        bytes,
+                        ..
                     } = op
                     else {
                         continue;
