@@ -3,7 +3,7 @@
 mod common;
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
@@ -468,7 +468,7 @@ fn a_newer_schema_is_refused_with_a_clear_error() {
             err,
             OpenError::NewerSchema {
                 found: 99,
-                supported: 1,
+                supported: 2,
                 ..
             }
         ),
@@ -564,22 +564,24 @@ fn a_tampered_commit_is_refused_at_open() {
     );
 }
 
-/// Rewrites the `intents` column (the ledger's copy of the intents) of commit `generation`.
-fn edit_intents(path: &std::path::Path, generation: u64, edit: impl FnOnce(&mut Vec<u8>)) {
+/// Rewrites the outbox row of `key` directly (its digest left as it was), as something
+/// outside reactifact would.
+fn edit_outbox_row(path: &std::path::Path, key: &str, column: &str, edit: impl FnOnce(&mut Vec<u8>)) {
     let conn = rusqlite::Connection::open(path).unwrap();
-    let mut blob: Vec<u8> = conn
+    let mut value: Vec<u8> = conn
         .query_row(
-            "SELECT intents FROM commits WHERE session = 'orders' AND generation = ?1",
-            [generation],
+            &format!("SELECT CAST({column} AS BLOB) FROM outbox WHERE key = ?1"),
+            [key],
             |row| row.get(0),
         )
         .unwrap();
-    edit(&mut blob);
-    conn.execute(
-        "UPDATE commits SET intents = ?1 WHERE session = 'orders' AND generation = ?2",
-        rusqlite::params![blob, generation],
-    )
-    .unwrap();
+    edit(&mut value);
+    let sql = if column == "bytes" {
+        format!("UPDATE outbox SET {column} = ?1 WHERE key = ?2")
+    } else {
+        format!("UPDATE outbox SET {column} = CAST(?1 AS TEXT) WHERE key = ?2")
+    };
+    conn.execute(&sql, rusqlite::params![value, key]).unwrap();
 }
 
 fn replace_once(blob: &mut [u8], from: &[u8], to: &[u8]) {
@@ -603,62 +605,68 @@ async fn an_undelivered_intent(dir: &std::path::Path) -> PathBuf {
     path
 }
 
-/// The keys and payloads a dispatcher was handed.
-type Sent = Arc<Mutex<Vec<(String, Notify)>>>;
-
-fn payload_recorder() -> (Sent, impl reactifact_core::Dispatcher) {
-    let sent = Arc::new(Mutex::new(Vec::new()));
-    let log = sent.clone();
-    let dispatcher = move |intent: Intent| {
-        let notify: Notify = intent.payload().unwrap();
-        log.lock().unwrap().push((intent.key().to_string(), notify));
-        async { Ok::<(), DispatchError>(()) }
-    };
-    (sent, dispatcher)
+/// Claims everything due in the file's outbox.
+async fn claim_all(path: &std::path::Path) -> reactifact_core::Claimed {
+    let outbox = reactifact_core::SqliteOutbox::open(path).unwrap();
+    let owner: Arc<str> = Arc::from("test");
+    reactifact_core::OutboxStore::claim(
+        &*outbox,
+        reactifact_core::ClaimRequest {
+            scope: &reactifact_core::Scope::all(),
+            limit: 100,
+            owner: &owner,
+            lease: Duration::from_secs(30),
+            now: std::time::SystemTime::now() + Duration::from_secs(1),
+        },
+    )
+    .await
+    .unwrap()
 }
 
 #[tokio::test]
-async fn a_changed_payload_in_the_ledgers_copy_is_never_delivered() {
+async fn a_changed_payload_in_the_outbox_row_is_never_handed_out() {
     let dir = tempfile::tempdir().unwrap();
     let path = an_undelivered_intent(dir.path()).await;
-    edit_intents(&path, 2, |blob| replace_once(blob, b"ada", b"eve"));
-    let (sent, dispatcher) = payload_recorder();
-    let mut rt = Runtime::builder(Context::open(&path, "orders").unwrap())
-        .dispatcher(dispatcher)
-        .build()
-        .unwrap();
-    assert_eq!(rt.flush().await.unwrap().delivered, 1);
-    let sent = sent.lock().unwrap().clone();
-    assert_eq!(sent.len(), 1);
-    assert_eq!(sent[0].0, "notify:order:1");
-    assert_eq!(sent[0].1.customer, "ada", "the committed payload, not the changed copy");
-}
-
-#[tokio::test]
-async fn a_changed_key_in_the_ledgers_copy_neither_loses_the_intent_nor_sends_the_changed_key() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = an_undelivered_intent(dir.path()).await;
-    edit_intents(&path, 2, |blob| {
-        replace_once(blob, b"notify:order:1", b"notify:order:7")
+    edit_outbox_row(&path, "notify:order:1", "bytes", |blob| {
+        replace_once(blob, b"ada", b"eve")
     });
-    let (sent, dispatcher) = payload_recorder();
-    let mut rt = Runtime::builder(Context::open(&path, "orders").unwrap())
-        .dispatcher(dispatcher)
-        .build()
+    let claimed = claim_all(&path).await;
+    assert!(claimed.claims.is_empty(), "the changed payload is not handed out");
+    assert_eq!(claimed.integrity, ["notify:order:1".into()]);
+    let outbox = reactifact_core::SqliteOutbox::open(&path).unwrap();
+    let held = reactifact_core::OutboxStore::get(&*outbox, "notify:order:1")
+        .await
+        .unwrap()
         .unwrap();
-    let report = rt.flush().await.unwrap();
-    let sent: Vec<String> = sent.lock().unwrap().iter().map(|(key, _)| key.clone()).collect();
-    assert_eq!(
-        sent,
-        ["notify:order:1"],
-        "the committed key is delivered, the changed one is not"
-    );
-    assert_eq!(report.delivered, 1);
-    let changed = rt.context().ledger().get("notify:order:7").unwrap();
-    assert_eq!(changed.status(), DeliveryStatus::Held);
+    assert_eq!(held.status(), DeliveryStatus::Held);
     assert!(
-        changed.last_error().unwrap().contains("integrity"),
+        held.last_error().unwrap().starts_with("integrity:"),
         "{:?}",
-        changed.last_error()
+        held.last_error()
     );
+}
+
+#[tokio::test]
+async fn a_changed_key_in_the_outbox_row_neither_loses_the_intent_nor_sends_the_changed_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = an_undelivered_intent(dir.path()).await;
+    edit_outbox_row(&path, "notify:order:1", "key", |key| {
+        replace_once(key, b"notify:order:1", b"notify:order:7")
+    });
+    // The log's intent has no row: verify says so; a writable open registers it again from
+    // the verified log.
+    let read_only = Context::open_with(&path, "orders", OpenOptions::new().read_only(true)).unwrap();
+    assert!(read_only.verify().is_err());
+    drop(read_only);
+    drop(Context::open(&path, "orders").unwrap());
+    let claimed = claim_all(&path).await;
+    let keys: Vec<String> = claimed.claims.iter().map(|d| d.key().to_string()).collect();
+    assert_eq!(
+        keys,
+        ["notify:order:1"],
+        "the committed key is handed out, the changed one is not"
+    );
+    let notify: Notify = claimed.claims[0].intent().payload().unwrap();
+    assert_eq!(notify.customer, "ada", "with the committed payload");
+    assert_eq!(claimed.integrity, ["notify:order:7".into()]);
 }

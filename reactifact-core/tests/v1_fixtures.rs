@@ -1,6 +1,8 @@
-//! SQLite files in schema version 1, kept in `tests/fixtures/v1/`, open and verify with what
-//! they hold: the ledger in every state, a stale in-flight row written after a delivery, and
-//! branches with a merge next to another session.
+//! SQLite files in schema version 1, kept in `tests/fixtures/v1/`, migrate to schema 2 at
+//! their first writable open, and open and verify with what they hold: the ledger in every
+//! state (now outbox rows), a stale in-flight row written after a delivery (which stays
+//! delivered), and branches with a merge next to another session. A read-only open of a
+//! version-1 file is refused without writing (it would have to migrate).
 //!
 //! The files were written by `regenerate_v1_fixtures` (ignored) with the code of schema
 //! version 1. Once the schema moves on they can no longer be regenerated — that is their
@@ -12,7 +14,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
-use reactifact_core::{Agent, Context, DeliveryStatus, DispatchError, Intent, OpenOptions, Runtime, TurnOutcome};
+use reactifact_core::{
+    Agent, ClaimRequest, Context, DeliveryStatus, DispatchError, FenceToken, Intent, OpenError, OpenOptions,
+    OutboxStore, Runtime, Scope, SqliteOutbox, TurnOutcome,
+};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -27,11 +32,24 @@ fn copy_of(name: &str, dir: &Path) -> PathBuf {
     to
 }
 
-fn status(ctx: &Context, key: &str) -> DeliveryStatus {
-    ctx.ledger()
+async fn entry(outbox: &SqliteOutbox, key: &str) -> reactifact_core::Delivery {
+    outbox
         .get(key)
-        .unwrap_or_else(|| panic!("{key} is in the ledger"))
-        .status()
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("{key} is in the outbox"))
+}
+
+async fn status(outbox: &SqliteOutbox, key: &str) -> DeliveryStatus {
+    entry(outbox, key).await.status()
+}
+
+/// A read-only open of a version-1 file is refused, and the file left as it was.
+fn refused_read_only(path: &Path, session: &str) {
+    let before = std::fs::read(path).unwrap();
+    let err = Context::open_with(path, session, OpenOptions::new().read_only(true)).unwrap_err();
+    assert!(matches!(err, OpenError::OlderSchema { found: 1, .. }), "{err:?}");
+    assert_eq!(std::fs::read(path).unwrap(), before);
 }
 
 /// A dispatcher that hangs on every intent, as a process that dies mid-dispatch.
@@ -187,60 +205,97 @@ async fn regenerate_v1_fixtures() {
     }
 }
 
-#[test]
-fn the_ledger_in_every_state_opens_as_it_was_written() {
+#[tokio::test]
+async fn the_ledger_in_every_state_migrates_as_it_was_written() {
     let dir = tempfile::tempdir().unwrap();
     let path = copy_of("ledger-states.db", dir.path());
-    let ctx = Context::open_with(&path, "orders", OpenOptions::new().read_only(true)).unwrap();
+    refused_read_only(&path, "orders");
+    let ctx = Context::open(&path, "orders").unwrap();
     ctx.verify().unwrap();
-    assert_eq!(status(&ctx, "notify:order:1"), DeliveryStatus::Delivered);
-    assert_eq!(status(&ctx, "notify:order:2"), DeliveryStatus::Failed);
-    assert!(ctx.ledger().get("notify:order:2").unwrap().next_attempt_at().is_some());
-    assert_eq!(status(&ctx, "notify:order:3"), DeliveryStatus::Dead);
-    assert_eq!(status(&ctx, "notify:order:4"), DeliveryStatus::Held);
-    assert_eq!(status(&ctx, "notify:order:5"), DeliveryStatus::Pending);
-    assert_eq!(status(&ctx, "notify:order:6"), DeliveryStatus::InFlight);
-    assert_eq!(status(&ctx, "notify:order:7"), DeliveryStatus::InFlight);
-    let interrupted = ctx.ledger().get("notify:order:8").unwrap();
+    drop(ctx);
+    let outbox = SqliteOutbox::open(&path).unwrap();
+    assert_eq!(status(&outbox, "notify:order:1").await, DeliveryStatus::Delivered);
+    let failed = entry(&outbox, "notify:order:2").await;
+    assert_eq!(failed.status(), DeliveryStatus::Failed);
+    assert!(failed.next_attempt_at().is_some());
+    assert_eq!(status(&outbox, "notify:order:3").await, DeliveryStatus::Dead);
+    assert_eq!(status(&outbox, "notify:order:4").await, DeliveryStatus::Held);
+    assert_eq!(status(&outbox, "notify:order:5").await, DeliveryStatus::Pending);
+    for key in ["notify:order:6", "notify:order:7"] {
+        let in_flight = entry(&outbox, key).await;
+        assert_eq!(in_flight.status(), DeliveryStatus::InFlight);
+        assert_eq!(
+            in_flight.lease().unwrap().token,
+            FenceToken(1),
+            "migrated leases take token 1"
+        );
+    }
+    let interrupted = entry(&outbox, "notify:order:8").await;
     assert_eq!(
         (interrupted.status(), interrupted.interrupted_attempts()),
         (DeliveryStatus::Pending, 1)
     );
-    drop(ctx);
 
-    // A writable open reclaims the expired lease of order:7 and leaves order:6's century.
-    let ctx = Context::open(&path, "orders").unwrap();
-    assert_eq!(status(&ctx, "notify:order:7"), DeliveryStatus::Pending);
-    assert_eq!(ctx.ledger().get("notify:order:7").unwrap().expired_leases(), 1);
-    assert_eq!(status(&ctx, "notify:order:6"), DeliveryStatus::InFlight);
+    // Open no longer reclaims: a claim reclaims order:7's expired
+    // lease and leaves order:6's century.
+    let owner: std::sync::Arc<str> = "test".into();
+    let claimed = outbox
+        .claim(ClaimRequest {
+            scope: &Scope::all(),
+            limit: 10,
+            owner: &owner,
+            lease: Duration::from_secs(30),
+            now: std::time::SystemTime::now(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(claimed.reclaimed, 1);
+    let mut keys: Vec<String> = claimed.claims.iter().map(|d| d.key().to_string()).collect();
+    keys.sort();
+    // order:2's retry fell due an hour after the fixture was written, long ago.
+    assert_eq!(
+        keys,
+        ["notify:order:2", "notify:order:5", "notify:order:7", "notify:order:8"]
+    );
+    let seven = entry(&outbox, "notify:order:7").await;
+    assert_eq!((seven.expired_leases(), seven.token()), (1, FenceToken(2)));
+    assert_eq!(status(&outbox, "notify:order:6").await, DeliveryStatus::InFlight);
 }
 
 #[tokio::test]
 async fn a_stale_in_flight_row_written_after_a_delivery_does_not_re_arm_the_key() {
     let dir = tempfile::tempdir().unwrap();
     let path = copy_of("stale-in-flight.db", dir.path());
-    let ctx = Context::open_with(&path, "orders", OpenOptions::new().read_only(true)).unwrap();
+    refused_read_only(&path, "orders");
+    let ctx = Context::open(&path, "orders").unwrap();
     ctx.verify().unwrap();
-    // The file's last row for the key says "in flight" (a stale copy wrote it after the
-    // delivery); delivered is final, so the key stays delivered.
-    assert_eq!(status(&ctx, "notify:order:1"), DeliveryStatus::Delivered);
     drop(ctx);
-    // And nothing sends it again: not at a writable open (its stale lease has expired), not
-    // at a drain.
-    let recorder = Recorder::default();
-    let mut rt = Runtime::builder(Context::open(&path, "orders").unwrap())
-        .dispatcher(recorder.dispatcher())
-        .build()
+    // The file's last v1 row for the key says "in flight" (a stale copy wrote it after the
+    // delivery); delivered is final, so the migrated row is delivered, and no claim takes it.
+    let outbox = SqliteOutbox::open(&path).unwrap();
+    assert_eq!(status(&outbox, "notify:order:1").await, DeliveryStatus::Delivered);
+    let owner: std::sync::Arc<str> = "test".into();
+    let claimed = outbox
+        .claim(ClaimRequest {
+            scope: &Scope::all(),
+            limit: 10,
+            owner: &owner,
+            lease: Duration::from_secs(30),
+            now: std::time::SystemTime::now() + Duration::from_secs(3600),
+        })
+        .await
         .unwrap();
-    assert_eq!(rt.flush().await.unwrap().delivered, 0);
-    assert!(recorder.sent().is_empty());
-    assert_eq!(status(rt.context(), "notify:order:1"), DeliveryStatus::Delivered);
+    assert!(claimed.claims.is_empty() && claimed.integrity.is_empty());
+    assert_eq!(status(&outbox, "notify:order:1").await, DeliveryStatus::Delivered);
 }
 
-#[test]
-fn branches_and_a_merge_reopen_and_verify() {
+#[tokio::test]
+async fn branches_and_a_merge_migrate_reopen_and_verify() {
     let dir = tempfile::tempdir().unwrap();
     let path = copy_of("branches.db", dir.path());
+    refused_read_only(&path, "main");
+    // The first writable open migrates the whole file; the others then open read-only.
+    drop(Context::open(&path, "main").unwrap());
     let read_only = OpenOptions::new().read_only(true);
     let main = Context::open_with(&path, "main", read_only.clone()).unwrap();
     let branch = Context::open_with(&path, "what-if", read_only.clone()).unwrap();
@@ -256,12 +311,11 @@ fn branches_and_a_merge_reopen_and_verify() {
         main.get::<Order>("order:2").unwrap().is_some(),
         "the branch's order came in"
     );
-    assert_eq!(status(&main, "notify:order:1"), DeliveryStatus::Delivered);
-    assert_eq!(status(&main, "notify:order:2"), DeliveryStatus::Delivered);
-    assert_eq!(status(&main, "notify:order:3"), DeliveryStatus::Delivered);
-    assert_eq!(
-        main.ledger().get("notify:order:2").unwrap().origin().session(),
-        "what-if"
-    );
     assert!(billing.get::<Order>("order:9").unwrap().is_some());
+    drop((main, branch, billing));
+    let outbox = SqliteOutbox::open(&path).unwrap();
+    for key in ["notify:order:1", "notify:order:2", "notify:order:3"] {
+        assert_eq!(status(&outbox, key).await, DeliveryStatus::Delivered, "{key}");
+    }
+    assert_eq!(entry(&outbox, "notify:order:2").await.origin().session(), "what-if");
 }

@@ -59,7 +59,10 @@ impl Context {
     /// Refolds the whole commit log from the empty state and checks every hash it recorded:
     /// each commit's numbering, parent link, artifact content hashes, intent payloads, commit
     /// hash and state hash, and finally that the live state is the state the log refolds to.
-    /// Reads only; runs no produce and calls no dispatcher.
+    /// On a SQLite store it also checks the outbox against the log: every intent the log acted
+    /// has a row ([`VerifyError::OutboxMissing`]), every row born of a commit of the log is an
+    /// act of it ([`VerifyError::OutboxForged`]), and every row is as reactifact wrote it
+    /// ([`VerifyError::OutboxChanged`]). Reads only; runs no produce and calls no dispatcher.
     ///
     /// ```
     /// # use reactifact_core::{Artifact, Context};
@@ -83,6 +86,9 @@ impl Context {
                 live: self.state_hash(),
                 replayed: report.state_hash,
             });
+        }
+        if let Some(store) = self.store() {
+            store.verify_outbox(self.log())?;
         }
         Ok(report)
     }

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-pub use crate::model::delivery::{Delivery, DeliveryStatus, Lease};
+use crate::model::delivery::{Delivery, DeliveryStatus};
 use crate::store::outbox::{LedgerQuery, OutboxStore, Page, Scope, StatusCounts};
 use crate::store::StoreError;
 

@@ -156,9 +156,10 @@ impl Context {
             source: Some(e),
         })?;
         // Only a log that verified is written to.
-        store.settle_open(&mut loaded.deliveries)?;
+        store.settle_open(&loaded.commits)?;
         context.log = std::mem::take(&mut loaded.commits);
-        // TEMPORARY until the SQLite outbox lands: a private in-memory outbox.
+        context.outbox = store.outbox();
+        context.memory = None;
         context.store = Some(Box::new(store));
         Ok(context)
     }

@@ -94,6 +94,35 @@ pub enum VerifyError {
         /// How many more ids it writes.
         more_writes: usize,
     },
+    /// An intent the log acted has no row in the store's outbox (and was not purged): it was
+    /// removed, or its key changed.
+    #[error("intent `{key}` of the log has no row in the store's outbox")]
+    OutboxMissing {
+        /// The intent's key.
+        key: ActionKey,
+    },
+    /// An outbox row names a commit of the log as its origin, but no act of that commit (in
+    /// the row's run, with the row's key, kind and action hash): it was forged or changed.
+    #[error("the outbox row of `{key}` names a commit of the log that did not act it")]
+    OutboxForged {
+        /// The row's key.
+        key: ActionKey,
+    },
+    /// An outbox row does not match its integrity digest, or its bytes their hash: it was
+    /// changed outside reactifact.
+    #[error("the outbox row of `{key}` was changed: {detail}")]
+    OutboxChanged {
+        /// The row's key (as far as it reads).
+        key: ActionKey,
+        /// What does not match.
+        detail: String,
+    },
+    /// The store's outbox could not be read to check it.
+    #[error("the store's outbox could not be read: {detail}")]
+    OutboxUnreadable {
+        /// What the store said.
+        detail: String,
+    },
     /// The whole log checks out, but the live state is not the state it refolds to.
     #[error("the live state hash {live} is not the state hash {replayed} the log refolds to (head commit {})", .generation.0)]
     LiveState {

@@ -1,8 +1,9 @@
 //! Where a context's state lives: in memory only, or durably in SQLite.
 //!
 //! The context always serves reads from memory. A durable store receives each commit as one
-//! [`CommitDelta`], written in one transaction, and every change of the delivery ledger; on
-//! open it hands back the log and the ledger, from which the context is rebuilt.
+//! [`CommitDelta`], written in one transaction together with the registration of its intents
+//! in the store's outbox; on open it hands back the log, from which the context is rebuilt.
+//! The delivery ledger is the store's outbox ([`outbox::OutboxStore`]), never a copy in memory.
 
 mod codec;
 #[cfg(feature = "store-contract")]
@@ -12,13 +13,14 @@ pub(crate) mod outbox;
 mod sqlite;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::model::delivery::NewIntent;
-use crate::outbox::ledger::Delivery;
 use crate::state::commit::Commit;
 use crate::state::refold::VerifyError;
 
+pub use sqlite::SqliteOutbox;
 pub(crate) use sqlite::SqliteStore;
 
 /// A failure of the durable store while the context was in use. The operation that hit it
@@ -60,6 +62,24 @@ pub enum StoreError {
         path: PathBuf,
         /// The session.
         session: String,
+    },
+    /// The store's outbox thread has ended (it panicked, or the process is exiting): the
+    /// operation was not run.
+    #[error("the outbox of {path} is closed")]
+    Closed {
+        /// The database file.
+        path: PathBuf,
+    },
+    /// A stored outbox row failed its integrity check (it was changed outside reactifact):
+    /// the operation was refused. A claim holds such a row instead of failing.
+    #[error("the outbox row of `{key}` in {path} failed its integrity check: {detail}")]
+    Integrity {
+        /// The database file.
+        path: PathBuf,
+        /// The row's key, as far as it reads.
+        key: String,
+        /// What is wrong.
+        detail: String,
     },
 }
 
@@ -110,6 +130,18 @@ pub enum OpenError {
         /// The schema version in the file.
         found: i64,
         /// The newest schema version this build knows.
+        supported: i64,
+    },
+    /// The file was written by an older reactifact, and must be upgraded before this use: a
+    /// read-only open (which writes nothing) and a standalone outbox refuse it. Open it once
+    /// for writing with [`Context::open`](crate::Context::open), which migrates it.
+    #[error("{path} has schema version {found}, older than the {supported} this reactifact uses; open it once for writing with `Context::open` to upgrade it")]
+    OlderSchema {
+        /// The path opened.
+        path: PathBuf,
+        /// The schema version in the file.
+        found: i64,
+        /// The schema version this build writes.
         supported: i64,
     },
     /// The file does not exist and the context was opened read-only (or with
@@ -235,9 +267,6 @@ pub(crate) trait Store: Send + Sync {
     /// Marks the session's queued events with a sequence number below `before` consumed.
     fn consume_events(&mut self, session: &str, before: u64) -> Result<(), StoreError>;
 
-    /// Persists the current state of these ledger entries, in one transaction.
-    fn save_deliveries(&mut self, entries: &mut dyn Iterator<Item = &Delivery>) -> Result<(), StoreError>;
-
     /// Creates the session `branch` in the same store, whose log is this session's up to
     /// commit `at` (with hash `head`), and whose events numbered below `consumed_seq` are
     /// consumed. Returns the store of the new session.
@@ -251,6 +280,16 @@ pub(crate) trait Store: Send + Sync {
 
     /// A short description, e.g. `sqlite:/var/lib/app/state.db`.
     fn describe(&self) -> String;
+
+    /// The store's outbox: the same one for a store and the stores of its forks.
+    #[allow(dead_code)] // until the context hands it out (the lead's `Context::outbox`)
+    fn outbox(&self) -> Arc<dyn outbox::OutboxStore>;
+
+    /// The outbox checks of [`Context::verify`](crate::Context::verify), given the session's
+    /// verified log: every act of the log has an outbox row (or a purge tombstone), every row
+    /// born of a commit of the log names an act of that commit with the same action hash, and
+    /// every row matches its digest.
+    fn verify_outbox(&self, log: &[Commit]) -> Result<(), VerifyError>;
 }
 
 /// Everything a store hands back to rebuild a context.
@@ -261,18 +300,4 @@ pub(crate) struct Loaded {
     pub(crate) foreign: Vec<Commit>,
     /// Events numbered below this one are consumed.
     pub(crate) consumed_seq: u64,
-    /// The file's ledger, in registration order.
-    pub(crate) deliveries: Vec<Delivery>,
-}
-
-/// STUB (helper S replaces it): the outbox of a SQLite file, for a standalone drainer.
-pub struct SqliteOutbox;
-
-impl SqliteOutbox {
-    /// Opens the outbox of the SQLite file at `path` (which a context created).
-    #[allow(clippy::result_large_err)]
-    pub fn open(path: impl AsRef<std::path::Path>) -> Result<std::sync::Arc<SqliteOutbox>, OpenError> {
-        let _ = path;
-        todo!()
-    }
 }

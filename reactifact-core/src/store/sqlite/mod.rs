@@ -1,111 +1,53 @@
 //! The embedded durable store: one SQLite file (WAL mode), many named sessions.
 //!
-//! The file holds logs, not tables of current state: one row per commit (its runs with every
-//! operation's bytes, and the intents it registered) and one row per ledger write (the new
-//! state of the entries it touched). A generation is therefore two statements in one
-//! transaction however many artifacts it writes, and a drain batch is one insert. Opening a
-//! session replays its commits to rebuild the state, checking each commit's state hash, and
-//! folds the ledger rows.
+//! The file holds the log and the outbox. The log is one row per commit (its runs with every
+//! operation's bytes); opening a session replays its commits to rebuild the state, checking
+//! each commit's state hash. The outbox is a table of current delivery state, one row per
+//! idempotency key ([`SqliteOutbox`]): a commit registers its intents in its own transaction,
+//! and drains claim and record through the outbox's own connection, on its own thread.
+//!
+//! Layout: this module opens the file and writes the log; [`schema`] holds the versions and
+//! migrations, [`row`] an outbox row and its integrity digest, [`outbox`] the
+//! [`OutboxStore`] of the file, [`actor`] the outbox's thread.
+//!
+//! Limit: the log's commit (`Store::commit`) still runs SQLite on the caller's thread.
 
 // `OpenError` is large (a corrupt log carries its `VerifyError` unboxed, so that the source
 // downcasts to it); it is built only on the cold path of an open.
 #![allow(clippy::result_large_err)]
 
-use std::borrow::Cow;
+mod actor;
+mod outbox;
+mod row;
+mod schema;
+
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
-use serde::{Deserialize, Serialize};
 
 use super::codec;
+use super::outbox::OutboxStore;
 use super::{CommitDelta, Loaded, OpenError, OpenOptions, Store, StoreError, Synchronous};
 use crate::model::action::{ActionKey, Intent, Origin};
 use crate::model::artifact::Generation;
+use crate::model::delivery::NewIntent;
 use crate::model::hash::{CommitHash, StateHash};
-use crate::outbox::ledger::{Delivery, DeliveryStatus, Lease};
+use crate::model::patch::Op;
 use crate::state::commit::Commit;
+use crate::state::refold::VerifyError;
+
+pub use outbox::SqliteOutbox;
+pub(crate) use schema::SCHEMA_VERSION;
 
 /// How long a connection waits for another one's lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The schema version this build writes (`PRAGMA user_version`).
-pub(crate) const SCHEMA_VERSION: i64 = 1;
-
-/// Forward migrations: `MIGRATIONS[v]` upgrades a file from version `v` to `v + 1`.
-const MIGRATIONS: &[&str] = &[
-    // 0 → 1: the first schema.
-    "
-    CREATE TABLE sessions (
-        name TEXT PRIMARY KEY,
-        generation INTEGER NOT NULL,
-        head BLOB,
-        consumed_seq INTEGER NOT NULL,
-        parent TEXT,
-        fork_generation INTEGER,
-        created_at INTEGER NOT NULL
-    ) WITHOUT ROWID;
-    CREATE TABLE commits (
-        seq INTEGER PRIMARY KEY,
-        session TEXT NOT NULL,
-        generation INTEGER NOT NULL,
-        hash BLOB NOT NULL,
-        parent BLOB,
-        merged BLOB,
-        state_hash BLOB NOT NULL,
-        events_consumed INTEGER NOT NULL,
-        intents BLOB,
-        runs BLOB NOT NULL,
-        UNIQUE (session, generation)
-    );
-    CREATE TABLE deliveries (
-        seq INTEGER PRIMARY KEY,
-        written_at INTEGER NOT NULL,
-        entries BLOB NOT NULL
-    );
-    ",
-];
-
-/// An intent as registered by a commit (the `intents` column).
-#[derive(Serialize, Deserialize)]
-struct IntentRow<'a> {
-    #[serde(borrow)]
-    key: Cow<'a, str>,
-    #[serde(borrow)]
-    kind: Cow<'a, str>,
-    #[serde(with = "serde_bytes", borrow)]
-    payload: Cow<'a, [u8]>,
-    recorded_at: i64,
-    /// The position of the recording run in its commit.
-    run: u32,
-}
-
-/// The state of one ledger entry after a write (the `deliveries.entries` column).
-#[derive(Serialize, Deserialize)]
-struct DeliveryRow<'a> {
-    #[serde(borrow)]
-    key: Cow<'a, str>,
-    status: u8,
-    attempts: u32,
-    #[serde(borrow)]
-    last_error: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    lease: Option<(Cow<'a, str>, i64)>,
-    expired_leases: u32,
-    updated_at: i64,
-    delivered_at: Option<i64>,
-    next_attempt_at: Option<i64>,
-    /// Attempts cut off before their outcome was known; absent from rows written before it
-    /// was kept.
-    #[serde(default)]
-    interrupted: u32,
-}
-
 /// The store's connection, behind a mutex so that the store is `Sync` (a rusqlite
-/// `Connection` is `Send` but not `Sync`). Everything but a fork reaches it through `&mut`,
-/// without locking.
+/// `Connection` is `Send` but not `Sync`). Everything but a fork and a verification reaches
+/// it through `&mut`, without locking.
 struct Conn(Mutex<Connection>);
 
 impl Conn {
@@ -127,41 +69,16 @@ pub(crate) struct SqliteStore {
     generation: u64,
     /// The session has no row yet: [`SqliteStore::settle_open`] writes it.
     new_session: bool,
-    /// A file of this schema version opened for writing is switched to WAL mode, with this
-    /// sync setting, by [`SqliteStore::settle_open`], once its log verified.
-    unprepared: Option<Synchronous>,
+    /// A file of this schema version opened for writing is switched to WAL mode with this
+    /// sync setting (and migrated, if older) by [`SqliteStore::settle_open`], once its log
+    /// verified.
+    unprepared: Option<(i64, Synchronous)>,
+    /// The file's outbox, shared with the stores of this store's forks.
+    outbox: Arc<SqliteOutbox>,
 }
 
 fn millis(t: SystemTime) -> i64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
-}
-
-fn from_millis(ms: i64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)
-}
-
-fn status_code(status: DeliveryStatus) -> u8 {
-    match status {
-        DeliveryStatus::Pending => 0,
-        DeliveryStatus::InFlight => 1,
-        DeliveryStatus::Delivered => 2,
-        DeliveryStatus::Failed => 3,
-        DeliveryStatus::Dead => 4,
-        DeliveryStatus::Held => 5,
-        DeliveryStatus::Cancelled => 6,
-    }
-}
-
-fn status_from(code: u8) -> Option<DeliveryStatus> {
-    Some(match code {
-        0 => DeliveryStatus::Pending,
-        1 => DeliveryStatus::InFlight,
-        2 => DeliveryStatus::Delivered,
-        3 => DeliveryStatus::Failed,
-        4 => DeliveryStatus::Dead,
-        5 => DeliveryStatus::Held,
-        _ => return None,
-    })
 }
 
 fn digest(bytes: &[u8], what: &str) -> Result<[u8; 32], String> {
@@ -194,34 +111,14 @@ fn open_error(path: &Path, e: rusqlite::Error) -> OpenError {
     }
 }
 
-fn encode_deliveries(entries: &mut dyn Iterator<Item = &Delivery>) -> Vec<u8> {
-    let rows: Vec<DeliveryRow<'_>> = entries
-        .map(|d| DeliveryRow {
-            key: Cow::Borrowed(d.intent.key.as_str()),
-            status: status_code(d.status),
-            attempts: d.attempts,
-            last_error: d.last_error.as_deref().map(Cow::Borrowed),
-            lease: d
-                .lease
-                .as_ref()
-                .map(|l| (Cow::Borrowed(&*l.owner), millis(l.expires_at))),
-            expired_leases: d.expired_leases,
-            updated_at: millis(d.updated_at),
-            delivered_at: d.delivered_at.map(millis),
-            next_attempt_at: d.next_attempt_at.map(millis),
-            interrupted: d.interrupted,
-        })
-        .collect();
-    rmp_serde::to_vec(&rows).expect("ledger entries always encode")
-}
-
 impl SqliteStore {
     /// Opens (or creates) the file and the session and loads the session.
     ///
     /// Nothing is written before the file is known to be one of ours (or new and empty), and
     /// nothing at all with [`OpenOptions::read_only`] or when the open is refused: a new
-    /// session and the reclaim of expired leases are written by [`SqliteStore::settle_open`],
-    /// once the log has verified.
+    /// session, WAL mode and the migration of an older file are written by
+    /// [`SqliteStore::settle_open`], once the log has verified. A read-only open of a file of
+    /// an older schema is refused ([`OpenError::OlderSchema`]): it would have to be migrated.
     pub(crate) fn open(path: &Path, session: &str, options: &OpenOptions) -> Result<(SqliteStore, Loaded), OpenError> {
         // (whether the path exists, its size if it could be read: if not, SQLite says why).
         let (exists, size) = match std::fs::metadata(path) {
@@ -254,18 +151,26 @@ impl SqliteStore {
         if !options.read_only && conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
             return Err(OpenError::ReadOnlyFile { path: path.into() });
         }
-        let version = schema_version(&conn, path)?;
+        let version = schema::schema_version(&conn, path)?;
         if options.read_only {
-            if version < SCHEMA_VERSION {
+            if version == 0 {
                 return Err(OpenError::NoSuchSession {
                     path: path.into(),
                     session: session.into(),
                 });
             }
-        } else if version < SCHEMA_VERSION {
-            // A new (or older) file: it gets its schema now. A file of this version is
-            // prepared for writing only once its log verified (`settle_open`).
-            prepare_for_writing(&mut conn, options.synchronous, version, path)?;
+            if version < SCHEMA_VERSION {
+                return Err(OpenError::OlderSchema {
+                    path: path.into(),
+                    found: version,
+                    supported: SCHEMA_VERSION,
+                });
+            }
+        } else if version == 0 {
+            // A new file: it gets its schema now. A file of an older version is migrated, and
+            // one of this version prepared for writing, only once its log verified
+            // (`settle_open`).
+            schema::prepare_for_writing(&mut conn, options.synchronous, version, path)?;
         }
         let row: Option<(u64, u64)> = conn
             .query_row(
@@ -303,7 +208,7 @@ impl SqliteStore {
                 })
             }
         };
-
+        let outbox = SqliteOutbox::for_store(path, options.synchronous, options.read_only.then_some(session))?;
         let mut store = SqliteStore {
             conn: Conn(Mutex::new(conn)),
             path: path.into(),
@@ -311,7 +216,8 @@ impl SqliteStore {
             read_only: options.read_only,
             generation,
             new_session,
-            unprepared: (!options.read_only && version >= SCHEMA_VERSION).then_some(options.synchronous),
+            unprepared: (!options.read_only && version >= 1).then_some((version, options.synchronous)),
+            outbox: Arc::new(outbox),
         };
         let corrupt = |e: LoadError| match e {
             LoadError::Sqlite(e) => open_error(path, e),
@@ -328,26 +234,29 @@ impl SqliteStore {
             store.load_commits().map_err(corrupt)?
         };
         let foreign = store.load_foreign(&commits).map_err(corrupt)?;
-        let deliveries = store.load_ledger().map_err(corrupt)?;
         Ok((
             store,
             Loaded {
                 commits,
                 foreign,
                 consumed_seq,
-                deliveries,
             },
         ))
     }
 
-    /// The writes of an open, once the loaded log has verified: the new session's row, and
-    /// the expired leases put back to pending (returns how many). Nothing for a read-only open.
-    pub(crate) fn settle_open(&mut self, deliveries: &mut [Delivery]) -> Result<usize, OpenError> {
+    /// The writes of an open, once the loaded log (`log`) has verified: WAL mode and the
+    /// migration of an older file, the new session's row, and a row for every intent of the
+    /// log that has neither a row nor a purge tombstone (one that was lost or changed: it is
+    /// registered again from the verified log, so a committed intent is never lost). Nothing
+    /// for a read-only open.
+    ///
+    /// Expired leases are not reclaimed here: every claim of a drain reclaims them.
+    pub(crate) fn settle_open(&mut self, log: &[Commit]) -> Result<(), OpenError> {
         if self.read_only {
-            return Ok(0);
+            return Ok(());
         }
-        if let Some(synchronous) = self.unprepared.take() {
-            prepare_for_writing(self.conn.get(), synchronous, SCHEMA_VERSION, &self.path)?;
+        if let Some((version, synchronous)) = self.unprepared.take() {
+            schema::prepare_for_writing(self.conn.get(), synchronous, version, &self.path)?;
         }
         if self.new_session {
             // Another process may create the same session at the same time: either row is
@@ -362,8 +271,78 @@ impl SqliteStore {
                 .map_err(|e| open_error(&self.path, e))?;
             self.new_session = false;
         }
-        self.reclaim_expired_leases(deliveries)
-            .map_err(|e| open_error(&self.path, e))
+        self.register_missing(log).map_err(|e| open_error(&self.path, e))
+    }
+
+    /// Registers again every act of `log` whose key has no outbox row and no tombstone.
+    fn register_missing(&mut self, log: &[Commit]) -> Result<(), rusqlite::Error> {
+        let mut missing: Vec<NewIntent> = Vec::new();
+        {
+            let conn = self.conn.get();
+            let mut known = conn.prepare(
+                "SELECT EXISTS (SELECT 1 FROM outbox WHERE key = ?1)
+                     OR EXISTS (SELECT 1 FROM outbox_purged WHERE key = ?1)",
+            )?;
+            let mut session_of = conn.prepare("SELECT session FROM commits WHERE hash = ?1 LIMIT 1")?;
+            for commit in log {
+                for (run, record) in commit.runs.iter().enumerate() {
+                    for op in &record.ops {
+                        let Op::Act {
+                            key,
+                            action,
+                            hash,
+                            bytes,
+                            payload,
+                            ..
+                        } = op
+                        else {
+                            continue;
+                        };
+                        if known.query_row([key.as_str()], |row| row.get::<_, bool>(0))?
+                            || missing.iter().any(|m| m.intent.key == *key)
+                        {
+                            continue;
+                        }
+                        let session: String = session_of
+                            .query_row([&commit.hash.as_bytes()[..]], |row| row.get(0))
+                            .optional()?
+                            .unwrap_or_else(|| self.session.clone());
+                        tracing::warn!(action_key = %key, generation = commit.generation.0, "an intent of the log had no outbox row (it was lost or changed); it is registered again from the log");
+                        missing.push(NewIntent {
+                            intent: Intent {
+                                key: key.clone(),
+                                kind: action.clone(),
+                                payload: payload.clone(),
+                                origin: Origin {
+                                    session: Arc::from(session),
+                                    commit: commit.hash,
+                                    generation: commit.generation,
+                                    run: u32::try_from(run).unwrap_or(u32::MAX),
+                                },
+                                attempt: 0,
+                            },
+                            bytes: bytes.clone(),
+                            action_hash: *hash,
+                        });
+                    }
+                }
+            }
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let tx = self
+            .conn
+            .get()
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        outbox::register(&tx, &missing, millis(SystemTime::now()))?;
+        tx.commit()
+    }
+
+    /// The file's outbox (one per opened store, shared by its forks).
+    #[allow(dead_code)] // until the context hands it out (the lead's `Context::outbox`)
+    pub(crate) fn outbox(&self) -> Arc<SqliteOutbox> {
+        self.outbox.clone()
     }
 
     /// The session's log, oldest first. A branch's log is its parent's up to the fork (read
@@ -469,127 +448,6 @@ impl SqliteStore {
         Ok(found.into_values().collect())
     }
 
-    /// The file's ledger: the intents every session's commits registered, in commit order
-    /// (a key is registered once, by its first commit), with every later ledger write folded in.
-    fn load_ledger(&mut self) -> Result<Vec<Delivery>, LoadError> {
-        let mut entries: Vec<Delivery> = Vec::new();
-        let mut index: foldhash::HashMap<ActionKey, usize> = foldhash::HashMap::default();
-        let mut stmt = self
-            .conn
-            .get()
-            .prepare("SELECT session, generation, hash, intents FROM commits WHERE intents IS NOT NULL ORDER BY seq")?;
-        let mut rows = stmt.query([])?;
-        let mut session: Arc<str> = Arc::from("");
-        while let Some(row) = rows.next()? {
-            let name = row.get_ref(0)?.as_str()?;
-            if *session != *name {
-                session = Arc::from(name);
-            }
-            let generation = Generation(row.get(1)?);
-            let commit = CommitHash(digest(row.get_ref(2)?.as_blob()?, "a commit's hash").map_err(LoadError::Corrupt)?);
-            let intents: Vec<IntentRow<'_>> = rmp_serde::from_slice(row.get_ref(3)?.as_blob()?)
-                .map_err(|e| LoadError::Corrupt(format!("the intents of a commit do not decode: {e}")))?;
-            for intent in intents {
-                let key = ActionKey::from(&*intent.key);
-                if index.contains_key(key.as_str()) {
-                    continue;
-                }
-                index.insert(key.clone(), entries.len());
-                entries.push(Delivery::new(
-                    Intent {
-                        key,
-                        kind: Arc::from(&*intent.kind),
-                        payload: Arc::from(&*intent.payload),
-                        origin: Origin {
-                            session: session.clone(),
-                            commit,
-                            generation,
-                            run: intent.run,
-                        },
-                        attempt: 0,
-                    },
-                    from_millis(intent.recorded_at),
-                ));
-            }
-        }
-        drop(rows);
-        drop(stmt);
-
-        let mut stmt = self.conn.get().prepare("SELECT entries FROM deliveries ORDER BY seq")?;
-        let mut rows = stmt.query([])?;
-        while let Some(row) = rows.next()? {
-            let written: Vec<DeliveryRow<'_>> = rmp_serde::from_slice(row.get_ref(0)?.as_blob()?)
-                .map_err(|e| LoadError::Corrupt(format!("a ledger write does not decode: {e}")))?;
-            for state in written {
-                let Some(&at) = index.get(&*state.key) else {
-                    return Err(LoadError::Corrupt(format!(
-                        "the ledger records a delivery of `{}`, an intent no commit registered",
-                        state.key
-                    )));
-                };
-                let entry = &mut entries[at];
-                let status = status_from(state.status).ok_or_else(|| {
-                    LoadError::Corrupt(format!(
-                        "ledger entry `{}` has unknown status {}",
-                        state.key, state.status
-                    ))
-                })?;
-                if entry.status == DeliveryStatus::Delivered {
-                    // Delivered is final: no transition leaves it, so a later row is a stale
-                    // copy's (one that loaded the ledger before the delivery) and must not
-                    // re-arm the key.
-                    if status != DeliveryStatus::Delivered {
-                        tracing::warn!(action_key = %state.key, status = %status, "a ledger write after the delivery of this key is ignored: it came from a stale copy of the ledger");
-                    }
-                    continue;
-                }
-                entry.status = status;
-                entry.attempts = state.attempts;
-                entry.last_error = state.last_error.map(Cow::into_owned);
-                entry.lease = state.lease.map(|(owner, expires)| Lease {
-                    owner: Arc::from(&*owner),
-                    expires_at: from_millis(expires),
-                    token: crate::model::delivery::FenceToken(u64::from(state.attempts)),
-                });
-                entry.expired_leases = state.expired_leases;
-                entry.interrupted = state.interrupted;
-                entry.updated_at = from_millis(state.updated_at);
-                entry.delivered_at = state.delivered_at.map(from_millis);
-                entry.next_attempt_at = state.next_attempt_at.map(from_millis);
-            }
-        }
-        Ok(entries)
-    }
-
-    /// Puts intents whose lease expired back to pending, counting the ambiguous attempt.
-    fn reclaim_expired_leases(&mut self, deliveries: &mut [Delivery]) -> Result<usize, rusqlite::Error> {
-        let now = SystemTime::now();
-        let mut reclaimed = Vec::new();
-        for entry in deliveries.iter_mut() {
-            let expired = entry.status == DeliveryStatus::InFlight
-                && entry.lease.as_ref().is_none_or(|lease| lease.expires_at <= now);
-            if !expired {
-                continue;
-            }
-            let _ = now; // TEMPORARY: helper S removes the open-time reclaim
-            reclaimed.push(&*entry);
-        }
-        let count = reclaimed.len();
-        if count > 0 {
-            self.insert_deliveries(&mut reclaimed.into_iter())?;
-            tracing::warn!(path = %self.path.display(), reclaimed = count, "in-flight deliveries with expired leases put back to pending");
-        }
-        Ok(count)
-    }
-
-    fn insert_deliveries(&mut self, entries: &mut dyn Iterator<Item = &Delivery>) -> Result<(), rusqlite::Error> {
-        self.conn
-            .get()
-            .prepare_cached("INSERT INTO deliveries (written_at, entries) VALUES (?1, ?2)")?
-            .execute(params![millis(SystemTime::now()), encode_deliveries(entries)])?;
-        Ok(())
-    }
-
     fn sqlite_error(&self, source: rusqlite::Error) -> StoreError {
         StoreError::Sqlite {
             path: self.path.clone(),
@@ -607,7 +465,8 @@ impl SqliteStore {
         Ok(())
     }
 
-    /// Writes one commit; `Ok(false)` if another writer advanced the session.
+    /// Writes one commit and registers its intents, in one transaction; `Ok(false)` if
+    /// another writer advanced the session.
     fn write_commit(&mut self, delta: &CommitDelta<'_>) -> Result<bool, rusqlite::Error> {
         let tx = self
             .conn
@@ -631,24 +490,10 @@ impl SqliteStore {
         if fenced == 0 {
             return Ok(false);
         }
-        let now = millis(SystemTime::now());
-        let intents = (!delta.intents.is_empty()).then(|| {
-            let rows: Vec<IntentRow<'_>> = delta
-                .intents
-                .iter()
-                .map(|d| IntentRow {
-                    key: Cow::Borrowed(d.intent.key.as_str()),
-                    kind: Cow::Borrowed(&d.intent.kind),
-                    payload: Cow::Borrowed(&d.intent.payload),
-                    recorded_at: now,
-                    run: d.intent.origin.run,
-                })
-                .collect();
-            rmp_serde::to_vec(&rows).expect("intents always encode")
-        });
+        // `intents` is no longer written: the outbox rows are the ledger.
         tx.prepare_cached(
             "INSERT INTO commits (session, generation, hash, parent, merged, state_hash, events_consumed, intents, runs)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, NULL, ?8)",
         )?
         .execute(params![
             delta.session,
@@ -658,11 +503,78 @@ impl SqliteStore {
             commit.merged.as_ref().map(|p| &p.as_bytes()[..]),
             &commit.state_hash.as_bytes()[..],
             commit.events_consumed as u64,
-            intents,
             codec::encode_runs(&commit.runs),
         ])?;
+        if !delta.intents.is_empty() {
+            outbox::register(&tx, delta.intents, millis(SystemTime::now()))?;
+        }
         tx.commit()?;
         Ok(true)
+    }
+
+    /// The outbox checks of `Context::verify` (see [`Store::verify_outbox`]).
+    fn check_outbox(&self, log: &[Commit]) -> Result<Result<(), VerifyError>, rusqlite::Error> {
+        let conn = self.conn.lock();
+        // Every row intact; every row born of a commit of this log names an act of it.
+        let commits: HashMap<[u8; 32], &Commit> = log.iter().map(|c| (c.hash.0, c)).collect();
+        let mut stmt = conn.prepare(&format!("SELECT {} FROM outbox ORDER BY seq", row::COLUMNS))?;
+        let mut rows = stmt.query([])?;
+        while let Some(found) = rows.next()? {
+            let row = match row::Row::read(found)? {
+                row::Read::Intact(row) => row,
+                row::Read::Damaged { key, detail, .. } => {
+                    return Ok(Err(VerifyError::OutboxChanged {
+                        key: ActionKey::from(key),
+                        detail,
+                    }))
+                }
+            };
+            let key = ActionKey::from(row.key.as_str());
+            if crate::model::hash::content_hash(&row.bytes).as_bytes()[..] != row.action_hash[..] {
+                return Ok(Err(VerifyError::OutboxChanged {
+                    key,
+                    detail: "its bytes do not hash to its action hash".into(),
+                }));
+            }
+            let Some(commit) = <[u8; 32]>::try_from(row.origin_commit.as_slice())
+                .ok()
+                .and_then(|hash| commits.get(&hash))
+            else {
+                continue; // Born of another session's commit.
+            };
+            let acted = usize::try_from(row.origin_run)
+                .ok()
+                .and_then(|run| commit.runs.get(run))
+                .is_some_and(|run| {
+                    run.ops.iter().any(|op| {
+                        matches!(op, Op::Act { key: k, hash, action, .. }
+                            if k.as_str() == row.key && hash.as_bytes()[..] == row.action_hash[..] && **action == *row.kind)
+                    })
+                });
+            if !acted {
+                return Ok(Err(VerifyError::OutboxForged { key }));
+            }
+        }
+        drop(rows);
+        drop(stmt);
+        // Every act of the log has a row or a tombstone.
+        let mut known = conn.prepare(
+            "SELECT EXISTS (SELECT 1 FROM outbox WHERE key = ?1)
+                 OR EXISTS (SELECT 1 FROM outbox_purged WHERE key = ?1)",
+        )?;
+        let mut seen: HashSet<&str> = HashSet::new();
+        for commit in log {
+            for run in &commit.runs {
+                for op in &run.ops {
+                    if let Op::Act { key, .. } = op {
+                        if seen.insert(key.as_str()) && !known.query_row([key.as_str()], |r| r.get::<_, bool>(0))? {
+                            return Ok(Err(VerifyError::OutboxMissing { key: key.clone() }));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(Ok(()))
     }
 }
 
@@ -751,104 +663,6 @@ fn immutable_uri(path: &Path) -> String {
     }
     uri.push_str("?immutable=1");
     uri
-}
-
-/// The file's schema version, refusing what reactifact did not write: a negative or newer
-/// version, tables of another program in a file without a version, or a version without
-/// reactifact's tables. `0` is a new, empty database.
-fn schema_version(conn: &Connection, path: &Path) -> Result<i64, OpenError> {
-    // One statement, one snapshot: another process may be creating the schema right now.
-    let (version, objects, ours): (i64, i64, i64) = conn
-        .query_row(
-            "SELECT (SELECT user_version FROM pragma_user_version), count(*),
-                    count(CASE WHEN type = 'table' AND name IN ('sessions', 'commits', 'deliveries') THEN 1 END)
-             FROM sqlite_master",
-            [],
-            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
-        )
-        .map_err(|e| open_error(path, e))?;
-    if version > SCHEMA_VERSION {
-        return Err(OpenError::NewerSchema {
-            path: path.into(),
-            found: version,
-            supported: SCHEMA_VERSION,
-        });
-    }
-    let foreign = match version {
-        ..0 => true,
-        0 => objects > 0,
-        _ => ours < 3,
-    };
-    if foreign {
-        return Err(OpenError::Foreign { path: path.into() });
-    }
-    Ok(version)
-}
-
-/// WAL mode, the sync setting and the migrations, for a file known to be ours or new.
-///
-/// While several connections open one new file at once, SQLite can answer "database is
-/// locked" at once, without waiting for the busy timeout (switching to WAL mode, or upgrading a
-/// lock in a way that could deadlock). The steps are idempotent, so they are retried for up to
-/// the busy timeout: concurrent first opens all succeed.
-fn prepare_for_writing(
-    conn: &mut Connection,
-    synchronous: Synchronous,
-    version: i64,
-    path: &Path,
-) -> Result<(), OpenError> {
-    let sync = match synchronous {
-        Synchronous::Full => "FULL",
-        Synchronous::Normal => "NORMAL",
-    };
-    let mut prepare = || -> Result<i64, rusqlite::Error> {
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", sync)?;
-        migrate(conn, version)
-    };
-    let give_up = std::time::Instant::now() + BUSY_TIMEOUT;
-    let mut pause = Duration::from_millis(1);
-    let migrated = loop {
-        match prepare() {
-            Ok(migrated) => break migrated,
-            Err(e) if e.sqlite_error_code() == Some(ErrorCode::DatabaseBusy) && std::time::Instant::now() < give_up => {
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_millis(50));
-            }
-            Err(e) => return Err(open_error(path, e)),
-        }
-    };
-    if migrated != SCHEMA_VERSION {
-        return Err(if migrated < 0 {
-            OpenError::Foreign { path: path.into() }
-        } else {
-            OpenError::NewerSchema {
-                path: path.into(),
-                found: migrated,
-                supported: SCHEMA_VERSION,
-            }
-        });
-    }
-    Ok(())
-}
-
-/// Upgrades the file to [`SCHEMA_VERSION`]; returns the version found under the lock (another
-/// process may have migrated meanwhile, possibly past this build, which the caller refuses).
-fn migrate(conn: &mut Connection, from: i64) -> Result<i64, rusqlite::Error> {
-    if from >= SCHEMA_VERSION {
-        return Ok(from);
-    }
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Exclusive)?;
-    let current: i64 = tx.query_row("PRAGMA user_version", [], |row| row.get(0))?;
-    let Some(scripts) = usize::try_from(current).ok().and_then(|from| MIGRATIONS.get(from..)) else {
-        return Ok(current);
-    };
-    for script in scripts {
-        tx.execute_batch(script)?;
-    }
-    tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
-    tx.commit()?;
-    Ok(SCHEMA_VERSION)
 }
 
 /// The columns [`commit_from_row`] reads, in its order.
@@ -948,6 +762,7 @@ impl SqliteStore {
             generation: at,
             new_session: false,
             unprepared: None,
+            outbox: self.outbox.clone(),
         })
     }
 }
@@ -1002,9 +817,13 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    fn save_deliveries(&mut self, entries: &mut dyn Iterator<Item = &Delivery>) -> Result<(), StoreError> {
-        self.check_writable()?;
-        self.insert_deliveries(entries).map_err(|e| self.sqlite_error(e))
+    fn outbox(&self) -> Arc<dyn OutboxStore> {
+        self.outbox.clone()
+    }
+
+    fn verify_outbox(&self, log: &[Commit]) -> Result<(), VerifyError> {
+        self.check_outbox(log)
+            .unwrap_or_else(|e| Err(VerifyError::OutboxUnreadable { detail: e.to_string() }))
     }
 
     fn describe(&self) -> String {
@@ -1015,39 +834,100 @@ impl Store for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::outbox::{ClaimRequest, Scope};
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
 
     #[test]
-    fn a_ledger_row_written_before_interrupted_attempts_were_kept_still_decodes() {
-        // The row as it was written before the `interrupted` field.
-        #[derive(Serialize)]
-        struct OldRow<'a> {
-            key: &'a str,
-            status: u8,
-            attempts: u32,
-            last_error: Option<&'a str>,
-            lease: Option<(&'a str, i64)>,
-            expired_leases: u32,
-            updated_at: i64,
-            delivered_at: Option<i64>,
-            next_attempt_at: Option<i64>,
-        }
-        let old = rmp_serde::to_vec(&vec![OldRow {
-            key: "k",
-            status: 3,
-            attempts: 2,
-            last_error: Some("down"),
-            lease: None,
-            expired_leases: 1,
-            updated_at: 5,
-            delivered_at: None,
-            next_attempt_at: Some(9),
-        }])
+    fn a_read_only_store_has_an_outbox_that_reads_and_refuses_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let (mut store, _) = SqliteStore::open(&path, "orders", &OpenOptions::new()).unwrap();
+        store.settle_open(&[]).unwrap();
+        drop(store);
+        let (store, _) = SqliteStore::open(&path, "orders", &OpenOptions::new().read_only(true)).unwrap();
+        let outbox = store.outbox();
+        assert!(Arc::ptr_eq(&outbox, &store.outbox()), "one outbox per opened store");
+        block_on(async {
+            assert_eq!(outbox.counts(&Scope::all()).await.unwrap().total(), 0);
+            let owner: Arc<str> = Arc::from("x");
+            let err = outbox
+                .claim(ClaimRequest {
+                    scope: &Scope::all(),
+                    limit: 1,
+                    owner: &owner,
+                    lease: Duration::from_secs(1),
+                    now: SystemTime::now(),
+                })
+                .await
+                .unwrap_err();
+            assert!(matches!(err, StoreError::ReadOnly { .. }), "{err}");
+            assert!(matches!(
+                outbox.purge(SystemTime::now(), 1).await,
+                Err(StoreError::ReadOnly { .. })
+            ));
+        });
+    }
+
+    #[test]
+    fn a_row_pointing_at_a_commit_that_did_not_act_it_is_forged() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let (mut store, _) = SqliteStore::open(&path, "orders", &OpenOptions::new()).unwrap();
+        store.settle_open(&[]).unwrap();
+        let commit = Commit {
+            generation: Generation(1),
+            parent: None,
+            merged: None,
+            hash: CommitHash([7; 32]),
+            state_hash: StateHash([0; 32]),
+            runs: Vec::new(),
+            events_consumed: 0,
+        };
+        // A row, with a digest that checks out, claiming to come from a commit of the log
+        // that acted nothing.
+        let bytes = rmp_serde::to_vec_named(&crate::model::action::PendingAction {
+            kind: "notify".into(),
+            key: "k".into(),
+            payload: Vec::new(),
+        })
         .unwrap();
-        let rows: Vec<DeliveryRow<'_>> = rmp_serde::from_slice(&old).unwrap();
-        assert_eq!(
-            (rows[0].attempts, rows[0].expired_leases, rows[0].interrupted),
-            (2, 1, 0)
-        );
-        assert_eq!(rows[0].next_attempt_at, Some(9));
+        let forged = row::Row {
+            seq: 0,
+            key: "k".into(),
+            kind: "notify".into(),
+            session: "orders".into(),
+            origin_commit: vec![7; 32],
+            origin_gen: 1,
+            origin_run: 0,
+            action_hash: crate::model::hash::content_hash(&bytes).as_bytes().to_vec(),
+            bytes,
+            recorded_at: 0,
+            status: row::PENDING,
+            due_at: Some(0),
+            token: 0,
+            owner: None,
+            lease_until: None,
+            attempts: 0,
+            expired: 0,
+            interrupted: 0,
+            last_error: None,
+            cancel_reason: None,
+            updated_at: 0,
+            delivered_at: None,
+            next_attempt_at: None,
+        };
+        assert!(forged.insert(store.conn.get()).unwrap());
+        match store.verify_outbox(std::slice::from_ref(&commit)) {
+            Err(VerifyError::OutboxForged { key }) => assert_eq!(key.as_str(), "k"),
+            other => panic!("expected a forged row, got {other:?}"),
+        }
+        // Not a commit of this log: another session's row, not checked against it.
+        assert!(store.verify_outbox(&[]).is_ok());
     }
 }

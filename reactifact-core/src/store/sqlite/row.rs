@@ -1,0 +1,423 @@
+//! One row of the `outbox` table: its columns, its integrity digest, and the checks a row
+//! passes before its intent is handed to a dispatcher.
+//!
+//! Every row carries `digest = SHA-256(domain ‖ every column but seq and digest)`, each column
+//! encoded with its SQLite type and length, so that a changed value or a changed type shows.
+//! Every transition rewrites it; every read for a claim, a record, a renewal or a `get`
+//! checks it. (`seq` is left out so that a row's digest can be computed before SQLite
+//! numbers it; a changed `seq` only reorders claims.)
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rusqlite::types::{ToSqlOutput, ValueRef};
+use sha2::{Digest, Sha256};
+
+use crate::model::action::{ActionKey, Intent, Origin, PendingAction};
+use crate::model::artifact::Generation;
+use crate::model::delivery::{Delivery, DeliveryStatus, FenceToken, Lease, NewIntent};
+use crate::model::hash::{self, CommitHash};
+
+/// The columns of a row, in the order [`Row::read`] reads them.
+pub(super) const COLUMNS: &str = "seq, key, kind, session, origin_commit, origin_gen, origin_run, action_hash, bytes, \
+     recorded_at, status, due_at, token, owner, lease_until, attempts, expired, interrupted, last_error, \
+     cancel_reason, updated_at, delivered_at, next_attempt_at, digest";
+
+/// The digested columns: all but `seq` (first) and `digest` (last).
+const FIELDS: usize = 22;
+
+/// Domain separation of the row digest.
+const DOMAIN: &[u8] = b"reactifact/outbox/row/v1\0";
+
+/// Status codes, as [`DeliveryStatus::code`] gives them.
+pub(super) const PENDING: i64 = 0;
+pub(super) const IN_FLIGHT: i64 = 1;
+pub(super) const DELIVERED: i64 = 2;
+pub(super) const FAILED: i64 = 3;
+pub(super) const DEAD: i64 = 4;
+pub(super) const HELD: i64 = 5;
+pub(super) const CANCELLED: i64 = 6;
+
+/// Milliseconds since the Unix epoch, as the file keeps times.
+pub(super) fn ms(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// The time of a stored millisecond count (the epoch for a negative one).
+pub(super) fn time(ms: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+/// One outbox row, as stored.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Row {
+    pub(super) seq: i64,
+    pub(super) key: String,
+    pub(super) kind: String,
+    /// The registering session (the owner).
+    pub(super) session: String,
+    pub(super) origin_commit: Vec<u8>,
+    pub(super) origin_gen: i64,
+    pub(super) origin_run: i64,
+    pub(super) action_hash: Vec<u8>,
+    /// The `PendingAction` encoding, as committed.
+    pub(super) bytes: Vec<u8>,
+    pub(super) recorded_at: i64,
+    pub(super) status: i64,
+    /// Set exactly when the row is claimable: pending, or failed with a retry scheduled.
+    pub(super) due_at: Option<i64>,
+    pub(super) token: i64,
+    pub(super) owner: Option<String>,
+    pub(super) lease_until: Option<i64>,
+    pub(super) attempts: i64,
+    pub(super) expired: i64,
+    pub(super) interrupted: i64,
+    pub(super) last_error: Option<String>,
+    pub(super) cancel_reason: Option<String>,
+    pub(super) updated_at: i64,
+    pub(super) delivered_at: Option<i64>,
+    pub(super) next_attempt_at: Option<i64>,
+}
+
+/// A row as read: whole and intact, or failing its integrity check.
+#[allow(clippy::large_enum_variant)] // short-lived, read one at a time
+pub(super) enum Read {
+    Intact(Row),
+    /// The row's digest does not match, or a column has the wrong type.
+    Damaged {
+        seq: i64,
+        /// The key column as far as it reads.
+        key: String,
+        detail: String,
+    },
+}
+
+fn opt_int(v: Option<i64>) -> ValueRef<'static> {
+    v.map_or(ValueRef::Null, ValueRef::Integer)
+}
+
+fn opt_text(v: &Option<String>) -> ValueRef<'_> {
+    v.as_deref().map_or(ValueRef::Null, |s| ValueRef::Text(s.as_bytes()))
+}
+
+/// SHA-256 over the digested columns, each with its type and length.
+fn digest<'a>(values: impl Iterator<Item = ValueRef<'a>>) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(DOMAIN);
+    for value in values {
+        match value {
+            ValueRef::Null => h.update([0]),
+            ValueRef::Integer(i) => {
+                h.update([1]);
+                h.update(i.to_be_bytes());
+            }
+            ValueRef::Real(f) => {
+                h.update([2]);
+                h.update(f.to_bits().to_be_bytes());
+            }
+            ValueRef::Text(t) => {
+                h.update([3]);
+                h.update((t.len() as u64).to_be_bytes());
+                h.update(t);
+            }
+            ValueRef::Blob(b) => {
+                h.update([4]);
+                h.update((b.len() as u64).to_be_bytes());
+                h.update(b);
+            }
+        }
+    }
+    h.finalize().into()
+}
+
+/// The digest of a row's digested columns as read (for a row that failed its check and is
+/// being held as it is).
+pub(super) fn digest_values<'a>(values: impl Iterator<Item = &'a rusqlite::types::Value>) -> [u8; 32] {
+    digest(values.map(ValueRef::from))
+}
+
+impl Row {
+    /// A new row for an intent a commit registers: pending, due at `now`.
+    pub(super) fn register(new: &NewIntent, now: i64) -> Row {
+        let intent = &new.intent;
+        Row {
+            seq: 0,
+            key: intent.key.as_str().to_owned(),
+            kind: intent.kind.to_string(),
+            session: intent.origin.session.to_string(),
+            origin_commit: intent.origin.commit.as_bytes().to_vec(),
+            origin_gen: i64::try_from(intent.origin.generation.0).unwrap_or(i64::MAX),
+            origin_run: i64::from(intent.origin.run),
+            action_hash: new.action_hash.as_bytes().to_vec(),
+            bytes: new.bytes.to_vec(),
+            recorded_at: now,
+            status: PENDING,
+            due_at: Some(now),
+            token: 0,
+            owner: None,
+            lease_until: None,
+            attempts: 0,
+            expired: 0,
+            interrupted: 0,
+            last_error: None,
+            cancel_reason: None,
+            updated_at: now,
+            delivered_at: None,
+            next_attempt_at: None,
+        }
+    }
+
+    /// The digested columns, in [`COLUMNS`] order.
+    pub(super) fn fields(&self) -> [ValueRef<'_>; FIELDS] {
+        [
+            ValueRef::Text(self.key.as_bytes()),
+            ValueRef::Text(self.kind.as_bytes()),
+            ValueRef::Text(self.session.as_bytes()),
+            ValueRef::Blob(&self.origin_commit),
+            ValueRef::Integer(self.origin_gen),
+            ValueRef::Integer(self.origin_run),
+            ValueRef::Blob(&self.action_hash),
+            ValueRef::Blob(&self.bytes),
+            ValueRef::Integer(self.recorded_at),
+            ValueRef::Integer(self.status),
+            opt_int(self.due_at),
+            ValueRef::Integer(self.token),
+            opt_text(&self.owner),
+            opt_int(self.lease_until),
+            ValueRef::Integer(self.attempts),
+            ValueRef::Integer(self.expired),
+            ValueRef::Integer(self.interrupted),
+            opt_text(&self.last_error),
+            opt_text(&self.cancel_reason),
+            ValueRef::Integer(self.updated_at),
+            opt_int(self.delivered_at),
+            opt_int(self.next_attempt_at),
+        ]
+    }
+
+    /// The row's digest, as stored beside it.
+    pub(super) fn digest(&self) -> [u8; 32] {
+        digest(self.fields().into_iter())
+    }
+
+    /// Inserts the row unless its key is there already; returns whether it was inserted.
+    pub(super) fn insert(&self, conn: &rusqlite::Connection) -> rusqlite::Result<bool> {
+        let digest = self.digest();
+        let fields = self.fields();
+        let params = fields
+            .iter()
+            .copied()
+            .chain([ValueRef::Blob(&digest)])
+            .map(ToSqlOutput::Borrowed);
+        let changed = conn
+            .prepare_cached(
+                "INSERT INTO outbox (key, kind, session, origin_commit, origin_gen, origin_run, action_hash, bytes,
+                     recorded_at, status, due_at, token, owner, lease_until, attempts, expired, interrupted,
+                     last_error, cancel_reason, updated_at, delivered_at, next_attempt_at, digest)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
+                     ?20, ?21, ?22, ?23)
+                 ON CONFLICT (key) DO NOTHING",
+            )?
+            .execute(rusqlite::params_from_iter(params))?;
+        Ok(changed == 1)
+    }
+
+    /// Writes every column of the row (found by its `seq`) and its new digest.
+    pub(super) fn update(&self, conn: &rusqlite::Connection) -> rusqlite::Result<()> {
+        let digest = self.digest();
+        let fields = self.fields();
+        let params = fields
+            .iter()
+            .copied()
+            .chain([ValueRef::Blob(&digest), ValueRef::Integer(self.seq)])
+            .map(ToSqlOutput::Borrowed);
+        conn.prepare_cached(
+            "UPDATE outbox SET key = ?1, kind = ?2, session = ?3, origin_commit = ?4, origin_gen = ?5,
+                 origin_run = ?6, action_hash = ?7, bytes = ?8, recorded_at = ?9, status = ?10, due_at = ?11,
+                 token = ?12, owner = ?13, lease_until = ?14, attempts = ?15, expired = ?16, interrupted = ?17,
+                 last_error = ?18, cancel_reason = ?19, updated_at = ?20, delivered_at = ?21,
+                 next_attempt_at = ?22, digest = ?23
+             WHERE seq = ?24",
+        )?
+        .execute(rusqlite::params_from_iter(params))?;
+        Ok(())
+    }
+
+    /// Reads a row of [`COLUMNS`], checking its digest and its column types.
+    pub(super) fn read(row: &rusqlite::Row<'_>) -> rusqlite::Result<Read> {
+        let seq = match row.get_ref(0)? {
+            ValueRef::Integer(seq) => seq,
+            _ => 0,
+        };
+        let key = match row.get_ref(1)? {
+            ValueRef::Text(t) | ValueRef::Blob(t) => String::from_utf8_lossy(t).into_owned(),
+            ValueRef::Integer(i) => i.to_string(),
+            _ => format!("(row {seq})"),
+        };
+        let mut values = Vec::with_capacity(FIELDS);
+        for at in 1..=FIELDS {
+            values.push(row.get_ref(at)?);
+        }
+        let stored = row.get_ref(FIELDS + 1)?;
+        let damaged = |detail: String| Read::Damaged {
+            seq,
+            key: key.clone(),
+            detail,
+        };
+        if !matches!(stored, ValueRef::Blob(d) if d == digest(values.iter().copied())) {
+            return Ok(damaged(
+                "the row does not match its digest (it was changed outside reactifact)".into(),
+            ));
+        }
+        match Row::typed(seq, &values) {
+            Some(row) => Ok(Read::Intact(row)),
+            None => Ok(damaged("a column of the row has the wrong type".into())),
+        }
+    }
+
+    /// The row from its digested columns, if each has the type it should.
+    fn typed(seq: i64, v: &[ValueRef<'_>]) -> Option<Row> {
+        let text = |at: usize| match v[at] {
+            ValueRef::Text(t) => std::str::from_utf8(t).ok().map(str::to_owned),
+            _ => None,
+        };
+        let opt_text = |at: usize| match v[at] {
+            ValueRef::Null => Some(None),
+            _ => text(at).map(Some),
+        };
+        let blob = |at: usize| match v[at] {
+            ValueRef::Blob(b) => Some(b.to_vec()),
+            _ => None,
+        };
+        let int = |at: usize| match v[at] {
+            ValueRef::Integer(i) => Some(i),
+            _ => None,
+        };
+        let opt_int = |at: usize| match v[at] {
+            ValueRef::Null => Some(None),
+            ValueRef::Integer(i) => Some(Some(i)),
+            _ => None,
+        };
+        Some(Row {
+            seq,
+            key: text(0)?,
+            kind: text(1)?,
+            session: text(2)?,
+            origin_commit: blob(3)?,
+            origin_gen: int(4)?,
+            origin_run: int(5)?,
+            action_hash: blob(6)?,
+            bytes: blob(7)?,
+            recorded_at: int(8)?,
+            status: int(9)?,
+            due_at: opt_int(10)?,
+            token: int(11)?,
+            owner: opt_text(12)?,
+            lease_until: opt_int(13)?,
+            attempts: int(14)?,
+            expired: int(15)?,
+            interrupted: int(16)?,
+            last_error: opt_text(17)?,
+            cancel_reason: opt_text(18)?,
+            updated_at: int(19)?,
+            delivered_at: opt_int(20)?,
+            next_attempt_at: opt_int(21)?,
+        })
+    }
+
+    /// The status, if the code is one.
+    pub(super) fn status(&self) -> Option<DeliveryStatus> {
+        u8::try_from(self.status).ok().and_then(DeliveryStatus::from_code)
+    }
+
+    /// Checks that the row may be handed to a dispatcher: a known status, bytes that hash to
+    /// the row's action hash and decode as a `PendingAction` of the row's key and kind.
+    /// Returns the payload, or why not.
+    pub(super) fn check_intent(&self) -> Result<Vec<u8>, String> {
+        if self.status().is_none() {
+            return Err(format!("the row has unknown status {}", self.status));
+        }
+        if self.origin_commit.len() != 32 {
+            return Err("its origin commit is not a 32-byte hash".into());
+        }
+        if hash::content_hash(&self.bytes).as_bytes()[..] != self.action_hash[..] {
+            return Err("its bytes do not hash to its action hash".into());
+        }
+        let action: PendingAction = rmp_serde::from_slice(&self.bytes)
+            .map_err(|e| format!("its bytes do not decode as a pending action: {e}"))?;
+        if action.key != self.key {
+            return Err(format!("its pending action is for key `{}`", action.key));
+        }
+        if action.kind != self.kind {
+            return Err(format!(
+                "its pending action is of kind `{}`, not `{}`",
+                action.kind, self.kind
+            ));
+        }
+        Ok(action.payload)
+    }
+
+    /// The ledger entry of the row, with this payload (what a dispatcher receives).
+    pub(super) fn delivery(&self, payload: &[u8]) -> Delivery {
+        let commit: [u8; 32] = self.origin_commit.as_slice().try_into().unwrap_or([0; 32]);
+        let count = |n: i64| u32::try_from(n.max(0)).unwrap_or(u32::MAX);
+        let token = FenceToken(u64::try_from(self.token).unwrap_or(0));
+        Delivery {
+            intent: Intent {
+                key: ActionKey::from(self.key.as_str()),
+                kind: Arc::from(self.kind.as_str()),
+                payload: Arc::from(payload),
+                origin: Origin {
+                    session: Arc::from(self.session.as_str()),
+                    commit: CommitHash(commit),
+                    generation: Generation(u64::try_from(self.origin_gen).unwrap_or(0)),
+                    run: count(self.origin_run),
+                },
+                attempt: count(self.attempts),
+            },
+            // An unknown code (only in a row that failed its check) shows as held.
+            status: self.status().unwrap_or(DeliveryStatus::Held),
+            attempts: count(self.attempts),
+            last_error: self.last_error.clone(),
+            recorded_at: time(self.recorded_at),
+            updated_at: time(self.updated_at),
+            delivered_at: self.delivered_at.map(time),
+            lease: match (&self.owner, self.lease_until) {
+                (Some(owner), Some(until)) if self.status == IN_FLIGHT => Some(Lease {
+                    owner: Arc::from(owner.as_str()),
+                    expires_at: time(until),
+                    token,
+                }),
+                _ => None,
+            },
+            expired_leases: count(self.expired),
+            interrupted: count(self.interrupted),
+            next_attempt_at: self.next_attempt_at.map(time),
+            token,
+            cancel_reason: self.cancel_reason.clone(),
+        }
+    }
+
+    /// The entry for a read that does not hand the intent out: the payload if the bytes
+    /// decode, empty otherwise.
+    pub(super) fn view(&self) -> Delivery {
+        let payload = rmp_serde::from_slice::<PendingAction>(&self.bytes)
+            .map(|a| a.payload)
+            .unwrap_or_default();
+        self.delivery(&payload)
+    }
+
+    /// Clears the lease and sets the status and `updated_at`.
+    pub(super) fn settle(&mut self, status: i64, now: i64) {
+        self.status = status;
+        self.owner = None;
+        self.lease_until = None;
+        self.updated_at = now;
+        self.due_at = match status {
+            PENDING => Some(now),
+            FAILED => self.next_attempt_at,
+            _ => None,
+        };
+    }
+}

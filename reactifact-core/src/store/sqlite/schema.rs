@@ -1,0 +1,414 @@
+//! The file's schema: its version (`PRAGMA user_version`), the check that a file is ours,
+//! and the forward migrations.
+//!
+//! - Version 1: `sessions`, `commits` (with an `intents` side column holding the ledger's
+//!   copy of each commit's intents) and `deliveries` (one row per ledger write, folded on
+//!   open).
+//! - Version 2: the outbox is a table of the store. `outbox` (one row per idempotency key, with
+//!   the committed `PendingAction` bytes, their hash and a row digest), `outbox_members`
+//!   (sessions a key is attached to) and `outbox_purged` (tombstones of purged keys).
+//!   `commits.intents` is no longer written (NULL) and `deliveries` is dropped.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{params, Connection, ErrorCode, Transaction, TransactionBehavior};
+use serde::Deserialize;
+
+use super::row::{self, Row};
+use super::{open_error, LoadError, BUSY_TIMEOUT};
+use crate::model::patch::Op;
+use crate::store::codec;
+use crate::store::{OpenError, Synchronous};
+
+/// The schema version this build writes.
+pub(crate) const SCHEMA_VERSION: i64 = 2;
+
+/// The first schema.
+const V1: &str = "
+    CREATE TABLE sessions (
+        name TEXT PRIMARY KEY,
+        generation INTEGER NOT NULL,
+        head BLOB,
+        consumed_seq INTEGER NOT NULL,
+        parent TEXT,
+        fork_generation INTEGER,
+        created_at INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE TABLE commits (
+        seq INTEGER PRIMARY KEY,
+        session TEXT NOT NULL,
+        generation INTEGER NOT NULL,
+        hash BLOB NOT NULL,
+        parent BLOB,
+        merged BLOB,
+        state_hash BLOB NOT NULL,
+        events_consumed INTEGER NOT NULL,
+        intents BLOB,
+        runs BLOB NOT NULL,
+        UNIQUE (session, generation)
+    );
+    CREATE TABLE deliveries (
+        seq INTEGER PRIMARY KEY,
+        written_at INTEGER NOT NULL,
+        entries BLOB NOT NULL
+    );
+";
+
+/// The outbox tables of version 2.
+pub(super) const V2_TABLES: &str = "
+    CREATE TABLE outbox (
+        seq INTEGER PRIMARY KEY,
+        key TEXT NOT NULL UNIQUE,
+        kind TEXT NOT NULL,
+        session TEXT NOT NULL,
+        origin_commit BLOB NOT NULL,
+        origin_gen INTEGER NOT NULL,
+        origin_run INTEGER NOT NULL,
+        action_hash BLOB NOT NULL,
+        bytes BLOB NOT NULL,
+        recorded_at INTEGER NOT NULL,
+        status INTEGER NOT NULL,
+        due_at INTEGER,
+        token INTEGER NOT NULL,
+        owner TEXT,
+        lease_until INTEGER,
+        attempts INTEGER NOT NULL,
+        expired INTEGER NOT NULL,
+        interrupted INTEGER NOT NULL,
+        last_error TEXT,
+        cancel_reason TEXT,
+        updated_at INTEGER NOT NULL,
+        delivered_at INTEGER,
+        next_attempt_at INTEGER,
+        digest BLOB NOT NULL,
+        CHECK ((status = 1) = (owner IS NOT NULL AND lease_until IS NOT NULL)),
+        CHECK (due_at IS NULL OR status IN (0, 3)),
+        CHECK (status <> 0 OR due_at IS NOT NULL)
+    );
+    CREATE INDEX outbox_due ON outbox (due_at, seq) WHERE due_at IS NOT NULL;
+    CREATE INDEX outbox_session_due ON outbox (session, due_at, seq) WHERE due_at IS NOT NULL;
+    CREATE INDEX outbox_leases ON outbox (lease_until) WHERE lease_until IS NOT NULL;
+    CREATE INDEX outbox_status ON outbox (status, updated_at);
+    CREATE TABLE outbox_members (
+        session TEXT NOT NULL,
+        key TEXT NOT NULL,
+        PRIMARY KEY (session, key)
+    ) WITHOUT ROWID;
+    CREATE INDEX outbox_members_key ON outbox_members (key);
+    CREATE TABLE outbox_purged (
+        key TEXT PRIMARY KEY,
+        purged_at INTEGER NOT NULL
+    ) WITHOUT ROWID;
+";
+
+/// The tables of each version, by which a file of that version is recognised as ours.
+fn tables_of(version: i64) -> &'static [&'static str] {
+    match version {
+        1 => &["sessions", "commits", "deliveries"],
+        _ => &["sessions", "commits", "outbox", "outbox_members", "outbox_purged"],
+    }
+}
+
+/// The file's schema version, refusing what reactifact did not write: a negative or newer
+/// version, tables of another program in a file without a version, or a version without
+/// reactifact's tables. `0` is a new, empty database.
+pub(super) fn schema_version(conn: &Connection, path: &Path) -> Result<i64, OpenError> {
+    // One statement, one snapshot: another process may be creating the schema right now.
+    let (version, objects, tables): (i64, i64, String) = conn
+        .query_row(
+            "SELECT (SELECT user_version FROM pragma_user_version), count(*),
+                    coalesce(group_concat(CASE WHEN type = 'table' THEN name END, ' '), '')
+             FROM sqlite_master",
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+        )
+        .map_err(|e| open_error(path, e))?;
+    if version > SCHEMA_VERSION {
+        return Err(OpenError::NewerSchema {
+            path: path.into(),
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    let foreign = match version {
+        ..0 => true,
+        0 => objects > 0,
+        _ => {
+            let present: Vec<&str> = tables.split(' ').collect();
+            !tables_of(version).iter().all(|t| present.contains(t))
+        }
+    };
+    if foreign {
+        return Err(OpenError::Foreign { path: path.into() });
+    }
+    Ok(version)
+}
+
+/// WAL mode, the sync setting and the migrations, for a file known to be ours or new (and,
+/// for an older version, whose log verified).
+///
+/// While several connections open one new file at once, SQLite can answer "database is
+/// locked" at once, without waiting for the busy timeout (switching to WAL mode, or upgrading a
+/// lock in a way that could deadlock). The steps are idempotent, so they are retried for up to
+/// the busy timeout: concurrent first opens all succeed.
+pub(super) fn prepare_for_writing(
+    conn: &mut Connection,
+    synchronous: Synchronous,
+    version: i64,
+    path: &Path,
+) -> Result<(), OpenError> {
+    let sync = match synchronous {
+        Synchronous::Full => "FULL",
+        Synchronous::Normal => "NORMAL",
+    };
+    let mut prepare = || -> Result<i64, LoadError> {
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", sync)?;
+        migrate(conn, version)
+    };
+    let give_up = std::time::Instant::now() + BUSY_TIMEOUT;
+    let mut pause = Duration::from_millis(1);
+    let migrated = loop {
+        match prepare() {
+            Ok(migrated) => break migrated,
+            Err(LoadError::Sqlite(e))
+                if e.sqlite_error_code() == Some(ErrorCode::DatabaseBusy) && std::time::Instant::now() < give_up =>
+            {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            Err(LoadError::Sqlite(e)) => return Err(open_error(path, e)),
+            Err(LoadError::Corrupt(detail)) => {
+                return Err(OpenError::Corrupt {
+                    path: path.into(),
+                    detail,
+                    source: None,
+                })
+            }
+        }
+    };
+    if migrated != SCHEMA_VERSION {
+        return Err(if migrated < 0 {
+            OpenError::Foreign { path: path.into() }
+        } else {
+            OpenError::NewerSchema {
+                path: path.into(),
+                found: migrated,
+                supported: SCHEMA_VERSION,
+            }
+        });
+    }
+    Ok(())
+}
+
+/// Upgrades the file to [`SCHEMA_VERSION`] in one exclusive transaction; returns the version
+/// found under the lock (another process may have migrated meanwhile, possibly past this
+/// build, which the caller refuses).
+fn migrate(conn: &mut Connection, from: i64) -> Result<i64, LoadError> {
+    if from >= SCHEMA_VERSION {
+        return Ok(from);
+    }
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Exclusive)?;
+    let current: i64 = tx.query_row("PRAGMA user_version", [], |row| row.get(0))?;
+    match current {
+        0 => {
+            tx.execute_batch(V1)?;
+            migrate_1_to_2(&tx)?;
+        }
+        1 => migrate_1_to_2(&tx)?,
+        _ => return Ok(current),
+    }
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+    tx.commit()?;
+    Ok(SCHEMA_VERSION)
+}
+
+/// An intent as version 1 registered it (the `commits.intents` column; rmp encodes it as an
+/// array, so every field is decoded, in order, though only the key and time are used).
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct IntentRow<'a> {
+    #[serde(borrow)]
+    key: Cow<'a, str>,
+    #[serde(borrow)]
+    kind: Cow<'a, str>,
+    #[serde(with = "serde_bytes", borrow)]
+    payload: Cow<'a, [u8]>,
+    recorded_at: i64,
+    run: u32,
+}
+
+/// The state of one ledger entry after a version-1 write (the `deliveries.entries` column).
+#[derive(Deserialize)]
+struct DeliveryRow<'a> {
+    #[serde(borrow)]
+    key: Cow<'a, str>,
+    status: u8,
+    attempts: u32,
+    #[serde(borrow)]
+    last_error: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    lease: Option<(Cow<'a, str>, i64)>,
+    expired_leases: u32,
+    updated_at: i64,
+    delivered_at: Option<i64>,
+    next_attempt_at: Option<i64>,
+    /// Absent from rows written before it was kept.
+    #[serde(default)]
+    interrupted: u32,
+}
+
+/// Version 1 → 2: builds the outbox from the log and the version-1 ledger.
+///
+/// Every commit, in file order, registers the keys it acted that no earlier commit did (the
+/// first registration wins), with the `PendingAction` bytes and hash of the commit's own
+/// `Op::Act` — the side column `commits.intents` gives only the time of registration, so a
+/// changed copy there can neither change a payload nor lose an intent. A key acted by a
+/// commit of another session is attached to that session. The `deliveries` rows are folded
+/// in order, delivered being final (a stale copy's later row does not re-arm it); an
+/// in-flight entry keeps its owner and expiry, with token 1, and a drain's reclaim puts it
+/// back once it expired. Then `commits.intents` is cleared and `deliveries` dropped.
+fn migrate_1_to_2(tx: &Transaction<'_>) -> Result<(), LoadError> {
+    tx.execute_batch(V2_TABLES)?;
+    let now = row::ms(std::time::SystemTime::now());
+    let mut rows: Vec<Row> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut members: Vec<(String, String)> = Vec::new();
+    {
+        let mut stmt = tx.prepare("SELECT session, generation, hash, intents, runs FROM commits ORDER BY seq")?;
+        let mut found = stmt.query([])?;
+        while let Some(commit) = found.next()? {
+            let session: String = commit.get(0)?;
+            let generation: i64 = commit.get(1)?;
+            let hash: Vec<u8> = commit.get(2)?;
+            let recorded: HashMap<String, i64> = match commit.get_ref(3)?.as_blob_or_null()? {
+                Some(blob) => rmp_serde::from_slice::<Vec<IntentRow<'_>>>(blob)
+                    .map_err(|e| {
+                        LoadError::Corrupt(format!(
+                            "the intents of commit {generation} of session `{session}` do not decode: {e}"
+                        ))
+                    })?
+                    .into_iter()
+                    .map(|i| (i.key.into_owned(), i.recorded_at))
+                    .collect(),
+                None => HashMap::new(),
+            };
+            let runs = codec::decode_runs(commit.get_ref(4)?.as_blob()?).map_err(|e| {
+                LoadError::Corrupt(format!(
+                    "commit {generation} of session `{session}`: its runs do not decode: {e}"
+                ))
+            })?;
+            for (run, record) in runs.iter().enumerate() {
+                for op in &record.ops {
+                    let Op::Act {
+                        key,
+                        action,
+                        hash: action_hash,
+                        bytes,
+                        ..
+                    } = op
+                    else {
+                        continue;
+                    };
+                    if let Some(&at) = index.get(key.as_str()) {
+                        if rows[at].session != session {
+                            members.push((session.clone(), key.as_str().to_owned()));
+                        }
+                        continue;
+                    }
+                    let at = recorded.get(key.as_str()).copied().unwrap_or(now);
+                    index.insert(key.as_str().to_owned(), rows.len());
+                    rows.push(Row {
+                        seq: 0,
+                        key: key.as_str().to_owned(),
+                        kind: action.to_string(),
+                        session: session.clone(),
+                        origin_commit: hash.clone(),
+                        origin_gen: generation,
+                        origin_run: i64::try_from(run).unwrap_or(i64::MAX),
+                        action_hash: action_hash.as_bytes().to_vec(),
+                        bytes: bytes.to_vec(),
+                        recorded_at: at,
+                        status: row::PENDING,
+                        due_at: Some(at),
+                        token: 0,
+                        owner: None,
+                        lease_until: None,
+                        attempts: 0,
+                        expired: 0,
+                        interrupted: 0,
+                        last_error: None,
+                        cancel_reason: None,
+                        updated_at: at,
+                        delivered_at: None,
+                        next_attempt_at: None,
+                    });
+                }
+            }
+        }
+    }
+    {
+        let mut stmt = tx.prepare("SELECT entries FROM deliveries ORDER BY seq")?;
+        let mut found = stmt.query([])?;
+        while let Some(write) = found.next()? {
+            let written: Vec<DeliveryRow<'_>> = rmp_serde::from_slice(write.get_ref(0)?.as_blob()?)
+                .map_err(|e| LoadError::Corrupt(format!("a ledger write does not decode: {e}")))?;
+            for state in written {
+                let Some(&at) = index.get(&*state.key) else {
+                    return Err(LoadError::Corrupt(format!(
+                        "the ledger records a delivery of `{}`, an intent no commit acted",
+                        state.key
+                    )));
+                };
+                let entry = &mut rows[at];
+                if entry.status == row::DELIVERED {
+                    // Final: a later row is a stale copy's and must not re-arm the key.
+                    continue;
+                }
+                if state.status > 5 {
+                    return Err(LoadError::Corrupt(format!(
+                        "ledger entry `{}` has unknown status {}",
+                        state.key, state.status
+                    )));
+                }
+                entry.status = i64::from(state.status);
+                entry.attempts = i64::from(state.attempts);
+                entry.last_error = state.last_error.map(Cow::into_owned);
+                entry.expired = i64::from(state.expired_leases);
+                entry.interrupted = i64::from(state.interrupted);
+                entry.updated_at = state.updated_at;
+                entry.delivered_at = state.delivered_at;
+                entry.next_attempt_at = state.next_attempt_at;
+                (entry.owner, entry.lease_until) = match (entry.status, state.lease) {
+                    (row::IN_FLIGHT, Some((owner, until))) => (Some(owner.into_owned()), Some(until)),
+                    // In flight without a lease: expired at once.
+                    (row::IN_FLIGHT, None) => (Some("an unknown drainer".to_owned()), Some(state.updated_at)),
+                    _ => (None, None),
+                };
+                entry.token = if entry.status == row::IN_FLIGHT { 1 } else { 0 };
+                entry.due_at = match entry.status {
+                    row::PENDING => Some(state.updated_at),
+                    row::FAILED => state.next_attempt_at,
+                    _ => None,
+                };
+            }
+        }
+    }
+    for entry in &rows {
+        entry.insert(tx)?;
+    }
+    for (session, key) in members {
+        let open = rows[index[&key]].status;
+        if open != row::DELIVERED && open != row::CANCELLED {
+            tx.execute(
+                "INSERT OR IGNORE INTO outbox_members (session, key) VALUES (?1, ?2)",
+                params![session, key],
+            )?;
+        }
+    }
+    tx.execute_batch("UPDATE commits SET intents = NULL WHERE intents IS NOT NULL; DROP TABLE deliveries;")?;
+    Ok(())
+}
