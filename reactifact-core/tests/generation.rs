@@ -157,7 +157,10 @@ async fn an_undeclared_output_fails_the_generation_before_anything_is_applied() 
     assert_eq!(ctx.state_hash(), hash_before);
     assert_eq!(ctx.log().len(), 1, "only the seed is committed");
     assert_eq!(ctx.queued_events(), 1, "the event stays queued");
-    assert!(ctx.ledger().is_empty().await.unwrap(), "the sibling's intent was not committed either");
+    assert!(
+        ctx.ledger().is_empty().await.unwrap(),
+        "the sibling's intent was not committed either"
+    );
 }
 
 #[tokio::test]

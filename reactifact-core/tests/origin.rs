@@ -153,7 +153,15 @@ async fn the_origin_survives_a_reopen_of_the_sqlite_store() {
         .build()
         .unwrap();
     rt.run().await.unwrap();
-    let before = rt.context().ledger().get("notify:order:1").await.unwrap().unwrap().origin().clone();
+    let before = rt
+        .context()
+        .ledger()
+        .get("notify:order:1")
+        .await
+        .unwrap()
+        .unwrap()
+        .origin()
+        .clone();
     assert_eq!(before.session(), "what-if");
     drop(rt);
     drop(main);

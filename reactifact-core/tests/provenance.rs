@@ -65,7 +65,11 @@ async fn provenance_of_an_intent_names_the_order_version_that_caused_it() {
     seed(&mut ctx);
     let ctx = flow(ctx, &recorder).await;
 
-    let why = ctx.provenance("notify:order:1").await.unwrap().expect("the intent was recorded");
+    let why = ctx
+        .provenance("notify:order:1")
+        .await
+        .unwrap()
+        .expect("the intent was recorded");
     assert_eq!((why.agent(), why.produce()), (Some("billing"), Some("process_order")));
     assert_eq!(why.generation, Generation(2));
     assert_eq!(why.commit, ctx.log()[1].hash);
@@ -137,7 +141,10 @@ async fn reads_and_provenance_survive_reopening_a_stored_session() {
         seed(&mut ctx);
         let ctx = flow(ctx, &recorder).await;
         let key = ctx.get::<Order>("order:1").unwrap().unwrap().key("email");
-        (ctx.provenance(key.as_str()).await.unwrap().unwrap().to_string(), ctx.head())
+        (
+            ctx.provenance(key.as_str()).await.unwrap().unwrap().to_string(),
+            ctx.head(),
+        )
     };
     let ctx = Context::open(&path, "orders").unwrap();
     assert_eq!(ctx.head(), head);
