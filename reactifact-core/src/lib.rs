@@ -61,16 +61,25 @@ pub use run::runtime::{
     Budget, BuildError, FlushError, ProduceErrors, RunError, Runtime, RuntimeBuilder, StopHandle, TurnOutcome,
     TurnReport,
 };
+pub use run::serve::{RuntimeHandle, ServeReport, SubmitError};
 pub use state::branch::{ArtifactState, Conflict, Diff, ForkError, MergeError, MergeReport, Resolution, Side, Updated};
 pub use state::commit::{Commit, CommitError, Read, RunRecord, TriggerRef};
 pub use state::context::{Context, Transaction, WriteError};
 pub use state::refold::VerifyError;
 pub use state::snapshot::Snapshot;
+pub use store::memory::MemoryOutbox;
 pub use store::outbox::{
     BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome, Page, Recorded,
     Recording, RetryError, Scope, StatusCounts,
 };
 pub use store::{OpenError, OpenOptions, SqliteOutbox, StoreError, Synchronous};
+
+/// The store contract suite: checks every [`OutboxStore`] must pass, written once and run
+/// against each store (memory, SQLite, and stores of other crates). Not public API; enabled by
+/// the `store-contract` feature.
+#[cfg(feature = "store-contract")]
+#[doc(hidden)]
+pub use store::contract as store_contract;
 
 /// The README's examples, compiled and run as doctests.
 #[doc = include_str!("../../README.md")]

@@ -512,7 +512,6 @@ impl<'a> Drain<'a> {
         let mut renewing: Option<StoreFuture<'_, Result<Vec<bool>, StoreError>>> = None;
         let mut exhausted = false;
         let mut stopping: Option<TurnOutcome> = None;
-        let mut cut_off = false;
         let mut first_failure: Option<DeliveryFailure> = None;
         let mut store_error: Option<StoreError> = None;
         let mut record_failures = 0;
@@ -565,7 +564,8 @@ impl<'a> Drain<'a> {
                 claiming = Some((free, self.outbox.claim(request)));
             }
             // Write what finished, as one group, while nothing else is being written.
-            if recording.is_none() && (store_error.is_none() || cut_off) {
+            let record_broken = record_failures >= RECORD_TRIES;
+            if recording.is_none() && !record_broken {
                 let ready: Vec<usize> = holds
                     .held()
                     .filter(|(_, s)| matches!(s.stage, Stage::Finished(_)))
@@ -598,7 +598,9 @@ impl<'a> Drain<'a> {
             if holds.held == 0 && claiming.is_none() && (exhausted || !accepting) {
                 break;
             }
-            if cut_off && recording.is_none() {
+            if record_broken && recording.is_none() {
+                // Nothing more can be written: what is held stays in flight until its lease
+                // expires (the holds' drop submits it once more).
                 break;
             }
             tokio::select! {
@@ -636,7 +638,6 @@ impl<'a> Drain<'a> {
                             }
                             if record_failures >= RECORD_TRIES {
                                 store_error = Some(e);
-                                cut_off = true;
                             }
                         }
                     }
@@ -702,11 +703,6 @@ impl<'a> Drain<'a> {
             let failed_loud = first_failure.is_some() && config.errors == DeliveryErrors::FailLoud;
             if stopping.is_some() || failed_loud || store_error.is_some() {
                 self.release_queued(&mut holds, &mut queued);
-            }
-            if store_error.is_some() && running.is_empty() {
-                // Nothing more will be written: what is held stays in flight until its lease
-                // expires (the holds' drop submits it once more).
-                break;
             }
         }
         if let Some(e) = store_error {

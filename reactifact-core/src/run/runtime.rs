@@ -342,6 +342,7 @@ impl RuntimeBuilder {
             budget: self.budget,
             stop: StopHandle::default(),
             turns: 0,
+            inbox: Default::default(),
         })
     }
 }
@@ -435,6 +436,8 @@ pub struct Runtime {
     budget: Budget,
     pub(crate) stop: StopHandle,
     turns: u64,
+    /// Writes sent through handles, for `serve`.
+    pub(crate) inbox: crate::run::serve::Inbox,
 }
 
 impl Runtime {
@@ -464,6 +467,10 @@ impl Runtime {
     /// Gives the context back.
     pub fn into_context(self) -> Context {
         self.context
+    }
+
+    pub(crate) fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     /// A handle that stops a running turn from another task.

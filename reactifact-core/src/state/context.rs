@@ -489,6 +489,20 @@ impl Context {
         Ok(rejected)
     }
 
+    /// Commits `ops` as one direct write (no agent, produce or trigger); nothing if they
+    /// change nothing.
+    pub(crate) fn commit_direct(&mut self, ops: Vec<Op>) -> Result<(), WriteError> {
+        let run = RunRecord {
+            agent: None,
+            produce: None,
+            trigger: None,
+            ops,
+            reads: Vec::new(),
+        };
+        self.commit_runs(vec![run], 0, false, true, None)?;
+        Ok(())
+    }
+
     /// Consumes queued events that no produce reacts to, without a commit (a durable store
     /// records the consumption, so it survives a restart).
     pub(crate) fn consume_events(&mut self, count: usize) -> Result<(), StoreError> {
@@ -596,14 +610,6 @@ impl Transaction<'_> {
         if self.ops.is_empty() {
             return Ok(());
         }
-        let run = RunRecord {
-            agent: None,
-            produce: None,
-            trigger: None,
-            ops: self.ops,
-            reads: Vec::new(),
-        };
-        self.context.commit_runs(vec![run], 0, false, true, None)?;
-        Ok(())
+        self.context.commit_direct(self.ops)
     }
 }

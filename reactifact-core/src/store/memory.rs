@@ -1,74 +1,932 @@
-//! TEMPORARY STUB on the lead's branch: helper M's MemoryOutbox replaces this file.
-#![allow(missing_docs, unused)]
+//! The in-memory outbox: the delivery ledger of a context that has no durable store, shared by
+//! the context and its forks through an `Arc`.
+//!
+//! Every operation runs synchronously under one [`Mutex`], which is never held across an
+//! await: the futures the [`OutboxStore`] methods return do all their work in their first
+//! poll. The costs, with `n` the entries of the ledger:
+//!
+//! - *register*, *record*, *renew*, *retry*, *cancel*: O(1) amortised per intent (plus one
+//!   step per session an intent is attached to);
+//! - *claim*: O(1) amortised per claimed intent, plus one step per expired lease it reclaims
+//!   and per stale queue item it skips. Due intents wait in one queue per (session, kind) pair
+//!   a claim has asked for (the session or the kind may be "any"), ordered by due time and then
+//!   registration order. A queue is built from the ledger the first time a scope needs it
+//!   (O(n log n), once), and kept up to date from then on, so a claim for session `S` never
+//!   walks other sessions' due entries. A scope naming several sessions or kinds merges their
+//!   queues: O(sessions × kinds) per claimed intent;
+//! - *purge*: O(log n) per purged entry (final entries wait in order of their last change);
+//! - *counts*: O(1) for the whole ledger, one session, or a set of kinds (per-status counters
+//!   are kept for each); O(n) for any other scope;
+//! - *next_due*: like a claim of one intent, plus the in-flight leases it skips until the
+//!   first in scope;
+//! - *list*: O(entries scanned from the cursor).
+//!
+//! Queue items are invalidated lazily: an entry leaving the due state is not looked up in the
+//! queues; its items are skipped when they come to the front, and a queue that has grown to
+//! twice its live length is compacted (amortised O(1) per push).
+//!
+//! Memory: besides the entries, 16 bytes per final entry until it is purged (the purge order),
+//! and, while some intent is always in flight, 4 bytes per claim or renewal made within one
+//! lease duration (the expiry index is cleared whenever nothing is in flight). A purged entry
+//! leaves its key behind (its tombstone), so that the key is never registered again.
+//!
+//! Times are kept in whole milliseconds, like every store: a time passed in is truncated to
+//! its millisecond, except a retry time, which is rounded up (never early).
 
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
+
+use foldhash::HashMap;
 
 use crate::model::action::ActionKey;
-use crate::model::delivery::{Delivery, FenceToken, NewIntent};
-use crate::store::outbox::*;
+use crate::model::delivery::{
+    ceil_millis, from_unix_millis, later, unix_millis, Delivery, DeliveryStatus, FenceToken, Lease, NewIntent,
+};
+use crate::model::hash::ContentHash;
+use crate::store::outbox::{
+    BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome, Page, Recorded,
+    Recording, RetryError, Scope, StatusCounts,
+};
 use crate::store::StoreError;
 
-#[derive(Default)]
-pub struct MemoryOutbox;
+/// The position of an entry in registration order.
+type Pos = u32;
+
+/// A queue item: (due time in Unix milliseconds, position, the entry's stamp when queued).
+type Item = (u64, Pos, u32);
+
+/// "Any session" or "any kind" in a queue key.
+const ANY: u32 = u32::MAX;
+
+/// The outbox of a context without a durable store: the delivery ledger in memory, behind one
+/// lock, implementing the whole [`OutboxStore`] contract (claims with leases and fencing
+/// tokens, reclaim of expired leases, records, renewals, retry, cancel, purge and queries).
+///
+/// A [`Context`](crate::Context) created in memory registers the intents of each commit here
+/// once the commit has succeeded; its forks share the same `MemoryOutbox`, so a key is
+/// delivered once however many branches commit it. A standalone
+/// [`Drainer`](crate::Drainer) can drain it too, through
+/// [`Context::outbox`](crate::Context::outbox).
+///
+/// Nothing survives the process. The costs of its operations are in the module
+/// documentation of `store/memory.rs`: claims, records and registrations are O(1) amortised
+/// per intent.
+pub struct MemoryOutbox {
+    inner: Mutex<Inner>,
+}
 
 impl MemoryOutbox {
+    /// An empty outbox.
     pub fn new() -> Arc<MemoryOutbox> {
-        Arc::new(MemoryOutbox)
+        Arc::new(MemoryOutbox::default())
     }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers the intents of a commit made at `now`, in commit order: a key the outbox has never held is inserted pending, due at `now`, owned by the
+    /// committing session (`intent.origin.session`); a key it holds, not final and owned by
+    /// another session, gets the committing session as a member (attached); a final or purged
+    /// key is left as it is.
+    // Called by the in-memory context after each commit, and by the contract suite.
     pub(crate) fn register(&self, intents: &[NewIntent], now: SystemTime) {
-        todo!()
+        self.lock().register(intents, now);
+    }
+}
+
+impl Default for MemoryOutbox {
+    fn default() -> Self {
+        MemoryOutbox {
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+}
+
+impl fmt::Debug for MemoryOutbox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = self.lock();
+        f.debug_struct("MemoryOutbox")
+            .field("entries", &inner.slots.len())
+            .field("counts", &inner.tally.total.counts())
+            .finish()
+    }
+}
+
+/// One ledger entry and what the outbox keeps beside it.
+struct Entry {
+    delivery: Delivery,
+    /// The `PendingAction` bytes as committed, and their hash (kept with the row, as a
+    /// durable store keeps them; memory cannot be tampered with, so claims do not re-check).
+    #[allow(dead_code)]
+    bytes: Arc<[u8]>,
+    #[allow(dead_code)]
+    action_hash: ContentHash,
+    /// The owning session's id.
+    session: u32,
+    /// The ids of the sessions the entry is attached to (usually none).
+    members: Vec<u32>,
+    /// The kind's id.
+    kind: u32,
+    /// When the entry is due, in Unix milliseconds, while it is claimable (pending, or failed
+    /// with a retry scheduled); `None` otherwise.
+    due: Option<u64>,
+    /// Bumped every time the entry is queued: queue items with an older stamp are stale.
+    stamp: u32,
+}
+
+impl Entry {
+    fn in_queue(&self, (session, kind): (u32, u32)) -> bool {
+        (session == ANY || self.session == session || self.members.contains(&session))
+            && (kind == ANY || self.kind == kind)
+    }
+}
+
+/// Per-status counters; index by [`class`].
+#[derive(Clone, Copy, Default, Debug)]
+struct Counts([u64; 8]);
+
+impl Counts {
+    fn add(&mut self, other: &Counts) {
+        for (a, b) in self.0.iter_mut().zip(other.0) {
+            *a += b;
+        }
+    }
+
+    fn counts(&self) -> StatusCounts {
+        let c = self.0;
+        StatusCounts {
+            pending: c[0],
+            in_flight: c[1],
+            delivered: c[2],
+            failed: c[3] + c[4],
+            retrying: c[4],
+            dead: c[5],
+            held: c[6],
+            cancelled: c[7],
+        }
+    }
+}
+
+/// Which counter an entry counts in: its status, with failed ones split by whether a retry
+/// is scheduled.
+fn class(d: &Delivery) -> usize {
+    match d.status {
+        DeliveryStatus::Pending => 0,
+        DeliveryStatus::InFlight => 1,
+        DeliveryStatus::Delivered => 2,
+        DeliveryStatus::Failed if d.next_attempt_at.is_some() => 4,
+        DeliveryStatus::Failed => 3,
+        DeliveryStatus::Dead => 5,
+        DeliveryStatus::Held => 6,
+        DeliveryStatus::Cancelled => 7,
+    }
+}
+
+/// The counters of the whole ledger, of each kind and of each session (owned and attached).
+#[derive(Default)]
+struct Tally {
+    total: Counts,
+    by_kind: Vec<Counts>,
+    by_session: Vec<Counts>,
+}
+
+impl Tally {
+    /// Moves an entry from one counter to another (`None`: not counted, before registration
+    /// or after a purge).
+    fn moved(&mut self, e: &Entry, from: Option<usize>, to: Option<usize>) {
+        if from == to {
+            return;
+        }
+        let sessions = std::iter::once(e.session).chain(e.members.iter().copied());
+        let kind = &mut self.by_kind[e.kind as usize];
+        for counts in [&mut self.total, kind] {
+            shift(counts, from, to);
+        }
+        for s in sessions {
+            shift(&mut self.by_session[s as usize], from, to);
+        }
+    }
+}
+
+fn shift(counts: &mut Counts, from: Option<usize>, to: Option<usize>) {
+    if let Some(f) = from {
+        counts.0[f] -= 1;
+    }
+    if let Some(t) = to {
+        counts.0[t] += 1;
+    }
+}
+
+/// Interned names (sessions or kinds), so that entries and queues carry small ids.
+#[derive(Default)]
+struct Names {
+    ids: HashMap<Arc<str>, u32>,
+    names: Vec<Arc<str>>,
+}
+
+impl Names {
+    fn get(&self, name: &str) -> Option<u32> {
+        self.ids.get(name).copied()
+    }
+
+    /// The id of `name`, and whether it is new.
+    fn intern(&mut self, name: &Arc<str>) -> (u32, bool) {
+        if let Some(&id) = self.ids.get(&**name) {
+            return (id, false);
+        }
+        let id = u32::try_from(self.names.len()).expect("fewer than 2^32 names");
+        self.ids.insert(name.clone(), id);
+        self.names.push(name.clone());
+        (id, true)
+    }
+}
+
+/// Items ordered by (time, position): a FIFO while they come in order (the common case:
+/// registration and record times grow), and an ordered set for the rest.
+#[derive(Default)]
+struct OrderedQueue {
+    fifo: VecDeque<Item>,
+    out_of_order: BTreeSet<Item>,
+    /// The length after the last compaction.
+    compacted: usize,
+}
+
+impl OrderedQueue {
+    fn push(&mut self, item: Item) {
+        match self.fifo.back() {
+            Some(&(at, pos, _)) if (item.0, item.1) < (at, pos) => {
+                self.out_of_order.insert(item);
+            }
+            _ => self.fifo.push_back(item),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.fifo.len() + self.out_of_order.len()
+    }
+
+    /// The smallest item, and whether it is the FIFO's.
+    fn peek(&self) -> Option<(Item, bool)> {
+        match (self.fifo.front(), self.out_of_order.first()) {
+            (Some(&a), Some(&b)) if (b.0, b.1) < (a.0, a.1) => Some((b, false)),
+            (Some(&a), _) => Some((a, true)),
+            (None, Some(&b)) => Some((b, false)),
+            (None, None) => None,
+        }
+    }
+
+    fn pop(&mut self) -> Option<Item> {
+        match self.peek()? {
+            (_, true) => self.fifo.pop_front(),
+            (_, false) => self.out_of_order.pop_first(),
+        }
+    }
+
+    /// The first live item, dropping the stale ones before it.
+    fn front(&mut self, slots: &[Option<Entry>]) -> Option<Item> {
+        while let Some((item, _)) = self.peek() {
+            if live(slots, item) {
+                return Some(item);
+            }
+            self.pop();
+        }
+        None
+    }
+
+    /// Pushes `item`, compacting the queue when stale items make up more than half of it.
+    fn push_live(&mut self, item: Item, slots: &[Option<Entry>]) {
+        self.push(item);
+        if self.len() > 2 * self.compacted + 64 {
+            self.fifo.retain(|&it| live(slots, it));
+            self.out_of_order.retain(|&it| live(slots, it));
+            self.compacted = self.len();
+        }
+    }
+}
+
+/// Whether a queue item still stands for its entry: the entry is due then, and was queued
+/// with this stamp.
+fn live(slots: &[Option<Entry>], (due, pos, stamp): Item) -> bool {
+    slots
+        .get(pos as usize)
+        .and_then(Option::as_ref)
+        .is_some_and(|e| e.due == Some(due) && e.stamp == stamp)
+}
+
+/// Whether the entry at `pos` is in flight under a lease expiring at `expiry` (Unix ms).
+fn holds_lease(slots: &[Option<Entry>], pos: Pos, expiry: u64) -> bool {
+    slots[pos as usize].as_ref().is_some_and(|e| {
+        e.delivery.status == DeliveryStatus::InFlight
+            && e.delivery
+                .lease
+                .as_ref()
+                .is_some_and(|l| unix_millis(l.expires_at) == expiry)
+    })
+}
+
+/// Pushes the item of the entry at `pos` onto every existing queue the entry belongs to.
+fn enqueue(queues: &mut HashMap<(u32, u32), OrderedQueue>, slots: &[Option<Entry>], pos: Pos, item: Item) {
+    if queues.is_empty() {
+        return;
+    }
+    let Some(e) = slots[pos as usize].as_ref() else {
+        return;
+    };
+    for session in std::iter::once(ANY)
+        .chain(std::iter::once(e.session))
+        .chain(e.members.iter().copied())
+    {
+        for kind in [ANY, e.kind] {
+            if let Some(q) = queues.get_mut(&(session, kind)) {
+                q.push_live(item, slots);
+            }
+        }
+    }
+}
+
+/// The time `t` kept at millisecond resolution (truncated).
+fn millis(t: SystemTime) -> (u64, SystemTime) {
+    let ms = unix_millis(t);
+    (ms, from_unix_millis(ms))
+}
+
+/// Puts this in-flight entry, whose lease expired, back to pending, counting the expired
+/// lease and saying why in `last_error` (the wording of the ledger's `reclaim`).
+fn reclaim(entry: &mut Delivery) {
+    let owner = entry
+        .lease
+        .take()
+        .map_or_else(|| "an unknown drainer".to_owned(), |l| l.owner.to_string());
+    entry.status = DeliveryStatus::Pending;
+    entry.expired_leases += 1;
+    entry.last_error = Some(format!(
+        "attempt {} was in flight under the lease of {owner}, which expired before its outcome was recorded; \
+         the receiver may have seen it, so it is delivered again with the same key",
+        entry.attempts
+    ));
+}
+
+/// The ledger, behind the outbox's lock.
+#[derive(Default)]
+struct Inner {
+    /// Entries in registration order; `None` once purged.
+    slots: Vec<Option<Entry>>,
+    /// Every key ever registered (purged ones too: their tombstone).
+    index: HashMap<ActionKey, Pos>,
+    sessions: Names,
+    kinds: Names,
+    /// Due queues by (session id or [`ANY`], kind id or [`ANY`]), built when a scope first
+    /// needs one.
+    queues: HashMap<(u32, u32), OrderedQueue>,
+    /// In-flight entries by lease expiry (Unix milliseconds): the positions that took or
+    /// renewed a lease expiring then. An entry that left flight, or moved to a renewed lease,
+    /// is skipped when its old expiry comes.
+    leases: BTreeMap<u64, Vec<Pos>>,
+    /// Final entries by the time they became final, for purge.
+    finals: OrderedQueue,
+    tally: Tally,
+    /// The queue keys of the scope being claimed (kept to reuse its allocation).
+    scratch: Vec<(u32, u32)>,
+    /// The positions a claim took (kept to reuse its allocation).
+    taken: Vec<Pos>,
+}
+
+impl Inner {
+    fn session_id(&mut self, name: &Arc<str>) -> u32 {
+        let (id, new) = self.sessions.intern(name);
+        if new {
+            self.tally.by_session.push(Counts::default());
+        }
+        id
+    }
+
+    fn kind_id(&mut self, name: &Arc<str>) -> u32 {
+        let (id, new) = self.kinds.intern(name);
+        if new {
+            self.tally.by_kind.push(Counts::default());
+        }
+        id
+    }
+
+    fn entry(&self, key: &str) -> Option<(Pos, &Entry)> {
+        let &pos = self.index.get(key)?;
+        self.slots[pos as usize].as_ref().map(|e| (pos, e))
+    }
+
+    #[cfg_attr(not(feature = "store-contract"), allow(dead_code))]
+    fn register(&mut self, intents: &[NewIntent], now: SystemTime) {
+        let (now_ms, now) = millis(now);
+        for new in intents {
+            let session = self.session_id(&new.intent.origin.session);
+            if let Some(&pos) = self.index.get(new.intent.key.as_str()) {
+                let Some(e) = self.slots[pos as usize].as_mut() else {
+                    continue; // purged: never registered again
+                };
+                if e.delivery.status.is_final() || e.session == session || e.members.contains(&session) {
+                    continue;
+                }
+                e.members.push(session);
+                let class = class(&e.delivery);
+                shift(&mut self.tally.by_session[session as usize], None, Some(class));
+                if let Some(due) = e.due {
+                    let item = (due, pos, e.stamp);
+                    let kind = e.kind;
+                    for key in [(session, ANY), (session, kind)] {
+                        if let Some(q) = self.queues.get_mut(&key) {
+                            q.push_live(item, &self.slots);
+                        }
+                    }
+                }
+                continue;
+            }
+            let kind = self.kind_id(&new.intent.kind);
+            let pos = Pos::try_from(self.slots.len()).expect("fewer than 2^32 intents");
+            let mut intent = new.intent.clone();
+            intent.attempt = 0;
+            let entry = Entry {
+                delivery: Delivery::new(intent, now),
+                bytes: new.bytes.clone(),
+                action_hash: new.action_hash,
+                session,
+                members: Vec::new(),
+                kind,
+                due: Some(now_ms),
+                stamp: 1,
+            };
+            self.tally.moved(&entry, None, Some(0));
+            self.index.insert(new.intent.key.clone(), pos);
+            self.slots.push(Some(entry));
+            enqueue(&mut self.queues, &self.slots, pos, (now_ms, pos, 1));
+        }
+    }
+
+    /// Applies `change` to the live entry at `pos` at `now` (whole milliseconds), and keeps
+    /// the counters, the due queues and the purge order up to date. Entries entering pending
+    /// are due at `now`; failed ones with a retry at their `next_attempt_at`.
+    fn transition(&mut self, pos: Pos, now: SystemTime, change: impl FnOnce(&mut Delivery)) -> DeliveryStatus {
+        let (now_ms, now) = millis(now);
+        let e = self.slots[pos as usize].as_mut().expect("a live entry");
+        let from = class(&e.delivery);
+        change(&mut e.delivery);
+        let d = &mut e.delivery;
+        d.updated_at = now;
+        d.intent.attempt = d.attempts;
+        let status = d.status;
+        e.due = match status {
+            DeliveryStatus::Pending => Some(now_ms),
+            DeliveryStatus::Failed => d.next_attempt_at.map(unix_millis),
+            _ => None,
+        };
+        let to = class(&e.delivery);
+        self.tally.moved(e, Some(from), Some(to));
+        if let Some(due) = e.due {
+            e.stamp = e.stamp.wrapping_add(1);
+            let item = (due, pos, e.stamp);
+            enqueue(&mut self.queues, &self.slots, pos, item);
+        } else if status.is_final() {
+            self.finals.push((now_ms, pos, 0));
+        }
+        status
+    }
+
+    /// Puts every in-flight entry whose lease expired at `now` back to pending, due now.
+    fn reclaim_expired(&mut self, now: SystemTime) -> usize {
+        let (now_ms, _) = millis(now);
+        let mut reclaimed = 0;
+        while let Some(expiring) = self.leases.first_entry() {
+            if *expiring.key() > now_ms {
+                break;
+            }
+            let (expiry, positions) = expiring.remove_entry();
+            for pos in positions {
+                if holds_lease(&self.slots, pos, expiry) {
+                    self.transition(pos, now, reclaim);
+                    reclaimed += 1;
+                }
+            }
+        }
+        self.forget_leases_if_none_in_flight();
+        reclaimed
+    }
+
+    /// Drops the expiries of leases that have all ended.
+    fn forget_leases_if_none_in_flight(&mut self) {
+        if self.tally.total.0[1] == 0 {
+            self.leases.clear();
+        }
+    }
+
+    /// The queue keys of `scope` in `self.scratch`, every queue built.
+    fn scope_queues(&mut self, scope: &Scope) {
+        let mut keys = std::mem::take(&mut self.scratch);
+        keys.clear();
+        let sessions = scope.session_filter().map_or(1, <[_]>::len);
+        for s in 0..sessions {
+            let session = match scope.session_filter() {
+                None => ANY,
+                Some(names) => self.session_id(&names[s]),
+            };
+            match scope.kind_filter() {
+                None => {
+                    if !keys.contains(&(session, ANY)) {
+                        keys.push((session, ANY));
+                    }
+                }
+                Some(kinds) => {
+                    for kind in kinds {
+                        let key = (session, self.kind_id(kind));
+                        if !keys.contains(&key) {
+                            keys.push(key);
+                        }
+                    }
+                }
+            }
+        }
+        for &key in &keys {
+            if !self.queues.contains_key(&key) {
+                let mut items: Vec<Item> = self
+                    .slots
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(pos, e)| {
+                        let e = e.as_ref()?;
+                        let due = e.due?;
+                        e.in_queue(key).then_some((due, pos as Pos, e.stamp))
+                    })
+                    .collect();
+                items.sort_unstable();
+                let mut queue = OrderedQueue::default();
+                for item in items {
+                    queue.push(item);
+                }
+                queue.compacted = queue.len();
+                self.queues.insert(key, queue);
+            }
+        }
+        self.scratch = keys;
+    }
+
+    /// The earliest live item of the scope's queues (in `self.scratch`), and which queue.
+    fn earliest(&mut self) -> Option<(Item, usize)> {
+        let mut best: Option<(Item, usize)> = None;
+        for (i, key) in self.scratch.iter().enumerate() {
+            let queue = self.queues.get_mut(key).expect("scope queues are built");
+            if let Some(item) = queue.front(&self.slots) {
+                if best.is_none_or(|(b, _)| (item.0, item.1) < (b.0, b.1)) {
+                    best = Some((item, i));
+                }
+            }
+        }
+        best
+    }
+
+    fn claim(&mut self, request: &ClaimRequest<'_>) -> Claimed {
+        let reclaimed = self.reclaim_expired(request.now);
+        let mut claims = Vec::with_capacity(request.limit.min(1024));
+        if request.limit == 0 {
+            return Claimed {
+                claims,
+                reclaimed,
+                integrity: Vec::new(),
+            };
+        }
+        let (now_ms, now) = millis(request.now);
+        let (expiry_ms, expires_at) = millis(later(now, request.lease));
+        self.scope_queues(request.scope);
+        let mut taken = std::mem::take(&mut self.taken);
+        while claims.len() < request.limit {
+            let Some((item, queue)) = self.earliest() else { break };
+            if item.0 > now_ms {
+                break;
+            }
+            self.queues.get_mut(&self.scratch[queue]).expect("built").pop();
+            let pos = item.1;
+            let e = self.slots[pos as usize].as_mut().expect("a live item");
+            let from = class(&e.delivery);
+            e.due = None;
+            let d = &mut e.delivery;
+            d.status = DeliveryStatus::InFlight;
+            d.attempts = d.attempts.saturating_add(1);
+            d.intent.attempt = d.attempts;
+            d.token = FenceToken(d.token.0 + 1);
+            d.lease = Some(Lease {
+                owner: request.owner.clone(),
+                expires_at,
+                token: d.token,
+            });
+            d.next_attempt_at = None;
+            d.updated_at = now;
+            self.tally.moved(e, Some(from), Some(1));
+            claims.push(e.delivery.clone());
+            taken.push(pos);
+        }
+        if !taken.is_empty() {
+            self.leases.entry(expiry_ms).or_default().append(&mut taken);
+        }
+        self.taken = taken;
+        Claimed {
+            claims,
+            reclaimed,
+            integrity: Vec::new(),
+        }
+    }
+
+    fn record(&mut self, recording: &Recording, now: SystemTime) -> Recorded {
+        let held = self.entry(recording.key.as_str()).and_then(|(pos, e)| {
+            let d = &e.delivery;
+            (d.status == DeliveryStatus::InFlight && d.token == recording.token).then_some(pos)
+        });
+        let Some(pos) = held else {
+            let current = self.entry(recording.key.as_str()).map(|(_, e)| &e.delivery);
+            return Recorded::Stale {
+                status: current.map(|d| d.status),
+                token: current.map_or(FenceToken(0), |d| d.token),
+            };
+        };
+        let (_, now_t) = millis(now);
+        let status = self.transition(pos, now, |d| {
+            d.lease = None;
+            match &recording.outcome {
+                Outcome::Delivered => {
+                    d.status = DeliveryStatus::Delivered;
+                    d.last_error = None;
+                    d.delivered_at = Some(now_t);
+                }
+                Outcome::Failed { error, next } => {
+                    d.last_error = Some(error.clone());
+                    match *next {
+                        FailedAttempt::RetryAt(at) => {
+                            d.status = DeliveryStatus::Failed;
+                            d.next_attempt_at = Some(ceil_millis(at));
+                        }
+                        FailedAttempt::AwaitRetry => d.status = DeliveryStatus::Failed,
+                        FailedAttempt::Dead => d.status = DeliveryStatus::Dead,
+                    }
+                }
+                Outcome::Held { reason } => {
+                    d.status = DeliveryStatus::Held;
+                    d.attempts = d.attempts.saturating_sub(1);
+                    d.last_error = Some(reason.clone());
+                }
+                Outcome::Interrupted { reason } => {
+                    d.status = DeliveryStatus::Pending;
+                    d.interrupted += 1;
+                    d.last_error = Some(reason.clone());
+                }
+                Outcome::Released => {
+                    d.status = DeliveryStatus::Pending;
+                    d.attempts = d.attempts.saturating_sub(1);
+                }
+            }
+        });
+        self.forget_leases_if_none_in_flight();
+        Recorded::Accepted(status)
+    }
+
+    fn renew(&mut self, key: &str, token: FenceToken, until: SystemTime) -> bool {
+        let (until_ms, until) = millis(until);
+        let Some(&pos) = self.index.get(key) else {
+            return false;
+        };
+        let Some(e) = self.slots[pos as usize].as_mut() else {
+            return false;
+        };
+        let d = &mut e.delivery;
+        match &mut d.lease {
+            Some(lease) if d.status == DeliveryStatus::InFlight && d.token == token => {
+                lease.expires_at = until;
+                self.leases.entry(until_ms).or_default().push(pos);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn retry(&mut self, key: &str, now: SystemTime) -> Result<Delivery, RetryError> {
+        let Some((pos, e)) = self.entry(key) else {
+            return Err(RetryError::UnknownKey(ActionKey::from(key)));
+        };
+        let status = e.delivery.status;
+        if !matches!(
+            status,
+            DeliveryStatus::Failed | DeliveryStatus::Dead | DeliveryStatus::Held
+        ) {
+            return Err(RetryError::NotFailed {
+                key: e.delivery.intent.key.clone(),
+                status,
+            });
+        }
+        self.transition(pos, now, |d| {
+            d.status = DeliveryStatus::Pending;
+            d.next_attempt_at = None;
+        });
+        Ok(self.slots[pos as usize].as_ref().expect("live").delivery.clone())
+    }
+
+    fn cancel(&mut self, key: &str, reason: &str, now: SystemTime) -> Result<Delivery, CancelError> {
+        let Some((pos, e)) = self.entry(key) else {
+            return Err(CancelError::UnknownKey(ActionKey::from(key)));
+        };
+        match e.delivery.status {
+            DeliveryStatus::Cancelled => return Ok(e.delivery.clone()),
+            DeliveryStatus::Pending | DeliveryStatus::Failed | DeliveryStatus::Dead | DeliveryStatus::Held => {}
+            status => {
+                return Err(CancelError::NotCancellable {
+                    key: e.delivery.intent.key.clone(),
+                    status,
+                })
+            }
+        }
+        self.transition(pos, now, |d| {
+            d.status = DeliveryStatus::Cancelled;
+            d.next_attempt_at = None;
+            d.cancel_reason = Some(reason.to_owned());
+        });
+        Ok(self.slots[pos as usize].as_ref().expect("live").delivery.clone())
+    }
+
+    fn purge(&mut self, before: SystemTime, limit: usize) -> u64 {
+        let mut purged = 0;
+        while purged < limit as u64 {
+            let Some(((changed, pos, _), _)) = self.finals.peek() else {
+                break;
+            };
+            if from_unix_millis(changed) >= before {
+                break;
+            }
+            self.finals.pop();
+            if let Some(e) = self.slots[pos as usize].take() {
+                self.tally.moved(&e, Some(class(&e.delivery)), None);
+                purged += 1;
+            }
+        }
+        purged
+    }
+
+    fn admits(&self, e: &Entry, scope: &Scope) -> bool {
+        let sessions = std::iter::once(e.session)
+            .chain(e.members.iter().copied())
+            .map(|s| &*self.sessions.names[s as usize]);
+        scope.admits(&self.kinds.names[e.kind as usize], sessions)
+    }
+
+    fn list(&self, query: &LedgerQuery) -> Page {
+        let start = query
+            .after
+            .map_or(0, |after| usize::try_from(after).unwrap_or(usize::MAX));
+        let mut entries = Vec::new();
+        let mut last = 0;
+        let mut next = None;
+        if query.limit == 0 {
+            return Page { entries, next };
+        }
+        for (pos, e) in self.slots.iter().enumerate().skip(start) {
+            let Some(e) = e else { continue };
+            if query.status.is_some_and(|s| s != e.delivery.status) || !self.admits(e, &query.scope) {
+                continue;
+            }
+            if entries.len() == query.limit {
+                // One more matches: the cursor is the sequence number (position + 1) of the
+                // last entry taken.
+                next = Some(last as u64 + 1);
+                break;
+            }
+            entries.push(e.delivery.clone());
+            last = pos;
+        }
+        Page { entries, next }
+    }
+
+    fn counts(&self, scope: &Scope) -> StatusCounts {
+        match (scope.session_filter(), scope.kind_filter()) {
+            (None, None) => self.tally.total.counts(),
+            (None, Some(kinds)) => {
+                let mut sum = Counts::default();
+                for (i, kind) in kinds.iter().enumerate() {
+                    if kinds[..i].contains(kind) {
+                        continue;
+                    }
+                    if let Some(id) = self.kinds.get(kind) {
+                        sum.add(&self.tally.by_kind[id as usize]);
+                    }
+                }
+                sum.counts()
+            }
+            (Some([session]), None) => self
+                .sessions
+                .get(session)
+                .map_or_else(StatusCounts::default, |id| self.tally.by_session[id as usize].counts()),
+            _ => {
+                let mut sum = Counts::default();
+                for e in self.slots.iter().flatten() {
+                    if self.admits(e, scope) {
+                        sum.0[class(&e.delivery)] += 1;
+                    }
+                }
+                sum.counts()
+            }
+        }
+    }
+
+    fn next_due(&mut self, scope: &Scope) -> Option<SystemTime> {
+        self.scope_queues(scope);
+        let due = self.earliest().map(|(item, _)| item.0);
+        // Drop fully stale leases from the front, then find the first live one in scope.
+        while let Some(first) = self.leases.first_entry() {
+            let expiry = *first.key();
+            let any_live = first.get().iter().any(|&pos| holds_lease(&self.slots, pos, expiry));
+            if any_live {
+                break;
+            }
+            first.remove();
+        }
+        let lease = self.leases.iter().find_map(|(&expiry, positions)| {
+            positions
+                .iter()
+                .any(|&pos| {
+                    holds_lease(&self.slots, pos, expiry)
+                        && self.slots[pos as usize].as_ref().is_some_and(|e| self.admits(e, scope))
+                })
+                .then_some(expiry)
+        });
+        due.into_iter().chain(lease).min().map(from_unix_millis)
     }
 }
 
 impl OutboxStore for MemoryOutbox {
     fn describe(&self) -> String {
-        "memory".into()
+        "memory".to_owned()
     }
+
     fn claim<'a>(&'a self, request: ClaimRequest<'a>) -> BoxFuture<'a, Result<Claimed, StoreError>> {
-        todo!()
+        Box::pin(async move { Ok(self.lock().claim(&request)) })
     }
+
     fn record<'a>(
         &'a self,
         outcomes: &'a [Recording],
         now: SystemTime,
     ) -> BoxFuture<'a, Result<Vec<Recorded>, StoreError>> {
-        todo!()
+        Box::pin(async move {
+            let mut inner = self.lock();
+            Ok(outcomes.iter().map(|r| inner.record(r, now)).collect())
+        })
     }
+
     fn submit(&self, outcomes: Vec<Recording>, now: SystemTime) {
-        todo!()
+        let mut inner = self.lock();
+        for recording in &outcomes {
+            inner.record(recording, now);
+        }
     }
+
     fn renew<'a>(
         &'a self,
         held: &'a [(ActionKey, FenceToken)],
         until: SystemTime,
     ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
-        todo!()
+        Box::pin(async move {
+            let mut inner = self.lock();
+            Ok(held
+                .iter()
+                .map(|(key, token)| inner.renew(key.as_str(), *token, until))
+                .collect())
+        })
     }
+
     fn retry<'a>(&'a self, key: &'a str, now: SystemTime) -> BoxFuture<'a, Result<Delivery, RetryError>> {
-        todo!()
+        Box::pin(async move { self.lock().retry(key, now) })
     }
+
     fn cancel<'a>(
         &'a self,
         key: &'a str,
         reason: &'a str,
         now: SystemTime,
     ) -> BoxFuture<'a, Result<Delivery, CancelError>> {
-        todo!()
+        Box::pin(async move { self.lock().cancel(key, reason, now) })
     }
+
     fn purge(&self, before: SystemTime, limit: usize) -> BoxFuture<'_, Result<u64, StoreError>> {
-        todo!()
+        Box::pin(async move { Ok(self.lock().purge(before, limit)) })
     }
+
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Delivery>, StoreError>> {
-        todo!()
+        Box::pin(async move { Ok(self.lock().entry(key).map(|(_, e)| e.delivery.clone())) })
     }
+
     fn list<'a>(&'a self, query: &'a LedgerQuery) -> BoxFuture<'a, Result<Page, StoreError>> {
-        todo!()
+        Box::pin(async move { Ok(self.lock().list(query)) })
     }
+
     fn counts<'a>(&'a self, scope: &'a Scope) -> BoxFuture<'a, Result<StatusCounts, StoreError>> {
-        todo!()
+        Box::pin(async move { Ok(self.lock().counts(scope)) })
     }
+
     fn next_due<'a>(&'a self, scope: &'a Scope) -> BoxFuture<'a, Result<Option<SystemTime>, StoreError>> {
-        todo!()
+        Box::pin(async move { Ok(self.lock().next_due(scope)) })
     }
 }

@@ -5,6 +5,8 @@
 //! open it hands back the log and the ledger, from which the context is rebuilt.
 
 mod codec;
+#[cfg(feature = "store-contract")]
+pub mod contract;
 pub(crate) mod memory;
 pub(crate) mod outbox;
 mod sqlite;

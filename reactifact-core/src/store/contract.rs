@@ -1,0 +1,1386 @@
+//! The store contract suite: what every [`OutboxStore`] must do, written once against
+//! `Arc<dyn OutboxStore>` and a registration hook, and run against each store (memory,
+//! SQLite, and the stores of other crates such as a PostgreSQL one).
+//!
+//! A store's tests implement [`ContractHarness`] (a fresh, empty store per check, and a way to
+//! register intents as a commit of a session at a given time would) and call [`run_all`], or
+//! the checks one by one. Every check panics with a message naming what was violated.
+//!
+//! All times are explicit ([`at`]): the suite never sleeps and never reads a clock.
+//!
+//! Enabled by the `store-contract` feature. Not public API: it may change in any release.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use crate::model::action::{ActionKey, Intent, Origin, PendingAction};
+use crate::model::artifact::Generation;
+use crate::model::delivery::{Delivery, DeliveryStatus, FenceToken, NewIntent};
+use crate::model::hash::{content_hash, CommitHash};
+use crate::store::memory::MemoryOutbox;
+use crate::store::outbox::{
+    BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome, Recorded,
+    Recording, RetryError, Scope, StatusCounts,
+};
+
+/// Creates fresh stores for the checks.
+pub trait ContractHarness: Send + Sync {
+    /// A new, empty store.
+    fn fresh(&self) -> BoxFuture<'_, Box<dyn ContractStore>>;
+}
+
+/// One store under test.
+pub trait ContractStore: Send {
+    /// The store's outbox.
+    fn outbox(&self) -> Arc<dyn OutboxStore>;
+
+    /// Registers `keys` (key, kind), in order, as one commit of `session` made at `now`
+    /// would: new keys pending and due at `now`, owned by `session`; keys already held
+    /// attached to `session` unless final or purged. The store must take `now` as the commit
+    /// time (whole milliseconds).
+    fn register<'a>(
+        &'a mut self,
+        session: &'a str,
+        keys: &'a [(&'a str, &'a str)],
+        now: SystemTime,
+    ) -> BoxFuture<'a, ()>;
+}
+
+/// The harness of [`MemoryOutbox`]: registers through `MemoryOutbox::register`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemoryHarness;
+
+struct MemoryStore {
+    outbox: Arc<MemoryOutbox>,
+    generation: u64,
+}
+
+impl ContractHarness for MemoryHarness {
+    fn fresh(&self) -> BoxFuture<'_, Box<dyn ContractStore>> {
+        Box::pin(async {
+            Box::new(MemoryStore {
+                outbox: MemoryOutbox::new(),
+                generation: 0,
+            }) as Box<dyn ContractStore>
+        })
+    }
+}
+
+impl ContractStore for MemoryStore {
+    fn outbox(&self) -> Arc<dyn OutboxStore> {
+        self.outbox.clone()
+    }
+
+    fn register<'a>(
+        &'a mut self,
+        session: &'a str,
+        keys: &'a [(&'a str, &'a str)],
+        now: SystemTime,
+    ) -> BoxFuture<'a, ()> {
+        self.generation += 1;
+        let intents = new_intents(session, self.generation, keys);
+        self.outbox.register(&intents, now);
+        Box::pin(std::future::ready(()))
+    }
+}
+
+/// The intents a commit of `session` at `generation` would hand its store for `keys`: the
+/// payload is the key's bytes, encoded.
+pub(crate) fn new_intents(session: &str, generation: u64, keys: &[(&str, &str)]) -> Vec<NewIntent> {
+    let session: Arc<str> = Arc::from(session);
+    keys.iter()
+        .enumerate()
+        .map(|(run, &(key, kind))| {
+            let payload = rmp_serde::to_vec_named(&key).expect("a string encodes");
+            let action = PendingAction {
+                kind: kind.to_owned(),
+                key: key.to_owned(),
+                payload: payload.clone(),
+            };
+            let bytes = rmp_serde::to_vec_named(&action).expect("a PendingAction encodes");
+            NewIntent {
+                intent: Intent {
+                    key: ActionKey::from(key),
+                    kind: Arc::from(kind),
+                    payload: Arc::from(payload),
+                    origin: Origin {
+                        session: session.clone(),
+                        commit: CommitHash([generation as u8; 32]),
+                        generation: Generation(generation),
+                        run: run as u32,
+                    },
+                    attempt: 0,
+                },
+                action_hash: content_hash(&bytes),
+                bytes: Arc::from(bytes),
+            }
+        })
+        .collect()
+}
+
+/// The suite's clock: `ms` milliseconds after a fixed instant (2023-11-14).
+pub fn at(ms: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_millis(BASE_MS + ms)
+}
+
+const BASE_MS: u64 = 1_700_000_000_000;
+
+/// `t` as milliseconds after [`at`]`(0)` (for messages and the model).
+fn ms(t: SystemTime) -> u64 {
+    let since = t.duration_since(SystemTime::UNIX_EPOCH).expect("after the epoch");
+    u64::try_from(since.as_millis()).expect("fits") - BASE_MS
+}
+
+/// Runs every check against fresh stores of `harness`.
+pub async fn run_all(harness: &dyn ContractHarness) {
+    register_once_per_key(harness).await;
+    attach_to_committing_session(harness).await;
+    claim_due_in_order(harness).await;
+    claim_sets_token_attempts_lease(harness).await;
+    claim_limit_and_scope(harness).await;
+    concurrent_claimers_are_disjoint(harness).await;
+    record_outcomes(harness).await;
+    stale_token_changes_nothing(harness).await;
+    reclaim_makes_old_token_stale(harness).await;
+    renew_only_for_holder(harness).await;
+    reclaim_only_after_expiry(harness).await;
+    retry_at_not_before(harness).await;
+    retry_cancel_legality(harness).await;
+    purge_rules(harness).await;
+    queries(harness).await;
+    differential(harness, 0x5eed, 400).await;
+}
+
+// ---- helpers ----
+
+const OWNER: &str = "drainer-1";
+const LEASE: Duration = Duration::from_secs(30);
+
+async fn claim_with(
+    o: &dyn OutboxStore,
+    scope: &Scope,
+    limit: usize,
+    owner: &str,
+    lease: Duration,
+    now: SystemTime,
+) -> Claimed {
+    let owner: Arc<str> = Arc::from(owner);
+    o.claim(ClaimRequest {
+        scope,
+        limit,
+        owner: &owner,
+        lease,
+        now,
+    })
+    .await
+    .unwrap_or_else(|e| panic!("claim failed: {e}"))
+}
+
+async fn claim(o: &dyn OutboxStore, limit: usize, now: SystemTime) -> Claimed {
+    claim_with(o, &Scope::all(), limit, OWNER, LEASE, now).await
+}
+
+fn keys(claimed: &Claimed) -> Vec<&str> {
+    claimed.claims.iter().map(|d| d.key().as_str()).collect()
+}
+
+async fn get(o: &dyn OutboxStore, key: &str) -> Delivery {
+    o.get(key)
+        .await
+        .unwrap_or_else(|e| panic!("get({key}) failed: {e}"))
+        .unwrap_or_else(|| panic!("get({key}): the store does not hold the key"))
+}
+
+async fn record(o: &dyn OutboxStore, key: &str, token: FenceToken, outcome: Outcome, now: SystemTime) -> Recorded {
+    let recording = [Recording {
+        key: ActionKey::from(key),
+        token,
+        outcome,
+    }];
+    let mut out = o
+        .record(&recording, now)
+        .await
+        .unwrap_or_else(|e| panic!("record failed: {e}"));
+    assert_eq!(out.len(), 1, "record returns one result per recording");
+    out.remove(0)
+}
+
+async fn counts(o: &dyn OutboxStore, scope: &Scope) -> StatusCounts {
+    o.counts(scope).await.unwrap_or_else(|e| panic!("counts failed: {e}"))
+}
+
+fn failed(next: FailedAttempt) -> Outcome {
+    Outcome::Failed {
+        error: "boom".to_owned(),
+        next,
+    }
+}
+
+async fn fresh(h: &dyn ContractHarness) -> (Box<dyn ContractStore>, Arc<dyn OutboxStore>) {
+    let store = h.fresh().await;
+    let outbox = store.outbox();
+    (store, outbox)
+}
+
+// ---- checks ----
+
+/// A key is registered once: registering it again neither duplicates nor resets it.
+pub async fn register_once_per_key(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    s.register("a", &[("k1", "x"), ("k2", "x")], at(0)).await;
+    let c = claim(&*o, 1, at(10)).await;
+    assert_eq!(
+        keys(&c),
+        ["k1"],
+        "register_once: the first registered key is claimed first"
+    );
+    s.register("a", &[("k1", "x"), ("k3", "x")], at(20)).await;
+    s.register("a", &[("k3", "x")], at(30)).await;
+    let k1 = get(&*o, "k1").await;
+    assert_eq!(
+        k1.status(),
+        DeliveryStatus::InFlight,
+        "register_once: a second registration reset k1"
+    );
+    assert_eq!(k1.token(), FenceToken(1), "register_once: token of k1");
+    assert_eq!(k1.recorded_at(), at(0), "register_once: recorded_at of k1 changed");
+    assert_eq!(
+        get(&*o, "k3").await.recorded_at(),
+        at(20),
+        "register_once: k3 registered at its first commit"
+    );
+    let total = counts(&*o, &Scope::all()).await.total();
+    assert_eq!(total, 3, "register_once: three keys, counted once each");
+    let page = o.list(&LedgerQuery::default()).await.expect("list");
+    let listed: Vec<&str> = page.entries.iter().map(|d| d.key().as_str()).collect();
+    assert_eq!(
+        listed,
+        ["k1", "k2", "k3"],
+        "register_once: list in registration order, once each"
+    );
+}
+
+/// A key registered by `a` and committed again by `b` is in `b`'s scope too (attached); a
+/// final key is not attached.
+pub async fn attach_to_committing_session(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    s.register("a", &[("k1", "x"), ("k2", "x")], at(0)).await;
+    let c = claim_with(&*o, &Scope::all(), 1, OWNER, LEASE, at(1)).await;
+    assert_eq!(keys(&c), ["k1"]);
+    let t = c.claims[0].token();
+    assert_eq!(
+        record(&*o, "k1", t, Outcome::Delivered, at(2)).await,
+        Recorded::Accepted(DeliveryStatus::Delivered)
+    );
+    s.register("b", &[("k2", "x"), ("k1", "x")], at(3)).await;
+    let b = Scope::session("b");
+    let cb = counts(&*o, &b).await;
+    assert_eq!(
+        cb.pending, 1,
+        "attach: k2 (registered by a, committed by b) is in b's scope: {cb:?}"
+    );
+    assert_eq!(cb.delivered, 0, "attach: a delivered key is not attached: {cb:?}");
+    let c = claim_with(&*o, &b, 10, OWNER, LEASE, at(4)).await;
+    assert_eq!(keys(&c), ["k2"], "attach: b's claim takes the attached key");
+    assert_eq!(c.claims[0].origin().session(), "a", "attach: the origin stays a's");
+    assert_eq!(
+        counts(&*o, &Scope::session("a")).await.in_flight,
+        1,
+        "attach: still in a's scope"
+    );
+    assert!(claim_with(&*o, &Scope::session("c"), 10, OWNER, LEASE, at(5))
+        .await
+        .claims
+        .is_empty());
+}
+
+/// Claims take only due intents, in the order they fell due, then registration order.
+pub async fn claim_due_in_order(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    s.register("a", &[("k1", "x"), ("k2", "x"), ("k3", "x"), ("k4", "x")], at(0))
+        .await;
+    let c = claim(&*o, 2, at(0)).await;
+    assert_eq!(keys(&c), ["k1", "k2"], "order: registration order at one due time");
+    let (t1, t2) = (c.claims[0].token(), c.claims[1].token());
+    record(&*o, "k1", t1, failed(FailedAttempt::RetryAt(at(50))), at(1)).await;
+    record(&*o, "k2", t2, Outcome::Released, at(5)).await;
+    s.register("a", &[("k5", "x")], at(10)).await;
+    s.register("a", &[("k6", "x")], at(100)).await;
+    let c = claim(&*o, 10, at(49)).await;
+    assert_eq!(
+        keys(&c),
+        ["k3", "k4", "k2", "k5"],
+        "order: by due time, then registration; k1 not yet due, k6 not before t=100"
+    );
+    s.register("a", &[("k7", "x")], at(60)).await;
+    let c = claim(&*o, 10, at(99)).await;
+    assert_eq!(
+        keys(&c),
+        ["k1", "k7"],
+        "order: the retry due at 50 before the intent registered at 60"
+    );
+    let c = claim(&*o, 10, at(100)).await;
+    assert_eq!(
+        keys(&c),
+        ["k6"],
+        "order: a pending intent is due at its registration time"
+    );
+}
+
+/// A claim puts each intent in flight: token + 1, attempts + 1, the lease, no next attempt.
+pub async fn claim_sets_token_attempts_lease(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    s.register("a", &[("k1", "x")], at(0)).await;
+    let c = claim_with(&*o, &Scope::all(), 5, "me", Duration::from_millis(700), at(10)).await;
+    assert_eq!(c.claims.len(), 1);
+    let d = &c.claims[0];
+    assert_eq!(d.status(), DeliveryStatus::InFlight, "claim: status");
+    assert_eq!(d.attempts(), 1, "claim: attempts");
+    assert_eq!(d.intent().attempt(), 1, "claim: the intent's attempt");
+    assert_eq!(d.token(), FenceToken(1), "claim: token");
+    let lease = d.lease().expect("claim: a lease");
+    assert_eq!(
+        (&*lease.owner, lease.expires_at, lease.token),
+        ("me", at(710), FenceToken(1)),
+        "claim: lease"
+    );
+    assert_eq!(d.updated_at(), at(10), "claim: updated_at");
+    assert_eq!(d.next_attempt_at(), None);
+    let g = get(&*o, "k1").await;
+    assert_eq!(
+        (g.status(), g.token(), g.attempts(), g.lease()),
+        (d.status(), d.token(), d.attempts(), d.lease()),
+        "claim: get agrees"
+    );
+    record(&*o, "k1", d.token(), Outcome::Released, at(11)).await;
+    let c = claim(&*o, 5, at(12)).await;
+    let d = &c.claims[0];
+    assert_eq!(
+        (d.token(), d.attempts()),
+        (FenceToken(2), 1),
+        "claim: the token grows on every claim, a released attempt is uncounted"
+    );
+}
+
+/// Claims respect their limit and scope (sessions, kinds); intents of other kinds stay
+/// claimable.
+pub async fn claim_limit_and_scope(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    s.register("a", &[("a1", "x"), ("a2", "y"), ("a3", "x"), ("a4", "y")], at(0))
+        .await;
+    s.register("b", &[("b1", "x"), ("b2", "y")], at(0)).await;
+    assert!(
+        claim(&*o, 0, at(1)).await.claims.is_empty(),
+        "scope: limit 0 claims nothing"
+    );
+    let ax = Scope::session("a").kinds(["x"]);
+    let c = claim_with(&*o, &ax, 1, OWNER, LEASE, at(1)).await;
+    assert_eq!(keys(&c), ["a1"], "scope: session a, kind x, limit 1");
+    let c = claim_with(&*o, &ax, 10, OWNER, LEASE, at(1)).await;
+    assert_eq!(keys(&c), ["a3"], "scope: session a, kind x");
+    let c = claim_with(&*o, &Scope::all().kinds(["x"]), 10, OWNER, LEASE, at(1)).await;
+    assert_eq!(keys(&c), ["b1"], "scope: kind x of any session");
+    let c = claim_with(&*o, &Scope::sessions(Scope::all(), ["b", "a"]), 2, OWNER, LEASE, at(1)).await;
+    assert_eq!(
+        keys(&c),
+        ["a2", "a4"],
+        "scope: sessions a and b, registration order, limit 2"
+    );
+    let c = claim(&*o, 10, at(1)).await;
+    assert_eq!(keys(&c), ["b2"], "scope: the rest stays claimable");
+}
+
+/// Eight concurrent claimers, seven at a time, over 500 intents: disjoint, and together
+/// everything. Run it on a multi-threaded runtime to make the claims race.
+pub async fn concurrent_claimers_are_disjoint(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    let names: Vec<String> = (0..500).map(|i| format!("k{i:03}")).collect();
+    let keys_: Vec<(&str, &str)> = names.iter().map(|k| (k.as_str(), "x")).collect();
+    s.register("a", &keys_, at(0)).await;
+    let mut tasks = Vec::new();
+    for t in 0..8 {
+        let o = o.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                let c = claim_with(&*o, &Scope::all(), 7, &format!("claimer-{t}"), LEASE, at(1)).await;
+                if c.claims.is_empty() {
+                    break mine;
+                }
+                assert!(c.claims.len() <= 7, "concurrent: a claim exceeded its limit");
+                mine.extend(c.claims.into_iter().map(|d| d.key().to_string()));
+                tokio::task::yield_now().await;
+            }
+        }));
+    }
+    let mut seen = HashSet::new();
+    for task in tasks {
+        for key in task.await.expect("a claimer panicked") {
+            assert!(seen.insert(key.clone()), "concurrent: {key} claimed twice");
+        }
+    }
+    assert_eq!(seen.len(), 500, "concurrent: every intent claimed");
+}
+
+/// Each outcome moves the intent as the trait documents, and ends the lease.
+pub async fn record_outcomes(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    let ks = ["d", "r", "w", "x", "h", "i", "l"];
+    let reg: Vec<(&str, &str)> = ks.iter().map(|k| (*k, "x")).collect();
+    s.register("a", &reg, at(0)).await;
+    let c = claim(&*o, 10, at(1)).await;
+    assert_eq!(c.claims.len(), 7);
+    let tok = FenceToken(1);
+    let outcomes = [
+        ("d", Outcome::Delivered, DeliveryStatus::Delivered),
+        ("r", failed(FailedAttempt::RetryAt(at(90))), DeliveryStatus::Failed),
+        ("w", failed(FailedAttempt::AwaitRetry), DeliveryStatus::Failed),
+        ("x", failed(FailedAttempt::Dead), DeliveryStatus::Dead),
+        (
+            "h",
+            Outcome::Held {
+                reason: "no route".to_owned(),
+            },
+            DeliveryStatus::Held,
+        ),
+        (
+            "i",
+            Outcome::Interrupted {
+                reason: "cut".to_owned(),
+            },
+            DeliveryStatus::Pending,
+        ),
+        ("l", Outcome::Released, DeliveryStatus::Pending),
+    ];
+    for (key, outcome, status) in outcomes {
+        let got = record(&*o, key, tok, outcome, at(5)).await;
+        assert_eq!(got, Recorded::Accepted(status), "record: {key}");
+        let d = get(&*o, key).await;
+        assert_eq!(d.status(), status, "record: status of {key}");
+        assert!(d.lease().is_none(), "record: the lease of {key} ended");
+        assert_eq!(d.updated_at(), at(5), "record: updated_at of {key}");
+        assert_eq!(d.token(), tok, "record: the token of {key} unchanged");
+        let (attempts, interrupted, error, next, delivered) = match key {
+            "d" => (1, 0, None, None, Some(at(5))),
+            "r" => (1, 0, Some("boom"), Some(at(90)), None),
+            "w" | "x" => (1, 0, Some("boom"), None, None),
+            "h" => (0, 0, Some("no route"), None, None),
+            "i" => (1, 1, Some("cut"), None, None),
+            _ => (0, 0, None, None, None),
+        };
+        assert_eq!(d.attempts(), attempts, "record: attempts of {key}");
+        assert_eq!(d.interrupted_attempts(), interrupted, "record: interrupted of {key}");
+        assert_eq!(d.last_error(), error, "record: last_error of {key}");
+        assert_eq!(d.next_attempt_at(), next, "record: next_attempt_at of {key}");
+        assert_eq!(d.delivered_at(), delivered, "record: delivered_at of {key}");
+    }
+    let c = claim(&*o, 10, at(5)).await;
+    assert_eq!(keys(&c), ["i", "l"], "record: interrupted and released are due at once");
+    let counts = counts(&*o, &Scope::all()).await;
+    assert_eq!(
+        (
+            counts.failed,
+            counts.retrying,
+            counts.dead,
+            counts.held,
+            counts.delivered
+        ),
+        (2, 1, 1, 1, 1),
+        "record: counts {counts:?}"
+    );
+}
+
+/// An outcome under a token that does not hold the intent is `Stale`, and changes nothing.
+pub async fn stale_token_changes_nothing(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    s.register("a", &[("k1", "x")], at(0)).await;
+    claim(&*o, 1, at(1)).await;
+    let before = format!("{:?}", get(&*o, "k1").await);
+    let got = record(&*o, "k1", FenceToken(2), Outcome::Delivered, at(2)).await;
+    assert_eq!(
+        got,
+        Recorded::Stale {
+            status: Some(DeliveryStatus::InFlight),
+            token: FenceToken(1)
+        },
+        "stale: a wrong token"
+    );
+    assert_eq!(format!("{:?}", get(&*o, "k1").await), before, "stale: nothing changed");
+    assert_eq!(
+        record(&*o, "k1", FenceToken(1), Outcome::Delivered, at(3)).await,
+        Recorded::Accepted(DeliveryStatus::Delivered)
+    );
+    let got = record(&*o, "k1", FenceToken(1), failed(FailedAttempt::Dead), at(4)).await;
+    assert_eq!(
+        got,
+        Recorded::Stale {
+            status: Some(DeliveryStatus::Delivered),
+            token: FenceToken(1)
+        },
+        "stale: after the outcome"
+    );
+    assert_eq!(
+        get(&*o, "k1").await.status(),
+        DeliveryStatus::Delivered,
+        "stale: delivered stays delivered"
+    );
+    let got = record(&*o, "nope", FenceToken(1), Outcome::Delivered, at(4)).await;
+    assert_eq!(
+        got,
+        Recorded::Stale {
+            status: None,
+            token: FenceToken(0)
+        },
+        "stale: an unknown key"
+    );
+}
+
+/// After a reclaim, the old token is stale even before anyone claims the intent again.
+pub async fn reclaim_makes_old_token_stale(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    s.register("a", &[("k1", "x")], at(0)).await;
+    claim_with(&*o, &Scope::all(), 1, OWNER, Duration::from_millis(100), at(0)).await;
+    let c = claim(&*o, 0, at(100)).await;
+    assert_eq!(c.reclaimed, 1, "reclaim: a claim at the expiry reclaims");
+    let d = get(&*o, "k1").await;
+    assert_eq!(d.status(), DeliveryStatus::Pending, "reclaim: pending again");
+    assert_eq!(
+        (d.expired_leases(), d.token(), d.attempts()),
+        (1, FenceToken(1), 1),
+        "reclaim: expired, token and attempts"
+    );
+    assert!(d.lease().is_none(), "reclaim: lease cleared");
+    assert_eq!(d.updated_at(), at(100), "reclaim: updated_at");
+    let error = d.last_error().unwrap_or_default();
+    assert!(
+        error.contains(OWNER) && error.contains('1'),
+        "reclaim: last_error names the attempt and owner: {error}"
+    );
+    let got = record(&*o, "k1", FenceToken(1), Outcome::Delivered, at(101)).await;
+    assert_eq!(
+        got,
+        Recorded::Stale {
+            status: Some(DeliveryStatus::Pending),
+            token: FenceToken(1)
+        },
+        "reclaim: old token stale"
+    );
+    let renewed = o
+        .renew(&[(ActionKey::from("k1"), FenceToken(1))], at(500))
+        .await
+        .expect("renew");
+    assert_eq!(renewed, [false], "reclaim: the old holder cannot renew");
+    let c = claim(&*o, 1, at(102)).await;
+    assert_eq!(
+        (keys(&c), c.claims[0].token()),
+        (vec!["k1"], FenceToken(2)),
+        "reclaim: claimed again with the next token"
+    );
+}
+
+/// Only the holder renews; a renewed lease is not reclaimed before its new expiry.
+pub async fn renew_only_for_holder(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    s.register("a", &[("k1", "x"), ("k2", "x")], at(0)).await;
+    claim_with(&*o, &Scope::all(), 1, OWNER, Duration::from_millis(100), at(0)).await;
+    let held = [
+        (ActionKey::from("k1"), FenceToken(1)),
+        (ActionKey::from("k1"), FenceToken(7)),
+        (ActionKey::from("k2"), FenceToken(0)),
+        (ActionKey::from("nope"), FenceToken(1)),
+    ];
+    let renewed = o.renew(&held, at(500)).await.expect("renew");
+    assert_eq!(renewed, [true, false, false, false], "renew: only the holder's token");
+    assert_eq!(
+        get(&*o, "k1").await.lease().map(|l| l.expires_at),
+        Some(at(500)),
+        "renew: the new expiry"
+    );
+    assert_eq!(
+        claim(&*o, 0, at(100)).await.reclaimed,
+        0,
+        "renew: not reclaimed at the old expiry"
+    );
+    assert_eq!(
+        claim(&*o, 0, at(499)).await.reclaimed,
+        0,
+        "renew: not reclaimed before the new expiry"
+    );
+    assert_eq!(
+        claim(&*o, 0, at(500)).await.reclaimed,
+        1,
+        "renew: reclaimed at the new expiry"
+    );
+}
+
+/// A lease expiring at `t` is reclaimed by a claim at `t`, not at `t − 1 ms`; the same claim
+/// may take it again.
+pub async fn reclaim_only_after_expiry(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    s.register("a", &[("k1", "x")], at(0)).await;
+    claim_with(&*o, &Scope::all(), 1, "old", Duration::from_millis(100), at(0)).await;
+    let c = claim(&*o, 5, at(99)).await;
+    assert_eq!(
+        (c.reclaimed, c.claims.len()),
+        (0, 0),
+        "expiry: nothing reclaimed 1 ms early"
+    );
+    assert_eq!(get(&*o, "k1").await.status(), DeliveryStatus::InFlight);
+    let c = claim(&*o, 5, at(100)).await;
+    assert_eq!(c.reclaimed, 1, "expiry: reclaimed at the expiry");
+    assert_eq!(keys(&c), ["k1"], "expiry: the reclaiming claim takes it");
+    let d = &c.claims[0];
+    assert_eq!((d.token(), d.attempts(), d.expired_leases()), (FenceToken(2), 2, 1));
+    assert_eq!(d.lease().map(|l| &*l.owner), Some(OWNER));
+}
+
+/// A failed intent with a retry at `t` is not claimable before `t`, and is at `t`; retry
+/// times are kept rounded up to the millisecond.
+pub async fn retry_at_not_before(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    s.register("a", &[("k1", "x"), ("k2", "x")], at(0)).await;
+    claim(&*o, 2, at(1)).await;
+    record(
+        &*o,
+        "k1",
+        FenceToken(1),
+        failed(FailedAttempt::RetryAt(at(200))),
+        at(10),
+    )
+    .await;
+    let sub = at(300) + Duration::from_micros(500);
+    record(&*o, "k2", FenceToken(1), failed(FailedAttempt::RetryAt(sub)), at(10)).await;
+    assert_eq!(
+        get(&*o, "k2").await.next_attempt_at(),
+        Some(at(301)),
+        "retry_at: rounded up to the millisecond"
+    );
+    assert!(
+        claim(&*o, 5, at(199)).await.claims.is_empty(),
+        "retry_at: not claimable before"
+    );
+    assert_eq!(
+        keys(&claim(&*o, 5, at(200)).await),
+        ["k1"],
+        "retry_at: claimable at its time"
+    );
+    assert!(
+        claim(&*o, 5, at(300)).await.claims.is_empty(),
+        "retry_at: not early for a sub-millisecond time"
+    );
+    let c = claim(&*o, 5, at(301)).await;
+    assert_eq!(keys(&c), ["k2"]);
+    assert_eq!(
+        c.claims[0].next_attempt_at(),
+        None,
+        "retry_at: a claim clears next_attempt_at"
+    );
+}
+
+/// What an operator's retry and cancel accept and refuse.
+pub async fn retry_cancel_legality(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    s.register(
+        "a",
+        &[
+            ("p", "x"),
+            ("f", "x"),
+            ("d", "x"),
+            ("h", "x"),
+            ("ok", "x"),
+            ("fly", "x"),
+        ],
+        at(0),
+    )
+    .await;
+    claim(&*o, 6, at(1)).await;
+    record(&*o, "p", FenceToken(1), Outcome::Released, at(2)).await;
+    record(&*o, "f", FenceToken(1), failed(FailedAttempt::RetryAt(at(1000))), at(2)).await;
+    record(&*o, "d", FenceToken(1), failed(FailedAttempt::Dead), at(2)).await;
+    record(&*o, "h", FenceToken(1), Outcome::Held { reason: "r".to_owned() }, at(2)).await;
+    record(&*o, "ok", FenceToken(1), Outcome::Delivered, at(2)).await;
+    assert!(
+        matches!(o.retry("nope", at(3)).await, Err(RetryError::UnknownKey(_))),
+        "retry: unknown key"
+    );
+    for (key, status) in [
+        ("p", DeliveryStatus::Pending),
+        ("ok", DeliveryStatus::Delivered),
+        ("fly", DeliveryStatus::InFlight),
+    ] {
+        match o.retry(key, at(3)).await {
+            Err(RetryError::NotFailed { status: got, .. }) => assert_eq!(got, status, "retry: {key}"),
+            other => panic!("retry: {key} ({status}) must be NotFailed, got {other:?}"),
+        }
+    }
+    for key in ["f", "d", "h"] {
+        let d = o
+            .retry(key, at(4))
+            .await
+            .unwrap_or_else(|e| panic!("retry: {key}: {e}"));
+        assert_eq!(
+            (d.status(), d.next_attempt_at(), d.updated_at()),
+            (DeliveryStatus::Pending, None, at(4)),
+            "retry: {key} re-armed"
+        );
+    }
+    assert_eq!(
+        keys(&claim(&*o, 10, at(4)).await),
+        ["p", "f", "d", "h"],
+        "retry: re-armed intents are due at once"
+    );
+    for (key, outcome) in [
+        ("p", Outcome::Released),
+        ("f", failed(FailedAttempt::AwaitRetry)),
+        ("d", failed(FailedAttempt::Dead)),
+    ] {
+        record(&*o, key, FenceToken(2), outcome, at(5)).await;
+    }
+    assert!(
+        matches!(o.cancel("nope", "why", at(6)).await, Err(CancelError::UnknownKey(_))),
+        "cancel: unknown key"
+    );
+    for (key, status) in [
+        ("ok", DeliveryStatus::Delivered),
+        ("fly", DeliveryStatus::InFlight),
+        ("h", DeliveryStatus::InFlight),
+    ] {
+        match o.cancel(key, "why", at(6)).await {
+            Err(CancelError::NotCancellable { status: got, .. }) => assert_eq!(got, status, "cancel: {key}"),
+            other => panic!("cancel: {key} ({status}) must be NotCancellable, got {other:?}"),
+        }
+    }
+    for key in ["p", "f", "d"] {
+        let d = o
+            .cancel(key, "why", at(7))
+            .await
+            .unwrap_or_else(|e| panic!("cancel: {key}: {e}"));
+        assert_eq!(
+            (d.status(), d.cancel_reason(), d.updated_at()),
+            (DeliveryStatus::Cancelled, Some("why"), at(7)),
+            "cancel: {key}"
+        );
+    }
+    let again = o
+        .cancel("p", "other", at(8))
+        .await
+        .expect("cancel: a cancelled intent again is Ok");
+    assert_eq!(
+        (again.cancel_reason(), again.updated_at()),
+        (Some("why"), at(7)),
+        "cancel: cancelling again changes nothing"
+    );
+    match o.retry("p", at(9)).await {
+        Err(RetryError::NotFailed {
+            status: DeliveryStatus::Cancelled,
+            ..
+        }) => {}
+        other => panic!("retry: a cancelled intent must be NotFailed, got {other:?}"),
+    }
+    assert!(
+        claim(&*o, 10, at(2000)).await.claims.is_empty(),
+        "cancel: cancelled intents are never claimed"
+    );
+}
+
+/// Purge deletes only final entries last changed before the cutoff, oldest first, at most
+/// `limit`; a purged key registered again stays absent.
+pub async fn purge_rules(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    s.register(
+        "a",
+        &[("k1", "x"), ("k2", "x"), ("k3", "x"), ("k4", "x"), ("k5", "x")],
+        at(0),
+    )
+    .await;
+    claim(&*o, 5, at(1)).await;
+    record(&*o, "k2", FenceToken(1), Outcome::Delivered, at(20)).await;
+    record(&*o, "k1", FenceToken(1), Outcome::Delivered, at(10)).await;
+    record(&*o, "k3", FenceToken(1), Outcome::Released, at(2)).await;
+    o.cancel("k3", "no", at(30)).await.expect("cancel");
+    record(&*o, "k4", FenceToken(1), Outcome::Released, at(3)).await;
+    record(&*o, "k5", FenceToken(1), failed(FailedAttempt::Dead), at(4)).await;
+    assert_eq!(
+        o.purge(at(10), 10).await.expect("purge"),
+        0,
+        "purge: strictly before the cutoff"
+    );
+    assert_eq!(o.purge(at(100), 1).await.expect("purge"), 1, "purge: at most limit");
+    assert!(
+        o.get("k1").await.expect("get").is_none(),
+        "purge: oldest first (k1, changed at 10)"
+    );
+    assert!(o.get("k2").await.expect("get").is_some(), "purge: k2 is newer");
+    assert_eq!(
+        o.purge(at(100), 10).await.expect("purge"),
+        2,
+        "purge: the other final ones"
+    );
+    for key in ["k4", "k5"] {
+        assert!(o.get(key).await.expect("get").is_some(), "purge: {key} is not final");
+    }
+    s.register("b", &[("k1", "x"), ("k3", "x")], at(200)).await;
+    assert!(
+        o.get("k1").await.expect("get").is_none(),
+        "purge: a purged key is not registered again"
+    );
+    let all = counts(&*o, &Scope::all()).await;
+    assert_eq!(
+        (all.total(), all.delivered, all.cancelled),
+        (2, 0, 0),
+        "purge: counts {all:?}"
+    );
+    assert_eq!(
+        keys(&claim(&*o, 10, at(201)).await),
+        ["k4"],
+        "purge: nothing purged is claimed"
+    );
+}
+
+/// Counts, `next_due` and pages.
+pub async fn queries(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    assert_eq!(
+        o.next_due(&Scope::all()).await.expect("next_due"),
+        None,
+        "next_due: empty store"
+    );
+    s.register("a", &[("a1", "x"), ("a2", "y"), ("a3", "x")], at(5)).await;
+    s.register("b", &[("b1", "x"), ("b2", "y")], at(7)).await;
+    assert_eq!(
+        o.next_due(&Scope::all()).await.expect("next_due"),
+        Some(at(5)),
+        "next_due: the earliest pending"
+    );
+    assert_eq!(
+        o.next_due(&Scope::session("b")).await.expect("next_due"),
+        Some(at(7)),
+        "next_due: b's"
+    );
+    let c = claim_with(&*o, &Scope::session("a"), 10, OWNER, Duration::from_millis(100), at(10)).await;
+    assert_eq!(c.claims.len(), 3);
+    record(&*o, "a1", FenceToken(1), failed(FailedAttempt::RetryAt(at(50))), at(11)).await;
+    assert_eq!(
+        o.next_due(&Scope::session("a")).await.expect("next_due"),
+        Some(at(50)),
+        "next_due: a retry before a lease"
+    );
+    record(&*o, "a1", FenceToken(1), Outcome::Delivered, at(12)).await; // stale: no change
+    o.cancel("a1", "no", at(12)).await.expect("cancel");
+    assert_eq!(
+        o.next_due(&Scope::session("a")).await.expect("next_due"),
+        Some(at(110)),
+        "next_due: the lease expiry"
+    );
+    assert_eq!(
+        o.next_due(&Scope::all().kinds(["y"])).await.expect("next_due"),
+        Some(at(7)),
+        "next_due: kind y"
+    );
+    let a = counts(&*o, &Scope::session("a")).await;
+    assert_eq!(
+        (a.in_flight, a.cancelled, a.pending, a.total()),
+        (2, 1, 0, 3),
+        "counts: a {a:?}"
+    );
+    let x = counts(&*o, &Scope::all().kinds(["x"])).await;
+    assert_eq!((x.in_flight, x.cancelled, x.pending), (1, 1, 1), "counts: kind x {x:?}");
+    let bx = counts(&*o, &Scope::session("b").kinds(["x"])).await;
+    assert_eq!(bx.total(), 1, "counts: b and x {bx:?}");
+    assert_eq!(
+        counts(&*o, &Scope::session("zz")).await.total(),
+        0,
+        "counts: an unknown session"
+    );
+    // Pages of two, in registration order.
+    let mut query = LedgerQuery {
+        limit: 2,
+        ..LedgerQuery::default()
+    };
+    let mut seen = Vec::new();
+    loop {
+        let page = o.list(&query).await.expect("list");
+        assert!(page.entries.len() <= 2, "list: a page exceeded its limit");
+        seen.extend(page.entries.iter().map(|d| d.key().to_string()));
+        match page.next {
+            Some(next) => query.after = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(
+        seen,
+        ["a1", "a2", "a3", "b1", "b2"],
+        "list: every entry once, in registration order"
+    );
+    let query = LedgerQuery {
+        scope: Scope::all().kinds(["y"]),
+        status: Some(DeliveryStatus::Pending),
+        ..LedgerQuery::default()
+    };
+    let page = o.list(&query).await.expect("list");
+    let listed: Vec<&str> = page.entries.iter().map(|d| d.key().as_str()).collect();
+    assert_eq!((listed, page.next), (vec!["b2"], None), "list: by kind and status");
+}
+
+// ---- the differential test ----
+
+/// A tiny xorshift generator, so the differential test needs no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The reference model's entry: everything in whole milliseconds after [`at`]`(0)`.
+#[derive(Clone, Debug)]
+struct Model {
+    key: String,
+    kind: String,
+    owner: String,
+    members: Vec<String>,
+    status: DeliveryStatus,
+    attempts: u32,
+    last_error: Option<String>,
+    /// `last_error` is the reclaim sentence naming this owner (compared loosely).
+    reclaimed_from: Option<String>,
+    recorded: u64,
+    updated: u64,
+    delivered: Option<u64>,
+    lease: Option<(String, u64)>,
+    expired: u32,
+    interrupted: u32,
+    next: Option<u64>,
+    token: u64,
+    cancel: Option<String>,
+    due: Option<u64>,
+    purged: bool,
+}
+
+impl Model {
+    fn in_scope(&self, scope: &Scope) -> bool {
+        let sessions = std::iter::once(self.owner.as_str()).chain(self.members.iter().map(String::as_str));
+        scope.admits(&self.kind, sessions)
+    }
+
+    fn set(&mut self, status: DeliveryStatus, now: u64) {
+        self.status = status;
+        self.updated = now;
+        self.due = match status {
+            DeliveryStatus::Pending => Some(now),
+            DeliveryStatus::Failed => self.next,
+            _ => None,
+        };
+    }
+}
+
+fn check_entry(d: &Delivery, m: &Model, step: usize) {
+    let what = format!("differential step {step}, key {}", m.key);
+    assert_eq!(d.status(), m.status, "{what}: status");
+    assert_eq!(d.kind(), m.kind, "{what}: kind");
+    assert_eq!(d.origin().session(), m.owner, "{what}: owner");
+    assert_eq!(d.attempts(), m.attempts, "{what}: attempts");
+    assert_eq!(d.token(), FenceToken(m.token), "{what}: token");
+    assert_eq!(ms(d.recorded_at()), m.recorded, "{what}: recorded_at");
+    assert_eq!(ms(d.updated_at()), m.updated, "{what}: updated_at");
+    assert_eq!(d.delivered_at().map(ms), m.delivered, "{what}: delivered_at");
+    assert_eq!(d.next_attempt_at().map(ms), m.next, "{what}: next_attempt_at");
+    assert_eq!(d.expired_leases(), m.expired, "{what}: expired_leases");
+    assert_eq!(d.interrupted_attempts(), m.interrupted, "{what}: interrupted");
+    assert_eq!(d.cancel_reason(), m.cancel.as_deref(), "{what}: cancel_reason");
+    let lease = d.lease().map(|l| (l.owner.to_string(), ms(l.expires_at), l.token));
+    assert_eq!(
+        lease,
+        m.lease.as_ref().map(|(o, e)| (o.clone(), *e, FenceToken(m.token))),
+        "{what}: lease"
+    );
+    match &m.reclaimed_from {
+        Some(owner) => {
+            let error = d.last_error().unwrap_or_default();
+            assert!(
+                error.contains(owner.as_str()),
+                "{what}: reclaim error names {owner}: {error}"
+            );
+        }
+        None => assert_eq!(d.last_error(), m.last_error.as_deref(), "{what}: last_error"),
+    }
+}
+
+fn model_counts(model: &[Model], scope: &Scope) -> StatusCounts {
+    let mut c = StatusCounts::default();
+    for m in model.iter().filter(|m| !m.purged && m.in_scope(scope)) {
+        match m.status {
+            DeliveryStatus::Pending => c.pending += 1,
+            DeliveryStatus::InFlight => c.in_flight += 1,
+            DeliveryStatus::Delivered => c.delivered += 1,
+            DeliveryStatus::Failed => {
+                c.failed += 1;
+                c.retrying += u64::from(m.next.is_some());
+            }
+            DeliveryStatus::Dead => c.dead += 1,
+            DeliveryStatus::Held => c.held += 1,
+            DeliveryStatus::Cancelled => c.cancelled += 1,
+        }
+    }
+    c
+}
+
+fn model_next_due(model: &[Model], scope: &Scope) -> Option<u64> {
+    model
+        .iter()
+        .filter(|m| !m.purged && m.in_scope(scope))
+        .filter_map(|m| m.due.or(m.lease.as_ref().map(|l| l.1)))
+        .min()
+}
+
+/// Random operation sequences (seeded) against the store and a trivially correct model (a
+/// vector scanned for every operation), comparing every result and, after each step, every
+/// entry, the counts and `next_due` of several scopes, and a full listing.
+pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
+    let (mut s, o) = fresh(h).await;
+    let mut rng = Rng(seed | 1);
+    let mut model: Vec<Model> = Vec::new();
+    let mut now = 0u64;
+    let sessions = ["a", "b", "c"];
+    let owners = ["d1", "d2"];
+    let key_names: Vec<String> = (0..24).map(|i| format!("k{i:02}")).collect();
+    let kind_of = |i: usize| if i % 3 == 0 { "y" } else { "x" };
+    let scopes = [
+        Scope::all(),
+        Scope::session("a"),
+        Scope::session("b"),
+        Scope::all().kinds(["x"]),
+        Scope::session("c").kinds(["y"]),
+        Scope::all().sessions(["a", "c"]),
+    ];
+    for step in 0..steps {
+        now += rng.below(4);
+        match rng.below(10) {
+            0 | 1 => {
+                let session = sessions[rng.below(3) as usize];
+                let n = 1 + rng.below(4) as usize;
+                let picked: Vec<usize> = (0..n).map(|_| rng.below(key_names.len() as u64) as usize).collect();
+                let reg: Vec<(&str, &str)> = picked.iter().map(|&i| (key_names[i].as_str(), kind_of(i))).collect();
+                s.register(session, &reg, at(now)).await;
+                for &(key, kind) in &reg {
+                    match model.iter_mut().find(|m| m.key == key) {
+                        Some(m) => {
+                            if !m.purged
+                                && !m.status.is_final()
+                                && m.owner != session
+                                && !m.members.iter().any(|x| x == session)
+                            {
+                                m.members.push(session.to_owned());
+                            }
+                        }
+                        None => model.push(Model {
+                            key: key.to_owned(),
+                            kind: kind.to_owned(),
+                            owner: session.to_owned(),
+                            members: Vec::new(),
+                            status: DeliveryStatus::Pending,
+                            attempts: 0,
+                            last_error: None,
+                            reclaimed_from: None,
+                            recorded: now,
+                            updated: now,
+                            delivered: None,
+                            lease: None,
+                            expired: 0,
+                            interrupted: 0,
+                            next: None,
+                            token: 0,
+                            cancel: None,
+                            due: Some(now),
+                            purged: false,
+                        }),
+                    }
+                }
+            }
+            2 | 3 => {
+                let scope = &scopes[rng.below(scopes.len() as u64) as usize];
+                let limit = rng.below(5) as usize;
+                let owner = owners[rng.below(2) as usize];
+                let lease = 1 + rng.below(12);
+                let got = claim_with(&*o, scope, limit, owner, Duration::from_millis(lease), at(now)).await;
+                let mut reclaimed = 0;
+                for m in model.iter_mut().filter(|m| !m.purged) {
+                    if m.status == DeliveryStatus::InFlight && m.lease.as_ref().is_some_and(|l| l.1 <= now) {
+                        let (old, _) = m.lease.take().expect("in flight");
+                        m.expired += 1;
+                        m.reclaimed_from = Some(old);
+                        m.set(DeliveryStatus::Pending, now);
+                        reclaimed += 1;
+                    }
+                }
+                assert_eq!(got.reclaimed, reclaimed, "differential step {step}: reclaimed");
+                let mut due: Vec<(u64, usize)> = model
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, m)| !m.purged && m.in_scope(scope) && m.due.is_some_and(|d| d <= now))
+                    .map(|(i, m)| (m.due.expect("due"), i))
+                    .collect();
+                due.sort();
+                due.truncate(limit);
+                let expected: Vec<&str> = due.iter().map(|&(_, i)| model[i].key.as_str()).collect();
+                assert_eq!(
+                    keys(&got),
+                    expected,
+                    "differential step {step}: claim {scope:?} limit {limit} at {now}"
+                );
+                for &(_, i) in &due {
+                    let m = &mut model[i];
+                    m.attempts += 1;
+                    m.token += 1;
+                    m.next = None;
+                    m.lease = Some((owner.to_owned(), now + lease));
+                    m.set(DeliveryStatus::InFlight, now);
+                }
+                for d in &got.claims {
+                    let m = model.iter().find(|m| m.key == d.key().as_str()).expect("claimed key");
+                    check_entry(d, m, step);
+                }
+            }
+            4 | 5 => {
+                let i = rng.below(key_names.len() as u64 + 1) as usize;
+                let key = key_names.get(i).map_or("nope", String::as_str);
+                let current = model.iter().find(|m| m.key == key).map_or(0, |m| m.token);
+                let token = current.saturating_sub(rng.below(2));
+                let outcome = match rng.below(7) {
+                    0 | 1 => Outcome::Delivered,
+                    2 => failed(FailedAttempt::RetryAt(
+                        at(now + rng.below(10)) + Duration::from_micros(rng.below(2) * 300),
+                    )),
+                    3 => failed(if rng.below(2) == 0 {
+                        FailedAttempt::AwaitRetry
+                    } else {
+                        FailedAttempt::Dead
+                    }),
+                    4 => Outcome::Held {
+                        reason: "held".to_owned(),
+                    },
+                    5 => Outcome::Interrupted {
+                        reason: "cut".to_owned(),
+                    },
+                    _ => Outcome::Released,
+                };
+                let got = record(&*o, key, FenceToken(token), outcome.clone(), at(now)).await;
+                let expected = match model.iter_mut().find(|m| m.key == key && !m.purged) {
+                    Some(m) if m.status == DeliveryStatus::InFlight && m.token == token => {
+                        m.lease = None;
+                        let status = match outcome {
+                            Outcome::Delivered => {
+                                m.last_error = None;
+                                m.reclaimed_from = None;
+                                m.delivered = Some(now);
+                                DeliveryStatus::Delivered
+                            }
+                            Outcome::Failed { error, next } => {
+                                m.last_error = Some(error);
+                                m.reclaimed_from = None;
+                                match next {
+                                    FailedAttempt::RetryAt(t) => {
+                                        let since = t.duration_since(at(0)).expect("after");
+                                        m.next = Some(
+                                            since.as_millis() as u64 + u64::from(since.subsec_nanos() % 1_000_000 != 0),
+                                        );
+                                        DeliveryStatus::Failed
+                                    }
+                                    FailedAttempt::AwaitRetry => DeliveryStatus::Failed,
+                                    _ => DeliveryStatus::Dead,
+                                }
+                            }
+                            Outcome::Held { reason } => {
+                                m.attempts = m.attempts.saturating_sub(1);
+                                m.last_error = Some(reason);
+                                m.reclaimed_from = None;
+                                DeliveryStatus::Held
+                            }
+                            Outcome::Interrupted { reason } => {
+                                m.interrupted += 1;
+                                m.last_error = Some(reason);
+                                m.reclaimed_from = None;
+                                DeliveryStatus::Pending
+                            }
+                            _ => {
+                                m.attempts = m.attempts.saturating_sub(1);
+                                DeliveryStatus::Pending
+                            }
+                        };
+                        m.set(status, now);
+                        Recorded::Accepted(status)
+                    }
+                    Some(m) => Recorded::Stale {
+                        status: Some(m.status),
+                        token: FenceToken(m.token),
+                    },
+                    None => Recorded::Stale {
+                        status: None,
+                        token: FenceToken(0),
+                    },
+                };
+                assert_eq!(
+                    got, expected,
+                    "differential step {step}: record {key} #{token} at {now}"
+                );
+            }
+            6 => {
+                let i = rng.below(key_names.len() as u64) as usize;
+                let key = key_names[i].as_str();
+                let current = model.iter().find(|m| m.key == key).map_or(0, |m| m.token);
+                let token = current.saturating_sub(rng.below(2));
+                let until = now + 1 + rng.below(15);
+                let got = o
+                    .renew(&[(ActionKey::from(key), FenceToken(token))], at(until))
+                    .await
+                    .expect("renew");
+                let expected = match model.iter_mut().find(|m| m.key == key && !m.purged) {
+                    Some(m) if m.status == DeliveryStatus::InFlight && m.token == token => {
+                        m.lease.as_mut().expect("in flight").1 = until;
+                        true
+                    }
+                    _ => false,
+                };
+                assert_eq!(got, [expected], "differential step {step}: renew {key} #{token}");
+            }
+            7 => {
+                let key = key_names[rng.below(key_names.len() as u64) as usize].as_str();
+                let got = o.retry(key, at(now)).await;
+                match model.iter_mut().find(|m| m.key == key && !m.purged) {
+                    None => assert!(
+                        matches!(got, Err(RetryError::UnknownKey(_))),
+                        "differential step {step}: retry {key}: {got:?}"
+                    ),
+                    Some(m)
+                        if matches!(
+                            m.status,
+                            DeliveryStatus::Failed | DeliveryStatus::Dead | DeliveryStatus::Held
+                        ) =>
+                    {
+                        m.next = None;
+                        m.set(DeliveryStatus::Pending, now);
+                        check_entry(
+                            &got.unwrap_or_else(|e| panic!("differential step {step}: retry {key}: {e}")),
+                            m,
+                            step,
+                        );
+                    }
+                    Some(m) => match got {
+                        Err(RetryError::NotFailed { status, .. }) if status == m.status => {}
+                        other => panic!("differential step {step}: retry {key} ({}) → {other:?}", m.status),
+                    },
+                }
+            }
+            8 => {
+                let key = key_names[rng.below(key_names.len() as u64) as usize].as_str();
+                let got = o.cancel(key, "stop", at(now)).await;
+                match model.iter_mut().find(|m| m.key == key && !m.purged) {
+                    None => assert!(
+                        matches!(got, Err(CancelError::UnknownKey(_))),
+                        "differential step {step}: cancel {key}: {got:?}"
+                    ),
+                    Some(m) if m.status == DeliveryStatus::Cancelled => {
+                        check_entry(&got.expect("cancel of cancelled is Ok"), m, step);
+                    }
+                    Some(m)
+                        if matches!(
+                            m.status,
+                            DeliveryStatus::Pending
+                                | DeliveryStatus::Failed
+                                | DeliveryStatus::Dead
+                                | DeliveryStatus::Held
+                        ) =>
+                    {
+                        m.next = None;
+                        m.cancel = Some("stop".to_owned());
+                        m.set(DeliveryStatus::Cancelled, now);
+                        check_entry(
+                            &got.unwrap_or_else(|e| panic!("differential step {step}: cancel {key}: {e}")),
+                            m,
+                            step,
+                        );
+                    }
+                    Some(m) => match got {
+                        Err(CancelError::NotCancellable { status, .. }) if status == m.status => {}
+                        other => panic!("differential step {step}: cancel {key} ({}) → {other:?}", m.status),
+                    },
+                }
+            }
+            _ => {
+                let before = now.saturating_sub(rng.below(20));
+                let limit = rng.below(4) as usize;
+                let got = o.purge(at(before), limit).await.expect("purge");
+                let mut finals: Vec<(u64, usize)> = model
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, m)| !m.purged && m.status.is_final() && m.updated < before)
+                    .map(|(i, m)| (m.updated, i))
+                    .collect();
+                finals.sort();
+                finals.truncate(limit);
+                for &(_, i) in &finals {
+                    model[i].purged = true;
+                }
+                assert_eq!(
+                    got,
+                    finals.len() as u64,
+                    "differential step {step}: purge before {before} limit {limit}"
+                );
+            }
+        }
+        // Compare the whole state.
+        for key in &key_names {
+            let got = o.get(key).await.expect("get");
+            match (got, model.iter().find(|m| &m.key == key && !m.purged)) {
+                (Some(d), Some(m)) => check_entry(&d, m, step),
+                (None, None) => {}
+                (got, m) => panic!("differential step {step}: get {key}: store {got:?}, model {m:?}"),
+            }
+        }
+        for scope in &scopes {
+            assert_eq!(
+                counts(&*o, scope).await,
+                model_counts(&model, scope),
+                "differential step {step}: counts {scope:?}"
+            );
+            let due = o.next_due(scope).await.expect("next_due").map(ms);
+            assert_eq!(
+                due,
+                model_next_due(&model, scope),
+                "differential step {step}: next_due {scope:?}"
+            );
+        }
+        let scope = &scopes[step % scopes.len()];
+        let mut query = LedgerQuery {
+            scope: scope.clone(),
+            limit: 3,
+            ..LedgerQuery::default()
+        };
+        let mut listed = Vec::new();
+        loop {
+            let page = o.list(&query).await.expect("list");
+            listed.extend(page.entries.iter().map(|d| d.key().to_string()));
+            match page.next {
+                Some(next) => query.after = Some(next),
+                None => break,
+            }
+        }
+        let expected: Vec<String> = model
+            .iter()
+            .filter(|m| !m.purged && m.in_scope(scope))
+            .map(|m| m.key.clone())
+            .collect();
+        assert_eq!(listed, expected, "differential step {step}: list {scope:?}");
+    }
+}
