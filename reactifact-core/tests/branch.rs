@@ -49,7 +49,7 @@ async fn two_branches_reaching_the_same_intent_send_it_once_and_merge_into_one()
     let branch = rt.context().fork("what-if").unwrap();
     assert_eq!(branch.state_hash(), rt.context().state_hash());
     assert_eq!(branch.queued_events(), 0);
-    assert!(branch.ledger().same_as(rt.context().ledger()));
+    assert!(branch.ledger().same_as(&rt.context().ledger()));
     let mut other = runtime(branch, &sends);
 
     // The same order arrives on both branches, and each runs it with its own runtime; the
@@ -80,7 +80,7 @@ async fn two_branches_reaching_the_same_intent_send_it_once_and_merge_into_one()
         "order:1 merged cleanly"
     );
     assert_eq!(rt.context().list::<PendingAction>().count(), 3, "one intent per key");
-    assert_eq!(rt.context().ledger().len(), 3);
+    assert_eq!(rt.context().ledger().len().await.unwrap(), 3);
     rt.run().await.unwrap();
     assert_eq!(sends.load(Ordering::SeqCst), 3);
     rt.context().verify().unwrap();
@@ -98,7 +98,7 @@ async fn an_intent_only_one_branch_had_is_delivered_once_after_the_merge() {
         .unwrap();
     other.context_mut().create("order:7", order("eve", 7)).unwrap();
     other.run().await.unwrap();
-    assert_eq!(other.context().ledger().pending(), 1);
+    assert_eq!(other.context().ledger().pending().await.unwrap(), 1);
 
     let mut rt = runtime(main, &sends);
     let report = rt.context_mut().merge(other.context()).unwrap();

@@ -68,13 +68,13 @@ async fn a_transient_outage_is_ridden_out_with_exponential_backoff() {
     assert_eq!(report.outcome, TurnOutcome::Completed);
     assert_eq!(report.deliveries.failed.len(), 1);
     assert_eq!(report.deliveries.waiting, 1, "the retry is scheduled, not lost");
-    let entry = rt.context().ledger().get("notify:order:0").unwrap();
+    let entry = rt.context().ledger().get("notify:order:0").await.unwrap().unwrap();
     assert_eq!(entry.status(), DeliveryStatus::Failed);
     assert!(entry.next_attempt_at().is_some());
 
     let settled = rt.settle().await.unwrap();
     assert_eq!(settled.delivered, 1);
-    let entry = rt.context().ledger().get("notify:order:0").unwrap();
+    let entry = rt.context().ledger().get("notify:order:0").await.unwrap().unwrap();
     assert_eq!((entry.status(), entry.attempts()), (DeliveryStatus::Delivered, 4));
 
     // Each wait is the policy's delay for that attempt (jittered into [0.5, 1) of 1 s, 2 s, 4 s).
@@ -117,12 +117,16 @@ async fn attempts_used_up_make_a_dead_letter_that_retry_re_arms() {
     assert_eq!(calls.load(Ordering::SeqCst), 3);
     assert_eq!(settled.dead.len(), 1);
     assert_eq!(settled.dead[0].status, DeliveryStatus::Dead);
-    let entry = rt.context().ledger().get("notify:order:0").unwrap();
+    let entry = rt.context().ledger().get("notify:order:0").await.unwrap().unwrap();
     assert_eq!((entry.status(), entry.attempts()), (DeliveryStatus::Dead, 3));
     assert_eq!(entry.last_error(), Some("still down"));
-    assert_eq!(rt.context().ledger().pending(), 0, "a dead letter waits for nobody");
+    assert_eq!(
+        rt.context().ledger().pending().await.unwrap(),
+        0,
+        "a dead letter waits for nobody"
+    );
 
-    rt.retry("notify:order:0").unwrap();
+    rt.retry("notify:order:0").await.unwrap();
     rt.flush().await.unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 4, "re-armed: one more attempt");
 }
@@ -136,7 +140,7 @@ async fn a_permanent_error_goes_straight_to_the_dead_letter() {
         .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.deliveries.dead.len(), 1);
-    let entry = rt.context().ledger().get("notify:order:0").unwrap();
+    let entry = rt.context().ledger().get("notify:order:0").await.unwrap().unwrap();
     assert_eq!((entry.status(), entry.attempts()), (DeliveryStatus::Dead, 1));
     assert_eq!(entry.next_attempt_at(), None);
 }
@@ -308,7 +312,7 @@ async fn an_attempt_past_its_timeout_is_a_retryable_failure() {
     let report = rt.run().await.unwrap();
     assert_eq!(report.deliveries.failed[0].error, "timed out after 2s");
     rt.settle().await.unwrap();
-    let entry = rt.context().ledger().get("notify:order:0").unwrap();
+    let entry = rt.context().ledger().get("notify:order:0").await.unwrap().unwrap();
     assert_eq!((entry.status(), entry.attempts()), (DeliveryStatus::Delivered, 2));
 }
 
@@ -342,13 +346,13 @@ async fn a_router_decodes_payloads_and_holds_kinds_it_has_no_route_for() {
         2,
         "no route for `notify`: held, not dropped"
     );
-    let entry = rt.context().ledger().get("notify:order:0").unwrap();
+    let entry = rt.context().ledger().get("notify:order:0").await.unwrap().unwrap();
     assert_eq!((entry.status(), entry.attempts()), (DeliveryStatus::Held, 0));
     assert!(entry
         .last_error()
         .unwrap()
         .contains("no route handles action kind `notify`"));
-    assert_eq!(rt.context().ledger().pending(), 0);
+    assert_eq!(rt.context().ledger().pending().await.unwrap(), 0);
 
     // Add the route (a new runtime over the same context) and re-arm: delivered once each.
     let ctx = rt.into_context();
@@ -367,8 +371,8 @@ async fn a_router_decodes_payloads_and_holds_kinds_it_has_no_route_for() {
         })
     };
     let mut rt = Runtime::builder(ctx).dispatcher(router).build().unwrap();
-    rt.retry("notify:order:0").unwrap();
-    rt.retry("notify:order:1").unwrap();
+    rt.retry("notify:order:0").await.unwrap();
+    rt.retry("notify:order:1").await.unwrap();
     assert_eq!(rt.flush().await.unwrap().delivered, 2);
     assert_eq!(
         *seen.lock().unwrap(),
@@ -435,10 +439,10 @@ async fn a_stop_lets_running_deliveries_finish_within_the_grace_period_and_leave
     assert_eq!(started.load(Ordering::SeqCst), 3, "nothing starts after the stop");
     assert_eq!(report.deliveries.delivered, 2, "the two running deliveries finished");
     let ledger = rt.context().ledger();
-    let status = |key: &str| ledger.get(key).unwrap().status();
+    let status = async |key: &str| ledger.get(key).await.unwrap().unwrap().status();
     // The one still running when the grace period ended was cut off: its outcome is unknown,
     // so it is due again at once, with the attempt counted as interrupted.
-    let cancelled = ledger.get("notify:order:2").unwrap();
+    let cancelled = ledger.get("notify:order:2").await.unwrap().unwrap();
     assert_eq!(
         (
             cancelled.status(),
@@ -451,11 +455,20 @@ async fn a_stop_lets_running_deliveries_finish_within_the_grace_period_and_leave
     assert_eq!(report.deliveries.interrupted.len(), 1);
     assert!(report.deliveries.failed.is_empty());
     for key in ["notify:order:3", "notify:order:4", "notify:order:5"] {
-        assert_eq!(status(key), DeliveryStatus::Pending, "{key}");
-        assert_eq!(ledger.get(key).unwrap().attempts(), 0, "{key}: never handed out");
+        assert_eq!(status(key).await, DeliveryStatus::Pending, "{key}");
+        assert_eq!(
+            ledger.get(key).await.unwrap().unwrap().attempts(),
+            0,
+            "{key}: never handed out"
+        );
     }
     assert!(
-        ledger.iter().all(|d| d.status() != DeliveryStatus::InFlight),
+        ledger
+            .entries()
+            .await
+            .unwrap()
+            .iter()
+            .all(|d| d.status() != DeliveryStatus::InFlight),
         "nothing left in flight"
     );
 }
@@ -473,16 +486,22 @@ async fn a_scheduled_retry_survives_a_reopen_of_the_sqlite_store() {
             .build()
             .unwrap();
         rt.run().await.unwrap();
-        rt.context().ledger().get("notify:order:1").unwrap().next_attempt_at()
+        rt.context()
+            .ledger()
+            .get("notify:order:1")
+            .await
+            .unwrap()
+            .unwrap()
+            .next_attempt_at()
     };
     assert!(next.is_some());
     let ctx = Context::open(&path, "orders").unwrap();
-    let entry = ctx.ledger().get("notify:order:1").unwrap();
+    let entry = ctx.ledger().get("notify:order:1").await.unwrap().unwrap();
     assert_eq!(
         (entry.status(), entry.next_attempt_at()),
         (DeliveryStatus::Failed, next)
     );
-    assert_eq!(ctx.ledger().pending(), 1);
+    assert_eq!(ctx.ledger().pending().await.unwrap(), 1);
     let recorder = Recorder::default();
     let mut rt = Runtime::builder(ctx).dispatcher(recorder.dispatcher()).build().unwrap();
     rt.settle().await.unwrap();
@@ -516,10 +535,10 @@ async fn a_dispatcher_that_panics_before_returning_its_future_is_a_failed_attemp
     assert_eq!(report.deliveries.failed.len(), 1);
     let failure = &report.deliveries.failed[0];
     assert!(failure.error.contains("no connection pool"), "{}", failure.error);
-    let entry = rt.context().ledger().get(failure.key.as_str()).unwrap();
+    let entry = rt.context().ledger().get(failure.key.as_str()).await.unwrap().unwrap();
     assert_eq!((entry.status(), entry.attempts()), (DeliveryStatus::Failed, 1));
     rt.settle().await.unwrap();
-    let entry = rt.context().ledger().get(failure.key.as_str()).unwrap();
+    let entry = rt.context().ledger().get(failure.key.as_str()).await.unwrap().unwrap();
     assert_eq!((entry.status(), entry.attempts()), (DeliveryStatus::Delivered, 2));
 }
 
@@ -544,7 +563,7 @@ async fn a_retry_after_of_u64_max_seconds_is_capped_and_ridden_out() {
         .build()
         .unwrap();
     rt.run().await.unwrap();
-    let entry = rt.context().ledger().get("notify:order:0").unwrap();
+    let entry = rt.context().ledger().get("notify:order:0").await.unwrap().unwrap();
     assert_eq!(entry.status(), DeliveryStatus::Failed);
     let wait = entry
         .next_attempt_at()
@@ -571,7 +590,7 @@ async fn a_policy_of_duration_max_schedules_far_ahead_without_panicking() {
         .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.deliveries.failed.len(), 1);
-    let entry = rt.context().ledger().get("notify:order:0").unwrap();
+    let entry = rt.context().ledger().get("notify:order:0").await.unwrap().unwrap();
     let next = entry.next_attempt_at().unwrap();
     let years = next.duration_since(entry.updated_at()).unwrap().as_secs() / (365 * 86_400);
     assert!(years > 1_000, "far ahead: {years} years");
@@ -583,7 +602,13 @@ async fn a_policy_of_duration_max_schedules_far_ahead_without_panicking() {
     });
     rt.settle().await.unwrap();
     assert_eq!(
-        rt.context().ledger().get("notify:order:0").unwrap().status(),
+        rt.context()
+            .ledger()
+            .get("notify:order:0")
+            .await
+            .unwrap()
+            .unwrap()
+            .status(),
         DeliveryStatus::Failed
     );
 }
@@ -654,7 +679,7 @@ async fn a_lease_of_duration_max_is_kept_as_far_future() {
     }
     // The durable store still holds it in flight under a lease that has not expired.
     let ctx = Context::open_with(&path, "orders", options()).unwrap();
-    let entry = ctx.ledger().get("notify:order:1").unwrap();
+    let entry = ctx.ledger().get("notify:order:1").await.unwrap().unwrap();
     assert_eq!(entry.status(), DeliveryStatus::InFlight);
     let expires = entry.lease().unwrap().expires_at;
     assert!(expires > std::time::SystemTime::now() + Duration::from_secs(100 * 365 * 86_400));
@@ -716,7 +741,7 @@ async fn a_flapping_503_with_retry_after_zero_does_not_use_up_the_attempts_at_on
         "{} attempts",
         calls.load(Ordering::SeqCst)
     );
-    let entry = rt.context().ledger().get("notify:order:0").unwrap();
+    let entry = rt.context().ledger().get("notify:order:0").await.unwrap().unwrap();
     assert_eq!(entry.status(), DeliveryStatus::Failed);
 }
 
@@ -731,7 +756,7 @@ async fn a_manual_policy_waits_for_retry_whatever_the_hint() {
         .build()
         .unwrap();
     rt.run().await.unwrap();
-    let entry = rt.context().ledger().get("notify:order:0").unwrap();
+    let entry = rt.context().ledger().get("notify:order:0").await.unwrap().unwrap();
     assert_eq!(
         (entry.status(), entry.next_attempt_at()),
         (DeliveryStatus::Failed, None)
@@ -780,7 +805,7 @@ async fn a_stop_that_cuts_off_the_only_attempt_leaves_the_intent_due_not_dead() 
     assert_eq!(report.deliveries.waiting, 1);
 
     let ledger = rt.context().ledger();
-    let entry = ledger.get("notify:order:0").unwrap();
+    let entry = ledger.get("notify:order:0").await.unwrap().unwrap();
     assert_eq!(entry.status(), DeliveryStatus::Pending, "due again at once");
     assert_eq!((entry.attempts(), entry.interrupted_attempts()), (1, 1));
     assert!(entry.last_error().unwrap().contains("the receiver may have seen"));
@@ -790,7 +815,7 @@ async fn a_stop_that_cuts_off_the_only_attempt_leaves_the_intent_due_not_dead() 
     assert_eq!(flushed.delivered, 1);
     let seen = attempts.of("notify:order:0");
     assert_eq!(seen.iter().map(|(a, _)| *a).collect::<Vec<_>>(), [1, 2]);
-    let entry = rt.context().ledger().get("notify:order:0").unwrap();
+    let entry = rt.context().ledger().get("notify:order:0").await.unwrap().unwrap();
     assert_eq!((entry.status(), entry.attempts()), (DeliveryStatus::Delivered, 2));
 }
 
@@ -816,7 +841,7 @@ async fn an_attempt_cut_off_by_the_deadline_does_not_count_against_max_attempts(
         .unwrap();
     assert_eq!(report.outcome, TurnOutcome::DeadlineExceeded);
     assert_eq!(report.deliveries.interrupted.len(), 1);
-    let entry = rt.context().ledger().get("notify:order:0").unwrap();
+    let entry = rt.context().ledger().get("notify:order:0").await.unwrap().unwrap();
     assert_eq!(entry.status(), DeliveryStatus::Pending);
 
     // Two real failures make the dead letter; the cut-off attempt was not one of them.
@@ -825,7 +850,7 @@ async fn an_attempt_cut_off_by_the_deadline_does_not_count_against_max_attempts(
     assert_eq!(settled.failed[0].attempt, 2);
     assert_eq!(settled.dead.len(), 1, "{settled:?}");
     assert_eq!(settled.dead[0].attempt, 3);
-    let entry = rt.context().ledger().get("notify:order:0").unwrap();
+    let entry = rt.context().ledger().get("notify:order:0").await.unwrap().unwrap();
     assert_eq!(
         (entry.status(), entry.attempts(), entry.interrupted_attempts()),
         (DeliveryStatus::Dead, 3, 1)
@@ -863,23 +888,35 @@ async fn a_dropped_turn_records_finished_outcomes_as_they_finished() {
     assert!(tokio::time::timeout(Duration::from_secs(1), rt.run()).await.is_err());
 
     let ledger = rt.context().ledger().clone();
-    let state = |key: &str| {
-        let entry = ledger.get(key).unwrap();
+    let state = async |key: &str| {
+        let entry = ledger.get(key).await.unwrap().unwrap();
         (entry.status(), entry.attempts())
     };
     assert_eq!(
-        state("notify:order:0"),
+        state("notify:order:0").await,
         (DeliveryStatus::Dead, 1),
         "a 400 is not retried"
     );
-    assert_eq!(state("notify:order:1"), (DeliveryStatus::Dead, 1), "max_attempts holds");
-    assert_eq!(state("notify:order:2"), (DeliveryStatus::Delivered, 1));
     assert_eq!(
-        state("notify:order:3"),
+        state("notify:order:1").await,
+        (DeliveryStatus::Dead, 1),
+        "max_attempts holds"
+    );
+    assert_eq!(state("notify:order:2").await, (DeliveryStatus::Delivered, 1));
+    assert_eq!(
+        state("notify:order:3").await,
         (DeliveryStatus::Pending, 1),
         "cut off: due again"
     );
-    assert_eq!(ledger.get("notify:order:3").unwrap().interrupted_attempts(), 1);
+    assert_eq!(
+        ledger
+            .get("notify:order:3")
+            .await
+            .unwrap()
+            .unwrap()
+            .interrupted_attempts(),
+        1
+    );
 
     let flushed = rt.flush().await.unwrap();
     assert_eq!(flushed.delivered, 1);
@@ -903,9 +940,9 @@ async fn a_dropped_turn_records_a_kind_without_a_route_as_held() {
         .unwrap();
     assert!(tokio::time::timeout(Duration::from_secs(1), rt.run()).await.is_err());
     let ledger = rt.context().ledger();
-    let notify = ledger.get("notify:order:0").unwrap();
+    let notify = ledger.get("notify:order:0").await.unwrap().unwrap();
     assert_eq!((notify.status(), notify.attempts()), (DeliveryStatus::Held, 0));
-    let audit = ledger.get("audit:order:0").unwrap();
+    let audit = ledger.get("audit:order:0").await.unwrap().unwrap();
     assert_eq!(
         (audit.status(), audit.interrupted_attempts()),
         (DeliveryStatus::Pending, 1)
@@ -928,7 +965,7 @@ async fn a_dispatcher_of_its_own_can_hold_an_intent_it_has_no_route_for() {
     let report = rt.run().await.unwrap();
     assert_eq!(report.deliveries.held.len(), 1);
     assert!(report.deliveries.dead.is_empty() && report.deliveries.failed.is_empty());
-    let entry = rt.context().ledger().get("notify:order:0").unwrap();
+    let entry = rt.context().ledger().get("notify:order:0").await.unwrap().unwrap();
     assert_eq!((entry.status(), entry.attempts()), (DeliveryStatus::Held, 0));
     assert_eq!(entry.last_error(), Some("no handler for `notify`"));
     assert!(DispatchError::no_route("x").is_no_route());
@@ -956,7 +993,7 @@ async fn an_interrupted_attempt_survives_a_reopen_and_still_does_not_count() {
         assert_eq!(report.deliveries.interrupted.len(), 1);
     }
     let ctx = Context::open(&path, "orders").unwrap();
-    let entry = ctx.ledger().get("notify:order:1").unwrap();
+    let entry = ctx.ledger().get("notify:order:1").await.unwrap().unwrap();
     assert_eq!(
         (entry.status(), entry.attempts(), entry.interrupted_attempts()),
         (DeliveryStatus::Pending, 1, 1)
@@ -1013,7 +1050,7 @@ async fn a_holder_stalled_past_its_lease_cannot_overwrite_the_drain_that_reclaim
         "{:?}",
         stalled_report.deliveries.dead
     );
-    let entry = stalled.context().ledger().get("notify:order:1").unwrap();
+    let entry = stalled.context().ledger().get("notify:order:1").await.unwrap().unwrap();
     assert_eq!(
         (entry.status(), entry.attempts(), entry.expired_leases()),
         (DeliveryStatus::Delivered, 2, 1)
@@ -1061,7 +1098,7 @@ async fn a_long_dispatch_renews_its_lease_and_is_not_reclaimed_while_its_drain_l
     assert!(other_sends.sent().is_empty());
     assert_eq!(report.unwrap().deliveries.delivered, 1);
     assert_eq!(slow.sent(), ["notify:order:1"]);
-    let entry = long.context().ledger().get("notify:order:1").unwrap();
+    let entry = long.context().ledger().get("notify:order:1").await.unwrap().unwrap();
     assert_eq!(
         (entry.status(), entry.attempts(), entry.expired_leases()),
         (DeliveryStatus::Delivered, 1, 0)

@@ -157,7 +157,10 @@ async fn an_undeclared_output_fails_the_generation_before_anything_is_applied() 
     assert_eq!(ctx.state_hash(), hash_before);
     assert_eq!(ctx.log().len(), 1, "only the seed is committed");
     assert_eq!(ctx.queued_events(), 1, "the event stays queued");
-    assert!(ctx.ledger().is_empty(), "the sibling's intent was not committed either");
+    assert!(
+        ctx.ledger().is_empty().await.unwrap(),
+        "the sibling's intent was not committed either"
+    );
 }
 
 #[tokio::test]
@@ -421,7 +424,7 @@ async fn fail_loud_commit_errors_apply_nothing() {
         hash,
         "the first run's receipt was rolled back"
     );
-    assert!(rt.context().ledger().is_empty());
+    assert!(rt.context().ledger().is_empty().await.unwrap());
     assert_eq!(rt.context().queued_events(), 1);
 }
 
@@ -525,7 +528,7 @@ async fn produces_with_intents_must_declare_pending_action() {
         .unwrap();
     let err = rt.run().await.unwrap_err();
     assert!(err.to_string().contains("pending_action"), "{err}");
-    assert!(rt.context().ledger().is_empty());
+    assert!(rt.context().ledger().is_empty().await.unwrap());
 }
 
 #[tokio::test]

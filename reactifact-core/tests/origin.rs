@@ -74,10 +74,10 @@ async fn an_intent_recorded_on_a_branch_names_that_branch_and_its_commit() {
 
     // The ledger, shared by both, keeps the same origin; provenance from main finds no run of
     // its own log, from the branch the right one.
-    let delivery = main.ledger().get("notify:order:1").unwrap();
+    let delivery = main.ledger().get("notify:order:1").await.unwrap().unwrap();
     assert_eq!(delivery.origin(), seen);
-    assert!(main.provenance("notify:order:1").is_none());
-    let why = branch.provenance("notify:order:1").unwrap();
+    assert!(main.provenance("notify:order:1").await.unwrap().is_none());
+    let why = branch.provenance("notify:order:1").await.unwrap().unwrap();
     assert_eq!(
         (why.generation, why.commit, why.run),
         (seen.generation(), seen.commit(), seen.run())
@@ -153,7 +153,15 @@ async fn the_origin_survives_a_reopen_of_the_sqlite_store() {
         .build()
         .unwrap();
     rt.run().await.unwrap();
-    let before = rt.context().ledger().get("notify:order:1").unwrap().origin().clone();
+    let before = rt
+        .context()
+        .ledger()
+        .get("notify:order:1")
+        .await
+        .unwrap()
+        .unwrap()
+        .origin()
+        .clone();
     assert_eq!(before.session(), "what-if");
     drop(rt);
     drop(main);
@@ -161,7 +169,7 @@ async fn the_origin_survives_a_reopen_of_the_sqlite_store() {
     let main = Context::open(&path, "main").unwrap();
     let branch = Context::open(&path, "what-if").unwrap();
     for ctx in [&main, &branch] {
-        let after = ctx.ledger().get("notify:order:1").unwrap();
+        let after = ctx.ledger().get("notify:order:1").await.unwrap().unwrap();
         assert_eq!(after.origin(), &before, "from session {}", ctx.session());
     }
     assert!(main.commit_of(&before).is_none());

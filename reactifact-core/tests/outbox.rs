@@ -43,7 +43,7 @@ async fn an_intent_is_delivered_once_after_its_commit() {
     assert_eq!(recorder.sent(), ["notify:order:1"]);
     // The intent came from generation 2 (the seed is generation 1).
     assert_eq!(seen_committed.load(Ordering::SeqCst), 2);
-    let delivery = rt.context().ledger().get("notify:order:1").unwrap();
+    let delivery = rt.context().ledger().get("notify:order:1").await.unwrap().unwrap();
     assert_eq!(delivery.status(), DeliveryStatus::Delivered);
     assert_eq!(delivery.attempts(), 1);
     assert_eq!(delivery.kind(), "notify");
@@ -70,7 +70,7 @@ async fn two_agents_reacting_to_one_event_write_one_intent_and_one_delivery() {
         .unwrap();
     rt.run().await.unwrap();
     assert_eq!(recorder.sent(), ["notify:order:1"]);
-    assert_eq!(rt.context().ledger().len(), 1);
+    assert_eq!(rt.context().ledger().len().await.unwrap(), 1);
     assert_eq!(rt.context().list::<PendingAction>().count(), 1);
 }
 
@@ -134,7 +134,11 @@ async fn act_reports_an_existing_intent() {
     rt.context_mut().update("order:1", order("ada", 2)).unwrap();
     rt.run().await.unwrap();
     assert_eq!(*results.lock().unwrap(), [(true, false), (false, false)]);
-    assert_eq!(rt.context().ledger().pending(), 1, "no dispatcher: the intent waits");
+    assert_eq!(
+        rt.context().ledger().pending().await.unwrap(),
+        1,
+        "no dispatcher: the intent waits"
+    );
 }
 
 #[tokio::test]
@@ -170,7 +174,7 @@ async fn a_failed_delivery_is_recorded_and_retry_then_flush_delivers_it_once() {
         panic!("expected a delivery error, got {err}");
     };
     assert_eq!((failure.attempt, failure.error.as_str()), (1, "smtp unavailable"));
-    let entry = rt.context().ledger().get("notify:order:1").unwrap();
+    let entry = rt.context().ledger().get("notify:order:1").await.unwrap().unwrap();
     assert_eq!(entry.status(), DeliveryStatus::Failed);
     assert_eq!(entry.attempts(), 1);
     assert_eq!(entry.last_error(), Some("smtp unavailable"));
@@ -179,10 +183,10 @@ async fn a_failed_delivery_is_recorded_and_retry_then_flush_delivers_it_once() {
     assert_eq!(rt.flush().await.unwrap().delivered, 0);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 
-    rt.retry("notify:order:1").unwrap();
+    rt.retry("notify:order:1").await.unwrap();
     let report = rt.flush().await.unwrap();
     assert_eq!(report.delivered, 1);
-    let entry = rt.context().ledger().get("notify:order:1").unwrap();
+    let entry = rt.context().ledger().get("notify:order:1").await.unwrap().unwrap();
     assert_eq!(entry.status(), DeliveryStatus::Delivered);
     assert_eq!(entry.attempts(), 2);
     assert_eq!(entry.last_error(), None);
@@ -190,13 +194,13 @@ async fn a_failed_delivery_is_recorded_and_retry_then_flush_delivers_it_once() {
     assert_eq!(delivered.load(Ordering::SeqCst), 1);
 
     assert!(matches!(
-        rt.retry("notify:order:1"),
+        rt.retry("notify:order:1").await,
         Err(RetryError::NotFailed {
             status: DeliveryStatus::Delivered,
             ..
         })
     ));
-    assert!(matches!(rt.retry("nope"), Err(RetryError::UnknownKey(_))));
+    assert!(matches!(rt.retry("nope").await, Err(RetryError::UnknownKey(_))));
 }
 
 #[tokio::test]
@@ -249,7 +253,7 @@ async fn a_panicking_dispatcher_is_recorded_as_a_failure() {
     let report = rt.run().await.unwrap();
     let failure = &report.deliveries.failed[0];
     assert_eq!(failure.error, "dispatcher panicked: driver bug");
-    let entry = rt.context().ledger().get("notify:order:1").unwrap();
+    let entry = rt.context().ledger().get("notify:order:1").await.unwrap().unwrap();
     assert_eq!(entry.status(), DeliveryStatus::Failed);
     assert!(
         entry.next_attempt_at().is_some(),
@@ -267,7 +271,7 @@ async fn intents_committed_without_a_dispatcher_wait_for_flush() {
         .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.outcome, TurnOutcome::Completed);
-    assert_eq!(rt.context().ledger().pending(), 1);
+    assert_eq!(rt.context().ledger().pending().await.unwrap(), 1);
     assert!(matches!(rt.flush().await, Err(FlushError::NoDispatcher)));
 
     // Hand the context to a runtime with a dispatcher: the committed intent goes out.
@@ -325,7 +329,7 @@ async fn a_turn_cancelled_mid_delivery_leaves_the_intent_due_again_not_stuck() {
         "the dispatcher never returns, so the caller's timeout fires"
     );
     // The attempt's outcome is unknown: pending again, due at once, not a failure.
-    let entry = rt.context().ledger().get("notify:order:1").unwrap();
+    let entry = rt.context().ledger().get("notify:order:1").await.unwrap().unwrap();
     assert_eq!(entry.status(), DeliveryStatus::Pending);
     assert_eq!(entry.interrupted_attempts(), 1);
     assert!(
@@ -337,7 +341,16 @@ async fn a_turn_cancelled_mid_delivery_leaves_the_intent_due_again_not_stuck() {
     // intent again with the same key.
     assert!(rt.context().get::<Receipt>("receipt:order:1").unwrap().is_some());
     assert_eq!(rt.flush().await.unwrap().delivered, 1);
-    assert_eq!(rt.context().ledger().get("notify:order:1").unwrap().attempts(), 2);
+    assert_eq!(
+        rt.context()
+            .ledger()
+            .get("notify:order:1")
+            .await
+            .unwrap()
+            .unwrap()
+            .attempts(),
+        2
+    );
 }
 
 #[tokio::test]

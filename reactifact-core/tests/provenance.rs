@@ -65,7 +65,11 @@ async fn provenance_of_an_intent_names_the_order_version_that_caused_it() {
     seed(&mut ctx);
     let ctx = flow(ctx, &recorder).await;
 
-    let why = ctx.provenance("notify:order:1").expect("the intent was recorded");
+    let why = ctx
+        .provenance("notify:order:1")
+        .await
+        .unwrap()
+        .expect("the intent was recorded");
     assert_eq!((why.agent(), why.produce()), (Some("billing"), Some("process_order")));
     assert_eq!(why.generation, Generation(2));
     assert_eq!(why.commit, ctx.log()[1].hash);
@@ -86,7 +90,7 @@ async fn provenance_of_an_intent_names_the_order_version_that_caused_it() {
     // The email of the second order version: its reads name the customer version it saw.
     let current = ctx.get::<Order>("order:1").unwrap().unwrap();
     let key = current.key("email");
-    let why = ctx.provenance(key.as_str()).unwrap();
+    let why = ctx.provenance(key.as_str()).await.unwrap().unwrap();
     assert_eq!(why.produce(), Some("email_customer"));
     assert_eq!(why.trigger().unwrap().version, Version(2));
     assert_eq!(why.trigger().unwrap().key("email"), key);
@@ -95,7 +99,7 @@ async fn provenance_of_an_intent_names_the_order_version_that_caused_it() {
         (why.reads()[0].id.as_str(), why.reads()[0].version),
         ("customer:ada", Some(Version(1)))
     );
-    assert!(ctx.provenance("never:acted").is_none());
+    assert!(ctx.provenance("never:acted").await.unwrap().is_none());
 }
 
 #[tokio::test]
@@ -137,13 +141,16 @@ async fn reads_and_provenance_survive_reopening_a_stored_session() {
         seed(&mut ctx);
         let ctx = flow(ctx, &recorder).await;
         let key = ctx.get::<Order>("order:1").unwrap().unwrap().key("email");
-        (ctx.provenance(key.as_str()).unwrap().to_string(), ctx.head())
+        (
+            ctx.provenance(key.as_str()).await.unwrap().unwrap().to_string(),
+            ctx.head(),
+        )
     };
     let ctx = Context::open(&path, "orders").unwrap();
     assert_eq!(ctx.head(), head);
     ctx.verify().unwrap();
     let key = ctx.get::<Order>("order:1").unwrap().unwrap().key("email");
-    assert_eq!(ctx.provenance(key.as_str()).unwrap().to_string(), before);
+    assert_eq!(ctx.provenance(key.as_str()).await.unwrap().unwrap().to_string(), before);
     assert!(before.contains("reading `customer:ada` version 1"), "{before}");
     drop(ctx);
 }
@@ -155,7 +162,7 @@ async fn the_audit_export_has_one_json_line_per_generation() {
     seed(&mut ctx);
     let ctx = flow(ctx, &recorder).await;
     let mut out = Vec::new();
-    let lines = ctx.export_audit(&mut out).unwrap();
+    let lines = ctx.export_audit(&mut out).await.unwrap();
     let text = String::from_utf8(out).unwrap();
     let parsed: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!((lines, parsed.len()), (ctx.log().len(), ctx.log().len()));

@@ -111,7 +111,7 @@ fn a_runtime_without_a_dispatcher_warns_once_per_turn_and_counts_the_waiting_int
     assert_eq!(report.outcome, TurnOutcome::Completed);
     assert_eq!(report.generations, 2);
     assert_eq!(report.deliveries.waiting, 4, "two notify and two thank intents wait");
-    assert_eq!(rt.context().ledger().pending(), 4);
+    assert_eq!(block_on(&warnings, rt.context().ledger().pending()).unwrap(), 4);
     assert_eq!(
         warnings.about_the_dispatcher(),
         ["4"],

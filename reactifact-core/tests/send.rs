@@ -70,7 +70,11 @@ fn a_turn_over_a_sqlite_context_runs_on_a_spawned_task_of_a_multi_thread_runtime
     drop(rt);
     let reopened = Context::open(&path, "orders").unwrap();
     assert_eq!(
-        reopened.ledger().get("notify:order:1").unwrap().status(),
+        tokio
+            .block_on(reopened.ledger().get("notify:order:1"))
+            .unwrap()
+            .unwrap()
+            .status(),
         DeliveryStatus::Delivered
     );
 }

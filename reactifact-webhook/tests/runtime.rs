@@ -75,7 +75,7 @@ async fn the_outbox_posts_each_intent_once_with_its_key() {
         assert_eq!(request.json()["customer"], customer);
     }
     for key in keys {
-        let delivery = rt.context().ledger().get(key).unwrap();
+        let delivery = rt.context().ledger().get(key).await.unwrap().unwrap();
         assert_eq!(delivery.status(), DeliveryStatus::Delivered, "{key}");
     }
 }
@@ -125,13 +125,13 @@ async fn an_outage_is_ridden_out_with_the_same_key_and_the_receivers_retry_after
     let server = Server::start(vec![busy.clone(), busy, Reply::status(200)]).await;
     let mut rt = runtime(&server);
     rt.run().await.unwrap();
-    let delivery = rt.context().ledger().get("notify:order:1").unwrap();
+    let delivery = rt.context().ledger().get("notify:order:1").await.unwrap().unwrap();
     assert_eq!(delivery.status(), DeliveryStatus::Failed);
     let error = delivery.last_error().unwrap();
     assert!(error.contains("503") && error.contains("busy"), "{error}");
 
     rt.settle().await.unwrap();
-    let delivery = rt.context().ledger().get("notify:order:1").unwrap();
+    let delivery = rt.context().ledger().get("notify:order:1").await.unwrap().unwrap();
     assert_eq!(delivery.status(), DeliveryStatus::Delivered);
     assert_eq!(delivery.attempts(), 3);
     let received = server.received();
@@ -160,7 +160,7 @@ async fn a_400_sends_the_intent_to_the_dead_letter_after_one_post() {
     let mut rt = runtime(&server);
     rt.run().await.unwrap();
     rt.settle().await.unwrap();
-    let delivery = rt.context().ledger().get("notify:order:1").unwrap();
+    let delivery = rt.context().ledger().get("notify:order:1").await.unwrap().unwrap();
     assert_eq!(delivery.status(), DeliveryStatus::Dead);
     assert_eq!(delivery.attempts(), 1);
     assert!(delivery.last_error().unwrap().contains("unknown customer"));
@@ -173,11 +173,11 @@ async fn a_409_for_a_key_still_in_progress_is_retried_with_the_same_key() {
     let server = Server::start(vec![in_progress, Reply::status(200)]).await;
     let mut rt = runtime(&server);
     rt.run().await.unwrap();
-    let delivery = rt.context().ledger().get("notify:order:1").unwrap();
+    let delivery = rt.context().ledger().get("notify:order:1").await.unwrap().unwrap();
     assert_eq!(delivery.status(), DeliveryStatus::Failed, "retried, not dead");
     assert!(delivery.next_attempt_at().is_some());
     rt.settle().await.unwrap();
-    let delivery = rt.context().ledger().get("notify:order:1").unwrap();
+    let delivery = rt.context().ledger().get("notify:order:1").await.unwrap().unwrap();
     assert_eq!((delivery.status(), delivery.attempts()), (DeliveryStatus::Delivered, 2));
     let sent = keys_and_attempts(&server);
     assert_eq!(
@@ -200,7 +200,7 @@ async fn a_kind_without_a_url_is_held_in_the_ledger_not_dead() {
     let report = rt.run().await.unwrap();
     assert_eq!(report.deliveries.held.len(), 1);
     assert!(report.deliveries.dead.is_empty(), "{:?}", report.deliveries.dead);
-    let delivery = rt.context().ledger().get("notify:order:1").unwrap();
+    let delivery = rt.context().ledger().get("notify:order:1").await.unwrap().unwrap();
     assert_eq!((delivery.status(), delivery.attempts()), (DeliveryStatus::Held, 0));
     assert!(delivery.last_error().unwrap().contains("`notify`"));
     assert!(server.received().is_empty());

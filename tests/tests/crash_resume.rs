@@ -227,8 +227,8 @@ fn trial(dir: &Path, name: &str, kill: Kill, states: &BTreeSet<StateHash>, final
     // The moment of the crash, as the file tells it.
     let (crashed_state, in_flight) = match Context::open_with(&db, "orders", OpenOptions::new().read_only(true)) {
         Ok(ctx) => {
-            let in_flight: BTreeSet<String> = ctx
-                .ledger()
+            let in_flight: BTreeSet<String> = block_on(ctx.ledger().entries())
+                .unwrap()
                 .iter()
                 .filter(|d| d.status() == DeliveryStatus::InFlight)
                 .map(|d| d.key().to_string())
@@ -255,9 +255,8 @@ fn trial(dir: &Path, name: &str, kill: Kill, states: &BTreeSet<StateHash>, final
     let sent = deliveries(&log);
     for i in 0..ORDERS {
         let key = format!("notify:order:{i}");
-        let entry = ctx
-            .ledger()
-            .get(&key)
+        let entry = block_on(ctx.ledger().get(&key))
+            .unwrap()
             .unwrap_or_else(|| panic!("{name}: intent {key} lost"));
         assert_eq!(entry.status(), DeliveryStatus::Delivered, "{name}: {key}");
         let attempts = sent.get(&key).unwrap_or_else(|| {

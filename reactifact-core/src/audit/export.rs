@@ -49,12 +49,13 @@ impl Context {
     /// # use serde::{Deserialize, Serialize};
     /// # #[derive(Serialize, Deserialize)] struct Order { total_cents: u64 }
     /// # impl Artifact for Order { const KIND: &'static str = "order"; }
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let mut ctx = Context::new("orders");
     /// ctx.create("order:1", Order { total_cents: 1200 })?;
     /// let mut out = Vec::new();
-    /// assert_eq!(ctx.export_audit(&mut out)?, 1);
+    /// assert_eq!(ctx.export_audit(&mut out).await?, 1);
     /// assert!(String::from_utf8(out)?.contains(r#""id":"order:1""#));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(()) }
     /// ```
     ///
     /// # Errors

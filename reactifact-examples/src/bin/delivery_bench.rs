@@ -66,7 +66,9 @@ async fn run(options: &Options) -> Result<f64, String> {
         .build()
         .map_err(|e| e.to_string())?;
     let report = rt.run_with(Budget::UNLIMITED).await.map_err(|e| e.to_string())?;
-    if report.outcome != TurnOutcome::Completed || rt.context().ledger().pending() as u64 != options.n {
+    if report.outcome != TurnOutcome::Completed
+        || rt.context().ledger().pending().await.map_err(|e| e.to_string())? != options.n
+    {
         return Err("the intents were not committed".into());
     }
 

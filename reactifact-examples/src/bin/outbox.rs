@@ -234,8 +234,8 @@ fn say(case: u32, title: &str, outcome: Outcome<String>) -> Outcome {
 }
 
 /// The ledger's entry for `key`.
-fn delivery(rt: &Runtime, key: &str) -> Outcome<Delivery> {
-    match rt.context().ledger().get(key) {
+async fn delivery(rt: &Runtime, key: &str) -> Outcome<Delivery> {
+    match rt.context().ledger().get(key).await? {
         Some(delivery) => Ok(delivery),
         None => Err(format!("no intent `{key}` in the ledger").into()),
     }
@@ -254,7 +254,7 @@ impl Walkthrough {
         if let Store::Sqlite(path) = &self.store {
             let (hash, commits) = (shop.context().state_hash(), shop.context().log().len());
             drop(shop);
-            println!("  {}", reopen(path, hash, commits)?);
+            println!("  {}", reopen(path, hash, commits).await?);
         }
         Ok(())
     }
@@ -283,7 +283,7 @@ impl Walkthrough {
         shop.context_mut().create("order:1", order("ada", 1200))?;
         shop.run().await?;
 
-        let delivery = delivery(shop, key)?;
+        let delivery = delivery(shop, key).await?;
         let receipt = shop.context().get::<Receipt>("receipt:order:1")?.ok_or("no receipt")?;
         check_eq(self.mailer.sent(key), 1, "sends of notify:order:1")?;
         check_eq(delivery.status(), DeliveryStatus::Delivered, "ledger status")?;
@@ -365,7 +365,7 @@ impl Walkthrough {
             "calls for notify:order:4, both branches together",
         )?;
         check_eq(
-            delivery(shop, key)?.status(),
+            delivery(shop, key).await?.status(),
             DeliveryStatus::Delivered,
             "ledger status",
         )?;
@@ -404,18 +404,18 @@ impl Walkthrough {
         shop.context_mut().create("order:6", order("eve", 990))?;
         let report = shop.run().await?;
 
-        let failed = delivery(shop, key)?;
+        let failed = delivery(shop, key).await?;
         let error = failed.last_error().unwrap_or_default().to_owned();
         check_eq(report.deliveries.dead.len(), 1, "dead letters in the turn's report")?;
         check_eq(failed.status(), DeliveryStatus::Dead, "ledger status after the failure")?;
         check_eq(failed.attempts(), 1, "attempts after the failure")?;
         check(error.contains("550"), "the ledger keeps the error")?;
 
-        shop.retry(key)?;
+        shop.retry(key).await?;
         let flushed = shop.flush().await?;
         check_eq(flushed.delivered, 1, "delivered by the flush")?;
         check_eq(
-            delivery(shop, key)?.status(),
+            delivery(shop, key).await?.status(),
             DeliveryStatus::Delivered,
             "ledger status after the retry",
         )?;
@@ -436,7 +436,7 @@ impl Walkthrough {
         let settled = shop.settle().await?;
         let waited = started.elapsed();
 
-        let delivered = delivery(shop, key)?;
+        let delivered = delivery(shop, key).await?;
         check_eq(report.deliveries.failed.len(), 1, "failed attempts in the turn")?;
         check_eq(settled.delivered, 1, "delivered by settle")?;
         check_eq(delivered.status(), DeliveryStatus::Delivered, "ledger status")?;
@@ -453,12 +453,13 @@ impl Walkthrough {
 }
 
 /// Reopens the SQLite file and checks the state survived the process's runtime.
-fn reopen(path: &Path, hash: StateHash, commits: usize) -> Outcome<String> {
+async fn reopen(path: &Path, hash: StateHash, commits: usize) -> Outcome<String> {
     let reopened = Context::open(path, "shop")?;
     reopened.verify()?;
     let delivery = reopened
         .ledger()
         .get("notify:order:7")
+        .await?
         .ok_or("reopened: no intent notify:order:7")?;
     check_eq(reopened.state_hash(), hash, "reopened: state hash")?;
     check_eq(reopened.log().len(), commits, "reopened: commits")?;

@@ -308,7 +308,7 @@ fn run_once(options: &Options, tokio: &tokio::runtime::Runtime) -> Result<RunRes
         if !seen.contains(key.as_str()) {
             return Err(format!("key `{key}` was never delivered"));
         }
-        match ledger.get(&key) {
+        match tokio.block_on(ledger.get(&key)).map_err(|e| e.to_string())? {
             Some(d) if d.status() == DeliveryStatus::Delivered && d.attempts() == 1 => {}
             Some(d) => return Err(format!("key `{key}` is {} after {} attempts", d.status(), d.attempts())),
             None => return Err(format!("key `{key}` is not in the ledger")),
