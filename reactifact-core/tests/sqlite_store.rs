@@ -42,7 +42,7 @@ async fn a_session_survives_reopening_with_its_state_log_and_ledger() {
     assert_eq!(ctx.queued_events(), 0);
     let receipt = ctx.get::<Receipt>("receipt:order:1").unwrap().unwrap();
     assert_eq!(receipt.data.total_cents, 1200);
-    let delivery = ctx.ledger().get("notify:order:1").unwrap();
+    let delivery = ctx.ledger().get("notify:order:1").await.unwrap().unwrap();
     assert_eq!(delivery.status(), DeliveryStatus::Delivered);
     assert_eq!(delivery.attempts(), 1);
     assert_eq!(ctx.list::<reactifact_core::PendingAction>().count(), 1);
@@ -74,7 +74,7 @@ async fn queued_events_and_pending_intents_resume_after_reopening() {
             .await
             .unwrap();
         assert_eq!(report.outcome, TurnOutcome::RunsExhausted);
-        assert_eq!(rt.context().ledger().pending(), 1);
+        assert_eq!(rt.context().ledger().pending().await.unwrap(), 1);
         assert_eq!(
             rt.context().queued_events(),
             3,
@@ -83,7 +83,7 @@ async fn queued_events_and_pending_intents_resume_after_reopening() {
     }
     let ctx = Context::open(&path, "orders").unwrap();
     assert_eq!(ctx.queued_events(), 3);
-    assert_eq!(ctx.ledger().pending(), 1);
+    assert_eq!(ctx.ledger().pending().await.unwrap(), 1);
     let recorder = Recorder::default();
     let mut rt = runtime(ctx, &recorder);
     let report = rt.run().await.unwrap();
@@ -158,7 +158,7 @@ async fn an_in_flight_delivery_whose_lease_expired_is_delivered_again_with_the_s
         crash_mid_turn(&mut rt).await;
     }
     let ctx = Context::open_with(&path, "orders", OpenOptions::new().read_only(true)).unwrap();
-    let entry = ctx.ledger().get("notify:order:1").unwrap();
+    let entry = ctx.ledger().get("notify:order:1").await.unwrap().unwrap();
     assert_eq!(
         entry.status(),
         DeliveryStatus::InFlight,
@@ -168,7 +168,7 @@ async fn an_in_flight_delivery_whose_lease_expired_is_delivered_again_with_the_s
     drop(ctx);
 
     let ctx = Context::open(&path, "orders").unwrap();
-    let entry = ctx.ledger().get("notify:order:1").unwrap();
+    let entry = ctx.ledger().get("notify:order:1").await.unwrap().unwrap();
     assert_eq!(entry.status(), DeliveryStatus::Pending);
     assert_eq!(entry.expired_leases(), 1);
     assert_eq!(entry.attempts(), 1);
@@ -181,7 +181,7 @@ async fn an_in_flight_delivery_whose_lease_expired_is_delivered_again_with_the_s
     let mut rt = runtime(ctx, &recorder);
     rt.run().await.unwrap();
     assert_eq!(recorder.sent(), ["notify:order:1"]);
-    let entry = rt.context().ledger().get("notify:order:1").unwrap();
+    let entry = rt.context().ledger().get("notify:order:1").await.unwrap().unwrap();
     assert_eq!(
         (entry.status(), entry.attempts(), entry.expired_leases()),
         (DeliveryStatus::Delivered, 2, 1)
@@ -208,7 +208,7 @@ async fn a_live_drain_delivers_a_crashed_holders_intent_once_its_lease_expires()
     // A quick restart: the lease has not expired, so open leaves the intent in flight.
     let ctx = Context::open_with(&path, "orders", OpenOptions::new().lease(lease)).unwrap();
     assert_eq!(
-        ctx.ledger().get("notify:order:1").unwrap().status(),
+        ctx.ledger().get("notify:order:1").await.unwrap().unwrap().status(),
         DeliveryStatus::InFlight
     );
     let recorder = Recorder::default();
@@ -224,7 +224,7 @@ async fn a_live_drain_delivers_a_crashed_holders_intent_once_its_lease_expires()
     assert_eq!(report.delivered, 1);
     assert_eq!(recorder.sent(), ["notify:order:1"]);
     assert!(started.elapsed() <= lease, "waited {:?}", started.elapsed());
-    let entry = rt.context().ledger().get("notify:order:1").unwrap();
+    let entry = rt.context().ledger().get("notify:order:1").await.unwrap().unwrap();
     assert_eq!(
         (entry.status(), entry.attempts(), entry.expired_leases()),
         (DeliveryStatus::Delivered, 2, 1)
@@ -234,6 +234,8 @@ async fn a_live_drain_delivers_a_crashed_holders_intent_once_its_lease_expires()
         .unwrap()
         .ledger()
         .get("notify:order:1")
+        .await
+        .unwrap()
         .unwrap();
     assert_eq!((entry.status(), entry.expired_leases()), (DeliveryStatus::Delivered, 1));
 }
@@ -263,9 +265,9 @@ async fn a_dropped_turn_writes_its_outcomes_to_the_file() {
     }
     // The file says what happened, not "in flight" for both until the lease expires.
     let ctx = Context::open_with(&path, "orders", OpenOptions::new().read_only(true)).unwrap();
-    let refused = ctx.ledger().get("notify:order:1").unwrap();
+    let refused = ctx.ledger().get("notify:order:1").await.unwrap().unwrap();
     assert_eq!((refused.status(), refused.attempts()), (DeliveryStatus::Dead, 1));
-    let cut_off = ctx.ledger().get("notify:order:2").unwrap();
+    let cut_off = ctx.ledger().get("notify:order:2").await.unwrap().unwrap();
     assert_eq!(
         (cut_off.status(), cut_off.attempts(), cut_off.interrupted_attempts()),
         (DeliveryStatus::Pending, 1, 1)
@@ -294,17 +296,17 @@ async fn a_failed_delivery_and_its_retry_are_durable() {
         assert!(matches!(rt.run().await, Err(RunError::Delivery(_))));
     }
     let ctx = Context::open(&path, "orders").unwrap();
-    let entry = ctx.ledger().get("notify:order:1").unwrap();
+    let entry = ctx.ledger().get("notify:order:1").await.unwrap().unwrap();
     assert_eq!(
         (entry.status(), entry.last_error()),
         (DeliveryStatus::Failed, Some("smtp down"))
     );
     let recorder = Recorder::default();
-    let mut rt = runtime(ctx, &recorder);
-    rt.retry("notify:order:1").unwrap();
+    let rt = runtime(ctx, &recorder);
+    rt.retry("notify:order:1").await.unwrap();
     drop(rt);
     let ctx = Context::open(&path, "orders").unwrap();
-    assert_eq!(ctx.ledger().pending(), 1, "the re-arming was persisted");
+    assert_eq!(ctx.ledger().pending().await.unwrap(), 1, "the re-arming was persisted");
     let mut rt = runtime(ctx, &recorder);
     assert_eq!(rt.flush().await.unwrap().delivered, 1);
     assert_eq!(recorder.sent(), ["notify:order:1"]);
