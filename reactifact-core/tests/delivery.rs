@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use common::*;
 use reactifact_core::{
-    ActionCall, Agent, Budget, Context, DeliveryStatus, DispatchError, Dispatcher, Intent, OpenOptions, Produce,
-    ProduceCall, RetryPolicy, Router, Runtime, TurnOutcome, MAX_RETRY_AFTER,
+    ActionCall, Agent, Budget, Context, DeliveryStatus, DispatchError, Dispatcher, Drainer, Intent, OpenOptions,
+    Produce, ProduceCall, RetryPolicy, Router, Runtime, TurnOutcome, MAX_RETRY_AFTER,
 };
 use tokio::time::Instant;
 
@@ -485,14 +485,10 @@ async fn a_scheduled_retry_survives_a_reopen_of_the_sqlite_store() {
             .dispatcher(|_: Intent| async { Err::<(), _>(DispatchError::msg("down")) })
             .build()
             .unwrap();
-        rt.run().await.unwrap();
-        rt.context()
-            .ledger()
-            .get("notify:order:1")
-            .await
-            .unwrap()
-            .unwrap()
-            .next_attempt_at()
+        let report = rt.run().await.unwrap();
+        let d = rt.context().ledger().get("notify:order:1").await.unwrap().unwrap();
+        eprintln!("DEBUG {report:?} {d:?}");
+        d.next_attempt_at()
     };
     assert!(next.is_some());
     let ctx = Context::open(&path, "orders").unwrap();
@@ -1011,13 +1007,13 @@ async fn an_interrupted_attempt_survives_a_reopen_and_still_does_not_count() {
 
 #[tokio::test(start_paused = true)]
 async fn a_holder_stalled_past_its_lease_cannot_overwrite_the_drain_that_reclaimed_it() {
-    // Two runtimes over one ledger (a context and its fork). The first hands the intent to a
-    // dispatcher that answers after ten minutes, with a failure; while it waits, its turn is
-    // not polled at all (a stalled holder: not even its lease renewal runs), so the
-    // five-minute lease expires and the second runtime reclaims and delivers the intent.
+    // A runtime and a drainer over one outbox. The runtime hands the intent to a dispatcher
+    // that answers after ten minutes, with a failure; while it waits, its turn is not polled
+    // at all (a stalled holder: not even its lease renewal runs), so the five-minute lease
+    // expires and the drainer reclaims and delivers the intent.
     let mut ctx = Context::new("shop");
     ctx.create("order:1", order("ada", 1)).unwrap();
-    let other = ctx.fork("other").unwrap();
+    let outbox = ctx.outbox();
     let mut stalled = Runtime::builder(ctx)
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(|_: Intent| async {
@@ -1028,10 +1024,7 @@ async fn a_holder_stalled_past_its_lease_cannot_overwrite_the_drain_that_reclaim
         .build()
         .unwrap();
     let recorder = Recorder::default();
-    let mut live = Runtime::builder(other)
-        .dispatcher(recorder.dispatcher())
-        .build()
-        .unwrap();
+    let live = Drainer::builder(outbox, recorder.dispatcher()).build();
 
     let mut turn = Box::pin(stalled.run());
     // Poll the turn until its dispatch is under way, then leave it alone.
@@ -1059,11 +1052,11 @@ async fn a_holder_stalled_past_its_lease_cannot_overwrite_the_drain_that_reclaim
 
 #[tokio::test(start_paused = true)]
 async fn a_long_dispatch_renews_its_lease_and_is_not_reclaimed_while_its_drain_lives() {
-    // The dispatch takes twenty minutes, four times the five-minute lease; a second runtime on
-    // the same ledger drains every six minutes meanwhile.
+    // The dispatch takes twenty minutes, four times the five-minute lease; a drainer of the
+    // same outbox drains every six minutes meanwhile.
     let mut ctx = Context::new("shop");
     ctx.create("order:1", order("ada", 1)).unwrap();
-    let other = ctx.fork("other").unwrap();
+    let outbox = ctx.outbox();
     let slow = Recorder::default();
     let mut long = Runtime::builder(ctx)
         .agent(Agent::new("billing").produce(process_order()))
@@ -1082,10 +1075,7 @@ async fn a_long_dispatch_renews_its_lease_and_is_not_reclaimed_while_its_drain_l
         .build()
         .unwrap();
     let other_sends = Recorder::default();
-    let mut watcher = Runtime::builder(other)
-        .dispatcher(other_sends.dispatcher())
-        .build()
-        .unwrap();
+    let watcher = Drainer::builder(outbox, other_sends.dispatcher()).build();
     let (report, reclaimed) = tokio::join!(long.run(), async {
         let mut delivered = 0;
         for _ in 0..3 {

@@ -11,3 +11,4 @@ pub(crate) mod field_diff;
 pub(crate) mod hash;
 pub(crate) mod patch;
 pub(crate) mod relation;
+pub(crate) mod time;

@@ -196,44 +196,27 @@ impl DeliveryConfig {
     }
 }
 
-/// Wall-clock time read from tokio's clock: anchored to the system clock when the runtime was
-/// built and advanced by tokio's monotonic clock, so backoff and leases follow a paused test
-/// clock and never jump with the system clock.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Clock {
-    wall: SystemTime,
-    mono: Instant,
-}
+/// The drain's view of [the process's clock](crate::model::time): a handle, so that a drain
+/// names the clock it reads.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Clock;
 
 impl Clock {
     pub(crate) fn new() -> Self {
-        Clock {
-            wall: SystemTime::now(),
-            mono: Instant::now(),
-        }
+        Clock
     }
 
-    /// The time now: the anchored clock, but never behind the system clock, since commits
-    /// stamp the intents they register with the system clock (in this process or another),
-    /// and an intent must be due for a drain as soon as it is committed.
     pub(crate) fn now(&self) -> SystemTime {
-        (self.wall + self.mono.elapsed()).max(SystemTime::now())
+        crate::model::time::now()
     }
 
-    /// The tokio instant at which the wall-clock time `at` is reached (at most about 30 years
-    /// ahead, see [`instant_after`]).
+    /// The tokio instant at which the wall-clock time `at` is reached.
     pub(crate) fn instant_at(&self, at: SystemTime) -> Instant {
-        instant_after(Instant::now(), at.duration_since(self.now()).unwrap_or_default())
+        crate::model::time::instant_at(at)
     }
 }
 
-/// `base + delay` for a delay from outside (a deadline, a grace period, a retry time), which
-/// may be as long as `Duration::MAX`: capped at about 30 years, as tokio caps its own timers,
-/// so it never overflows.
-pub(crate) fn instant_after(base: Instant, delay: Duration) -> Instant {
-    const FAR: Duration = Duration::from_secs(30 * 365 * 24 * 60 * 60);
-    base.checked_add(delay.min(FAR)).unwrap_or(base)
-}
+pub(crate) use crate::model::time::instant_after;
 
 /// What a drain did.
 #[derive(Debug, Default)]
@@ -551,8 +534,15 @@ impl<'a> Drain<'a> {
                     }
                 }
             }
-            // Claim as many as there are free slots.
-            let free = config.concurrency.saturating_sub(holds.held);
+            // Claim as many as there are free slots: a slot is taken from the hand-over to the
+            // dispatcher until the outcome is acknowledged. Claims waiting for their kind's
+            // limit take no slot (nothing of them reached a receiver), but at most
+            // `concurrency` of them wait.
+            let waiting_for_kind: usize = queued.values().map(VecDeque::len).sum();
+            let free = config
+                .concurrency
+                .saturating_sub(holds.held - waiting_for_kind)
+                .min(config.concurrency.saturating_sub(waiting_for_kind));
             if accepting && !exhausted && claiming.is_none() && free > 0 {
                 let request = ClaimRequest {
                     scope: self.scope,

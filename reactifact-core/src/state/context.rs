@@ -3,7 +3,7 @@
 use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use crate::model::artifact::{Artifact, ArtifactId, Generation, ReadError, Record};
 use crate::model::delivery::NewIntent;
@@ -461,6 +461,7 @@ impl Context {
                 }
             })
             .collect();
+        let now = crate::model::time::now();
         let intents: Vec<NewIntent> = apply
             .intents
             .drain(..)
@@ -472,6 +473,7 @@ impl Context {
                 commit: &commit,
                 consumed_before: self.events.get(consumed).map_or(self.next_event_seq, |q| q.seq),
                 intents: &intents,
+                now,
             };
             if let Err(e) = store.commit(&delta) {
                 apply.rollback();
@@ -481,7 +483,7 @@ impl Context {
         self.graph.record(generation, apply.finish());
         tracing::debug!(commit = %hash.short(), events = events.len(), intents = intents.len(), "committed");
         if let Some(memory) = &self.memory {
-            memory.register(&intents, SystemTime::now());
+            memory.register(&intents, now);
         }
         self.log.push(commit);
         self.events.drain(..consumed);

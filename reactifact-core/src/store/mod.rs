@@ -257,6 +257,9 @@ pub(crate) struct CommitDelta<'a> {
     /// store registers each key it does not hold yet, in the commit's transaction, and
     /// attaches the others to the session.
     pub(crate) intents: &'a [NewIntent],
+    /// When the commit is made, by the process's clock: the intents it registers are
+    /// recorded, and due, then.
+    pub(crate) now: std::time::SystemTime,
 }
 
 /// A durable home for one session of a context.

@@ -71,7 +71,17 @@ impl Actor {
             if !matches!(sent, Some(Ok(()))) {
                 return Err(StoreError::Closed { path });
             }
-            answer.await.unwrap_or(Err(StoreError::Closed { path }))
+            // Under tokio, the wait runs as a blocking task: while one runs, a paused test
+            // clock does not auto-advance, so a store call takes no time on it (awaiting the
+            // reply directly would let the clock jump to the next timer while SQLite works).
+            let answered = match tokio::runtime::Handle::try_current() {
+                Ok(handle) => handle
+                    .spawn_blocking(move || answer.blocking_recv())
+                    .await
+                    .unwrap_or_else(|_| Ok(Err(StoreError::Closed { path: path.clone() }))),
+                Err(_) => answer.await,
+            };
+            answered.unwrap_or(Err(StoreError::Closed { path }))
         })
     }
 

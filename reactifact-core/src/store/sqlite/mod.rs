@@ -335,7 +335,7 @@ impl SqliteStore {
             .conn
             .get()
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        outbox::register(&tx, &missing, millis(SystemTime::now()))?;
+        outbox::register(&tx, &missing, millis(crate::model::time::now()))?;
         tx.commit()
     }
 
@@ -506,7 +506,7 @@ impl SqliteStore {
             codec::encode_runs(&commit.runs),
         ])?;
         if !delta.intents.is_empty() {
-            outbox::register(&tx, delta.intents, millis(SystemTime::now()))?;
+            outbox::register(&tx, delta.intents, millis(delta.now))?;
         }
         tx.commit()?;
         Ok(true)
