@@ -54,6 +54,7 @@ pub use outbox::ledger::Ledger;
 pub use outbox::router::{ActionCall, Router};
 pub use reactifact_macros::{produce, Artifact};
 pub use run::effects::{DeclaredOutput, Dynamic, Effects};
+pub use run::serve::{RuntimeHandle, ServeReport, SubmitError};
 pub use run::produce::{
     Agent, IntoProduce, IntoProduceResult, Produce, ProduceCall, ProduceError, ProduceFailure, RunFailure,
 };

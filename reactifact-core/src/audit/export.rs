@@ -5,8 +5,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
+use crate::model::delivery::Delivery;
 use crate::model::patch::{Op, PutMode};
-use crate::outbox::ledger::Delivery;
 use crate::state::commit::Commit;
 use crate::state::context::Context;
 
@@ -59,11 +59,24 @@ impl Context {
     ///
     /// # Errors
     /// Any error of `out`.
-    pub fn export_audit(&self, mut out: impl io::Write) -> io::Result<usize> {
+    pub async fn export_audit(&self, mut out: impl io::Write + Send) -> io::Result<usize> {
         // The first act of a key in log order created its intent; later ones were skipped.
+        let mut deliveries = foldhash::HashMap::default();
+        let ledger = self.ledger();
+        for commit in self.log() {
+            for op in commit.runs.iter().flat_map(|run| &run.ops) {
+                if let Op::Act { key, .. } = op {
+                    if !deliveries.contains_key(key.as_str()) {
+                        let delivery = ledger.get(key.as_str()).await.map_err(io::Error::other)?;
+                        deliveries.insert(key.as_str(), delivery);
+                    }
+                }
+            }
+        }
         let mut acted = foldhash::HashSet::default();
         for commit in self.log() {
-            let line = serde_json::to_string(&self.audit_line(commit, &mut acted)).map_err(io::Error::other)?;
+            let line =
+                serde_json::to_string(&self.audit_line(commit, &mut acted, &deliveries)).map_err(io::Error::other)?;
             out.write_all(line.as_bytes())?;
             out.write_all(b"\n")?;
         }
@@ -71,7 +84,12 @@ impl Context {
         Ok(self.log().len())
     }
 
-    fn audit_line<'a>(&self, commit: &'a Commit, acted: &mut foldhash::HashSet<&'a str>) -> Value {
+    fn audit_line<'a>(
+        &self,
+        commit: &'a Commit,
+        acted: &mut foldhash::HashSet<&'a str>,
+        deliveries: &foldhash::HashMap<&str, Option<Delivery>>,
+    ) -> Value {
         let runs: Vec<Value> = commit
             .runs
             .iter()
@@ -95,7 +113,7 @@ impl Context {
                         } => {
                             let created = acted.insert(key.as_str());
                             let delivery = created
-                                .then(|| self.ledger().get(key.as_str()))
+                                .then(|| deliveries.get(key.as_str()).cloned().flatten())
                                 .flatten()
                                 .map(|d| delivery_json(&d));
                             intents.push(json!({

@@ -6,11 +6,12 @@ use sha2::{Digest, Sha256};
 
 use crate::model::action::{ActionKey, Origin};
 use crate::model::artifact::{ArtifactId, Generation, Record};
+use crate::model::delivery::Delivery;
 use crate::model::hash::{self, CommitHash, ContentHash};
 use crate::model::patch::Op;
-use crate::outbox::ledger::Delivery;
 use crate::state::commit::{Commit, Read, RunRecord, TriggerRef};
 use crate::state::context::Context;
+use crate::store::StoreError;
 
 /// Derives an idempotency key from a name and an artifact's id and content hash:
 /// `{name}:{32 hex digits}`, the first 128 bits of a SHA-256 over the three.
@@ -164,20 +165,9 @@ impl Context {
     }
 
     /// The run of this context's log that recorded the intent `key`: the generation of its
-    /// commit here and the run's index in that commit.
-    ///
-    /// The ledger's [`Origin`] of a known key is used when its commit is in this log (O(runs
-    /// of that commit)); otherwise (the intent came in through a merge, or the ledger does not
-    /// know the key) the log is searched from the start for the first commit acting the key.
-    /// `None` if no commit of this log acts it.
+    /// commit here and the run's index in that commit: the first commit of the log acting the
+    /// key (O(log)). `None` if no commit of this log acts it.
     pub fn intent_origin(&self, key: &str) -> Option<(Generation, usize)> {
-        if let Some(delivery) = self.ledger().get(key) {
-            if let Some(commit) = self.commit_of(delivery.origin()) {
-                if let Some(run) = acting_run(commit, key) {
-                    return Some((commit.generation, run));
-                }
-            }
-        }
         self.log()
             .iter()
             .find_map(|commit| acting_run(commit, key).map(|run| (commit.generation, run)))
@@ -186,16 +176,23 @@ impl Context {
     /// Answers "why was this action sent?": from the intent's key to the commit and the run
     /// (agent, produce) that recorded it, the run's trigger (id, version, content hash), what
     /// it read, and the delivery in the ledger. `None` if no commit acts `key`.
-    pub fn provenance(&self, key: &str) -> Option<Provenance<'_>> {
-        let (generation, run) = self.intent_origin(key)?;
-        let commit = &self.log()[usize::try_from(generation.0 - 1).ok()?];
-        Some(Provenance {
+    ///
+    /// # Errors
+    /// [`StoreError`] if the ledger cannot be read.
+    pub async fn provenance(&self, key: &str) -> Result<Option<Provenance<'_>>, StoreError> {
+        let Some((generation, run)) = self.intent_origin(key) else {
+            return Ok(None);
+        };
+        let Some(commit) = usize::try_from(generation.0 - 1).ok().and_then(|at| self.log().get(at)) else {
+            return Ok(None);
+        };
+        Ok(Some(Provenance {
             key: ActionKey::from(key),
             generation,
             commit: commit.hash,
             run,
             record: &commit.runs[run],
-            delivery: self.ledger().get(key),
-        })
+            delivery: self.ledger().get(key).await?,
+        }))
     }
 }

@@ -314,3 +314,23 @@ pub(crate) struct NewIntent {
     /// Its content hash, as the commit hashed it.
     pub(crate) action_hash: ContentHash,
 }
+
+/// An identity for this process's leases: unique per process start (its pid and start time).
+pub(crate) fn process_owner() -> Arc<str> {
+    static OWNER: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
+    OWNER
+        .get_or_init(|| {
+            let started = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            Arc::from(format!("pid {} started {started}", std::process::id()))
+        })
+        .clone()
+}
+
+/// An identity for the leases of one standalone drainer of this process.
+pub(crate) fn drainer_owner() -> Arc<str> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Arc::from(format!("{} drainer {n}", process_owner()))
+}

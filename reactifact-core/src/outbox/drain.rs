@@ -15,10 +15,10 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::model::action::{ActionKey, Intent};
+use crate::model::delivery::{ceil_millis, later, Delivery, DeliveryStatus, FenceToken};
 use crate::outbox::dispatcher::{DispatchError, ErasedDispatcher};
-use crate::outbox::ledger::{later, DeliveryStatus, FailedAttempt, Lease, Ledger};
 use crate::run::runtime::{StopHandle, TurnOutcome};
-use crate::state::context::Context;
+use crate::store::outbox::{ClaimRequest, Claimed, FailedAttempt, OutboxStore, Outcome, Recorded, Recording, Scope};
 use crate::store::StoreError;
 
 /// A delivery that failed, as recorded in the ledger.
@@ -213,14 +213,17 @@ impl Clock {
         }
     }
 
+    /// The time now: the anchored clock, but never behind the system clock, since commits
+    /// stamp the intents they register with the system clock (in this process or another),
+    /// and an intent must be due for a drain as soon as it is committed.
     pub(crate) fn now(&self) -> SystemTime {
-        self.wall + self.mono.elapsed()
+        (self.wall + self.mono.elapsed()).max(SystemTime::now())
     }
 
     /// The tokio instant at which the wall-clock time `at` is reached (at most about 30 years
     /// ahead, see [`instant_after`]).
     pub(crate) fn instant_at(&self, at: SystemTime) -> Instant {
-        instant_after(self.mono, at.duration_since(self.wall).unwrap_or_default())
+        instant_after(Instant::now(), at.duration_since(self.now()).unwrap_or_default())
     }
 }
 
@@ -253,23 +256,15 @@ pub struct DrainReport {
     /// intents, another drain reclaimed them meanwhile, and the ledger keeps that drain's
     /// record (each was logged at warn).
     pub stale: u64,
+    /// Intents whose stored row failed its integrity check when this drain claimed it: each is
+    /// held with an `integrity:` error and never handed to a dispatcher (each was logged at
+    /// error).
+    pub integrity: Vec<ActionKey>,
     /// Intents still waiting when the drain ended: retries not yet due, attempts cut off,
     /// intents not started because of a stop or the deadline, and intents in flight under
     /// another holder's lease (a process that died after handing them out): they are due again
     /// when the lease expires.
     pub waiting: usize,
-}
-
-impl DrainReport {
-    fn absorb(&mut self, other: DrainReport) {
-        self.delivered += other.delivered;
-        self.failed.extend(other.failed);
-        self.dead.extend(other.dead);
-        self.held.extend(other.held);
-        self.interrupted.extend(other.interrupted);
-        self.stale += other.stale;
-        self.waiting = other.waiting;
-    }
 }
 
 /// Why a drain stopped with an error.
@@ -284,10 +279,6 @@ impl From<StoreError> for DrainError {
     }
 }
 
-/// How many intents one drain step leases and records together (at least the delivery
-/// concurrency, so the limit is reachable).
-const DRAIN_BATCH: usize = 256;
-
 /// How one attempt ended.
 enum Attempt {
     Delivered,
@@ -296,8 +287,22 @@ enum Attempt {
     Panicked(String),
 }
 
+/// The error recorded for an attempt cut off before its outcome was known.
+const INTERRUPTED: &str = "the attempt was cut off (a stop, the deadline or a dropped turn) before its outcome was \
+                           known; the receiver may have seen the intent, so it is delivered again at once with the \
+                           same key";
+
+/// How many consecutive failed writes of outcomes a drain rides out before it gives up with
+/// the store's error (the outcomes not written stay in flight until their lease expires).
+const RECORD_TRIES: u32 = 3;
+
+/// A drain of one scope of an outbox: claims due intents, hands them to the dispatcher within
+/// the concurrency limits, and records each outcome, group-committed.
 pub(crate) struct Drain<'a> {
-    pub(crate) context: &'a mut Context,
+    pub(crate) outbox: &'a dyn OutboxStore,
+    pub(crate) scope: &'a Scope,
+    pub(crate) owner: &'a Arc<str>,
+    pub(crate) lease: Duration,
     pub(crate) dispatcher: &'a Arc<dyn ErasedDispatcher>,
     pub(crate) config: &'a DeliveryConfig,
     pub(crate) clock: &'a Clock,
@@ -305,7 +310,110 @@ pub(crate) struct Drain<'a> {
     pub(crate) deadline: Option<Instant>,
 }
 
-impl Drain<'_> {
+/// What a claimed intent is waiting for.
+enum Stage {
+    /// Claimed, not yet handed to the dispatcher (its kind is at its limit).
+    Queued,
+    /// Handed to the dispatcher.
+    Running,
+    /// Finished; the outcome waits to be written.
+    Finished(Outcome),
+    /// The outcome is being written.
+    Recording(Outcome),
+}
+
+/// One claim this drain holds: its slot is taken until the store acknowledged its outcome, so
+/// the intents a crash can re-send are at most those held, at most the concurrency.
+struct Slot {
+    claim: Delivery,
+    stage: Stage,
+}
+
+impl Slot {
+    fn token(&self) -> FenceToken {
+        self.claim.lease.as_ref().map_or(self.claim.token, |l| l.token)
+    }
+
+    /// The outcome to write if the drain ends now: what finished as it finished, an attempt
+    /// still running as cut off, an intent never handed out released.
+    fn outcome_now(&self) -> Outcome {
+        match &self.stage {
+            Stage::Queued => Outcome::Released,
+            Stage::Running => Outcome::Interrupted {
+                reason: INTERRUPTED.to_owned(),
+            },
+            Stage::Finished(outcome) | Stage::Recording(outcome) => outcome.clone(),
+        }
+    }
+}
+
+/// The claims a drain holds. If the drain's future is dropped (the caller gave up on the
+/// turn), `Drop` submits every outcome not yet acknowledged, so a finished outcome survives
+/// the dropped turn and a cut-off attempt is due again at once instead of waiting out its
+/// lease. An outcome written twice is harmless: the second finds the token spent and is
+/// rejected as stale.
+struct Holds<'a> {
+    outbox: &'a dyn OutboxStore,
+    clock: Clock,
+    slots: Vec<Option<Slot>>,
+    free: Vec<usize>,
+    held: usize,
+}
+
+impl Holds<'_> {
+    fn insert(&mut self, slot: Slot) -> usize {
+        self.held += 1;
+        match self.free.pop() {
+            Some(at) => {
+                self.slots[at] = Some(slot);
+                at
+            }
+            None => {
+                self.slots.push(Some(slot));
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    fn slot(&mut self, at: usize) -> &mut Slot {
+        self.slots[at].as_mut().expect("a held slot")
+    }
+
+    fn release(&mut self, at: usize) -> Slot {
+        self.held -= 1;
+        self.free.push(at);
+        self.slots[at].take().expect("a held slot")
+    }
+
+    fn held(&self) -> impl Iterator<Item = (usize, &Slot)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(at, s)| s.as_ref().map(|s| (at, s)))
+    }
+}
+
+impl Drop for Holds<'_> {
+    fn drop(&mut self) {
+        if self.held == 0 {
+            return;
+        }
+        let outcomes: Vec<Recording> = self
+            .held()
+            .map(|(_, slot)| Recording {
+                key: slot.claim.intent.key.clone(),
+                token: slot.token(),
+                outcome: slot.outcome_now(),
+            })
+            .collect();
+        tracing::debug!(outcomes = outcomes.len(), "a dropped drain submits its outcomes");
+        self.outbox.submit(outcomes, self.clock.now());
+    }
+}
+
+type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+impl<'a> Drain<'a> {
     fn interrupted(&self) -> Option<TurnOutcome> {
         if self.stop.is_requested() {
             Some(TurnOutcome::Stopped)
@@ -316,60 +424,60 @@ impl Drain<'_> {
         }
     }
 
-    /// Delivers every intent due now, in batches. Returns the outcome that interrupted it, if a
-    /// stop or the deadline did.
-    pub(crate) async fn run(&mut self, report: &mut DrainReport) -> Result<Option<TurnOutcome>, DrainError> {
-        let mut outcome = None;
-        loop {
-            // First, so that what is due includes what an expired lease gives back (and no
-            // expiry of a batch that has since finished counts as due).
-            self.reclaim_expired_leases()?;
-            if !self.context.ledger().lock().has_due(self.clock.now()) {
-                break;
-            }
-            if let Some(interrupted) = self.interrupted() {
-                outcome = Some(interrupted);
-                break;
-            }
-            let mut batch_report = DrainReport::default();
-            let result = self.batch(&mut batch_report).await;
-            report.absorb(batch_report);
-            if let Some(interrupted) = result? {
-                outcome = Some(interrupted);
-                break;
-            }
-        }
-        let ledger = self.context.ledger().lock();
-        report.waiting = ledger.pending() + ledger.in_flight();
-        drop(ledger);
+    /// Delivers every intent of the scope due now (and what falls due meanwhile, such as an
+    /// expired lease of a dead holder). Returns the outcome that interrupted it, if a stop or
+    /// the deadline did.
+    pub(crate) async fn run(&self, report: &mut DrainReport) -> Result<Option<TurnOutcome>, DrainError> {
+        let outcome = match self.interrupted() {
+            Some(interrupted) => Some(interrupted),
+            None => self.deliver(report).await?,
+        };
+        report.waiting = usize::try_from(self.outbox.counts(self.scope).await?.waiting()).unwrap_or(usize::MAX);
         Ok(outcome)
     }
 
-    /// Puts the in-flight intents whose lease expired back to pending, in memory and in the
-    /// store: their holder (another process, or an earlier context of this one) died or
-    /// stalled past its lease after handing them to a dispatcher. Between batches this drain
-    /// holds no lease of its own, so only another holder's leases can have expired.
-    fn reclaim_expired_leases(&mut self) -> Result<(), DrainError> {
-        let now = self.clock.now();
-        let reclaimed = self.context.ledger().lock().reclaim_expired(now);
-        if !reclaimed.is_empty() {
-            tracing::warn!(reclaimed = reclaimed.len(), "in-flight deliveries whose lease expired are pending again; they are delivered again with the same key");
-            self.context.persist_deliveries(&reclaimed)?;
-        }
-        Ok(())
+    /// Delivers every waiting intent, sleeping until retries fall due and leases expire, until
+    /// none waits (each is delivered, dead, held or waiting for `retry`), or a stop or the
+    /// deadline.
+    pub(crate) async fn settle(&self, report: &mut DrainReport) -> Result<Option<TurnOutcome>, DrainError> {
+        self.serve(report, None).await
     }
 
-    /// Delivers every waiting intent, sleeping until retries are due, until none waits (each
-    /// is delivered, dead, held or waiting for `retry`), or a stop or the deadline.
-    pub(crate) async fn settle(&mut self, report: &mut DrainReport) -> Result<Option<TurnOutcome>, DrainError> {
+    /// Like [`settle`](Drain::settle), but with a `poll` interval also wakes that often to look
+    /// for intents committed meanwhile (by another process), and runs until a stop.
+    pub(crate) async fn serve(
+        &self,
+        report: &mut DrainReport,
+        poll: Option<Duration>,
+    ) -> Result<Option<TurnOutcome>, DrainError> {
         loop {
+            let before = (
+                report.delivered,
+                report.failed.len(),
+                report.dead.len(),
+                report.held.len(),
+            );
             if let Some(outcome) = self.run(report).await? {
                 return Ok(Some(outcome));
             }
-            let Some(next) = self.context.ledger().lock().next_due() else {
-                return Ok(None);
+            let next = self.outbox.next_due(self.scope).await?;
+            let now = self.clock.now();
+            let idle = before
+                == (
+                    report.delivered,
+                    report.failed.len(),
+                    report.dead.len(),
+                    report.held.len(),
+                );
+            let wake = match (next, poll) {
+                (None, None) => return Ok(None),
+                // Due already, yet this drain took nothing: another drain holds it or took it
+                // meanwhile. Look again shortly rather than spin.
+                (Some(at), _) if at <= now && idle => Instant::now() + Duration::from_millis(10),
+                (Some(at), None) => self.clock.instant_at(at),
+                (Some(at), Some(poll)) => self.clock.instant_at(at).min(instant_after(Instant::now(), poll)),
+                (None, Some(poll)) => instant_after(Instant::now(), poll),
             };
-            let wake = self.clock.instant_at(next);
             let deadline = async {
                 match self.deadline {
                     Some(d) => tokio::time::sleep_until(d).await,
@@ -384,312 +492,323 @@ impl Drain<'_> {
         }
     }
 
-    /// One batch: lease it (one ledger write), deliver it concurrently, record the outcomes
-    /// (one more).
-    async fn batch(&mut self, report: &mut DrainReport) -> Result<Option<TurnOutcome>, DrainError> {
-        let now = self.clock.now();
-        let lease = self.context.new_lease(now);
-        let size = DRAIN_BATCH.max(self.config.concurrency);
-        let batch = self.context.ledger_mut().begin_batch(size, &lease, now);
-        if let Err(e) = self.context.persist_deliveries(&batch) {
-            for &at in &batch {
-                self.context.ledger_mut().release(at, now);
-            }
-            return Err(DrainError::Store(e));
-        }
-        let intents: Vec<Intent> = batch
-            .iter()
-            .map(|&at| self.context.ledger().lock().intent_for(at))
-            .collect();
-        // Declared before the outcomes, so that if this future is dropped, the outcomes are
-        // recorded in memory first and the hold then writes them to the store.
-        let mut hold = BatchHold {
-            every: self.context.lease_duration() / 3,
-            context: &mut *self.context,
-            clock: self.clock,
-            batch: &batch,
-            written: false,
-        };
-        let mut outcomes = Outcomes {
-            ledger: hold.context.ledger().clone(),
-            config: self.config,
+    /// Claims and delivers until nothing in scope is due, recording outcomes as they finish.
+    async fn deliver(&self, report: &mut DrainReport) -> Result<Option<TurnOutcome>, DrainError> {
+        let config = self.config;
+        let dispatcher = self.dispatcher.as_ref();
+        let mut holds = Holds {
+            outbox: self.outbox,
             clock: *self.clock,
-            batch: &batch,
-            lease,
-            intents: &intents,
-            results: std::iter::repeat_with(|| None).take(batch.len()).collect(),
-            started: vec![false; batch.len()],
-            recorded: false,
+            slots: Vec::new(),
+            free: Vec::new(),
+            held: 0,
         };
-        let interrupted = deliver(
-            self.dispatcher.as_ref(),
-            self.config,
-            self.stop,
-            self.deadline,
-            &intents,
-            &mut outcomes,
-            &mut hold,
-        )
-        .await;
-        let first_failure = outcomes.record(report);
-        drop(outcomes);
-        hold.written = true;
-        drop(hold);
-        self.context.persist_deliveries(&batch)?;
-        match first_failure {
-            Some(failure) if self.config.errors == DeliveryErrors::FailLoud => Err(DrainError::Delivery(failure)),
-            _ => Ok(interrupted),
-        }
-    }
-}
-
-/// The error recorded for an attempt cut off before its outcome was known.
-const INTERRUPTED: &str = "the attempt was cut off (a stop, the deadline or a dropped turn) before its outcome was \
-                           known; the receiver may have seen the intent, so it is delivered again at once with the \
-                           same key";
-
-/// Hands the batch to the dispatcher, concurrently within the global and per-kind limits. On a
-/// stop or the deadline (or the first failure, failing loud) it starts nothing more and gives
-/// running deliveries the grace period.
-/// A batch's hold on the context while it is delivered: it renews the batch's lease every
-/// third of the lease, so that a long dispatch is not reclaimed while its drain lives, and if
-/// the drain's future is dropped mid-batch it writes what [`Outcomes`] recorded in memory to
-/// the store, so that a finished outcome survives the dropped turn and a cut-off attempt is
-/// due again at once instead of waiting out its lease.
-struct BatchHold<'a> {
-    context: &'a mut Context,
-    clock: &'a Clock,
-    every: Duration,
-    batch: &'a [usize],
-    /// The normal path writes the outcomes itself.
-    written: bool,
-}
-
-impl Drop for BatchHold<'_> {
-    fn drop(&mut self) {
-        if self.written {
-            return;
-        }
-        if let Err(e) = self.context.persist_deliveries(self.batch) {
-            // The file keeps the batch in flight: the lease expires and the intents are
-            // delivered again with the same key.
-            tracing::warn!(error = %e, "the outcomes of a dropped drain could not be stored");
-        }
-    }
-}
-
-impl BatchHold<'_> {
-    /// Moves every entry of the batch that still holds the batch's lease to a new one, from
-    /// now, in memory and in the store. An entry another drain reclaimed is left to it.
-    fn renew(&mut self, out: &mut Outcomes<'_>) {
-        let lease = self.context.new_lease(self.clock.now());
-        let renewed: Vec<usize> = {
-            let mut ledger = out.ledger.lock();
-            out.batch
-                .iter()
-                .copied()
-                .filter(|&at| ledger.renew(at, &out.lease, &lease))
-                .collect()
-        };
-        out.lease = lease;
-        if let Err(e) = self.context.persist_deliveries(&renewed) {
-            // The renewal holds in memory; a process that opens the store meanwhile may take
-            // the lease for expired, and deliver again with the same key.
-            tracing::warn!(error = %e, renewed = renewed.len(), "the renewed lease could not be stored");
-        }
-    }
-}
-
-async fn deliver(
-    dispatcher: &dyn ErasedDispatcher,
-    config: &DeliveryConfig,
-    stop: &StopHandle,
-    deadline: Option<Instant>,
-    intents: &[Intent],
-    out: &mut Outcomes<'_>,
-    hold: &mut BatchHold<'_>,
-) -> Option<TurnOutcome> {
-    let mut running = FuturesUnordered::new();
-    let mut active: foldhash::HashMap<&str, usize> = Default::default();
-    let mut waiting: foldhash::HashMap<&str, VecDeque<usize>> = Default::default();
-    let mut next = 0;
-    let mut stopping: Option<(TurnOutcome, Instant)> = None;
-    let mut failed_loud = false;
-    let start = |i: usize| attempt(dispatcher, intents[i].clone(), config.timeout, i);
-    // Built once: registering with the stop handle on every completion would cost a lock each.
-    let interrupt = async {
-        let deadline = async {
-            match deadline {
-                Some(d) => tokio::time::sleep_until(d).await,
-                None => std::future::pending().await,
+        let mut running = FuturesUnordered::new();
+        let mut active: foldhash::HashMap<Arc<str>, usize> = Default::default();
+        let mut queued: foldhash::HashMap<Arc<str>, VecDeque<usize>> = Default::default();
+        // The claim being made, and how many it asked for.
+        let mut claiming: Option<(usize, StoreFuture<'_, Result<Claimed, StoreError>>)> = None;
+        let mut recording: Option<StoreFuture<'_, (Vec<usize>, Result<Vec<Recorded>, StoreError>)>> = None;
+        let mut renewing: Option<StoreFuture<'_, Result<Vec<bool>, StoreError>>> = None;
+        let mut exhausted = false;
+        let mut stopping: Option<TurnOutcome> = None;
+        let mut cut_off = false;
+        let mut first_failure: Option<DeliveryFailure> = None;
+        let mut store_error: Option<StoreError> = None;
+        let mut record_failures = 0;
+        // Built once: registering with the stop handle on every completion would cost a lock each.
+        let interrupt = async {
+            let deadline = async {
+                match self.deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = self.stop.requested() => TurnOutcome::Stopped,
+                () = deadline => TurnOutcome::DeadlineExceeded,
             }
         };
-        tokio::select! {
-            () = stop.requested() => TurnOutcome::Stopped,
-            () = deadline => TurnOutcome::DeadlineExceeded,
-        }
-    };
-    tokio::pin!(interrupt);
-    let grace = tokio::time::sleep(config.grace);
-    tokio::pin!(grace);
-    let renew_every = (!hold.every.is_zero()).then_some(hold.every);
-    let renew = tokio::time::sleep_until(instant_after(Instant::now(), hold.every));
-    tokio::pin!(renew);
-    loop {
-        let accepting = stopping.is_none() && !failed_loud;
-        while accepting && running.len() < config.concurrency && next < intents.len() {
-            let kind = intents[next].kind();
-            let limit = config.kind_limits.get(kind).copied().unwrap_or(usize::MAX);
-            let count = active.entry(kind).or_default();
-            if *count >= limit {
-                waiting.entry(kind).or_default().push_back(next);
-            } else {
-                *count += 1;
-                out.started[next] = true;
-                running.push(start(next));
-            }
-            next += 1;
-        }
-        tokio::select! {
-            biased;
-            done = running.next() => {
-                let Some((i, attempt)) = done else { break };
-                let kind = intents[i].kind();
-                if let Some(count) = active.get_mut(kind) {
-                    *count -= 1;
-                }
-                if config.errors == DeliveryErrors::FailLoud && !matches!(attempt, Attempt::Delivered) {
-                    failed_loud = true;
-                }
-                out.results[i] = Some(attempt);
-                if stopping.is_none() && !failed_loud {
-                    if let Some(queued) = waiting.get_mut(kind).and_then(VecDeque::pop_front) {
-                        *active.entry(kind).or_default() += 1;
-                        out.started[queued] = true;
-                        running.push(start(queued));
+        tokio::pin!(interrupt);
+        let grace = tokio::time::sleep(config.grace);
+        tokio::pin!(grace);
+        let renew_every = self.lease / 3;
+        let renew = tokio::time::sleep_until(instant_after(Instant::now(), renew_every));
+        tokio::pin!(renew);
+        loop {
+            let failed_loud = first_failure.is_some() && config.errors == DeliveryErrors::FailLoud;
+            let accepting = stopping.is_none() && !failed_loud && store_error.is_none();
+            // Hand queued claims to the dispatcher as their kinds free up.
+            if accepting {
+                for (kind, waiting) in queued.iter_mut() {
+                    let limit = config.kind_limits.get(&**kind).copied().unwrap_or(usize::MAX);
+                    let count = active.entry(kind.clone()).or_default();
+                    while *count < limit {
+                        let Some(at) = waiting.pop_front() else { break };
+                        *count += 1;
+                        let slot = holds.slot(at);
+                        slot.stage = Stage::Running;
+                        running.push(attempt(dispatcher, slot.claim.intent.clone(), config.timeout, at));
                     }
                 }
             }
-            outcome = &mut interrupt, if stopping.is_none() => {
-                tracing::info!(outcome = ?outcome, running = running.len(), grace = ?config.grace, "stopping the drain; running deliveries get the grace period");
-                let until = instant_after(Instant::now(), config.grace);
-                grace.as_mut().reset(until);
-                stopping = Some((outcome, until));
+            // Claim as many as there are free slots.
+            let free = config.concurrency.saturating_sub(holds.held);
+            if accepting && !exhausted && claiming.is_none() && free > 0 {
+                let request = ClaimRequest {
+                    scope: self.scope,
+                    limit: free,
+                    owner: self.owner,
+                    lease: self.lease,
+                    now: self.clock.now(),
+                };
+                claiming = Some((free, self.outbox.claim(request)));
             }
-            () = &mut renew, if renew_every.is_some() => {
-                hold.renew(out);
-                renew.as_mut().reset(instant_after(Instant::now(), hold.every));
+            // Write what finished, as one group, while nothing else is being written.
+            if recording.is_none() && (store_error.is_none() || cut_off) {
+                let ready: Vec<usize> = holds
+                    .held()
+                    .filter(|(_, s)| matches!(s.stage, Stage::Finished(_)))
+                    .map(|(at, _)| at)
+                    .collect();
+                if !ready.is_empty() {
+                    let outcomes: Vec<Recording> = ready
+                        .iter()
+                        .map(|&at| {
+                            let slot = holds.slot(at);
+                            let Stage::Finished(outcome) = std::mem::replace(&mut slot.stage, Stage::Queued) else {
+                                unreachable!("filtered on finished")
+                            };
+                            slot.stage = Stage::Recording(outcome.clone());
+                            Recording {
+                                key: slot.claim.intent.key.clone(),
+                                token: slot.token(),
+                                outcome,
+                            }
+                        })
+                        .collect();
+                    let outbox = self.outbox;
+                    let now = self.clock.now();
+                    recording = Some(Box::pin(async move {
+                        let result = outbox.record(&outcomes, now).await;
+                        (ready, result)
+                    }));
+                }
             }
-            () = &mut grace, if stopping.is_some() => {
-                tracing::warn!(running = running.len(), "grace period over; cancelling the deliveries still running");
+            if holds.held == 0 && claiming.is_none() && (exhausted || !accepting) {
+                break;
+            }
+            if cut_off && recording.is_none() {
+                break;
+            }
+            tokio::select! {
+                biased;
+                Some((at, attempt)) = running.next(), if !running.is_empty() => {
+                    let kind = holds.slot(at).claim.intent.kind.clone();
+                    if let Some(count) = active.get_mut(&kind) {
+                        *count -= 1;
+                    }
+                    let outcome = self.outcome_of(holds.slot(at), attempt, &mut first_failure);
+                    holds.slot(at).stage = Stage::Finished(outcome);
+                }
+                (ats, result) = async { recording.as_mut().expect("guarded").await }, if recording.is_some() => {
+                    recording = None;
+                    match result {
+                        Ok(recorded) => {
+                            record_failures = 0;
+                            for (at, recorded) in ats.into_iter().zip(recorded) {
+                                let slot = holds.release(at);
+                                // A failure may be due again at once (a policy without delay).
+                                if matches!(slot.stage, Stage::Recording(Outcome::Failed { .. })) {
+                                    exhausted = false;
+                                }
+                                self.report_recorded(slot, recorded, report);
+                            }
+                        }
+                        Err(e) => {
+                            record_failures += 1;
+                            tracing::warn!(error = %e, tries = record_failures, "the outcomes of deliveries could not be written");
+                            for at in ats {
+                                let slot = holds.slot(at);
+                                if let Stage::Recording(outcome) = std::mem::replace(&mut slot.stage, Stage::Queued) {
+                                    slot.stage = Stage::Finished(outcome);
+                                }
+                            }
+                            if record_failures >= RECORD_TRIES {
+                                store_error = Some(e);
+                                cut_off = true;
+                            }
+                        }
+                    }
+                }
+                claimed = async { claiming.as_mut().expect("guarded").1.as_mut().await }, if claiming.is_some() => {
+                    let asked = claiming.take().map_or(0, |(asked, _)| asked);
+                    match claimed {
+                        Ok(claimed) => {
+                            if claimed.reclaimed > 0 {
+                                tracing::warn!(reclaimed = claimed.reclaimed, "in-flight deliveries whose lease expired are pending again; they are delivered again with the same key");
+                            }
+                            for key in &claimed.integrity {
+                                tracing::error!(action_key = %key, "a stored intent failed its integrity check; it is held and never delivered");
+                            }
+                            report.integrity.extend(claimed.integrity);
+                            exhausted = claimed.claims.len() < asked;
+                            for claim in claimed.claims {
+                                let kind = claim.intent.kind.clone();
+                                let at = holds.insert(Slot { claim, stage: Stage::Queued });
+                                queued.entry(kind).or_default().push_back(at);
+                            }
+                        }
+                        Err(e) => {
+                            store_error = Some(e);
+                        }
+                    }
+                }
+                outcome = &mut interrupt, if stopping.is_none() => {
+                    tracing::info!(outcome = ?outcome, running = running.len(), grace = ?config.grace, "stopping the drain; running deliveries get the grace period");
+                    grace.as_mut().reset(instant_after(Instant::now(), config.grace));
+                    stopping = Some(outcome);
+                    self.release_queued(&mut holds, &mut queued);
+                }
+                renewed = async { renewing.as_mut().expect("guarded").await }, if renewing.is_some() => {
+                    renewing = None;
+                    if let Err(e) = renewed {
+                        tracing::warn!(error = %e, "the leases of running deliveries could not be renewed");
+                    }
+                }
+                () = &mut renew, if !renew_every.is_zero() && renewing.is_none() => {
+                    let held: Vec<(ActionKey, FenceToken)> = holds
+                        .held()
+                        .map(|(_, s)| (s.claim.intent.key.clone(), s.token()))
+                        .collect();
+                    if !held.is_empty() {
+                        let until = later(self.clock.now(), self.lease);
+                        let outbox = self.outbox;
+                        renewing = Some(Box::pin(async move { outbox.renew(&held, until).await }));
+                    }
+                    renew.as_mut().reset(instant_after(Instant::now(), renew_every));
+                }
+                () = &mut grace, if stopping.is_some() && !running.is_empty() => {
+                    tracing::warn!(running = running.len(), "grace period over; cancelling the deliveries still running");
+                    drop(std::mem::take(&mut running));
+                    for at in holds.held().filter(|(_, s)| matches!(s.stage, Stage::Running)).map(|(at, _)| at).collect::<Vec<_>>() {
+                        let slot = holds.slot(at);
+                        slot.stage = Stage::Finished(slot.outcome_now());
+                        tracing::warn!(action_key = %slot.claim.intent.key, attempt = slot.claim.intent.attempt, "delivery cut off before its outcome was known; due again with the same key");
+                        report.interrupted.push(slot.claim.intent.key.clone());
+                    }
+                }
+            }
+            let failed_loud = first_failure.is_some() && config.errors == DeliveryErrors::FailLoud;
+            if stopping.is_some() || failed_loud || store_error.is_some() {
+                self.release_queued(&mut holds, &mut queued);
+            }
+            if store_error.is_some() && running.is_empty() {
+                // Nothing more will be written: what is held stays in flight until its lease
+                // expires (the holds' drop submits it once more).
                 break;
             }
         }
-    }
-    stopping.map(|(outcome, _)| outcome)
-}
-
-/// The outcomes of a batch being delivered, and their recording in the ledger: by
-/// [`record`](Outcomes::record) when the deliveries end, or by `Drop` if the drain's future is
-/// dropped first (the caller gave up on the turn). Either way every intent is recorded as what
-/// happened to it: an attempt that finished as it finished (delivered, failed or dead per the
-/// retry policy, held); an attempt cut off while running as of unknown outcome, due again at
-/// once; an intent never started back to pending. After a drop, the [`BatchHold`] writes
-/// them to a durable store.
-struct Outcomes<'a> {
-    ledger: Ledger,
-    config: &'a DeliveryConfig,
-    clock: Clock,
-    batch: &'a [usize],
-    /// The lease the batch holds (taken under, or renewed to): an entry that no longer holds
-    /// it was reclaimed by another drain, and this drain's outcome for it is stale.
-    lease: Lease,
-    intents: &'a [Intent],
-    results: Vec<Option<Attempt>>,
-    started: Vec<bool>,
-    recorded: bool,
-}
-
-impl Outcomes<'_> {
-    /// Records every outcome in the ledger (once), listing them in `report`. Returns the first
-    /// failed or dead delivery, for a fail-loud drain.
-    fn record(&mut self, report: &mut DrainReport) -> Option<DeliveryFailure> {
-        if std::mem::replace(&mut self.recorded, true) {
-            return None;
+        if let Some(e) = store_error {
+            return Err(DrainError::Store(e));
         }
+        if let Some(failure) = first_failure.filter(|_| config.errors == DeliveryErrors::FailLoud) {
+            return Err(DrainError::Delivery(failure));
+        }
+        Ok(stopping)
+    }
+
+    /// Releases every claim not yet handed to the dispatcher.
+    fn release_queued(&self, holds: &mut Holds<'_>, queued: &mut foldhash::HashMap<Arc<str>, VecDeque<usize>>) {
+        for (_, waiting) in queued.iter_mut() {
+            for at in waiting.drain(..) {
+                holds.slot(at).stage = Stage::Finished(Outcome::Released);
+            }
+        }
+    }
+
+    /// The outcome to record for a finished attempt, listing failures in `report`.
+    fn outcome_of(&self, slot: &Slot, attempt: Attempt, first_failure: &mut Option<DeliveryFailure>) -> Outcome {
+        let intent = &slot.claim.intent;
+        let error = match attempt {
+            Attempt::Delivered => return Outcome::Delivered,
+            Attempt::Failed(e) if e.is_no_route() => {
+                return Outcome::Held { reason: e.to_string() };
+            }
+            Attempt::Failed(e) => e,
+            Attempt::TimedOut(limit) => DispatchError::retryable(format!("timed out after {limit:?}")),
+            Attempt::Panicked(message) => DispatchError::retryable(format!("dispatcher panicked: {message}")),
+        };
         let now = self.clock.now();
-        let mut ledger = self.ledger.lock();
-        let mut first_failure = None;
-        for (i, (&at, intent)) in self.batch.iter().zip(self.intents).enumerate() {
-            let result = self.results[i].take();
-            if ledger.entry(at).lease() != Some(&self.lease) {
-                // Our lease expired and another drain reclaimed the intent (it may have
-                // delivered it since): its record stands, ours is rejected.
-                if self.started[i] {
-                    tracing::warn!(action_key = %intent.key(), attempt = intent.attempt(), status = %ledger.entry(at).status(), "a late outcome of a delivery whose lease had expired is rejected: another drain reclaimed the intent");
-                    report.stale += 1;
-                }
-                continue;
-            }
-            let error = match (result, self.started[i]) {
-                (None, false) => {
-                    ledger.release(at, now);
-                    continue;
-                }
-                (None, true) => {
-                    ledger.record_interrupted(at, INTERRUPTED.to_owned(), now);
-                    tracing::warn!(action_key = %intent.key(), kind = intent.kind(), attempt = intent.attempt(), "delivery cut off before its outcome was known; due again with the same key");
-                    report.interrupted.push(intent.key().clone());
-                    continue;
-                }
-                (Some(Attempt::Delivered), _) => {
-                    ledger.record_delivered(at, now);
-                    report.delivered += 1;
-                    continue;
-                }
-                (Some(Attempt::Failed(e)), _) if e.is_no_route() => {
-                    ledger.record_held(at, e.to_string(), now);
-                    tracing::warn!(action_key = %intent.key(), kind = intent.kind(), "no route for the intent's kind; held");
-                    report.held.push(intent.key().clone());
-                    continue;
-                }
-                (Some(Attempt::Failed(e)), _) => e,
-                (Some(Attempt::TimedOut(limit)), _) => DispatchError::retryable(format!("timed out after {limit:?}")),
-                (Some(Attempt::Panicked(message)), _) => {
-                    DispatchError::retryable(format!("dispatcher panicked: {message}"))
-                }
-            };
-            let policy = self.config.policy_for(intent.kind());
-            let failures = ledger.entry(at).failed_attempts();
-            let next = policy.after_failure(intent.key().as_str(), failures, &error, now);
-            let message = error.to_string();
-            ledger.record_failed(at, message.clone(), next, now);
-            let entry = ledger.entry(at);
-            let failure = DeliveryFailure {
-                key: intent.key().clone(),
-                kind: intent.kind().to_owned(),
-                attempt: intent.attempt(),
-                error: message,
-                status: entry.status(),
-                next_attempt_at: entry.next_attempt_at(),
-            };
-            tracing::warn!(action_key = %failure.key, kind = %failure.kind, attempt = failure.attempt, status = %failure.status, error = %failure.error, "delivery failed");
-            if first_failure.is_none() {
-                first_failure = Some(failure.clone());
-            }
-            if failure.status == DeliveryStatus::Dead {
-                report.dead.push(failure);
-            } else {
-                report.failed.push(failure);
-            }
+        let policy = self.config.policy_for(intent.kind());
+        let next = policy.after_failure(intent.key().as_str(), slot.claim.failed_attempts(), &error, now);
+        let failure = DeliveryFailure {
+            key: intent.key().clone(),
+            kind: intent.kind().to_owned(),
+            attempt: intent.attempt(),
+            error: error.to_string(),
+            status: match next {
+                FailedAttempt::Dead => DeliveryStatus::Dead,
+                _ => DeliveryStatus::Failed,
+            },
+            next_attempt_at: match next {
+                FailedAttempt::RetryAt(at) => Some(ceil_millis(at)),
+                _ => None,
+            },
+        };
+        if first_failure.is_none() {
+            *first_failure = Some(failure.clone());
         }
-        first_failure
+        Outcome::Failed {
+            error: failure.error,
+            next,
+        }
     }
-}
 
-impl Drop for Outcomes<'_> {
-    fn drop(&mut self) {
-        self.record(&mut DrainReport::default());
+    /// Lists an acknowledged outcome in `report`.
+    fn report_recorded(&self, slot: Slot, recorded: Recorded, report: &mut DrainReport) {
+        let intent = &slot.claim.intent;
+        let outcome = match slot.stage {
+            Stage::Recording(outcome) => outcome,
+            _ => return,
+        };
+        if let Recorded::Stale { status, token } = recorded {
+            if outcome != Outcome::Released {
+                tracing::warn!(action_key = %intent.key, attempt = intent.attempt, our_token = %slot.claim.lease.as_ref().map_or(slot.claim.token, |l| l.token), their_token = %token, status = ?status, "a late outcome of a delivery whose lease had expired is rejected: another drain reclaimed the intent");
+                report.stale += 1;
+            }
+            return;
+        }
+        match outcome {
+            Outcome::Delivered => report.delivered += 1,
+            Outcome::Held { .. } => {
+                tracing::warn!(action_key = %intent.key, kind = %intent.kind, "no route for the intent's kind; held");
+                report.held.push(intent.key.clone());
+            }
+            Outcome::Failed { error, next } => {
+                let failure = DeliveryFailure {
+                    key: intent.key.clone(),
+                    kind: intent.kind.to_string(),
+                    attempt: intent.attempt,
+                    error,
+                    status: match next {
+                        FailedAttempt::Dead => DeliveryStatus::Dead,
+                        _ => DeliveryStatus::Failed,
+                    },
+                    next_attempt_at: match next {
+                        FailedAttempt::RetryAt(at) => Some(ceil_millis(at)),
+                        _ => None,
+                    },
+                };
+                tracing::warn!(action_key = %failure.key, kind = %failure.kind, attempt = failure.attempt, status = %failure.status, error = %failure.error, "delivery failed");
+                if failure.status == DeliveryStatus::Dead {
+                    report.dead.push(failure);
+                } else {
+                    report.failed.push(failure);
+                }
+            }
+            Outcome::Interrupted { .. } | Outcome::Released => {}
+        }
     }
 }
 

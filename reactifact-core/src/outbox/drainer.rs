@@ -4,84 +4,260 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::outbox::dispatcher::Dispatcher;
-use crate::outbox::drain::{DrainReport, RetryPolicy};
-use crate::run::runtime::{FlushError, StopHandle};
+use tracing::Instrument;
+
+use crate::outbox::dispatcher::{Dispatcher, ErasedDispatcher};
+use crate::outbox::drain::{Clock, DeliveryConfig, DeliveryErrors, Drain, DrainReport, RetryPolicy};
+use crate::run::runtime::{FlushError, StopHandle, TurnOutcome};
 use crate::store::outbox::{OutboxStore, Scope};
 
-/// Delivers the intents of a store: the outbox's drain without a runtime.
+/// The default lease of a claim: long enough for a slow dispatch between two renewals (every
+/// third of it), short enough that a crashed holder's intents go out again within half a
+/// minute.
+pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// Delivers the intents of a store, without a runtime: the outbox's drain for a process of its
+/// own (or a task of its own), next to any number of runtimes and other drainers of the same
+/// store.
+///
+/// Every drain of a store claims intents from the store's outbox atomically, under a lease and
+/// a fencing token, so drainers and runtimes never hand one key to their dispatchers at once;
+/// a key goes out again only after its holder died or stalled past its lease (then with the
+/// same key). While it runs, a drainer renews the leases of its running deliveries, and puts
+/// the expired leases of dead holders back to pending.
+///
+/// ```
+/// use std::sync::Arc;
+/// use reactifact_core::{Context, DispatchError, Drainer, Intent, Scope};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let ctx = Context::new("orders");
+/// let drainer = Drainer::builder(ctx.outbox(), |intent: Intent| async move {
+///     println!("sending {}", intent.key());
+///     Ok::<(), DispatchError>(())
+/// })
+/// .scope(Scope::all().kinds(["notify"]))
+/// .concurrency(16)
+/// .build();
+/// let report = drainer.flush().await?;
+/// assert_eq!(report.delivered, 0);
+/// # Ok(()) }
+/// ```
 pub struct Drainer {
-    _outbox: Arc<dyn OutboxStore>,
+    outbox: Arc<dyn OutboxStore>,
+    dispatcher: Arc<dyn ErasedDispatcher>,
+    scope: Scope,
+    config: DeliveryConfig,
+    lease: Duration,
+    poll: Duration,
+    owner: Arc<str>,
+    clock: Clock,
+    stop: StopHandle,
 }
 
-/// Builds a [`Drainer`].
+/// Builds a [`Drainer`]: [`Drainer::builder`].
+#[must_use = "a builder does nothing until `build` is called"]
 pub struct DrainerBuilder {
     outbox: Arc<dyn OutboxStore>,
+    dispatcher: Arc<dyn ErasedDispatcher>,
+    scope: Scope,
+    config: DeliveryConfig,
+    lease: Duration,
+    poll: Duration,
 }
 
 impl Drainer {
-    /// A drainer of `outbox` that hands intents to `dispatcher`.
+    /// A drainer of `outbox` (a context's [`outbox`](crate::Context::outbox), or a file's
+    /// [`SqliteOutbox`](crate::SqliteOutbox)) that hands intents to `dispatcher`.
     pub fn builder(outbox: Arc<dyn OutboxStore>, dispatcher: impl Dispatcher) -> DrainerBuilder {
-        let _ = dispatcher;
-        DrainerBuilder { outbox }
+        DrainerBuilder {
+            outbox,
+            dispatcher: Arc::new(dispatcher),
+            scope: Scope::all(),
+            config: DeliveryConfig::default(),
+            lease: DEFAULT_LEASE,
+            poll: Duration::from_millis(250),
+        }
     }
 
-    /// Delivers every intent in scope that is due now.
+    /// Delivers every intent in scope that is due now, and those that fall due while it runs.
+    ///
+    /// # Errors
+    /// [`FlushError::Delivery`] with [`DeliveryErrors::FailLoud`] on the first failure (recorded
+    /// first), [`FlushError::Store`] if the store fails.
     pub async fn flush(&self) -> Result<DrainReport, FlushError> {
-        todo!()
+        self.drain(|drain, report| Box::pin(drain.run(report))).await
     }
 
-    /// Delivers until nothing in scope waits (sleeping until retries fall due and leases
-    /// expire), or a stop.
+    /// Delivers until nothing in scope waits: sleeps until retries fall due and until the
+    /// leases of other holders expire (then delivers those intents again with the same key).
+    /// Returns early on a stop.
+    ///
+    /// # Errors
+    /// As [`flush`](Drainer::flush).
     pub async fn settle(&self) -> Result<DrainReport, FlushError> {
-        todo!()
+        self.drain(|drain, report| Box::pin(drain.settle(report))).await
     }
 
-    /// Delivers until `stop` is requested, noticing new intents within the poll interval.
+    /// Delivers until `stop` (or [`stop_handle`](Drainer::stop_handle)) is asked to stop, then
+    /// lets running deliveries finish within the grace period and returns. Intents committed by
+    /// other processes are noticed within the poll interval; retries and expired leases when
+    /// they fall due.
+    ///
+    /// # Errors
+    /// As [`flush`](Drainer::flush).
     pub async fn serve(&self, stop: StopHandle) -> Result<DrainReport, FlushError> {
-        let _ = stop;
-        todo!()
+        let poll = self.poll;
+        let mut report = DrainReport::default();
+        let span = tracing::info_span!("drainer", store = %self.outbox.describe(), serve = true);
+        let drain = self.drain_of(&stop);
+        let outcome = drain.serve(&mut report, Some(poll)).instrument(span).await;
+        outcome.map_err(FlushError::from)?;
+        Ok(report)
     }
 
-    /// A handle that stops a running `flush`, `settle` or `serve`.
+    /// A handle that stops a running [`flush`](Drainer::flush), [`settle`](Drainer::settle)
+    /// or [`serve`](Drainer::serve) of this drainer. A stop asked while none runs stops the
+    /// next one.
     pub fn stop_handle(&self) -> StopHandle {
-        todo!()
+        self.stop.clone()
+    }
+
+    /// The outbox it drains.
+    pub fn outbox(&self) -> &Arc<dyn OutboxStore> {
+        &self.outbox
+    }
+
+    /// The scope it drains.
+    pub fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
+    async fn drain<F>(&self, run: F) -> Result<DrainReport, FlushError>
+    where
+        F: for<'d> FnOnce(
+            &'d Drain<'d>,
+            &'d mut DrainReport,
+        ) -> crate::store::outbox::BoxFuture<
+            'd,
+            Result<Option<TurnOutcome>, crate::outbox::drain::DrainError>,
+        >,
+    {
+        let mut report = DrainReport::default();
+        let span = tracing::info_span!("drainer", store = %self.outbox.describe());
+        let drain = self.drain_of(&self.stop);
+        let outcome = run(&drain, &mut report).instrument(span).await;
+        if outcome.map_err(FlushError::from)? == Some(TurnOutcome::Stopped) {
+            self.stop.clear();
+        }
+        Ok(report)
+    }
+
+    fn drain_of<'a>(&'a self, stop: &'a StopHandle) -> Drain<'a> {
+        Drain {
+            outbox: self.outbox.as_ref(),
+            scope: &self.scope,
+            owner: &self.owner,
+            lease: self.lease,
+            dispatcher: &self.dispatcher,
+            config: &self.config,
+            clock: &self.clock,
+            stop,
+            deadline: None,
+        }
     }
 }
 
 impl DrainerBuilder {
-    /// Which intents it delivers (default: all of the store's).
-    pub fn scope(self, scope: Scope) -> Self {
-        let _ = scope;
+    /// Which intents it delivers (default: every intent of the store).
+    pub fn scope(mut self, scope: Scope) -> Self {
+        self.scope = scope;
         self
     }
-    /// At most this many deliveries at once (default 64).
-    pub fn concurrency(self, n: usize) -> Self {
-        let _ = n;
+
+    /// At most this many deliveries at once (default 64; at least 1). This also bounds what a
+    /// crash of this process can cause: at most this many intents are delivered again.
+    pub fn concurrency(mut self, limit: usize) -> Self {
+        self.config.concurrency = limit.max(1);
         self
     }
-    /// The lease of each claim (default 30 s), renewed every third of it.
-    pub fn lease(self, lease: Duration) -> Self {
-        let _ = lease;
+
+    /// At most this many deliveries of one action kind at once (at least 1).
+    pub fn concurrency_for(mut self, kind: &str, limit: usize) -> Self {
+        self.config.kind_limits.insert(kind.to_owned(), limit.max(1));
         self
     }
-    /// The retry policy.
-    pub fn retry_policy(self, policy: RetryPolicy) -> Self {
-        let _ = policy;
+
+    /// The lease of each claim (default 30 s), renewed every third of it while the delivery
+    /// runs. If this process dies, its intents in flight go out again (with the same key) once
+    /// their lease expired. At least 1 ms.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease.max(Duration::from_millis(1));
         self
     }
-    /// The per-attempt timeout (default 30 s).
-    pub fn timeout(self, timeout: Option<Duration>) -> Self {
-        let _ = timeout;
+
+    /// The retry policy for every kind without one of its own.
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.config.policy = policy;
         self
     }
-    /// How often `serve` looks for new intents when nothing is due (default 250 ms).
-    pub fn poll_interval(self, every: Duration) -> Self {
-        let _ = every;
+
+    /// The retry policy of one action kind.
+    pub fn retry_policy_for(mut self, kind: &str, policy: RetryPolicy) -> Self {
+        self.config.policies.insert(kind.to_owned(), policy);
         self
     }
+
+    /// Bounds each attempt (default 30 s): an attempt that takes longer is cancelled and
+    /// counts as a retryable failure. `None` waits as long as the dispatcher takes.
+    pub fn timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.config.timeout = timeout;
+        self
+    }
+
+    /// How long running deliveries may finish after a stop (default 10 s); those still running
+    /// then are cut off and due again at once.
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.config.grace = grace;
+        self
+    }
+
+    /// What a failed delivery does (default: [`DeliveryErrors::Continue`]).
+    pub fn delivery_errors(mut self, mode: DeliveryErrors) -> Self {
+        self.config.errors = mode;
+        self
+    }
+
+    /// How often [`serve`](Drainer::serve) looks for intents committed meanwhile when nothing
+    /// falls due sooner (default 250 ms; at least 1 ms).
+    pub fn poll_interval(mut self, every: Duration) -> Self {
+        self.poll = every.max(Duration::from_millis(1));
+        self
+    }
+
     /// The drainer.
     pub fn build(self) -> Drainer {
-        Drainer { _outbox: self.outbox }
+        Drainer {
+            outbox: self.outbox,
+            dispatcher: self.dispatcher,
+            scope: self.scope,
+            config: self.config,
+            lease: self.lease,
+            poll: self.poll,
+            owner: crate::model::delivery::drainer_owner(),
+            clock: Clock::new(),
+            stop: StopHandle::default(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Drainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Drainer")
+            .field("store", &self.outbox.describe())
+            .field("scope", &self.scope)
+            .field("owner", &self.owner)
+            .field("lease", &self.lease)
+            .finish()
     }
 }

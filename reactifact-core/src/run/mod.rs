@@ -6,3 +6,4 @@ pub(crate) mod effects;
 pub(crate) mod generation;
 pub(crate) mod produce;
 pub(crate) mod runtime;
+pub(crate) mod serve;

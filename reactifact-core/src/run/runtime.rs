@@ -11,14 +11,15 @@ use tracing::Instrument;
 
 use crate::model::action::PendingAction;
 use crate::model::artifact::{ArtifactType, Kind};
+use crate::model::delivery::Delivery;
 use crate::outbox::dispatcher::{Dispatcher, ErasedDispatcher};
 use crate::outbox::drain::{
     Clock, DeliveryConfig, DeliveryErrors, DeliveryFailure, Drain, DrainError, DrainReport, RetryPolicy,
 };
-use crate::outbox::ledger::RetryError;
 use crate::run::generation::{self, Slot};
 use crate::run::produce::{Agent, ProduceFailure};
 use crate::state::context::Context;
+use crate::store::outbox::{CancelError, RetryError, Scope};
 use crate::store::StoreError;
 
 /// A turn ([`Runtime::run`](crate::Runtime::run)) failed. The failure is already recorded: a
@@ -194,7 +195,7 @@ impl StopHandle {
         self.0.requested.load(Ordering::SeqCst)
     }
 
-    fn clear(&self) {
+    pub(crate) fn clear(&self) {
         self.0.requested.store(false, Ordering::SeqCst);
     }
 
@@ -341,6 +342,7 @@ impl RuntimeBuilder {
             budget: self.budget,
             stop: StopHandle::default(),
             turns: 0,
+            inbox: Default::default(),
         })
     }
 }
@@ -434,6 +436,8 @@ pub struct Runtime {
     budget: Budget,
     pub(crate) stop: StopHandle,
     turns: u64,
+    /// Writes sent through handles, for `serve`.
+    pub(crate) inbox: crate::run::serve::Inbox,
 }
 
 impl Runtime {
@@ -463,6 +467,10 @@ impl Runtime {
     /// Gives the context back.
     pub fn into_context(self) -> Context {
         self.context
+    }
+
+    pub(crate) fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     /// A handle that stops a running turn from another task.
@@ -504,37 +512,43 @@ impl Runtime {
         };
         // Intents committed before this turn (or due for a retry) go out first.
         if let Some(outcome) = self.drain(deadline, &mut report.deliveries).await? {
-            return Ok(self.finish(report, outcome));
+            return Ok(self.finish(report, outcome).await);
         }
         loop {
             if let Some(outcome) = self.interrupted(deadline) {
-                return Ok(self.finish(report, outcome));
+                return Ok(self.finish(report, outcome).await);
             }
             // A runtime without produces leaves the queue to one that has them: consuming the
             // events would lose them for good.
             if self.context.queued_events() == 0 || self.triggers.is_empty() {
-                return Ok(self.finish(report, TurnOutcome::Completed));
+                return Ok(self.finish(report, TurnOutcome::Completed).await);
             }
             if budget.max_generations.is_some_and(|max| report.generations >= max) {
-                return Ok(self.finish(report, TurnOutcome::GenerationsExhausted));
+                return Ok(self.finish(report, TurnOutcome::GenerationsExhausted).await);
             }
             let remaining_runs = budget.max_runs.map(|max| max.saturating_sub(report.runs));
             match generation::run(self, remaining_runs, deadline, &mut report).await? {
                 generation::Step::Committed | generation::Step::Consumed => {}
-                generation::Step::Interrupted(outcome) => return Ok(self.finish(report, outcome)),
+                generation::Step::Interrupted(outcome) => return Ok(self.finish(report, outcome).await),
             }
             if let Some(outcome) = self.drain(deadline, &mut report.deliveries).await? {
-                return Ok(self.finish(report, outcome));
+                return Ok(self.finish(report, outcome).await);
             }
         }
     }
 
-    fn finish(&self, mut report: TurnReport, outcome: TurnOutcome) -> TurnReport {
+    async fn finish(&self, mut report: TurnReport, outcome: TurnOutcome) -> TurnReport {
         if outcome == TurnOutcome::Stopped {
             self.stop.clear();
         }
         if self.dispatcher.is_none() {
-            let waiting = self.context.ledger().pending();
+            let waiting = match self.context.ledger().session(self.context.session()).pending().await {
+                Ok(waiting) => usize::try_from(waiting).unwrap_or(usize::MAX),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the ledger could not be read");
+                    0
+                }
+            };
             report.deliveries.waiting = waiting;
             if waiting > 0 {
                 tracing::warn!(
@@ -586,7 +600,8 @@ impl Runtime {
         };
         let mut report = DrainReport::default();
         let span = tracing::info_span!("flush", session = %self.context.session(), settle);
-        let mut drain = self.drainer(&dispatcher, None);
+        let scope = Scope::session(self.context.session());
+        let drain = self.drainer(&dispatcher, &scope, None);
         let outcome = if settle {
             drain.settle(&mut report).instrument(span).await
         } else {
@@ -606,14 +621,20 @@ impl Runtime {
     /// [`RetryError::UnknownKey`] for a key the ledger does not hold, [`RetryError::NotFailed`]
     /// for an intent that is pending, in flight or delivered, [`RetryError::Store`] if the
     /// durable store could not record it (the intent then stays as it was).
-    pub fn retry(&mut self, key: &str) -> Result<(), RetryError> {
-        let now = self.clock.now();
-        let (at, before) = self.context.ledger_mut().rearm(key, now)?;
-        if let Err(e) = self.context.persist_deliveries(&[at]) {
-            self.context.ledger_mut().unarm(at, before);
-            return Err(e.into());
-        }
-        Ok(())
+    pub async fn retry(&self, key: &str) -> Result<Delivery, RetryError> {
+        self.context.outbox().retry(key, self.clock.now()).await
+    }
+
+    /// Cancels a pending, failed, dead or held intent for good: it is never handed to a
+    /// dispatcher again, and the ledger records `reason`. Cancelling a cancelled intent again
+    /// changes nothing.
+    ///
+    /// # Errors
+    /// [`CancelError::UnknownKey`] for a key the ledger does not hold,
+    /// [`CancelError::NotCancellable`] for one delivered or in flight, [`CancelError::Store`]
+    /// if the store could not record it (the intent then stays as it was).
+    pub async fn cancel(&self, key: &str, reason: &str) -> Result<Delivery, CancelError> {
+        self.context.outbox().cancel(key, reason, self.clock.now()).await
     }
 
     /// Delivers the intents due now; see [`Drain::run`].
@@ -625,12 +646,21 @@ impl Runtime {
         let Some(dispatcher) = self.dispatcher.clone() else {
             return Ok(None);
         };
-        Ok(self.drainer(&dispatcher, deadline).run(report).await?)
+        let scope = Scope::session(self.context.session());
+        Ok(self.drainer(&dispatcher, &scope, deadline).run(report).await?)
     }
 
-    fn drainer<'a>(&'a mut self, dispatcher: &'a Arc<dyn ErasedDispatcher>, deadline: Option<Instant>) -> Drain<'a> {
+    fn drainer<'a>(
+        &'a self,
+        dispatcher: &'a Arc<dyn ErasedDispatcher>,
+        scope: &'a Scope,
+        deadline: Option<Instant>,
+    ) -> Drain<'a> {
         Drain {
-            context: &mut self.context,
+            outbox: self.context.outbox_ref(),
+            scope,
+            owner: self.context.lease_owner(),
+            lease: self.context.lease_duration(),
             dispatcher,
             config: &self.delivery,
             clock: &self.clock,

@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 use std::path::Path;
-use std::sync::{Arc, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::model::artifact::{Artifact, ArtifactId, Generation, ReadError, Record};
@@ -11,12 +11,14 @@ use crate::model::event::{Event, QueuedEvent};
 use crate::model::hash::{CommitHash, StateHash};
 use crate::model::patch::{EffectError, Op, PutMode};
 use crate::model::relation::Relation;
-use crate::outbox::ledger::{Delivery, Lease, Ledger, LedgerInner};
+use crate::outbox::ledger::Ledger;
 use crate::state::commit::{Apply, Commit, CommitError, RunRecord};
 use crate::state::graph::Graph;
 use crate::state::live::State;
 use crate::state::refold::{Checks, Refold, VerifyError};
 use crate::state::snapshot::Snapshot;
+use crate::store::memory::MemoryOutbox;
+use crate::store::outbox::OutboxStore;
 use crate::store::{CommitDelta, Loaded, OpenError, OpenOptions, SqliteStore, Store, StoreError};
 
 /// A direct write to a context (seeding, [`Context::create`](crate::Context::create) and
@@ -63,7 +65,12 @@ pub struct Context {
     log: Vec<Commit>,
     events: VecDeque<QueuedEvent>,
     next_event_seq: u64,
-    ledger: Ledger,
+    /// The outbox of the store: the delivery ledger, shared with forks and every other drain
+    /// of the store.
+    outbox: Arc<dyn OutboxStore>,
+    /// The in-memory outbox, when no durable store registers this context's intents in its
+    /// commits: the context registers them itself.
+    memory: Option<Arc<MemoryOutbox>>,
     /// Merge levels, commits reached through merges, and how to undo the log's commits.
     graph: Graph,
     /// The durable home of the session; `None` in memory.
@@ -91,33 +98,22 @@ impl From<CommitFailure> for WriteError {
     }
 }
 
-/// An identity for this process's leases: host-independent, unique per process start.
-fn lease_owner() -> Arc<str> {
-    static OWNER: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
-    OWNER
-        .get_or_init(|| {
-            let started = SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos());
-            Arc::from(format!("pid {} started {started}", std::process::id()))
-        })
-        .clone()
-}
-
 impl Context {
     /// An empty, in-memory context for the named session.
     pub fn new(session: impl Into<String>) -> Self {
+        let memory = MemoryOutbox::new();
         Context {
             session: Arc::from(session.into()),
             state: State::default(),
             log: Vec::new(),
             events: VecDeque::new(),
             next_event_seq: 0,
-            ledger: Ledger::default(),
+            outbox: memory.clone(),
+            memory: Some(memory),
             graph: Graph::default(),
             store: None,
             lease: OpenOptions::default().lease,
-            owner: lease_owner(),
+            owner: crate::model::delivery::process_owner(),
         }
     }
 
@@ -160,14 +156,9 @@ impl Context {
             source: Some(e),
         })?;
         // Only a log that verified is written to.
-        let reclaimed = store.settle_open(&mut loaded.deliveries)?;
-        if reclaimed > 0 {
-            tracing::warn!(session = %context.session, reclaimed, "deliveries whose lease expired are pending again");
-        }
+        store.settle_open(&mut loaded.deliveries)?;
         context.log = std::mem::take(&mut loaded.commits);
-        for delivery in loaded.deliveries {
-            context.ledger.lock().insert(delivery);
-        }
+        // TEMPORARY until the SQLite outbox lands: a private in-memory outbox.
         context.store = Some(Box::new(store));
         Ok(context)
     }
@@ -214,7 +205,7 @@ impl Context {
     }
 
     /// A branch of this context: `state`, `log` and its `graph` as given, no queued event, the
-    /// same ledger, lease and owner.
+    /// same outbox, lease and owner.
     pub(crate) fn branch(
         &self,
         session: String,
@@ -230,7 +221,8 @@ impl Context {
             log,
             events: VecDeque::new(),
             next_event_seq,
-            ledger: self.ledger.clone(),
+            outbox: self.outbox.clone(),
+            memory: self.memory.clone(),
             graph,
             store,
             lease: self.lease,
@@ -315,20 +307,22 @@ impl Context {
         self.events.iter().map(|q| &q.event)
     }
 
-    /// STUB (the lead replaces it): the outbox of the context's store, shared with every
-    /// other drain of it.
-    pub fn outbox(&self) -> std::sync::Arc<dyn crate::store::outbox::OutboxStore> {
-        todo!()
+    /// The outbox of the context's store: the delivery ledger and its operations, shared
+    /// with the context's branches and with every other context and
+    /// [`Drainer`](crate::Drainer) of the store. Hand it to a `Drainer` to deliver this
+    /// store's intents from another task.
+    pub fn outbox(&self) -> Arc<dyn OutboxStore> {
+        self.outbox.clone()
     }
 
-    /// The delivery ledger.
-    pub fn ledger(&self) -> &Ledger {
-        &self.ledger
+    pub(crate) fn outbox_ref(&self) -> &dyn OutboxStore {
+        self.outbox.as_ref()
     }
 
-    /// The ledger's contents, locked (never across an await).
-    pub(crate) fn ledger_mut(&mut self) -> MutexGuard<'_, LedgerInner> {
-        self.ledger.lock()
+    /// The delivery ledger of the store (every session's intents; scope it with
+    /// [`Ledger::session`]).
+    pub fn ledger(&self) -> Ledger {
+        Ledger::new(self.outbox.clone())
     }
 
     /// How long this context leases an in-flight delivery.
@@ -336,24 +330,9 @@ impl Context {
         self.lease
     }
 
-    /// A lease for deliveries starting now.
-    pub(crate) fn new_lease(&self, now: SystemTime) -> Lease {
-        Lease {
-            owner: self.owner.clone(),
-            expires_at: crate::outbox::ledger::later(now, self.lease),
-            token: crate::model::delivery::FenceToken(0),
-        }
-    }
-
-    /// Writes the current state of these ledger entries to the store, if there is one.
-    pub(crate) fn persist_deliveries(&mut self, positions: &[usize]) -> Result<(), StoreError> {
-        match &mut self.store {
-            Some(store) if !positions.is_empty() => {
-                let ledger = self.ledger.lock();
-                store.save_deliveries(&mut positions.iter().map(|&at| ledger.entry(at)))
-            }
-            _ => Ok(()),
-        }
+    /// Who this process is, in leases.
+    pub(crate) fn lease_owner(&self) -> &Arc<str> {
+        &self.owner
     }
 
     /// Creates `value` at `id`, or refreshes it (a new version only if the content differs).
@@ -481,20 +460,11 @@ impl Context {
                 }
             })
             .collect();
-        let now = SystemTime::now();
         let intents: Vec<NewIntent> = apply
             .intents
             .drain(..)
             .map(|acted| acted.into_new_intent(&self.session, &commit))
             .collect();
-        let deliveries: Vec<Delivery> = {
-            let ledger = self.ledger.lock();
-            intents
-                .iter()
-                .filter(|new| !ledger.contains(new.intent.key.as_str()))
-                .map(|new| Delivery::new(new.intent.clone(), now))
-                .collect()
-        };
         if let Some(store) = &mut self.store {
             let delta = CommitDelta {
                 session: &self.session,
@@ -508,16 +478,29 @@ impl Context {
             }
         }
         self.graph.record(generation, apply.finish());
-        tracing::debug!(commit = %hash.short(), events = events.len(), intents = deliveries.len(), "committed");
+        tracing::debug!(commit = %hash.short(), events = events.len(), intents = intents.len(), "committed");
+        if let Some(memory) = &self.memory {
+            memory.register(&intents, SystemTime::now());
+        }
         self.log.push(commit);
         self.events.drain(..consumed);
         self.events.extend(events);
         self.next_event_seq = next_seq;
-        let mut ledger = self.ledger.lock();
-        for delivery in deliveries {
-            ledger.insert(delivery);
-        }
         Ok(rejected)
+    }
+
+    /// Commits `ops` as one direct write (no agent, produce or trigger); nothing if they
+    /// change nothing.
+    pub(crate) fn commit_direct(&mut self, ops: Vec<Op>) -> Result<(), WriteError> {
+        let run = RunRecord {
+            agent: None,
+            produce: None,
+            trigger: None,
+            ops,
+            reads: Vec::new(),
+        };
+        self.commit_runs(vec![run], 0, false, true, None)?;
+        Ok(())
     }
 
     /// Consumes queued events that no produce reacts to, without a commit (a durable store
@@ -539,7 +522,7 @@ impl std::fmt::Debug for Context {
             .field("artifacts", &self.state.len())
             .field("commits", &self.log.len())
             .field("queued_events", &self.events.len())
-            .field("ledger", &self.ledger)
+            .field("store", &self.outbox.describe())
             .finish()
     }
 }
@@ -627,14 +610,6 @@ impl Transaction<'_> {
         if self.ops.is_empty() {
             return Ok(());
         }
-        let run = RunRecord {
-            agent: None,
-            produce: None,
-            trigger: None,
-            ops: self.ops,
-            reads: Vec::new(),
-        };
-        self.context.commit_runs(vec![run], 0, false, true, None)?;
-        Ok(())
+        self.context.commit_direct(self.ops)
     }
 }

@@ -5,6 +5,7 @@
 //! open it hands back the log and the ledger, from which the context is rebuilt.
 
 mod codec;
+pub(crate) mod memory;
 pub(crate) mod outbox;
 mod sqlite;
 

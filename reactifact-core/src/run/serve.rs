@@ -1,0 +1,233 @@
+//! The runtime's long-running mode: turns run when writes arrive through a handle, when
+//! retries fall due and when leases expire, until a stop.
+
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::model::artifact::{Artifact, ArtifactId};
+use crate::model::patch::{Op, PutMode};
+use crate::model::relation::Relation;
+use crate::outbox::drain::instant_after;
+use crate::run::runtime::{RunError, Runtime, StopHandle, TurnOutcome};
+use crate::state::context::WriteError;
+
+/// A batch of writes sent to a serving runtime, and where to answer.
+pub(crate) struct Submitted {
+    ops: Result<Vec<Op>, crate::model::patch::EffectError>,
+    done: oneshot::Sender<Result<(), WriteError>>,
+}
+
+/// The queue of writes of a runtime: what [`RuntimeHandle`]s send, and
+/// [`Runtime::serve`] applies.
+pub(crate) struct Inbox {
+    pub(crate) tx: mpsc::UnboundedSender<Submitted>,
+    pub(crate) rx: mpsc::UnboundedReceiver<Submitted>,
+}
+
+impl Default for Inbox {
+    fn default() -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        Inbox { tx, rx }
+    }
+}
+
+/// A write sent through a [`RuntimeHandle`] was not applied.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubmitError {
+    /// The write was refused, exactly as the same direct write to the context would be;
+    /// nothing of it was written.
+    #[error(transparent)]
+    Write(#[from] WriteError),
+    /// The runtime was dropped before it applied the write.
+    #[error("the runtime is gone; the write was not applied")]
+    Closed,
+}
+
+/// A handle to a runtime, for other tasks of the process: it sends writes that a
+/// [`serve`](Runtime::serve)-ing runtime commits (one commit per call, like
+/// [`Context::create`](crate::Context::create) and friends) and reacts to, and it stops the
+/// runtime. Cheap to clone; get one from [`Runtime::handle`].
+///
+/// Writes sent while the runtime is not serving wait until it serves (or runs a turn).
+#[derive(Clone, Debug)]
+pub struct RuntimeHandle {
+    tx: mpsc::UnboundedSender<Submitted>,
+    stop: StopHandle,
+}
+
+impl std::fmt::Debug for Submitted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Submitted").finish_non_exhaustive()
+    }
+}
+
+impl RuntimeHandle {
+    pub(crate) fn new(tx: mpsc::UnboundedSender<Submitted>, stop: StopHandle) -> Self {
+        RuntimeHandle { tx, stop }
+    }
+
+    async fn submit(&self, ops: Result<Vec<Op>, crate::model::patch::EffectError>) -> Result<(), SubmitError> {
+        let (done, answer) = oneshot::channel();
+        self.tx.send(Submitted { ops, done }).map_err(|_| SubmitError::Closed)?;
+        answer.await.map_err(|_| SubmitError::Closed)?.map_err(SubmitError::Write)
+    }
+
+    /// Creates `value` at `id`, or refreshes it; resolves once it is committed.
+    ///
+    /// # Errors
+    /// [`SubmitError::Write`] as [`Context::create`](crate::Context::create) would fail;
+    /// [`SubmitError::Closed`] if the runtime is gone.
+    pub async fn create<T: Artifact>(&self, id: impl Into<ArtifactId>, value: T) -> Result<(), SubmitError> {
+        self.submit(Op::put(PutMode::Create, id.into(), &value).map(|op| vec![op]))
+            .await
+    }
+
+    /// Replaces the artifact at `id`, which must exist; resolves once it is committed.
+    ///
+    /// # Errors
+    /// As [`create`](RuntimeHandle::create).
+    pub async fn update<T: Artifact>(&self, id: impl Into<ArtifactId>, value: T) -> Result<(), SubmitError> {
+        self.submit(Op::put(PutMode::Update, id.into(), &value).map(|op| vec![op]))
+            .await
+    }
+
+    /// Deletes the artifact at `id` and its relations; resolves once it is committed.
+    ///
+    /// # Errors
+    /// As [`create`](RuntimeHandle::create).
+    pub async fn delete(&self, id: impl Into<ArtifactId>) -> Result<(), SubmitError> {
+        self.submit(Ok(vec![Op::Delete { id: id.into() }])).await
+    }
+
+    /// Adds the relation `from -[name]-> to`; resolves once it is committed.
+    ///
+    /// # Errors
+    /// As [`create`](RuntimeHandle::create).
+    pub async fn link(
+        &self,
+        from: impl Into<ArtifactId>,
+        name: &str,
+        to: impl Into<ArtifactId>,
+    ) -> Result<(), SubmitError> {
+        self.submit(Ok(vec![Op::Link(Relation::new(from, name, to))])).await
+    }
+
+    /// Asks the runtime to stop: a serving runtime finishes its turn gracefully (see
+    /// [`StopHandle`]) and `serve` returns.
+    pub fn stop(&self) {
+        self.stop.stop();
+    }
+}
+
+/// What a [`serve`](Runtime::serve) did, in all.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ServeReport {
+    /// Turns run.
+    pub turns: u64,
+    /// Generations committed.
+    pub generations: u64,
+    /// Produce runs.
+    pub runs: u64,
+    /// Writes received through handles and committed.
+    pub writes: u64,
+    /// Writes received and refused.
+    pub refused_writes: u64,
+    /// Intents delivered.
+    pub delivered: u64,
+    /// Failed attempts (retried or waiting for `retry`).
+    pub failed: u64,
+    /// Intents that became dead letters.
+    pub dead: u64,
+}
+
+impl Runtime {
+    /// A handle for other tasks to write to this runtime's context and to stop it.
+    pub fn handle(&self) -> RuntimeHandle {
+        RuntimeHandle::new(self.inbox.tx.clone(), self.stop.clone())
+    }
+
+    /// Applies the writes that handles sent, each as one commit.
+    pub(crate) fn apply_submitted(&mut self, report: &mut ServeReport) {
+        while let Ok(submitted) = self.inbox.rx.try_recv() {
+            self.apply_one(submitted, report);
+        }
+    }
+
+    /// Serves until stopped: applies writes sent through [`handle`](Runtime::handle)s as they
+    /// arrive and runs a turn after them; runs a turn when a retry of this session's intents
+    /// falls due or a lease of one expires (at most every `poll`, so that intents attached by
+    /// other processes are noticed); and returns once a stop ([`RuntimeHandle::stop`] or
+    /// [`stop_handle`](Runtime::stop_handle)) is asked, after the turn running then has shut
+    /// down gracefully (deliveries in flight get the grace period). Each turn runs with the
+    /// runtime's budget.
+    ///
+    /// # Errors
+    /// The first error of a turn ([`RunError`]); the runtime can serve again after it.
+    pub async fn serve(&mut self, poll: Duration) -> Result<ServeReport, RunError> {
+        let span = tracing::info_span!("serve", session = %self.context.session());
+        self.serve_until_stopped(poll.max(Duration::from_millis(1)))
+            .instrument(span)
+            .await
+    }
+
+    async fn serve_until_stopped(&mut self, poll: Duration) -> Result<ServeReport, RunError> {
+        let mut report = ServeReport::default();
+        loop {
+            self.apply_submitted(&mut report);
+            let turn = self.run().await?;
+            report.turns += 1;
+            report.generations += turn.generations;
+            report.runs += turn.runs;
+            report.delivered += turn.deliveries.delivered;
+            report.failed += turn.deliveries.failed.len() as u64;
+            report.dead += turn.deliveries.dead.len() as u64;
+            if turn.outcome == TurnOutcome::Stopped {
+                return Ok(report);
+            }
+            if matches!(
+                turn.outcome,
+                TurnOutcome::GenerationsExhausted | TurnOutcome::RunsExhausted
+            ) {
+                continue; // more work is queued
+            }
+            let next_due = self.context.ledger().session(self.context.session()).next_due().await?;
+            let mut wake = instant_after(Instant::now(), poll);
+            if let Some(at) = next_due {
+                wake = wake.min(self.clock().instant_at(at));
+            }
+            let stop = self.stop.clone();
+            tokio::select! {
+                submitted = self.inbox.rx.recv() => {
+                    if let Some(submitted) = submitted {
+                        self.apply_one(submitted, &mut report);
+                    }
+                }
+                () = tokio::time::sleep_until(wake) => {}
+                () = stop.requested() => {
+                    stop.clear();
+                    return Ok(report);
+                }
+            }
+        }
+    }
+
+    fn apply_one(&mut self, submitted: Submitted, report: &mut ServeReport) {
+        let result = match submitted.ops {
+            Ok(ops) => self.context.commit_direct(ops),
+            Err(e) => Err(WriteError::from(e)),
+        };
+        match &result {
+            Ok(()) => report.writes += 1,
+            Err(e) => {
+                tracing::warn!(error = %e, "a write sent to the runtime was refused");
+                report.refused_writes += 1;
+            }
+        }
+        let _ = submitted.done.send(result);
+    }
+}
