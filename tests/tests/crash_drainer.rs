@@ -97,7 +97,7 @@ fn crash_drainer_child() {
     let seed: u64 = seed.parse().unwrap();
     let log = LineLog::open(log.as_ref()).unwrap();
     block_on(async {
-        let outbox = open_outbox(&db, SESSION);
+        let outbox = open_outbox(&db);
         let drainer = Drainer::builder(outbox.clone(), sleepy_dispatcher(log, seed))
             .concurrency(CONCURRENCY)
             .lease(LEASE)
@@ -235,7 +235,7 @@ fn trial(dir: &Path, trial: usize, rng: &mut Rng) -> Row {
     let status = wait_for(&mut live, CHILD_LIMIT, &format!("{name}: the live drainer"), &live_err);
     assert_success(status, &format!("{name}: the live drainer"), &live_err);
 
-    let entries = block_on(async { all_entries(&*open_outbox(&db, SESSION)).await });
+    let entries = block_on(async { all_entries(&*open_outbox(&db)).await });
     let lines = read_lines(&log);
     let lines: Vec<Line<'_>> = lines.iter().map(|l| parse(l)).collect();
 

@@ -94,7 +94,7 @@ fn multi_process_child() {
             eprintln!("{who}: {} delivered by its own drain", report.deliveries.delivered);
         } else {
             // A standalone drainer: serve the whole file until every intent is delivered.
-            let outbox = open_outbox(&db, SESSIONS[0]);
+            let outbox = open_outbox(&db);
             let drainer = Drainer::builder(outbox.clone(), dispatcher)
                 .poll_interval(Duration::from_millis(20))
                 .build();
@@ -187,7 +187,7 @@ fn two_runtimes_and_two_drainers_on_one_file_deliver_each_key_once() {
 
     // The ledger agrees: every key delivered, once.
     let entries = block_on(async {
-        let outbox = open_outbox(&db, SESSIONS[0]);
+        let outbox = open_outbox(&db);
         all_entries(&*outbox).await
     });
     assert_eq!(entries.len(), total, "the outbox holds {} entries", entries.len());

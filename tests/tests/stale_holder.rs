@@ -80,7 +80,7 @@ fn stale_holder_child() {
     let log = LineLog::open(log.as_ref()).unwrap();
     let pid = std::process::id();
     block_on(async {
-        let outbox = open_outbox(&db, SESSION);
+        let outbox = open_outbox(&db);
         let drainer = Drainer::builder(outbox.clone(), dispatcher(log.clone(), release, hold))
             .concurrency(1)
             .lease(lease)
@@ -179,7 +179,7 @@ fn sends(lines: &[String]) -> Vec<(u32, u32)> {
 }
 
 fn entry(db: &Path) -> Delivery {
-    let entries = block_on(async { all_entries(&*open_outbox(db, SESSION)).await });
+    let entries = block_on(async { all_entries(&*open_outbox(db)).await });
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0].key().as_str(), intent_key(SESSION, 0));
     entries.into_iter().next().unwrap()

@@ -114,17 +114,9 @@ pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
         .block_on(future)
 }
 
-/// The outbox of the SQLite file at `db`, as a standalone drainer opens it (`session` is any
-/// session of the file; see below).
-pub fn open_outbox(db: &Path, session: &str) -> Arc<dyn OutboxStore> {
-    // INTERIM: the stub `SqliteOutbox` does not implement `OutboxStore` yet, so
-    // `SqliteOutbox::open(db)` cannot be coerced; until it does, the file's (store-wide)
-    // outbox is reached through a context. Swap to:
-    //     SqliteOutbox::open(db).unwrap_or_else(|e| panic!(..))
-    let _ = |p: &Path| SqliteOutbox::open(p);
-    Context::open_with(db, session, reactifact_core::OpenOptions::new().create(false))
-        .unwrap_or_else(|e| panic!("open {}: {e}", db.display()))
-        .outbox()
+/// The outbox of the SQLite file at `db`, as a standalone drainer opens it.
+pub fn open_outbox(db: &Path) -> Arc<dyn OutboxStore> {
+    SqliteOutbox::open(db).unwrap_or_else(|e| panic!("open the outbox of {}: {e}", db.display()))
 }
 
 /// Every entry of the outbox, in registration order.
