@@ -47,8 +47,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use procs::{
-    all_entries, assert_success, block_on, commit_intents, counts, env, hash_str, intent_key, killed_by_sigkill,
-    mix, open_outbox, read_lines, scratch_dir, seed_orders, spawn_child, wait_for, LineLog, Notify, Rng,
+    all_entries, assert_success, block_on, commit_intents, counts, env, hash_str, intent_key, killed_by_sigkill, mix,
+    open_outbox, read_lines, scratch_dir, seed_orders, spawn_child, wait_for, LineLog, Notify, Rng,
 };
 use reactifact_core::{Context, DeliveryStatus, DispatchError, Drainer, Intent, StopHandle};
 
@@ -170,7 +170,11 @@ fn parse(line: &str) -> Line<'_> {
     assert!(ok, "malformed line {line:?}");
     if parts[0] == "S" {
         // The payload handed to the dispatcher is the committed one of this key.
-        assert_eq!(parts[1], format!("notify:{}", parts[4]), "line {line:?}: payload of another key");
+        assert_eq!(
+            parts[1],
+            format!("notify:{}", parts[4]),
+            "line {line:?}: payload of another key"
+        );
     }
     Line {
         start: parts[0] == "S",
@@ -209,7 +213,10 @@ fn trial(dir: &Path, trial: usize, rng: &mut Rng) -> Row {
     let victim_tag = format!(" {victim_pid} ");
     let waited = Instant::now();
     loop {
-        if read_lines(&log).iter().any(|l| l.starts_with('S') && l.contains(&victim_tag)) {
+        if read_lines(&log)
+            .iter()
+            .any(|l| l.starts_with('S') && l.contains(&victim_tag))
+        {
             break;
         }
         if live.try_wait().unwrap().is_some() {
@@ -230,7 +237,10 @@ fn trial(dir: &Path, trial: usize, rng: &mut Rng) -> Row {
     victim.kill().unwrap();
     let kill_ms = spawned.elapsed().as_millis();
     let status = victim.wait().unwrap();
-    assert!(killed_by_sigkill(status), "{name}: the victim was not killed by SIGKILL ({status})");
+    assert!(
+        killed_by_sigkill(status),
+        "{name}: the victim was not killed by SIGKILL ({status})"
+    );
 
     let status = wait_for(&mut live, CHILD_LIMIT, &format!("{name}: the live drainer"), &live_err);
     assert_success(status, &format!("{name}: the live drainer"), &live_err);
@@ -252,7 +262,11 @@ fn trial(dir: &Path, trial: usize, rng: &mut Rng) -> Row {
             "{name}: {key} is not delivered: {:?}",
             entry.last_error()
         );
-        assert!(entry.expired_leases() <= 1, "{name}: {key} reclaimed {} times", entry.expired_leases());
+        assert!(
+            entry.expired_leases() <= 1,
+            "{name}: {key} reclaimed {} times",
+            entry.expired_leases()
+        );
         if entry.expired_leases() == 1 {
             reclaimed.insert(key.to_owned());
         }
@@ -266,7 +280,11 @@ fn trial(dir: &Path, trial: usize, rng: &mut Rng) -> Row {
             "{name}: a line from pid {}, neither drainer",
             line.pid
         );
-        assert!(expected.contains(line.key), "{name}: a send of unknown key {}", line.key);
+        assert!(
+            expected.contains(line.key),
+            "{name}: a send of unknown key {}",
+            line.key
+        );
         if line.start {
             sends.entry(line.key).or_default().push((line.pid, line.attempt));
         } else {
@@ -299,8 +317,14 @@ fn trial(dir: &Path, trial: usize, rng: &mut Rng) -> Row {
                 by.len()
             );
             assert_eq!(by.len(), 2, "{name}: {key} sent {by:?}: one kill repeats a send once");
-            assert_eq!(by[0].0, victim_pid, "{name}: {key}: the first send {by:?} is not the victim's");
-            assert_eq!(by[1].0, live_pid, "{name}: {key}: the repeat {by:?} is not the live drainer's");
+            assert_eq!(
+                by[0].0, victim_pid,
+                "{name}: {key}: the first send {by:?} is not the victim's"
+            );
+            assert_eq!(
+                by[1].0, live_pid,
+                "{name}: {key}: the repeat {by:?} is not the live drainer's"
+            );
             assert!(by[0].1 < by[1].1, "{name}: {key}: attempts {by:?} not increasing");
         }
     }
@@ -309,7 +333,10 @@ fn trial(dir: &Path, trial: usize, rng: &mut Rng) -> Row {
         extras, started_unrecorded,
         "{name}: extra sends differ from the victim's started sends with no durable record"
     );
-    assert!(extras <= CONCURRENCY, "{name}: {extras} extra sends, above {CONCURRENCY}");
+    assert!(
+        extras <= CONCURRENCY,
+        "{name}: {extras} extra sends, above {CONCURRENCY}"
+    );
     for key in &reclaimed {
         let by = &sends[key.as_str()];
         assert!(
@@ -381,7 +408,10 @@ fn suite(trials: usize) {
          {extras} extra sends in all, at most {max_extras} in one trial (bound {CONCURRENCY})",
         started.elapsed()
     );
-    assert!(with_reclaim > 0, "no kill left anything in flight: the suite tested no reclaim");
+    assert!(
+        with_reclaim > 0,
+        "no kill left anything in flight: the suite tested no reclaim"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

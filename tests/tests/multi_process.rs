@@ -42,9 +42,7 @@ use procs::{
     all_entries, assert_success, block_on, counts, env, intent_key, key_session, open_outbox, order_runtime,
     read_lines, scratch_dir, seed_orders, spawn_child, wait_for, LineLog,
 };
-use reactifact_core::{
-    Budget, Context, DeliveryStatus, DispatchError, Drainer, Intent, StopHandle, TurnOutcome,
-};
+use reactifact_core::{Budget, Context, DeliveryStatus, DispatchError, Drainer, Intent, StopHandle, TurnOutcome};
 
 const SESSIONS: [&str; 2] = ["orders", "billing"];
 const DRAINERS: [&str; 2] = ["drainer-1", "drainer-2"];
@@ -161,8 +159,14 @@ fn two_runtimes_and_two_drainers_on_one_file_deliver_each_key_once() {
         let (Some(key), Some(who), Some(pid), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
             panic!("malformed line {line:?}");
         };
-        assert_eq!(pids.get(pid), Some(&who), "line {line:?}: pid {pid} is not {who}'s process");
-        seen.entry(key.to_owned()).or_default().push((who.to_owned(), pid.to_owned()));
+        assert_eq!(
+            pids.get(pid),
+            Some(&who),
+            "line {line:?}: pid {pid} is not {who}'s process"
+        );
+        seen.entry(key.to_owned())
+            .or_default()
+            .push((who.to_owned(), pid.to_owned()));
     }
     let expected: BTreeSet<String> = SESSIONS
         .iter()
@@ -180,7 +184,11 @@ fn two_runtimes_and_two_drainers_on_one_file_deliver_each_key_once() {
     for (key, by) in &seen {
         for (who, _) in by {
             if SESSIONS.contains(&who.as_str()) {
-                assert_eq!(key_session(key), who, "runtime `{who}` delivered {key}, another session's intent");
+                assert_eq!(
+                    key_session(key),
+                    who,
+                    "runtime `{who}` delivered {key}, another session's intent"
+                );
             }
         }
     }
@@ -194,10 +202,19 @@ fn two_runtimes_and_two_drainers_on_one_file_deliver_each_key_once() {
     for entry in &entries {
         let key = entry.key().as_str();
         assert!(expected.contains(key), "the outbox holds an unknown key {key}");
-        assert_eq!(entry.status(), DeliveryStatus::Delivered, "{key}: {:?}", entry.last_error());
+        assert_eq!(
+            entry.status(),
+            DeliveryStatus::Delivered,
+            "{key}: {:?}",
+            entry.last_error()
+        );
         assert_eq!(entry.attempts(), 1, "{key}: attempts");
         assert_eq!(entry.expired_leases(), 0, "{key}: expired leases");
-        assert_eq!(entry.origin().session(), key_session(key), "{key}: registered by another session");
+        assert_eq!(
+            entry.origin().session(),
+            key_session(key),
+            "{key}: registered by another session"
+        );
     }
 
     let mut split: BTreeMap<&str, usize> = BTreeMap::new();

@@ -102,7 +102,8 @@ fn stale_holder_child() {
             let (report, ()) = tokio::join!(drainer.serve(stop), watcher);
             report.unwrap()
         };
-        log.line(&format!("R {pid} {} {}", report.delivered, report.stale)).unwrap();
+        log.line(&format!("R {pid} {} {}", report.delivered, report.stale))
+            .unwrap();
     });
 }
 
@@ -143,7 +144,10 @@ fn wait_line(log: &Path, prefix: &str, pid: u32) -> Vec<String> {
     let started = Instant::now();
     loop {
         let lines = read_lines(log);
-        if lines.iter().any(|l| l.starts_with(prefix) && l.split(' ').nth(2) == Some(&pid.to_string())) {
+        if lines
+            .iter()
+            .any(|l| l.starts_with(prefix) && l.split(' ').nth(2) == Some(&pid.to_string()))
+        {
             return lines;
         }
         assert!(started.elapsed() < CHILD_LIMIT, "no `{prefix}` line from {pid}");
@@ -204,7 +208,12 @@ fn fingerprint(d: &Delivery) -> String {
 fn a_holder_paused_past_its_lease_reports_late_and_is_rejected() {
     let files = one_intent("stale-holder");
     let release = files.dir.join("release");
-    let (mut a, a_err) = spawn(&files, "holder", 1_000, &[("REACTIFACT_SH_RELEASE", release.display().to_string())]);
+    let (mut a, a_err) = spawn(
+        &files,
+        "holder",
+        1_000,
+        &[("REACTIFACT_SH_RELEASE", release.display().to_string())],
+    );
     let a_pid = a.id();
     wait_line(&files.log, "S ", a_pid);
     // A is inside its dispatch (waiting for the release file): freeze it there.
@@ -226,11 +235,23 @@ fn a_holder_paused_past_its_lease_reports_late_and_is_rejected() {
     assert_success(status, "the holder", &a_err);
 
     let lines = read_lines(&files.log);
-    assert_eq!(sends(&lines), vec![(a_pid, 1), (b_pid, 2)], "one send each, B's with the next attempt");
+    assert_eq!(
+        sends(&lines),
+        vec![(a_pid, 1), (b_pid, 2)],
+        "one send each, B's with the next attempt"
+    );
     assert_eq!(report_of(&lines, b_pid), (1, 0), "B delivered it");
-    assert_eq!(report_of(&lines, a_pid), (0, 1), "A's late success is counted stale, not delivered");
+    assert_eq!(
+        report_of(&lines, a_pid),
+        (0, 1),
+        "A's late success is counted stale, not delivered"
+    );
     let after = entry(&files.db);
-    assert_eq!(fingerprint(&after), fingerprint(&rescued), "A's late outcome changed the entry");
+    assert_eq!(
+        fingerprint(&after),
+        fingerprint(&rescued),
+        "A's late outcome changed the entry"
+    );
     let _ = std::fs::remove_dir_all(&files.dir);
 }
 

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use reactifact_core::{
-    Agent, Artifact, Budget, Context, Delivery, LedgerQuery, OutboxStore, PendingAction, Produce, ProduceCall,
-    Runtime, Scope, SqliteOutbox, StatusCounts, TurnOutcome,
+    Agent, Artifact, Budget, Context, Delivery, LedgerQuery, OutboxStore, PendingAction, Produce, ProduceCall, Runtime,
+    Scope, SqliteOutbox, StatusCounts, TurnOutcome,
 };
 use serde::{Deserialize, Serialize};
 
@@ -52,7 +52,9 @@ pub fn intent_key(session: &str, i: usize) -> String {
 
 /// The session an intent key belongs to (`notify:order:<session>:<i>`).
 pub fn key_session(key: &str) -> &str {
-    key.split(':').nth(2).expect("a key of the form notify:order:<session>:<i>")
+    key.split(':')
+        .nth(2)
+        .expect("a key of the form notify:order:<session>:<i>")
 }
 
 /// One intent per order: `notify:<order id>`, its payload naming the order.
@@ -99,7 +101,10 @@ pub fn order_runtime(ctx: Context, dispatcher: Option<impl reactifact_core::Disp
 /// dispatcher): the intents stay pending in the file's outbox.
 pub fn commit_intents(ctx: Context) {
     block_on(async {
-        let mut rt = order_runtime(ctx, None::<fn(reactifact_core::Intent) -> std::future::Ready<Result<(), reactifact_core::DispatchError>>>);
+        let mut rt = order_runtime(
+            ctx,
+            None::<fn(reactifact_core::Intent) -> std::future::Ready<Result<(), reactifact_core::DispatchError>>>,
+        );
         let report = rt.run_with(Budget::UNLIMITED).await.expect("the intents' generation");
         assert_eq!(report.outcome, TurnOutcome::Completed);
     });
@@ -265,8 +270,9 @@ pub fn mix(mut z: u64) -> u64 {
 
 /// A stable hash of a string (FNV-1a), for per-key pseudo-random choices in children.
 pub fn hash_str(s: &str) -> u64 {
-    s.bytes()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// Reads an environment variable the parent set for a child.
