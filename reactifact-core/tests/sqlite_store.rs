@@ -167,16 +167,11 @@ async fn an_in_flight_delivery_whose_lease_expired_is_delivered_again_with_the_s
     assert!(entry.lease().unwrap().owner.contains(&std::process::id().to_string()));
     drop(ctx);
 
+    // Opening changes nothing in the outbox: the first claim of any drain reclaims the
+    // expired lease.
     let ctx = Context::open(&path, "orders").unwrap();
     let entry = ctx.ledger().get("notify:order:1").await.unwrap().unwrap();
-    assert_eq!(entry.status(), DeliveryStatus::Pending);
-    assert_eq!(entry.expired_leases(), 1);
-    assert_eq!(entry.attempts(), 1);
-    assert!(
-        entry.last_error().unwrap().contains("expired"),
-        "{:?}",
-        entry.last_error()
-    );
+    assert_eq!((entry.status(), entry.attempts()), (DeliveryStatus::InFlight, 1));
     let recorder = Recorder::default();
     let mut rt = runtime(ctx, &recorder);
     rt.run().await.unwrap();
