@@ -396,6 +396,9 @@ impl Drop for Holds<'_> {
 
 type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// A write of outcomes: the slots written, and what the store made of each.
+type Written = (Vec<usize>, Result<Vec<Recorded>, StoreError>);
+
 impl<'a> Drain<'a> {
     fn interrupted(&self) -> Option<TurnOutcome> {
         if self.stop.is_requested() {
@@ -491,7 +494,8 @@ impl<'a> Drain<'a> {
         let mut queued: foldhash::HashMap<Arc<str>, VecDeque<usize>> = Default::default();
         // The claim being made, and how many it asked for.
         let mut claiming: Option<(usize, StoreFuture<'_, Result<Claimed, StoreError>>)> = None;
-        let mut recording: Option<StoreFuture<'_, (Vec<usize>, Result<Vec<Recorded>, StoreError>)>> = None;
+        // The outcomes being written: their slots, and the store's answer.
+        let mut recording: Option<StoreFuture<'_, Written>> = None;
         let mut renewing: Option<StoreFuture<'_, Result<Vec<bool>, StoreError>>> = None;
         let mut exhausted = false;
         let mut stopping: Option<TurnOutcome> = None;
