@@ -114,7 +114,7 @@ pub(crate) async fn run(
         return Ok(Step::Interrupted(TurnOutcome::RunsExhausted));
     }
     if batch.work.is_empty() {
-        rt.context.consume_events(batch.events)?;
+        rt.context.consume_events(batch.events).await?;
         return Ok(Step::Consumed);
     }
     let generation = rt.context.generation().next();
@@ -196,7 +196,7 @@ pub(crate) async fn run(
     }
 
     let mut runs = records.len() as u64;
-    match rt.context.commit_runs(records, batch.events, isolate, false, None) {
+    match rt.context.commit_runs_async(records, batch.events, isolate, None).await {
         Ok(rejected) => {
             runs -= rejected.len() as u64;
             for (r, error) in rejected {

@@ -3,7 +3,10 @@
 use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::Arc;
+
+use futures_util::FutureExt;
 use std::time::Duration;
+use tracing::Instrument;
 
 use crate::model::artifact::{Artifact, ArtifactId, Generation, ReadError, Record};
 use crate::model::delivery::NewIntent;
@@ -79,6 +82,15 @@ pub struct Context {
     lease: Duration,
     /// Who this process is, in leases.
     owner: Arc<str>,
+}
+
+/// How a commit's store write runs.
+#[derive(Clone, Copy)]
+enum Write {
+    /// On the caller's thread, blocking it until durable.
+    Blocking,
+    /// Off the caller's thread: the future completes when it is durable.
+    Async,
 }
 
 /// Why a commit of runs failed.
@@ -400,16 +412,53 @@ impl Context {
     /// With `isolate`, a run whose patch does not apply is dropped (and reported in the result)
     /// while the others commit; without it, the first such run fails everything and nothing
     /// changes.
+    ///
+    /// The store's write blocks this thread until it is durable, as a direct write does; the
+    /// runtime's generations use [`commit_runs_async`](Context::commit_runs_async).
     pub(crate) fn commit_runs(
+        &mut self,
+        runs: Vec<RunRecord>,
+        consumed: usize,
+        isolate: bool,
+        skip_if_unchanged: bool,
+        merged: Option<CommitHash>,
+    ) -> Result<Vec<(usize, CommitError)>, CommitFailure> {
+        let _span = self.commit_span().entered();
+        self.commit_runs_via(runs, consumed, isolate, skip_if_unchanged, merged, Write::Blocking)
+            .now_or_never()
+            .expect("a blocking write completes without waiting")
+    }
+
+    /// [`commit_runs`](Context::commit_runs) whose store write runs off this thread (for a
+    /// durable store: on its own thread), so that a generation's fsync never blocks an
+    /// executor thread.
+    pub(crate) async fn commit_runs_async(
+        &mut self,
+        runs: Vec<RunRecord>,
+        consumed: usize,
+        isolate: bool,
+        merged: Option<CommitHash>,
+    ) -> Result<Vec<(usize, CommitError)>, CommitFailure> {
+        let span = self.commit_span();
+        self.commit_runs_via(runs, consumed, isolate, false, merged, Write::Async)
+            .instrument(span)
+            .await
+    }
+
+    fn commit_span(&self) -> tracing::Span {
+        tracing::debug_span!("commit", session = %self.session, generation = self.generation().next().0)
+    }
+
+    async fn commit_runs_via(
         &mut self,
         mut runs: Vec<RunRecord>,
         consumed: usize,
         isolate: bool,
         skip_if_unchanged: bool,
         merged: Option<CommitHash>,
+        write: Write,
     ) -> Result<Vec<(usize, CommitError)>, CommitFailure> {
         let generation = self.generation().next();
-        let _span = tracing::debug_span!("commit", session = %self.session, generation = generation.0).entered();
         let mut apply = Apply::new(&mut self.state, generation);
         let mut rejected = Vec::new();
         for (i, run) in runs.iter().enumerate() {
@@ -475,7 +524,11 @@ impl Context {
                 intents: &intents,
                 now,
             };
-            if let Err(e) = store.commit(&delta) {
+            let written = match write {
+                Write::Blocking => store.commit(&delta),
+                Write::Async => store.commit_async(&delta).await,
+            };
+            if let Err(e) = written {
                 apply.rollback();
                 return Err(CommitFailure::Store(e));
             }
@@ -508,10 +561,10 @@ impl Context {
 
     /// Consumes queued events that no produce reacts to, without a commit (a durable store
     /// records the consumption, so it survives a restart).
-    pub(crate) fn consume_events(&mut self, count: usize) -> Result<(), StoreError> {
+    pub(crate) async fn consume_events(&mut self, count: usize) -> Result<(), StoreError> {
         if let Some(store) = &mut self.store {
             let before = self.events.get(count).map_or(self.next_event_seq, |q| q.seq);
-            store.consume_events(&self.session, before)?;
+            store.consume_events(&self.session, before).await?;
         }
         self.events.drain(..count);
         Ok(())

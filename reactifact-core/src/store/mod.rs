@@ -267,8 +267,15 @@ pub(crate) trait Store: Send + Sync {
     /// Persists one commit in one transaction: all of it or none of it.
     fn commit(&mut self, delta: &CommitDelta<'_>) -> Result<(), StoreError>;
 
-    /// Marks the session's queued events with a sequence number below `before` consumed.
-    fn consume_events(&mut self, session: &str, before: u64) -> Result<(), StoreError>;
+    /// [`commit`](Store::commit) without blocking the caller's thread: a store whose writes
+    /// block (an fsync) runs them elsewhere and completes the future when they are durable.
+    fn commit_async<'a>(&'a mut self, delta: &CommitDelta<'_>) -> outbox::BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(std::future::ready(self.commit(delta)))
+    }
+
+    /// Marks the session's queued events with a sequence number below `before` consumed,
+    /// without blocking the caller's thread.
+    fn consume_events<'a>(&'a mut self, session: &str, before: u64) -> outbox::BoxFuture<'a, Result<(), StoreError>>;
 
     /// Creates the session `branch` in the same store, whose log is this session's up to
     /// commit `at` (with hash `head`), and whose events numbered below `consumed_seq` are

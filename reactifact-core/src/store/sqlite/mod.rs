@@ -455,6 +455,14 @@ impl SqliteStore {
         }
     }
 
+    fn conflict(&self) -> StoreError {
+        StoreError::Conflict {
+            path: self.path.clone(),
+            session: self.session.clone(),
+            expected: self.generation,
+        }
+    }
+
     fn check_writable(&self) -> Result<(), StoreError> {
         if self.read_only {
             return Err(StoreError::ReadOnly {
@@ -468,48 +476,9 @@ impl SqliteStore {
     /// Writes one commit and registers its intents, in one transaction; `Ok(false)` if
     /// another writer advanced the session.
     fn write_commit(&mut self, delta: &CommitDelta<'_>) -> Result<bool, rusqlite::Error> {
-        let tx = self
-            .conn
-            .get()
-            .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let commit = delta.commit;
-        let fenced = tx
-            .prepare_cached(
-                // Fenced on the generation this context loaded or last committed, and on the
-                // consumed events never moving back (a stale copy would run them again).
-                "UPDATE sessions SET generation = ?1, head = ?2, consumed_seq = ?3
-                 WHERE name = ?4 AND generation = ?5 AND consumed_seq <= ?3",
-            )?
-            .execute(params![
-                commit.generation.0,
-                &commit.hash.as_bytes()[..],
-                delta.consumed_before,
-                delta.session,
-                self.generation,
-            ])?;
-        if fenced == 0 {
-            return Ok(false);
-        }
-        // `intents` is no longer written: the outbox rows are the ledger.
-        tx.prepare_cached(
-            "INSERT INTO commits (session, generation, hash, parent, merged, state_hash, events_consumed, intents, runs)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, NULL, ?8)",
-        )?
-        .execute(params![
-            delta.session,
-            commit.generation.0,
-            &commit.hash.as_bytes()[..],
-            commit.parent.as_ref().map(|p| &p.as_bytes()[..]),
-            commit.merged.as_ref().map(|p| &p.as_bytes()[..]),
-            &commit.state_hash.as_bytes()[..],
-            commit.events_consumed as u64,
-            codec::encode_runs(&commit.runs),
-        ])?;
-        if !delta.intents.is_empty() {
-            outbox::register(&tx, delta.intents, millis(delta.now))?;
-        }
-        tx.commit()?;
-        Ok(true)
+        let row = CommitRow::of(delta);
+        let fence = self.generation;
+        write_commit_row(self.conn.get(), &row, fence)
     }
 
     /// The outbox checks of `Context::verify` (see [`Store::verify_outbox`]).
@@ -665,6 +634,83 @@ fn immutable_uri(path: &Path) -> String {
     uri
 }
 
+/// A commit as its row, owned, so that it can be written on the outbox's thread.
+struct CommitRow {
+    session: String,
+    generation: u64,
+    hash: CommitHash,
+    parent: Option<CommitHash>,
+    merged: Option<CommitHash>,
+    state_hash: StateHash,
+    events_consumed: u64,
+    consumed_before: u64,
+    runs: Vec<u8>,
+    intents: Vec<NewIntent>,
+    now: i64,
+}
+
+impl CommitRow {
+    fn of(delta: &CommitDelta<'_>) -> CommitRow {
+        let commit = delta.commit;
+        CommitRow {
+            session: delta.session.to_owned(),
+            generation: commit.generation.0,
+            hash: commit.hash,
+            parent: commit.parent,
+            merged: commit.merged,
+            state_hash: commit.state_hash,
+            events_consumed: commit.events_consumed as u64,
+            consumed_before: delta.consumed_before,
+            runs: codec::encode_runs(&commit.runs),
+            intents: delta.intents.to_vec(),
+            now: millis(delta.now),
+        }
+    }
+}
+
+/// Writes a commit's row and registers its intents, in one transaction, fenced on the
+/// session being at generation `fence`; `Ok(false)` if another writer advanced it.
+fn write_commit_row(conn: &mut Connection, row: &CommitRow, fence: u64) -> Result<bool, rusqlite::Error> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let fenced = tx
+        .prepare_cached(
+            // Fenced on the generation this context loaded or last committed, and on the
+            // consumed events never moving back (a stale copy would run them again).
+            "UPDATE sessions SET generation = ?1, head = ?2, consumed_seq = ?3
+             WHERE name = ?4 AND generation = ?5 AND consumed_seq <= ?3",
+        )?
+        .execute(params![
+            row.generation,
+            &row.hash.as_bytes()[..],
+            row.consumed_before,
+            row.session,
+            fence,
+        ])?;
+    if fenced == 0 {
+        return Ok(false);
+    }
+    // `intents` is no longer written: the outbox rows are the ledger.
+    tx.prepare_cached(
+        "INSERT INTO commits (session, generation, hash, parent, merged, state_hash, events_consumed, intents, runs)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, NULL, ?8)",
+    )?
+    .execute(params![
+        row.session,
+        row.generation,
+        &row.hash.as_bytes()[..],
+        row.parent.as_ref().map(|p| &p.as_bytes()[..]),
+        row.merged.as_ref().map(|p| &p.as_bytes()[..]),
+        &row.state_hash.as_bytes()[..],
+        row.events_consumed,
+        row.runs,
+    ])?;
+    if !row.intents.is_empty() {
+        outbox::register(&tx, &row.intents, row.now)?;
+    }
+    tx.commit()?;
+    Ok(true)
+}
+
 /// The columns [`commit_from_row`] reads, in its order.
 const COMMIT_COLUMNS: &str = "generation, hash, parent, merged, state_hash, events_consumed, runs";
 
@@ -786,35 +832,60 @@ impl Store for SqliteStore {
                 self.generation = delta.commit.generation.0;
                 Ok(())
             }
-            Ok(false) => Err(StoreError::Conflict {
-                path: self.path.clone(),
-                session: self.session.clone(),
-                expected: self.generation,
-            }),
+            Ok(false) => Err(self.conflict()),
             Err(e) => Err(self.sqlite_error(e)),
         }
     }
 
-    fn consume_events(&mut self, session: &str, before: u64) -> Result<(), StoreError> {
-        self.check_writable()?;
+    fn commit_async<'a>(
+        &'a mut self,
+        delta: &CommitDelta<'_>,
+    ) -> crate::store::outbox::BoxFuture<'a, Result<(), StoreError>> {
+        if let Err(e) = self.check_writable() {
+            return Box::pin(std::future::ready(Err(e)));
+        }
+        // Encoded here; written (and synced) on the outbox's thread, over its connection.
+        let row = CommitRow::of(delta);
+        let fence = self.generation;
+        let path = self.path.clone();
+        let written = self.outbox.run_write(move |conn| {
+            write_commit_row(conn, &row, fence).map_err(|source| StoreError::Sqlite { path, source })
+        });
+        let generation = delta.commit.generation.0;
+        Box::pin(async move {
+            if written.await? {
+                self.generation = generation;
+                Ok(())
+            } else {
+                Err(self.conflict())
+            }
+        })
+    }
+
+    fn consume_events<'a>(
+        &'a mut self,
+        session: &str,
+        before: u64,
+    ) -> crate::store::outbox::BoxFuture<'a, Result<(), StoreError>> {
+        if let Err(e) = self.check_writable() {
+            return Box::pin(std::future::ready(Err(e)));
+        }
         // Fenced like a commit: a copy that is behind the session (another writer committed,
         // or consumed further) is refused instead of losing events or running them again.
-        let fenced = self
-            .conn
-            .get()
-            .prepare_cached(
+        let (session, fence, path) = (session.to_owned(), self.generation, self.path.clone());
+        let written = self.outbox.run_write(move |conn| {
+            conn.prepare_cached(
                 "UPDATE sessions SET consumed_seq = ?2 WHERE name = ?1 AND generation = ?3 AND consumed_seq <= ?2",
             )
-            .and_then(|mut stmt| stmt.execute(params![session, before, self.generation]))
-            .map_err(|e| self.sqlite_error(e))?;
-        if fenced == 0 {
-            return Err(StoreError::Conflict {
-                path: self.path.clone(),
-                session: self.session.clone(),
-                expected: self.generation,
-            });
-        }
-        Ok(())
+            .and_then(|mut stmt| stmt.execute(params![session, before, fence]))
+            .map_err(|source| StoreError::Sqlite { path, source })
+        });
+        Box::pin(async move {
+            if written.await? == 0 {
+                return Err(self.conflict());
+            }
+            Ok(())
+        })
     }
 
     fn outbox(&self) -> Arc<dyn OutboxStore> {

@@ -48,6 +48,15 @@ impl std::fmt::Debug for SqliteOutbox {
 }
 
 impl SqliteOutbox {
+    /// Runs `op` on the outbox's thread (its connection to the file), for a write of the log
+    /// that must not block the caller's thread.
+    pub(super) fn run_write<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&mut rusqlite::Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> BoxFuture<'static, Result<T, StoreError>> {
+        self.actor.call(op)
+    }
+
     /// Opens the outbox of the store file at `path`, which a [`Context`](crate::Context) created,
     /// for reading and writing (`synchronous = FULL`). Nothing in the file is changed.
     ///
