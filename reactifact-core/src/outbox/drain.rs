@@ -547,7 +547,10 @@ impl<'a> Drain<'a> {
                 .concurrency
                 .saturating_sub(holds.held - waiting_for_kind)
                 .min(config.concurrency.saturating_sub(waiting_for_kind));
-            if accepting && !exhausted && claiming.is_none() && free > 0 {
+            // A claim of a few while most slots are busy would cost a store round trip for
+            // little: wait until a quarter of the slots are free, or all of the started ones.
+            let worth_claiming = free >= config.concurrency.div_ceil(4) || holds.held == waiting_for_kind;
+            if accepting && !exhausted && claiming.is_none() && free > 0 && worth_claiming {
                 let request = ClaimRequest {
                     scope: self.scope,
                     limit: free,
@@ -599,13 +602,18 @@ impl<'a> Drain<'a> {
             }
             tokio::select! {
                 biased;
-                Some((at, attempt)) = running.next(), if !running.is_empty() => {
-                    let kind = holds.slot(at).claim.intent.kind.clone();
-                    if let Some(count) = active.get_mut(&kind) {
-                        *count -= 1;
+                Some(first) = running.next(), if !running.is_empty() => {
+                    // Every attempt finished by now joins the same write.
+                    let mut done = Some(first);
+                    while let Some((at, attempt)) = done {
+                        let kind = holds.slot(at).claim.intent.kind.clone();
+                        if let Some(count) = active.get_mut(&kind) {
+                            *count -= 1;
+                        }
+                        let outcome = self.outcome_of(holds.slot(at), attempt, &mut first_failure);
+                        holds.slot(at).stage = Stage::Finished(outcome);
+                        done = running.next().now_or_never().flatten();
                     }
-                    let outcome = self.outcome_of(holds.slot(at), attempt, &mut first_failure);
-                    holds.slot(at).stage = Stage::Finished(outcome);
                 }
                 (ats, result) = async { recording.as_mut().expect("guarded").await }, if recording.is_some() => {
                     recording = None;

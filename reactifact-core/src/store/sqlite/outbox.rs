@@ -298,17 +298,25 @@ pub(super) fn candidates_sql(scope: &Scope, now: i64, limit: i64) -> (String, Ve
             params.extend(sessions.iter().map(|s| Value::Text(s.to_string())));
             params.push(Value::Integer(now));
             let own_kinds = kinds_sql(scope, "o", &mut params);
+            params.push(Value::Integer(limit));
             params.extend(sessions.iter().map(|s| Value::Text(s.to_string())));
             params.push(Value::Integer(now));
             let member_kinds = kinds_sql(scope, "o", &mut params);
             params.push(Value::Integer(limit));
+            params.push(Value::Integer(limit));
+            // Each side is limited on its own, in the order of its index, so that a claim
+            // reads at most `limit` rows of each instead of every due row of the session.
             format!(
                 "SELECT seq FROM (
-                     SELECT o.seq AS seq, o.due_at AS due_at FROM outbox o
-                      WHERE o.session IN ({list}) AND o.due_at <= ?{own_kinds}
+                     SELECT seq, due_at FROM (
+                         SELECT o.seq AS seq, o.due_at AS due_at FROM outbox o
+                          WHERE o.session IN ({list}) AND o.due_at <= ?{own_kinds}
+                          ORDER BY o.due_at, o.seq LIMIT ?)
                      UNION
-                     SELECT o.seq, o.due_at FROM outbox_members m JOIN outbox o ON o.key = m.key
-                      WHERE m.session IN ({list}) AND o.due_at <= ?{member_kinds})
+                     SELECT seq, due_at FROM (
+                         SELECT o.seq AS seq, o.due_at AS due_at FROM outbox_members m JOIN outbox o ON o.key = m.key
+                          WHERE m.session IN ({list}) AND o.due_at <= ?{member_kinds}
+                          ORDER BY o.due_at, o.seq LIMIT ?))
                  ORDER BY due_at, seq LIMIT ?"
             )
         }

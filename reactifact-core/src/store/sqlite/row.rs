@@ -226,19 +226,19 @@ impl Row {
     /// Writes every column of the row (found by its `seq`) and its new digest.
     pub(super) fn update(&self, conn: &rusqlite::Connection) -> rusqlite::Result<()> {
         let digest = self.digest();
+        // Only the columns a transition changes (the first nine never change after the
+        // insert): SQLite then leaves the indexes of the others alone.
         let fields = self.fields();
-        let params = fields
+        let params = fields[9..]
             .iter()
             .copied()
             .chain([ValueRef::Blob(&digest), ValueRef::Integer(self.seq)])
             .map(ToSqlOutput::Borrowed);
         conn.prepare_cached(
-            "UPDATE outbox SET key = ?1, kind = ?2, session = ?3, origin_commit = ?4, origin_gen = ?5,
-                 origin_run = ?6, action_hash = ?7, bytes = ?8, recorded_at = ?9, status = ?10, due_at = ?11,
-                 token = ?12, owner = ?13, lease_until = ?14, attempts = ?15, expired = ?16, interrupted = ?17,
-                 last_error = ?18, cancel_reason = ?19, updated_at = ?20, delivered_at = ?21,
-                 next_attempt_at = ?22, digest = ?23
-             WHERE seq = ?24",
+            "UPDATE outbox SET status = ?1, due_at = ?2, token = ?3, owner = ?4, lease_until = ?5, attempts = ?6,
+                 expired = ?7, interrupted = ?8, last_error = ?9, cancel_reason = ?10, updated_at = ?11,
+                 delivered_at = ?12, next_attempt_at = ?13, digest = ?14
+             WHERE seq = ?15",
         )?
         .execute(rusqlite::params_from_iter(params))?;
         Ok(())

@@ -91,7 +91,7 @@ pub(super) const V2_TABLES: &str = "
     CREATE INDEX outbox_due ON outbox (due_at, seq) WHERE due_at IS NOT NULL;
     CREATE INDEX outbox_session_due ON outbox (session, due_at, seq) WHERE due_at IS NOT NULL;
     CREATE INDEX outbox_leases ON outbox (lease_until) WHERE lease_until IS NOT NULL;
-    CREATE INDEX outbox_status ON outbox (status, updated_at);
+    CREATE INDEX outbox_final ON outbox (updated_at, seq) WHERE status IN (2, 6);
     CREATE TABLE outbox_members (
         session TEXT NOT NULL,
         key TEXT NOT NULL,
