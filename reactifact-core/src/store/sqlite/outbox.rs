@@ -15,7 +15,7 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
 use super::actor::{self, Actor};
 use super::row::{self, ms, Read, Row, COLUMNS};
-use super::{check_header, open_error, open_read_only, schema, BUSY_TIMEOUT};
+use super::{check_header, open_error, open_read_only, schema, store_error, store_name, BUSY_TIMEOUT};
 use crate::model::action::ActionKey;
 use crate::model::delivery::{ceil_millis, later, Delivery, DeliveryStatus, FenceToken, NewIntent};
 use crate::store::outbox::{
@@ -34,6 +34,8 @@ use crate::store::{OpenError, StoreError, Synchronous};
 pub struct SqliteOutbox {
     actor: Actor,
     path: PathBuf,
+    /// `sqlite:{path}`, as the outbox names itself.
+    name: String,
     /// `Some(session)` for the outbox of a read-only context: reads only.
     read_only: Option<String>,
 }
@@ -119,14 +121,14 @@ impl SqliteOutbox {
     }
 
     fn spawn(conn: Connection, path: &Path, read_only: Option<String>) -> Result<SqliteOutbox, OpenError> {
-        let actor = Actor::spawn(conn, path.into()).map_err(|e| OpenError::Corrupt {
+        let actor = Actor::spawn(conn, store_name(path)).map_err(|e| OpenError::Backend {
             path: path.into(),
-            detail: format!("the outbox thread could not be started: {e}"),
-            source: None,
+            source: format!("the outbox thread could not be started: {e}").into(),
         })?;
         Ok(SqliteOutbox {
             actor,
             path: path.into(),
+            name: store_name(path),
             read_only,
         })
     }
@@ -139,10 +141,7 @@ impl SqliteOutbox {
 
     fn check_writable(&self) -> Result<(), StoreError> {
         match &self.read_only {
-            Some(session) => Err(StoreError::ReadOnly {
-                path: self.path.clone(),
-                session: session.clone(),
-            }),
+            Some(session) => Err(StoreError::read_only(self.name.clone(), session.clone())),
             None => Ok(()),
         }
     }
@@ -152,9 +151,8 @@ impl SqliteOutbox {
         &self,
         op: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> BoxFuture<'static, Result<T, StoreError>> {
-        let path = self.path.clone();
-        self.actor
-            .call(move |conn| op(conn).map_err(|source| StoreError::Sqlite { path, source }))
+        let name = self.name.clone();
+        self.actor.call(move |conn| op(conn).map_err(|e| store_error(&name, e)))
     }
 
     /// Runs a read on the outbox's thread, which may also find a damaged row.
@@ -162,12 +160,12 @@ impl SqliteOutbox {
         &self,
         op: impl FnOnce(&mut Connection) -> rusqlite::Result<Result<T, (String, String)>> + Send + 'static,
     ) -> BoxFuture<'static, Result<T, StoreError>> {
-        let path = self.path.clone();
+        let name = self.name.clone();
         let answer = self.run(op);
         Box::pin(async move {
             answer
                 .await?
-                .map_err(|(key, detail)| StoreError::Integrity { path, key, detail })
+                .map_err(|(key, detail)| StoreError::integrity(name, key, detail))
         })
     }
 }
@@ -475,7 +473,7 @@ fn forget_members(tx: &Connection, key: &str) -> rusqlite::Result<()> {
 
 impl OutboxStore for SqliteOutbox {
     fn describe(&self) -> String {
-        format!("sqlite:{}", self.path.display())
+        self.name.clone()
     }
 
     fn claim<'a>(&'a self, request: ClaimRequest<'a>) -> BoxFuture<'a, Result<Claimed, StoreError>> {
@@ -504,10 +502,10 @@ impl OutboxStore for SqliteOutbox {
         if self.read_only.is_some() || outcomes.is_empty() {
             return;
         }
-        let path = self.path.clone();
+        let name = self.name.clone();
         self.actor.send(move |conn| {
             if let Err(e) = record(conn, &outcomes, now) {
-                tracing::warn!(path = %path.display(), error = %e, "submitted outcomes could not be recorded; they stay in flight until their leases expire");
+                tracing::warn!(store = %name, error = %e, "submitted outcomes could not be recorded; they stay in flight until their leases expire");
             }
         });
     }
@@ -548,16 +546,14 @@ impl OutboxStore for SqliteOutbox {
             return Box::pin(async move { Err(RetryError::Store(e)) });
         }
         let key = key.to_owned();
-        let path = self.path.clone();
+        let name = self.name.clone();
         let answer = self.run(move |conn| {
             actor::write(conn, |tx| {
                 Ok(match by_key(tx, &key)? {
                     None => Err(RetryError::UnknownKey(ActionKey::from(key.as_str()))),
-                    Some(Read::Damaged { key, detail, .. }) => Err(RetryError::Store(StoreError::Integrity {
-                        path: path.clone(),
-                        key,
-                        detail,
-                    })),
+                    Some(Read::Damaged { key, detail, .. }) => {
+                        Err(RetryError::Store(StoreError::integrity(name.clone(), key, detail)))
+                    }
                     Some(Read::Intact(mut row)) => match row.status {
                         row::FAILED | row::DEAD | row::HELD => {
                             row.next_attempt_at = None;
@@ -586,16 +582,14 @@ impl OutboxStore for SqliteOutbox {
             return Box::pin(async move { Err(CancelError::Store(e)) });
         }
         let (key, reason) = (key.to_owned(), reason.to_owned());
-        let path = self.path.clone();
+        let name = self.name.clone();
         let answer = self.run(move |conn| {
             actor::write(conn, |tx| {
                 Ok(match by_key(tx, &key)? {
                     None => Err(CancelError::UnknownKey(ActionKey::from(key.as_str()))),
-                    Some(Read::Damaged { key, detail, .. }) => Err(CancelError::Store(StoreError::Integrity {
-                        path: path.clone(),
-                        key,
-                        detail,
-                    })),
+                    Some(Read::Damaged { key, detail, .. }) => {
+                        Err(CancelError::Store(StoreError::integrity(name.clone(), key, detail)))
+                    }
                     Some(Read::Intact(mut row)) => match row.status {
                         row::CANCELLED => Ok(row.view()),
                         row::PENDING | row::FAILED | row::DEAD | row::HELD => {
