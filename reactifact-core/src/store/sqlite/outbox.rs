@@ -139,6 +139,28 @@ impl SqliteOutbox {
         let _ = self.actor.call(|_| Ok(())).await;
     }
 
+    /// Registers `keys` (key, kind), in order, as one commit of `session` at `generation`
+    /// made at `now` would, in one transaction on the outbox's thread: the intents the
+    /// contract suite's in-memory harness builds (real `PendingAction` bytes and their
+    /// content hash), through the same `register` a commit runs. For the store contract
+    /// suite only; not public API.
+    #[cfg(feature = "store-contract")]
+    #[doc(hidden)]
+    pub fn register_for_contract(
+        &self,
+        session: &str,
+        generation: u64,
+        keys: &[(&str, &str)],
+        now: SystemTime,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        if let Err(e) = self.check_writable() {
+            return Box::pin(async move { Err(e) });
+        }
+        let intents = crate::store::contract::new_intents(session, generation, keys);
+        let now = ms(now);
+        self.run(move |conn| actor::write(conn, |tx| register(tx, &intents, now)))
+    }
+
     fn check_writable(&self) -> Result<(), StoreError> {
         match &self.read_only {
             Some(session) => Err(StoreError::read_only(self.name.clone(), session.clone())),
@@ -455,16 +477,14 @@ fn record(conn: &mut Connection, outcomes: &[Recording], now: SystemTime) -> rus
             };
             row.settle(status, at);
             row.update(tx)?;
-            if status == row::DELIVERED {
-                forget_members(tx, &row.key)?;
-            }
             results.push(Recorded::Accepted(row.status().unwrap_or(DeliveryStatus::Held)));
         }
         Ok(results)
     })
 }
 
-/// A final row is no one's to deliver: its attachments go.
+/// A purged row's attachments go with it. (A final row keeps them: it stays in the scope of
+/// every session it was attached to, for that session's reads, as in the other stores.)
 fn forget_members(tx: &Connection, key: &str) -> rusqlite::Result<()> {
     tx.prepare_cached("DELETE FROM outbox_members WHERE key = ?1")?
         .execute([key])?;
@@ -597,7 +617,6 @@ impl OutboxStore for SqliteOutbox {
                             row.cancel_reason = Some(reason.clone());
                             row.settle(row::CANCELLED, ms(now));
                             row.update(tx)?;
-                            forget_members(tx, &row.key)?;
                             Ok(row.view())
                         }
                         _ => Err(CancelError::NotCancellable {
