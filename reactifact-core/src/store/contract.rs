@@ -299,7 +299,10 @@ pub async fn attach_to_committing_session(h: &dyn ContractHarness) {
         Recorded::Accepted(DeliveryStatus::Delivered)
     );
     let cb = counts(&*o, &b).await;
-    assert_eq!(cb.delivered, 1, "attach: a delivered attached key stays in b's scope: {cb:?}");
+    assert_eq!(
+        cb.delivered, 1,
+        "attach: a delivered attached key stays in b's scope: {cb:?}"
+    );
     assert_eq!(cb.total(), 1, "attach: {cb:?}");
 }
 

@@ -792,7 +792,11 @@ impl Store for SqliteStore {
                 self.generation = delta.commit.generation.0;
                 Ok(())
             }
-            Ok(false) => Err(StoreError::conflict(store_name(&self.path), self.session.clone(), self.generation)),
+            Ok(false) => Err(StoreError::conflict(
+                store_name(&self.path),
+                self.session.clone(),
+                self.generation,
+            )),
             Err(e) => Err(self.sqlite_error(e)),
         }
     }
@@ -810,7 +814,11 @@ impl Store for SqliteStore {
             .and_then(|mut stmt| stmt.execute(params![session, before, self.generation]))
             .map_err(|e| self.sqlite_error(e))?;
         if fenced == 0 {
-            return Err(StoreError::conflict(store_name(&self.path), self.session.clone(), self.generation));
+            return Err(StoreError::conflict(
+                store_name(&self.path),
+                self.session.clone(),
+                self.generation,
+            ));
         }
         Ok(())
     }

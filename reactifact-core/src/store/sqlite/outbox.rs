@@ -855,7 +855,10 @@ mod tests {
 
         let (sql, params) = work_sql(&Scope::session("orders"), 0, true);
         let session = plan(&conn, &sql, &params);
-        assert!(session.iter().any(|s| s.contains("INDEX outbox_leases")), "{session:#?}");
+        assert!(
+            session.iter().any(|s| s.contains("INDEX outbox_leases")),
+            "{session:#?}"
+        );
         assert!(session.iter().any(|s| s.contains("outbox_session_due")), "{session:#?}");
         assert_no_table_scan(&session);
 
@@ -885,6 +888,9 @@ mod tests {
         )
         .unwrap();
         assert!(!answer(&Scope::all(), 8, true), "in flight, lease not expired");
-        assert!(answer(&Scope::session("billing"), 9, false), "an expired lease, in any scope");
+        assert!(
+            answer(&Scope::session("billing"), 9, false),
+            "an expired lease, in any scope"
+        );
     }
 }
