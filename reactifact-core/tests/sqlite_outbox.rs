@@ -535,3 +535,40 @@ fn a_standalone_outbox_refuses_a_missing_file_and_an_older_schema() {
     assert!(err.to_string().contains("Context::open"), "{err}");
     assert_eq!(std::fs::read(&v1).unwrap(), before);
 }
+
+/// An idle claim (nothing due in its scope, no lease expired) is a read: it returns while
+/// another connection holds the file's write lock, instead of waiting out the busy timeout.
+/// A claim with something to do still takes the lock.
+#[tokio::test]
+async fn an_idle_claim_takes_no_write_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = store_with(dir.path(), 2).await;
+    let outbox = SqliteOutbox::open(&path).unwrap();
+    let now = t0();
+    let taken = claim(&*outbox, &Scope::all(), 10, "d1", now).await;
+    assert_eq!(taken.claims.len(), 2);
+
+    let writer = rusqlite::Connection::open(&path).unwrap();
+    writer.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let started = std::time::Instant::now();
+    for (scope, limit) in [(Scope::all(), 10), (Scope::session("orders"), 10), (Scope::all(), 0)] {
+        let idle = tokio::time::timeout(Duration::from_secs(3), claim(&*outbox, &scope, limit, "d2", now))
+            .await
+            .expect("an idle claim waits for no writer");
+        assert!(idle.claims.is_empty() && idle.reclaimed == 0, "{idle:?}");
+    }
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+
+    // Past the lease there is work: the claim waits for the writer, then reclaims and takes.
+    let later = now + LEASE + Duration::from_secs(1);
+    let busy = {
+        let outbox = outbox.clone();
+        tokio::spawn(async move { claim(&*outbox, &Scope::all(), 10, "d2", later).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!busy.is_finished(), "a claim with work to do takes the write lock");
+    writer.execute_batch("COMMIT").unwrap();
+    let reclaimed = busy.await.unwrap();
+    assert_eq!(reclaimed.reclaimed, 2);
+    assert_eq!(reclaimed.claims.len(), 2);
+}

@@ -261,8 +261,8 @@ pub async fn register_once_per_key(h: &dyn ContractHarness) {
     );
 }
 
-/// A key registered by `a` and committed again by `b` is in `b`'s scope too (attached); a
-/// final key is not attached.
+/// A key registered by `a` and committed again by `b` is in `b`'s scope too (attached), and
+/// stays there once final; a key already final is not attached.
 pub async fn attach_to_committing_session(h: &dyn ContractHarness) {
     let (mut s, o) = fresh(h).await;
     s.register("a", &[("k1", "x"), ("k2", "x")], at(0)).await;
@@ -293,6 +293,17 @@ pub async fn attach_to_committing_session(h: &dyn ContractHarness) {
         .await
         .claims
         .is_empty());
+    // Once final, an attached key stays in the scope of the session it was attached to.
+    assert_eq!(
+        record(&*o, "k2", c.claims[0].token(), Outcome::Delivered, at(6)).await,
+        Recorded::Accepted(DeliveryStatus::Delivered)
+    );
+    let cb = counts(&*o, &b).await;
+    assert_eq!(
+        cb.delivered, 1,
+        "attach: a delivered attached key stays in b's scope: {cb:?}"
+    );
+    assert_eq!(cb.total(), 1, "attach: {cb:?}");
 }
 
 /// Claims take only due intents, in the order they fell due, then registration order.

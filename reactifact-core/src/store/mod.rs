@@ -23,64 +23,154 @@ use crate::state::refold::VerifyError;
 pub use sqlite::SqliteOutbox;
 pub(crate) use sqlite::SqliteStore;
 
+/// A backend's own error, as a [`StoreError`] or an [`OpenError`] carries it: the error of
+/// whatever driver the store uses (SQLite's, PostgreSQL's, …), boxed, so that no variant names
+/// a driver's type. Downcast it to the driver's type to look inside.
+pub type BackendError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// A failure of the durable store while the context was in use. The operation that hit it
 /// changed nothing: a failed commit is rolled back in memory too.
+///
+/// Every variant names the store as [`OutboxStore::describe`](outbox::OutboxStore::describe)
+/// does (e.g. `sqlite:/var/lib/app/state.db`). A store of another crate builds these errors
+/// with the constructors ([`StoreError::backend`], [`StoreError::conflict`], …); the
+/// variants are open to matching, and may gain fields.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// SQLite reported an error.
-    #[error("sqlite store {path}: {source}")]
-    Sqlite {
-        /// The database file.
-        path: PathBuf,
-        /// What SQLite said.
+    /// The backend (its driver, its connection, its database) reported an error.
+    #[error("store {store}: {source}{}", if *retryable { " (transient: the operation may be tried again)" } else { "" })]
+    #[non_exhaustive]
+    Backend {
+        /// The store, as it describes itself.
+        store: String,
+        /// Whether the same operation may succeed if tried again later, unchanged: the
+        /// database was busy or locked past the store's timeout, or the connection dropped.
+        retryable: bool,
+        /// The backend's error (for SQLite, a `rusqlite::Error`).
         #[source]
-        source: rusqlite::Error,
+        source: BackendError,
     },
     /// Another writer advanced the session since this context loaded it.
-    #[error("session `{session}` in {path} was changed by another writer (this context expected generation {expected}); reopen it")]
+    #[error("session `{session}` in {store} was changed by another writer (this context expected generation {expected}); reopen it")]
+    #[non_exhaustive]
     Conflict {
-        /// The database file.
-        path: PathBuf,
+        /// The store, as it describes itself.
+        store: String,
         /// The session.
         session: String,
         /// The generation this context last committed.
         expected: u64,
     },
     /// A fork names a session that exists already.
-    #[error("session `{session}` already exists in {path}; fork under another name")]
+    #[error("session `{session}` already exists in {store}; fork under another name")]
+    #[non_exhaustive]
     SessionExists {
-        /// The database file.
-        path: PathBuf,
+        /// The store, as it describes itself.
+        store: String,
         /// The session.
         session: String,
     },
     /// The context was opened read-only.
-    #[error("session `{session}` in {path} is open read-only")]
+    #[error("session `{session}` in {store} is open read-only")]
+    #[non_exhaustive]
     ReadOnly {
-        /// The database file.
-        path: PathBuf,
+        /// The store, as it describes itself.
+        store: String,
         /// The session.
         session: String,
     },
-    /// The store's outbox thread has ended (it panicked, or the process is exiting): the
-    /// operation was not run.
-    #[error("the outbox of {path} is closed")]
+    /// The store's connection or worker has ended (it panicked, or the process is exiting):
+    /// the operation was not run.
+    #[error("the outbox of {store} is closed")]
+    #[non_exhaustive]
     Closed {
-        /// The database file.
-        path: PathBuf,
+        /// The store, as it describes itself.
+        store: String,
     },
     /// A stored outbox row failed its integrity check (it was changed outside reactifact):
     /// the operation was refused. A claim holds such a row instead of failing.
-    #[error("the outbox row of `{key}` in {path} failed its integrity check: {detail}")]
+    #[error("the outbox row of `{key}` in {store} failed its integrity check: {detail}")]
+    #[non_exhaustive]
     Integrity {
-        /// The database file.
-        path: PathBuf,
+        /// The store, as it describes itself.
+        store: String,
         /// The row's key, as far as it reads.
         key: String,
         /// What is wrong.
         detail: String,
     },
+}
+
+impl StoreError {
+    /// The backend of `store` failed with `source`; `retryable` if the same operation may
+    /// succeed when tried again later (busy, locked, a dropped connection).
+    pub fn backend(store: impl Into<String>, retryable: bool, source: impl Into<BackendError>) -> Self {
+        StoreError::Backend {
+            store: store.into(),
+            retryable,
+            source: source.into(),
+        }
+    }
+
+    /// Another writer advanced `session` of `store` past generation `expected`.
+    pub fn conflict(store: impl Into<String>, session: impl Into<String>, expected: u64) -> Self {
+        StoreError::Conflict {
+            store: store.into(),
+            session: session.into(),
+            expected,
+        }
+    }
+
+    /// `session` already exists in `store`.
+    pub fn session_exists(store: impl Into<String>, session: impl Into<String>) -> Self {
+        StoreError::SessionExists {
+            store: store.into(),
+            session: session.into(),
+        }
+    }
+
+    /// `session` of `store` is open read-only.
+    pub fn read_only(store: impl Into<String>, session: impl Into<String>) -> Self {
+        StoreError::ReadOnly {
+            store: store.into(),
+            session: session.into(),
+        }
+    }
+
+    /// The connection or worker of `store` has ended.
+    pub fn closed(store: impl Into<String>) -> Self {
+        StoreError::Closed { store: store.into() }
+    }
+
+    /// The outbox row of `key` in `store` failed its integrity check, as `detail` says.
+    pub fn integrity(store: impl Into<String>, key: impl Into<String>, detail: impl Into<String>) -> Self {
+        StoreError::Integrity {
+            store: store.into(),
+            key: key.into(),
+            detail: detail.into(),
+        }
+    }
+
+    /// The store the error names, as it describes itself (e.g. `sqlite:/var/lib/app/state.db`).
+    pub fn store(&self) -> &str {
+        match self {
+            StoreError::Backend { store, .. }
+            | StoreError::Conflict { store, .. }
+            | StoreError::SessionExists { store, .. }
+            | StoreError::ReadOnly { store, .. }
+            | StoreError::Closed { store }
+            | StoreError::Integrity { store, .. } => store,
+        }
+    }
+
+    /// Whether the same operation may succeed if tried again later, unchanged: a backend
+    /// error the backend calls transient (for SQLite, a database still busy or locked after
+    /// the busy timeout and the store's own retries). A conflict is not: the context must be
+    /// reopened first.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, StoreError::Backend { retryable: true, .. })
+    }
 }
 
 /// Opening a durable context failed; nothing in the file was changed.
@@ -160,14 +250,14 @@ pub enum OpenError {
         /// The session asked for.
         session: String,
     },
-    /// Another SQLite error while opening.
+    /// Another error of the backend while opening (for SQLite, a `rusqlite::Error`).
     #[error("opening {path}: {source}")]
-    Sqlite {
+    Backend {
         /// The path opened.
         path: PathBuf,
-        /// What SQLite said.
+        /// The backend's error.
         #[source]
-        source: rusqlite::Error,
+        source: BackendError,
     },
 }
 

@@ -7,7 +7,6 @@
 //! the file, if it was the file's last connection) when the drop returns, as for a plain
 //! `Connection`.
 
-use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -23,7 +22,8 @@ pub(super) struct Actor {
     /// `None` only while dropping.
     jobs: Option<mpsc::Sender<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
-    path: PathBuf,
+    /// The store, as it names itself in errors.
+    store: String,
 }
 
 impl Drop for Actor {
@@ -40,7 +40,7 @@ impl Drop for Actor {
 
 impl Actor {
     /// Starts the thread that owns `conn`.
-    pub(super) fn spawn(mut conn: Connection, path: PathBuf) -> std::io::Result<Actor> {
+    pub(super) fn spawn(mut conn: Connection, store: String) -> std::io::Result<Actor> {
         let (jobs, queue) = mpsc::channel::<Job>();
         let thread = std::thread::Builder::new()
             .name("reactifact-sqlite-outbox".into())
@@ -52,7 +52,7 @@ impl Actor {
         Ok(Actor {
             jobs: Some(jobs),
             thread: Some(thread),
-            path,
+            store,
         })
     }
 
@@ -66,10 +66,10 @@ impl Actor {
             let _ = reply.send(op(conn));
         });
         let sent = self.jobs.as_ref().map(|jobs| jobs.send(job));
-        let path = self.path.clone();
+        let store = self.store.clone();
         Box::pin(async move {
             if !matches!(sent, Some(Ok(()))) {
-                return Err(StoreError::Closed { path });
+                return Err(StoreError::closed(store));
             }
             // Under tokio, the wait runs as a blocking task: while one runs, a paused test
             // clock does not auto-advance, so a store call takes no time on it (awaiting the
@@ -78,10 +78,10 @@ impl Actor {
                 Ok(handle) => handle
                     .spawn_blocking(move || answer.blocking_recv())
                     .await
-                    .unwrap_or_else(|_| Ok(Err(StoreError::Closed { path: path.clone() }))),
+                    .unwrap_or_else(|_| Ok(Err(StoreError::closed(store.clone())))),
                 Err(_) => answer.await,
             };
-            answered.unwrap_or(Err(StoreError::Closed { path }))
+            answered.unwrap_or_else(|_| Err(StoreError::closed(store)))
         })
     }
 
@@ -89,7 +89,7 @@ impl Actor {
     pub(super) fn send(&self, op: impl FnOnce(&mut Connection) + Send + 'static) {
         let sent = self.jobs.as_ref().map(|jobs| jobs.send(Box::new(op)));
         if !matches!(sent, Some(Ok(()))) {
-            tracing::warn!(path = %self.path.display(), "the outbox thread is gone; the submitted outcomes stay in flight until their leases expire");
+            tracing::warn!(store = %self.store, "the outbox thread is gone; the submitted outcomes stay in flight until their leases expire");
         }
     }
 }

@@ -104,11 +104,26 @@ fn open_error(path: &Path, e: rusqlite::Error) -> OpenError {
             detail: e.to_string(),
             source: None,
         },
-        _ => OpenError::Sqlite {
+        _ => OpenError::Backend {
             path: path.into(),
-            source: e,
+            source: Box::new(e),
         },
     }
+}
+
+/// How a store of the file at `path` names itself in errors and `describe`: `sqlite:{path}`.
+fn store_name(path: &Path) -> String {
+    format!("sqlite:{}", path.display())
+}
+
+/// A SQLite error met by the store `store` while in use. A database still busy or locked
+/// after the busy timeout (and, in the outbox, its own retries) is retryable.
+fn store_error(store: &str, e: rusqlite::Error) -> StoreError {
+    let retryable = matches!(
+        e.sqlite_error_code(),
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+    );
+    StoreError::backend(store, retryable, e)
 }
 
 impl SqliteStore {
@@ -449,26 +464,16 @@ impl SqliteStore {
     }
 
     fn sqlite_error(&self, source: rusqlite::Error) -> StoreError {
-        StoreError::Sqlite {
-            path: self.path.clone(),
-            source,
-        }
+        store_error(&store_name(&self.path), source)
     }
 
     fn conflict(&self) -> StoreError {
-        StoreError::Conflict {
-            path: self.path.clone(),
-            session: self.session.clone(),
-            expected: self.generation,
-        }
+        StoreError::conflict(store_name(&self.path), self.session.clone(), self.generation)
     }
 
     fn check_writable(&self) -> Result<(), StoreError> {
         if self.read_only {
-            return Err(StoreError::ReadOnly {
-                path: self.path.clone(),
-                session: self.session.clone(),
-            });
+            return Err(StoreError::read_only(store_name(&self.path), self.session.clone()));
         }
         Ok(())
     }
@@ -795,10 +800,7 @@ impl SqliteStore {
             )
             .map_err(|e| self.sqlite_error(e))?;
         if inserted == 0 {
-            return Err(StoreError::SessionExists {
-                path: self.path.clone(),
-                session: branch.to_owned(),
-            });
+            return Err(StoreError::session_exists(store_name(&self.path), branch));
         }
         Ok(SqliteStore {
             conn: Conn(Mutex::new(conn)),
@@ -847,9 +849,9 @@ impl Store for SqliteStore {
         // Encoded here; written (and synced) on the outbox's thread, over its connection.
         let row = CommitRow::of(delta);
         let fence = self.generation;
-        let path = self.path.clone();
+        let store = store_name(&self.path);
         let written = self.outbox.run_write(move |conn| {
-            write_commit_row(conn, &row, fence).map_err(|source| StoreError::Sqlite { path, source })
+            write_commit_row(conn, &row, fence).map_err(|source| store_error(&store, source))
         });
         let generation = delta.commit.generation.0;
         Box::pin(async move {
@@ -872,13 +874,13 @@ impl Store for SqliteStore {
         }
         // Fenced like a commit: a copy that is behind the session (another writer committed,
         // or consumed further) is refused instead of losing events or running them again.
-        let (session, fence, path) = (session.to_owned(), self.generation, self.path.clone());
+        let (session, fence, store) = (session.to_owned(), self.generation, store_name(&self.path));
         let written = self.outbox.run_write(move |conn| {
             conn.prepare_cached(
                 "UPDATE sessions SET consumed_seq = ?2 WHERE name = ?1 AND generation = ?3 AND consumed_seq <= ?2",
             )
             .and_then(|mut stmt| stmt.execute(params![session, before, fence]))
-            .map_err(|source| StoreError::Sqlite { path, source })
+            .map_err(|source| store_error(&store, source))
         });
         Box::pin(async move {
             if written.await? == 0 {
@@ -898,7 +900,7 @@ impl Store for SqliteStore {
     }
 
     fn describe(&self) -> String {
-        format!("sqlite:{}", self.path.display())
+        store_name(&self.path)
     }
 }
 
@@ -912,6 +914,36 @@ mod tests {
             .build()
             .unwrap()
             .block_on(f)
+    }
+
+    #[test]
+    fn sqlite_errors_are_boxed_backend_errors_and_busy_is_retryable() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let holder = Connection::open(&path).unwrap();
+        holder.execute_batch("CREATE TABLE t (x); BEGIN IMMEDIATE;").unwrap();
+        let mut other = Connection::open(&path).unwrap();
+        other.busy_timeout(Duration::ZERO).unwrap();
+        let busy = other
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map(drop)
+            .unwrap_err();
+        let name = store_name(&path);
+        let err = store_error(&name, busy);
+        assert!(err.is_retryable(), "{err}");
+        assert_eq!(err.store(), name);
+        let message = err.to_string();
+        assert!(message.starts_with(&format!("store {name}: ")), "{message}");
+        assert!(message.contains("locked") || message.contains("busy"), "{message}");
+        let source = std::error::Error::source(&err).expect("the driver's error is the source");
+        let driver = source.downcast_ref::<rusqlite::Error>().expect("a rusqlite error");
+        assert_eq!(driver.sqlite_error_code(), Some(ErrorCode::DatabaseBusy));
+
+        let syntax = other.execute_batch("SELEKT 1").unwrap_err();
+        let err = store_error(&name, syntax);
+        assert!(!err.is_retryable(), "{err}");
+        assert!(!StoreError::conflict(name.clone(), "orders", 3).is_retryable());
+        assert!(!StoreError::closed(name).is_retryable());
     }
 
     #[test]

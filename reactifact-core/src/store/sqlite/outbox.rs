@@ -4,7 +4,9 @@
 //! Every write runs in one `BEGIN IMMEDIATE` transaction on that connection, so a claim (its
 //! reclaim of expired leases, its choice of due rows and their update) is atomic against
 //! every other connection of the file, in this process or another: two claims never take
-//! the same key. Records and renewals are fenced on `status = in flight AND token`.
+//! the same key. Records and renewals are fenced on `status = in flight AND token`. A claim
+//! first reads whether it has anything to do (a due row in its scope, an expired lease
+//! anywhere): an idle poll is that read alone, and never takes the file's write lock.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,7 +17,7 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
 use super::actor::{self, Actor};
 use super::row::{self, ms, Read, Row, COLUMNS};
-use super::{check_header, open_error, open_read_only, schema, BUSY_TIMEOUT};
+use super::{check_header, open_error, open_read_only, schema, store_error, store_name, BUSY_TIMEOUT};
 use crate::model::action::ActionKey;
 use crate::model::delivery::{ceil_millis, later, Delivery, DeliveryStatus, FenceToken, NewIntent};
 use crate::store::outbox::{
@@ -34,6 +36,8 @@ use crate::store::{OpenError, StoreError, Synchronous};
 pub struct SqliteOutbox {
     actor: Actor,
     path: PathBuf,
+    /// `sqlite:{path}`, as the outbox names itself.
+    name: String,
     /// `Some(session)` for the outbox of a read-only context: reads only.
     read_only: Option<String>,
 }
@@ -128,14 +132,14 @@ impl SqliteOutbox {
     }
 
     fn spawn(conn: Connection, path: &Path, read_only: Option<String>) -> Result<SqliteOutbox, OpenError> {
-        let actor = Actor::spawn(conn, path.into()).map_err(|e| OpenError::Corrupt {
+        let actor = Actor::spawn(conn, store_name(path)).map_err(|e| OpenError::Backend {
             path: path.into(),
-            detail: format!("the outbox thread could not be started: {e}"),
-            source: None,
+            source: format!("the outbox thread could not be started: {e}").into(),
         })?;
         Ok(SqliteOutbox {
             actor,
             path: path.into(),
+            name: store_name(path),
             read_only,
         })
     }
@@ -146,12 +150,31 @@ impl SqliteOutbox {
         let _ = self.actor.call(|_| Ok(())).await;
     }
 
+    /// Registers `keys` (key, kind), in order, as one commit of `session` at `generation`
+    /// made at `now` would, in one transaction on the outbox's thread: the intents the
+    /// contract suite's in-memory harness builds (real `PendingAction` bytes and their
+    /// content hash), through the same `register` a commit runs. For the store contract
+    /// suite only; not public API.
+    #[cfg(feature = "store-contract")]
+    #[doc(hidden)]
+    pub fn register_for_contract(
+        &self,
+        session: &str,
+        generation: u64,
+        keys: &[(&str, &str)],
+        now: SystemTime,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        if let Err(e) = self.check_writable() {
+            return Box::pin(async move { Err(e) });
+        }
+        let intents = crate::store::contract::new_intents(session, generation, keys);
+        let now = ms(now);
+        self.run(move |conn| actor::write(conn, |tx| register(tx, &intents, now)))
+    }
+
     fn check_writable(&self) -> Result<(), StoreError> {
         match &self.read_only {
-            Some(session) => Err(StoreError::ReadOnly {
-                path: self.path.clone(),
-                session: session.clone(),
-            }),
+            Some(session) => Err(StoreError::read_only(self.name.clone(), session.clone())),
             None => Ok(()),
         }
     }
@@ -161,9 +184,8 @@ impl SqliteOutbox {
         &self,
         op: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> BoxFuture<'static, Result<T, StoreError>> {
-        let path = self.path.clone();
-        self.actor
-            .call(move |conn| op(conn).map_err(|source| StoreError::Sqlite { path, source }))
+        let name = self.name.clone();
+        self.actor.call(move |conn| op(conn).map_err(|e| store_error(&name, e)))
     }
 
     /// Runs a read on the outbox's thread, which may also find a damaged row.
@@ -171,12 +193,12 @@ impl SqliteOutbox {
         &self,
         op: impl FnOnce(&mut Connection) -> rusqlite::Result<Result<T, (String, String)>> + Send + 'static,
     ) -> BoxFuture<'static, Result<T, StoreError>> {
-        let path = self.path.clone();
+        let name = self.name.clone();
         let answer = self.run(op);
         Box::pin(async move {
             answer
                 .await?
-                .map_err(|(key, detail)| StoreError::Integrity { path, key, detail })
+                .map_err(|(key, detail)| StoreError::integrity(name, key, detail))
         })
     }
 }
@@ -324,6 +346,22 @@ pub(super) fn candidates_sql(scope: &Scope, now: i64, limit: i64) -> (String, Ve
     (sql, params)
 }
 
+/// The read a claim runs first, outside any write transaction: whether any lease of the
+/// store has expired at `now`, or (with `due`) any row of the scope is due at `now`. One
+/// statement, so one snapshot; each part reads a partial index (`outbox_leases`, and those of
+/// [`candidates_sql`]). When it finds nothing, the claim has nothing to do, and an idle poll
+/// ends without taking the file's write lock.
+pub(super) fn work_sql(scope: &Scope, now: i64, due: bool) -> (String, Vec<Value>) {
+    let mut params = vec![Value::Integer(now)];
+    let mut sql = "SELECT EXISTS (SELECT 1 FROM outbox WHERE lease_until <= ?)".to_owned();
+    if due {
+        let (candidates, more) = candidates_sql(scope, now, 1);
+        sql.push_str(&format!(" OR EXISTS ({candidates})"));
+        params.extend(more);
+    }
+    (sql, params)
+}
+
 /// The reclaim sentence, as the in-memory ledger words it.
 fn reclaim_error(attempts: i64, owner: &str) -> String {
     format!(
@@ -342,6 +380,15 @@ fn claim(
 ) -> rusqlite::Result<Claimed> {
     let at = ms(now);
     let until = ms(later(now, lease));
+    // First a read: a poll that finds nothing due and no lease expired takes no write lock
+    // (in WAL mode a read waits for no writer, and no writer waits for it).
+    let (sql, params) = work_sql(scope, at, limit > 0);
+    let work: bool = conn
+        .prepare_cached(&sql)?
+        .query_row(rusqlite::params_from_iter(params), |row| row.get(0))?;
+    if !work {
+        return Ok(Claimed::default());
+    }
     actor::write(conn, |tx| {
         let mut claimed = Claimed::default();
         // Every expired lease of the store, first.
@@ -474,16 +521,14 @@ fn record(conn: &mut Connection, outcomes: &[Recording], now: SystemTime) -> rus
             };
             row.settle(status, at);
             row.update(tx)?;
-            if status == row::DELIVERED {
-                forget_members(tx, &row.key)?;
-            }
             results.push(Recorded::Accepted(row.status().unwrap_or(DeliveryStatus::Held)));
         }
         Ok(results)
     })
 }
 
-/// A final row is no one's to deliver: its attachments go.
+/// A purged row's attachments go with it. (A final row keeps them: it stays in the scope of
+/// every session it was attached to, for that session's reads, as in the other stores.)
 fn forget_members(tx: &Connection, key: &str) -> rusqlite::Result<()> {
     tx.prepare_cached("DELETE FROM outbox_members WHERE key = ?1")?
         .execute([key])?;
@@ -492,7 +537,7 @@ fn forget_members(tx: &Connection, key: &str) -> rusqlite::Result<()> {
 
 impl OutboxStore for SqliteOutbox {
     fn describe(&self) -> String {
-        format!("sqlite:{}", self.path.display())
+        self.name.clone()
     }
 
     fn claim<'a>(&'a self, request: ClaimRequest<'a>) -> BoxFuture<'a, Result<Claimed, StoreError>> {
@@ -521,10 +566,10 @@ impl OutboxStore for SqliteOutbox {
         if self.read_only.is_some() || outcomes.is_empty() {
             return;
         }
-        let path = self.path.clone();
+        let name = self.name.clone();
         self.actor.send(move |conn| {
             if let Err(e) = record(conn, &outcomes, now) {
-                tracing::warn!(path = %path.display(), error = %e, "submitted outcomes could not be recorded; they stay in flight until their leases expire");
+                tracing::warn!(store = %name, error = %e, "submitted outcomes could not be recorded; they stay in flight until their leases expire");
             }
         });
     }
@@ -565,16 +610,14 @@ impl OutboxStore for SqliteOutbox {
             return Box::pin(async move { Err(RetryError::Store(e)) });
         }
         let key = key.to_owned();
-        let path = self.path.clone();
+        let name = self.name.clone();
         let answer = self.run(move |conn| {
             actor::write(conn, |tx| {
                 Ok(match by_key(tx, &key)? {
                     None => Err(RetryError::UnknownKey(ActionKey::from(key.as_str()))),
-                    Some(Read::Damaged { key, detail, .. }) => Err(RetryError::Store(StoreError::Integrity {
-                        path: path.clone(),
-                        key,
-                        detail,
-                    })),
+                    Some(Read::Damaged { key, detail, .. }) => {
+                        Err(RetryError::Store(StoreError::integrity(name.clone(), key, detail)))
+                    }
                     Some(Read::Intact(mut row)) => match row.status {
                         row::FAILED | row::DEAD | row::HELD => {
                             row.next_attempt_at = None;
@@ -603,16 +646,14 @@ impl OutboxStore for SqliteOutbox {
             return Box::pin(async move { Err(CancelError::Store(e)) });
         }
         let (key, reason) = (key.to_owned(), reason.to_owned());
-        let path = self.path.clone();
+        let name = self.name.clone();
         let answer = self.run(move |conn| {
             actor::write(conn, |tx| {
                 Ok(match by_key(tx, &key)? {
                     None => Err(CancelError::UnknownKey(ActionKey::from(key.as_str()))),
-                    Some(Read::Damaged { key, detail, .. }) => Err(CancelError::Store(StoreError::Integrity {
-                        path: path.clone(),
-                        key,
-                        detail,
-                    })),
+                    Some(Read::Damaged { key, detail, .. }) => {
+                        Err(CancelError::Store(StoreError::integrity(name.clone(), key, detail)))
+                    }
                     Some(Read::Intact(mut row)) => match row.status {
                         row::CANCELLED => Ok(row.view()),
                         row::PENDING | row::FAILED | row::DEAD | row::HELD => {
@@ -620,7 +661,6 @@ impl OutboxStore for SqliteOutbox {
                             row.cancel_reason = Some(reason.clone());
                             row.settle(row::CANCELLED, ms(now));
                             row.update(tx)?;
-                            forget_members(tx, &row.key)?;
                             Ok(row.view())
                         }
                         _ => Err(CancelError::NotCancellable {
@@ -773,10 +813,14 @@ mod tests {
             .unwrap()
     }
 
-    /// No step of the plan reads a whole table (`SCAN outbox`, `SCAN o`, `SCAN m`).
+    /// No step of the plan reads a whole table (`SCAN outbox`, `SCAN o`, `SCAN m`). (`SCAN
+    /// CONSTANT ROW` is the one row of a `SELECT` without `FROM`.)
     fn assert_no_table_scan(plan: &[String]) {
         for step in plan {
-            let scans_a_table = step.starts_with("SCAN ") && !step.contains("subquery") && !step.contains('(');
+            let scans_a_table = step.starts_with("SCAN ")
+                && step != "SCAN CONSTANT ROW"
+                && !step.contains("subquery")
+                && !step.contains('(');
             assert!(
                 !scans_a_table && !step.starts_with("SCAN o") && !step.starts_with("SCAN m"),
                 "{plan:#?}"
@@ -809,5 +853,61 @@ mod tests {
             &[Value::Integer(0)],
         );
         assert!(leases.iter().any(|s| s.contains("outbox_leases")), "{leases:#?}");
+    }
+
+    #[test]
+    fn the_read_before_a_claim_reads_the_partial_indexes() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(schema::V2_TABLES).unwrap();
+        let (sql, params) = work_sql(&Scope::all(), 0, false);
+        let leases = plan(&conn, &sql, &params);
+        assert!(leases.iter().any(|s| s.contains("INDEX outbox_leases")), "{leases:#?}");
+        assert_no_table_scan(&leases);
+
+        let (sql, params) = work_sql(&Scope::all(), 0, true);
+        let all = plan(&conn, &sql, &params);
+        assert!(all.iter().any(|s| s.contains("INDEX outbox_leases")), "{all:#?}");
+        assert!(all.iter().any(|s| s.contains("INDEX outbox_due (")), "{all:#?}");
+        assert_no_table_scan(&all);
+
+        let (sql, params) = work_sql(&Scope::session("orders"), 0, true);
+        let session = plan(&conn, &sql, &params);
+        assert!(
+            session.iter().any(|s| s.contains("INDEX outbox_leases")),
+            "{session:#?}"
+        );
+        assert!(session.iter().any(|s| s.contains("outbox_session_due")), "{session:#?}");
+        assert_no_table_scan(&session);
+
+        let (sql, params) = work_sql(&Scope::all().sessions(["a", "b"]).kinds(["notify"]), 0, true);
+        let both = plan(&conn, &sql, &params);
+        println!("{leases:#?}\n{all:#?}\n{session:#?}\n{both:#?}");
+        assert_no_table_scan(&both);
+
+        // And it answers: nothing, then a due row, then an expired lease only.
+        let answer = |scope: &Scope, now: i64, due: bool| -> bool {
+            let (sql, params) = work_sql(scope, now, due);
+            conn.query_row(&sql, rusqlite::params_from_iter(params), |row| row.get(0))
+                .unwrap()
+        };
+        assert!(!answer(&Scope::all(), 10, true));
+        let intents = crate::store::contract::new_intents("orders", 1, &[("k1", "notify")]);
+        register(&conn, &intents, 5).unwrap();
+        assert!(!answer(&Scope::all(), 4, true), "due at 5, not at 4");
+        assert!(answer(&Scope::all(), 5, true));
+        assert!(answer(&Scope::session("orders"), 5, true));
+        assert!(!answer(&Scope::session("billing"), 5, true));
+        assert!(!answer(&Scope::all().kinds(["other"]), 5, true));
+        assert!(!answer(&Scope::all(), 5, false), "no lease");
+        conn.execute(
+            "UPDATE outbox SET status = 1, due_at = NULL, owner = 'd', lease_until = 9 WHERE key = 'k1'",
+            [],
+        )
+        .unwrap();
+        assert!(!answer(&Scope::all(), 8, true), "in flight, lease not expired");
+        assert!(
+            answer(&Scope::session("billing"), 9, false),
+            "an expired lease, in any scope"
+        );
     }
 }
