@@ -547,10 +547,7 @@ impl<'a> Drain<'a> {
                 .concurrency
                 .saturating_sub(holds.held - waiting_for_kind)
                 .min(config.concurrency.saturating_sub(waiting_for_kind));
-            // A claim of a few while most slots are busy would cost a store round trip for
-            // little: wait until a quarter of the slots are free, or all of the started ones.
-            let worth_claiming = free >= config.concurrency.div_ceil(4) || holds.held == waiting_for_kind;
-            if accepting && !exhausted && claiming.is_none() && free > 0 && worth_claiming {
+            if accepting && !exhausted && claiming.is_none() && free > 0 {
                 let request = ClaimRequest {
                     scope: self.scope,
                     limit: free,
