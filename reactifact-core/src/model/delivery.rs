@@ -270,6 +270,11 @@ impl Delivery {
     }
 }
 
+/// The default lease of a claim: long enough for a slow dispatch between two renewals (every
+/// third of it), short enough that a crashed holder's intents go out again within half a
+/// minute.
+pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
 /// The latest time the ledger records: the end of the year 9999 (UTC). A retry or a lease
 /// further ahead means "never" in practice, and this one every store can keep (milliseconds
 /// in an `i64`) and every HTTP date can show.

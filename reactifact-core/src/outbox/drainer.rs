@@ -11,11 +11,6 @@ use crate::outbox::drain::{Clock, DeliveryConfig, DeliveryErrors, Drain, DrainRe
 use crate::run::runtime::{FlushError, StopHandle, TurnOutcome};
 use crate::store::outbox::{OutboxStore, Scope};
 
-/// The default lease of a claim: long enough for a slow dispatch between two renewals (every
-/// third of it), short enough that a crashed holder's intents go out again within half a
-/// minute.
-pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(30);
-
 /// Delivers the intents of a store, without a runtime: the outbox's drain for a process of its
 /// own (or a task of its own), next to any number of runtimes and other drainers of the same
 /// store.
@@ -75,7 +70,7 @@ impl Drainer {
             dispatcher: Arc::new(dispatcher),
             scope: Scope::all(),
             config: DeliveryConfig::default(),
-            lease: DEFAULT_LEASE,
+            lease: crate::model::delivery::DEFAULT_LEASE,
             poll: Duration::from_millis(250),
         }
     }

@@ -130,14 +130,15 @@ impl Context {
     }
 
     /// Opens (creating if needed) the named session in the SQLite file at `path`, with the
-    /// default [`OpenOptions`]: WAL mode, `synchronous = FULL`, a five-minute delivery lease.
+    /// default [`OpenOptions`]: WAL mode, `synchronous = FULL`, a 30-second delivery lease.
     ///
-    /// The session is loaded into memory; every commit and every change of the delivery
-    /// ledger is written to the file before it takes effect, each commit in one transaction.
-    /// Reopening resumes where the last process stopped: queued events are still queued and
-    /// pending intents still pending. Intents that were in flight under a lease that has
-    /// expired are put back to pending and delivered again with the same idempotency key
-    /// (see [`Delivery::expired_leases`]).
+    /// The session is loaded into memory; every commit is written to the file before it takes
+    /// effect, in one transaction with the intents it registers in the file's outbox (which
+    /// every context and [`Drainer`](crate::Drainer) of the file shares). Reopening resumes
+    /// where the last process stopped: queued events are still queued and pending intents
+    /// still pending. Intents left in flight by a process that died are delivered again, with
+    /// the same idempotency key, by the first drain that runs after their lease expired (see
+    /// [`Delivery::expired_leases`](crate::Delivery::expired_leases)).
     ///
     /// # Errors
     /// [`OpenError`] names the path and what is wrong: not a database, corrupt, a newer

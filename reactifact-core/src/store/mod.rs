@@ -290,14 +290,14 @@ impl Default for OpenOptions {
             read_only: false,
             create: true,
             synchronous: Synchronous::Full,
-            lease: Duration::from_secs(300),
+            lease: crate::model::delivery::DEFAULT_LEASE,
         }
     }
 }
 
 impl OpenOptions {
     /// Read-write, creating the file and the session if missing, `synchronous = FULL`, and a
-    /// five-minute delivery lease.
+    /// 30-second delivery lease.
     pub fn new() -> Self {
         Self::default()
     }
@@ -322,10 +322,13 @@ impl OpenOptions {
         self
     }
 
-    /// How long an in-flight delivery is leased to this process. An intent still in flight
-    /// when its lease has expired is put back to pending at the next open, and delivered
-    /// again with the same idempotency key. Make it longer than any dispatch takes. Any
-    /// duration is accepted: a lease ending past the year 9999 ends then.
+    /// How long a claim of this context's drain is leased (default 30 s). The drain renews
+    /// the leases of its running deliveries every third of it, so a dispatch may take longer
+    /// than the lease while its process lives; if the process dies, its intents in flight are
+    /// delivered again, with the same idempotency key, by the first drain of the store that
+    /// runs after the lease expired. A shorter lease recovers a crash sooner; it must outlast
+    /// the longest stall of the process's executor (renewals run on it). Any duration is
+    /// accepted: a lease ending past the year 9999 ends then.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self

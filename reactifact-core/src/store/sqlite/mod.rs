@@ -850,9 +850,9 @@ impl Store for SqliteStore {
         let row = CommitRow::of(delta);
         let fence = self.generation;
         let store = store_name(&self.path);
-        let written = self.outbox.run_write(move |conn| {
-            write_commit_row(conn, &row, fence).map_err(|source| store_error(&store, source))
-        });
+        let written = self
+            .outbox
+            .run_write(move |conn| write_commit_row(conn, &row, fence).map_err(|source| store_error(&store, source)));
         let generation = delta.commit.generation.0;
         Box::pin(async move {
             if written.await? {

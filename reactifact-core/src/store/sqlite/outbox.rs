@@ -316,30 +316,43 @@ pub(super) fn candidates_sql(scope: &Scope, now: i64, limit: i64) -> (String, Ve
             format!("SELECT o.seq FROM outbox o WHERE o.due_at <= ?{kinds} ORDER BY o.due_at, o.seq LIMIT ?")
         }
         Some(sessions) => {
-            let list = placeholders(sessions.len());
-            params.extend(sessions.iter().map(|s| Value::Text(s.to_string())));
-            params.push(Value::Integer(now));
-            let own_kinds = kinds_sql(scope, "o", &mut params);
-            params.push(Value::Integer(limit));
-            params.extend(sessions.iter().map(|s| Value::Text(s.to_string())));
-            params.push(Value::Integer(now));
-            let member_kinds = kinds_sql(scope, "o", &mut params);
-            params.push(Value::Integer(limit));
-            params.push(Value::Integer(limit));
-            // Each side is limited on its own, in the order of its index, so that a claim
-            // reads at most `limit` rows of each instead of every due row of the session.
-            format!(
-                "SELECT seq FROM (
-                     SELECT seq, due_at FROM (
+            // Per session, its own rows and its attached rows, each side limited on its own
+            // in the order of its index: a claim reads at most `limit` rows of each side
+            // instead of every due row of the session. (One side per session: with one
+            // `session IN (..)` side, the contract's differential test caught claims taken
+            // out of claim order.)
+            let mut sides = Vec::new();
+            for session in sessions {
+                params.push(Value::Text(session.to_string()));
+                params.push(Value::Integer(now));
+                let own_kinds = kinds_sql(scope, "o", &mut params);
+                params.push(Value::Integer(limit));
+                sides.push(format!(
+                    "SELECT seq, due_at FROM (
                          SELECT o.seq AS seq, o.due_at AS due_at FROM outbox o
-                          WHERE o.session IN ({list}) AND o.due_at <= ?{own_kinds}
-                          ORDER BY o.due_at, o.seq LIMIT ?)
-                     UNION
-                     SELECT seq, due_at FROM (
-                         SELECT o.seq AS seq, o.due_at AS due_at FROM outbox_members m JOIN outbox o ON o.key = m.key
-                          WHERE m.session IN ({list}) AND o.due_at <= ?{member_kinds}
-                          ORDER BY o.due_at, o.seq LIMIT ?))
-                 ORDER BY due_at, seq LIMIT ?"
+                          WHERE o.session = ? AND o.due_at <= ?{own_kinds}
+                          ORDER BY o.due_at, o.seq LIMIT ?)"
+                ));
+                params.push(Value::Text(session.to_string()));
+                params.push(Value::Integer(now));
+                let member_kinds = kinds_sql(scope, "o", &mut params);
+                params.push(Value::Integer(limit));
+                sides.push(format!(
+                    "SELECT seq, due_at FROM (
+                         SELECT o.seq AS seq, o.due_at AS due_at
+                           FROM outbox_members m JOIN outbox o ON o.key = m.key
+                          WHERE m.session = ? AND o.due_at <= ?{member_kinds}
+                          ORDER BY o.due_at, o.seq LIMIT ?)"
+                ));
+            }
+            params.push(Value::Integer(limit));
+            if sides.is_empty() {
+                // No session at all: nothing is in scope.
+                return ("SELECT seq FROM outbox WHERE 0 LIMIT ?".to_owned(), params);
+            }
+            format!(
+                "SELECT seq FROM ({}) ORDER BY due_at, seq LIMIT ?",
+                sides.join(" UNION ")
             )
         }
     };
