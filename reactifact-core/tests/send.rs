@@ -38,9 +38,27 @@ fn every_public_future_of_the_runtime_is_send() {
     assert_send(&rt.flush());
     assert_send(&rt.settle());
     assert_send(&rt.replay());
+    assert_send(&rt.serve(std::time::Duration::from_secs(1)));
+    assert_send(&rt.retry("k"));
+    assert_send(&rt.cancel("k", "why"));
+    let handle = rt.handle();
+    assert_send(&handle.create("order:9", order("ada", 1)));
     let agents = [Agent::new("billing").produce(process_order())];
     assert_send(&rt.context().replay(&agents));
     assert_send(&reactifact_core::testing::assert_replays(rt.context(), &agents));
+    assert_send(&rt.context().provenance("k"));
+    assert_send(&rt.context().export_audit(Vec::new()));
+    let ledger = rt.context().ledger();
+    assert_send(&ledger.get("k"));
+    assert_send(&ledger.counts());
+    assert_send(&ledger.entries());
+    let drainer = reactifact_core::Drainer::builder(rt.context().outbox(), recorder.dispatcher()).build();
+    assert_send(&drainer.flush());
+    assert_send(&drainer.settle());
+    assert_send(&drainer.serve(drainer.stop_handle()));
+    assert_send_sync::<reactifact_core::Drainer>();
+    assert_send_sync::<reactifact_core::SqliteOutbox>();
+    assert_send_sync::<reactifact_core::MemoryOutbox>();
 }
 
 #[test]
