@@ -1,13 +1,16 @@
-//! The thread that owns the outbox's SQLite connection.
+//! Where the outbox's SQLite connection is used: never on an executor thread.
 //!
-//! Requests are boxed closures over `&mut Connection`, sent on a std channel; each replies on
-//! a tokio oneshot. So no SQLite call of the outbox (and no fsync) runs on an executor thread.
-//! The thread ends once every handle is dropped and the queued requests have run; dropping
-//! the last handle waits for that, so that the connection is closed (and the WAL folded into
-//! the file, if it was the file's last connection) when the drop returns, as for a plain
+//! Under tokio, each request runs as a blocking task (`spawn_blocking`) that locks the
+//! connection: one hand-over to a pooled thread and one back. While a blocking task runs, a
+//! paused test clock does not auto-advance, so a store call takes no time on it (awaiting a
+//! reply from another thread would let the clock jump to the next timer while SQLite works).
+//! Outside tokio, and for fire-and-forget requests, a thread of the store's own runs them.
+//! That thread ends once every handle is dropped and the queued requests have run; dropping
+//! the last handle waits for it, so that the connection is closed (and the WAL folded into the
+//! file, if it was the file's last connection) when the drop returns, as for a plain
 //! `Connection`.
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use rusqlite::{Connection, ErrorCode, Transaction, TransactionBehavior};
@@ -17,8 +20,16 @@ use crate::store::StoreError;
 
 type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 
-/// A handle to the connection's thread.
+/// The connection, shared by the blocking tasks and the store's thread.
+type Shared = Arc<Mutex<Connection>>;
+
+fn with_conn<T>(conn: &Shared, op: impl FnOnce(&mut Connection) -> T) -> T {
+    op(&mut conn.lock().unwrap_or_else(PoisonError::into_inner))
+}
+
+/// A handle to the connection.
 pub(super) struct Actor {
+    conn: Shared,
     /// `None` only while dropping.
     jobs: Option<mpsc::Sender<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -39,53 +50,51 @@ impl Drop for Actor {
 }
 
 impl Actor {
-    /// Starts the thread that owns `conn`.
-    pub(super) fn spawn(mut conn: Connection, store: String) -> std::io::Result<Actor> {
+    /// Takes `conn`, and starts the store's thread.
+    pub(super) fn spawn(conn: Connection, store: String) -> std::io::Result<Actor> {
+        let conn: Shared = Arc::new(Mutex::new(conn));
         let (jobs, queue) = mpsc::channel::<Job>();
+        let shared = conn.clone();
         let thread = std::thread::Builder::new()
             .name("reactifact-sqlite-outbox".into())
             .spawn(move || {
                 while let Ok(job) = queue.recv() {
-                    job(&mut conn);
+                    with_conn(&shared, job);
                 }
             })?;
         Ok(Actor {
+            conn,
             jobs: Some(jobs),
             thread: Some(thread),
             store,
         })
     }
 
-    /// Runs `op` on the thread; its result, when it has run.
+    /// Runs `op` off the caller's thread; its result, when it has run.
     pub(super) fn call<T: Send + 'static>(
         &self,
         op: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> BoxFuture<'static, Result<T, StoreError>> {
+        let store = self.store.clone();
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let conn = self.conn.clone();
+            let task = handle.spawn_blocking(move || with_conn(&conn, op));
+            return Box::pin(async move { task.await.unwrap_or_else(|_| Err(StoreError::closed(store))) });
+        }
         let (reply, answer) = tokio::sync::oneshot::channel();
         let job: Job = Box::new(move |conn: &mut Connection| {
             let _ = reply.send(op(conn));
         });
         let sent = self.jobs.as_ref().map(|jobs| jobs.send(job));
-        let store = self.store.clone();
         Box::pin(async move {
             if !matches!(sent, Some(Ok(()))) {
                 return Err(StoreError::closed(store));
             }
-            // Under tokio, the wait runs as a blocking task: while one runs, a paused test
-            // clock does not auto-advance, so a store call takes no time on it (awaiting the
-            // reply directly would let the clock jump to the next timer while SQLite works).
-            let answered = match tokio::runtime::Handle::try_current() {
-                Ok(handle) => handle
-                    .spawn_blocking(move || answer.blocking_recv())
-                    .await
-                    .unwrap_or_else(|_| Ok(Err(StoreError::closed(store.clone())))),
-                Err(_) => answer.await,
-            };
-            answered.unwrap_or_else(|_| Err(StoreError::closed(store)))
+            answer.await.unwrap_or_else(|_| Err(StoreError::closed(store)))
         })
     }
 
-    /// Runs `op` on the thread without waiting for it.
+    /// Runs `op` on the store's thread without waiting for it.
     pub(super) fn send(&self, op: impl FnOnce(&mut Connection) + Send + 'static) {
         let sent = self.jobs.as_ref().map(|jobs| jobs.send(Box::new(op)));
         if !matches!(sent, Some(Ok(()))) {
