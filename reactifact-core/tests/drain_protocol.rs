@@ -179,3 +179,123 @@ async fn outcomes_finishing_together_are_written_together() {
     let calls = watched.record_calls.load(Ordering::SeqCst);
     assert!(calls < 256 / 4, "{calls} writes for 256 outcomes: not group-committed");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_serving_drainer_takes_new_intents_while_a_long_dispatch_runs() {
+    // One intent whose dispatch takes ten minutes; a second one committed a second later is
+    // delivered within the poll interval, not after the long one.
+    let ctx = pending(1).await;
+    let delivered_at = Arc::new(Mutex::new(Vec::new()));
+    let log = delivered_at.clone();
+    let started = tokio::time::Instant::now();
+    let drainer = Drainer::builder(ctx.outbox(), move |intent: Intent| {
+        let log = log.clone();
+        async move {
+            if intent.key().as_str() == "notify:order:0" {
+                tokio::time::sleep(Duration::from_secs(600)).await;
+            }
+            log.lock().unwrap().push((intent.key().to_string(), started.elapsed()));
+            Ok::<(), DispatchError>(())
+        }
+    })
+    .poll_interval(Duration::from_millis(200))
+    .timeout(None)
+    .build();
+    let stop = drainer.stop_handle();
+    let serving = tokio::spawn(async move { drainer.serve(stop).await.unwrap() });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut rt = Runtime::builder(ctx.fork("later").unwrap())
+        .agent(Agent::new("orders").produce(process_order()))
+        .build()
+        .unwrap();
+    rt.context_mut().create("order:late", order("bob", 1)).unwrap();
+    rt.run().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let seen = delivered_at.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].0, "notify:order:late");
+    assert!(seen[0].1 < Duration::from_millis(1500), "{seen:?}");
+    serving.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_kind_limit_does_not_let_a_drain_start_more_than_its_concurrency() {
+    // Concurrency 2, kind `a` one at a time, due in the order a, a, b, a, a, b, …: while the
+    // first `a`'s outcome is being written, the second `a` must not start next to the running
+    // `b` — attempts started and not yet acknowledged never exceed 2.
+    let acts = reactifact_core::Produce::new("acts", |call: reactifact_core::ProduceCall<common::Order>| async move {
+        let kind = if call.trigger.data.total_cents % 3 == 2 {
+            "b"
+        } else {
+            "a"
+        };
+        call.effects.act(kind, format!("{kind}:{}", call.trigger.id), &1u8);
+    })
+    .creates::<reactifact_core::PendingAction>();
+    let mut ctx = Context::new("orders");
+    for i in 0..30 {
+        // One commit each: the intents fall due in order.
+        ctx.create(format!("order:{i:02}"), order("ada", i)).unwrap();
+    }
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("orders").produce(acts))
+        .build()
+        .unwrap();
+    rt.run_with(reactifact_core::Budget::UNLIMITED).await.unwrap();
+    let watched = Watched::new(rt.context().outbox());
+    let started = Arc::new(AtomicU64::new(0));
+    let count = started.clone();
+    let peak = Arc::new(Mutex::new(0i64));
+    let seen = peak.clone();
+    let probe = watched.clone();
+    let drainer = Drainer::builder(watched.clone(), move |intent: Intent| {
+        let now = count.fetch_add(1, Ordering::SeqCst) as i64 + 1;
+        let unacknowledged = now - probe.recorded.load(Ordering::SeqCst) as i64;
+        let mut peak = seen.lock().unwrap();
+        *peak = (*peak).max(unacknowledged);
+        let ms = if intent.kind() == "a" { 1 } else { 6 };
+        async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Ok::<(), DispatchError>(())
+        }
+    })
+    .concurrency(2)
+    .concurrency_for("a", 1)
+    .build();
+    assert_eq!(drainer.settle().await.unwrap().delivered, 30);
+    let peak = *peak.lock().unwrap();
+    assert!(
+        peak <= 2,
+        "{peak} attempts started and not acknowledged, with a concurrency of 2"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_of_zero_is_the_shortest_lease_and_a_drain_never_reclaims_its_own_running_deliveries() {
+    let ctx = pending(100).await;
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let log = sent.clone();
+    let drainer = Drainer::builder(ctx.outbox(), move |intent: Intent| {
+        log.lock().unwrap().push(intent.key().to_string());
+        let ms = 1 + intent.key().as_str().len() as u64 % 7;
+        async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Ok::<(), DispatchError>(())
+        }
+    })
+    .lease(Duration::ZERO)
+    .concurrency(16)
+    .build();
+    // (With a zero lease taken as is, the drain kept reclaiming its own deliveries.)
+    let report = tokio::time::timeout(Duration::from_secs(60), drainer.settle())
+        .await
+        .expect("settles")
+        .unwrap();
+    assert_eq!(report.delivered, 100);
+    assert_eq!(report.stale, 0);
+    let mut keys = sent.lock().unwrap().clone();
+    let total = keys.len();
+    keys.sort();
+    keys.dedup();
+    assert_eq!((keys.len(), total), (100, 100), "each key sent once");
+}

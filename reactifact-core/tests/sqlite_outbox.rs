@@ -502,7 +502,8 @@ async fn verify_names_a_deleted_row_and_a_changed_one() {
         }
         other => panic!("expected a missing row, got {other:?}"),
     }
-    // A writable open registers the lost intent again from the verified log.
+    // A writable open registers the lost intent again from the verified log, held: the lost
+    // row may have been a delivered one, so an operator decides.
     let ctx = Context::open(&path, "orders").unwrap();
     ctx.verify().unwrap();
     drop(ctx);
@@ -510,8 +511,9 @@ async fn verify_names_a_deleted_row_and_a_changed_one() {
     let entry = outbox.get("notify:order:1").await.unwrap().unwrap();
     assert_eq!(
         (entry.status(), entry.origin().session()),
-        (DeliveryStatus::Pending, "orders")
+        (DeliveryStatus::Held, "orders")
     );
+    assert!(entry.last_error().unwrap().starts_with("integrity:"));
 }
 
 #[test]

@@ -114,6 +114,7 @@ fn batch(b: u64) -> impl Iterator<Item = (String, Order)> {
 /// idempotent (equal content commits nothing), so the finisher can replay it from the start.
 async fn order_flow(ctx: Context, log: Option<PathBuf>) -> Context {
     let mut builder = Runtime::builder(ctx).agent(Agent::new("billing").produce(process_order()));
+    let has_dispatcher = log.is_some();
     if let Some(log) = log {
         builder = builder.dispatcher(appending_dispatcher(log));
     }
@@ -129,6 +130,10 @@ async fn order_flow(ctx: Context, log: Option<PathBuf>) -> Context {
         let report = rt.run_with(Budget::UNLIMITED).await.unwrap();
         assert_eq!(report.outcome, TurnOutcome::Completed);
     }
+    // What a dead process left in flight goes out once its lease expired.
+    if has_dispatcher {
+        rt.settle().await.unwrap();
+    }
     rt.into_context()
 }
 
@@ -141,8 +146,9 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
 }
 
 fn options() -> OpenOptions {
-    // A zero lease: whatever a dead child left in flight is reclaimed at the next open.
-    OpenOptions::new().lease(Duration::ZERO)
+    // The shortest lease: whatever a dead child left in flight is reclaimed a tenth of a
+    // second after it died.
+    OpenOptions::new().lease(reactifact_core::MIN_LEASE)
 }
 
 /// The child's entry point; a no-op unless the parent set the environment.

@@ -275,6 +275,11 @@ impl Delivery {
 /// minute.
 pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
+/// The shortest lease a drain takes (a shorter one is taken as this): long enough for a few
+/// renewals (every third of the lease) on a timer of millisecond resolution, so that a drain
+/// never takes its own running deliveries for expired.
+pub const MIN_LEASE: Duration = Duration::from_millis(100);
+
 /// The latest time the ledger records: the end of the year 9999 (UTC). A retry or a lease
 /// further ahead means "never" in practice, and this one every store can keep (milliseconds
 /// in an `i64`) and every HTTP date can show.

@@ -416,7 +416,7 @@ impl<'a> Drain<'a> {
     pub(crate) async fn run(&self, report: &mut DrainReport) -> Result<Option<TurnOutcome>, DrainError> {
         let outcome = match self.interrupted() {
             Some(interrupted) => Some(interrupted),
-            None => self.deliver(report).await?,
+            None => self.deliver(report, None).await?,
         };
         report.waiting = usize::try_from(self.outbox.counts(self.scope).await?.waiting()).unwrap_or(usize::MAX);
         Ok(outcome)
@@ -443,9 +443,22 @@ impl<'a> Drain<'a> {
                 report.dead.len(),
                 report.held.len(),
             );
-            if let Some(outcome) = self.run(report).await? {
+            let ran = match self.interrupted() {
+                Some(interrupted) => return Ok(Some(interrupted)),
+                None => self.deliver(report, poll).await,
+            };
+            let ran = match ran {
+                // A serving drain rides out a store that is busy for a while.
+                Err(DrainError::Store(e)) if poll.is_some() && e.is_retryable() => {
+                    tracing::warn!(error = %e, "the store is busy; the drain looks again after its poll interval");
+                    Ok(None)
+                }
+                other => other,
+            };
+            if let Some(outcome) = ran? {
                 return Ok(Some(outcome));
             }
+            report.waiting = usize::try_from(self.outbox.counts(self.scope).await?.waiting()).unwrap_or(usize::MAX);
             let next = self.outbox.next_due(self.scope).await?;
             let now = self.clock.now();
             let idle = before
@@ -479,7 +492,13 @@ impl<'a> Drain<'a> {
     }
 
     /// Claims and delivers until nothing in scope is due, recording outcomes as they finish.
-    async fn deliver(&self, report: &mut DrainReport) -> Result<Option<TurnOutcome>, DrainError> {
+    /// With a `poll` interval, it also looks for newly due intents that often while
+    /// deliveries run (a serving drain); without, only when a slot frees.
+    async fn deliver(
+        &self,
+        report: &mut DrainReport,
+        poll: Option<Duration>,
+    ) -> Result<Option<TurnOutcome>, DrainError> {
         let config = self.config;
         let dispatcher = self.dispatcher.as_ref();
         let mut holds = Holds {
@@ -521,17 +540,22 @@ impl<'a> Drain<'a> {
         let renew_every = self.lease / 3;
         let renew = tokio::time::sleep_until(instant_after(Instant::now(), renew_every));
         tokio::pin!(renew);
+        let look_again = tokio::time::sleep_until(instant_after(Instant::now(), poll.unwrap_or_default()));
+        tokio::pin!(look_again);
         loop {
             let failed_loud = first_failure.is_some() && config.errors == DeliveryErrors::FailLoud;
             let accepting = stopping.is_none() && !failed_loud && store_error.is_none();
             // Hand queued claims to the dispatcher as their kinds free up.
             if accepting {
+                // Started and not yet acknowledged: at most `concurrency` at any instant.
+                let mut started = holds.held - queued.values().map(VecDeque::len).sum::<usize>();
                 for (kind, waiting) in queued.iter_mut() {
                     let limit = config.kind_limits.get(&**kind).copied().unwrap_or(usize::MAX);
                     let count = active.entry(kind.clone()).or_default();
-                    while *count < limit {
+                    while *count < limit && started < config.concurrency {
                         let Some(at) = waiting.pop_front() else { break };
                         *count += 1;
+                        started += 1;
                         let slot = holds.slot(at);
                         slot.stage = Stage::Running;
                         running.push(attempt(dispatcher, slot.claim.intent.clone(), config.timeout, at));
@@ -615,16 +639,33 @@ impl<'a> Drain<'a> {
                 (ats, result) = async { recording.as_mut().expect("guarded").await }, if recording.is_some() => {
                     recording = None;
                     match result {
-                        Ok(recorded) => {
+                        Ok(recorded) if recorded.len() == ats.len() => {
                             record_failures = 0;
+                            // Slots are free again (and a failure may be due again at once):
+                            // look for more.
+                            exhausted = false;
                             for (at, recorded) in ats.into_iter().zip(recorded) {
                                 let slot = holds.release(at);
-                                // A failure may be due again at once (a policy without delay).
-                                if matches!(slot.stage, Stage::Recording(Outcome::Failed { .. })) {
-                                    exhausted = false;
-                                }
                                 self.report_recorded(slot, recorded, report);
                             }
+                        }
+                        Ok(recorded) => {
+                            // A store that answers for fewer outcomes than it was given: none
+                            // of them is known to be written.
+                            let e = StoreError::backend(
+                                self.outbox.describe(),
+                                false,
+                                format!("the store answered {} results for {} outcomes", recorded.len(), ats.len()),
+                            );
+                            tracing::error!(error = %e, "the outcomes of deliveries could not be written");
+                            for at in ats {
+                                let slot = holds.slot(at);
+                                if let Stage::Recording(outcome) = std::mem::replace(&mut slot.stage, Stage::Queued) {
+                                    slot.stage = Stage::Finished(outcome);
+                                }
+                            }
+                            record_failures = RECORD_TRIES;
+                            store_error = Some(e);
                         }
                         Err(e) => {
                             record_failures += 1;
@@ -651,8 +692,10 @@ impl<'a> Drain<'a> {
                             for key in &claimed.integrity {
                                 tracing::error!(action_key = %key, "a stored intent failed its integrity check; it is held and never delivered");
                             }
+                            // Rows held for integrity were taken too: fewer than asked means
+                            // nothing more is due.
+                            exhausted = claimed.claims.len() + claimed.integrity.len() < asked;
                             report.integrity.extend(claimed.integrity);
-                            exhausted = claimed.claims.len() < asked;
                             for claim in claimed.claims {
                                 let kind = claim.intent.kind.clone();
                                 let at = holds.insert(Slot { claim, stage: Stage::Queued });
@@ -687,6 +730,10 @@ impl<'a> Drain<'a> {
                         renewing = Some(Box::pin(async move { outbox.renew(&held, until).await }));
                     }
                     renew.as_mut().reset(instant_after(Instant::now(), renew_every));
+                }
+                () = &mut look_again, if poll.is_some() && exhausted && accepting => {
+                    exhausted = false;
+                    look_again.as_mut().reset(instant_after(Instant::now(), poll.unwrap_or_default()));
                 }
                 () = &mut grace, if stopping.is_some() && !running.is_empty() => {
                     tracing::warn!(running = running.len(), "grace period over; cancelling the deliveries still running");

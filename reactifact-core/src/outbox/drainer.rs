@@ -185,9 +185,10 @@ impl DrainerBuilder {
 
     /// The lease of each claim (default 30 s), renewed every third of it while the delivery
     /// runs. If this process dies, its intents in flight go out again (with the same key) once
-    /// their lease expired. At least 1 ms.
+    /// their lease expired. At least [`MIN_LEASE`](crate::MIN_LEASE) (shorter is taken as
+    /// that).
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease.max(Duration::from_millis(1));
+        self.lease = lease.max(crate::model::delivery::MIN_LEASE);
         self
     }
 

@@ -473,6 +473,10 @@ impl Runtime {
         &self.clock
     }
 
+    pub(crate) fn has_dispatcher(&self) -> bool {
+        self.dispatcher.is_some()
+    }
+
     /// A handle that stops a running turn from another task.
     pub fn stop_handle(&self) -> StopHandle {
         self.stop.clone()

@@ -198,10 +198,23 @@ impl Runtime {
             ) {
                 continue; // more work is queued
             }
-            let next_due = self.context.ledger().session(self.context.session()).next_due().await?;
+            // Without a dispatcher, nothing of this session's ledger is this runtime's to wake
+            // for (a drainer elsewhere delivers it).
+            let next_due = match self.has_dispatcher() {
+                true => self.context.ledger().session(self.context.session()).next_due().await?,
+                false => None,
+            };
             let mut wake = instant_after(Instant::now(), poll);
             if let Some(at) = next_due {
-                wake = wake.min(self.clock().instant_at(at));
+                // Due already, yet the turn just run took nothing: another drain holds it or
+                // took it meanwhile. Look again shortly rather than spin.
+                let idle = turn.generations == 0 && turn.deliveries.delivered == 0 && turn.deliveries.failed.is_empty();
+                let at = if idle && at <= self.clock().now() {
+                    instant_after(Instant::now(), poll.min(Duration::from_millis(10)))
+                } else {
+                    self.clock().instant_at(at)
+                };
+                wake = wake.min(at);
             }
             let stop = self.stop.clone();
             tokio::select! {

@@ -82,6 +82,33 @@ pub struct Context {
     lease: Duration,
     /// Who this process is, in leases.
     owner: Arc<str>,
+    /// A commit was cut off (its future dropped) while its store write was under way: whether
+    /// the store has it is unknown, so the context writes nothing more until it is reopened.
+    cut: bool,
+}
+
+/// A commit's changes to the state while its store write is under way: dropped before
+/// [`keep`](CutCommit::keep) (the commit's future was dropped), it takes them back and marks
+/// the context cut off.
+struct CutCommit<'a, 'b> {
+    apply: Option<Apply<'a>>,
+    cut: &'b mut bool,
+}
+
+impl<'a> CutCommit<'a, '_> {
+    fn keep(mut self) -> Apply<'a> {
+        self.apply.take().expect("kept once")
+    }
+}
+
+impl Drop for CutCommit<'_, '_> {
+    fn drop(&mut self) {
+        if let Some(apply) = self.apply.take() {
+            apply.rollback();
+            *self.cut = true;
+            tracing::error!("a commit was cut off while its store write was under way; the context writes nothing more until it is reopened");
+        }
+    }
 }
 
 /// How a commit's store write runs.
@@ -126,6 +153,7 @@ impl Context {
             store: None,
             lease: OpenOptions::default().lease,
             owner: crate::model::delivery::process_owner(),
+            cut: false,
         }
     }
 
@@ -241,6 +269,7 @@ impl Context {
             store,
             lease: self.lease,
             owner: self.owner.clone(),
+            cut: false,
         }
     }
 
@@ -459,6 +488,7 @@ impl Context {
         merged: Option<CommitHash>,
         write: Write,
     ) -> Result<Vec<(usize, CommitError)>, CommitFailure> {
+        self.check_not_cut().map_err(CommitFailure::Store)?;
         let generation = self.generation().next();
         let mut apply = Apply::new(&mut self.state, generation);
         let mut rejected = Vec::new();
@@ -527,7 +557,18 @@ impl Context {
             };
             let written = match write {
                 Write::Blocking => store.commit(&delta),
-                Write::Async => store.commit_async(&delta).await,
+                Write::Async => {
+                    // If this future is dropped while the store writes, the write may or may
+                    // not land: the state is rolled back and the context refuses further
+                    // writes until it is reopened (the guard's drop).
+                    let cut = CutCommit {
+                        apply: Some(apply),
+                        cut: &mut self.cut,
+                    };
+                    let written = store.commit_async(&delta).await;
+                    apply = cut.keep();
+                    written
+                }
             };
             if let Err(e) = written {
                 apply.rollback();
@@ -544,6 +585,13 @@ impl Context {
         self.events.extend(events);
         self.next_event_seq = next_seq;
         Ok(rejected)
+    }
+
+    fn check_not_cut(&self) -> Result<(), StoreError> {
+        if self.cut {
+            return Err(StoreError::cut_off(self.store_description(), self.session.to_string()));
+        }
+        Ok(())
     }
 
     /// Commits `ops` as one direct write (no agent, produce or trigger); nothing if they
@@ -563,6 +611,7 @@ impl Context {
     /// Consumes queued events that no produce reacts to, without a commit (a durable store
     /// records the consumption, so it survives a restart).
     pub(crate) async fn consume_events(&mut self, count: usize) -> Result<(), StoreError> {
+        self.check_not_cut()?;
         if let Some(store) = &mut self.store {
             let before = self.events.get(count).map_or(self.next_event_seq, |q| q.seq);
             store.consume_events(&self.session, before).await?;

@@ -88,6 +88,17 @@ pub enum StoreError {
         /// The store, as it describes itself.
         store: String,
     },
+    /// A commit of this context was cut off (its future was dropped) while its store write
+    /// was under way, so whether the store has it is unknown: the context took it back and
+    /// writes nothing more. Reopen the session to continue from what the store holds.
+    #[error("a commit of session `{session}` in {store} was cut off while it was being written; reopen the session to continue from what the store holds")]
+    #[non_exhaustive]
+    CutOff {
+        /// The store.
+        store: String,
+        /// The session.
+        session: String,
+    },
     /// A stored outbox row failed its integrity check (it was changed outside reactifact):
     /// the operation was refused. A claim holds such a row instead of failing.
     #[error("the outbox row of `{key}` in {store} failed its integrity check: {detail}")]
@@ -138,6 +149,14 @@ impl StoreError {
         }
     }
 
+    /// A commit of `session` in `store` was cut off while it was being written.
+    pub fn cut_off(store: impl Into<String>, session: impl Into<String>) -> Self {
+        StoreError::CutOff {
+            store: store.into(),
+            session: session.into(),
+        }
+    }
+
     /// The connection or worker of `store` has ended.
     pub fn closed(store: impl Into<String>) -> Self {
         StoreError::Closed { store: store.into() }
@@ -160,6 +179,7 @@ impl StoreError {
             | StoreError::SessionExists { store, .. }
             | StoreError::ReadOnly { store, .. }
             | StoreError::Closed { store }
+            | StoreError::CutOff { store, .. }
             | StoreError::Integrity { store, .. } => store,
         }
     }
@@ -327,10 +347,12 @@ impl OpenOptions {
     /// than the lease while its process lives; if the process dies, its intents in flight are
     /// delivered again, with the same idempotency key, by the first drain of the store that
     /// runs after the lease expired. A shorter lease recovers a crash sooner; it must outlast
-    /// the longest stall of the process's executor (renewals run on it). Any duration is
-    /// accepted: a lease ending past the year 9999 ends then.
+    /// the longest stall of the process's executor (renewals run on it). At least
+    /// [`MIN_LEASE`](crate::MIN_LEASE) (shorter is taken as that: a lease that expires before
+    /// its first renewal would let the drain reclaim its own running deliveries); a lease
+    /// ending past the year 9999 ends then.
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
+        self.lease = lease.max(crate::model::delivery::MIN_LEASE);
         self
     }
 }

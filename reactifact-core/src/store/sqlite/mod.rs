@@ -322,7 +322,7 @@ impl SqliteStore {
                             .query_row([&commit.hash.as_bytes()[..]], |row| row.get(0))
                             .optional()?
                             .unwrap_or_else(|| self.session.clone());
-                        tracing::warn!(action_key = %key, generation = commit.generation.0, "an intent of the log had no outbox row (it was lost or changed); it is registered again from the log");
+                        tracing::warn!(action_key = %key, generation = commit.generation.0, "an intent of the log had no outbox row (it was lost or changed); it is registered again from the log, held");
                         missing.push(NewIntent {
                             intent: Intent {
                                 key: key.clone(),
@@ -350,7 +350,7 @@ impl SqliteStore {
             .conn
             .get()
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        outbox::register(&tx, &missing, millis(crate::model::time::now()))?;
+        outbox::register_held(&tx, &missing, millis(crate::model::time::now()))?;
         tx.commit()
     }
 

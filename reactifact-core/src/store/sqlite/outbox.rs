@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use rusqlite::types::Value;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
@@ -271,6 +273,27 @@ fn hold_row(tx: &Connection, mut row: Row, detail: &str, now: i64) -> rusqlite::
     row.last_error = Some(format!("integrity: {detail}"));
     row.settle(row::HELD, now);
     row.update(tx)
+}
+
+/// Registers intents of the verified log that had no row and no tombstone, each held with an
+/// `integrity:` error: a committed intent is never lost, and never sent again on its own
+/// either (its row may have been a delivered one), so an operator decides (`retry`).
+pub(super) fn register_held(tx: &rusqlite::Transaction<'_>, intents: &[NewIntent], now: i64) -> rusqlite::Result<()> {
+    register(tx, intents, now)?;
+    for intent in intents {
+        if let Some(Read::Intact(row)) = by_key(tx, intent.intent.key.as_str())? {
+            if row.status == row::PENDING {
+                hold_row(
+                    tx,
+                    row,
+                    "the committed intent had no outbox row (it was lost or changed); it is held, \
+                     since it may have been delivered already: retry it to send it",
+                    now,
+                )?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `?, ?, …` for `n` values.
@@ -560,7 +583,41 @@ impl OutboxStore for SqliteOutbox {
         let scope = request.scope.clone();
         let owner = request.owner.to_string();
         let (limit, lease, now) = (request.limit, request.lease, request.now);
-        self.run(move |conn| claim(conn, &scope, limit, &owner, lease, now))
+        // The claim runs even if its caller is gone by then (a dropped drain): it then
+        // releases what it took, instead of leaving it in flight for a whole lease.
+        let wanted = Arc::new(AtomicBool::new(true));
+        let still_wanted = wanted.clone();
+        let claimed = self.run(move |conn| {
+            let claimed = claim(conn, &scope, limit, &owner, lease, now)?;
+            if !still_wanted.load(Ordering::SeqCst) && !claimed.claims.is_empty() {
+                let released: Vec<Recording> = claimed
+                    .claims
+                    .iter()
+                    .map(|d| Recording {
+                        key: d.intent.key.clone(),
+                        token: d.lease.as_ref().map_or(d.token, |l| l.token),
+                        outcome: Outcome::Released,
+                    })
+                    .collect();
+                record(conn, &released, now)?;
+            }
+            Ok(claimed)
+        });
+        Box::pin(async move {
+            /// Marks the claim unwanted if this future is dropped before its answer.
+            struct Unwanted(Option<Arc<AtomicBool>>);
+            impl Drop for Unwanted {
+                fn drop(&mut self) {
+                    if let Some(wanted) = self.0.take() {
+                        wanted.store(false, Ordering::SeqCst);
+                    }
+                }
+            }
+            let mut unwanted = Unwanted(Some(wanted));
+            let claimed = claimed.await;
+            unwanted.0 = None;
+            claimed
+        })
     }
 
     fn record<'a>(
