@@ -414,12 +414,24 @@ impl<'a> Drain<'a> {
     /// expired lease of a dead holder). Returns the outcome that interrupted it, if a stop or
     /// the deadline did.
     pub(crate) async fn run(&self, report: &mut DrainReport) -> Result<Option<TurnOutcome>, DrainError> {
-        let outcome = match self.interrupted() {
-            Some(interrupted) => Some(interrupted),
-            None => self.deliver(report, None).await?,
-        };
-        report.waiting = usize::try_from(self.outbox.counts(self.scope).await?.waiting()).unwrap_or(usize::MAX);
+        let outcome = self.run_without_count(report).await?;
+        self.count_waiting(report).await?;
         Ok(outcome)
+    }
+
+    /// [`run`](Drain::run), leaving [`DrainReport::waiting`] as it is (a turn counts once, at
+    /// its end).
+    pub(crate) async fn run_without_count(&self, report: &mut DrainReport) -> Result<Option<TurnOutcome>, DrainError> {
+        match self.interrupted() {
+            Some(interrupted) => Ok(Some(interrupted)),
+            None => self.deliver(report, None).await,
+        }
+    }
+
+    /// Sets [`DrainReport::waiting`]: what of the scope still waits in the store.
+    pub(crate) async fn count_waiting(&self, report: &mut DrainReport) -> Result<(), DrainError> {
+        report.waiting = usize::try_from(self.outbox.counts(self.scope).await?.waiting()).unwrap_or(usize::MAX);
+        Ok(())
     }
 
     /// Delivers every waiting intent, sleeping until retries fall due and leases expire, until
@@ -444,7 +456,10 @@ impl<'a> Drain<'a> {
                 report.held.len(),
             );
             let ran = match self.interrupted() {
-                Some(interrupted) => return Ok(Some(interrupted)),
+                Some(interrupted) => {
+                    self.count_waiting(report).await?;
+                    return Ok(Some(interrupted));
+                }
                 None => self.deliver(report, poll).await,
             };
             let ran = match ran {
@@ -456,9 +471,9 @@ impl<'a> Drain<'a> {
                 other => other,
             };
             if let Some(outcome) = ran? {
+                self.count_waiting(report).await?;
                 return Ok(Some(outcome));
             }
-            report.waiting = usize::try_from(self.outbox.counts(self.scope).await?.waiting()).unwrap_or(usize::MAX);
             let next = self.outbox.next_due(self.scope).await?;
             let now = self.clock.now();
             let idle = before
@@ -469,7 +484,11 @@ impl<'a> Drain<'a> {
                     report.held.len(),
                 );
             let wake = match (next, poll) {
-                (None, None) => return Ok(None),
+                // Nothing pending, retrying or in flight: nothing waits.
+                (None, None) => {
+                    report.waiting = 0;
+                    return Ok(None);
+                }
                 // Due already, yet this drain took nothing: another drain holds it or took it
                 // meanwhile. Look again shortly rather than spin.
                 (Some(at), _) if at <= now && idle => Instant::now() + Duration::from_millis(10),
@@ -483,10 +502,14 @@ impl<'a> Drain<'a> {
                     None => std::future::pending().await,
                 }
             };
-            tokio::select! {
-                () = tokio::time::sleep_until(wake) => {}
-                () = self.stop.requested() => return Ok(Some(TurnOutcome::Stopped)),
-                () = deadline => return Ok(Some(TurnOutcome::DeadlineExceeded)),
+            let interrupted = tokio::select! {
+                () = tokio::time::sleep_until(wake) => None,
+                () = self.stop.requested() => Some(TurnOutcome::Stopped),
+                () = deadline => Some(TurnOutcome::DeadlineExceeded),
+            };
+            if let Some(outcome) = interrupted {
+                self.count_waiting(report).await?;
+                return Ok(Some(outcome));
             }
         }
     }
@@ -641,11 +664,16 @@ impl<'a> Drain<'a> {
                     match result {
                         Ok(recorded) if recorded.len() == ats.len() => {
                             record_failures = 0;
-                            // Slots are free again (and a failure may be due again at once):
-                            // look for more.
-                            exhausted = false;
+                            // A serving drain looks for more whenever slots free up; any
+                            // drain does after a failure, which may be due again at once.
+                            if poll.is_some() {
+                                exhausted = false;
+                            }
                             for (at, recorded) in ats.into_iter().zip(recorded) {
                                 let slot = holds.release(at);
+                                if matches!(slot.stage, Stage::Recording(Outcome::Failed { .. })) {
+                                    exhausted = false;
+                                }
                                 self.report_recorded(slot, recorded, report);
                             }
                         }

@@ -545,21 +545,25 @@ impl Runtime {
         if outcome == TurnOutcome::Stopped {
             self.stop.clear();
         }
-        if self.dispatcher.is_none() {
-            let waiting = match self.context.ledger().session(self.context.session()).pending().await {
-                Ok(waiting) => usize::try_from(waiting).unwrap_or(usize::MAX),
-                Err(e) => {
-                    tracing::warn!(error = %e, "the ledger could not be read");
-                    0
-                }
-            };
-            report.deliveries.waiting = waiting;
-            if waiting > 0 {
-                tracing::warn!(
-                    waiting,
-                    "no dispatcher is configured, so intents stay pending; add one with RuntimeBuilder::dispatcher"
-                );
+        // What of this session's intents still waits, counted once per turn.
+        let ledger = self.context.ledger().session(self.context.session());
+        let counted = match self.dispatcher {
+            Some(_) => ledger.counts().await.map(|c| c.waiting()),
+            None => ledger.pending().await,
+        };
+        let waiting = match counted {
+            Ok(waiting) => usize::try_from(waiting).unwrap_or(usize::MAX),
+            Err(e) => {
+                tracing::warn!(error = %e, "the ledger could not be read");
+                report.deliveries.waiting
             }
+        };
+        report.deliveries.waiting = waiting;
+        if self.dispatcher.is_none() && waiting > 0 {
+            tracing::warn!(
+                waiting,
+                "no dispatcher is configured, so intents stay pending; add one with RuntimeBuilder::dispatcher"
+            );
         }
         report.outcome = outcome;
         tracing::debug!(outcome = ?outcome, generations = report.generations, runs = report.runs, delivered = report.deliveries.delivered, "turn finished");
@@ -651,7 +655,10 @@ impl Runtime {
             return Ok(None);
         };
         let scope = Scope::session(self.context.session());
-        Ok(self.drainer(&dispatcher, &scope, deadline).run(report).await?)
+        Ok(self
+            .drainer(&dispatcher, &scope, deadline)
+            .run_without_count(report)
+            .await?)
     }
 
     fn drainer<'a>(
