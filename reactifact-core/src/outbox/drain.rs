@@ -275,6 +275,9 @@ const INTERRUPTED: &str = "the attempt was cut off (a stop, the deadline or a dr
                            known; the receiver may have seen the intent, so it is delivered again at once with the \
                            same key";
 
+/// How often a settling drain looks again while what it waits for is due later.
+const SETTLE_RECHECK: Duration = Duration::from_secs(1);
+
 /// How many consecutive failed writes of outcomes a drain rides out before it gives up with
 /// the store's error (the outcomes not written stay in flight until their lease expires).
 const RECORD_TRIES: u32 = 3;
@@ -492,7 +495,13 @@ impl<'a> Drain<'a> {
                 // Due already, yet this drain took nothing: another drain holds it or took it
                 // meanwhile. Look again shortly rather than spin.
                 (Some(at), _) if at <= now && idle => Instant::now() + Duration::from_millis(10),
-                (Some(at), None) => self.clock.instant_at(at),
+                // Settling: wake when it falls due, and at least every second, so that an
+                // intent another live drain holds is seen delivered soon after, not only when
+                // that drain's lease would have expired.
+                (Some(at), None) => self
+                    .clock
+                    .instant_at(at)
+                    .min(instant_after(Instant::now(), SETTLE_RECHECK)),
                 (Some(at), Some(poll)) => self.clock.instant_at(at).min(instant_after(Instant::now(), poll)),
                 (None, Some(poll)) => instant_after(Instant::now(), poll),
             };
