@@ -15,19 +15,18 @@
 //! contract in full.
 //!
 //! The source is laid out by subsystem, imports running downward: `model/` (values with no
-//! behaviour of their own) ← `state/` (live state, snapshots, the commit log, the context,
-//! branches) ← `store/` (durable homes) ← `outbox/` (the ledger, the drain, dispatchers, the
-//! router) ← `run/` (produces, effects, generations, the runtime) ← `audit/` (verification,
-//! time travel, replay, provenance, export). Each error enum lives beside the operation that
-//! raises it and is re-exported here.
+//! behaviour of their own, the process clock) ← `state/` (live state, snapshots, the commit
+//! log, the context, branches) ← `store/` (durable homes, the outbox trait and its stores, the
+//! ledger handle, the contract suite) ← `outbox/` (the drain, the drainer, dispatchers, the
+//! router) ← `run/` (produces, effects, generations, the runtime, `serve`) ← `audit/`
+//! (verification, time travel, replay, provenance, export). Each error enum lives beside the
+//! operation that raises it and is re-exported here.
 //!
-//! Known upward edges, to go with the store-owned outbox (issue 13): `state/context.rs` holds
-//! a `Box<dyn Store>` and the `Ledger` (and so imports `store/` and `outbox/ledger.rs`;
-//! `WriteError` and `state/branch.rs` carry a `StoreError`), and `store/` persists the
-//! ledger's `Delivery`, `DeliveryStatus` and `Lease` from `outbox/ledger.rs`. Two more are
-//! not part of that redesign: `state/snapshot.rs` records a produce's reads into the effects
-//! `Buffer` of `run/effects.rs`, and `outbox/drain.rs` takes `StopHandle` and `TurnOutcome`
-//! from `run/runtime.rs` and `panic_message` from `run/generation.rs`.
+//! Known upward edges: `state/context.rs` holds its store and its outbox (and so imports
+//! `store/`; `WriteError` and `state/branch.rs` carry a `StoreError`); `state/snapshot.rs`
+//! records a produce's reads into the effects `Buffer` of `run/effects.rs`; `outbox/drain.rs`
+//! and `outbox/drainer.rs` take `StopHandle`, `TurnOutcome` and `FlushError` from
+//! `run/runtime.rs` and `panic_message` from `run/generation.rs`.
 
 mod audit;
 mod model;
@@ -50,7 +49,6 @@ pub use model::relation::Relation;
 pub use outbox::dispatcher::{BoxError, DispatchError, Dispatcher, MAX_RETRY_AFTER};
 pub use outbox::drain::{DeliveryErrors, DeliveryFailure, DrainReport, RetryPolicy};
 pub use outbox::drainer::{Drainer, DrainerBuilder};
-pub use outbox::ledger::Ledger;
 pub use outbox::router::{ActionCall, Router};
 pub use reactifact_macros::{produce, Artifact};
 pub use run::effects::{DeclaredOutput, Dynamic, Effects};
@@ -67,6 +65,7 @@ pub use state::commit::{Commit, CommitError, Read, RunRecord, TriggerRef};
 pub use state::context::{Context, Transaction, WriteError};
 pub use state::refold::VerifyError;
 pub use state::snapshot::Snapshot;
+pub use store::ledger::Ledger;
 pub use store::memory::MemoryOutbox;
 pub use store::outbox::{
     BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome, Page, Recorded,

@@ -8,6 +8,7 @@
 mod codec;
 #[cfg(feature = "store-contract")]
 pub mod contract;
+pub(crate) mod ledger;
 pub(crate) mod memory;
 pub(crate) mod outbox;
 mod sqlite;
