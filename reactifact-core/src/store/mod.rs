@@ -14,7 +14,6 @@ pub(crate) mod outbox;
 mod sqlite;
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::model::delivery::NewIntent;
@@ -406,10 +405,6 @@ pub(crate) trait Store: Send + Sync {
 
     /// A short description, e.g. `sqlite:/var/lib/app/state.db`.
     fn describe(&self) -> String;
-
-    /// The store's outbox: the same one for a store and the stores of its forks.
-    #[allow(dead_code)] // until the context hands it out (the lead's `Context::outbox`)
-    fn outbox(&self) -> Arc<dyn outbox::OutboxStore>;
 
     /// The outbox checks of [`Context::verify`](crate::Context::verify), given the session's
     /// verified log: every act of the log has an outbox row (or a purge tombstone), every row

@@ -29,7 +29,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
 
 use super::codec;
-use super::outbox::OutboxStore;
 use super::{CommitDelta, Loaded, OpenError, OpenOptions, Store, StoreError, Synchronous};
 use crate::model::action::{ActionKey, Intent, Origin};
 use crate::model::artifact::Generation;
@@ -355,7 +354,6 @@ impl SqliteStore {
     }
 
     /// The file's outbox (one per opened store, shared by its forks).
-    #[allow(dead_code)] // until the context hands it out (the lead's `Context::outbox`)
     pub(crate) fn outbox(&self) -> Arc<SqliteOutbox> {
         self.outbox.clone()
     }
@@ -890,10 +888,6 @@ impl Store for SqliteStore {
         })
     }
 
-    fn outbox(&self) -> Arc<dyn OutboxStore> {
-        self.outbox.clone()
-    }
-
     fn verify_outbox(&self, log: &[Commit]) -> Result<(), VerifyError> {
         self.check_outbox(log)
             .unwrap_or_else(|e| Err(VerifyError::OutboxUnreadable { detail: e.to_string() }))
@@ -907,7 +901,7 @@ impl Store for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::outbox::{ClaimRequest, Scope};
+    use crate::store::outbox::{ClaimRequest, OutboxStore, Scope};
 
     fn block_on<F: std::future::Future>(f: F) -> F::Output {
         tokio::runtime::Builder::new_current_thread()
