@@ -275,6 +275,15 @@ impl Delivery {
 /// minute.
 pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
+/// Why an intent is pending again after its lease expired: `last_error` of a reclaimed
+/// intent, in every store.
+pub(crate) fn reclaimed_error(attempt: impl fmt::Display, owner: &str) -> String {
+    format!(
+        "attempt {attempt} was in flight under the lease of {owner}, which expired before its outcome was recorded; \
+         the receiver may have seen it, so it is delivered again with the same key"
+    )
+}
+
 /// The shortest lease a drain takes (a shorter one is taken as this): long enough for a few
 /// renewals (every third of the lease) on a timer of millisecond resolution, so that a drain
 /// never takes its own running deliveries for expired.

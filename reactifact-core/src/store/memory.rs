@@ -354,7 +354,7 @@ fn millis(t: SystemTime) -> (u64, SystemTime) {
 }
 
 /// Puts this in-flight entry, whose lease expired, back to pending, counting the expired
-/// lease and saying why in `last_error` (the wording of the ledger's `reclaim`).
+/// lease and saying why in `last_error`.
 fn reclaim(entry: &mut Delivery) {
     let owner = entry
         .lease
@@ -362,11 +362,7 @@ fn reclaim(entry: &mut Delivery) {
         .map_or_else(|| "an unknown drainer".to_owned(), |l| l.owner.to_string());
     entry.status = DeliveryStatus::Pending;
     entry.expired_leases += 1;
-    entry.last_error = Some(format!(
-        "attempt {} was in flight under the lease of {owner}, which expired before its outcome was recorded; \
-         the receiver may have seen it, so it is delivered again with the same key",
-        entry.attempts
-    ));
+    entry.last_error = Some(crate::model::delivery::reclaimed_error(entry.attempts, &owner));
 }
 
 /// The ledger, behind the outbox's lock.

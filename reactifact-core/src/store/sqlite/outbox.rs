@@ -398,14 +398,6 @@ pub(super) fn work_sql(scope: &Scope, now: i64, due: bool) -> (String, Vec<Value
     (sql, params)
 }
 
-/// The reclaim sentence, as the in-memory ledger words it.
-fn reclaim_error(attempts: i64, owner: &str) -> String {
-    format!(
-        "attempt {attempts} was in flight under the lease of {owner}, which expired before its outcome was recorded; \
-         the receiver may have seen it, so it is delivered again with the same key"
-    )
-}
-
 fn claim(
     conn: &mut Connection,
     scope: &Scope,
@@ -437,7 +429,7 @@ fn claim(
                 Some(Read::Intact(mut row)) if row.status == row::IN_FLIGHT => {
                     let holder = row.owner.clone().unwrap_or_else(|| "an unknown drainer".into());
                     row.expired += 1;
-                    row.last_error = Some(reclaim_error(row.attempts, &holder));
+                    row.last_error = Some(crate::model::delivery::reclaimed_error(row.attempts, &holder));
                     row.next_attempt_at = None;
                     row.settle(row::PENDING, at);
                     row.update(tx)?;
