@@ -39,6 +39,26 @@ pub struct DeliveryFailure {
     pub next_attempt_at: Option<std::time::SystemTime>,
 }
 
+impl DeliveryFailure {
+    /// The failure of `intent`'s attempt with `error`, followed by `next`.
+    fn of(intent: &Intent, error: String, next: FailedAttempt) -> Self {
+        DeliveryFailure {
+            key: intent.key.clone(),
+            kind: intent.kind.to_string(),
+            attempt: intent.attempt,
+            error,
+            status: match next {
+                FailedAttempt::Dead => DeliveryStatus::Dead,
+                _ => DeliveryStatus::Failed,
+            },
+            next_attempt_at: match next {
+                FailedAttempt::RetryAt(at) => Some(ceil_millis(at)),
+                _ => None,
+            },
+        }
+    }
+}
+
 /// When to try a failed delivery again, and when to give up.
 ///
 /// The delay after the `n`-th failed attempt is `initial × multiplier^(n − 1)`, capped at
@@ -363,6 +383,16 @@ impl Holds<'_> {
 
     fn slot(&mut self, at: usize) -> &mut Slot {
         self.slots[at].as_mut().expect("a held slot")
+    }
+
+    /// Puts the outcomes of a write that failed back to be written again.
+    fn unwritten(&mut self, ats: &[usize]) {
+        for &at in ats {
+            let slot = self.slot(at);
+            if let Stage::Recording(outcome) = std::mem::replace(&mut slot.stage, Stage::Queued) {
+                slot.stage = Stage::Finished(outcome);
+            }
+        }
     }
 
     fn release(&mut self, at: usize) -> Slot {
@@ -695,24 +725,14 @@ impl<'a> Drain<'a> {
                                 format!("the store answered {} results for {} outcomes", recorded.len(), ats.len()),
                             );
                             tracing::error!(error = %e, "the outcomes of deliveries could not be written");
-                            for at in ats {
-                                let slot = holds.slot(at);
-                                if let Stage::Recording(outcome) = std::mem::replace(&mut slot.stage, Stage::Queued) {
-                                    slot.stage = Stage::Finished(outcome);
-                                }
-                            }
+                            holds.unwritten(&ats);
                             record_failures = RECORD_TRIES;
                             store_error = Some(e);
                         }
                         Err(e) => {
                             record_failures += 1;
                             tracing::warn!(error = %e, tries = record_failures, "the outcomes of deliveries could not be written");
-                            for at in ats {
-                                let slot = holds.slot(at);
-                                if let Stage::Recording(outcome) = std::mem::replace(&mut slot.stage, Stage::Queued) {
-                                    slot.stage = Stage::Finished(outcome);
-                                }
-                            }
+                            holds.unwritten(&ats);
                             if record_failures >= RECORD_TRIES {
                                 store_error = Some(e);
                             }
@@ -821,20 +841,7 @@ impl<'a> Drain<'a> {
         let now = self.clock.now();
         let policy = self.config.policy_for(intent.kind());
         let next = policy.after_failure(intent.key().as_str(), slot.claim.failed_attempts(), &error, now);
-        let failure = DeliveryFailure {
-            key: intent.key().clone(),
-            kind: intent.kind().to_owned(),
-            attempt: intent.attempt(),
-            error: error.to_string(),
-            status: match next {
-                FailedAttempt::Dead => DeliveryStatus::Dead,
-                _ => DeliveryStatus::Failed,
-            },
-            next_attempt_at: match next {
-                FailedAttempt::RetryAt(at) => Some(ceil_millis(at)),
-                _ => None,
-            },
-        };
+        let failure = DeliveryFailure::of(intent, error.to_string(), next);
         if first_failure.is_none() {
             *first_failure = Some(failure.clone());
         }
@@ -865,20 +872,7 @@ impl<'a> Drain<'a> {
                 report.held.push(intent.key.clone());
             }
             Outcome::Failed { error, next } => {
-                let failure = DeliveryFailure {
-                    key: intent.key.clone(),
-                    kind: intent.kind.to_string(),
-                    attempt: intent.attempt,
-                    error,
-                    status: match next {
-                        FailedAttempt::Dead => DeliveryStatus::Dead,
-                        _ => DeliveryStatus::Failed,
-                    },
-                    next_attempt_at: match next {
-                        FailedAttempt::RetryAt(at) => Some(ceil_millis(at)),
-                        _ => None,
-                    },
-                };
+                let failure = DeliveryFailure::of(intent, error, next);
                 tracing::warn!(action_key = %failure.key, kind = %failure.kind, attempt = failure.attempt, status = %failure.status, error = %failure.error, "delivery failed");
                 if failure.status == DeliveryStatus::Dead {
                     report.dead.push(failure);
