@@ -994,31 +994,25 @@ mod tests {
             payload: Vec::new(),
         })
         .unwrap();
-        let forged = row::Row {
-            seq: 0,
-            key: "k".into(),
-            kind: "notify".into(),
-            session: "orders".into(),
-            origin_commit: vec![7; 32],
-            origin_gen: 1,
-            origin_run: 0,
-            action_hash: crate::model::hash::content_hash(&bytes).as_bytes().to_vec(),
-            bytes,
-            recorded_at: 0,
-            status: row::PENDING,
-            due_at: Some(0),
-            token: 0,
-            owner: None,
-            lease_until: None,
-            attempts: 0,
-            expired: 0,
-            interrupted: 0,
-            last_error: None,
-            cancel_reason: None,
-            updated_at: 0,
-            delivered_at: None,
-            next_attempt_at: None,
-        };
+        let forged = row::Row::register(
+            &NewIntent {
+                intent: Intent {
+                    key: ActionKey::from("k"),
+                    kind: Arc::from("notify"),
+                    payload: Arc::from(Vec::new()),
+                    origin: Origin {
+                        session: Arc::from("orders"),
+                        commit: commit.hash,
+                        generation: Generation(1),
+                        run: 0,
+                    },
+                    attempt: 0,
+                },
+                action_hash: crate::model::hash::content_hash(&bytes),
+                bytes: Arc::from(bytes),
+            },
+            0,
+        );
         assert!(forged.insert(store.conn.get()).unwrap());
         match store.verify_outbox(std::slice::from_ref(&commit)) {
             Err(VerifyError::OutboxForged { key }) => assert_eq!(key.as_str(), "k"),
