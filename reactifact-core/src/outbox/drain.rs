@@ -427,6 +427,62 @@ impl Drop for Holds<'_> {
     }
 }
 
+/// Claims made for a drain before it runs: by the generation's commit, in its transaction,
+/// for the turn's drain that follows. The drain takes them as the answer to its first claim.
+/// Dropped unused (the turn ended before its drain ran), they are released: pending and due
+/// again at once, not left in flight for a lease.
+pub(crate) struct Preclaimed {
+    outbox: Arc<dyn OutboxStore>,
+    claimed: Claimed,
+    /// How many the claim asked for: fewer taken means nothing more was due.
+    asked: usize,
+}
+
+impl Preclaimed {
+    pub(crate) fn new(outbox: Arc<dyn OutboxStore>, claimed: Claimed, asked: usize) -> Self {
+        Preclaimed { outbox, claimed, asked }
+    }
+
+    fn take(mut self) -> Claimed {
+        std::mem::take(&mut self.claimed)
+    }
+
+    /// The outcomes that give the claims back.
+    fn released(&self) -> Vec<Recording> {
+        self.claimed
+            .claims
+            .iter()
+            .map(|d| Recording {
+                key: d.intent.key.clone(),
+                token: d.lease.as_ref().map_or(d.token, |l| l.token),
+                outcome: Outcome::Released,
+            })
+            .collect()
+    }
+
+    /// Gives the claims back, and waits until the store has them (a turn that stops before
+    /// its drain). If the store fails, the drop submits them once more.
+    async fn release(mut self) {
+        let released = self.released();
+        if released.is_empty() {
+            return;
+        }
+        match self.outbox.record(&released, crate::model::time::now()).await {
+            Ok(_) => self.claimed.claims.clear(),
+            Err(e) => tracing::warn!(error = %e, "the claims of a stopped turn could not be released"),
+        }
+    }
+}
+
+impl Drop for Preclaimed {
+    fn drop(&mut self) {
+        let released = self.released();
+        if !released.is_empty() {
+            self.outbox.submit(released, crate::model::time::now());
+        }
+    }
+}
+
 type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// A write of outcomes: the slots written, and what the store made of each.
@@ -447,17 +503,27 @@ impl<'a> Drain<'a> {
     /// expired lease of a dead holder). Returns the outcome that interrupted it, if a stop or
     /// the deadline did.
     pub(crate) async fn run(&self, report: &mut DrainReport) -> Result<Option<TurnOutcome>, DrainError> {
-        let outcome = self.run_without_count(report).await?;
+        let outcome = self.run_without_count(report, None).await?;
         self.count_waiting(report).await?;
         Ok(outcome)
     }
 
     /// [`run`](Drain::run), leaving [`DrainReport::waiting`] as it is (a turn counts once, at
     /// its end).
-    pub(crate) async fn run_without_count(&self, report: &mut DrainReport) -> Result<Option<TurnOutcome>, DrainError> {
+    /// `preclaimed` holds what the commit before it claimed for it.
+    pub(crate) async fn run_without_count(
+        &self,
+        report: &mut DrainReport,
+        preclaimed: Option<Preclaimed>,
+    ) -> Result<Option<TurnOutcome>, DrainError> {
         match self.interrupted() {
-            Some(interrupted) => Ok(Some(interrupted)),
-            None => self.deliver(report, None).await,
+            Some(interrupted) => {
+                if let Some(preclaimed) = preclaimed {
+                    preclaimed.release().await;
+                }
+                Ok(Some(interrupted))
+            }
+            None => self.deliver(report, None, preclaimed).await,
         }
     }
 
@@ -493,7 +559,7 @@ impl<'a> Drain<'a> {
                     self.count_waiting(report).await?;
                     return Ok(Some(interrupted));
                 }
-                None => self.deliver(report, poll).await,
+                None => self.deliver(report, poll, None).await,
             };
             let ran = match ran {
                 // A serving drain rides out a store that is busy for a while.
@@ -556,10 +622,13 @@ impl<'a> Drain<'a> {
     /// Claims and delivers until nothing in scope is due, recording outcomes as they finish.
     /// With a `poll` interval, it also looks for newly due intents that often while
     /// deliveries run (a serving drain); without, only when a slot frees.
+    ///
+    /// What `preclaimed` holds is taken as the answer to the first claim.
     async fn deliver(
         &self,
         report: &mut DrainReport,
         poll: Option<Duration>,
+        preclaimed: Option<Preclaimed>,
     ) -> Result<Option<TurnOutcome>, DrainError> {
         let config = self.config;
         let dispatcher = self.dispatcher.as_ref();
@@ -573,8 +642,13 @@ impl<'a> Drain<'a> {
         let mut running = FuturesUnordered::new();
         let mut active: foldhash::HashMap<Arc<str>, usize> = Default::default();
         let mut queued: foldhash::HashMap<Arc<str>, VecDeque<usize>> = Default::default();
-        // The claim being made, and how many it asked for.
-        let mut claiming: Option<(usize, StoreFuture<'_, Result<Claimed, StoreError>>)> = None;
+        // The claim being made, and how many it asked for. (The guard releases the claims made
+        // beforehand if this drain is dropped before it took them.)
+        let mut claiming: Option<(usize, StoreFuture<'_, Result<Claimed, StoreError>>)> = preclaimed.map(|pre| {
+            let asked = pre.asked;
+            let taken: StoreFuture<'_, Result<Claimed, StoreError>> = Box::pin(async move { Ok(pre.take()) });
+            (asked, taken)
+        });
         // The outcomes being written: their slots, and the store's answer.
         let mut recording: Option<StoreFuture<'_, Written>> = None;
         let mut renewing: Option<StoreFuture<'_, Result<Vec<bool>, StoreError>>> = None;

@@ -18,7 +18,8 @@ use crate::run::effects::Buffer;
 use crate::run::produce::{Produce, ProduceFailure, RunFailure, RunInput};
 use crate::run::runtime::{ProduceErrors, RunError, Runtime, TurnOutcome, TurnReport};
 use crate::state::commit::{Read, RunRecord, TriggerRef};
-use crate::state::context::CommitFailure;
+use crate::outbox::drain::Preclaimed;
+use crate::state::context::{CommitFailure, GenerationCommit};
 use crate::state::snapshot::Snapshot;
 
 /// Where a produce is registered: agent index (in priority order) and produce index.
@@ -37,8 +38,9 @@ struct Work {
 
 /// How a generation step ended.
 pub(crate) enum Step {
-    /// A generation was committed.
-    Committed,
+    /// A generation was committed; with a dispatcher, what its commit claimed for the drain
+    /// that follows.
+    Committed(Option<Preclaimed>),
     /// The events taken matched no produce; they were consumed without a commit.
     Consumed,
     /// The turn must end with this outcome; nothing was committed.
@@ -196,8 +198,16 @@ pub(crate) async fn run(
     }
 
     let mut runs = records.len() as u64;
-    match rt.context.commit_runs_async(records, batch.events, isolate, None).await {
-        Ok(rejected) => {
+    let claim = rt.commit_claim();
+    let triggers = &rt.triggers;
+    let turn = GenerationCommit {
+        reacts: &|event: &Event| event.kind != EventKind::Deleted && triggers.contains_key(&event.artifact_kind),
+        claim,
+    };
+    let preclaimed;
+    match rt.context.commit_generation(records, batch.events, isolate, &turn).await {
+        Ok((rejected, claimed)) => {
+            preclaimed = claimed.zip(claim).map(|(claimed, asked)| Preclaimed::new(rt.context.outbox(), claimed, asked));
             runs -= rejected.len() as u64;
             for (r, error) in rejected {
                 let work = &batch.work[record_work[r]];
@@ -219,7 +229,7 @@ pub(crate) async fn run(
     report.generations += 1;
     report.runs += runs;
     report.failed_runs.extend(failures);
-    Ok(Step::Committed)
+    Ok(Step::Committed(preclaimed))
 }
 
 fn failure_at(rt: &Runtime, work: &Work, failure: RunFailure) -> ProduceFailure {

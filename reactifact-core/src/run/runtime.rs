@@ -14,7 +14,7 @@ use crate::model::artifact::{ArtifactType, Kind};
 use crate::model::delivery::Delivery;
 use crate::outbox::dispatcher::{Dispatcher, ErasedDispatcher};
 use crate::outbox::drain::{
-    Clock, DeliveryConfig, DeliveryErrors, DeliveryFailure, Drain, DrainError, DrainReport, RetryPolicy,
+    Clock, DeliveryConfig, DeliveryErrors, DeliveryFailure, Drain, DrainError, DrainReport, Preclaimed, RetryPolicy,
 };
 use crate::run::generation::{self, Slot};
 use crate::run::produce::{Agent, ProduceFailure};
@@ -515,7 +515,7 @@ impl Runtime {
             failed_runs: Vec::new(),
         };
         // Intents committed before this turn (or due for a retry) go out first.
-        if let Some(outcome) = self.drain(deadline, &mut report.deliveries).await? {
+        if let Some(outcome) = self.drain(deadline, &mut report.deliveries, None).await? {
             return Ok(self.finish(report, outcome).await);
         }
         loop {
@@ -531,11 +531,12 @@ impl Runtime {
                 return Ok(self.finish(report, TurnOutcome::GenerationsExhausted).await);
             }
             let remaining_runs = budget.max_runs.map(|max| max.saturating_sub(report.runs));
-            match generation::run(self, remaining_runs, deadline, &mut report).await? {
-                generation::Step::Committed | generation::Step::Consumed => {}
+            let preclaimed = match generation::run(self, remaining_runs, deadline, &mut report).await? {
+                generation::Step::Committed(preclaimed) => preclaimed,
+                generation::Step::Consumed => None,
                 generation::Step::Interrupted(outcome) => return Ok(self.finish(report, outcome).await),
-            }
-            if let Some(outcome) = self.drain(deadline, &mut report.deliveries).await? {
+            };
+            if let Some(outcome) = self.drain(deadline, &mut report.deliveries, preclaimed).await? {
                 return Ok(self.finish(report, outcome).await);
             }
         }
@@ -645,11 +646,19 @@ impl Runtime {
         self.context.outbox().cancel(key, reason, self.clock.now()).await
     }
 
-    /// Delivers the intents due now; see [`Drain::run`].
+    /// How many due intents of the session a generation's commit claims for the turn's drain
+    /// that follows it: as many as the drain would claim first; none without a dispatcher.
+    pub(crate) fn commit_claim(&self) -> Option<usize> {
+        self.dispatcher.as_ref().map(|_| self.delivery.concurrency)
+    }
+
+    /// Delivers the intents due now, starting with what the generation's commit claimed; see
+    /// [`Drain::run`].
     async fn drain(
         &mut self,
         deadline: Option<Instant>,
         report: &mut DrainReport,
+        preclaimed: Option<Preclaimed>,
     ) -> Result<Option<TurnOutcome>, RunError> {
         let Some(dispatcher) = self.dispatcher.clone() else {
             return Ok(None);
@@ -657,7 +666,7 @@ impl Runtime {
         let scope = Scope::session(self.context.session());
         Ok(self
             .drainer(&dispatcher, &scope, deadline)
-            .run_without_count(report)
+            .run_without_count(report, preclaimed)
             .await?)
     }
 

@@ -21,7 +21,7 @@ use crate::state::refold::{Checks, Refold, VerifyError};
 use crate::state::snapshot::Snapshot;
 use crate::store::ledger::Ledger;
 use crate::store::memory::MemoryOutbox;
-use crate::store::outbox::OutboxStore;
+use crate::store::outbox::{ClaimRequest, Claimed, OutboxStore, Scope};
 use crate::store::{CommitDelta, Loaded, OpenError, OpenOptions, SqliteStore, Store, StoreError};
 
 /// A direct write to a context (seeding, [`Context::create`](crate::Context::create) and
@@ -111,13 +111,17 @@ impl Drop for CutCommit<'_, '_> {
     }
 }
 
-/// How a commit's store write runs.
-#[derive(Clone, Copy)]
-enum Write {
-    /// On the caller's thread, blocking it until durable.
-    Blocking,
-    /// Off the caller's thread: the future completes when it is durable.
-    Async,
+/// What a runtime's generation commit does besides committing, in the same store write.
+pub(crate) struct GenerationCommit<'a> {
+    /// Whether a produce of the runtime may react to an event. The events the commit emits
+    /// that none reacts to, at the head of the queue, are consumed by the commit itself
+    /// (counted in its [`events_consumed`](Commit::events_consumed)), instead of by a write of
+    /// their own in the next generation.
+    pub(crate) reacts: &'a (dyn Fn(&Event) -> bool + Sync),
+    /// The commit also claims, for the runtime's drain, up to this many due intents of the
+    /// session (the ones it registers among them) in its transaction, under the context's
+    /// lease. Only a durable store claims; the memory outbox is claimed from by the drain.
+    pub(crate) claim: Option<usize>,
 }
 
 /// Why a commit of runs failed.
@@ -454,23 +458,26 @@ impl Context {
         merged: Option<CommitHash>,
     ) -> Result<Vec<(usize, CommitError)>, CommitFailure> {
         let _span = self.commit_span().entered();
-        self.commit_runs_via(runs, consumed, isolate, skip_if_unchanged, merged, Write::Blocking)
+        self.commit_runs_via(runs, consumed, isolate, skip_if_unchanged, merged, None)
             .now_or_never()
             .expect("a blocking write completes without waiting")
+            .map(|(rejected, _)| rejected)
     }
 
-    /// [`commit_runs`](Context::commit_runs) whose store write runs off this thread (for a
-    /// durable store: on its own thread), so that a generation's fsync never blocks an
-    /// executor thread.
-    pub(crate) async fn commit_runs_async(
+    /// [`commit_runs`](Context::commit_runs) for a runtime's generation: the store write runs
+    /// off this thread (for a durable store: on its own thread), so that a generation's fsync
+    /// never blocks an executor thread, and `turn` says what else the commit does in the same
+    /// write. Returns, besides the rejected runs, what the commit claimed (`None` if it made no
+    /// claim: none was asked for, or the context is in memory).
+    pub(crate) async fn commit_generation(
         &mut self,
         runs: Vec<RunRecord>,
         consumed: usize,
         isolate: bool,
-        merged: Option<CommitHash>,
-    ) -> Result<Vec<(usize, CommitError)>, CommitFailure> {
+        turn: &GenerationCommit<'_>,
+    ) -> Result<(Vec<(usize, CommitError)>, Option<Claimed>), CommitFailure> {
         let span = self.commit_span();
-        self.commit_runs_via(runs, consumed, isolate, false, merged, Write::Async)
+        self.commit_runs_via(runs, consumed, isolate, false, None, Some(turn))
             .instrument(span)
             .await
     }
@@ -486,8 +493,8 @@ impl Context {
         isolate: bool,
         skip_if_unchanged: bool,
         merged: Option<CommitHash>,
-        write: Write,
-    ) -> Result<Vec<(usize, CommitError)>, CommitFailure> {
+        turn: Option<&GenerationCommit<'_>>,
+    ) -> Result<(Vec<(usize, CommitError)>, Option<Claimed>), CommitFailure> {
         self.check_not_cut().map_err(CommitFailure::Store)?;
         let generation = self.generation().next();
         let mut apply = Apply::new(&mut self.state, generation);
@@ -506,7 +513,7 @@ impl Context {
         }
         if skip_if_unchanged && !apply.changed() {
             apply.rollback();
-            return Ok(rejected);
+            return Ok((rejected, None));
         }
         if !rejected.is_empty() {
             let mut dropped = rejected.iter().map(|&(i, _)| i).peekable();
@@ -517,18 +524,6 @@ impl Context {
                 .map(|(_, run)| run)
                 .collect();
         }
-        let state_hash = apply.state().state_hash();
-        let parent = self.log.last().map(|c| c.hash);
-        let hash = Commit::compute_hash(parent.as_ref(), merged.as_ref(), generation, &state_hash, &runs);
-        let commit = Commit {
-            generation,
-            parent,
-            merged,
-            hash,
-            state_hash,
-            runs,
-            events_consumed: consumed,
-        };
         let mut next_seq = self.next_event_seq;
         let events: Vec<QueuedEvent> = apply
             .events
@@ -541,23 +536,55 @@ impl Context {
                 }
             })
             .collect();
+        // With nothing else left in the queue, the events this commit emits that no produce
+        // reacts to are consumed by the commit itself, not by a write of their own.
+        let own_consumed = match turn {
+            Some(turn) if self.events.len() == consumed => {
+                events.iter().take_while(|q| !(turn.reacts)(&q.event)).count()
+            }
+            _ => 0,
+        };
+        let state_hash = apply.state().state_hash();
+        let parent = self.log.last().map(|c| c.hash);
+        let hash = Commit::compute_hash(parent.as_ref(), merged.as_ref(), generation, &state_hash, &runs);
+        let commit = Commit {
+            generation,
+            parent,
+            merged,
+            hash,
+            state_hash,
+            runs,
+            events_consumed: consumed + own_consumed,
+        };
         let now = crate::model::time::now();
         let intents: Vec<NewIntent> = apply
             .intents
             .drain(..)
             .map(|acted| acted.into_new_intent(&self.session, &commit))
             .collect();
+        let mut claimed = None;
         if let Some(store) = &mut self.store {
+            let scope = Scope::session(&*self.session);
             let delta = CommitDelta {
                 session: &self.session,
                 commit: &commit,
-                consumed_before: self.events.get(consumed).map_or(self.next_event_seq, |q| q.seq),
+                consumed_before: match self.events.get(consumed) {
+                    Some(q) => q.seq,
+                    None => events.get(own_consumed).map_or(next_seq, |q| q.seq),
+                },
                 intents: &intents,
                 now,
+                claim: turn.and_then(|turn| turn.claim).map(|limit| ClaimRequest {
+                    scope: &scope,
+                    limit,
+                    owner: &self.owner,
+                    lease: self.lease,
+                    now,
+                }),
             };
-            let written = match write {
-                Write::Blocking => store.commit(&delta),
-                Write::Async => {
+            let written = match turn {
+                None => store.commit(&delta).map(|()| Claimed::default()),
+                Some(_) => {
                     // If this future is dropped while the store writes, the write may or may
                     // not land: the state is rolled back and the context refuses further
                     // writes until it is reopened (the guard's drop).
@@ -570,9 +597,12 @@ impl Context {
                     written
                 }
             };
-            if let Err(e) = written {
-                apply.rollback();
-                return Err(CommitFailure::Store(e));
+            match written {
+                Ok(taken) => claimed = delta.claim.is_some().then_some(taken),
+                Err(e) => {
+                    apply.rollback();
+                    return Err(CommitFailure::Store(e));
+                }
             }
         }
         self.graph.record(generation, apply.finish());
@@ -582,9 +612,9 @@ impl Context {
         }
         self.log.push(commit);
         self.events.drain(..consumed);
-        self.events.extend(events);
+        self.events.extend(events.into_iter().skip(own_consumed));
         self.next_event_seq = next_seq;
-        Ok(rejected)
+        Ok((rejected, claimed))
     }
 
     fn check_not_cut(&self) -> Result<(), StoreError> {

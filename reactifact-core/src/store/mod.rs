@@ -375,18 +375,26 @@ pub(crate) struct CommitDelta<'a> {
     /// When the commit is made, by the process's clock: the intents it registers are
     /// recorded, and due, then.
     pub(crate) now: std::time::SystemTime,
+    /// A claim to make in the commit's transaction, after its intents are registered, exactly
+    /// as [`OutboxStore::claim`](outbox::OutboxStore::claim) would make it right after the
+    /// commit (a generation's own drain, saving the claim its own write).
+    pub(crate) claim: Option<outbox::ClaimRequest<'a>>,
 }
 
 /// A durable home for one session of a context.
 pub(crate) trait Store: Send + Sync {
-    /// Persists one commit in one transaction: all of it or none of it.
+    /// Persists one commit in one transaction: all of it or none of it. (A direct write's
+    /// commit: it makes no claim.)
     fn commit(&mut self, delta: &CommitDelta<'_>) -> Result<(), StoreError>;
 
     /// [`commit`](Store::commit) without blocking the caller's thread: a store whose writes
     /// block (an fsync) runs them elsewhere and completes the future when they are durable.
-    fn commit_async<'a>(&'a mut self, delta: &CommitDelta<'_>) -> outbox::BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(std::future::ready(self.commit(delta)))
-    }
+    /// Makes the delta's claim, if it has one, in the same transaction, and returns what it
+    /// took.
+    fn commit_async<'a>(
+        &'a mut self,
+        delta: &CommitDelta<'_>,
+    ) -> outbox::BoxFuture<'a, Result<outbox::Claimed, StoreError>>;
 
     /// Marks the session's queued events with a sequence number below `before` consumed,
     /// without blocking the caller's thread.

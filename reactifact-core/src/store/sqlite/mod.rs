@@ -36,6 +36,7 @@ use crate::model::delivery::NewIntent;
 use crate::model::hash::{CommitHash, StateHash};
 use crate::model::patch::Op;
 use crate::state::commit::Commit;
+use crate::store::outbox::Claimed;
 use crate::state::refold::VerifyError;
 
 pub use outbox::SqliteOutbox;
@@ -481,7 +482,7 @@ impl SqliteStore {
     fn write_commit(&mut self, delta: &CommitDelta<'_>) -> Result<bool, rusqlite::Error> {
         let row = CommitRow::of(delta);
         let fence = self.generation;
-        write_commit_row(self.conn.get(), &row, fence)
+        Ok(write_commit_row(self.conn.get(), &row, fence)?.is_some())
     }
 
     /// The outbox checks of `Context::verify` (see [`Store::verify_outbox`]).
@@ -650,6 +651,16 @@ struct CommitRow {
     runs: Vec<u8>,
     intents: Vec<NewIntent>,
     now: i64,
+    claim: Option<CommitClaim>,
+}
+
+/// A delta's claim, owned.
+struct CommitClaim {
+    scope: crate::store::outbox::Scope,
+    limit: usize,
+    owner: String,
+    lease: Duration,
+    now: SystemTime,
 }
 
 impl CommitRow {
@@ -667,13 +678,21 @@ impl CommitRow {
             runs: codec::encode_runs(&commit.runs),
             intents: delta.intents.to_vec(),
             now: millis(delta.now),
+            claim: delta.claim.as_ref().map(|claim| CommitClaim {
+                scope: claim.scope.clone(),
+                limit: claim.limit,
+                owner: claim.owner.to_string(),
+                lease: claim.lease,
+                now: claim.now,
+            }),
         }
     }
 }
 
-/// Writes a commit's row and registers its intents, in one transaction, fenced on the
-/// session being at generation `fence`; `Ok(false)` if another writer advanced it.
-fn write_commit_row(conn: &mut Connection, row: &CommitRow, fence: u64) -> Result<bool, rusqlite::Error> {
+/// Writes a commit's row, registers its intents and makes its claim, in one transaction,
+/// fenced on the session being at generation `fence`; `Ok(None)` if another writer advanced
+/// it, else what the claim took.
+fn write_commit_row(conn: &mut Connection, row: &CommitRow, fence: u64) -> Result<Option<Claimed>, rusqlite::Error> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let fenced = tx
         .prepare_cached(
@@ -690,7 +709,7 @@ fn write_commit_row(conn: &mut Connection, row: &CommitRow, fence: u64) -> Resul
             fence,
         ])?;
     if fenced == 0 {
-        return Ok(false);
+        return Ok(None);
     }
     // `intents` is no longer written: the outbox rows are the ledger.
     tx.prepare_cached(
@@ -710,8 +729,12 @@ fn write_commit_row(conn: &mut Connection, row: &CommitRow, fence: u64) -> Resul
     if !row.intents.is_empty() {
         outbox::register(&tx, &row.intents, row.now)?;
     }
+    let claimed = match &row.claim {
+        Some(c) => outbox::claim_in(&tx, &c.scope, c.limit, &c.owner, c.lease, c.now)?,
+        None => Claimed::default(),
+    };
     tx.commit()?;
-    Ok(true)
+    Ok(Some(claimed))
 }
 
 /// The columns [`commit_from_row`] reads, in its order.
@@ -840,7 +863,7 @@ impl Store for SqliteStore {
     fn commit_async<'a>(
         &'a mut self,
         delta: &CommitDelta<'_>,
-    ) -> crate::store::outbox::BoxFuture<'a, Result<(), StoreError>> {
+    ) -> crate::store::outbox::BoxFuture<'a, Result<Claimed, StoreError>> {
         if let Err(e) = self.check_writable() {
             return Box::pin(std::future::ready(Err(e)));
         }
@@ -853,11 +876,12 @@ impl Store for SqliteStore {
             .run_write(move |conn| write_commit_row(conn, &row, fence).map_err(|source| store_error(&store, source)));
         let generation = delta.commit.generation.0;
         Box::pin(async move {
-            if written.await? {
-                self.generation = generation;
-                Ok(())
-            } else {
-                Err(self.conflict())
+            match written.await? {
+                Some(claimed) => {
+                    self.generation = generation;
+                    Ok(claimed)
+                }
+                None => Err(self.conflict()),
             }
         })
     }

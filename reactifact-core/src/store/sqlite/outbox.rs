@@ -406,81 +406,93 @@ fn claim(
     lease: Duration,
     now: SystemTime,
 ) -> rusqlite::Result<Claimed> {
-    let at = ms(now);
-    let until = ms(later(now, lease));
     // First a read: a poll that finds nothing due and no lease expired takes no write lock
     // (in WAL mode a read waits for no writer, and no writer waits for it).
-    let (sql, params) = work_sql(scope, at, limit > 0);
+    let (sql, params) = work_sql(scope, ms(now), limit > 0);
     let work: bool = conn
         .prepare_cached(&sql)?
         .query_row(rusqlite::params_from_iter(params), |row| row.get(0))?;
     if !work {
         return Ok(Claimed::default());
     }
-    actor::write(conn, |tx| {
-        let mut claimed = Claimed::default();
-        // Every expired lease of the store, first.
-        let expired: Vec<i64> = tx
-            .prepare_cached("SELECT seq FROM outbox WHERE lease_until <= ?1 ORDER BY lease_until, seq")?
-            .query_map([at], |row| row.get(0))?
-            .collect::<Result<_, _>>()?;
-        for seq in expired {
-            match by_seq(tx, seq)? {
-                Some(Read::Intact(mut row)) if row.status == row::IN_FLIGHT => {
-                    let holder = row.owner.clone().unwrap_or_else(|| "an unknown drainer".into());
-                    row.expired += 1;
-                    row.last_error = Some(crate::model::delivery::reclaimed_error(row.attempts, &holder));
-                    row.next_attempt_at = None;
-                    row.settle(row::PENDING, at);
-                    row.update(tx)?;
-                    claimed.reclaimed += 1;
-                }
-                Some(Read::Intact(_)) | None => {}
-                Some(Read::Damaged { seq, key, detail }) => {
-                    hold_damaged(tx, seq, &key, &detail, at)?;
-                    claimed.integrity.push(ActionKey::from(key));
-                }
+    actor::write(conn, |tx| claim_in(tx, scope, limit, owner, lease, now))
+}
+
+/// A claim's writes, in the caller's transaction: every expired lease of the store put back to
+/// pending, then up to `limit` due intents of `scope` claimed. A commit claims for its
+/// generation's drain with this, in its own transaction.
+pub(super) fn claim_in(
+    tx: &Connection,
+    scope: &Scope,
+    limit: usize,
+    owner: &str,
+    lease: Duration,
+    now: SystemTime,
+) -> rusqlite::Result<Claimed> {
+    let at = ms(now);
+    let until = ms(later(now, lease));
+    let mut claimed = Claimed::default();
+    // Every expired lease of the store, first.
+    let expired: Vec<i64> = tx
+        .prepare_cached("SELECT seq FROM outbox WHERE lease_until <= ?1 ORDER BY lease_until, seq")?
+        .query_map([at], |row| row.get(0))?
+        .collect::<Result<_, _>>()?;
+    for seq in expired {
+        match by_seq(tx, seq)? {
+            Some(Read::Intact(mut row)) if row.status == row::IN_FLIGHT => {
+                let holder = row.owner.clone().unwrap_or_else(|| "an unknown drainer".into());
+                row.expired += 1;
+                row.last_error = Some(crate::model::delivery::reclaimed_error(row.attempts, &holder));
+                row.next_attempt_at = None;
+                row.settle(row::PENDING, at);
+                row.update(tx)?;
+                claimed.reclaimed += 1;
+            }
+            Some(Read::Intact(_)) | None => {}
+            Some(Read::Damaged { seq, key, detail }) => {
+                hold_damaged(tx, seq, &key, &detail, at)?;
+                claimed.integrity.push(ActionKey::from(key));
             }
         }
-        if limit == 0 {
-            return Ok(claimed);
-        }
-        let (sql, params) = candidates_sql(scope, at, i64::try_from(limit).unwrap_or(i64::MAX));
-        let due: Vec<i64> = tx
-            .prepare_cached(&sql)?
-            .query_map(rusqlite::params_from_iter(params), |row| row.get(0))?
-            .collect::<Result<_, _>>()?;
-        for seq in due {
-            let mut row = match by_seq(tx, seq)? {
-                Some(Read::Intact(row)) => row,
-                Some(Read::Damaged { seq, key, detail }) => {
-                    hold_damaged(tx, seq, &key, &detail, at)?;
-                    claimed.integrity.push(ActionKey::from(key));
-                    continue;
-                }
-                None => continue,
-            };
-            let payload = match row.check_intent() {
-                Ok(payload) => payload,
-                Err(detail) => {
-                    claimed.integrity.push(ActionKey::from(row.key.as_str()));
-                    hold_row(tx, row, &detail, at)?;
-                    continue;
-                }
-            };
-            row.status = row::IN_FLIGHT;
-            row.attempts += 1;
-            row.token += 1;
-            row.owner = Some(owner.to_owned());
-            row.lease_until = Some(until);
-            row.next_attempt_at = None;
-            row.due_at = None;
-            row.updated_at = at;
-            row.update(tx)?;
-            claimed.claims.push(row.delivery(&payload));
-        }
-        Ok(claimed)
-    })
+    }
+    if limit == 0 {
+        return Ok(claimed);
+    }
+    let (sql, params) = candidates_sql(scope, at, i64::try_from(limit).unwrap_or(i64::MAX));
+    let due: Vec<i64> = tx
+        .prepare_cached(&sql)?
+        .query_map(rusqlite::params_from_iter(params), |row| row.get(0))?
+        .collect::<Result<_, _>>()?;
+    for seq in due {
+        let mut row = match by_seq(tx, seq)? {
+            Some(Read::Intact(row)) => row,
+            Some(Read::Damaged { seq, key, detail }) => {
+                hold_damaged(tx, seq, &key, &detail, at)?;
+                claimed.integrity.push(ActionKey::from(key));
+                continue;
+            }
+            None => continue,
+        };
+        let payload = match row.check_intent() {
+            Ok(payload) => payload,
+            Err(detail) => {
+                claimed.integrity.push(ActionKey::from(row.key.as_str()));
+                hold_row(tx, row, &detail, at)?;
+                continue;
+            }
+        };
+        row.status = row::IN_FLIGHT;
+        row.attempts += 1;
+        row.token += 1;
+        row.owner = Some(owner.to_owned());
+        row.lease_until = Some(until);
+        row.next_attempt_at = None;
+        row.due_at = None;
+        row.updated_at = at;
+        row.update(tx)?;
+        claimed.claims.push(row.delivery(&payload));
+    }
+    Ok(claimed)
 }
 
 fn record(conn: &mut Connection, outcomes: &[Recording], now: SystemTime) -> rusqlite::Result<Vec<Recorded>> {

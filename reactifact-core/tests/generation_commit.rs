@@ -1,0 +1,156 @@
+//! What a runtime's generation commit does in its own store write, besides the commit: it
+//! consumes the events it emits that no produce reacts to (no write of their own later), and
+//! on a durable store it claims the session's due intents for the turn's drain (no claim of
+//! its own later). Both must leave exactly what the separate writes left: nothing a produce
+//! reacts to is consumed, and a claim the drain never took is released, not left in flight.
+
+mod common;
+
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+use common::*;
+use reactifact_core::{
+    Agent, Budget, Context, DeliveryStatus, Produce, ProduceCall, ProduceError, Runtime, StopHandle, TurnOutcome,
+};
+
+fn seed_order(path: &Path) {
+    let mut ctx = Context::open(path, "orders").unwrap();
+    ctx.create("order:1", order("ada", 1200)).unwrap();
+}
+
+/// A produce on receipts: the receipt events of `process_order` are reacted to.
+fn invoice_receipt() -> Produce {
+    Produce::new("invoice_receipt", |call: ProduceCall<Receipt>| async move {
+        call.effects.upsert(
+            format!("invoice:{}", call.trigger.data.order),
+            Invoice {
+                order: call.trigger.data.order.clone(),
+            },
+        );
+        Ok::<(), ProduceError>(())
+    })
+    .creates::<Invoice>()
+}
+
+#[tokio::test]
+async fn the_events_no_produce_reacts_to_are_consumed_by_the_commit_that_emits_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    seed_order(&path);
+    let mut rt = Runtime::builder(Context::open(&path, "orders").unwrap())
+        .agent(Agent::new("billing").produce(process_order()))
+        .build()
+        .unwrap();
+    // One generation: the receipt and the pending action it emits react nothing, so nothing
+    // is left for a second generation to consume.
+    let report = rt.run_with(Budget::UNLIMITED.max_generations(1)).await.unwrap();
+    assert_eq!(report.outcome, TurnOutcome::Completed);
+    assert_eq!(report.generations, 1);
+    assert_eq!(rt.context().queued_events(), 0);
+    let commit = rt.context().log().last().unwrap();
+    assert_eq!(commit.events_consumed, 3, "the order's event and the two the commit emitted");
+    drop(rt);
+
+    // Durably so: a reopened session has nothing queued either.
+    let ctx = Context::open(&path, "orders").unwrap();
+    assert_eq!(ctx.queued_events(), 0);
+    assert_eq!(ctx.log().len(), 2);
+}
+
+#[tokio::test]
+async fn an_event_a_produce_reacts_to_stays_queued_with_the_ones_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    seed_order(&path);
+    let mut rt = Runtime::builder(Context::open(&path, "orders").unwrap())
+        .agent(
+            Agent::new("billing")
+                .produce(process_order())
+                .produce(invoice_receipt()),
+        )
+        .build()
+        .unwrap();
+    let report = rt.run_with(Budget::UNLIMITED.max_generations(1)).await.unwrap();
+    assert_eq!(report.outcome, TurnOutcome::GenerationsExhausted);
+    // The receipt (reacted to) comes first, so the pending action's event after it waits too:
+    // events are consumed in order.
+    assert_eq!(rt.context().queued_events(), 2);
+    assert_eq!(rt.context().log().last().unwrap().events_consumed, 1);
+    drop(rt);
+
+    let ctx = Context::open(&path, "orders").unwrap();
+    assert_eq!(ctx.queued_events(), 2, "still queued after a reopen");
+    let mut rt = Runtime::builder(ctx)
+        .agent(
+            Agent::new("billing")
+                .produce(process_order())
+                .produce(invoice_receipt()),
+        )
+        .build()
+        .unwrap();
+    let report = rt.run().await.unwrap();
+    assert_eq!(report.outcome, TurnOutcome::Completed);
+    assert!(rt.context().get::<Invoice>("invoice:order:1").unwrap().is_some());
+    assert_eq!(rt.context().queued_events(), 0);
+}
+
+#[tokio::test]
+async fn a_turn_stopped_after_its_commit_releases_what_the_commit_claimed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    seed_order(&path);
+    let stop: Arc<OnceLock<StopHandle>> = Arc::default();
+    // The produce asks the runtime to stop while it runs: its generation still commits (the
+    // work finished), and the turn stops before its drain hands anything out.
+    let stopping = {
+        let stop = stop.clone();
+        Produce::new("process_order", move |call: ProduceCall<Order>| {
+            stop.get().expect("set before the turn").stop();
+            let id = call.trigger.id.to_string();
+            async move {
+                call.effects.upsert(
+                    format!("receipt:{id}"),
+                    Receipt {
+                        order: id.clone(),
+                        total_cents: call.trigger.data.total_cents,
+                    },
+                );
+                call.effects.act(
+                    "notify",
+                    format!("notify:{id}"),
+                    &Notify {
+                        customer: call.trigger.data.customer.clone(),
+                        order: id,
+                    },
+                );
+                Ok::<(), ProduceError>(())
+            }
+        })
+        .creates::<Receipt>()
+        .creates::<reactifact_core::PendingAction>()
+    };
+    let recorder = Recorder::default();
+    let mut rt = Runtime::builder(Context::open(&path, "orders").unwrap())
+        .agent(Agent::new("billing").produce(stopping))
+        .dispatcher(recorder.dispatcher())
+        .build()
+        .unwrap();
+    stop.set(rt.stop_handle()).unwrap_or_else(|_| unreachable!());
+    let report = rt.run().await.unwrap();
+    assert_eq!(report.outcome, TurnOutcome::Stopped);
+    assert_eq!(report.generations, 1);
+    assert!(recorder.sent().is_empty(), "a stopped turn hands nothing out");
+
+    // The commit's claim was given back: pending, not in flight under a lease for 30 s, and
+    // no attempt was spent on it.
+    let delivery = rt.context().ledger().get("notify:order:1").await.unwrap().unwrap();
+    assert_eq!(delivery.status(), DeliveryStatus::Pending);
+    assert_eq!(delivery.attempts(), 0);
+    assert!(delivery.lease().is_none());
+
+    // And the next turn delivers it.
+    let report = rt.run().await.unwrap();
+    assert_eq!(report.deliveries.delivered, 1);
+    assert_eq!(recorder.sent(), ["notify:order:1"]);
+}
