@@ -117,7 +117,9 @@ pub struct Commit {
     pub state_hash: StateHash,
     /// The patches, in work order.
     pub runs: Vec<RunRecord>,
-    /// How many queued events the commit consumed.
+    /// How many events the commit consumed: from the head of the queue as it was before the
+    /// commit, then, if that left it empty, those the commit itself emitted that no produce of
+    /// its runtime reacts to.
     pub events_consumed: usize,
 }
 
