@@ -924,6 +924,17 @@ pub async fn queries(h: &dyn ContractHarness) {
         ["a1", "a2", "a3", "b1", "b2"],
         "list: every entry once, in registration order"
     );
+    // A limit of 0 is taken as 1: the page moves the cursor on.
+    let page = o
+        .list(&LedgerQuery {
+            limit: 0,
+            ..LedgerQuery::default()
+        })
+        .await
+        .expect("list");
+    let listed: Vec<&str> = page.entries.iter().map(|d| d.key().as_str()).collect();
+    assert_eq!(listed, ["a1"], "list: a limit of 0 is taken as 1");
+    assert!(page.next.is_some(), "list: a page of limit 0 has a next page");
     let query = LedgerQuery {
         scope: Scope::all().kinds(["y"]),
         status: Some(DeliveryStatus::Pending),

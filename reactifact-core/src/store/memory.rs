@@ -773,18 +773,16 @@ impl Inner {
         let start = query
             .after
             .map_or(0, |after| usize::try_from(after).unwrap_or(usize::MAX));
+        let limit = query.limit.max(1);
         let mut entries = Vec::new();
         let mut last = 0;
         let mut next = None;
-        if query.limit == 0 {
-            return Page { entries, next };
-        }
         for (pos, e) in self.slots.iter().enumerate().skip(start) {
             let Some(e) = e else { continue };
             if query.status.is_some_and(|s| s != e.delivery.status) || !self.admits(e, &query.scope) {
                 continue;
             }
-            if entries.len() == query.limit {
+            if entries.len() == limit {
                 // One more matches: the cursor is the sequence number (position + 1) of the
                 // last entry taken.
                 next = Some(last as u64 + 1);

@@ -249,7 +249,8 @@ pub struct LedgerQuery {
     /// Only those registered after this cursor (a page's [`Page::next`]); `None` from the
     /// start.
     pub after: Option<u64>,
-    /// At most this many.
+    /// At most this many (default 100); 0 is taken as 1, so that every page but the last
+    /// moves the cursor on.
     pub limit: usize,
 }
 
