@@ -7,16 +7,47 @@
 mod common;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use common::*;
+use futures_util::FutureExt;
 use reactifact_core::{
-    Agent, Budget, Context, DeliveryStatus, Produce, ProduceCall, ProduceError, Runtime, StopHandle, TurnOutcome,
+    Agent, Budget, Context, DeliveryStatus, PendingAction, Produce, ProduceCall, ProduceError, RunError, Runtime,
+    StopHandle, StoreError, TurnOutcome, WriteError,
 };
 
 fn seed_order(path: &Path) {
     let mut ctx = Context::open(path, "orders").unwrap();
     ctx.create("order:1", order("ada", 1200)).unwrap();
+}
+
+/// `process_order`, calling `on_run` as each run starts.
+fn order_flow(on_run: impl Fn() + Send + Sync + 'static) -> Produce {
+    Produce::new("process_order", move |call: ProduceCall<Order>| {
+        on_run();
+        let id = call.trigger.id.to_string();
+        async move {
+            call.effects.upsert(
+                format!("receipt:{id}"),
+                Receipt {
+                    order: id.clone(),
+                    total_cents: call.trigger.data.total_cents,
+                },
+            );
+            call.effects.act(
+                "notify",
+                format!("notify:{id}"),
+                &Notify {
+                    customer: call.trigger.data.customer.clone(),
+                    order: id,
+                },
+            );
+            Ok::<(), ProduceError>(())
+        }
+    })
+    .creates::<Receipt>()
+    .creates::<PendingAction>()
 }
 
 /// A produce on receipts: the receipt events of `process_order` are reacted to.
@@ -105,30 +136,7 @@ async fn a_turn_stopped_after_its_commit_releases_what_the_commit_claimed() {
     // work finished), and the turn stops before its drain hands anything out.
     let stopping = {
         let stop = stop.clone();
-        Produce::new("process_order", move |call: ProduceCall<Order>| {
-            stop.get().expect("set before the turn").stop();
-            let id = call.trigger.id.to_string();
-            async move {
-                call.effects.upsert(
-                    format!("receipt:{id}"),
-                    Receipt {
-                        order: id.clone(),
-                        total_cents: call.trigger.data.total_cents,
-                    },
-                );
-                call.effects.act(
-                    "notify",
-                    format!("notify:{id}"),
-                    &Notify {
-                        customer: call.trigger.data.customer.clone(),
-                        order: id,
-                    },
-                );
-                Ok::<(), ProduceError>(())
-            }
-        })
-        .creates::<Receipt>()
-        .creates::<reactifact_core::PendingAction>()
+        order_flow(move || stop.get().expect("set before the turn").stop())
     };
     let recorder = Recorder::default();
     let mut rt = Runtime::builder(Context::open(&path, "orders").unwrap())
@@ -153,4 +161,69 @@ async fn a_turn_stopped_after_its_commit_releases_what_the_commit_claimed() {
     let report = rt.run().await.unwrap();
     assert_eq!(report.deliveries.delivered, 1);
     assert_eq!(recorder.sent(), ["notify:order:1"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_dropped_while_its_commit_is_written_cuts_the_context_off_and_a_reopen_continues() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    seed_order(&path);
+    let ran = Arc::new(AtomicBool::new(false));
+    let mut rt = Runtime::builder(Context::open(&path, "orders").unwrap())
+        .agent(Agent::new("billing").produce(order_flow({
+            let ran = ran.clone();
+            move || ran.store(true, Ordering::SeqCst)
+        })))
+        .build()
+        .unwrap();
+
+    // Another program holds the file's write lock: the generation's commit waits for it (up
+    // to the store's busy timeout, much longer than this test takes to get there).
+    let locker = rusqlite::Connection::open(&path).unwrap();
+    locker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    {
+        let mut turn = std::pin::pin!(rt.run());
+        // Drive the turn until its produce ran, then a little further, into the commit's
+        // write, which cannot finish while the lock is held.
+        let mut after = 0;
+        while after < 3 {
+            if turn.as_mut().now_or_never().is_some() {
+                panic!("the turn finished while its commit could not be written");
+            }
+            if ran.load(Ordering::SeqCst) {
+                after += 1;
+            }
+            tokio::task::yield_now().await;
+        }
+        // The turn is dropped here, while its commit waits for the lock.
+    }
+    // The context took its changes back and writes nothing more.
+    assert!(rt.context().get::<Receipt>("receipt:order:1").unwrap().is_none());
+    let refused = rt.context_mut().create("order:2", order("bob", 100));
+    assert!(
+        matches!(refused, Err(WriteError::Store(StoreError::CutOff { .. }))),
+        "a write after a cut-off commit: {refused:?}"
+    );
+    assert!(matches!(
+        rt.run().await,
+        Err(RunError::Store(StoreError::CutOff { .. }))
+    ));
+    locker.execute_batch("COMMIT").unwrap();
+    // Dropping the context waits for its cut-off write to end, so that the reopen reads what
+    // it left (a write landing after the reopen read the log would make its next commit a
+    // conflict).
+    drop(rt);
+
+    // Whether the cut-off commit landed or not, a reopen continues from what the file holds:
+    // the order is processed once, its intent registered once.
+    let ctx = Context::open(&path, "orders").unwrap();
+    ctx.verify().unwrap();
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("billing").produce(process_order()))
+        .build()
+        .unwrap();
+    rt.run().await.unwrap();
+    assert!(rt.context().get::<Receipt>("receipt:order:1").unwrap().is_some());
+    assert_eq!(rt.context().ledger().len().await.unwrap(), 1);
+    assert_eq!(rt.context().log().len(), 2, "the seed and one generation");
 }

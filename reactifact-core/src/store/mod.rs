@@ -90,7 +90,8 @@ pub enum StoreError {
     },
     /// A commit of this context was cut off (its future was dropped) while its store write
     /// was under way, so whether the store has it is unknown: the context took it back and
-    /// writes nothing more. Reopen the session to continue from what the store holds.
+    /// writes nothing more. Drop the context (the drop waits for the cut-off write to end, so
+    /// it cannot land later) and reopen the session to continue from what the store holds.
     #[error("a commit of session `{session}` in {store} was cut off while it was being written; reopen the session to continue from what the store holds")]
     #[non_exhaustive]
     CutOff {

@@ -23,7 +23,7 @@ mod schema;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
@@ -75,6 +75,50 @@ pub(crate) struct SqliteStore {
     unprepared: Option<(i64, Synchronous)>,
     /// The file's outbox, shared with the stores of this store's forks.
     outbox: Arc<SqliteOutbox>,
+    /// The last write run on the outbox's thread: if the store is dropped while it is still
+    /// under way (its future was dropped: a cut-off commit), the drop waits for it to end, so
+    /// that a reopen reads what it left and no write of this store lands after that.
+    last_write: Option<Arc<WriteEnd>>,
+}
+
+/// The end of a write run on the outbox's thread.
+#[derive(Default)]
+struct WriteEnd {
+    ended: Mutex<bool>,
+    signal: Condvar,
+}
+
+impl WriteEnd {
+    /// Waits until the write ended, at most `limit`.
+    fn wait(&self, limit: Duration) {
+        let ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
+        let (ended, timeout) = self
+            .signal
+            .wait_timeout_while(ended, limit, |ended| !*ended)
+            .unwrap_or_else(PoisonError::into_inner);
+        if !*ended && timeout.timed_out() {
+            tracing::warn!("a cut-off write of the store was still under way when the store was dropped");
+        }
+    }
+}
+
+/// Marks the write ended when dropped: after it ran, if it panicked, or if it never ran.
+struct EndOnDrop(Arc<WriteEnd>);
+
+impl Drop for EndOnDrop {
+    fn drop(&mut self) {
+        *self.0.ended.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        self.0.signal.notify_all();
+    }
+}
+
+impl Drop for SqliteStore {
+    fn drop(&mut self) {
+        if let Some(write) = self.last_write.take() {
+            // A write waits at most the busy timeout for the lock, then runs one transaction.
+            write.wait(2 * BUSY_TIMEOUT);
+        }
+    }
 }
 
 fn millis(t: SystemTime) -> i64 {
@@ -233,6 +277,7 @@ impl SqliteStore {
             new_session,
             unprepared: (!options.read_only && version >= 1).then_some((version, options.synchronous)),
             outbox: Arc::new(outbox),
+            last_write: None,
         };
         let corrupt = |e: LoadError| match e {
             LoadError::Sqlite(e) => open_error(path, e),
@@ -785,6 +830,21 @@ impl From<rusqlite::types::FromSqlError> for LoadError {
 }
 
 impl SqliteStore {
+    /// Runs the write `op` on the outbox's thread, keeping track of its end (see
+    /// [`SqliteStore::last_write`]).
+    fn write_off_thread<T: Send + 'static>(
+        &mut self,
+        op: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> crate::store::outbox::BoxFuture<'static, Result<T, StoreError>> {
+        let end = Arc::new(WriteEnd::default());
+        let mark = EndOnDrop(end.clone());
+        self.last_write = Some(end);
+        self.outbox.run_write(move |conn| {
+            let _ended = mark;
+            op(conn)
+        })
+    }
+
     /// A new session in the same file whose log is this session's up to commit `at`.
     fn fork_session(
         &self,
@@ -832,6 +892,7 @@ impl SqliteStore {
             new_session: false,
             unprepared: None,
             outbox: self.outbox.clone(),
+            last_write: None,
         })
     }
 }
@@ -871,9 +932,9 @@ impl Store for SqliteStore {
         let row = CommitRow::of(delta);
         let fence = self.generation;
         let store = store_name(&self.path);
-        let written = self
-            .outbox
-            .run_write(move |conn| write_commit_row(conn, &row, fence).map_err(|source| store_error(&store, source)));
+        let written = self.write_off_thread(move |conn| {
+            write_commit_row(conn, &row, fence).map_err(|source| store_error(&store, source))
+        });
         let generation = delta.commit.generation.0;
         Box::pin(async move {
             match written.await? {
@@ -897,7 +958,7 @@ impl Store for SqliteStore {
         // Fenced like a commit: a copy that is behind the session (another writer committed,
         // or consumed further) is refused instead of losing events or running them again.
         let (session, fence, store) = (session.to_owned(), self.generation, store_name(&self.path));
-        let written = self.outbox.run_write(move |conn| {
+        let written = self.write_off_thread(move |conn| {
             conn.prepare_cached(
                 "UPDATE sessions SET consumed_seq = ?2 WHERE name = ?1 AND generation = ?3 AND consumed_seq <= ?2",
             )
