@@ -304,7 +304,7 @@ async fn branches_and_a_merge_migrate_reopen_and_verify() {
         ctx.verify().unwrap();
     }
     assert!(
-        main.log().iter().any(|c| c.merged.is_some()),
+        main.log().unwrap().iter().any(|c| c.merged.is_some()),
         "main holds the merge commit"
     );
     assert!(
