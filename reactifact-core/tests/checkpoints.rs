@@ -371,3 +371,24 @@ async fn commits_after_an_open_from_a_checkpoint_extend_the_whole_log() {
     let branch = ctx.fork_at("old", Generation(3)).unwrap();
     assert_eq!(branch.state_hash(), log[2].state_hash);
 }
+
+#[tokio::test]
+async fn a_branch_opens_from_its_parents_checkpoint_before_the_fork() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    write_history(&path).await;
+    let expected = {
+        let main = Context::open_with(&path, "main", options()).unwrap();
+        let mut branch = main.fork_at("late", Generation(25)).unwrap();
+        branch.create("order:700", order("zoe", 700)).unwrap();
+        branch.state_hash()
+    };
+    assert!(checkpoint_generations(&path, "late").is_empty());
+    // Commit 3 (main's, before its checkpoint at 20) no longer decodes: the branch's log
+    // holds it, but its open starts from main's checkpoint at 20.
+    sql(&path, "UPDATE commits SET runs = x'c1c1' WHERE session = 'main' AND generation = 3;");
+    let branch = Context::open_with(&path, "late", options()).unwrap();
+    assert_eq!((branch.state_hash(), branch.generation()), (expected, Generation(26)));
+    assert_eq!(branch.queued_events(), 1, "order:700's: the fork started with none");
+    assert!(matches!(branch.verify(), Err(VerifyError::History { .. })));
+}

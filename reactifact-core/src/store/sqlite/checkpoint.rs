@@ -119,19 +119,31 @@ fn generations(conn: &Connection, session: &str) -> rusqlite::Result<Vec<u64>> {
     found
 }
 
-/// The newest checkpoint of `session` at or before its generation `head` that checks out
-/// (see the module docs), or `None`. A row that does not check out is skipped with a
-/// warning.
+/// The newest checkpoint of `session`'s log at or before its generation `head` that checks
+/// out (see the module docs), or `None`. A row that does not check out is skipped with a
+/// warning. A branch also takes its ancestors' checkpoints up to where it forked: its log is
+/// theirs up to there, and a fork starts with no queued event, so none of the events such a
+/// checkpoint holds is queued on the branch (the caller drops those below the session's
+/// consumed position).
 pub(super) fn newest(conn: &Connection, session: &str, head: u64) -> Result<Option<Checkpoint>, LoadError> {
-    for generation in generations(conn, session)? {
-        if generation > head || generation == 0 {
-            tracing::warn!(session, generation, head, "a checkpoint names a commit past the session's head; it is skipped");
-            continue;
+    let mut candidates = Vec::new();
+    for (owner, from, upto) in super::chain(conn, session)?.into_iter().rev() {
+        for generation in generations(conn, &owner)? {
+            let own = owner == session && generation >= 1 && generation <= head;
+            if own || (generation > from && generation <= upto.min(head)) {
+                candidates.push((owner.clone(), generation));
+            } else if owner == session {
+                tracing::warn!(session, generation, head, "a checkpoint names a commit past the session's head; it is skipped");
+            }
         }
-        let Some(row) = Row::read(conn, session, generation)? else {
+    }
+    // Newest first; at one generation, the session's own before an ancestor's.
+    candidates.sort_by_key(|(owner, generation)| (std::cmp::Reverse(*generation), owner != session));
+    for (owner, generation) in candidates {
+        let Some(row) = Row::read(conn, &owner, generation)? else {
             continue;
         };
-        let checked = row.check(session).and_then(|(hash, state_hash, body)| {
+        let checked = row.check(&owner).and_then(|(hash, state_hash, body)| {
             match commit_hashes_at(conn, session, generation).map_err(|e| match e {
                 LoadError::Sqlite(e) => e.to_string(),
                 LoadError::Corrupt(detail) => detail,
@@ -153,7 +165,7 @@ pub(super) fn newest(conn: &Connection, session: &str, head: u64) -> Result<Opti
         match checked {
             Ok(checkpoint) => return Ok(Some(checkpoint)),
             Err(detail) => {
-                tracing::warn!(session, generation, %detail, "a checkpoint does not check out; it is skipped, and an older one (or the whole log) is used");
+                tracing::warn!(session, checkpoint_of = %owner, generation, %detail, "a checkpoint does not check out; it is skipped, and an older one (or the whole log) is used");
             }
         }
     }
