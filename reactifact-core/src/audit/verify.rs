@@ -160,6 +160,19 @@ fn verify_with_checkpoints(log: &[Commit], checkpoints: Vec<StoredCheckpoint>) -
             )));
         }
         let body = checkpoint.body.map_err(bad)?;
+        // The queue is a run of consecutive events up to the last one emitted, holding every
+        // one the session has not consumed since.
+        let seqs: Vec<u64> = body.events.iter().map(|q| q.seq).collect();
+        let first = seqs.first().copied().unwrap_or(body.next_event_seq);
+        let consecutive = seqs.iter().zip(first..).all(|(&seq, expected)| seq == expected)
+            && first + seqs.len() as u64 == body.next_event_seq;
+        let missing = checkpoint.consumed_seq < body.next_event_seq && first > checkpoint.consumed_seq;
+        if !consecutive || missing {
+            return Err(bad(format!(
+                "its queued events (numbers {seqs:?}) are not the events from the session's consumed position {} up to its next event {}",
+                checkpoint.consumed_seq, body.next_event_seq
+            )));
+        }
         bodies.insert(generation, (checkpoint.hash, checkpoint.state_hash, body));
     }
     // The events emitted that some checkpoint holds as queued, by number.

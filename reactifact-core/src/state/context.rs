@@ -304,7 +304,7 @@ impl Context {
 
     /// A checkpoint of the head: the commit, an O(1) clone of the state, the event position
     /// and the queued events. `None` before the first commit.
-    fn checkpoint_of_head(&self) -> Option<Checkpoint> {
+    pub(crate) fn checkpoint_of_head(&self) -> Option<Checkpoint> {
         Some(Checkpoint {
             generation: self.generation(),
             hash: self.log.head()?,

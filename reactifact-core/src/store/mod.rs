@@ -510,6 +510,9 @@ pub(crate) struct StoredCheckpoint {
     pub(crate) state_hash: StateHash,
     /// Its body, or why it does not check out (digest, decoding).
     pub(crate) body: Result<CheckpointBody, String>,
+    /// The session's consumed position now: every event the checkpoint's commit had emitted
+    /// at or after it must be among the checkpoint's queued events.
+    pub(crate) consumed_seq: u64,
 }
 
 /// Everything a store hands back to rebuild a context.

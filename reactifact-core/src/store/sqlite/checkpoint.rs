@@ -174,6 +174,10 @@ pub(super) fn newest(conn: &Connection, session: &str, head: u64) -> Result<Opti
 
 /// Every checkpoint of `session`, oldest first, checked against its digest and decoded.
 pub(super) fn all(conn: &Connection, session: &str) -> rusqlite::Result<Vec<StoredCheckpoint>> {
+    let consumed_seq: u64 = conn
+        .query_row("SELECT consumed_seq FROM sessions WHERE name = ?1", [session], |row| row.get(0))
+        .optional()?
+        .unwrap_or(0);
     let mut stored = Vec::new();
     for generation in generations(conn, session)?.into_iter().rev() {
         let Some(row) = Row::read(conn, session, generation)? else {
@@ -188,6 +192,7 @@ pub(super) fn all(conn: &Connection, session: &str) -> rusqlite::Result<Vec<Stor
             hash,
             state_hash,
             body: row.check(session).map(|(_, _, body)| body),
+            consumed_seq,
         });
     }
     Ok(stored)

@@ -1154,4 +1154,65 @@ mod tests {
         // Not a commit of this log: another session's row, not checked against it.
         assert!(store.verify_outbox(&[]).is_ok());
     }
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Note {
+        n: u32,
+    }
+
+    impl crate::model::artifact::Artifact for Note {
+        const KIND: &'static str = "note";
+    }
+
+    /// A checkpoint whose digest, commit hash and state hash all check out but whose content
+    /// is not the log's (written by something other than the context): the open takes it,
+    /// `verify` refuses it, naming its generation.
+    #[test]
+    fn verify_refuses_a_checkpoint_that_checks_out_but_is_not_the_logs() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let options = || OpenOptions::new().checkpoint_every(0);
+        let mut ctx = crate::Context::open_with(&path, "orders", options()).unwrap();
+        ctx.create("note:1", Note { n: 1 }).unwrap();
+        let first = ctx.state().clone();
+        ctx.update("note:1", Note { n: 2 }).unwrap();
+        // Back to the first content: the same state hash as after commit 1, version 3.
+        ctx.update("note:1", Note { n: 1 }).unwrap();
+        ctx.create("note:2", Note { n: 2 }).unwrap();
+        let honest = ctx.checkpoint_of_head().unwrap();
+        drop(ctx);
+
+        let forge = |forged: &Checkpoint| {
+            let mut conn = Connection::open(&path).unwrap();
+            conn.execute_batch("DELETE FROM checkpoints").unwrap();
+            checkpoint::write(&mut conn, "orders", forged).unwrap();
+        };
+        let verified = || crate::Context::open_with(&path, "orders", options()).unwrap().verify();
+        forge(&honest);
+        verified().unwrap();
+
+        // The state after commit 1 (note:1 at version 1) under commit 3's names.
+        let mut ctx = crate::Context::open_with(&path, "orders", options()).unwrap();
+        ctx.delete("note:2").unwrap();
+        let at_3 = ctx.checkpoint_of_head().unwrap();
+        let forged = Checkpoint { state: first, ..at_3 };
+        drop(ctx);
+        forge(&forged);
+        match verified() {
+            Err(VerifyError::Checkpoint { generation, detail }) => {
+                assert_eq!(generation, Generation(5));
+                assert!(detail.starts_with("its state is not the log's"), "{detail}");
+            }
+            other => panic!("expected a bad checkpoint, got {other:?}"),
+        }
+
+        // A queued event left out.
+        let ctx = crate::Context::open_with(&path, "orders", options()).unwrap();
+        let mut short = ctx.checkpoint_of_head().unwrap();
+        assert!(short.events.len() >= 2);
+        short.events.remove(0);
+        drop(ctx);
+        forge(&short);
+        assert!(matches!(verified(), Err(VerifyError::Checkpoint { .. })));
+    }
 }
