@@ -348,4 +348,44 @@ mod tests {
         assert!(decoded[0].reads.is_empty());
         assert_eq!(encode_runs(&decoded), old);
     }
+
+    #[test]
+    fn a_checkpoint_body_round_trips_the_state_and_the_queue() {
+        use crate::model::event::EventKind;
+        let mut state = State::default();
+        for (i, id) in ["receipt:1", "receipt:2", "receipt:3"].into_iter().enumerate() {
+            let bytes = crate::model::artifact::encode(&Receipt { total: i as u32 }).unwrap();
+            let created = state.next_created();
+            state.put(
+                &ArtifactId::from(id),
+                Some(Arc::new(Stored {
+                    id: ArtifactId::from(id),
+                    kind: Kind::of::<Receipt>(),
+                    version: Version(i as u64 + 1),
+                    hash: hash::content_hash(&bytes),
+                    generation: Generation(7),
+                    created,
+                    bytes: Arc::from(bytes),
+                })),
+            );
+        }
+        state.set_relation(&Relation::new("receipt:1", "next", "receipt:2"), true);
+        let events = vec![QueuedEvent {
+            seq: 41,
+            event: Event {
+                kind: EventKind::Updated,
+                id: ArtifactId::from("receipt:3"),
+                artifact_kind: Kind::of::<Receipt>(),
+                version: Version(3),
+                generation: Generation(7),
+            },
+        }];
+        let body = decode_checkpoint(&encode_checkpoint(&state, 42, &events)).unwrap();
+        assert!(body.state.difference(&state).is_none());
+        assert_eq!(body.state.state_hash(), state.state_hash());
+        assert_eq!(body.next_event_seq, 42);
+        assert_eq!(body.events.len(), 1);
+        assert_eq!((body.events[0].seq, &body.events[0].event), (41, &events[0].event));
+        assert!(decode_checkpoint(b"\x93\x01").is_err());
+    }
 }
