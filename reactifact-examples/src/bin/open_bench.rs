@@ -7,7 +7,9 @@
 //!
 //! For each N, writes a session of N commits to a new file (`synchronous = NORMAL`; untimed),
 //! one direct write per commit: commit `i` creates or updates `order:{i % K}` (`--ids K`,
-//! default 10,000), so the state holds K orders whatever N. Checkpoints are written every
+//! default 10,000), so the state holds K orders whatever N, and every 1,000 commits a turn of a
+//! runtime consumes the queued events (no produce reacts to orders), as a running runtime would:
+//! the queue is part of what a checkpoint holds. Checkpoints are written every
 //! `--every` commits (default 10,000, the default of `OpenOptions::checkpoint_every`), so the
 //! newest is at N rounded down to a multiple of it and an open replays the N mod `--every`
 //! commits after it. A copy of the file without its checkpoints is then opened the way a file
@@ -24,8 +26,13 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use reactifact_core::{Context, OpenOptions, Synchronous, DEFAULT_CHECKPOINT_EVERY};
-use reactifact_examples::order_flow::Order;
+use reactifact_core::{
+    Agent, Context, OpenOptions, Produce, ProduceCall, ProduceError, Runtime, Synchronous, DEFAULT_CHECKPOINT_EVERY,
+};
+use reactifact_examples::order_flow::{Order, Receipt};
+
+/// How many commits' events wait before a turn consumes them.
+const CONSUME_EVERY: u64 = 1_000;
 
 struct Options {
     commits: Vec<u64>,
@@ -66,16 +73,27 @@ fn options(every: u64) -> OpenOptions {
         .checkpoint_every(every)
 }
 
-/// Writes `commits` commits, commit `i` writing `order:{i % ids}`.
-fn write(path: &Path, commits: u64, ids: u64, every: u64) -> Result<(), String> {
-    let mut ctx = Context::open_with(path, "orders", options(every)).map_err(|e| e.to_string())?;
+/// Writes `commits` commits, commit `i` writing `order:{i % ids}`, and consumes their events
+/// every [`CONSUME_EVERY`] commits, as a runtime would: a turn of a runtime whose only produce
+/// reacts to receipts (which nothing writes here) consumes them without a commit.
+async fn write(path: &Path, commits: u64, ids: u64, every: u64) -> Result<(), String> {
+    let ctx = Context::open_with(path, "orders", options(every)).map_err(|e| e.to_string())?;
+    let idle = Produce::new("on_receipt", |_: ProduceCall<Receipt>| async { Ok::<(), ProduceError>(()) });
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("idle").produce(idle))
+        .build()
+        .map_err(|e| e.to_string())?;
     for i in 0..commits {
         let order = Order {
             customer: format!("customer-{}", i % 97),
             total_cents: i,
         };
-        ctx.create(format!("order:{}", i % ids), order)
+        rt.context_mut()
+            .create(format!("order:{}", i % ids), order)
             .map_err(|e| e.to_string())?;
+        if (i + 1) % CONSUME_EVERY == 0 {
+            rt.run().await.map_err(|e| e.to_string())?;
+        }
     }
     Ok(())
 }
@@ -113,7 +131,7 @@ async fn run(options: &Options) -> Result<(), String> {
         let path = dir.join(format!("with-{n}.db"));
         let bare = dir.join(format!("without-{n}.db"));
         let start = Instant::now();
-        write(&path, n, options.ids, options.every)?;
+        write(&path, n, options.ids, options.every).await?;
         let setup_s = start.elapsed().as_secs_f64();
         strip(&path, &bare)?;
         let size_mb = std::fs::metadata(&path).map_err(|e| e.to_string())?.len() as f64 / 1e6;
@@ -135,10 +153,10 @@ async fn run(options: &Options) -> Result<(), String> {
             ctx.checkpoint().await.map_err(|e| e.to_string())?;
             checkpoint.push(start.elapsed().as_secs_f64() * 1e3);
         }
-        drop((ctx, whole));
+        let queued = whole.queued_events();
         let (w, wo, c) = (stats(with), stats(without), stats(checkpoint));
         println!(
-            "{{\"commits\":{n},\"ids\":{},\"every\":{},\"tail\":{},\"file_mb\":{size_mb:.1},\"setup_s\":{setup_s:.1},\
+            "{{\"commits\":{n},\"ids\":{},\"every\":{},\"tail\":{},\"queued\":{queued},\"file_mb\":{size_mb:.1},\"setup_s\":{setup_s:.1},\
              \"open_checkpoint_ms\":{{\"median\":{:.2},\"min\":{:.2},\"max\":{:.2},\"n\":{}}},\
              \"open_whole_log_ms\":{{\"median\":{:.1},\"min\":{:.1},\"max\":{:.1},\"n\":{}}},\
              \"checkpoint_write_ms\":{{\"median\":{:.2},\"min\":{:.2},\"max\":{:.2},\"n\":{}}},\"speedup\":{:.0}}}",
@@ -159,6 +177,7 @@ async fn run(options: &Options) -> Result<(), String> {
             options.samples,
             wo.0 / w.0,
         );
+        drop((ctx, whole));
         for file in [&path, &bare] {
             for suffix in ["", "-wal", "-shm"] {
                 let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
