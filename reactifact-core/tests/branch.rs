@@ -486,7 +486,11 @@ fn a_criss_cross_history_is_refused_naming_both_bases() {
         }
         other => panic!("expected a criss-cross refusal, got {other:?}"),
     }
-    assert_eq!((a.state_hash(), a.log().unwrap().len()), (hash, commits), "nothing applied");
+    assert_eq!(
+        (a.state_hash(), a.log().unwrap().len()),
+        (hash, commits),
+        "nothing applied"
+    );
 }
 
 #[tokio::test]

@@ -158,7 +158,11 @@ async fn a_session_reopened_from_a_checkpoint_is_the_session_reopened_from_its_f
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
     write_history(&path).await;
-    assert_eq!(checkpoint_generations(&path, "main"), [20, 30], "the newest two are kept");
+    assert_eq!(
+        checkpoint_generations(&path, "main"),
+        [20, 30],
+        "the newest two are kept"
+    );
     let copy = without_checkpoints(&path, dir.path());
     let from_checkpoint = Context::open_with(&path, "main", options()).unwrap();
     let from_start = Context::open_with(&copy, "main", options()).unwrap();
@@ -243,7 +247,10 @@ async fn open_from_a_checkpoint_reads_no_commit_before_it() {
     write_history(&path).await;
     let expected = Context::open(&path, "main").unwrap().state_hash();
     // Commit 3's runs no longer decode.
-    sql(&path, "UPDATE commits SET runs = x'c1c1' WHERE session = 'main' AND generation = 3;");
+    sql(
+        &path,
+        "UPDATE commits SET runs = x'c1c1' WHERE session = 'main' AND generation = 3;",
+    );
 
     let ctx = Context::open_with(&path, "main", options()).unwrap();
     assert_eq!((ctx.state_hash(), ctx.generation()), (expected, Generation(33)));
@@ -290,7 +297,13 @@ async fn a_damaged_checkpoint_is_skipped_without_writing_and_verify_refuses_it()
     assert_eq!((ctx.state_hash(), events(&ctx)), (hash, queued.clone()));
     let err = ctx.verify().unwrap_err();
     assert!(
-        matches!(err, VerifyError::Checkpoint { generation: Generation(20), .. }),
+        matches!(
+            err,
+            VerifyError::Checkpoint {
+                generation: Generation(20),
+                ..
+            }
+        ),
         "{err}"
     );
     drop(ctx);
@@ -321,7 +334,13 @@ async fn a_checkpoint_naming_another_commit_is_skipped_and_refused_by_verify() {
     assert_eq!(ctx.state_hash(), hash);
     let err = ctx.verify().unwrap_err();
     assert!(
-        matches!(err, VerifyError::Checkpoint { generation: Generation(30), .. }),
+        matches!(
+            err,
+            VerifyError::Checkpoint {
+                generation: Generation(30),
+                ..
+            }
+        ),
         "{err}"
     );
 }
@@ -386,7 +405,10 @@ async fn a_branch_opens_from_its_parents_checkpoint_before_the_fork() {
     assert!(checkpoint_generations(&path, "late").is_empty());
     // Commit 3 (main's, before its checkpoint at 20) no longer decodes: the branch's log
     // holds it, but its open starts from main's checkpoint at 20.
-    sql(&path, "UPDATE commits SET runs = x'c1c1' WHERE session = 'main' AND generation = 3;");
+    sql(
+        &path,
+        "UPDATE commits SET runs = x'c1c1' WHERE session = 'main' AND generation = 3;",
+    );
     let branch = Context::open_with(&path, "late", options()).unwrap();
     assert_eq!((branch.state_hash(), branch.generation()), (expected, Generation(26)));
     assert_eq!(branch.queued_events(), 1, "order:700's: the fork started with none");

@@ -191,7 +191,13 @@ async fn run_flow() -> Context {
 async fn the_same_seeded_inputs_give_the_same_commit_hashes() {
     let first = run_flow().await;
     let second = run_flow().await;
-    let hashes = |ctx: &Context| ctx.log().unwrap().iter().map(|c| (c.hash, c.state_hash)).collect::<Vec<_>>();
+    let hashes = |ctx: &Context| {
+        ctx.log()
+            .unwrap()
+            .iter()
+            .map(|c| (c.hash, c.state_hash))
+            .collect::<Vec<_>>()
+    };
     assert_eq!(first.log().unwrap().len(), 5);
     assert_eq!(hashes(&first), hashes(&second));
     // The chain links each commit to its parent.

@@ -543,6 +543,9 @@ async fn an_event_superseded_by_a_later_change_of_its_artifact_runs_nothing() {
         .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.runs, 1, "the produce runs once, on the latest version");
-    let trigger = rt.context().log().unwrap().last().unwrap().runs[0].trigger.clone().unwrap();
+    let trigger = rt.context().log().unwrap().last().unwrap().runs[0]
+        .trigger
+        .clone()
+        .unwrap();
     assert_eq!(trigger.version.0, 2);
 }

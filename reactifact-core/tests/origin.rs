@@ -66,7 +66,10 @@ async fn an_intent_recorded_on_a_branch_names_that_branch_and_its_commit() {
     assert_eq!(seen.commit(), branch.log().unwrap()[3].hash);
 
     // On the branch, the documented lookup finds the recording run.
-    let commit = branch.commit_of(seen).unwrap().expect("the commit is in the branch's log");
+    let commit = branch
+        .commit_of(seen)
+        .unwrap()
+        .expect("the commit is in the branch's log");
     assert_eq!(commit.runs[seen.run()].produce.as_deref(), Some("process_order"));
     // On main, generation 4 does not exist (main is at 2): no panic, no wrong commit.
     assert_eq!(main.generation(), Generation(2));
@@ -108,7 +111,10 @@ async fn a_generation_from_another_session_never_yields_the_wrong_commit() {
         "main holds a commit at the same generation"
     );
     assert_ne!(main.log().unwrap()[2].hash, origin.commit());
-    assert!(main.commit_of(&origin).unwrap().is_none(), "main's commit 3 is not the intent's");
+    assert!(
+        main.commit_of(&origin).unwrap().is_none(),
+        "main's commit 3 is not the intent's"
+    );
     assert!(rt.context().commit_of(&origin).unwrap().is_some());
 }
 

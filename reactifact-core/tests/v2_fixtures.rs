@@ -39,7 +39,9 @@ async fn regenerate_v2_fixtures() {
             .unwrap();
         // 30 orders, one commit each, then a turn: receipts and delivered intents.
         for i in 1..=30 {
-            main.context_mut().create(format!("order:{i}"), order("ada", i)).unwrap();
+            main.context_mut()
+                .create(format!("order:{i}"), order("ada", i))
+                .unwrap();
         }
         main.run().await.unwrap();
         let branch = main.context().fork("what-if").unwrap();
@@ -86,7 +88,13 @@ fn has_table(path: &Path, table: &str) -> bool {
 }
 
 /// What a session of the fixture reads as.
-fn summary(ctx: &Context) -> (reactifact_core::StateHash, Vec<reactifact_core::Event>, Vec<reactifact_core::CommitHash>) {
+fn summary(
+    ctx: &Context,
+) -> (
+    reactifact_core::StateHash,
+    Vec<reactifact_core::Event>,
+    Vec<reactifact_core::CommitHash>,
+) {
     (
         ctx.state_hash(),
         ctx.events().cloned().collect(),
@@ -108,7 +116,10 @@ async fn a_version_2_file_reads_as_it_is_and_migrates_to_checkpoints_at_its_firs
     assert_eq!(main.generation().0, 35);
     // order:31's, the merge's three (order:40, its receipt and its intent) and the update's.
     assert_eq!(main.queued_events(), 5);
-    assert!(main.get::<Order>("order:40").unwrap().is_some(), "the branch's order came in");
+    assert!(
+        main.get::<Order>("order:40").unwrap().is_some(),
+        "the branch's order came in"
+    );
     assert!(matches!(
         main.checkpoint().await,
         Err(reactifact_core::StoreError::ReadOnly { .. })
@@ -125,7 +136,10 @@ async fn a_version_2_file_reads_as_it_is_and_migrates_to_checkpoints_at_its_firs
     main.verify().unwrap();
     assert_eq!(main.checkpoint().await.unwrap(), Some(reactifact_core::Generation(35)));
     let branch = Context::open(&path, "what-if").unwrap();
-    assert_eq!(branch.checkpoint().await.unwrap(), Some(reactifact_core::Generation(33)));
+    assert_eq!(
+        branch.checkpoint().await.unwrap(),
+        Some(reactifact_core::Generation(33))
+    );
     drop((main, branch));
 
     // Reopened from that checkpoint (the first commit's runs no longer decode: it is not read).
@@ -134,7 +148,10 @@ async fn a_version_2_file_reads_as_it_is_and_migrates_to_checkpoints_at_its_firs
         .unwrap();
     drop(conn);
     let main = Context::open(&path, "main").unwrap();
-    assert_eq!((main.state_hash(), main.events().cloned().collect::<Vec<_>>()), (expected.0, expected.1));
+    assert_eq!(
+        (main.state_hash(), main.events().cloned().collect::<Vec<_>>()),
+        (expected.0, expected.1)
+    );
     assert!(main.verify().is_err(), "verify reads the damaged commit");
     let branch = Context::open_with(&path, "what-if", read_only).unwrap();
     assert!(branch.get::<Order>("order:40").unwrap().is_some());

@@ -6,8 +6,8 @@ use crate::model::hash::{CommitHash, StateHash};
 use crate::state::commit::Commit;
 use crate::state::context::Context;
 use crate::state::refold::{Checks, Refold, VerifyError};
-use crate::store::StoredCheckpoint;
 use crate::state::snapshot::Snapshot;
+use crate::store::StoredCheckpoint;
 
 /// What a successful verification checked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -198,7 +198,10 @@ fn verify_with_checkpoints(log: &[Commit], checkpoints: Vec<StoredCheckpoint>) -
             detail,
         };
         if *hash != commit.hash {
-            return Err(bad(format!("it names commit hash {hash}, the log's commit is {}", commit.hash)));
+            return Err(bad(format!(
+                "it names commit hash {hash}, the log's commit is {}",
+                commit.hash
+            )));
         }
         if *state_hash != commit.state_hash {
             return Err(bad(format!(

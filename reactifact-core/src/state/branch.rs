@@ -324,7 +324,12 @@ impl Context {
         }
         let held = self.held_log();
         let (state, events_emitted, log, graph) = if generation == head {
-            (self.state().clone(), self.next_event_seq(), held.clone(), self.graph().clone())
+            (
+                self.state().clone(),
+                self.next_event_seq(),
+                held.clone(),
+                self.graph().clone(),
+            )
         } else if let Some(base) = held.base().filter(|b| generation >= b.generation) {
             // At or after the checkpoint the context was opened from: replayed from it.
             let mut refold = Refold::resuming(base.state.clone(), base.generation, base.hash, Checks::STATE);

@@ -78,7 +78,9 @@ fn options(every: u64) -> OpenOptions {
 /// reacts to receipts (which nothing writes here) consumes them without a commit.
 async fn write(path: &Path, commits: u64, ids: u64, every: u64) -> Result<(), String> {
     let ctx = Context::open_with(path, "orders", options(every)).map_err(|e| e.to_string())?;
-    let idle = Produce::new("on_receipt", |_: ProduceCall<Receipt>| async { Ok::<(), ProduceError>(()) });
+    let idle = Produce::new("on_receipt", |_: ProduceCall<Receipt>| async {
+        Ok::<(), ProduceError>(())
+    });
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("idle").produce(idle))
         .build()
@@ -102,7 +104,8 @@ async fn write(path: &Path, commits: u64, ids: u64, every: u64) -> Result<(), St
 fn strip(from: &Path, to: &Path) -> Result<(), String> {
     std::fs::copy(from, to).map_err(|e| e.to_string())?;
     let conn = rusqlite::Connection::open(to).map_err(|e| e.to_string())?;
-    conn.execute_batch("DELETE FROM checkpoints;").map_err(|e| e.to_string())
+    conn.execute_batch("DELETE FROM checkpoints;")
+        .map_err(|e| e.to_string())
 }
 
 /// (median, min, max) in milliseconds.

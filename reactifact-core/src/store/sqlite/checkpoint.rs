@@ -133,7 +133,12 @@ pub(super) fn newest(conn: &Connection, session: &str, head: u64) -> Result<Opti
             if own || (generation > from && generation <= upto.min(head)) {
                 candidates.push((owner.clone(), generation));
             } else if owner == session {
-                tracing::warn!(session, generation, head, "a checkpoint names a commit past the session's head; it is skipped");
+                tracing::warn!(
+                    session,
+                    generation,
+                    head,
+                    "a checkpoint names a commit past the session's head; it is skipped"
+                );
             }
         }
     }
@@ -175,7 +180,9 @@ pub(super) fn newest(conn: &Connection, session: &str, head: u64) -> Result<Opti
 /// Every checkpoint of `session`, oldest first, checked against its digest and decoded.
 pub(super) fn all(conn: &Connection, session: &str) -> rusqlite::Result<Vec<StoredCheckpoint>> {
     let consumed_seq: u64 = conn
-        .query_row("SELECT consumed_seq FROM sessions WHERE name = ?1", [session], |row| row.get(0))
+        .query_row("SELECT consumed_seq FROM sessions WHERE name = ?1", [session], |row| {
+            row.get(0)
+        })
         .optional()?
         .unwrap_or(0);
     let mut stored = Vec::new();
@@ -184,8 +191,12 @@ pub(super) fn all(conn: &Connection, session: &str) -> rusqlite::Result<Vec<Stor
             continue;
         };
         let (hash, state_hash) = (
-            hash_of(&row.hash, "its commit hash").map(CommitHash).unwrap_or(CommitHash([0; 32])),
-            hash_of(&row.state_hash, "its state hash").map(StateHash).unwrap_or(StateHash([0; 32])),
+            hash_of(&row.hash, "its commit hash")
+                .map(CommitHash)
+                .unwrap_or(CommitHash([0; 32])),
+            hash_of(&row.state_hash, "its state hash")
+                .map(StateHash)
+                .unwrap_or(StateHash([0; 32])),
         );
         stored.push(StoredCheckpoint {
             generation: Generation(generation),

@@ -31,7 +31,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
 
 use super::codec;
-use super::{Checkpoint, CommitDelta, Loaded, OpenError, OpenOptions, Store, StoreError, StoredCheckpoint, Synchronous};
+use super::{
+    Checkpoint, CommitDelta, Loaded, OpenError, OpenOptions, Store, StoreError, StoredCheckpoint, Synchronous,
+};
 use crate::model::action::{ActionKey, Intent, Origin};
 use crate::model::artifact::Generation;
 use crate::model::delivery::NewIntent;
@@ -790,12 +792,15 @@ fn load_range(conn: &Connection, session: &str, after: u64, upto: u64) -> Result
     Ok(commits)
 }
 
+/// A commit's hash and state hash, as stored.
+type StoredHashes = (Vec<u8>, Vec<u8>);
+
 /// The hash and state hash of commit `generation` of `session`'s log, without decoding it.
 fn commit_hashes_at(
     conn: &Connection,
     session: &str,
     generation: u64,
-) -> Result<Option<(Vec<u8>, Vec<u8>)>, LoadError> {
+) -> Result<Option<StoredHashes>, LoadError> {
     let Some((owner, ..)) = chain(conn, session)?
         .into_iter()
         .find(|&(_, from, upto)| from < generation && generation <= upto)
@@ -1026,8 +1031,7 @@ impl Store for SqliteStore {
         if !self.checkpoints {
             return Ok(Vec::new());
         }
-        checkpoint::all(&self.conn.lock(), &self.session)
-            .map_err(|e| LoadError::Sqlite(e).into_history())
+        checkpoint::all(&self.conn.lock(), &self.session).map_err(|e| LoadError::Sqlite(e).into_history())
     }
 }
 
