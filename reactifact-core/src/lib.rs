@@ -71,7 +71,9 @@ pub use store::outbox::{
     BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome, Page, Recorded,
     Recording, RetryError, Scope, StatusCounts,
 };
-pub use store::{BackendError, OpenError, OpenOptions, SqliteOutbox, StoreError, Synchronous};
+pub use store::{
+    BackendError, OpenError, OpenOptions, SqliteOutbox, StoreError, Synchronous, DEFAULT_CHECKPOINT_EVERY,
+};
 
 /// The store contract suite: checks every [`OutboxStore`] must pass, written once and run
 /// against each store (memory, SQLite, and stores of other crates). Not public API; enabled by

@@ -68,7 +68,7 @@ async fn two_branches_reaching_the_same_intent_send_it_once_and_merge_into_one()
     let head_before = rt.context().head();
     let report = rt.context_mut().merge(other.context()).unwrap();
     assert_eq!(sends.load(Ordering::SeqCst), 3, "merging never dispatches");
-    let merge = rt.context().log().last().unwrap();
+    let merge = rt.context().log().unwrap().last().unwrap();
     assert_eq!(merge.parent, head_before);
     assert_eq!(merge.merged, other.context().head());
     assert_eq!(report.generation, Some(merge.generation));
@@ -124,7 +124,7 @@ fn different_content_on_both_sides_is_a_conflict_and_nothing_is_applied() {
     // A change only they made would apply, but a conflict applies nothing.
     branch.create("order:3", order("cy", 3)).unwrap();
 
-    let (hash, commits) = (main.state_hash(), main.log().len());
+    let (hash, commits) = (main.state_hash(), main.log().unwrap().len());
     let MergeError::Conflicts(conflicts) = main.merge(&branch).unwrap_err() else {
         panic!("expected conflicts");
     };
@@ -153,7 +153,7 @@ fn different_content_on_both_sides_is_a_conflict_and_nothing_is_applied() {
     let second = &conflicts[1];
     assert_eq!(second.id.as_str(), "order:2");
     assert!(second.ours.is_none() && second.theirs.is_some() && second.base.is_some());
-    assert_eq!((main.state_hash(), main.log().len()), (hash, commits));
+    assert_eq!((main.state_hash(), main.log().unwrap().len()), (hash, commits));
     assert!(main.get::<Order>("order:3").unwrap().is_none());
 }
 
@@ -193,7 +193,7 @@ fn a_fork_at_a_past_commit_starts_from_that_state() {
     main.update("order:1", order("ada", 3)).unwrap();
     let past = main.fork_at("past", Generation(1)).unwrap();
     assert_eq!(past.generation(), Generation(1));
-    assert_eq!(past.state_hash(), main.log()[0].state_hash);
+    assert_eq!(past.state_hash(), main.log().unwrap()[0].state_hash);
     assert_eq!(past.get::<Order>("order:1").unwrap().unwrap().data.total_cents, 1);
     assert!(past.get::<Order>("order:2").unwrap().is_none());
     assert!(main.fork_at("future", Generation(9)).is_err());
@@ -343,17 +343,17 @@ async fn branches_live_in_the_sqlite_file_and_merge_there() {
     }
     assert_eq!(recorder.sent(), ["notify:order:2"]);
     let branch = Context::open(&path, "b").unwrap();
-    assert_eq!(branch.log().len(), 3, "the parent's commit, then its own");
+    assert_eq!(branch.log().unwrap().len(), 3, "the parent's commit, then its own");
     assert_eq!(branch.queued_events(), 0);
     branch.verify().unwrap();
     let mut main = Context::open(&path, "main").unwrap();
-    assert_eq!(main.log().len(), 1);
+    assert_eq!(main.log().unwrap().len(), 1);
     main.merge(&branch).unwrap();
     drop(main);
     let main = Context::open(&path, "main").unwrap();
     main.verify().unwrap();
     assert!(main.get::<Receipt>("receipt:order:2").unwrap().is_some());
-    assert_eq!(main.log().last().unwrap().merged, branch.head());
+    assert_eq!(main.log().unwrap().last().unwrap().merged, branch.head());
     // Main runs its own queued order:1; the merged intent of order:2, delivered on the
     // branch, is never sent again.
     let mut rt = keyed(main);
@@ -386,7 +386,7 @@ fn a_deletion_merged_through_an_earlier_merge_is_not_lost() {
     let report = main.merge(&r).unwrap();
     assert_eq!(
         report.ancestor,
-        Some(r.log()[1].hash),
+        Some(r.log().unwrap()[1].hash),
         "the base is l's commit that created a"
     );
     assert_eq!(cents(&main, "order:a"), None, "their deletion is applied");
@@ -475,7 +475,7 @@ fn a_criss_cross_history_is_refused_naming_both_bases() {
     b.merge(&a1).unwrap();
     a.update("order:0", order("zoe", 1)).unwrap();
 
-    let (hash, commits) = (a.state_hash(), a.log().len());
+    let (hash, commits) = (a.state_hash(), a.log().unwrap().len());
     match a.merge(&b) {
         Err(MergeError::CrissCross { bases }) => {
             let mut bases: Vec<_> = bases.into_iter().collect();
@@ -486,7 +486,11 @@ fn a_criss_cross_history_is_refused_naming_both_bases() {
         }
         other => panic!("expected a criss-cross refusal, got {other:?}"),
     }
-    assert_eq!((a.state_hash(), a.log().len()), (hash, commits), "nothing applied");
+    assert_eq!(
+        (a.state_hash(), a.log().unwrap().len()),
+        (hash, commits),
+        "nothing applied"
+    );
 }
 
 #[tokio::test]
@@ -503,14 +507,14 @@ async fn theirs_on_an_intent_conflict_is_refused_and_a_per_conflict_choice_keeps
     let key = "action:notify:order:1";
     let our_intent = ours.context().get::<PendingAction>(key).unwrap().unwrap().data;
 
-    let (hash, commits) = (ours.context().state_hash(), ours.context().log().len());
+    let (hash, commits) = (ours.context().state_hash(), ours.context().log().unwrap().len());
     for resolution in [Resolution::Theirs, Resolution::with(|_| Side::Theirs)] {
         match ours.context_mut().merge_with(theirs.context(), resolution) {
             Err(MergeError::IntentConflict { id }) => assert_eq!(id.as_str(), key),
             other => panic!("expected the intent conflict to be refused, got {other:?}"),
         }
         assert_eq!(
-            (ours.context().state_hash(), ours.context().log().len()),
+            (ours.context().state_hash(), ours.context().log().unwrap().len()),
             (hash, commits),
             "nothing applied"
         );

@@ -74,7 +74,7 @@ fn writes_are_refused_without_changing_anything() {
     let mut ctx = Context::new("t");
     ctx.create("order:1", order("ada", 1)).unwrap();
     let hash = ctx.state_hash();
-    let commits = ctx.log().len();
+    let commits = ctx.log().unwrap().len();
 
     let err = ctx.update("order:2", order("ada", 1)).unwrap_err();
     assert!(matches!(err, WriteError::Commit(CommitError::UnknownId { .. })));
@@ -101,7 +101,7 @@ fn writes_are_refused_without_changing_anything() {
     assert!(tx.commit().is_err());
     assert!(ctx.get::<Order>("order:2").unwrap().is_none());
     assert_eq!(ctx.state_hash(), hash);
-    assert_eq!(ctx.log().len(), commits);
+    assert_eq!(ctx.log().unwrap().len(), commits);
     assert_eq!(ctx.queued_events(), 1);
 }
 
@@ -191,11 +191,17 @@ async fn run_flow() -> Context {
 async fn the_same_seeded_inputs_give_the_same_commit_hashes() {
     let first = run_flow().await;
     let second = run_flow().await;
-    let hashes = |ctx: &Context| ctx.log().iter().map(|c| (c.hash, c.state_hash)).collect::<Vec<_>>();
-    assert_eq!(first.log().len(), 5);
+    let hashes = |ctx: &Context| {
+        ctx.log()
+            .unwrap()
+            .iter()
+            .map(|c| (c.hash, c.state_hash))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(first.log().unwrap().len(), 5);
     assert_eq!(hashes(&first), hashes(&second));
     // The chain links each commit to its parent.
-    let log = first.log();
+    let log = first.log().unwrap();
     assert_eq!(log[0].parent, None);
     for pair in log.windows(2) {
         assert_eq!(pair[1].parent, Some(pair[0].hash));

@@ -72,7 +72,7 @@ async fn results_are_collected_in_work_order_whatever_the_completion_order() {
     rt.run().await.unwrap();
     let last = rt.context().get::<Receipt>("receipt:last").unwrap().unwrap();
     assert_eq!(last.data.order, "order:4");
-    let commit = rt.context().log().last().unwrap();
+    let commit = rt.context().log().unwrap().last().unwrap();
     let triggers: Vec<_> = commit
         .runs
         .iter()
@@ -105,7 +105,7 @@ async fn work_is_ordered_by_agent_priority_then_event_then_registration() {
         .build()
         .unwrap();
     rt.run().await.unwrap();
-    let commit = rt.context().log().last().unwrap();
+    let commit = rt.context().log().unwrap().last().unwrap();
     let order: Vec<_> = commit
         .runs
         .iter()
@@ -155,7 +155,7 @@ async fn an_undeclared_output_fails_the_generation_before_anything_is_applied() 
     assert!(message.contains("invoice") && message.contains("sneaky"), "{message}");
     let ctx = rt.context();
     assert_eq!(ctx.state_hash(), hash_before);
-    assert_eq!(ctx.log().len(), 1, "only the seed is committed");
+    assert_eq!(ctx.log().unwrap().len(), 1, "only the seed is committed");
     assert_eq!(ctx.queued_events(), 1, "the event stays queued");
     assert!(
         ctx.ledger().is_empty().await.unwrap(),
@@ -167,11 +167,11 @@ async fn an_undeclared_output_fails_the_generation_before_anything_is_applied() 
 async fn an_update_with_equal_content_creates_no_version_and_no_event() {
     let mut ctx = Context::new("t");
     ctx.create("order:1", order("ada", 100)).unwrap();
-    let commits = ctx.log().len();
+    let commits = ctx.log().unwrap().len();
     ctx.update("order:1", order("ada", 100)).unwrap();
     ctx.create("order:1", order("ada", 100)).unwrap();
     assert_eq!(ctx.queued_events(), 1);
-    assert_eq!(ctx.log().len(), commits);
+    assert_eq!(ctx.log().unwrap().len(), commits);
     assert_eq!(ctx.get::<Order>("order:1").unwrap().unwrap().version.0, 1);
     ctx.update("order:1", order("ada", 200)).unwrap();
     assert_eq!(ctx.queued_events(), 2);
@@ -395,7 +395,7 @@ async fn isolation_mode_drops_a_patch_that_does_not_apply() {
         .contains("update of unknown artifact `receipt:missing`"));
     assert_eq!(report.runs, 1);
     assert!(rt.context().get::<Receipt>("receipt:order:1").unwrap().is_some());
-    let commit = rt.context().log().last().unwrap();
+    let commit = rt.context().log().unwrap().last().unwrap();
     assert_eq!(commit.runs.len(), 1, "the dropped patch is not in the log");
 }
 
@@ -543,6 +543,9 @@ async fn an_event_superseded_by_a_later_change_of_its_artifact_runs_nothing() {
         .unwrap();
     let report = rt.run().await.unwrap();
     assert_eq!(report.runs, 1, "the produce runs once, on the latest version");
-    let trigger = rt.context().log().last().unwrap().runs[0].trigger.clone().unwrap();
+    let trigger = rt.context().log().unwrap().last().unwrap().runs[0]
+        .trigger
+        .clone()
+        .unwrap();
     assert_eq!(trigger.version.0, 2);
 }

@@ -63,14 +63,17 @@ async fn an_intent_recorded_on_a_branch_names_that_branch_and_its_commit() {
         Generation(4),
         "seed, filler, order, then the produce's commit"
     );
-    assert_eq!(seen.commit(), branch.log()[3].hash);
+    assert_eq!(seen.commit(), branch.log().unwrap()[3].hash);
 
     // On the branch, the documented lookup finds the recording run.
-    let commit = branch.commit_of(seen).expect("the commit is in the branch's log");
+    let commit = branch
+        .commit_of(seen)
+        .unwrap()
+        .expect("the commit is in the branch's log");
     assert_eq!(commit.runs[seen.run()].produce.as_deref(), Some("process_order"));
     // On main, generation 4 does not exist (main is at 2): no panic, no wrong commit.
     assert_eq!(main.generation(), Generation(2));
-    assert!(main.commit_of(seen).is_none());
+    assert!(main.commit_of(seen).unwrap().is_none());
 
     // The ledger, shared by both, keeps the same origin; provenance from main finds no run of
     // its own log, from the branch the right one.
@@ -107,9 +110,12 @@ async fn a_generation_from_another_session_never_yields_the_wrong_commit() {
         Generation(3),
         "main holds a commit at the same generation"
     );
-    assert_ne!(main.log()[2].hash, origin.commit());
-    assert!(main.commit_of(&origin).is_none(), "main's commit 3 is not the intent's");
-    assert!(rt.context().commit_of(&origin).is_some());
+    assert_ne!(main.log().unwrap()[2].hash, origin.commit());
+    assert!(
+        main.commit_of(&origin).unwrap().is_none(),
+        "main's commit 3 is not the intent's"
+    );
+    assert!(rt.context().commit_of(&origin).unwrap().is_some());
 }
 
 #[tokio::test]
@@ -133,7 +139,7 @@ async fn a_router_handler_gets_the_origin_with_session_and_commit() {
     let (origin, generation) = calls.lock().unwrap()[0].clone();
     assert_eq!(origin.session(), "shop");
     assert_eq!(generation, origin.generation());
-    let commit = rt.context().commit_of(&origin).unwrap();
+    let commit = rt.context().commit_of(&origin).unwrap().unwrap();
     assert_eq!(commit.hash, origin.commit());
     assert_eq!(commit.runs[origin.run()].agent.as_deref(), Some("billing"));
 }
@@ -172,7 +178,7 @@ async fn the_origin_survives_a_reopen_of_the_sqlite_store() {
         let after = ctx.ledger().get("notify:order:1").await.unwrap().unwrap();
         assert_eq!(after.origin(), &before, "from session {}", ctx.session());
     }
-    assert!(main.commit_of(&before).is_none());
-    let commit = branch.commit_of(&before).unwrap();
+    assert!(main.commit_of(&before).unwrap().is_none());
+    let commit = branch.commit_of(&before).unwrap().unwrap();
     assert_eq!(commit.runs[before.run()].produce.as_deref(), Some("process_order"));
 }

@@ -377,10 +377,14 @@ async fn an_intent_knows_the_run_that_recorded_it_even_after_an_isolated_failure
     rt.run().await.unwrap();
     // The failed run was dropped from the commit, so the recording run is the first one kept.
     let origin = origins.lock().unwrap()[0].clone();
-    let commit = rt.context().commit_of(&origin).expect("the commit is in this log");
+    let commit = rt
+        .context()
+        .commit_of(&origin)
+        .unwrap()
+        .expect("the commit is in this log");
     assert_eq!(commit.runs[origin.run()].produce.as_deref(), Some("process_order"));
     assert_eq!(
-        rt.context().intent_origin("notify:order:1"),
+        rt.context().intent_origin("notify:order:1").unwrap(),
         Some((origin.generation(), origin.run()))
     );
 }

@@ -72,7 +72,7 @@ async fn provenance_of_an_intent_names_the_order_version_that_caused_it() {
         .expect("the intent was recorded");
     assert_eq!((why.agent(), why.produce()), (Some("billing"), Some("process_order")));
     assert_eq!(why.generation, Generation(2));
-    assert_eq!(why.commit, ctx.log()[1].hash);
+    assert_eq!(why.commit, ctx.log().unwrap()[1].hash);
     let trigger = why.trigger().unwrap();
     assert_eq!((trigger.id.as_str(), trigger.version), ("order:1", Version(1)));
     assert_eq!(
@@ -80,7 +80,10 @@ async fn provenance_of_an_intent_names_the_order_version_that_caused_it() {
         ctx.state_at(Generation(1)).unwrap().meta("order:1").unwrap().2
     );
     assert_eq!(why.delivery.as_ref().unwrap().attempts(), 1);
-    assert_eq!(ctx.intent_origin("notify:order:1"), Some((Generation(2), why.run)));
+    assert_eq!(
+        ctx.intent_origin("notify:order:1").unwrap(),
+        Some((Generation(2), why.run))
+    );
     assert!(
         why.to_string()
             .contains("by billing/process_order, triggered by `order:1` version 1"),
@@ -165,13 +168,16 @@ async fn the_audit_export_has_one_json_line_per_generation() {
     let lines = ctx.export_audit(&mut out).await.unwrap();
     let text = String::from_utf8(out).unwrap();
     let parsed: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!((lines, parsed.len()), (ctx.log().len(), ctx.log().len()));
+    assert_eq!(
+        (lines, parsed.len()),
+        (ctx.log().unwrap().len(), ctx.log().unwrap().len())
+    );
 
     let first_run = &parsed[1];
     assert_eq!(first_run["generation"], 2);
-    assert_eq!(first_run["hash"], ctx.log()[1].hash.to_string());
-    assert_eq!(first_run["parent"], ctx.log()[0].hash.to_string());
-    assert_eq!(first_run["state_hash"], ctx.log()[1].state_hash.to_string());
+    assert_eq!(first_run["hash"], ctx.log().unwrap()[1].hash.to_string());
+    assert_eq!(first_run["parent"], ctx.log().unwrap()[0].hash.to_string());
+    assert_eq!(first_run["state_hash"], ctx.log().unwrap()[1].state_hash.to_string());
     let billing = &first_run["runs"][0];
     assert_eq!(billing["produce"], "process_order");
     assert_eq!(billing["trigger"]["id"], "order:1");

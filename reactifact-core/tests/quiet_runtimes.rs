@@ -186,7 +186,7 @@ async fn events_no_produce_matches_are_consumed_by_a_runtime_with_agents() {
     let mut tx = ctx.transaction();
     tx.create("order:1", order("ada", 1)).create("receipt:1", receipt());
     tx.commit().unwrap();
-    let commits = ctx.log().len();
+    let commits = ctx.log().unwrap().len();
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("billing").produce(process_order()))
         .build()
@@ -195,5 +195,5 @@ async fn events_no_produce_matches_are_consumed_by_a_runtime_with_agents() {
     assert_eq!(report.outcome, TurnOutcome::Completed);
     assert_eq!(report.runs, 1, "the order ran; the receipt matched nothing");
     assert_eq!(rt.context().queued_events(), 0);
-    assert_eq!(rt.context().log().len(), commits + 1);
+    assert_eq!(rt.context().log().unwrap().len(), commits + 1);
 }

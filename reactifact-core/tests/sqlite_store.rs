@@ -33,12 +33,12 @@ async fn a_session_survives_reopening_with_its_state_log_and_ledger() {
         let mut rt = runtime(ctx, &recorder);
         rt.run().await.unwrap();
         let ctx = rt.into_context();
-        (ctx.state_hash(), ctx.head(), ctx.log().len())
+        (ctx.state_hash(), ctx.head(), ctx.log().unwrap().len())
     };
     let ctx = Context::open(&path, "orders").unwrap();
     assert_eq!(ctx.state_hash(), hash);
     assert_eq!(ctx.head(), head);
-    assert_eq!(ctx.log().len(), commits);
+    assert_eq!(ctx.log().unwrap().len(), commits);
     assert_eq!(ctx.queued_events(), 0);
     let receipt = ctx.get::<Receipt>("receipt:order:1").unwrap().unwrap();
     assert_eq!(receipt.data.total_cents, 1200);
@@ -119,7 +119,7 @@ async fn commit_hashes_are_the_same_in_memory_and_on_sqlite() {
         ctx.create("order:2", order("bob", 2)).unwrap();
         let mut rt = runtime(ctx, &Recorder::default());
         rt.run().await.unwrap();
-        rt.context().log().iter().map(|c| c.hash).collect::<Vec<_>>()
+        rt.context().log().unwrap().iter().map(|c| c.hash).collect::<Vec<_>>()
     };
     let memory = flow(Context::new("orders")).await;
     let sqlite = flow(Context::open(dir.path().join("s.db"), "orders").unwrap()).await;
@@ -467,7 +467,7 @@ fn a_newer_schema_is_refused_with_a_clear_error() {
             err,
             OpenError::NewerSchema {
                 found: 99,
-                supported: 2,
+                supported: 3,
                 ..
             }
         ),

@@ -34,7 +34,7 @@ fn seeded_orders() -> Context {
 async fn an_untouched_log_verifies() {
     let ctx = order_flow(seeded_orders()).await;
     let report = ctx.verify().unwrap();
-    assert_eq!(report.commits, ctx.log().len());
+    assert_eq!(report.commits, ctx.log().unwrap().len());
     assert_eq!(report.head, ctx.head());
     assert_eq!(report.state_hash, ctx.state_hash());
 }
@@ -53,7 +53,7 @@ fn find_op(log: &[reactifact_core::Commit], generation: u64, id: &str) -> (usize
 #[tokio::test]
 async fn a_changed_artifact_byte_is_named_by_commit_and_id() {
     let ctx = order_flow(seeded_orders()).await;
-    let mut log = ctx.log().to_vec();
+    let mut log = ctx.log().unwrap().to_vec();
     let (r, o) = find_op(&log, 2, "receipt:order:2");
     let Op::Put { bytes, .. } = &mut log[1].runs[r].ops[o] else {
         panic!("a receipt is a put");
@@ -81,7 +81,7 @@ async fn a_changed_artifact_byte_is_named_by_commit_and_id() {
 #[tokio::test]
 async fn a_changed_trigger_is_a_commit_hash_mismatch_at_its_commit() {
     let ctx = order_flow(seeded_orders()).await;
-    let mut log = ctx.log().to_vec();
+    let mut log = ctx.log().unwrap().to_vec();
     let last = log.len() - 1;
     log[last].runs[0].trigger.as_mut().unwrap().version = Version(7);
     let err = verify_log(&log).unwrap_err();
@@ -96,7 +96,7 @@ async fn a_changed_trigger_is_a_commit_hash_mismatch_at_its_commit() {
 #[tokio::test]
 async fn a_dropped_commit_breaks_the_parent_chain() {
     let ctx = order_flow(seeded_orders()).await;
-    let mut log = ctx.log().to_vec();
+    let mut log = ctx.log().unwrap().to_vec();
     log.remove(1);
     let err = verify_log(&log).unwrap_err();
     assert!(
@@ -114,8 +114,8 @@ async fn a_dropped_commit_breaks_the_parent_chain() {
 #[tokio::test]
 async fn time_travel_to_every_commit_gives_the_hash_it_recorded() {
     let ctx = order_flow(seeded_orders()).await;
-    assert!(ctx.log().len() >= 4);
-    for commit in ctx.log() {
+    assert!(ctx.log().unwrap().len() >= 4);
+    for commit in ctx.log().unwrap() {
         let snapshot = ctx.state_at(commit.generation).unwrap();
         assert_eq!(
             snapshot.state_hash(),
@@ -183,7 +183,7 @@ async fn a_stored_session_verifies_after_reopening() {
     let dir = tempfile::tempdir().unwrap();
     let path = stored_flow(&dir).await;
     let ctx = Context::open(&path, "orders").unwrap();
-    assert_eq!(ctx.verify().unwrap().commits, ctx.log().len());
+    assert_eq!(ctx.verify().unwrap().commits, ctx.log().unwrap().len());
 }
 
 #[tokio::test]

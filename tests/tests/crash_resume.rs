@@ -198,7 +198,7 @@ fn run_child(db: &Path, log: &Path, kill: &Kill) -> bool {
 /// The states the flow commits, in order, from an uncrashed run in memory.
 fn reference_states() -> (BTreeSet<StateHash>, StateHash) {
     let ctx = block_on(order_flow(Context::new("orders"), None));
-    let states = ctx.log().iter().map(|c| c.state_hash).collect();
+    let states = ctx.log().unwrap().iter().map(|c| c.state_hash).collect();
     (states, ctx.state_hash())
 }
 

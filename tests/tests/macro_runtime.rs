@@ -131,7 +131,7 @@ async fn a_macro_built_produce_runs_commits_and_delivers_its_intents() {
     assert_eq!(action.data.kind, "email_receipt");
     assert_eq!(*sent.lock().unwrap(), ["email:order:1", "email:order:2"]);
 
-    let run = rt.context().log().last().unwrap().runs.first().unwrap();
+    let run = rt.context().log().unwrap().last().unwrap().runs.first().unwrap();
     assert_eq!(run.produce.as_deref(), Some("process_order"));
     assert_eq!(run.agent.as_deref(), Some("billing"));
 }
@@ -145,7 +145,7 @@ async fn the_condition_and_the_name_option_reach_the_runtime() {
     rt.run().await.unwrap();
     assert!(rt.context().get::<Review>("review:order:1").unwrap().is_none());
     assert!(rt.context().get::<Review>("review:order:2").unwrap().is_some());
-    let run = rt.context().log().last().unwrap().runs.first().unwrap();
+    let run = rt.context().log().unwrap().last().unwrap().runs.first().unwrap();
     assert_eq!(run.produce.as_deref(), Some("review_large_orders"));
 }
 

@@ -58,13 +58,18 @@ impl Context {
     /// # Ok(()) }
     /// ```
     ///
+    /// A context opened from a checkpoint reads its older commits first (see
+    /// [`Context::log`]).
+    ///
     /// # Errors
-    /// Any error of `out`.
+    /// Any error of `out`; an [`io::Error`] of kind `Other` wrapping the
+    /// [`VerifyError`](crate::VerifyError) if the older commits cannot be read.
     pub async fn export_audit(&self, mut out: impl io::Write + Send) -> io::Result<usize> {
         // The first act of a key in log order created its intent; later ones were skipped.
         let mut deliveries = foldhash::HashMap::default();
         let ledger = self.ledger();
-        for commit in self.log() {
+        let log = self.log().map_err(io::Error::other)?;
+        for commit in log {
             for op in commit.runs.iter().flat_map(|run| &run.ops) {
                 if let Op::Act { key, .. } = op {
                     if !deliveries.contains_key(key.as_str()) {
@@ -75,14 +80,14 @@ impl Context {
             }
         }
         let mut acted = foldhash::HashSet::default();
-        for commit in self.log() {
+        for commit in log {
             let line =
                 serde_json::to_string(&self.audit_line(commit, &mut acted, &deliveries)).map_err(io::Error::other)?;
             out.write_all(line.as_bytes())?;
             out.write_all(b"\n")?;
         }
         out.flush()?;
-        Ok(self.log().len())
+        Ok(log.len())
     }
 
     fn audit_line<'a>(

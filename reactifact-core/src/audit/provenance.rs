@@ -11,6 +11,7 @@ use crate::model::hash::{self, CommitHash, ContentHash};
 use crate::model::patch::Op;
 use crate::state::commit::{Commit, Read, RunRecord, TriggerRef};
 use crate::state::context::Context;
+use crate::state::refold::VerifyError;
 use crate::store::StoreError;
 
 /// Derives an idempotency key from a name and an artifact's id and content hash:
@@ -158,19 +159,37 @@ impl Context {
     ///
     /// O(1): a commit's hash covers its generation, so a commit sits at the same position in
     /// every log that holds it; the hash is checked, so a generation from another session
-    /// never yields the wrong commit.
-    pub fn commit_of(&self, origin: &Origin) -> Option<&Commit> {
-        let at = usize::try_from(origin.generation().0).ok()?.checked_sub(1)?;
-        self.log().get(at).filter(|commit| commit.hash == origin.commit())
+    /// never yields the wrong commit. A commit before the checkpoint a context was opened from
+    /// is read with the older commits (see [`Context::log`]).
+    ///
+    /// # Errors
+    /// As [`Context::log`], for a commit before the checkpoint.
+    pub fn commit_of(&self, origin: &Origin) -> Result<Option<&Commit>, VerifyError> {
+        let generation = origin.generation();
+        let log = self.held_log();
+        let commit = if generation > log.base_generation() {
+            log.held_at(generation)
+        } else {
+            let at = usize::try_from(generation.0).ok().and_then(|g| g.checked_sub(1));
+            match at {
+                Some(at) => self.log()?.get(at),
+                None => None,
+            }
+        };
+        Ok(commit.filter(|commit| commit.hash == origin.commit()))
     }
 
     /// The run of this context's log that recorded the intent `key`: the generation of its
     /// commit here and the run's index in that commit: the first commit of the log acting the
     /// key (O(log)). `None` if no commit of this log acts it.
-    pub fn intent_origin(&self, key: &str) -> Option<(Generation, usize)> {
-        self.log()
+    ///
+    /// # Errors
+    /// As [`Context::log`].
+    pub fn intent_origin(&self, key: &str) -> Result<Option<(Generation, usize)>, VerifyError> {
+        Ok(self
+            .log()?
             .iter()
-            .find_map(|commit| acting_run(commit, key).map(|run| (commit.generation, run)))
+            .find_map(|commit| acting_run(commit, key).map(|run| (commit.generation, run))))
     }
 
     /// Answers "why was this action sent?": from the intent's key to the commit and the run
@@ -178,12 +197,20 @@ impl Context {
     /// it read, and the delivery in the ledger. `None` if no commit acts `key`.
     ///
     /// # Errors
-    /// [`StoreError`] if the ledger cannot be read.
+    /// [`StoreError`] if the ledger cannot be read; [`StoreError::History`] if the commits
+    /// before the checkpoint the context was opened from cannot be read (see
+    /// [`Context::log`]).
     pub async fn provenance(&self, key: &str) -> Result<Option<Provenance<'_>>, StoreError> {
-        let Some((generation, run)) = self.intent_origin(key) else {
+        let history = |e: VerifyError| StoreError::History {
+            store: self.store_description(),
+            session: self.session().to_owned(),
+            detail: e.to_string(),
+        };
+        let log = self.log().map_err(history)?;
+        let Some((generation, run)) = self.intent_origin(key).map_err(history)? else {
             return Ok(None);
         };
-        let Some(commit) = usize::try_from(generation.0 - 1).ok().and_then(|at| self.log().get(at)) else {
+        let Some(commit) = usize::try_from(generation.0 - 1).ok().and_then(|at| log.get(at)) else {
             return Ok(None);
         };
         Ok(Some(Provenance {

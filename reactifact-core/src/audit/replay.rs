@@ -153,7 +153,7 @@ impl Context {
     pub async fn replay(&self, agents: &[Agent]) -> Result<ReplayReport, ReplayError> {
         let mut refold = Refold::new(Checks::STATE);
         let mut report = ReplayReport { commits: 0, runs: 0 };
-        for commit in self.log() {
+        for commit in self.log()? {
             let produced: Vec<(usize, &RunRecord)> = commit
                 .runs
                 .iter()

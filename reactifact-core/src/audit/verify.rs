@@ -7,6 +7,7 @@ use crate::state::commit::Commit;
 use crate::state::context::Context;
 use crate::state::refold::{Checks, Refold, VerifyError};
 use crate::state::snapshot::Snapshot;
+use crate::store::StoredCheckpoint;
 
 /// What a successful verification checked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,7 +63,12 @@ impl Context {
     /// On a SQLite store it also checks the outbox against the log: every intent the log acted
     /// has a row ([`VerifyError::OutboxMissing`]), every row born of a commit of the log is an
     /// act of it ([`VerifyError::OutboxForged`]), and every row is as reactifact wrote it
-    /// ([`VerifyError::OutboxChanged`]). Reads only; runs no produce and calls no dispatcher.
+    /// ([`VerifyError::OutboxChanged`]), and every checkpoint the store keeps against the
+    /// refold at its commit: its digest, commit hash, state hash, and the state (every
+    /// artifact with its version, generation and bytes, the relations), event position and
+    /// queued events it holds ([`VerifyError::Checkpoint`]). A context opened from a
+    /// checkpoint reads its older commits first (see [`Context::log`]). Reads only; runs no
+    /// produce and calls no dispatcher.
     ///
     /// ```
     /// # use reactifact_core::{Artifact, Context};
@@ -79,7 +85,16 @@ impl Context {
     /// # Errors
     /// The first mismatch, as a [`VerifyError`] naming the commit and, where it can, the id.
     pub fn verify(&self) -> Result<VerifyReport, VerifyError> {
-        let report = verify_log(self.log())?;
+        let log = self.log()?;
+        let checkpoints = match self.store() {
+            Some(store) => store.checkpoints()?,
+            None => Vec::new(),
+        };
+        let report = if checkpoints.is_empty() {
+            verify_log(log)?
+        } else {
+            verify_with_checkpoints(log, checkpoints)?
+        };
         if report.state_hash != self.state_hash() {
             return Err(VerifyError::LiveState {
                 generation: self.generation(),
@@ -88,7 +103,7 @@ impl Context {
             });
         }
         if let Some(store) = self.store() {
-            store.verify_outbox(self.log())?;
+            store.verify_outbox(log)?;
         }
         Ok(report)
     }
@@ -96,26 +111,122 @@ impl Context {
     /// Time travel: the state as it was right after commit `generation` (`Generation(0)` is
     /// the empty state before the first commit), as a read-only [`Snapshot`].
     ///
-    /// The log is refolded up to that commit, checking each commit's parent link and state
-    /// hash on the way; no produce runs and no dispatcher is called. The snapshot's
+    /// The log is refolded up to that commit (from the checkpoint the context was opened from,
+    /// if that commit is at or after it), checking each commit's parent link and state hash on
+    /// the way; no produce runs and no dispatcher is called. The snapshot's
     /// [`state_hash`](Snapshot::state_hash) is the one that commit recorded.
     ///
     /// # Errors
     /// [`TimeTravelError::NoSuchCommit`] past the head; [`TimeTravelError::Verify`] if a commit
     /// up to `generation` does not refold.
     pub fn state_at(&self, generation: Generation) -> Result<Snapshot, TimeTravelError> {
-        let log = self.log();
-        let end = usize::try_from(generation.0)
-            .ok()
-            .filter(|&end| end <= log.len())
-            .ok_or(TimeTravelError::NoSuchCommit {
+        if generation > self.generation() {
+            return Err(TimeTravelError::NoSuchCommit {
                 generation,
                 head: self.generation(),
-            })?;
+            });
+        }
+        let held = self.held_log();
+        if let Some(base) = held.base().filter(|b| generation >= b.generation) {
+            // At or after the checkpoint the context was opened from: refolded from it.
+            let mut refold = Refold::resuming(base.state.clone(), base.generation, base.hash, Checks::STATE);
+            let upto = usize::try_from(generation.0 - base.generation.0).unwrap_or(usize::MAX);
+            for commit in &held.held()[..upto] {
+                refold.step(commit)?;
+            }
+            return Ok(Snapshot::new(refold.into_state()));
+        }
+        let log = self.log()?;
+        let end = usize::try_from(generation.0).unwrap_or(usize::MAX);
         let mut refold = Refold::new(Checks::STATE);
         for commit in &log[..end] {
             refold.step(commit)?;
         }
         Ok(Snapshot::new(refold.into_state()))
     }
+}
+
+/// [`verify_log`], also checking each checkpoint against the refold at its commit.
+fn verify_with_checkpoints(log: &[Commit], checkpoints: Vec<StoredCheckpoint>) -> Result<VerifyReport, VerifyError> {
+    let mut bodies = std::collections::BTreeMap::new();
+    for checkpoint in checkpoints {
+        let generation = checkpoint.generation;
+        let bad = |detail: String| VerifyError::Checkpoint { generation, detail };
+        if generation.0 == 0 || generation.0 > log.len() as u64 {
+            return Err(bad(format!(
+                "it names commit {}, past the log's head {}",
+                generation.0,
+                log.len()
+            )));
+        }
+        let body = checkpoint.body.map_err(bad)?;
+        // The queue is a run of consecutive events up to the last one emitted, holding every
+        // one the session has not consumed since.
+        let seqs: Vec<u64> = body.events.iter().map(|q| q.seq).collect();
+        let first = seqs.first().copied().unwrap_or(body.next_event_seq);
+        let consecutive = seqs.iter().zip(first..).all(|(&seq, expected)| seq == expected)
+            && first + seqs.len() as u64 == body.next_event_seq;
+        let missing = checkpoint.consumed_seq < body.next_event_seq && first > checkpoint.consumed_seq;
+        if !consecutive || missing {
+            return Err(bad(format!(
+                "its queued events (numbers {seqs:?}) are not the events from the session's consumed position {} up to its next event {}",
+                checkpoint.consumed_seq, body.next_event_seq
+            )));
+        }
+        bodies.insert(generation, (checkpoint.hash, checkpoint.state_hash, body));
+    }
+    // The events emitted that some checkpoint holds as queued, by number.
+    let wanted: std::collections::HashSet<u64> = bodies
+        .values()
+        .flat_map(|(_, _, body)| body.events.iter().map(|q| q.seq))
+        .collect();
+    let mut emitted = std::collections::HashMap::new();
+    let mut seq = 0u64;
+    let mut refold = Refold::new(Checks::ALL);
+    for commit in log {
+        for event in refold.step(commit)? {
+            if wanted.contains(&seq) {
+                emitted.insert(seq, event);
+            }
+            seq += 1;
+        }
+        let Some((hash, state_hash, body)) = bodies.get(&commit.generation) else {
+            continue;
+        };
+        let bad = |detail: String| VerifyError::Checkpoint {
+            generation: commit.generation,
+            detail,
+        };
+        if *hash != commit.hash {
+            return Err(bad(format!(
+                "it names commit hash {hash}, the log's commit is {}",
+                commit.hash
+            )));
+        }
+        if *state_hash != commit.state_hash {
+            return Err(bad(format!(
+                "it names state hash {state_hash}, the commit recorded {}",
+                commit.state_hash
+            )));
+        }
+        if let Some(detail) = body.state.difference(refold.state()) {
+            return Err(bad(format!("its state is not the log's: {detail}")));
+        }
+        if body.next_event_seq != seq {
+            return Err(bad(format!(
+                "it puts the next event at number {}, the log at {seq}",
+                body.next_event_seq
+            )));
+        }
+        for queued in &body.events {
+            if emitted.get(&queued.seq) != Some(&queued.event) {
+                return Err(bad(format!("its queued event number {} is not the log's", queued.seq)));
+            }
+        }
+    }
+    Ok(VerifyReport {
+        commits: log.len(),
+        head: refold.head(),
+        state_hash: refold.state().state_hash(),
+    })
 }

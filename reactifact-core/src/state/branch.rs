@@ -14,6 +14,7 @@ use crate::state::commit::{Commit, CommitError, RunRecord};
 use crate::state::context::{CommitFailure, Context};
 use crate::state::graph::{Histories, Past, Path, Side as HistorySide};
 use crate::state::live::{Rewound, StateView};
+use crate::state::log::Log;
 use crate::state::refold::{Checks, Refold, VerifyError};
 use crate::store::StoreError;
 
@@ -317,34 +318,53 @@ impl Context {
     /// replay, [`ForkError::Store`] as for [`fork`](Context::fork).
     pub fn fork_at(&self, name: impl Into<String>, generation: Generation) -> Result<Context, ForkError> {
         let name = name.into();
-        let end = usize::try_from(generation.0)
-            .ok()
-            .filter(|&end| end <= self.log().len())
-            .ok_or(ForkError::NoSuchCommit {
-                generation,
-                head: self.generation(),
-            })?;
-        let (state, events_emitted) = if end == self.log().len() {
-            (self.state().clone(), self.next_event_seq())
-        } else {
-            let mut refold = Refold::new(Checks::STATE);
-            let mut events = 0;
-            for commit in &self.log()[..end] {
+        let head = self.generation();
+        if generation > head {
+            return Err(ForkError::NoSuchCommit { generation, head });
+        }
+        let held = self.held_log();
+        let (state, events_emitted, log, graph) = if generation == head {
+            (
+                self.state().clone(),
+                self.next_event_seq(),
+                held.clone(),
+                self.graph().clone(),
+            )
+        } else if let Some(base) = held.base().filter(|b| generation >= b.generation) {
+            // At or after the checkpoint the context was opened from: replayed from it.
+            let mut refold = Refold::resuming(base.state.clone(), base.generation, base.hash, Checks::STATE);
+            let mut events = base.next_event_seq;
+            let upto = usize::try_from(generation.0 - base.generation.0).unwrap_or(usize::MAX);
+            for commit in &held.held()[..upto] {
                 events += refold.step(commit)?.len() as u64;
             }
-            (refold.into_state(), events)
+            (
+                refold.into_state(),
+                events,
+                held.truncated(generation),
+                self.graph().truncated(generation),
+            )
+        } else {
+            let (log, graph) = self.whole()?;
+            let end = usize::try_from(generation.0).unwrap_or(usize::MAX);
+            let mut refold = Refold::new(Checks::STATE);
+            let mut events = 0;
+            for commit in &log[..end] {
+                events += refold.step(commit)?.len() as u64;
+            }
+            (
+                refold.into_state(),
+                events,
+                Log::new(log[..end].to_vec()),
+                graph.truncated(generation),
+            )
         };
-        let head = end.checked_sub(1).map(|i| self.log()[i].hash);
+        let head = log.head();
         let store = match self.store() {
             Some(store) => Some(store.fork(&name, generation, head.as_ref(), events_emitted)?),
             None => None,
         };
-        let graph = if end == self.log().len() {
-            self.graph().clone()
-        } else {
-            self.graph().truncated(generation)
-        };
-        Ok(self.branch(name, state, self.log()[..end].to_vec(), graph, events_emitted, store))
+        Ok(self.branch(name, state, log, graph, events_emitted, store))
     }
 
     /// Merges `theirs` into this context, three-way from their merge base — the best common
@@ -380,7 +400,7 @@ impl Context {
     /// on an intent is refused with [`MergeError::IntentConflict`] (an intent recorded on our
     /// side may have been delivered already; keep ours).
     pub fn merge_with(&mut self, theirs: &Context, resolution: Resolution) -> Result<MergeReport, MergeError> {
-        let histories = Histories::new(self.history(), theirs.history());
+        let histories = Histories::new(self.history()?, theirs.history()?);
         let base = match histories.merge_bases()?.as_slice() {
             [] => None,
             [base] => Some(*base),
@@ -513,7 +533,7 @@ impl Context {
     /// # Errors
     /// [`VerifyError`] if a commit of either history is missing its parent.
     pub fn diff(&self, other: &Context) -> Result<Diff, VerifyError> {
-        let histories = Histories::new(self.history(), other.history());
+        let histories = Histories::new(self.history()?, other.history()?);
         let base = histories.merge_bases()?.first().copied();
         let paths = [histories.path(base, 0)?, histories.path(base, 1)?];
         let mut touched = Touched::since(&histories, &paths);
@@ -529,7 +549,7 @@ impl Context {
     /// # Errors
     /// [`VerifyError`] if a generation is past the head or the log does not replay.
     pub fn diff_commits(&self, from: Generation, to: Generation) -> Result<Diff, VerifyError> {
-        let log = self.log();
+        let (log, graph) = self.whole()?;
         let (low, high) = (from.min(to), from.max(to));
         if high.0 > log.len() as u64 {
             return Err(VerifyError::Numbering {
@@ -550,9 +570,9 @@ impl Context {
             (Past::Built(at_low), Past::Built(refold.into_state()))
         } else {
             let mut view = Rewound::new(self.state());
-            self.graph().rewind(&mut view, log, high)?;
+            graph.rewind(&mut view, log, high)?;
             let at_high = view.clone();
-            self.graph().rewind(&mut view, &log[..high], low)?;
+            graph.rewind(&mut view, &log[..high], low)?;
             (Past::Rewound(view), Past::Rewound(at_high))
         };
         let (before, after) = if from <= to {
@@ -566,12 +586,15 @@ impl Context {
         Ok(diff_states(&before, &after, &touched))
     }
 
-    fn history(&self) -> HistorySide<'_> {
-        HistorySide {
-            log: self.log(),
-            graph: self.graph(),
+    /// The whole history, for a walk of the graph (read from the store, for a context opened
+    /// from a checkpoint).
+    fn history(&self) -> Result<HistorySide<'_>, VerifyError> {
+        let (log, graph) = self.whole()?;
+        Ok(HistorySide {
+            log,
+            graph,
             state: self.state(),
-        }
+        })
     }
 }
 

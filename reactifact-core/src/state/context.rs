@@ -17,12 +17,13 @@ use crate::model::relation::Relation;
 use crate::state::commit::{Apply, Commit, CommitError, RunRecord};
 use crate::state::graph::Graph;
 use crate::state::live::State;
+use crate::state::log::{Base, Log};
 use crate::state::refold::{Checks, Refold, VerifyError};
 use crate::state::snapshot::Snapshot;
 use crate::store::ledger::Ledger;
 use crate::store::memory::MemoryOutbox;
 use crate::store::outbox::{ClaimRequest, Claimed, OutboxStore, Scope};
-use crate::store::{CommitDelta, Loaded, OpenError, OpenOptions, SqliteStore, Store, StoreError};
+use crate::store::{Checkpoint, CommitDelta, Loaded, OpenError, OpenOptions, SqliteStore, Store, StoreError};
 
 /// A direct write to a context (seeding, [`Context::create`](crate::Context::create) and
 /// friends) failed; nothing was written.
@@ -65,7 +66,9 @@ pub enum WriteError {
 pub struct Context {
     session: Arc<str>,
     state: State,
-    log: Vec<Commit>,
+    /// The commit log; from a checkpoint, only the commits after it are held (see
+    /// [`Log`]).
+    log: Log,
     events: VecDeque<QueuedEvent>,
     next_event_seq: u64,
     /// The outbox of the store: the delivery ledger, shared with forks and every other drain
@@ -85,6 +88,9 @@ pub struct Context {
     /// A commit was cut off (its future dropped) while its store write was under way: whether
     /// the store has it is unknown, so the context writes nothing more until it is reopened.
     cut: bool,
+    /// A checkpoint is written after every commit whose generation is a multiple of this (0:
+    /// none).
+    checkpoint_every: u64,
 }
 
 /// A commit's changes to the state while its store write is under way: dropped before
@@ -148,7 +154,7 @@ impl Context {
         Context {
             session: Arc::from(session.into()),
             state: State::default(),
-            log: Vec::new(),
+            log: Log::default(),
             events: VecDeque::new(),
             next_event_seq: 0,
             outbox: memory.clone(),
@@ -158,14 +164,16 @@ impl Context {
             lease: OpenOptions::default().lease,
             owner: crate::model::delivery::process_owner(),
             cut: false,
+            checkpoint_every: 0,
         }
     }
 
     /// Opens (creating if needed) the named session in the SQLite file at `path`, with the
     /// default [`OpenOptions`]: WAL mode, `synchronous = FULL`, a 30-second delivery lease.
     ///
-    /// The session is loaded into memory; every commit is written to the file before it takes
-    /// effect, in one transaction with the intents it registers in the file's outbox (which
+    /// The session is loaded into memory from its newest checkpoint (see
+    /// [`OpenOptions::checkpoint_every`]) and the commits after it, or from its first commit
+    /// if it has none; every commit is written to the file before it takes effect, in one transaction with the intents it registers in the file's outbox (which
     /// every context and [`Drainer`](crate::Drainer) of the file shares). Reopening resumes
     /// where the last process stopped: queued events are still queued and pending intents
     /// still pending. Intents left in flight by a process that died are delivered again, with
@@ -195,25 +203,52 @@ impl Context {
         let (mut store, mut loaded) = SqliteStore::open(path, &session, &options)?;
         let mut context = Context::new(session);
         context.lease = options.lease;
-        context.restore(&loaded).map_err(|e| OpenError::Corrupt {
+        context.checkpoint_every = options.checkpoint_every;
+        let base = context.restore(&mut loaded).map_err(|e| OpenError::Corrupt {
             path: path.into(),
             detail: e.to_string(),
             source: Some(e),
         })?;
         // Only a log that verified is written to.
         store.settle_open(&loaded.commits)?;
-        context.log = std::mem::take(&mut loaded.commits);
+        let commits = std::mem::take(&mut loaded.commits);
+        context.log = match base {
+            Some(base) => Log::from_checkpoint(base, commits),
+            None => Log::new(commits),
+        };
         context.outbox = store.outbox();
         context.memory = None;
         context.store = Some(Box::new(store));
         Ok(context)
     }
 
-    /// Rebuilds the context from a store's log: refolds every commit, checking its parent
-    /// link and the state hash it recorded, and requeues the events not yet consumed.
-    fn restore(&mut self, loaded: &Loaded) -> Result<(), VerifyError> {
-        let mut seq = 0;
-        let mut refold = Refold::keeping_undo(Checks::STATE);
+    /// Rebuilds the context from a store's log: from its checkpoint, if it has one, refolds
+    /// every commit after it, checking its parent link and the state hash it recorded, and
+    /// requeues the events not yet consumed. Returns where the log starts, from a checkpoint.
+    fn restore(&mut self, loaded: &mut Loaded) -> Result<Option<Base>, VerifyError> {
+        let (mut seq, mut refold, base) = match loaded.checkpoint.take() {
+            Some(checkpoint) => {
+                let Checkpoint {
+                    generation,
+                    hash,
+                    state,
+                    next_event_seq,
+                    events,
+                    ..
+                } = checkpoint;
+                self.events
+                    .extend(events.into_iter().filter(|q| q.seq >= loaded.consumed_seq));
+                let refold = Refold::resuming(state.clone(), generation, hash, Checks::STATE).keep_undo();
+                let base = Base {
+                    generation,
+                    hash,
+                    state,
+                    next_event_seq,
+                };
+                (next_event_seq, refold, Some(base))
+            }
+            None => (0, Refold::keeping_undo(Checks::STATE), None),
+        };
         for commit in &loaded.commits {
             for event in refold.step(commit)? {
                 if seq >= loaded.consumed_seq {
@@ -223,10 +258,12 @@ impl Context {
             }
         }
         let (state, undone) = refold.into_parts();
+        // From a checkpoint the graph knows how to undo the held commits; their merges'
+        // histories are read with the older commits, when a merge or a diff needs them.
         self.graph = Graph::restored(&loaded.commits, undone, &loaded.foreign)?;
         self.state = state;
         self.next_event_seq = seq;
-        Ok(())
+        Ok(base)
     }
 
     pub(crate) fn state(&self) -> &State {
@@ -247,7 +284,72 @@ impl Context {
     }
 
     pub(crate) fn graph_mut(&mut self) -> &mut Graph {
+        self.settle_log();
         &mut self.graph
+    }
+
+    /// The log as held.
+    pub(crate) fn held_log(&self) -> &Log {
+        &self.log
+    }
+
+    /// The whole log and the graph of it, reading the commits before the checkpoint the
+    /// context was opened from, if any, from its store (once).
+    pub(crate) fn whole(&self) -> Result<(&[Commit], &Graph), VerifyError> {
+        self.log.whole(self.store.as_deref(), &self.graph)
+    }
+
+    /// Takes the whole log, if it was read, as the one held, before a write.
+    fn settle_log(&mut self) {
+        if let Some(graph) = self.log.settle() {
+            self.graph.union(&graph);
+        }
+    }
+
+    /// A checkpoint of the head: the commit, an O(1) clone of the state, the event position
+    /// and the queued events. `None` before the first commit.
+    pub(crate) fn checkpoint_of_head(&self) -> Option<Checkpoint> {
+        Some(Checkpoint {
+            generation: self.generation(),
+            hash: self.log.head()?,
+            state_hash: self.state.state_hash(),
+            state: self.state.clone(),
+            next_event_seq: self.next_event_seq,
+            events: self.events.iter().cloned().collect(),
+        })
+    }
+
+    /// After a commit: hands the store a checkpoint of it if its generation is due
+    /// ([`OpenOptions::checkpoint_every`]). The store encodes and writes it on its own thread,
+    /// without the commit waiting for it.
+    fn checkpoint_if_due(&self) {
+        let generation = self.generation().0;
+        if self.checkpoint_every == 0 || generation % self.checkpoint_every != 0 {
+            return;
+        }
+        if let (Some(store), Some(checkpoint)) = (&self.store, self.checkpoint_of_head()) {
+            store.checkpoint_later(checkpoint);
+        }
+    }
+
+    /// Writes a checkpoint of the state at the head now, whatever
+    /// [`OpenOptions::checkpoint_every`] says, and waits until it is durable: the next open of
+    /// the session starts from it (or from a newer one). The state is handed over as an O(1)
+    /// clone and encoded (O(state)) on the store's thread, not on the caller's. The store keeps
+    /// the newest two checkpoints of a session. Returns the checkpoint's generation; `None`
+    /// for an in-memory context (which has no use for one) or before the first commit.
+    ///
+    /// # Errors
+    /// [`StoreError::ReadOnly`] for a read-only context, [`StoreError::CutOff`] after a cut-off
+    /// commit, or the store's error.
+    pub async fn checkpoint(&self) -> Result<Option<Generation>, StoreError> {
+        self.check_not_cut()?;
+        let (Some(store), Some(checkpoint)) = (&self.store, self.checkpoint_of_head()) else {
+            return Ok(None);
+        };
+        let generation = checkpoint.generation;
+        store.checkpoint(checkpoint).await?;
+        Ok(Some(generation))
     }
 
     /// A branch of this context: `state`, `log` and its `graph` as given, no queued event, the
@@ -256,7 +358,7 @@ impl Context {
         &self,
         session: String,
         state: State,
-        log: Vec<Commit>,
+        log: Log,
         graph: Graph,
         next_event_seq: u64,
         store: Option<Box<dyn Store>>,
@@ -274,6 +376,7 @@ impl Context {
             lease: self.lease,
             owner: self.owner.clone(),
             cut: false,
+            checkpoint_every: self.checkpoint_every,
         }
     }
 
@@ -329,19 +432,29 @@ impl Context {
         self.state.state_hash()
     }
 
-    /// The commit log, oldest first.
-    pub fn log(&self) -> &[Commit] {
-        &self.log
+    /// The whole commit log, oldest first.
+    ///
+    /// A context opened from a checkpoint holds only the commits after it: the first call
+    /// reads the older ones from the store (O(history), blocking the caller's thread while it
+    /// reads), refolds them, checking their parent links and state hashes as an open without a
+    /// checkpoint does, and keeps them.
+    ///
+    /// # Errors
+    /// [`VerifyError::History`] if the older commits cannot be read, or the refold's error if
+    /// one of them does not check out. Never for a context that holds its whole log (in
+    /// memory, or opened without a checkpoint).
+    pub fn log(&self) -> Result<&[Commit], VerifyError> {
+        self.whole().map(|(log, _)| log)
     }
 
     /// The hash of the last commit, or `None` before the first.
     pub fn head(&self) -> Option<CommitHash> {
-        self.log.last().map(|c| c.hash)
+        self.log.head()
     }
 
     /// The generation of the last commit (0 before the first).
     pub fn generation(&self) -> Generation {
-        Generation(self.log.len() as u64)
+        Generation(self.log.len())
     }
 
     /// How many events wait for a generation.
@@ -496,6 +609,7 @@ impl Context {
         turn: Option<&GenerationCommit<'_>>,
     ) -> Result<(Vec<(usize, CommitError)>, Option<Claimed>), CommitFailure> {
         self.check_not_cut().map_err(CommitFailure::Store)?;
+        self.settle_log();
         let generation = self.generation().next();
         let mut apply = Apply::new(&mut self.state, generation);
         let mut rejected = Vec::new();
@@ -545,7 +659,7 @@ impl Context {
             _ => 0,
         };
         let state_hash = apply.state().state_hash();
-        let parent = self.log.last().map(|c| c.hash);
+        let parent = self.log.head();
         let hash = Commit::compute_hash(parent.as_ref(), merged.as_ref(), generation, &state_hash, &runs);
         let commit = Commit {
             generation,
@@ -614,6 +728,7 @@ impl Context {
         self.events.drain(..consumed);
         self.events.extend(events.into_iter().skip(own_consumed));
         self.next_event_seq = next_seq;
+        self.checkpoint_if_due();
         Ok((rejected, claimed))
     }
 

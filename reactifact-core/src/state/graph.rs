@@ -71,6 +71,13 @@ impl Graph {
         }
     }
 
+    /// Adds what `other` knows (of the same history) to this graph.
+    pub(crate) fn union(&mut self, other: &Graph) {
+        self.undone = std::mem::take(&mut self.undone).union(other.undone.clone());
+        self.merge_levels = std::mem::take(&mut self.merge_levels).union(other.merge_levels.clone());
+        self.foreign = std::mem::take(&mut self.foreign).union(other.foreign.clone());
+    }
+
     /// Adds commits reached through a merge parent.
     pub(crate) fn absorb(&mut self, foreign: Vec<Arc<Foreign>>) {
         for f in foreign {

@@ -313,6 +313,68 @@ impl State {
     pub(crate) fn relations(&self) -> impl Iterator<Item = &Relation> + '_ {
         self.relations.iter()
     }
+
+    /// Every artifact, in no particular order (for a checkpoint's encoding).
+    pub(crate) fn artifacts(&self) -> impl Iterator<Item = &Arc<Stored>> + '_ {
+        self.artifacts.values()
+    }
+
+    /// The state with these artifacts and relations, taking creation positions from
+    /// `next_created` on (a checkpoint's decoding). Builds the kind index and the digest as
+    /// the writes that made them did.
+    pub(crate) fn from_parts(
+        artifacts: impl IntoIterator<Item = Stored>,
+        relations: impl IntoIterator<Item = Relation>,
+        next_created: u64,
+    ) -> State {
+        let mut state = State::default();
+        for stored in artifacts {
+            let id = stored.id.clone();
+            state.put(&id, Some(Arc::new(stored)));
+        }
+        for relation in relations {
+            state.set_relation(&relation, true);
+        }
+        state.next_created = next_created;
+        state
+    }
+
+    /// The first difference between two states in anything the live state keeps (artifacts
+    /// with every field, relations, the creation counter), in words; `None` if they are the
+    /// same.
+    pub(crate) fn difference(&self, other: &State) -> Option<String> {
+        if self.next_created != other.next_created {
+            return Some(format!(
+                "its creation counter is {}, not {}",
+                self.next_created, other.next_created
+            ));
+        }
+        if self.artifacts.len() != other.artifacts.len() {
+            return Some(format!(
+                "it holds {} artifacts, not {}",
+                self.artifacts.len(),
+                other.artifacts.len()
+            ));
+        }
+        for (id, ours) in &self.artifacts {
+            let Some(theirs) = other.artifacts.get(id) else {
+                return Some(format!("it holds `{id}`, which the log does not"));
+            };
+            let same = ours.kind == theirs.kind
+                && ours.version == theirs.version
+                && ours.hash == theirs.hash
+                && ours.generation == theirs.generation
+                && ours.created == theirs.created
+                && ours.bytes == theirs.bytes;
+            if !same {
+                return Some(format!("`{id}` differs from the log's"));
+            }
+        }
+        if self.relations != other.relations {
+            return Some("its relations differ from the log's".to_owned());
+        }
+        None
+    }
 }
 
 /// The relations in `set` whose `from` is `from` (and whose name is `name`, if given), found by

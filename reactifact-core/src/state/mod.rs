@@ -6,5 +6,6 @@ pub(crate) mod commit;
 pub(crate) mod context;
 pub(crate) mod graph;
 pub(crate) mod live;
+pub(crate) mod log;
 pub(crate) mod refold;
 pub(crate) mod snapshot;

@@ -123,6 +123,23 @@ pub enum VerifyError {
         /// What the store said.
         detail: String,
     },
+    /// The commits before the checkpoint a context was opened from, read from the store on
+    /// demand, could not be read, do not decode, or do not lead to the checkpoint's commit.
+    #[error("the log before the checkpoint could not be loaded: {detail}")]
+    History {
+        /// What is wrong.
+        detail: String,
+    },
+    /// A checkpoint the store keeps does not match the log: its digest, its body, its commit
+    /// hash or state hash, or the state, event position or queued events it holds are not
+    /// those of the log at its commit.
+    #[error("checkpoint at commit {}: {detail}", .generation.0)]
+    Checkpoint {
+        /// The commit the checkpoint names.
+        generation: Generation,
+        /// What does not match.
+        detail: String,
+    },
     /// The whole log checks out, but the live state is not the state it refolds to.
     #[error("the live state hash {live} is not the state hash {replayed} the log refolds to (head commit {})", .generation.0)]
     LiveState {
@@ -189,6 +206,24 @@ impl Refold {
             checks,
             undone: None,
         }
+    }
+
+    /// A refold that resumes after commit `generation` (hash `head`) from `state`, the state
+    /// right after it (a checkpoint's).
+    pub(crate) fn resuming(state: State, generation: Generation, head: CommitHash, checks: Checks) -> Self {
+        Refold {
+            state,
+            parent: Some(head),
+            next: generation.next(),
+            checks,
+            undone: None,
+        }
+    }
+
+    /// This refold, also keeping how to undo each commit stepped.
+    pub(crate) fn keep_undo(mut self) -> Self {
+        self.undone = Some(Vec::new());
+        self
     }
 
     /// A refold that also keeps how to undo each commit, for a context's [`Graph`](crate::state::graph::Graph).

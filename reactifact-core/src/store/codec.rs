@@ -5,6 +5,12 @@
 //! stored: decoding recomputes them from the bytes. A run's reads (its provenance) are stored
 //! after its operations and left out when empty, so runs that read nothing encode as before
 //! reads were recorded and older rows decode with no reads.
+//!
+//! A checkpoint's body ([`encode_checkpoint`]) is the live state as it is held (every
+//! artifact with its version, generation, creation position, content hash and bytes; the
+//! relations; the creation counter), the event queue's position and its queued events. Its
+//! content hashes are stored: the store's digest over the body guards them, and the state
+//! hash built from them is checked against the commit the checkpoint names.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -12,11 +18,13 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::model::action::ActionKey;
-use crate::model::artifact::{ArtifactId, Kind, Version};
+use crate::model::artifact::{ArtifactId, Generation, Kind, Stored, Version};
+use crate::model::event::{Event, QueuedEvent};
 use crate::model::hash::{self, ContentHash};
 use crate::model::patch::{Op, PutMode};
 use crate::model::relation::Relation;
 use crate::state::commit::{Read, RunRecord, TriggerRef};
+use crate::state::live::State;
 
 #[derive(Serialize, Deserialize)]
 struct RunRepr<'a> {
@@ -158,6 +166,116 @@ fn op_from(repr: OpRepr<'_>) -> Op {
     }
 }
 
+/// The format of a checkpoint body this build writes (its first field).
+const CHECKPOINT_FORMAT: u32 = 1;
+
+#[derive(Serialize)]
+struct CheckpointOut<'a> {
+    format: u32,
+    next_created: u64,
+    next_event_seq: u64,
+    artifacts: Vec<StoredOut<'a>>,
+    relations: Vec<&'a Relation>,
+    events: Vec<(u64, &'a Event)>,
+}
+
+#[derive(Serialize)]
+struct StoredOut<'a> {
+    id: &'a ArtifactId,
+    kind: Kind,
+    version: Version,
+    generation: Generation,
+    created: u64,
+    hash: ContentHash,
+    #[serde(with = "serde_bytes")]
+    bytes: &'a [u8],
+}
+
+#[derive(Deserialize)]
+struct CheckpointIn<'a> {
+    format: u32,
+    next_created: u64,
+    next_event_seq: u64,
+    #[serde(borrow)]
+    artifacts: Vec<StoredIn<'a>>,
+    relations: Vec<Relation>,
+    events: Vec<(u64, Event)>,
+}
+
+#[derive(Deserialize)]
+struct StoredIn<'a> {
+    id: ArtifactId,
+    kind: Kind,
+    version: Version,
+    generation: Generation,
+    created: u64,
+    hash: ContentHash,
+    #[serde(with = "serde_bytes", borrow)]
+    bytes: Cow<'a, [u8]>,
+}
+
+/// What a checkpoint's body holds, decoded.
+pub(crate) struct CheckpointBody {
+    pub(crate) state: State,
+    pub(crate) next_event_seq: u64,
+    pub(crate) events: Vec<QueuedEvent>,
+}
+
+/// Encodes a checkpoint's body: O(state), so it runs on the store's thread, never on an
+/// executor thread.
+pub(crate) fn encode_checkpoint(state: &State, next_event_seq: u64, events: &[QueuedEvent]) -> Vec<u8> {
+    let artifacts: Vec<StoredOut<'_>> = state
+        .artifacts()
+        .map(|s| StoredOut {
+            id: &s.id,
+            kind: s.kind,
+            version: s.version,
+            generation: s.generation,
+            created: s.created,
+            hash: s.hash,
+            bytes: &s.bytes,
+        })
+        .collect();
+    let bytes: usize = artifacts.iter().map(|a| a.bytes.len() + a.id.as_str().len() + 64).sum();
+    let body = CheckpointOut {
+        format: CHECKPOINT_FORMAT,
+        next_created: state.created_counter(),
+        next_event_seq,
+        artifacts,
+        relations: state.relations().collect(),
+        events: events.iter().map(|q| (q.seq, &q.event)).collect(),
+    };
+    let mut out = Vec::with_capacity(bytes + 64);
+    rmp_serde::encode::write(&mut out, &body).expect("a checkpoint always encodes");
+    out
+}
+
+/// Decodes a checkpoint's body; an error in words if it does not decode.
+pub(crate) fn decode_checkpoint(bytes: &[u8]) -> Result<CheckpointBody, String> {
+    let body: CheckpointIn<'_> = rmp_serde::from_slice(bytes).map_err(|e| format!("its body does not decode: {e}"))?;
+    if body.format != CHECKPOINT_FORMAT {
+        return Err(format!("its body has format {}, not {CHECKPOINT_FORMAT}", body.format));
+    }
+    let artifacts = body.artifacts.into_iter().map(|a| Stored {
+        id: a.id,
+        kind: a.kind,
+        version: a.version,
+        hash: a.hash,
+        generation: a.generation,
+        created: a.created,
+        bytes: Arc::from(&*a.bytes),
+    });
+    Ok(CheckpointBody {
+        state: State::from_parts(artifacts, body.relations, body.next_created),
+        next_event_seq: body.next_event_seq,
+        events: body
+            .events
+            .into_iter()
+            .map(|(seq, event)| QueuedEvent { seq, event })
+            .collect(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -229,5 +347,45 @@ mod tests {
         let decoded = decode_runs(&old).unwrap();
         assert!(decoded[0].reads.is_empty());
         assert_eq!(encode_runs(&decoded), old);
+    }
+
+    #[test]
+    fn a_checkpoint_body_round_trips_the_state_and_the_queue() {
+        use crate::model::event::EventKind;
+        let mut state = State::default();
+        for (i, id) in ["receipt:1", "receipt:2", "receipt:3"].into_iter().enumerate() {
+            let bytes = crate::model::artifact::encode(&Receipt { total: i as u32 }).unwrap();
+            let created = state.next_created();
+            state.put(
+                &ArtifactId::from(id),
+                Some(Arc::new(Stored {
+                    id: ArtifactId::from(id),
+                    kind: Kind::of::<Receipt>(),
+                    version: Version(i as u64 + 1),
+                    hash: hash::content_hash(&bytes),
+                    generation: Generation(7),
+                    created,
+                    bytes: Arc::from(bytes),
+                })),
+            );
+        }
+        state.set_relation(&Relation::new("receipt:1", "next", "receipt:2"), true);
+        let events = vec![QueuedEvent {
+            seq: 41,
+            event: Event {
+                kind: EventKind::Updated,
+                id: ArtifactId::from("receipt:3"),
+                artifact_kind: Kind::of::<Receipt>(),
+                version: Version(3),
+                generation: Generation(7),
+            },
+        }];
+        let body = decode_checkpoint(&encode_checkpoint(&state, 42, &events)).unwrap();
+        assert!(body.state.difference(&state).is_none());
+        assert_eq!(body.state.state_hash(), state.state_hash());
+        assert_eq!(body.next_event_seq, 42);
+        assert_eq!(body.events.len(), 1);
+        assert_eq!((body.events[0].seq, &body.events[0].event), (41, &events[0].event));
+        assert!(decode_checkpoint(b"\x93\x01").is_err());
     }
 }

@@ -3,6 +3,9 @@
 //! The context always serves reads from memory. A durable store receives each commit as one
 //! [`CommitDelta`], written in one transaction together with the registration of its intents
 //! in the store's outbox; on open it hands back the log, from which the context is rebuilt.
+//! A durable store also keeps checkpoints of the state ([`Checkpoint`]): open starts from the
+//! newest one that checks out and replays only the commits after it; the older commits are
+//! read on demand ([`Store::load_before`]).
 //! The delivery ledger is the store's outbox ([`outbox::OutboxStore`]), never a copy in memory.
 
 mod codec;
@@ -16,9 +19,15 @@ mod sqlite;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::model::artifact::Generation;
 use crate::model::delivery::NewIntent;
+use crate::model::event::QueuedEvent;
+use crate::model::hash::{CommitHash, StateHash};
 use crate::state::commit::Commit;
+use crate::state::live::State;
 use crate::state::refold::VerifyError;
+
+pub(crate) use codec::CheckpointBody;
 
 pub use sqlite::SqliteOutbox;
 pub(crate) use sqlite::SqliteStore;
@@ -99,6 +108,19 @@ pub enum StoreError {
         store: String,
         /// The session.
         session: String,
+    },
+    /// The commits of the session before its checkpoint, read on demand (by
+    /// [`Context::provenance`](crate::Context::provenance) and the other reads of the whole
+    /// log), could not be read or do not check out.
+    #[error("the log of session `{session}` in {store} could not be loaded: {detail}")]
+    #[non_exhaustive]
+    History {
+        /// The store, as it describes itself.
+        store: String,
+        /// The session.
+        session: String,
+        /// What is wrong.
+        detail: String,
     },
     /// A stored outbox row failed its integrity check (it was changed outside reactifact):
     /// the operation was refused. A claim holds such a row instead of failing.
@@ -181,6 +203,7 @@ impl StoreError {
             | StoreError::ReadOnly { store, .. }
             | StoreError::Closed { store }
             | StoreError::CutOff { store, .. }
+            | StoreError::History { store, .. }
             | StoreError::Integrity { store, .. } => store,
         }
     }
@@ -303,7 +326,12 @@ pub struct OpenOptions {
     pub(crate) create: bool,
     pub(crate) synchronous: Synchronous,
     pub(crate) lease: Duration,
+    pub(crate) checkpoint_every: u64,
 }
+
+/// How many commits apart a context writes checkpoints by default
+/// ([`OpenOptions::checkpoint_every`]).
+pub const DEFAULT_CHECKPOINT_EVERY: u64 = 10_000;
 
 impl Default for OpenOptions {
     fn default() -> Self {
@@ -312,6 +340,7 @@ impl Default for OpenOptions {
             create: true,
             synchronous: Synchronous::Full,
             lease: crate::model::delivery::DEFAULT_LEASE,
+            checkpoint_every: DEFAULT_CHECKPOINT_EVERY,
         }
     }
 }
@@ -354,6 +383,21 @@ impl OpenOptions {
     /// ending past the year 9999 ends then.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease.max(crate::model::delivery::MIN_LEASE);
+        self
+    }
+
+    /// Writes a checkpoint of the state after every `every`-th commit (generation `every`,
+    /// `2 × every`, …); `0` writes none (default [`DEFAULT_CHECKPOINT_EVERY`], 10,000).
+    ///
+    /// A checkpoint is the encoded live state at one commit, tied to that commit's hash and
+    /// state hash: opening the session loads the newest one that checks out and replays only
+    /// the commits after it, so open time grows with the state and with at most `every`
+    /// commits, not with the whole history. Encoding it costs O(state), on the store's
+    /// thread, once per `every` commits (the commit itself hands over an O(1) clone of the
+    /// state). The store keeps the newest two of a session. See also
+    /// [`Context::checkpoint`](crate::Context::checkpoint).
+    pub fn checkpoint_every(mut self, every: u64) -> Self {
+        self.checkpoint_every = every;
         self
     }
 }
@@ -420,6 +464,64 @@ pub(crate) trait Store: Send + Sync {
     /// born of a commit of the log names an act of that commit with the same action hash, and
     /// every row matches its digest.
     fn verify_outbox(&self, log: &[Commit]) -> Result<(), VerifyError>;
+
+    /// Writes `checkpoint` for the session, encoding it off the caller's thread, and drops
+    /// the session's older checkpoints but the newest few; the future completes when it is
+    /// durable.
+    fn checkpoint(&self, checkpoint: Checkpoint) -> outbox::BoxFuture<'static, Result<(), StoreError>>;
+
+    /// [`checkpoint`](Store::checkpoint) without waiting for it: a failure is logged at warn
+    /// (a checkpoint only shortens the next open).
+    fn checkpoint_later(&self, checkpoint: Checkpoint);
+
+    /// The session's commits up to `upto` (those a context opened from a checkpoint at `upto`
+    /// does not hold), oldest first, and the commits of other sessions reachable from the
+    /// merge commits of those and of `tail` (the commits after `upto`), as [`Loaded`] has
+    /// them. Blocks the caller's thread while it reads.
+    ///
+    /// # Errors
+    /// [`VerifyError::History`] if a commit cannot be read or does not decode.
+    fn load_before(&self, upto: Generation, tail: &[Commit]) -> Result<(Vec<Commit>, Vec<Commit>), VerifyError>;
+
+    /// Every checkpoint the store keeps of the session, oldest first, with its body decoded
+    /// (or why it does not decode or match its digest), for [`Context::verify`](crate::Context::verify).
+    ///
+    /// # Errors
+    /// [`VerifyError::History`] if they cannot be read.
+    fn checkpoints(&self) -> Result<Vec<StoredCheckpoint>, VerifyError>;
+}
+
+/// The live state of a session right after one of its commits, as a store keeps it: where
+/// open starts instead of the first commit.
+#[derive(Clone)]
+pub(crate) struct Checkpoint {
+    /// The commit.
+    pub(crate) generation: Generation,
+    /// Its hash.
+    pub(crate) hash: CommitHash,
+    /// The state hash it recorded, which `state` has.
+    pub(crate) state_hash: StateHash,
+    /// The state after it (an O(1) clone of the live state, encoded by the store).
+    pub(crate) state: State,
+    /// The number the next event emitted after it gets.
+    pub(crate) next_event_seq: u64,
+    /// The events queued right after it, oldest first.
+    pub(crate) events: Vec<QueuedEvent>,
+}
+
+/// A checkpoint as stored, for verification.
+pub(crate) struct StoredCheckpoint {
+    /// The commit it names.
+    pub(crate) generation: Generation,
+    /// The commit hash it names.
+    pub(crate) hash: CommitHash,
+    /// The state hash it names.
+    pub(crate) state_hash: StateHash,
+    /// Its body, or why it does not check out (digest, decoding).
+    pub(crate) body: Result<CheckpointBody, String>,
+    /// The session's consumed position now: every event the checkpoint's commit had emitted
+    /// at or after it must be among the checkpoint's queued events.
+    pub(crate) consumed_seq: u64,
 }
 
 /// Everything a store hands back to rebuild a context.
@@ -430,4 +532,7 @@ pub(crate) struct Loaded {
     pub(crate) foreign: Vec<Commit>,
     /// Events numbered below this one are consumed.
     pub(crate) consumed_seq: u64,
+    /// The newest checkpoint that checked out: `commits` are then the commits after it (and
+    /// `foreign` is empty: the graph of merges is read with the older commits, on demand).
+    pub(crate) checkpoint: Option<Checkpoint>,
 }

@@ -252,7 +252,7 @@ impl Walkthrough {
         say(6, "failure → retry", self.failure_then_retry(&mut shop).await)?;
         say(7, "transient outage", self.transient_outage(&mut shop).await)?;
         if let Store::Sqlite(path) = &self.store {
-            let (hash, commits) = (shop.context().state_hash(), shop.context().log().len());
+            let (hash, commits) = (shop.context().state_hash(), shop.context().log()?.len());
             drop(shop);
             println!("  {}", reopen(path, hash, commits).await?);
         }
@@ -462,7 +462,7 @@ async fn reopen(path: &Path, hash: StateHash, commits: usize) -> Outcome<String>
         .await?
         .ok_or("reopened: no intent notify:order:7")?;
     check_eq(reopened.state_hash(), hash, "reopened: state hash")?;
-    check_eq(reopened.log().len(), commits, "reopened: commits")?;
+    check_eq(reopened.log()?.len(), commits, "reopened: commits")?;
     check_eq(delivery.status(), DeliveryStatus::Delivered, "reopened: ledger status")?;
     Ok(format!(
         "reopened {}: {commits} commits verified, state hash {} matches; ledger: notify:order:7 {} after {} attempts",

@@ -1,13 +1,14 @@
 //! The embedded durable store: one SQLite file (WAL mode), many named sessions.
 //!
-//! The file holds the log and the outbox. The log is one row per commit (its runs with every
-//! operation's bytes); opening a session replays its commits to rebuild the state, checking
-//! each commit's state hash. The outbox is a table of current delivery state, one row per
+//! The file holds the log, the checkpoints and the outbox. The log is one row per commit (its
+//! runs with every operation's bytes); opening a session starts from its newest checkpoint
+//! that checks out ([`checkpoint`]) and replays the commits after it to rebuild the state,
+//! checking each commit's state hash; the older commits are read only when asked for. The outbox is a table of current delivery state, one row per
 //! idempotency key ([`SqliteOutbox`]): a commit registers its intents in its own transaction,
 //! and drains claim and record through the outbox's own connection, on its own thread.
 //!
 //! Layout: this module opens the file and writes the log; [`schema`] holds the versions and
-//! migrations, [`row`] an outbox row and its integrity digest, [`outbox`] the
+//! migrations, [`checkpoint`] the checkpoints, [`row`] an outbox row and its integrity digest, [`outbox`] the
 //! [`OutboxStore`] of the file, [`actor`] the outbox's thread.
 //!
 //! Limit: the log's commit (`Store::commit`) still runs SQLite on the caller's thread.
@@ -17,6 +18,7 @@
 #![allow(clippy::result_large_err)]
 
 mod actor;
+mod checkpoint;
 mod outbox;
 mod row;
 mod schema;
@@ -29,7 +31,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
 
 use super::codec;
-use super::{CommitDelta, Loaded, OpenError, OpenOptions, Store, StoreError, Synchronous};
+use super::{
+    Checkpoint, CommitDelta, Loaded, OpenError, OpenOptions, Store, StoreError, StoredCheckpoint, Synchronous,
+};
 use crate::model::action::{ActionKey, Intent, Origin};
 use crate::model::artifact::Generation;
 use crate::model::delivery::NewIntent;
@@ -75,6 +79,8 @@ pub(crate) struct SqliteStore {
     unprepared: Option<(i64, Synchronous)>,
     /// The file's outbox, shared with the stores of this store's forks.
     outbox: Arc<SqliteOutbox>,
+    /// The file has the checkpoints table (schema version 3, or 2 once migrated).
+    checkpoints: bool,
     /// The last write run on the outbox's thread: if the store is dropped while it is still
     /// under way (its future was dropped: a cut-off commit), the drop waits for it to end, so
     /// that a reopen reads what it left and no write of this store lands after that.
@@ -177,7 +183,11 @@ impl SqliteStore {
     /// nothing at all with [`OpenOptions::read_only`] or when the open is refused: a new
     /// session, WAL mode and the migration of an older file are written by
     /// [`SqliteStore::settle_open`], once the log has verified. A read-only open of a file of
-    /// an older schema is refused ([`OpenError::OlderSchema`]): it would have to be migrated.
+    /// schema version 1 is refused ([`OpenError::OlderSchema`]): it would have to be migrated;
+    /// one of version 2 is read as it is, without checkpoints.
+    ///
+    /// The session is loaded from its newest checkpoint that checks out, if any: `Loaded`
+    /// then holds only the commits after it.
     pub(crate) fn open(path: &Path, session: &str, options: &OpenOptions) -> Result<(SqliteStore, Loaded), OpenError> {
         // (whether the path exists, its size if it could be read: if not, SQLite says why).
         let (exists, size) = match std::fs::metadata(path) {
@@ -218,7 +228,8 @@ impl SqliteStore {
                     session: session.into(),
                 });
             }
-            if version < SCHEMA_VERSION {
+            // A version-2 file reads as it is (version 3 only adds checkpoints).
+            if version < schema::READS_FROM {
                 return Err(OpenError::OlderSchema {
                     path: path.into(),
                     found: version,
@@ -278,6 +289,8 @@ impl SqliteStore {
             unprepared: (!options.read_only && version >= 1).then_some((version, options.synchronous)),
             outbox: Arc::new(outbox),
             last_write: None,
+            // A new file got the current schema above.
+            checkpoints: version == 0 || schema::has_checkpoints(version),
         };
         let corrupt = |e: LoadError| match e {
             LoadError::Sqlite(e) => open_error(path, e),
@@ -287,19 +300,40 @@ impl SqliteStore {
                 source: None,
             },
         };
-        // A session without a row has no log yet.
-        let commits = if new_session {
+        // A session without a row has no log yet. Otherwise the newest checkpoint that checks
+        // out, and the commits after it; the older commits are not read.
+        let (checkpoint, commits) = if new_session {
+            (None, Vec::new())
+        } else {
+            let conn = store.conn.get();
+            let checkpoint = if store.checkpoints {
+                checkpoint::newest(conn, session, generation).map_err(corrupt)?
+            } else {
+                None
+            };
+            let after = checkpoint.as_ref().map_or(0, |c| c.generation.0);
+            let commits = load_range(conn, session, after, u64::MAX).map_err(corrupt)?;
+            if after + commits.len() as u64 != generation {
+                return Err(corrupt(LoadError::Corrupt(format!(
+                    "session `{session}` is at generation {generation} but its log holds {} commits",
+                    after + commits.len() as u64
+                ))));
+            }
+            (checkpoint, commits)
+        };
+        // From a checkpoint, the merged histories are read with the older commits, on demand.
+        let foreign = if checkpoint.is_some() {
             Vec::new()
         } else {
-            store.load_commits().map_err(corrupt)?
+            load_foreign(store.conn.get(), &[&commits]).map_err(corrupt)?
         };
-        let foreign = store.load_foreign(&commits).map_err(corrupt)?;
         Ok((
             store,
             Loaded {
                 commits,
                 foreign,
                 consumed_seq,
+                checkpoint,
             },
         ))
     }
@@ -317,6 +351,7 @@ impl SqliteStore {
         }
         if let Some((version, synchronous)) = self.unprepared.take() {
             schema::prepare_for_writing(self.conn.get(), synchronous, version, &self.path)?;
+            self.checkpoints = true;
         }
         if self.new_session {
             // Another process may create the same session at the same time: either row is
@@ -404,107 +439,21 @@ impl SqliteStore {
         self.outbox.clone()
     }
 
-    /// The session's log, oldest first. A branch's log is its parent's up to the fork (read
-    /// from the parent's rows, recursively), then its own commits.
-    fn load_commits(&mut self) -> Result<Vec<Commit>, LoadError> {
-        // The chain of (session, last generation taken from it), from this session up to the
-        // root; each takes the commits after the next one's limit.
-        let mut chain = vec![(self.session.clone(), u64::MAX)];
-        loop {
-            let (session, _) = chain.last().expect("the chain starts with this session");
-            let fork: Option<(Option<String>, Option<u64>)> = self
-                .conn
-                .get()
-                .query_row(
-                    "SELECT parent, fork_generation FROM sessions WHERE name = ?1",
-                    [session.as_str()],
-                    |row| Ok((row.get(0)?, row.get(1)?)),
-                )
-                .optional()?;
-            match fork {
-                Some((Some(parent), Some(at))) => {
-                    if chain.iter().any(|(s, _)| *s == parent) || chain.len() > 1000 {
-                        return Err(LoadError::Corrupt(format!("session `{parent}` is its own ancestor")));
-                    }
-                    chain.push((parent, at));
-                }
-                Some(_) => break,
-                None => return Err(LoadError::Corrupt(format!("the parent session `{session}` is missing"))),
-            }
-        }
-        // Each session contributes the commits after its parent's fork point, up to where its
-        // child forked.
-        let mut commits = Vec::new();
-        let mut stmt = self.conn.get().prepare(&format!(
-            "SELECT {COMMIT_COLUMNS} FROM commits
-             WHERE session = ?1 AND generation > ?2 AND generation <= ?3 ORDER BY generation"
-        ))?;
-        let mut from = 0u64;
-        for (session, upto) in chain.into_iter().rev() {
-            let upto = upto.min(i64::MAX as u64);
-            let mut rows = stmt.query(params![session, from, upto])?;
-            while let Some(row) = rows.next()? {
-                commits.push(commit_from_row(row)?);
-            }
-            from = upto;
-        }
-        if commits.len() as u64 != self.generation {
+    /// The session's commits before and at `upto` (read on demand by a context opened from a
+    /// checkpoint at `upto`), and the other sessions' commits that the merges of those and of
+    /// `tail` reach.
+    fn read_before(&self, upto: u64, tail: &[Commit]) -> Result<(Vec<Commit>, Vec<Commit>), LoadError> {
+        let conn = self.conn.lock();
+        let prefix = load_range(&conn, &self.session, 0, upto)?;
+        if prefix.len() as u64 != upto {
             return Err(LoadError::Corrupt(format!(
-                "session `{}` is at generation {} but its log holds {} commits",
+                "session `{}` has a checkpoint at generation {upto} but {} commits up to it",
                 self.session,
-                self.generation,
-                commits.len()
+                prefix.len()
             )));
         }
-        Ok(commits)
-    }
-
-    /// The commits of other sessions that the log reaches through its merge commits' merged
-    /// parents and does not hold itself: the histories it merged, so a later merge can walk
-    /// them (those merged from elsewhere are not in the file, and are left out). Nothing is read
-    /// for a log without merge commits; otherwise one pass over the commits' hashes finds where
-    /// each one is, then each commit needed is read by its key.
-    fn load_foreign(&mut self, log: &[Commit]) -> Result<Vec<Commit>, LoadError> {
-        let mut wanted: Vec<CommitHash> = log.iter().filter_map(|c| c.merged).collect();
-        if wanted.is_empty() {
-            return Ok(Vec::new());
-        }
-        let own: HashSet<CommitHash> = log.iter().map(|c| c.hash).collect();
-        let mut located: HashMap<Vec<u8>, (String, u64)> = HashMap::new();
-        {
-            let mut stmt = self
-                .conn
-                .get()
-                .prepare("SELECT hash, session, generation FROM commits")?;
-            let mut rows = stmt.query([])?;
-            while let Some(row) = rows.next()? {
-                located.insert(row.get(0)?, (row.get(1)?, row.get(2)?));
-            }
-        }
-        let mut stmt = self.conn.get().prepare(&format!(
-            "SELECT {COMMIT_COLUMNS} FROM commits WHERE session = ?1 AND generation = ?2"
-        ))?;
-        let mut found: HashMap<CommitHash, Commit> = HashMap::new();
-        while let Some(hash) = wanted.pop() {
-            if own.contains(&hash) || found.contains_key(&hash) {
-                continue;
-            }
-            // A history merged from another file or from memory is not here; the merge walk
-            // stops at its head.
-            let Some((session, generation)) = located.get(&hash.as_bytes()[..]) else {
-                continue;
-            };
-            let commit = stmt
-                .query_row(params![session, generation], |row| Ok(commit_from_row(row)))?
-                .map_err(|e| match e {
-                    LoadError::Sqlite(e) => LoadError::Sqlite(e),
-                    LoadError::Corrupt(detail) => LoadError::Corrupt(format!("session `{session}`: {detail}")),
-                })?;
-            wanted.extend(commit.parent);
-            wanted.extend(commit.merged);
-            found.insert(hash, commit);
-        }
-        Ok(found.into_values().collect())
+        let foreign = load_foreign(&conn, &[&prefix, tail])?;
+        Ok((prefix, foreign))
     }
 
     fn sqlite_error(&self, source: rusqlite::Error) -> StoreError {
@@ -513,6 +462,16 @@ impl SqliteStore {
 
     fn conflict(&self) -> StoreError {
         StoreError::conflict(store_name(&self.path), self.session.clone(), self.generation)
+    }
+
+    /// Whether a checkpoint can be written: the store is writable and has the table.
+    fn check_checkpoints(&self) -> Result<(), StoreError> {
+        self.check_writable()?;
+        if !self.checkpoints {
+            // Unreachable: a writable store has migrated its file before it is used.
+            return Err(StoreError::read_only(store_name(&self.path), self.session.clone()));
+        }
+        Ok(())
     }
 
     fn check_writable(&self) -> Result<(), StoreError> {
@@ -829,6 +788,148 @@ impl From<rusqlite::types::FromSqlError> for LoadError {
     }
 }
 
+impl LoadError {
+    /// As a verification error of a log read on demand.
+    fn into_history(self) -> VerifyError {
+        VerifyError::History {
+            detail: match self {
+                LoadError::Sqlite(e) => e.to_string(),
+                LoadError::Corrupt(detail) => detail,
+            },
+        }
+    }
+}
+
+/// The sessions whose rows hold `session`'s log, root first: each with the generations it
+/// contributes, `(from, upto]`. A branch's log is its parent's up to the fork (read from the
+/// parent's rows, recursively), then its own commits.
+fn chain(conn: &Connection, session: &str) -> Result<Vec<(String, u64, u64)>, LoadError> {
+    // From this session up to the root, each with the last generation taken from it.
+    let mut chain = vec![(session.to_owned(), u64::MAX)];
+    loop {
+        let (session, _) = chain.last().expect("the chain starts with this session");
+        let fork: Option<(Option<String>, Option<u64>)> = conn
+            .query_row(
+                "SELECT parent, fork_generation FROM sessions WHERE name = ?1",
+                [session.as_str()],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .optional()?;
+        match fork {
+            Some((Some(parent), Some(at))) => {
+                if chain.iter().any(|(s, _)| *s == parent) || chain.len() > 1000 {
+                    return Err(LoadError::Corrupt(format!("session `{parent}` is its own ancestor")));
+                }
+                chain.push((parent, at));
+            }
+            Some(_) => break,
+            None => return Err(LoadError::Corrupt(format!("the parent session `{session}` is missing"))),
+        }
+    }
+    let mut from = 0u64;
+    Ok(chain
+        .into_iter()
+        .rev()
+        .map(|(session, upto)| {
+            let upto = upto.min(i64::MAX as u64);
+            let segment = (session, from, upto);
+            from = upto;
+            segment
+        })
+        .collect())
+}
+
+/// The commits of `session`'s log with a generation in `(after, upto]`, oldest first.
+fn load_range(conn: &Connection, session: &str, after: u64, upto: u64) -> Result<Vec<Commit>, LoadError> {
+    let mut commits = Vec::new();
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COMMIT_COLUMNS} FROM commits
+         WHERE session = ?1 AND generation > ?2 AND generation <= ?3 ORDER BY generation"
+    ))?;
+    let upto = upto.min(i64::MAX as u64);
+    for (owner, from, to) in chain(conn, session)? {
+        let (low, high) = (from.max(after), to.min(upto));
+        if low >= high {
+            continue;
+        }
+        let mut rows = stmt.query(params![owner, low, high])?;
+        while let Some(row) = rows.next()? {
+            commits.push(commit_from_row(row)?);
+        }
+    }
+    Ok(commits)
+}
+
+/// A commit's hash and state hash, as stored.
+type StoredHashes = (Vec<u8>, Vec<u8>);
+
+/// The hash and state hash of commit `generation` of `session`'s log, without decoding it.
+fn commit_hashes_at(
+    conn: &Connection,
+    session: &str,
+    generation: u64,
+) -> Result<Option<StoredHashes>, LoadError> {
+    let Some((owner, ..)) = chain(conn, session)?
+        .into_iter()
+        .find(|&(_, from, upto)| from < generation && generation <= upto)
+    else {
+        return Ok(None);
+    };
+    Ok(conn
+        .query_row(
+            "SELECT hash, state_hash FROM commits WHERE session = ?1 AND generation = ?2",
+            params![owner, generation],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .optional()?)
+}
+
+/// The commits of other sessions that the logs reach through their merge commits' merged
+/// parents and do not hold themselves: the histories they merged, so a later merge can walk
+/// them (those merged from elsewhere are not in the file, and are left out). Nothing is read
+/// for logs without merge commits; otherwise one pass over the commits' hashes finds where
+/// each one is, then each commit needed is read by its key.
+fn load_foreign(conn: &Connection, logs: &[&[Commit]]) -> Result<Vec<Commit>, LoadError> {
+    let log = || logs.iter().flat_map(|l| l.iter());
+    let mut wanted: Vec<CommitHash> = log().filter_map(|c| c.merged).collect();
+    if wanted.is_empty() {
+        return Ok(Vec::new());
+    }
+    let own: HashSet<CommitHash> = log().map(|c| c.hash).collect();
+    let mut located: HashMap<Vec<u8>, (String, u64)> = HashMap::new();
+    {
+        let mut stmt = conn.prepare("SELECT hash, session, generation FROM commits")?;
+        let mut rows = stmt.query([])?;
+        while let Some(row) = rows.next()? {
+            located.insert(row.get(0)?, (row.get(1)?, row.get(2)?));
+        }
+    }
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COMMIT_COLUMNS} FROM commits WHERE session = ?1 AND generation = ?2"
+    ))?;
+    let mut found: HashMap<CommitHash, Commit> = HashMap::new();
+    while let Some(hash) = wanted.pop() {
+        if own.contains(&hash) || found.contains_key(&hash) {
+            continue;
+        }
+        // A history merged from another file or from memory is not here; the merge walk
+        // stops at its head.
+        let Some((session, generation)) = located.get(&hash.as_bytes()[..]) else {
+            continue;
+        };
+        let commit = stmt
+            .query_row(params![session, generation], |row| Ok(commit_from_row(row)))?
+            .map_err(|e| match e {
+                LoadError::Sqlite(e) => LoadError::Sqlite(e),
+                LoadError::Corrupt(detail) => LoadError::Corrupt(format!("session `{session}`: {detail}")),
+            })?;
+        wanted.extend(commit.parent);
+        wanted.extend(commit.merged);
+        found.insert(hash, commit);
+    }
+    Ok(found.into_values().collect())
+}
+
 impl SqliteStore {
     /// Runs the write `op` on the outbox's thread, keeping track of its end (see
     /// [`SqliteStore::last_write`]).
@@ -893,6 +994,7 @@ impl SqliteStore {
             unprepared: None,
             outbox: self.outbox.clone(),
             last_write: None,
+            checkpoints: self.checkpoints,
         })
     }
 }
@@ -980,6 +1082,41 @@ impl Store for SqliteStore {
 
     fn describe(&self) -> String {
         store_name(&self.path)
+    }
+
+    fn checkpoint(&self, checkpoint: Checkpoint) -> crate::store::outbox::BoxFuture<'static, Result<(), StoreError>> {
+        if let Err(e) = self.check_checkpoints() {
+            return Box::pin(std::future::ready(Err(e)));
+        }
+        let (session, store) = (self.session.clone(), store_name(&self.path));
+        // Encoded and written on the outbox's thread: O(state), never on the caller's.
+        self.outbox.run_write(move |conn| {
+            checkpoint::write(conn, &session, &checkpoint).map_err(|source| store_error(&store, source))
+        })
+    }
+
+    fn checkpoint_later(&self, checkpoint: Checkpoint) {
+        if let Err(e) = self.check_checkpoints() {
+            tracing::warn!(error = %e, generation = checkpoint.generation.0, "no checkpoint written");
+            return;
+        }
+        let (session, store) = (self.session.clone(), store_name(&self.path));
+        self.outbox.send_write(move |conn| {
+            if let Err(e) = checkpoint::write(conn, &session, &checkpoint) {
+                tracing::warn!(store = %store, session = %session, generation = checkpoint.generation.0, error = %e, "a checkpoint could not be written; the next open replays more commits");
+            }
+        });
+    }
+
+    fn load_before(&self, upto: Generation, tail: &[Commit]) -> Result<(Vec<Commit>, Vec<Commit>), VerifyError> {
+        self.read_before(upto.0, tail).map_err(LoadError::into_history)
+    }
+
+    fn checkpoints(&self) -> Result<Vec<StoredCheckpoint>, VerifyError> {
+        if !self.checkpoints {
+            return Ok(Vec::new());
+        }
+        checkpoint::all(&self.conn.lock(), &self.session).map_err(|e| LoadError::Sqlite(e).into_history())
     }
 }
 
@@ -1105,5 +1242,66 @@ mod tests {
         }
         // Not a commit of this log: another session's row, not checked against it.
         assert!(store.verify_outbox(&[]).is_ok());
+    }
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Note {
+        n: u32,
+    }
+
+    impl crate::model::artifact::Artifact for Note {
+        const KIND: &'static str = "note";
+    }
+
+    /// A checkpoint whose digest, commit hash and state hash all check out but whose content
+    /// is not the log's (written by something other than the context): the open takes it,
+    /// `verify` refuses it, naming its generation.
+    #[test]
+    fn verify_refuses_a_checkpoint_that_checks_out_but_is_not_the_logs() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let options = || OpenOptions::new().checkpoint_every(0);
+        let mut ctx = crate::Context::open_with(&path, "orders", options()).unwrap();
+        ctx.create("note:1", Note { n: 1 }).unwrap();
+        let first = ctx.state().clone();
+        ctx.update("note:1", Note { n: 2 }).unwrap();
+        // Back to the first content: the same state hash as after commit 1, version 3.
+        ctx.update("note:1", Note { n: 1 }).unwrap();
+        ctx.create("note:2", Note { n: 2 }).unwrap();
+        let honest = ctx.checkpoint_of_head().unwrap();
+        drop(ctx);
+
+        let forge = |forged: &Checkpoint| {
+            let mut conn = Connection::open(&path).unwrap();
+            conn.execute_batch("DELETE FROM checkpoints").unwrap();
+            checkpoint::write(&mut conn, "orders", forged).unwrap();
+        };
+        let verified = || crate::Context::open_with(&path, "orders", options()).unwrap().verify();
+        forge(&honest);
+        verified().unwrap();
+
+        // The state after commit 1 (note:1 at version 1) under commit 3's names.
+        let mut ctx = crate::Context::open_with(&path, "orders", options()).unwrap();
+        ctx.delete("note:2").unwrap();
+        let at_3 = ctx.checkpoint_of_head().unwrap();
+        let forged = Checkpoint { state: first, ..at_3 };
+        drop(ctx);
+        forge(&forged);
+        match verified() {
+            Err(VerifyError::Checkpoint { generation, detail }) => {
+                assert_eq!(generation, Generation(5));
+                assert!(detail.starts_with("its state is not the log's"), "{detail}");
+            }
+            other => panic!("expected a bad checkpoint, got {other:?}"),
+        }
+
+        // A queued event left out.
+        let ctx = crate::Context::open_with(&path, "orders", options()).unwrap();
+        let mut short = ctx.checkpoint_of_head().unwrap();
+        assert!(short.events.len() >= 2);
+        short.events.remove(0);
+        drop(ctx);
+        forge(&short);
+        assert!(matches!(verified(), Err(VerifyError::Checkpoint { .. })));
     }
 }

@@ -63,6 +63,11 @@ impl SqliteOutbox {
         self.actor.call(op)
     }
 
+    /// Runs `op` on the outbox's thread without waiting for it.
+    pub(super) fn send_write(&self, op: impl FnOnce(&mut rusqlite::Connection) + Send + 'static) {
+        self.actor.send(op)
+    }
+
     /// Opens the outbox of the store file at `path`, which a [`Context`](crate::Context) created,
     /// for reading and writing (`synchronous = FULL`). Nothing in the file is changed.
     ///
@@ -94,7 +99,7 @@ impl SqliteOutbox {
             return Err(OpenError::ReadOnlyFile { path: path.into() });
         }
         match schema::schema_version(&conn, path)? {
-            schema::SCHEMA_VERSION => {}
+            schema::READS_FROM..=schema::SCHEMA_VERSION => {}
             0 => return Err(OpenError::Foreign { path: path.into() }),
             found => {
                 return Err(OpenError::OlderSchema {

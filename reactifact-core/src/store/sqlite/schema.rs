@@ -8,6 +8,10 @@
 //!   the committed `PendingAction` bytes, their hash and a row digest), `outbox_members`
 //!   (sessions a key is attached to) and `outbox_purged` (tombstones of purged keys).
 //!   `commits.intents` is no longer written (NULL) and `deliveries` is dropped.
+//! - Version 3: `checkpoints` (the encoded state of a session right after one of its commits,
+//!   named by the commit's generation, hash and state hash, with a digest over all of it). A
+//!   version-2 file reads as a version-3 file without checkpoints, so a read-only open takes
+//!   it as it is; a writable open migrates it (adds the table) once its log verified.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -24,7 +28,11 @@ use crate::store::codec;
 use crate::store::{OpenError, Synchronous};
 
 /// The schema version this build writes.
-pub(crate) const SCHEMA_VERSION: i64 = 2;
+pub(crate) const SCHEMA_VERSION: i64 = 3;
+
+/// The oldest schema version this build reads without migrating it (a read-only open, a
+/// standalone outbox): version 3 only adds the checkpoints table.
+pub(crate) const READS_FROM: i64 = 2;
 
 /// The first schema.
 const V1: &str = "
@@ -104,12 +112,39 @@ pub(super) const V2_TABLES: &str = "
     ) WITHOUT ROWID;
 ";
 
+/// The table of version 3.
+const V3_TABLES: &str = "
+    CREATE TABLE checkpoints (
+        session TEXT NOT NULL,
+        generation INTEGER NOT NULL,
+        hash BLOB NOT NULL,
+        state_hash BLOB NOT NULL,
+        body BLOB NOT NULL,
+        digest BLOB NOT NULL,
+        created_at INTEGER NOT NULL,
+        PRIMARY KEY (session, generation)
+    ) WITHOUT ROWID;
+";
+
 /// The tables of each version, by which a file of that version is recognised as ours.
 fn tables_of(version: i64) -> &'static [&'static str] {
     match version {
         1 => &["sessions", "commits", "deliveries"],
-        _ => &["sessions", "commits", "outbox", "outbox_members", "outbox_purged"],
+        2 => &["sessions", "commits", "outbox", "outbox_members", "outbox_purged"],
+        _ => &[
+            "sessions",
+            "commits",
+            "outbox",
+            "outbox_members",
+            "outbox_purged",
+            "checkpoints",
+        ],
     }
+}
+
+/// Whether a file of this version has the checkpoints table.
+pub(super) fn has_checkpoints(version: i64) -> bool {
+    version >= 3
 }
 
 /// The file's schema version, refusing what reactifact did not write: a negative or newer
@@ -217,8 +252,15 @@ fn migrate(conn: &mut Connection, from: i64) -> Result<i64, LoadError> {
         0 => {
             tx.execute_batch(V1)?;
             migrate_1_to_2(&tx)?;
+            tx.execute_batch(V3_TABLES)?;
         }
-        1 => migrate_1_to_2(&tx)?,
+        1 => {
+            migrate_1_to_2(&tx)?;
+            tx.execute_batch(V3_TABLES)?;
+        }
+        // Version 2 → 3: the checkpoints table, empty (the first checkpoint is written after
+        // the next `checkpoint_every` commits, or on request).
+        2 => tx.execute_batch(V3_TABLES)?,
         _ => return Ok(current),
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
