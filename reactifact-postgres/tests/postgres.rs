@@ -1,0 +1,404 @@
+//! The PostgreSQL store beyond the contract suite: opening (migrations, refusals, errors,
+//! redaction), integrity holds, claims from two pools, and notifications. Runs when
+//! `REACTIFACT_TEST_POSTGRES_URL` is set (see `common`), except the tests that need no server.
+
+mod common;
+
+use std::collections::HashSet;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use reactifact_core::store_contract::{at, new_intents};
+use reactifact_core::{ActionKey, ClaimRequest, DeliveryStatus, OutboxStore, Outcome, Recorded, Recording, Scope};
+use reactifact_postgres::{OpenError, PostgresOptions, PostgresOutbox};
+
+use common::Schemas;
+
+const PASSWORD: &str = "s3cret-pw";
+
+/// `url` with `PASSWORD` as its password (trust auth ignores it).
+fn with_password(url: &str) -> String {
+    let rest = url.strip_prefix("postgres://").expect("a postgres:// URL");
+    let (user, host) = rest.split_once('@').expect("a user in the URL");
+    let user = user.split(':').next().unwrap_or(user);
+    format!("postgres://{user}:{PASSWORD}@{host}")
+}
+
+/// A port on 127.0.0.1 that nothing listens on: bound, then released.
+fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let port = listener.local_addr().expect("its address").port();
+    drop(listener);
+    port
+}
+
+/// Every line of an error: its message and each source's.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = format!("{e} | {e:?}");
+    let mut source = e.source();
+    while let Some(s) = source {
+        write!(out, " | {s} | {s:?}").unwrap();
+        source = s.source();
+    }
+    out
+}
+
+#[tokio::test]
+async fn an_unreachable_server_names_host_port_and_database() {
+    // No server needed: nothing listens on the port.
+    let port = closed_port();
+    let url = format!("postgres://postgres:{PASSWORD}@127.0.0.1:{port}/orders_db");
+    let e = PostgresOutbox::open(PostgresOptions::new(&url).connect_timeout(Duration::from_secs(5)))
+        .await
+        .expect_err("nothing listens on the port");
+    let message = e.to_string();
+    assert!(matches!(e, OpenError::Connect { .. }), "{e:?}");
+    assert!(message.contains(&format!("127.0.0.1:{port}")), "{message}");
+    assert!(message.contains("`orders_db`"), "{message}");
+    assert!(message.contains("`postgres`"), "{message}");
+    assert!(!chain(&e).contains(PASSWORD), "{}", chain(&e));
+}
+
+#[tokio::test]
+async fn no_error_or_debug_output_names_the_password() {
+    // A URL that does not parse (no server needed).
+    for bad in [
+        format!("postgres://app:{PASSWORD}@127.0.0.1:notaport/db"),
+        format!("host=127.0.0.1 port=x password={PASSWORD}"),
+    ] {
+        let e = PostgresOutbox::open(PostgresOptions::new(&bad))
+            .await
+            .expect_err("a bad URL");
+        assert!(matches!(e, OpenError::BadUrl { .. }), "{e:?}");
+        assert!(!chain(&e).contains(PASSWORD), "{}", chain(&e));
+        assert!(e.to_string().contains("***"), "{e}");
+    }
+    let options = PostgresOptions::new(format!("postgres://app:{PASSWORD}@127.0.0.1/db"));
+    assert!(!format!("{options:?}").contains(PASSWORD), "{options:?}");
+}
+
+/// A subscriber that keeps every event's fields as text.
+struct Capture(Arc<Mutex<String>>);
+
+struct Fields<'a>(&'a mut String);
+
+impl tracing::field::Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        let _ = write!(self.0, " {}={value:?}", field.name());
+    }
+}
+
+impl tracing::Subscriber for Capture {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut line = String::new();
+        event.record(&mut Fields(&mut line));
+        let mut all = self.0.lock().unwrap();
+        all.push_str(&line);
+        all.push('\n');
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[tokio::test]
+async fn the_log_and_the_store_name_never_carry_the_password() {
+    let Some(url) = common::url("the_log_and_the_store_name_never_carry_the_password") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "redact");
+    let schema = schemas.name();
+    let lines = Arc::new(Mutex::new(String::new()));
+    let _guard = tracing::subscriber::set_default(Capture(lines.clone()));
+    let outbox = PostgresOutbox::open(PostgresOptions::new(with_password(&url)).schema(&schema))
+        .await
+        .expect("trust auth ignores the password");
+    // A damaged row, so that the claim logs a warning naming the store.
+    outbox
+        .register_alone(&new_intents("a", 1, &[("k1", "x")]), at(0))
+        .await
+        .expect("register");
+    schemas
+        .execute(&format!("UPDATE \"{schema}\".outbox SET attempts = 9 WHERE key = 'k1'"))
+        .await;
+    let owner: Arc<str> = Arc::from("d");
+    let claimed = outbox
+        .claim(ClaimRequest {
+            scope: &Scope::all(),
+            limit: 10,
+            owner: &owner,
+            lease: Duration::from_secs(30),
+            now: at(1),
+        })
+        .await
+        .expect("claim");
+    assert_eq!(claimed.integrity, [ActionKey::from("k1")]);
+    let logged = lines.lock().unwrap().clone();
+    assert!(logged.contains("migrated the postgres outbox schema"), "{logged}");
+    assert!(logged.contains("integrity check"), "{logged}");
+    assert!(logged.contains(&schema), "the lines name the store: {logged}");
+    assert!(!logged.contains(PASSWORD), "{logged}");
+    let name = outbox.describe();
+    assert!(name.contains("127.0.0.1") && name.contains(&schema), "{name}");
+    assert!(!name.contains(PASSWORD), "{name}");
+    assert!(!format!("{outbox:?}").contains(PASSWORD));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_first_opens_migrate_once() {
+    let Some(url) = common::url("concurrent_first_opens_migrate_once") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "migrate");
+    let schema = schemas.name();
+    let mut opens = Vec::new();
+    for _ in 0..8 {
+        let options = PostgresOptions::new(&url).schema(&schema).pool_size(1);
+        opens.push(tokio::spawn(PostgresOutbox::open(options)));
+    }
+    let mut outboxes = Vec::new();
+    for open in opens {
+        outboxes.push(
+            open.await
+                .expect("the task")
+                .unwrap_or_else(|e| panic!("a concurrent open failed: {e}")),
+        );
+    }
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let versions: Vec<i32> = client
+        .query(&format!("SELECT version FROM \"{schema}\".schema_version ORDER BY 1"), &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(versions, [1], "one migration row");
+    // And the store works from every one of them.
+    outboxes[3]
+        .register_alone(&new_intents("a", 1, &[("k1", "x")]), at(0))
+        .await
+        .unwrap();
+    assert_eq!(outboxes[5].get("k1").await.unwrap().unwrap().status(), DeliveryStatus::Pending);
+}
+
+#[tokio::test]
+async fn a_newer_or_foreign_schema_is_refused() {
+    let Some(url) = common::url("a_newer_or_foreign_schema_is_refused") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "refuse");
+    let newer = schemas.name();
+    drop(PostgresOutbox::open(PostgresOptions::new(&url).schema(&newer)).await.unwrap());
+    schemas
+        .execute(&format!(
+            "INSERT INTO \"{newer}\".schema_version (version, description) VALUES (7, 'from the future')"
+        ))
+        .await;
+    match PostgresOutbox::open(PostgresOptions::new(&url).schema(&newer)).await {
+        Err(e @ OpenError::NewerSchema { found: 7, supported: 1, .. }) => {
+            let message = e.to_string();
+            assert!(message.contains(&newer) && message.contains("newer"), "{message}");
+        }
+        other => panic!("a newer schema must be refused: {other:?}"),
+    }
+
+    let foreign = schemas.name();
+    schemas
+        .execute(&format!(
+            "CREATE SCHEMA \"{foreign}\"; CREATE TABLE \"{foreign}\".users (id int)"
+        ))
+        .await;
+    match PostgresOutbox::open(PostgresOptions::new(&url).schema(&foreign)).await {
+        Err(OpenError::Foreign { tables, .. }) => assert_eq!(tables, "users"),
+        other => panic!("a foreign schema must be refused: {other:?}"),
+    }
+
+    match PostgresOutbox::open(PostgresOptions::new(&url).schema("Bad-Name")).await {
+        Err(OpenError::BadSchema { schema, .. }) => assert_eq!(schema, "Bad-Name"),
+        other => panic!("a bad schema name must be refused: {other:?}"),
+    }
+}
+
+async fn claim(outbox: &PostgresOutbox, owner: &str, limit: usize, now: u64) -> reactifact_core::Claimed {
+    let owner: Arc<str> = Arc::from(owner);
+    outbox
+        .claim(ClaimRequest {
+            scope: &Scope::all(),
+            limit,
+            owner: &owner,
+            lease: Duration::from_secs(300),
+            now: at(now),
+        })
+        .await
+        .expect("claim")
+}
+
+#[tokio::test]
+async fn a_changed_row_is_held_on_claim_never_delivered() {
+    let Some(url) = common::url("a_changed_row_is_held_on_claim_never_delivered") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "held");
+    let outbox = schemas.open().await;
+    let s = format!("\"{}\"", outbox.schema());
+    let keys = [("ok", "x"), ("attempts", "x"), ("bytes", "x"), ("rehashed", "x"), ("forged", "x")];
+    outbox
+        .register_alone(&new_intents("a", 1, &keys), at(0))
+        .await
+        .unwrap();
+    let digest = format!(
+        "{s}.outbox_digest(key, kind, session, origin_commit, origin_gen, origin_run, action_hash, bytes, recorded_at, \
+         status, due_at, token, owner, lease_until, attempts, expired, interrupted, last_error, cancel_reason, \
+         updated_at, delivered_at, next_attempt_at)"
+    );
+    let forged_bytes = hex(&rmp_bytes("ok"));
+    schemas
+        .execute(&format!(
+            // A changed column, the digest left as it was.
+            "UPDATE {s}.outbox SET attempts = 3 WHERE key = 'attempts';
+             -- One flipped bit of the committed bytes.
+             UPDATE {s}.outbox SET bytes = set_byte(bytes, 1, get_byte(bytes, 1) # 1) WHERE key = 'bytes';
+             -- Changed bytes under a recomputed digest: they no longer hash to the action hash.
+             UPDATE {s}.outbox SET bytes = set_byte(bytes, 1, get_byte(bytes, 1) # 1) WHERE key = 'rehashed';
+             UPDATE {s}.outbox SET digest = {digest} WHERE key = 'rehashed';
+             -- Another intent's bytes, with their hash and a recomputed digest.
+             UPDATE {s}.outbox SET bytes = '\\x{forged_bytes}', action_hash = sha256('\\x{forged_bytes}') WHERE key = 'forged';
+             UPDATE {s}.outbox SET digest = {digest} WHERE key = 'forged';"
+        ))
+        .await;
+    let claimed = claim(&outbox, "d", 10, 1).await;
+    let taken: Vec<&str> = claimed.claims.iter().map(|d| d.key().as_str()).collect();
+    assert_eq!(taken, ["ok"], "only the intact row is handed out");
+    let mut held: Vec<&str> = claimed.integrity.iter().map(ActionKey::as_str).collect();
+    held.sort_unstable();
+    assert_eq!(held, ["attempts", "bytes", "forged", "rehashed"]);
+    for (key, why) in [
+        ("attempts", "does not match its digest"),
+        ("bytes", "does not match its digest"),
+        ("rehashed", "do not hash to its action hash"),
+        ("forged", "is for key `ok`"),
+    ] {
+        let d = outbox.get(key).await.expect("a held row reads").expect("held, not dropped");
+        assert_eq!(d.status(), DeliveryStatus::Held, "{key}");
+        let error = d.last_error().unwrap_or_default();
+        assert!(error.starts_with("integrity: ") && error.contains(why), "{key}: {error}");
+    }
+    assert_eq!(outbox.counts(&Scope::all()).await.unwrap().held, 4);
+    // An operator's retry re-arms a held row; its next claim checks it again.
+    outbox.retry("rehashed", at(2)).await.expect("retry");
+    let again = claim(&outbox, "d", 10, 3).await;
+    assert!(again.claims.is_empty(), "{:?}", again.claims);
+    assert_eq!(again.integrity, [ActionKey::from("rehashed")]);
+}
+
+/// The bytes of the `PendingAction` the contract suite commits for `key` (kind `x`).
+fn rmp_bytes(key: &str) -> Vec<u8> {
+    new_intents("a", 1, &[(key, "x")])[0].bytes.to_vec()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_pools_claiming_together_never_hand_out_a_key_twice() {
+    let Some(url) = common::url("two_pools_claiming_together_never_hand_out_a_key_twice") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "two_pools");
+    let schema = schemas.name();
+    let open = || PostgresOutbox::open(PostgresOptions::new(&url).schema(&schema).pool_size(3));
+    let (first, second) = (open().await.unwrap(), open().await.unwrap());
+    let names: Vec<String> = (0..2000).map(|i| format!("k{i:04}")).collect();
+    let keys: Vec<(&str, &str)> = names.iter().map(|k| (k.as_str(), "x")).collect();
+    for (n, chunk) in keys.chunks(500).enumerate() {
+        first
+            .register_alone(&new_intents("a", n as u64 + 1, chunk), at(0))
+            .await
+            .unwrap();
+    }
+    let mut tasks = Vec::new();
+    for (i, outbox) in [first.clone(), second.clone()].into_iter().enumerate() {
+        for t in 0..4 {
+            let outbox = outbox.clone();
+            tasks.push(tokio::spawn(async move {
+                let owner = format!("pool {i} task {t}");
+                let mut mine = Vec::new();
+                loop {
+                    let claimed = claim(&outbox, &owner, 16, 1).await;
+                    if claimed.claims.is_empty() {
+                        break mine;
+                    }
+                    let outcomes: Vec<Recording> = claimed
+                        .claims
+                        .iter()
+                        .map(|d| Recording {
+                            key: d.key().clone(),
+                            token: d.token(),
+                            outcome: Outcome::Delivered,
+                        })
+                        .collect();
+                    let recorded = outbox.record(&outcomes, at(2)).await.unwrap();
+                    assert!(recorded
+                        .iter()
+                        .all(|r| *r == Recorded::Accepted(DeliveryStatus::Delivered)));
+                    mine.extend(claimed.claims.iter().map(|d| d.key().to_string()));
+                }
+            }));
+        }
+    }
+    let mut seen = HashSet::new();
+    let mut per_pool = [0usize; 2];
+    for (n, task) in tasks.into_iter().enumerate() {
+        let mine = task.await.expect("a claimer panicked");
+        per_pool[n / 4] += mine.len();
+        for key in mine {
+            assert!(seen.insert(key.clone()), "{key} handed out twice");
+        }
+    }
+    assert_eq!(seen.len(), 2000, "every key handed out");
+    assert!(per_pool.iter().all(|&n| n > 0), "both pools claimed: {per_pool:?}");
+    assert_eq!(second.counts(&Scope::all()).await.unwrap().delivered, 2000);
+}
+
+#[tokio::test]
+async fn a_registration_wakes_a_listener_of_another_pool() {
+    let Some(url) = common::url("a_registration_wakes_a_listener_of_another_pool") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "notify");
+    let schema = schemas.name();
+    let open = || PostgresOutbox::open(PostgresOptions::new(&url).schema(&schema).pool_size(1));
+    let (drainer, committer) = (open().await.unwrap(), open().await.unwrap());
+    let mut wake = drainer.listen();
+    // The first wake-up says the listener listens (a drainer then claims once).
+    let bound = Duration::from_secs(60);
+    assert!(tokio::time::timeout(bound, wake.next()).await.expect("listening"));
+    assert!(wake.next().now_or_never().is_none(), "no wake-up without a registration");
+    committer
+        .register_alone(&new_intents("a", 1, &[("k1", "x")]), at(0))
+        .await
+        .unwrap();
+    assert!(tokio::time::timeout(bound, wake.next()).await.expect("woken by the registration"));
+    // A registration that registers nothing new (the key is held) does not notify.
+    committer
+        .register_alone(&new_intents("a", 2, &[("k1", "x")]), at(1))
+        .await
+        .unwrap();
+    committer
+        .register_alone(&new_intents("a", 3, &[("k2", "x")]), at(2))
+        .await
+        .unwrap();
+    assert!(tokio::time::timeout(bound, wake.next()).await.expect("woken by k2"));
+    assert!(wake.next().now_or_never().is_none(), "one wake-up per notification");
+}
