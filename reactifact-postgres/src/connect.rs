@@ -171,9 +171,9 @@ pub fn redact_url(url: &str) -> String {
     while let Some(found) = out[search..].to_ascii_lowercase().find("password=") {
         let start = search + found + "password=".len();
         let rest = &out[start..];
-        let end = if rest.starts_with('\'') {
+        let end = if let Some(quoted) = rest.strip_prefix('\'') {
             // Quoted: up to the closing quote.
-            rest[1..].find('\'').map_or(out.len(), |q| start + q + 2)
+            quoted.find('\'').map_or(out.len(), |q| start + q + 2)
         } else {
             rest.find(['&', ' ']).map_or(out.len(), |e| start + e)
         };

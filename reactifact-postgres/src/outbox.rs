@@ -20,9 +20,9 @@ use std::time::{Duration, SystemTime};
 
 use deadpool_postgres::{Object, Pool, PoolError};
 use reactifact_core::{
-    reclaimed_error, ActionKey, BoxFuture, CancelError, ClaimRequest, Claimed, Delivery, DeliveryStatus,
-    FailedAttempt, FenceToken, LedgerQuery, NewIntent, OutboxStore, Outcome, Page, Recorded, Recording, RetryError,
-    Scope, StatusCounts, StoreError,
+    reclaimed_error, ActionKey, BoxFuture, CancelError, ClaimRequest, Claimed, Delivery, DeliveryStatus, FailedAttempt,
+    FenceToken, LedgerQuery, NewIntent, OutboxStore, Outcome, Page, Recorded, Recording, RetryError, Scope,
+    StatusCounts, StoreError,
 };
 use tokio::sync::{oneshot, watch};
 use tokio_postgres::types::ToSql;
@@ -77,7 +77,9 @@ struct Statements {
 
 impl std::fmt::Debug for PostgresOutbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PostgresOutbox").field("store", &self.inner.name).finish()
+        f.debug_struct("PostgresOutbox")
+            .field("store", &self.inner.name)
+            .finish()
     }
 }
 
@@ -439,10 +441,7 @@ impl PostgresOutbox {
         let keys: Vec<&str> = intents.iter().map(|n| n.intent.key().as_str()).collect();
         let kinds: Vec<&str> = intents.iter().map(|n| n.intent.kind()).collect();
         let sessions: Vec<&str> = intents.iter().map(|n| n.intent.origin().session()).collect();
-        let commits: Vec<Vec<u8>> = intents
-            .iter()
-            .map(|n| n.intent.origin().commit().0.to_vec())
-            .collect();
+        let commits: Vec<Vec<u8>> = intents.iter().map(|n| n.intent.origin().commit().0.to_vec()).collect();
         let generations: Vec<i64> = intents
             .iter()
             .map(|n| i64::try_from(n.intent.origin().generation().0).unwrap_or(i64::MAX))
@@ -501,11 +500,7 @@ impl PostgresOutbox {
     }
 
     async fn client(&self) -> Result<Object, StoreError> {
-        self.inner
-            .pool
-            .get()
-            .await
-            .map_err(|e| pool_error(&self.inner.name, e))
+        self.inner.pool.get().await.map_err(|e| pool_error(&self.inner.name, e))
     }
 
     fn err(&self) -> impl Fn(tokio_postgres::Error) -> StoreError + '_ {
@@ -755,9 +750,7 @@ impl OutboxStore for PostgresOutbox {
                 }
                 Err(_) => task.await,
             }
-            answered
-                .await
-                .unwrap_or_else(|_| Err(StoreError::closed(name)))
+            answered.await.unwrap_or_else(|_| Err(StoreError::closed(name)))
         })
     }
 

@@ -140,11 +140,17 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str, store: &str) -> R
     let err = |e| OpenError::Store(store_error(store, e));
     let s = quoted(schema);
     let tx = client.transaction().await.map_err(err)?;
-    tx.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", &[&LOCK_CLASS, &schema])
-        .await
-        .map_err(err)?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+        &[&LOCK_CLASS, &schema],
+    )
+    .await
+    .map_err(err)?;
     let exists: bool = tx
-        .query_one("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", &[&schema])
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
+            &[&schema],
+        )
         .await
         .map_err(err)?
         .get(0);
@@ -158,10 +164,13 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str, store: &str) -> R
             .map_err(err)?
             .get(0);
         if versioned {
-            tx.query_one(&format!("SELECT coalesce(max(version), 0) FROM {s}.schema_version"), &[])
-                .await
-                .map_err(err)?
-                .get::<_, i32>(0)
+            tx.query_one(
+                &format!("SELECT coalesce(max(version), 0) FROM {s}.schema_version"),
+                &[],
+            )
+            .await
+            .map_err(err)?
+            .get::<_, i32>(0)
         } else {
             let tables: Vec<String> = tx
                 .query(

@@ -176,7 +176,10 @@ async fn concurrent_first_opens_migrate_once() {
     let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
     tokio::spawn(connection);
     let versions: Vec<i32> = client
-        .query(&format!("SELECT version FROM \"{schema}\".schema_version ORDER BY 1"), &[])
+        .query(
+            &format!("SELECT version FROM \"{schema}\".schema_version ORDER BY 1"),
+            &[],
+        )
         .await
         .unwrap()
         .iter()
@@ -188,7 +191,10 @@ async fn concurrent_first_opens_migrate_once() {
         .register_alone(&new_intents("a", 1, &[("k1", "x")]), at(0))
         .await
         .unwrap();
-    assert_eq!(outboxes[5].get("k1").await.unwrap().unwrap().status(), DeliveryStatus::Pending);
+    assert_eq!(
+        outboxes[5].get("k1").await.unwrap().unwrap().status(),
+        DeliveryStatus::Pending
+    );
 }
 
 #[tokio::test]
@@ -198,14 +204,22 @@ async fn a_newer_or_foreign_schema_is_refused() {
     };
     let schemas = Schemas::new(&url, "refuse");
     let newer = schemas.name();
-    drop(PostgresOutbox::open(PostgresOptions::new(&url).schema(&newer)).await.unwrap());
+    drop(
+        PostgresOutbox::open(PostgresOptions::new(&url).schema(&newer))
+            .await
+            .unwrap(),
+    );
     schemas
         .execute(&format!(
             "INSERT INTO \"{newer}\".schema_version (version, description) VALUES (7, 'from the future')"
         ))
         .await;
     match PostgresOutbox::open(PostgresOptions::new(&url).schema(&newer)).await {
-        Err(e @ OpenError::NewerSchema { found: 7, supported: 1, .. }) => {
+        Err(
+            e @ OpenError::NewerSchema {
+                found: 7, supported: 1, ..
+            },
+        ) => {
             let message = e.to_string();
             assert!(message.contains(&newer) && message.contains("newer"), "{message}");
         }
@@ -251,11 +265,14 @@ async fn a_changed_row_is_held_on_claim_never_delivered() {
     let schemas = Schemas::new(&url, "held");
     let outbox = schemas.open().await;
     let s = format!("\"{}\"", outbox.schema());
-    let keys = [("ok", "x"), ("attempts", "x"), ("bytes", "x"), ("rehashed", "x"), ("forged", "x")];
-    outbox
-        .register_alone(&new_intents("a", 1, &keys), at(0))
-        .await
-        .unwrap();
+    let keys = [
+        ("ok", "x"),
+        ("attempts", "x"),
+        ("bytes", "x"),
+        ("rehashed", "x"),
+        ("forged", "x"),
+    ];
+    outbox.register_alone(&new_intents("a", 1, &keys), at(0)).await.unwrap();
     let digest = format!(
         "{s}.outbox_digest(key, kind, session, origin_commit, origin_gen, origin_run, action_hash, bytes, recorded_at, \
          status, due_at, token, owner, lease_until, attempts, expired, interrupted, last_error, cancel_reason, \
@@ -288,10 +305,17 @@ async fn a_changed_row_is_held_on_claim_never_delivered() {
         ("rehashed", "do not hash to its action hash"),
         ("forged", "is for key `ok`"),
     ] {
-        let d = outbox.get(key).await.expect("a held row reads").expect("held, not dropped");
+        let d = outbox
+            .get(key)
+            .await
+            .expect("a held row reads")
+            .expect("held, not dropped");
         assert_eq!(d.status(), DeliveryStatus::Held, "{key}");
         let error = d.last_error().unwrap_or_default();
-        assert!(error.starts_with("integrity: ") && error.contains(why), "{key}: {error}");
+        assert!(
+            error.starts_with("integrity: ") && error.contains(why),
+            "{key}: {error}"
+        );
     }
     assert_eq!(outbox.counts(&Scope::all()).await.unwrap().held, 4);
     // An operator's retry re-arms a held row; its next claim checks it again.
@@ -384,12 +408,17 @@ async fn a_registration_wakes_a_listener_of_another_pool() {
     // The first wake-up says the listener listens (a drainer then claims once).
     let bound = Duration::from_secs(60);
     assert!(tokio::time::timeout(bound, wake.next()).await.expect("listening"));
-    assert!(wake.next().now_or_never().is_none(), "no wake-up without a registration");
+    assert!(
+        wake.next().now_or_never().is_none(),
+        "no wake-up without a registration"
+    );
     committer
         .register_alone(&new_intents("a", 1, &[("k1", "x")]), at(0))
         .await
         .unwrap();
-    assert!(tokio::time::timeout(bound, wake.next()).await.expect("woken by the registration"));
+    assert!(tokio::time::timeout(bound, wake.next())
+        .await
+        .expect("woken by the registration"));
     // A registration that registers nothing new (the key is held) does not notify.
     committer
         .register_alone(&new_intents("a", 2, &[("k1", "x")]), at(1))
