@@ -6,7 +6,7 @@ mod common;
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
@@ -17,14 +17,6 @@ use reactifact_postgres::{OpenError, PostgresOptions, PostgresOutbox};
 use common::Schemas;
 
 const PASSWORD: &str = "s3cret-pw";
-
-/// `url` with `PASSWORD` as its password (trust auth ignores it).
-fn with_password(url: &str) -> String {
-    let rest = url.strip_prefix("postgres://").expect("a postgres:// URL");
-    let (user, host) = rest.split_once('@').expect("a user in the URL");
-    let user = user.split(':').next().unwrap_or(user);
-    format!("postgres://{user}:{PASSWORD}@{host}")
-}
 
 /// A port on 127.0.0.1 that nothing listens on: bound, then released.
 fn closed_port() -> u16 {
@@ -77,80 +69,6 @@ async fn no_error_or_debug_output_names_the_password() {
     }
     let options = PostgresOptions::new(format!("postgres://app:{PASSWORD}@127.0.0.1/db"));
     assert!(!format!("{options:?}").contains(PASSWORD), "{options:?}");
-}
-
-/// A subscriber that keeps every event's fields as text.
-struct Capture(Arc<Mutex<String>>);
-
-struct Fields<'a>(&'a mut String);
-
-impl tracing::field::Visit for Fields<'_> {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        let _ = write!(self.0, " {}={value:?}", field.name());
-    }
-}
-
-impl tracing::Subscriber for Capture {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        let mut line = String::new();
-        event.record(&mut Fields(&mut line));
-        let mut all = self.0.lock().unwrap();
-        all.push_str(&line);
-        all.push('\n');
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
-#[tokio::test]
-async fn the_log_and_the_store_name_never_carry_the_password() {
-    let Some(url) = common::url("the_log_and_the_store_name_never_carry_the_password") else {
-        return;
-    };
-    let schemas = Schemas::new(&url, "redact");
-    let schema = schemas.name();
-    let lines = Arc::new(Mutex::new(String::new()));
-    let _guard = tracing::subscriber::set_default(Capture(lines.clone()));
-    let outbox = PostgresOutbox::open(PostgresOptions::new(with_password(&url)).schema(&schema))
-        .await
-        .expect("trust auth ignores the password");
-    // A damaged row, so that the claim logs a warning naming the store.
-    outbox
-        .register_alone(&new_intents("a", 1, &[("k1", "x")]), at(0))
-        .await
-        .expect("register");
-    schemas
-        .execute(&format!("UPDATE \"{schema}\".outbox SET attempts = 9 WHERE key = 'k1'"))
-        .await;
-    let owner: Arc<str> = Arc::from("d");
-    let claimed = outbox
-        .claim(ClaimRequest {
-            scope: &Scope::all(),
-            limit: 10,
-            owner: &owner,
-            lease: Duration::from_secs(30),
-            now: at(1),
-        })
-        .await
-        .expect("claim");
-    assert_eq!(claimed.integrity, [ActionKey::from("k1")]);
-    let logged = lines.lock().unwrap().clone();
-    assert!(logged.contains("migrated the postgres outbox schema"), "{logged}");
-    assert!(logged.contains("integrity check"), "{logged}");
-    assert!(logged.contains(&schema), "the lines name the store: {logged}");
-    assert!(!logged.contains(PASSWORD), "{logged}");
-    let name = outbox.describe();
-    assert!(name.contains("127.0.0.1") && name.contains(&schema), "{name}");
-    assert!(!name.contains(PASSWORD), "{name}");
-    assert!(!format!("{outbox:?}").contains(PASSWORD));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -430,4 +348,77 @@ async fn a_registration_wakes_a_listener_of_another_pool() {
         .unwrap();
     assert!(tokio::time::timeout(bound, wake.next()).await.expect("woken by k2"));
     assert!(wake.next().now_or_never().is_none(), "one wake-up per notification");
+}
+
+#[tokio::test]
+async fn a_rolled_back_commit_registers_nothing_and_notifies_no_one() {
+    let Some(url) = common::url("a_rolled_back_commit_registers_nothing_and_notifies_no_one") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "rollback");
+    let outbox = schemas.open().await;
+    let mut wake = outbox.listen();
+    let bound = Duration::from_secs(60);
+    assert!(tokio::time::timeout(bound, wake.next()).await.expect("listening"));
+    let mut client = outbox.pool().get().await.expect("a connection");
+    let tx = client.transaction().await.unwrap();
+    outbox
+        .register(&*tx, &new_intents("a", 1, &[("k1", "x")]), at(0))
+        .await
+        .expect("register in the transaction");
+    assert!(
+        outbox.get("k1").await.unwrap().is_none(),
+        "not visible before the commit"
+    );
+    tx.rollback().await.unwrap();
+    assert!(
+        outbox.get("k1").await.unwrap().is_none(),
+        "a rolled-back commit registers nothing"
+    );
+    // The next committed registration is the first wake-up: the rolled-back one sent none.
+    let tx = client.transaction().await.unwrap();
+    outbox
+        .register(&*tx, &new_intents("a", 2, &[("k2", "x")]), at(1))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert!(tokio::time::timeout(bound, wake.next())
+        .await
+        .expect("woken by the commit"));
+    assert!(
+        wake.next().now_or_never().is_none(),
+        "one wake-up, for the committed registration"
+    );
+    assert_eq!(
+        outbox.get("k2").await.unwrap().unwrap().status(),
+        DeliveryStatus::Pending
+    );
+}
+
+#[tokio::test]
+async fn a_commit_on_a_connection_with_other_settings_registers_intact_rows() {
+    let Some(url) = common::url("a_commit_on_a_connection_with_other_settings_registers_intact_rows") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "settings");
+    let outbox = schemas.open().await;
+    // The application's own connection, with settings that change how values print.
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(
+            "SET bytea_output = 'escape'; SET search_path = pg_catalog; SET DateStyle = 'German'; \
+             SET extra_float_digits = 0; SET TimeZone = 'Pacific/Chatham'",
+        )
+        .await
+        .unwrap();
+    outbox
+        .register(&client, &new_intents("a", 1, &[("k1", "x"), ("k2", "y")]), at(0))
+        .await
+        .expect("register");
+    let claimed = claim(&outbox, "d", 10, 1).await;
+    assert!(claimed.integrity.is_empty(), "{:?}", claimed.integrity);
+    let taken: Vec<&str> = claimed.claims.iter().map(|d| d.key().as_str()).collect();
+    assert_eq!(taken, ["k1", "k2"]);
+    assert_eq!(claimed.claims[0].intent().payload::<String>().unwrap(), "k1");
 }
