@@ -997,3 +997,52 @@ impl OutboxStore for PostgresOutbox {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The plan of a claim, as `EXPLAIN` gives it for the store's own statement.
+    async fn plan(outbox: &PostgresOutbox, scope: &Scope) -> String {
+        let (sql, params) = outbox.inner.claim_sql(scope, 1, 16, "d", 2);
+        let client = outbox.client().await.unwrap();
+        // EXPLAIN without ANALYZE: the statement is planned, not run.
+        let rows = client.query(&format!("EXPLAIN {sql}"), &params.refs()).await.unwrap();
+        rows.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>().join("\n")
+    }
+
+    #[tokio::test]
+    async fn claims_read_the_partial_index_of_due_rows() {
+        let Ok(url) = std::env::var("REACTIFACT_TEST_POSTGRES_URL") else {
+            println!("skipped: REACTIFACT_TEST_POSTGRES_URL is not set");
+            return;
+        };
+        let schema = format!("rft_plan_{}", std::process::id());
+        let outbox = PostgresOutbox::open(PostgresOptions::new(&url).schema(&schema))
+            .await
+            .unwrap();
+        let names: Vec<String> = (0..5000).map(|i| format!("k{i}")).collect();
+        let keys: Vec<(&str, &str)> = names.iter().map(|k| (k.as_str(), "x")).collect();
+        let intents = reactifact_core::store_contract::new_intents("a", 1, &keys);
+        outbox.register_alone(&intents, SystemTime::UNIX_EPOCH).await.unwrap();
+        let client = outbox.client().await.unwrap();
+        client
+            .batch_execute(&format!("ANALYZE \"{schema}\".outbox"))
+            .await
+            .unwrap();
+        let plans = [
+            plan(&outbox, &Scope::all()).await,
+            plan(&outbox, &Scope::session("a")).await,
+            plan(&outbox, &Scope::all().sessions(["a", "b"]).kinds(["x"])).await,
+        ];
+        client
+            .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+            .await
+            .unwrap();
+        for plan in plans {
+            assert!(plan.contains("Index Scan using outbox_due"), "{plan}");
+            assert!(plan.contains("LockRows"), "{plan}");
+            assert!(!plan.contains("Seq Scan on outbox o "), "{plan}");
+        }
+    }
+}

@@ -96,8 +96,11 @@ CREATE TABLE {s}.outbox (
     CHECK (due_at IS NULL OR status IN (0, 3)),
     CHECK (status <> 0 OR due_at IS NOT NULL)
 );
+-- Claims read due rows in due order from this index, also when scoped to sessions (the session
+-- and attachment filter is applied to the rows it yields: an index on (session, due_at) could
+-- not give due order across a session's own and attached rows, and every claim's update would
+-- pay for it).
 CREATE INDEX outbox_due ON {s}.outbox (due_at, seq) WHERE due_at IS NOT NULL;
-CREATE INDEX outbox_session_due ON {s}.outbox (session, due_at, seq) WHERE due_at IS NOT NULL;
 CREATE INDEX outbox_leases ON {s}.outbox (lease_until, seq) WHERE lease_until IS NOT NULL;
 CREATE INDEX outbox_final ON {s}.outbox (updated_at, seq) WHERE status IN (2, 6);
 CREATE TABLE {s}.outbox_members (
