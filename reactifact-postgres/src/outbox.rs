@@ -1008,7 +1008,10 @@ mod tests {
         let client = outbox.client().await.unwrap();
         // EXPLAIN without ANALYZE: the statement is planned, not run.
         let rows = client.query(&format!("EXPLAIN {sql}"), &params.refs()).await.unwrap();
-        rows.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>().join("\n")
+        rows.iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     #[tokio::test]

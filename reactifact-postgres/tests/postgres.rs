@@ -422,3 +422,55 @@ async fn a_commit_on_a_connection_with_other_settings_registers_intact_rows() {
     assert_eq!(taken, ["k1", "k2"]);
     assert_eq!(claimed.claims[0].intent().payload::<String>().unwrap(), "k1");
 }
+
+#[tokio::test]
+async fn a_claim_dropped_by_its_caller_releases_what_it_took() {
+    let Some(url) = common::url("a_claim_dropped_by_its_caller_releases_what_it_took") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "dropped");
+    let outbox = schemas.open().await;
+    outbox
+        .register_alone(&new_intents("a", 1, &[("k1", "x"), ("k2", "x")]), at(0))
+        .await
+        .unwrap();
+    let owner: Arc<str> = Arc::from("gone");
+    let scope = Scope::all();
+    let mut claiming = outbox.claim(ClaimRequest {
+        scope: &scope,
+        limit: 10,
+        owner: &owner,
+        lease: Duration::from_secs(3600),
+        now: at(1),
+    });
+    // Polled once (the claim starts on the runtime), then dropped before its answer: on this
+    // current-thread runtime the claim cannot have answered yet.
+    assert!((&mut claiming).now_or_never().is_none());
+    drop(claiming);
+    // The claim still runs, then releases both intents: pending, the attempt uncounted, the
+    // token spent. Until then they read as pending with token 0, or in flight.
+    let released = async {
+        loop {
+            let (k1, k2) = (
+                outbox.get("k1").await.unwrap().unwrap(),
+                outbox.get("k2").await.unwrap().unwrap(),
+            );
+            if k1.token().0 == 1
+                && k2.token().0 == 1
+                && k1.status() == DeliveryStatus::Pending
+                && k2.status() == DeliveryStatus::Pending
+            {
+                return (k1, k2);
+            }
+            tokio::task::yield_now().await;
+        }
+    };
+    let (k1, k2) = tokio::time::timeout(Duration::from_secs(60), released)
+        .await
+        .expect("the dropped claim released its intents");
+    for d in [k1, k2] {
+        assert_eq!((d.attempts(), d.lease()), (0, None), "{d:?}");
+    }
+    let again = claim(&outbox, "live", 10, 2).await;
+    assert_eq!(again.claims.len(), 2, "released intents are due at once");
+}
