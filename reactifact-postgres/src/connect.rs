@@ -50,8 +50,9 @@ impl PostgresOptions {
     }
 
     /// The schema (namespace) the store's tables live in, created if missing: a lowercase
-    /// ASCII letter or `_`, then up to 47 lowercase letters, digits or `_`. Several stores
-    /// share one database in schemas of their own.
+    /// ASCII letter or `_`, then up to 47 lowercase letters, digits or `_`, not starting with
+    /// `pg_` (PostgreSQL reserves those). Several stores share one database in schemas of
+    /// their own.
     pub fn schema(mut self, schema: impl Into<String>) -> Self {
         self.schema = schema.into();
         self
@@ -96,7 +97,7 @@ pub enum OpenError {
         detail: String,
     },
     /// The schema name is not one the store accepts.
-    #[error("invalid schema name `{schema}`: a lowercase ASCII letter or `_`, then up to 47 lowercase letters, digits or `_`")]
+    #[error("invalid schema name `{schema}`: a lowercase ASCII letter or `_`, then up to 47 lowercase letters, digits or `_`, not starting with `pg_`")]
     #[non_exhaustive]
     BadSchema {
         /// The name given.
@@ -263,7 +264,44 @@ pub(crate) fn valid_schema(schema: &str) -> bool {
     let mut chars = schema.chars();
     chars.next().is_some_and(|c| c.is_ascii_lowercase() || c == '_')
         && schema.len() <= 48
+        && !schema.starts_with("pg_")
         && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+/// The driver's error with what the server said in its message: tokio-postgres says only
+/// "db error" and keeps the server's message in its source. The source of this error is the
+/// `tokio_postgres::Error`.
+#[derive(Debug)]
+pub(crate) struct DriverError(tokio_postgres::Error);
+
+impl std::fmt::Display for DriverError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.as_db_error() {
+            Some(db) => write!(
+                f,
+                "the server said: {} {} (SQLSTATE {})",
+                db.severity(),
+                db.message(),
+                db.code().code()
+            ),
+            None => match std::error::Error::source(&self.0) {
+                Some(source) => write!(f, "{}: {source}", self.0),
+                None => write!(f, "{}", self.0),
+            },
+        }
+    }
+}
+
+impl std::error::Error for DriverError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+impl DriverError {
+    pub(crate) fn boxed(e: tokio_postgres::Error) -> BackendError {
+        Box::new(DriverError(e))
+    }
 }
 
 /// A store error for a driver's error: retryable for a dropped connection, a serialization
@@ -278,12 +316,15 @@ pub(crate) fn store_error(store: &str, e: tokio_postgres::Error) -> StoreError {
                 || *c == SqlState::CANNOT_CONNECT_NOW
         })
         || (e.as_db_error().is_none() && e.code().is_none());
-    StoreError::backend(store, retryable, e)
+    StoreError::backend(store, retryable, DriverError::boxed(e))
 }
 
 /// A store error for a pool's error (no connection could be had).
 pub(crate) fn pool_error(store: &str, e: deadpool_postgres::PoolError) -> StoreError {
-    StoreError::backend(store, true, e)
+    match e {
+        deadpool_postgres::PoolError::Backend(e) => StoreError::backend(store, true, DriverError::boxed(e)),
+        other => StoreError::backend(store, true, other),
+    }
 }
 
 #[cfg(test)]
@@ -322,7 +363,7 @@ mod tests {
         for ok in ["reactifact", "_x", "a1_b", &"a".repeat(48)] {
             assert!(valid_schema(ok), "{ok}");
         }
-        for bad in ["", "1a", "A", "a-b", "a b", "a\"b", &"a".repeat(49), "é"] {
+        for bad in ["", "1a", "A", "a-b", "a b", "a\"b", &"a".repeat(49), "é", "pg_x"] {
             assert!(!valid_schema(bad), "{bad}");
         }
     }

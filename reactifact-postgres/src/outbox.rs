@@ -28,7 +28,7 @@ use tokio::sync::{oneshot, watch};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::GenericClient;
 
-use crate::connect::{pool_error, store_error, valid_schema, OpenError, PostgresOptions, Target};
+use crate::connect::{pool_error, store_error, valid_schema, DriverError, OpenError, PostgresOptions, Target};
 use crate::listen::{self, Notifications};
 use crate::row::{self, ceil_ms, columns, hold_set, intact, ms, set_with_digest, Row};
 use crate::schema::{self, quoted};
@@ -363,7 +363,7 @@ impl PostgresOutbox {
         let name = target.describe(&schema);
         let pool = target.pool(options.pool_size_value())?;
         let mut client = pool.get().await.map_err(|e| match e {
-            PoolError::Backend(e) => target.connect_error(e),
+            PoolError::Backend(e) => target.connect_error(DriverError::boxed(e)),
             other => target.connect_error(other.to_string()),
         })?;
         schema::migrate(&mut client, &schema, &name).await?;
@@ -373,7 +373,8 @@ impl PostgresOutbox {
             inner: Arc::new(Inner {
                 pool,
                 config: target.config.clone(),
-                channel: format!("reactifact_outbox_{schema}"),
+                // At most 11 + 48 bytes: PostgreSQL refuses a channel name of 64 bytes or more.
+                channel: format!("reactifact_{schema}"),
                 sql: Statements::new(&s),
                 s,
                 schema,

@@ -474,3 +474,45 @@ async fn a_claim_dropped_by_its_caller_releases_what_it_took() {
     let again = claim(&outbox, "live", 10, 2).await;
     assert_eq!(again.claims.len(), 2, "released intents are due at once");
 }
+
+#[tokio::test]
+async fn the_longest_schema_name_registers_and_notifies() {
+    let Some(url) = common::url("the_longest_schema_name_registers_and_notifies") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "long");
+    // 48 bytes, the longest name the store takes, made unique for this run.
+    let schema = format!("{:_<48}", format!("rft_long_{}_", std::process::id()));
+    assert_eq!(schema.len(), 48);
+    schemas.adopt(&schema);
+    let outbox = PostgresOutbox::open(PostgresOptions::new(&url).schema(&schema))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut wake = outbox.listen();
+    let bound = Duration::from_secs(60);
+    assert!(tokio::time::timeout(bound, wake.next()).await.expect("listening"));
+    outbox
+        .register_alone(&new_intents("a", 1, &[("k1", "x")]), at(0))
+        .await
+        .unwrap_or_else(|e| panic!("a registration in schema {schema} notifies: {e}"));
+    assert!(tokio::time::timeout(bound, wake.next()).await.expect("woken"));
+}
+
+#[tokio::test]
+async fn a_server_error_says_what_the_server_said() {
+    let Some(url) = common::url("a_server_error_says_what_the_server_said") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "server_error");
+    let outbox = schemas.open().await;
+    schemas
+        .execute(&format!("DROP TABLE \"{}\".outbox CASCADE", outbox.schema()))
+        .await;
+    let e = outbox.get("k1").await.expect_err("the table is gone");
+    let message = e.to_string();
+    assert!(
+        message.contains(outbox.schema()) && message.contains("does not exist") && message.contains("42P01"),
+        "{message}"
+    );
+    assert!(!e.is_retryable(), "{message}");
+}

@@ -55,6 +55,11 @@ impl Schemas {
         name
     }
 
+    /// Drops `schema` with the others (a name made elsewhere).
+    pub fn adopt(&self, schema: &str) {
+        self.made.lock().unwrap().push(schema.to_owned());
+    }
+
     /// Opens a store in a new schema.
     pub async fn open(&self) -> Arc<PostgresOutbox> {
         let schema = self.name();
