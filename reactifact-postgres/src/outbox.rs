@@ -171,12 +171,17 @@ impl Statements {
             "WITH u AS MATERIALIZED (
                  SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::bigint[])
                      WITH ORDINALITY AS u(key, token, outcome, error, next_at, ord)
+             ), t AS MATERIALIZED (
+                 -- The rows, locked in one order (seq) by every record and renewal, and each
+                 -- checked once, as locked.
+                 SELECT u.ord, o.seq, ({ok}) AS ok FROM u JOIN {s}.outbox o ON o.key = u.key
+                  ORDER BY o.seq FOR UPDATE OF o
              ), done AS (
-                 UPDATE {s}.outbox o SET {set} FROM u
-                  WHERE o.key = u.key AND o.status = 1 AND o.token = u.token AND {ok}
+                 UPDATE {s}.outbox o SET {set} FROM t JOIN u ON u.ord = t.ord
+                  WHERE o.seq = t.seq AND t.ok AND o.status = 1 AND o.token = u.token
                  RETURNING u.ord, o.status
              ), bad AS (
-                 UPDATE {s}.outbox o SET {hold} FROM u WHERE o.key = u.key AND NOT {ok} RETURNING u.ord
+                 UPDATE {s}.outbox o SET {hold} FROM t WHERE o.seq = t.seq AND NOT t.ok RETURNING t.ord
              )
              SELECT d.status, b.ord IS NOT NULL, cur.status, cur.token
                FROM u LEFT JOIN done d ON d.ord = u.ord LEFT JOIN bad b ON b.ord = u.ord
@@ -221,9 +226,13 @@ impl Statements {
         let renew = format!(
             "WITH u AS MATERIALIZED (
                  SELECT * FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS u(key, token, ord)
+             ), t AS MATERIALIZED (
+                 SELECT o.seq, ({ok}) AS ok FROM u JOIN {s}.outbox o ON o.key = u.key
+                  ORDER BY o.seq FOR UPDATE OF o
              ), r AS (
-                 UPDATE {s}.outbox o SET {set} FROM u
-                  WHERE o.key = u.key AND o.status = 1 AND o.token = u.token AND {ok}
+                 UPDATE {s}.outbox o SET {set} FROM t
+                  WHERE o.seq = t.seq AND t.ok AND o.status = 1
+                    AND o.token IN (SELECT u.token FROM u WHERE u.key = o.key)
                  RETURNING o.key, o.token
              )
              SELECT EXISTS (SELECT 1 FROM r WHERE r.key = u.key AND r.token = u.token) FROM u ORDER BY u.ord",
@@ -544,17 +553,20 @@ impl Inner {
         );
         let hold = hold_set(s, "o", &format!("{now}::bigint"));
         let sql = format!(
+            // Each row is checked once, as locked (a row changed since the statement began
+            // is re-read when it is locked), and cannot change until the claim commits.
             "WITH c AS MATERIALIZED (
-                 SELECT o.seq, o.due_at FROM {s}.outbox o WHERE o.due_at <= {now}{filter}
+                 SELECT o.seq, o.due_at, ({ok}) AS ok FROM {s}.outbox o WHERE o.due_at <= {now}{filter}
                   ORDER BY o.due_at, o.seq LIMIT {limit} FOR UPDATE SKIP LOCKED
              ), taken AS (
-                 UPDATE {s}.outbox o SET {set} FROM c WHERE o.seq = c.seq AND {ok}
+                 UPDATE {s}.outbox o SET {set} FROM c WHERE o.seq = c.seq AND c.ok
                  RETURNING c.due_at AS was_due, {cols}
              ), held AS (
-                 UPDATE {s}.outbox o SET {hold} FROM c WHERE o.seq = c.seq AND NOT ({ok}) RETURNING o.key
+                 UPDATE {s}.outbox o SET {hold} FROM c WHERE o.seq = c.seq AND NOT c.ok RETURNING o.key
              )
              SELECT h.keys, t.* FROM (SELECT array_agg(key) AS keys FROM held) h LEFT JOIN taken t ON true",
-            cols = columns(s),
+            // Just written with its digest.
+            cols = format!("o.seq, {}, true", row::prefixed("o")),
         );
         (sql, params)
     }

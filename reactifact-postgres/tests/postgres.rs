@@ -516,3 +516,55 @@ async fn a_server_error_says_what_the_server_said() {
     );
     assert!(!e.is_retryable(), "{message}");
 }
+
+#[tokio::test]
+async fn a_row_changed_while_in_flight_is_held_not_recorded() {
+    let Some(url) = common::url("a_row_changed_while_in_flight_is_held_not_recorded") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "held_in_flight");
+    let outbox = schemas.open().await;
+    outbox
+        .register_alone(&new_intents("a", 1, &[("k1", "x"), ("k2", "x")]), at(0))
+        .await
+        .unwrap();
+    let claimed = claim(&outbox, "d", 10, 1).await;
+    assert_eq!(claimed.claims.len(), 2);
+    schemas
+        .execute(&format!(
+            "UPDATE \"{}\".outbox SET lease_until = lease_until + 1 WHERE key IN ('k1', 'k2')",
+            outbox.schema()
+        ))
+        .await;
+    let token = claimed.claims[0].token();
+    let renewed = outbox
+        .renew(&[(ActionKey::from("k2"), token)], at(500))
+        .await
+        .expect("renew");
+    assert_eq!(renewed, [false], "a changed row is not renewed");
+    let recorded = outbox
+        .record(
+            &[Recording {
+                key: ActionKey::from("k1"),
+                token,
+                outcome: Outcome::Delivered,
+            }],
+            at(2),
+        )
+        .await
+        .expect("record");
+    assert_eq!(
+        recorded,
+        [Recorded::Stale {
+            status: Some(DeliveryStatus::Held),
+            token
+        }]
+    );
+    let k1 = outbox.get("k1").await.expect("a held row reads").expect("held");
+    assert_eq!(k1.status(), DeliveryStatus::Held);
+    assert!(k1.last_error().is_some_and(|e| e.starts_with("integrity: ")), "{k1:?}");
+    assert!(matches!(
+        outbox.get("k2").await,
+        Err(reactifact_core::StoreError::Integrity { .. })
+    ));
+}
