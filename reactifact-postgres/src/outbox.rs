@@ -552,6 +552,8 @@ impl Inner {
             ],
         );
         let hold = hold_set(s, "o", &format!("{now}::bigint"));
+        // The rows just written, with their digests: intact.
+        let trusted = format!("o.seq, {}, true", row::prefixed("o"));
         let sql = format!(
             // Each row is checked once, as locked (a row changed since the statement began
             // is re-read when it is locked), and cannot change until the claim commits.
@@ -565,8 +567,7 @@ impl Inner {
                  UPDATE {s}.outbox o SET {hold} FROM c WHERE o.seq = c.seq AND NOT c.ok RETURNING o.key
              )
              SELECT h.keys, t.* FROM (SELECT array_agg(key) AS keys FROM held) h LEFT JOIN taken t ON true",
-            // Just written with its digest.
-            cols = format!("o.seq, {}, true", row::prefixed("o")),
+            cols = trusted,
         );
         (sql, params)
     }
