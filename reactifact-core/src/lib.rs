@@ -40,7 +40,9 @@ pub use audit::replay::{testing, Difference, Divergence, ReplayError, ReplayRepo
 pub use audit::verify::{verify_log, TimeTravelError, VerifyReport};
 pub use model::action::{ActionKey, Intent, Origin, PendingAction};
 pub use model::artifact::{Artifact, ArtifactId, Generation, Kind, ReadError, Record, Version};
-pub use model::delivery::{Delivery, DeliveryStatus, FenceToken, Lease, MIN_LEASE};
+pub use model::delivery::{
+    reclaimed_error, Delivery, DeliveryParts, DeliveryStatus, FenceToken, Lease, NewIntent, MIN_LEASE,
+};
 pub use model::event::{Event, EventKind};
 pub use model::field_diff::FieldDiff;
 pub use model::hash::{CommitHash, ContentHash, StateHash};

@@ -79,14 +79,14 @@ async fn the_events_no_produce_reacts_to_are_consumed_by_the_commit_that_emits_t
     assert_eq!(report.outcome, TurnOutcome::Completed);
     assert_eq!(report.generations, 1);
     assert_eq!(rt.context().queued_events(), 0);
-    let commit = rt.context().log().last().unwrap();
+    let commit = rt.context().log().unwrap().last().unwrap();
     assert_eq!(commit.events_consumed, 3, "the order's event and the two the commit emitted");
     drop(rt);
 
     // Durably so: a reopened session has nothing queued either.
     let ctx = Context::open(&path, "orders").unwrap();
     assert_eq!(ctx.queued_events(), 0);
-    assert_eq!(ctx.log().len(), 2);
+    assert_eq!(ctx.log().unwrap().len(), 2);
 }
 
 #[tokio::test]
@@ -107,7 +107,7 @@ async fn an_event_a_produce_reacts_to_stays_queued_with_the_ones_after_it() {
     // The receipt (reacted to) comes first, so the pending action's event after it waits too:
     // events are consumed in order.
     assert_eq!(rt.context().queued_events(), 2);
-    assert_eq!(rt.context().log().last().unwrap().events_consumed, 1);
+    assert_eq!(rt.context().log().unwrap().last().unwrap().events_consumed, 1);
     drop(rt);
 
     let ctx = Context::open(&path, "orders").unwrap();
@@ -225,5 +225,5 @@ async fn a_turn_dropped_while_its_commit_is_written_cuts_the_context_off_and_a_r
     rt.run().await.unwrap();
     assert!(rt.context().get::<Receipt>("receipt:order:1").unwrap().is_some());
     assert_eq!(rt.context().ledger().len().await.unwrap(), 1);
-    assert_eq!(rt.context().log().len(), 2, "the seed and one generation");
+    assert_eq!(rt.context().log().unwrap().len(), 2, "the seed and one generation");
 }

@@ -117,6 +117,16 @@ pub struct Origin {
 }
 
 impl Origin {
+    /// An origin from its parts, as a store of another crate reads it from its rows.
+    pub fn new(session: impl Into<Arc<str>>, commit: CommitHash, generation: Generation, run: u32) -> Self {
+        Origin {
+            session: session.into(),
+            commit,
+            generation,
+            run,
+        }
+    }
+
     /// The session (branch) whose commit recorded the intent.
     pub fn session(&self) -> &str {
         &self.session
@@ -154,6 +164,25 @@ impl fmt::Display for Origin {
 }
 
 impl Intent {
+    /// An intent from its parts, as a store of another crate reads it from its rows: `payload`
+    /// is the rmp-serde encoding of the `PendingAction`'s payload, `attempt` the attempt it is
+    /// handed to a dispatcher for (0 for a registration).
+    pub fn new(
+        key: ActionKey,
+        kind: impl Into<Arc<str>>,
+        payload: impl Into<Arc<[u8]>>,
+        origin: Origin,
+        attempt: u32,
+    ) -> Self {
+        Intent {
+            key,
+            kind: kind.into(),
+            payload: payload.into(),
+            origin,
+            attempt,
+        }
+    }
+
     /// The idempotency key; pass it to the receiver so it can deduplicate.
     pub fn key(&self) -> &ActionKey {
         &self.key

@@ -53,8 +53,9 @@ impl DeliveryStatus {
         matches!(self, DeliveryStatus::Delivered | DeliveryStatus::Cancelled)
     }
 
-    /// The status's stable code in a store (0 pending … 6 cancelled).
-    pub(crate) fn code(self) -> u8 {
+    /// The status's stable code in a store (0 pending … 6 cancelled), the same in every
+    /// store.
+    pub fn code(self) -> u8 {
         match self {
             DeliveryStatus::Pending => 0,
             DeliveryStatus::InFlight => 1,
@@ -67,7 +68,7 @@ impl DeliveryStatus {
     }
 
     /// The status with this code, if one has it.
-    pub(crate) fn from_code(code: u8) -> Option<DeliveryStatus> {
+    pub fn from_code(code: u8) -> Option<DeliveryStatus> {
         DeliveryStatus::ALL.get(usize::from(code)).copied()
     }
 }
@@ -250,6 +251,40 @@ impl Delivery {
             .saturating_sub(self.expired_leases)
     }
 
+    /// An entry from its parts, as a store of another crate reads it from its rows.
+    pub fn from_parts(parts: DeliveryParts) -> Self {
+        let DeliveryParts {
+            intent,
+            status,
+            attempts,
+            last_error,
+            recorded_at,
+            updated_at,
+            delivered_at,
+            lease,
+            expired_leases,
+            interrupted,
+            next_attempt_at,
+            token,
+            cancel_reason,
+        } = parts;
+        Delivery {
+            intent,
+            status,
+            attempts,
+            last_error,
+            recorded_at,
+            updated_at,
+            delivered_at,
+            lease,
+            expired_leases,
+            interrupted,
+            next_attempt_at,
+            token,
+            cancel_reason,
+        }
+    }
+
     /// A new entry, pending and due at `now`.
     pub(crate) fn new(intent: Intent, now: SystemTime) -> Self {
         Delivery {
@@ -270,14 +305,47 @@ impl Delivery {
     }
 }
 
+/// The parts of a [`Delivery`] ([`Delivery::from_parts`]), for a store of another crate that
+/// builds ledger entries from its rows. Each field is what the accessor of the same name
+/// returns.
+#[derive(Clone, Debug)]
+pub struct DeliveryParts {
+    /// The intent ([`Delivery::intent`]).
+    pub intent: Intent,
+    /// The status ([`Delivery::status`]).
+    pub status: DeliveryStatus,
+    /// The attempts ([`Delivery::attempts`]).
+    pub attempts: u32,
+    /// The last error ([`Delivery::last_error`]).
+    pub last_error: Option<String>,
+    /// When the intent was committed ([`Delivery::recorded_at`]).
+    pub recorded_at: SystemTime,
+    /// When the entry last changed ([`Delivery::updated_at`]).
+    pub updated_at: SystemTime,
+    /// When it was delivered ([`Delivery::delivered_at`]).
+    pub delivered_at: Option<SystemTime>,
+    /// The lease of the attempt in flight ([`Delivery::lease`]).
+    pub lease: Option<Lease>,
+    /// Attempts that ended with an expired lease ([`Delivery::expired_leases`]).
+    pub expired_leases: u32,
+    /// Attempts cut off ([`Delivery::interrupted_attempts`]).
+    pub interrupted: u32,
+    /// The next automatic attempt ([`Delivery::next_attempt_at`]).
+    pub next_attempt_at: Option<SystemTime>,
+    /// The token of the last claim ([`Delivery::token`]).
+    pub token: FenceToken,
+    /// Why an operator cancelled it ([`Delivery::cancel_reason`]).
+    pub cancel_reason: Option<String>,
+}
+
 /// The default lease of a claim: long enough for a slow dispatch between two renewals (every
 /// third of it), short enough that a crashed holder's intents go out again within half a
 /// minute.
 pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
 /// Why an intent is pending again after its lease expired: `last_error` of a reclaimed
-/// intent, in every store.
-pub(crate) fn reclaimed_error(attempt: impl fmt::Display, owner: &str) -> String {
+/// intent, in every store (stores of other crates use it too).
+pub fn reclaimed_error(attempt: impl fmt::Display, owner: &str) -> String {
     format!(
         "attempt {attempt} was in flight under the lease of {owner}, which expired before its outcome was recorded; \
          the receiver may have seen it, so it is delivered again with the same key"
@@ -325,13 +393,13 @@ pub(crate) fn ceil_millis(t: SystemTime) -> SystemTime {
 /// their content hash. A store keeps the bytes and the hash with the row and hands a
 /// dispatcher only bytes that still hash to it.
 #[derive(Clone, Debug)]
-pub(crate) struct NewIntent {
+pub struct NewIntent {
     /// The intent, attempt 0.
-    pub(crate) intent: Intent,
+    pub intent: Intent,
     /// The `PendingAction` encoding, as committed.
-    pub(crate) bytes: Arc<[u8]>,
+    pub bytes: Arc<[u8]>,
     /// Its content hash, as the commit hashed it.
-    pub(crate) action_hash: ContentHash,
+    pub action_hash: ContentHash,
 }
 
 /// An identity for this process's leases: unique per process start (its pid and start time).

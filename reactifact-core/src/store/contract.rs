@@ -86,8 +86,8 @@ impl ContractStore for MemoryStore {
 }
 
 /// The intents a commit of `session` at `generation` would hand its store for `keys`: the
-/// payload is the key's bytes, encoded.
-pub(crate) fn new_intents(session: &str, generation: u64, keys: &[(&str, &str)]) -> Vec<NewIntent> {
+/// payload is the key's bytes, encoded. (A harness of another crate's store registers these.)
+pub fn new_intents(session: &str, generation: u64, keys: &[(&str, &str)]) -> Vec<NewIntent> {
     let session: Arc<str> = Arc::from(session);
     keys.iter()
         .enumerate()

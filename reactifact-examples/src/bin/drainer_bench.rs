@@ -1,11 +1,19 @@
-//! Delivery throughput of standalone drainer processes on one SQLite file: N committed intents,
-//! drained by K processes at once, each a `Drainer` over `SqliteOutbox::open(path)`.
+//! Delivery throughput of standalone drainer processes on one store: N committed intents,
+//! drained by K processes at once, each a `Drainer` over `SqliteOutbox::open(path)`, or, with
+//! `--store postgres`, over `PostgresOutbox::open` of one schema of a PostgreSQL database
+//! (the URL from `--url`, or `REACTIFACT_TEST_POSTGRES_URL`).
 //!
 //! ```text
 //! cargo run --release -p reactifact-examples --bin drainer-bench -- 20000 --drainers 2 --concurrency 64
+//! cargo run --release -p reactifact-examples --bin drainer-bench -- 100000 --drainers 4 --store postgres \
+//!     --url postgres://postgres@127.0.0.1:5432/test
 //! ```
 //!
-//! Prints one JSON line: n, drainers, concurrency, synchronous, seconds, deliveries_per_sec.
+//! On PostgreSQL the intents are registered as commits of session `bench` would register them
+//! (1,000 per transaction, through `PostgresOutbox::register`), in a schema of the run's own,
+//! dropped at the end: the core's commits do not write to PostgreSQL yet.
+//!
+//! Prints one JSON line: n, drainers, concurrency, store, synchronous, seconds, deliveries_per_sec.
 //! The time runs from the drainers' start until the file counts every intent delivered. Exits non-zero unless
 //! every intent was delivered exactly once across all processes (each child writes the keys it
 //! sent to a file of its own; the parent checks them).
@@ -17,16 +25,20 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use reactifact_core::{
-    Agent, Budget, Context, DispatchError, Drainer, Intent, OpenOptions, OutboxStore, Runtime, SqliteOutbox,
-    Synchronous,
+    ActionKey, Agent, Budget, CommitHash, ContentHash, Context, DispatchError, Drainer, Generation, Intent, NewIntent,
+    OpenOptions, Origin, OutboxStore, PendingAction, Runtime, SqliteOutbox, Synchronous,
 };
 use reactifact_examples::order_flow::{process_order, Order};
+use reactifact_postgres::{PostgresOptions, PostgresOutbox};
+use sha2::Digest as _;
 
 struct Options {
     n: u64,
     drainers: usize,
     concurrency: usize,
     synchronous: Synchronous,
+    /// `Some(url)` for `--store postgres`.
+    postgres: Option<String>,
 }
 
 fn parse(args: &mut impl Iterator<Item = String>) -> Result<Options, String> {
@@ -35,7 +47,10 @@ fn parse(args: &mut impl Iterator<Item = String>) -> Result<Options, String> {
         drainers: 1,
         concurrency: 64,
         synchronous: Synchronous::Full,
+        postgres: None,
     };
+    let mut store = "sqlite".to_owned();
+    let mut url = std::env::var("REACTIFACT_TEST_POSTGRES_URL").ok();
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
         match arg.as_str() {
@@ -46,10 +61,58 @@ fn parse(args: &mut impl Iterator<Item = String>) -> Result<Options, String> {
                     .map_err(|e| format!("--concurrency: {e}"))?
             }
             "--normal" => options.synchronous = Synchronous::Normal,
+            "--store" => store = value("--store")?,
+            "--url" => url = Some(value("--url")?),
             n => options.n = n.parse().map_err(|e| format!("N: {e}"))?,
         }
     }
+    match store.as_str() {
+        "sqlite" => {}
+        "postgres" => {
+            options.postgres = Some(url.ok_or("--store postgres needs --url or REACTIFACT_TEST_POSTGRES_URL")?);
+        }
+        other => return Err(format!("--store: `{other}` is neither sqlite nor postgres")),
+    }
     Ok(options)
+}
+
+/// Registers `n` intents in a new schema of the PostgreSQL database, as commits of session
+/// `bench` (1,000 intents each) would: each a `PendingAction` encoded and hashed as a commit
+/// encodes and hashes it.
+async fn prepare_postgres(url: &str, schema: &str, n: u64) -> Result<Arc<PostgresOutbox>, String> {
+    let outbox = PostgresOutbox::open(PostgresOptions::new(url).schema(schema))
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut generation = 0;
+    let mut i = 0;
+    while i < n {
+        generation += 1;
+        let end = (i + 1000).min(n);
+        let intents: Vec<NewIntent> = (i..end)
+            .map(|i| {
+                let key = format!("order-confirmation:{i}");
+                let payload = rmp_serde::to_vec_named(&format!("c{i}@example.com")).expect("a string encodes");
+                let action = PendingAction {
+                    kind: "email".to_owned(),
+                    key: key.clone(),
+                    payload: payload.clone(),
+                };
+                let bytes = rmp_serde::to_vec_named(&action).expect("a PendingAction encodes");
+                let origin = Origin::new("bench", CommitHash([generation as u8; 32]), Generation(generation), 0);
+                NewIntent {
+                    intent: Intent::new(ActionKey::from(key), "email", payload, origin, 0),
+                    action_hash: ContentHash(sha2::Sha256::digest(&bytes).into()),
+                    bytes: Arc::from(bytes),
+                }
+            })
+            .collect();
+        outbox
+            .register_alone(&intents, std::time::SystemTime::now())
+            .await
+            .map_err(|e| e.to_string())?;
+        i = end;
+    }
+    Ok(outbox)
 }
 
 /// Commits `n` intents to a new file, with no dispatcher: they wait in its outbox.
@@ -76,9 +139,16 @@ async fn prepare(path: &Path, options: &Options) -> Result<(), String> {
     Ok(())
 }
 
-/// In a child: drains the file until nothing waits, writing the keys it sent to `out`.
-async fn drain(path: &Path, out: &Path, concurrency: usize) -> Result<(), String> {
-    let outbox = SqliteOutbox::open(path).map_err(|e| e.to_string())?;
+/// In a child: drains the store (a file's path, or `postgres URL SCHEMA`) until nothing
+/// waits, writing the keys it sent to `out`.
+async fn drain(store: &[String], out: &Path, concurrency: usize) -> Result<(), String> {
+    let outbox: Arc<dyn OutboxStore> = match store {
+        [path] => SqliteOutbox::open(path).map_err(|e| e.to_string())?,
+        [_, url, schema] => PostgresOutbox::open(PostgresOptions::new(url).schema(schema))
+            .await
+            .map_err(|e| e.to_string())?,
+        _ => return Err("a store is a path or `postgres URL SCHEMA`".to_owned()),
+    };
     let sent = Arc::new(Mutex::new(Vec::new()));
     let record = sent.clone();
     let drainer = Drainer::builder(outbox, move |intent: Intent| {
@@ -99,12 +169,14 @@ fn main() -> ExitCode {
         .expect("a tokio runtime");
     let mut args = std::env::args().skip(1).peekable();
     if args.peek().map(String::as_str) == Some("--child") {
-        let (path, out, concurrency) = (args.nth(1), args.next(), args.next());
-        let (Some(path), Some(out), Some(concurrency)) = (path, out, concurrency.and_then(|c| c.parse().ok())) else {
-            eprintln!("--child PATH OUT CONCURRENCY");
+        let mut rest: Vec<String> = args.skip(1).collect();
+        let concurrency = rest.pop().and_then(|c| c.parse().ok());
+        let out = rest.pop();
+        let (Some(out), Some(concurrency)) = (out, concurrency) else {
+            eprintln!("--child (PATH | postgres URL SCHEMA) OUT CONCURRENCY");
             return ExitCode::from(2);
         };
-        return match runtime.block_on(drain(Path::new(&path), Path::new(&out), concurrency)) {
+        return match runtime.block_on(drain(&rest, Path::new(&out), concurrency)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("drainer: {e}");
@@ -123,10 +195,28 @@ fn main() -> ExitCode {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("a temporary directory");
     let path = dir.join("bench.db");
-    if let Err(e) = runtime.block_on(prepare(&path, &options)) {
-        eprintln!("drainer-bench: {e}");
-        return ExitCode::FAILURE;
-    }
+    let schema = format!("drainer_bench_{}", std::process::id());
+    let (store, watcher, postgres): (Vec<String>, Arc<dyn OutboxStore>, _) = match &options.postgres {
+        None => {
+            if let Err(e) = runtime.block_on(prepare(&path, &options)) {
+                eprintln!("drainer-bench: {e}");
+                return ExitCode::FAILURE;
+            }
+            let watcher = SqliteOutbox::open(&path).expect("the file's outbox");
+            (vec![path.display().to_string()], watcher, None)
+        }
+        Some(url) => match runtime.block_on(prepare_postgres(url, &schema, options.n)) {
+            Ok(outbox) => (
+                vec!["postgres".to_owned(), url.clone(), schema.clone()],
+                outbox.clone() as Arc<dyn OutboxStore>,
+                Some(outbox),
+            ),
+            Err(e) => {
+                eprintln!("drainer-bench: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
     let exe = std::env::current_exe().expect("the benchmark's own path");
     let outs: Vec<PathBuf> = (0..options.drainers).map(|k| dir.join(format!("sent-{k}"))).collect();
     let started = Instant::now();
@@ -135,16 +225,15 @@ fn main() -> ExitCode {
         .map(|out| {
             Command::new(&exe)
                 .arg("--child")
-                .arg(&path)
+                .args(&store)
                 .arg(out)
                 .arg(options.concurrency.to_string())
                 .spawn()
                 .expect("a drainer process")
         })
         .collect();
-    // The time until the file says every intent is delivered (the children's own settles then
+    // The time until the store says every intent is delivered (the children's own settles then
     // take up to a second more to see that the others are done).
-    let watcher = SqliteOutbox::open(&path).expect("the file's outbox");
     let delivered = runtime.block_on(async {
         loop {
             let counts = watcher.counts(&reactifact_core::Scope::all()).await;
@@ -154,11 +243,25 @@ fn main() -> ExitCode {
             tokio::time::sleep(std::time::Duration::from_millis(2)).await;
         }
     });
-    drop(watcher);
     let mut ok = true;
     for mut child in children {
         ok &= child.wait().is_ok_and(|status| status.success());
     }
+    {
+        if let Some(outbox) = postgres {
+            let dropped = runtime.block_on(async {
+                let client = outbox.pool().get().await.map_err(|e| e.to_string())?;
+                client
+                    .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+                    .await
+                    .map_err(|e| e.to_string())
+            });
+            if let Err(e) = dropped {
+                eprintln!("drainer-bench: the schema {schema} could not be dropped: {e}");
+            }
+        }
+    }
+    drop(watcher);
     let seconds = delivered.as_secs_f64();
     let mut seen = HashSet::new();
     let mut total = 0u64;
@@ -170,10 +273,11 @@ fn main() -> ExitCode {
     }
     let _ = std::fs::remove_dir_all(&dir);
     println!(
-        "{{\"n\":{},\"drainers\":{},\"concurrency\":{},\"synchronous\":\"{:?}\",\"seconds\":{seconds:.3},\"deliveries_per_sec\":{:.0},\"sent\":{total},\"distinct\":{}}}",
+        "{{\"n\":{},\"drainers\":{},\"concurrency\":{},\"store\":\"{}\",\"synchronous\":\"{:?}\",\"seconds\":{seconds:.3},\"deliveries_per_sec\":{:.0},\"sent\":{total},\"distinct\":{}}}",
         options.n,
         options.drainers,
         options.concurrency,
+        if options.postgres.is_some() { "postgres" } else { "sqlite" },
         options.synchronous,
         options.n as f64 / seconds,
         seen.len()

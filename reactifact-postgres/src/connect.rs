@@ -1,0 +1,370 @@
+//! Connecting: the options of a [`PostgresOutbox`](crate::PostgresOutbox), the URL and its
+//! redaction, the pool, and the errors of opening a store.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use reactifact_core::{BackendError, StoreError};
+use tokio_postgres::config::Host;
+use tokio_postgres::NoTls;
+
+/// The schema (namespace) a store lives in unless [`PostgresOptions::schema`] names another.
+pub const DEFAULT_SCHEMA: &str = "reactifact";
+
+/// How many connections a store's pool opens at most unless [`PostgresOptions::pool_size`]
+/// says otherwise.
+pub const DEFAULT_POOL_SIZE: usize = 8;
+
+/// How to open a [`PostgresOutbox`](crate::PostgresOutbox): the server's URL, the schema the
+/// store lives in, and the pool.
+#[derive(Clone)]
+pub struct PostgresOptions {
+    url: String,
+    schema: String,
+    pool_size: usize,
+    connect_timeout: Duration,
+}
+
+impl std::fmt::Debug for PostgresOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresOptions")
+            .field("url", &redact_url(&self.url))
+            .field("schema", &self.schema)
+            .field("pool_size", &self.pool_size)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
+}
+
+impl PostgresOptions {
+    /// Options for the server at `url` (`postgres://user:password@host:port/database`, or
+    /// libpq's `key=value` form), in schema [`DEFAULT_SCHEMA`].
+    pub fn new(url: impl Into<String>) -> Self {
+        PostgresOptions {
+            url: url.into(),
+            schema: DEFAULT_SCHEMA.to_owned(),
+            pool_size: DEFAULT_POOL_SIZE,
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// The schema (namespace) the store's tables live in, created if missing: a lowercase
+    /// ASCII letter or `_`, then up to 47 lowercase letters, digits or `_`, not starting with
+    /// `pg_` (PostgreSQL reserves those). Several stores share one database in schemas of
+    /// their own.
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// At most this many connections in the store's pool (at least 1).
+    pub fn pool_size(mut self, size: usize) -> Self {
+        self.pool_size = size.max(1);
+        self
+    }
+
+    /// How long one connection attempt may take.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    pub(crate) fn schema_name(&self) -> &str {
+        &self.schema
+    }
+
+    pub(crate) fn pool_size_value(&self) -> usize {
+        self.pool_size
+    }
+
+    pub(crate) fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+/// Opening a PostgreSQL store failed. No message names the password of the URL.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// The URL does not parse.
+    #[error("invalid postgres url `{url}`: {detail}")]
+    #[non_exhaustive]
+    BadUrl {
+        /// The URL, its password replaced by `***`.
+        url: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The schema name is not one the store accepts.
+    #[error("invalid schema name `{schema}`: a lowercase ASCII letter or `_`, then up to 47 lowercase letters, digits or `_`, not starting with `pg_`")]
+    #[non_exhaustive]
+    BadSchema {
+        /// The name given.
+        schema: String,
+    },
+    /// No connection to the server could be made (it is down, unreachable, refused the
+    /// login, or has no such database).
+    #[error("cannot connect to postgres at {host}:{port}, database `{database}`, user `{user}`: {source}")]
+    #[non_exhaustive]
+    Connect {
+        /// The host (or socket directory).
+        host: String,
+        /// The port.
+        port: u16,
+        /// The database.
+        database: String,
+        /// The user.
+        user: String,
+        /// The driver's error.
+        #[source]
+        source: BackendError,
+    },
+    /// The schema holds tables, but no reactifact version table: it is another program's.
+    #[error("schema `{schema}` of {store} holds tables that are not reactifact's ({tables}); choose another schema")]
+    #[non_exhaustive]
+    Foreign {
+        /// The store, as it describes itself.
+        store: String,
+        /// The schema.
+        schema: String,
+        /// Some of its tables.
+        tables: String,
+    },
+    /// The schema was migrated by a newer reactifact-postgres than this one.
+    #[error("schema `{schema}` of {store} is at version {found}, newer than the {supported} this build supports; upgrade reactifact-postgres")]
+    #[non_exhaustive]
+    NewerSchema {
+        /// The store, as it describes itself.
+        store: String,
+        /// The schema.
+        schema: String,
+        /// The version found.
+        found: i32,
+        /// The newest version this build knows.
+        supported: i32,
+    },
+    /// The server reported an error while the store was being prepared.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// `url` with its password replaced by `***`, in the URL form (`scheme://user:pw@host`, and
+/// `password=` in its query) and in libpq's `key=value` form (`password=pw`).
+pub fn redact_url(url: &str) -> String {
+    let mut out = url.to_owned();
+    // URL form: the userinfo of the authority.
+    if let Some(scheme_end) = out.find("://") {
+        let authority_start = scheme_end + 3;
+        let authority_end = out[authority_start..]
+            .find(['/', '?'])
+            .map_or(out.len(), |at| authority_start + at);
+        if let Some(at) = out[authority_start..authority_end].rfind('@') {
+            let userinfo = &out[authority_start..authority_start + at];
+            if let Some(colon) = userinfo.find(':') {
+                let from = authority_start + colon + 1;
+                out.replace_range(from..authority_start + at, "***");
+            }
+        }
+    }
+    // `password=…` (a query parameter, or a key of the key=value form).
+    let mut search = 0;
+    while let Some(found) = out[search..].to_ascii_lowercase().find("password=") {
+        let start = search + found + "password=".len();
+        let rest = &out[start..];
+        let end = if let Some(quoted) = rest.strip_prefix('\'') {
+            // Quoted: up to the closing quote.
+            quoted.find('\'').map_or(out.len(), |q| start + q + 2)
+        } else {
+            rest.find(['&', ' ']).map_or(out.len(), |e| start + e)
+        };
+        out.replace_range(start..end, "***");
+        search = start + 3;
+    }
+    out
+}
+
+/// The parsed URL and how it is named in messages.
+pub(crate) struct Target {
+    pub(crate) config: tokio_postgres::Config,
+    pub(crate) host: String,
+    pub(crate) port: u16,
+    pub(crate) database: String,
+    pub(crate) user: String,
+}
+
+impl Target {
+    pub(crate) fn parse(options: &PostgresOptions) -> Result<Target, OpenError> {
+        let mut config = tokio_postgres::Config::from_str(options.url()).map_err(|e| OpenError::BadUrl {
+            url: redact_url(options.url()),
+            // The driver's message about a URL may quote the URL.
+            detail: redact_url(&e.to_string()),
+        })?;
+        config.connect_timeout(options.connect_timeout);
+        if config.get_application_name().is_none() {
+            config.application_name("reactifact");
+        }
+        let host = match config.get_hosts().first() {
+            Some(Host::Tcp(host)) => host.clone(),
+            #[cfg(unix)]
+            Some(Host::Unix(path)) => path.display().to_string(),
+            None => config
+                .get_hostaddrs()
+                .first()
+                .map_or_else(|| "localhost".to_owned(), ToString::to_string),
+        };
+        let port = config.get_ports().first().copied().unwrap_or(5432);
+        let user = config.get_user().unwrap_or("").to_owned();
+        let database = config.get_dbname().map_or_else(|| user.clone(), str::to_owned);
+        Ok(Target {
+            config,
+            host,
+            port,
+            database,
+            user,
+        })
+    }
+
+    /// `postgres://user@host:port/database`, as the store names itself (no password).
+    pub(crate) fn describe(&self, schema: &str) -> String {
+        format!(
+            "postgres://{}@{}:{}/{} schema {schema}",
+            self.user, self.host, self.port, self.database
+        )
+    }
+
+    pub(crate) fn connect_error(&self, source: impl Into<BackendError>) -> OpenError {
+        OpenError::Connect {
+            host: self.host.clone(),
+            port: self.port,
+            database: self.database.clone(),
+            user: self.user.clone(),
+            source: source.into(),
+        }
+    }
+
+    pub(crate) fn pool(&self, size: usize) -> Result<Pool, OpenError> {
+        let manager = Manager::from_config(
+            self.config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        Pool::builder(manager)
+            .max_size(size)
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|e| self.connect_error(e.to_string()))
+    }
+}
+
+/// Whether `schema` is a name the store accepts (and so needs no quoting).
+pub(crate) fn valid_schema(schema: &str) -> bool {
+    let mut chars = schema.chars();
+    chars.next().is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && schema.len() <= 48
+        && !schema.starts_with("pg_")
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+/// The driver's error with what the server said in its message: tokio-postgres says only
+/// "db error" and keeps the server's message in its source. The source of this error is the
+/// `tokio_postgres::Error`.
+#[derive(Debug)]
+pub(crate) struct DriverError(tokio_postgres::Error);
+
+impl std::fmt::Display for DriverError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.as_db_error() {
+            Some(db) => write!(
+                f,
+                "the server said: {} {} (SQLSTATE {})",
+                db.severity(),
+                db.message(),
+                db.code().code()
+            ),
+            None => match std::error::Error::source(&self.0) {
+                Some(source) => write!(f, "{}: {source}", self.0),
+                None => write!(f, "{}", self.0),
+            },
+        }
+    }
+}
+
+impl std::error::Error for DriverError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+impl DriverError {
+    pub(crate) fn boxed(e: tokio_postgres::Error) -> BackendError {
+        Box::new(DriverError(e))
+    }
+}
+
+/// A store error for a driver's error: retryable for a dropped connection, a serialization
+/// failure or a deadlock.
+pub(crate) fn store_error(store: &str, e: tokio_postgres::Error) -> StoreError {
+    use tokio_postgres::error::SqlState;
+    let retryable = e.is_closed()
+        || e.code().is_some_and(|c| {
+            *c == SqlState::T_R_SERIALIZATION_FAILURE
+                || *c == SqlState::T_R_DEADLOCK_DETECTED
+                || *c == SqlState::ADMIN_SHUTDOWN
+                || *c == SqlState::CANNOT_CONNECT_NOW
+        })
+        || (e.as_db_error().is_none() && e.code().is_none());
+    StoreError::backend(store, retryable, DriverError::boxed(e))
+}
+
+/// A store error for a pool's error (no connection could be had).
+pub(crate) fn pool_error(store: &str, e: deadpool_postgres::PoolError) -> StoreError {
+    match e {
+        deadpool_postgres::PoolError::Backend(e) => StoreError::backend(store, true, DriverError::boxed(e)),
+        other => StoreError::backend(store, true, other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redaction_hides_every_form_of_the_password() {
+        for (url, expected) in [
+            (
+                "postgres://app:s3cret@db.example:5432/test",
+                "postgres://app:***@db.example:5432/test",
+            ),
+            ("postgres://app:s3cret@db.example", "postgres://app:***@db.example"),
+            ("postgresql://app:p@ss@host/db", "postgresql://app:***@host/db"),
+            ("postgres://app@host/db", "postgres://app@host/db"),
+            (
+                "postgres://host/db?user=app&password=s3cret&sslmode=disable",
+                "postgres://host/db?user=app&password=***&sslmode=disable",
+            ),
+            (
+                "host=h user=app password=s3cret dbname=test",
+                "host=h user=app password=*** dbname=test",
+            ),
+            (
+                "host=h password='s3 cret' dbname=test",
+                "host=h password=*** dbname=test",
+            ),
+        ] {
+            assert_eq!(redact_url(url), expected, "{url}");
+        }
+    }
+
+    #[test]
+    fn schema_names() {
+        for ok in ["reactifact", "_x", "a1_b", &"a".repeat(48)] {
+            assert!(valid_schema(ok), "{ok}");
+        }
+        for bad in ["", "1a", "A", "a-b", "a b", "a\"b", &"a".repeat(49), "é", "pg_x"] {
+            assert!(!valid_schema(bad), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,46 @@
+//! A PostgreSQL outbox for reactifact: the delivery ledger of a store as a table of a
+//! PostgreSQL database, shared by any number of processes and drainers.
+//!
+//! [`PostgresOutbox`] implements [`reactifact_core::OutboxStore`] with the semantics of the
+//! core's stores (the store contract suite runs against it): claims with leases and fencing
+//! tokens, reclaim of expired leases by any claimer, outcomes fenced on the claim's token,
+//! renewal, an operator's retry, cancel and purge (with tombstones), and reads by key, page,
+//! status and scope. Every row carries a digest of its columns, checked whenever a row is
+//! handed out: a row changed outside reactifact is held, never delivered.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! use reactifact_postgres::{PostgresOptions, PostgresOutbox};
+//!
+//! let outbox = PostgresOutbox::open(
+//!     PostgresOptions::new("postgres://app@127.0.0.1:5432/app").schema("orders_outbox"),
+//! )
+//! .await?;
+//! let mut wake = outbox.listen(); // a drainer waits on `wake.next()` or its poll interval
+//! # Ok(()) }
+//! ```
+//!
+//! - **Where**: each store lives in a schema (namespace) of its own, [`DEFAULT_SCHEMA`] unless
+//!   [`PostgresOptions::schema`] names another; opening creates the schema and its tables,
+//!   or upgrades them, under an advisory lock, and refuses a schema of a newer build or of
+//!   another program.
+//! - **Connections**: a pool (deadpool-postgres) of at most
+//!   [`PostgresOptions::pool_size`] connections over tokio-postgres, without TLS: this crate
+//!   connects with `NoTls` (a server on the same host or a private network). To reach a
+//!   server over TLS, put a TLS-terminating proxy beside the process (such as PgBouncer with
+//!   `server_tls_sslmode`, or an SSH tunnel).
+//! - **Passwords**: no error, log line or `Debug` output of this crate names the password of
+//!   the URL ([`redact_url`]).
+//! - **Registration**: a commit registers its intents with [`PostgresOutbox::register`] in its
+//!   own transaction; it notifies the store's channel, and [`PostgresOutbox::listen`] wakes a
+//!   drainer within milliseconds.
+
+mod connect;
+mod listen;
+mod outbox;
+mod row;
+mod schema;
+
+pub use connect::{redact_url, OpenError, PostgresOptions, DEFAULT_POOL_SIZE, DEFAULT_SCHEMA};
+pub use listen::Notifications;
+pub use outbox::PostgresOutbox;

@@ -1,0 +1,227 @@
+//! The store's tables, in a schema (namespace) of their own, and their migrations.
+//!
+//! `{schema}.schema_version` holds one row per applied migration. Migrating runs in one
+//! transaction under `pg_advisory_xact_lock(LOCK_CLASS, hashtext(schema))`, so processes that
+//! start together on a new database wait for each other: one creates the schema, the others
+//! find it at the current version. A schema at a newer version than this build knows is
+//! refused; a schema holding tables but no version table is another program's, and refused.
+//!
+//! The row digest is the SQL function `{schema}.outbox_digest(…)`: SHA-256 of the text form
+//! of a row value holding a domain string and every column of a row but `seq` and `digest`
+//! (`bytea` columns in hex, so that the `bytea_output` setting does not change it). A row
+//! value's text form quotes every field that needs it and tells NULL from an empty string, so
+//! two different rows never have one text form. It is one call of built-in functions (a
+//! digest of tagged fields built from SQL helper functions cost 27 times as much per row).
+//! Every statement that writes a row writes its digest with it; every read that hands a row
+//! out checks it.
+
+use tokio_postgres::Client;
+
+use crate::connect::{store_error, OpenError};
+
+/// The schema version this build writes and reads.
+pub(crate) const SCHEMA_VERSION: i32 = 1;
+
+/// The first key of the advisory lock migrations take (the second is the schema's hash):
+/// `0x52_46_50_47`, "RFPG".
+const LOCK_CLASS: i32 = 0x5246_5047;
+
+/// The digested columns of `outbox`, in digest order (all but `seq` and `digest`).
+pub(crate) const DIGESTED: [&str; 22] = [
+    "key",
+    "kind",
+    "session",
+    "origin_commit",
+    "origin_gen",
+    "origin_run",
+    "action_hash",
+    "bytes",
+    "recorded_at",
+    "status",
+    "due_at",
+    "token",
+    "owner",
+    "lease_until",
+    "attempts",
+    "expired",
+    "interrupted",
+    "last_error",
+    "cancel_reason",
+    "updated_at",
+    "delivered_at",
+    "next_attempt_at",
+];
+
+/// Version 1: the outbox, its attachments, its tombstones, and the digest functions. `{s}`
+/// stands for the quoted schema.
+const V1: &str = r#"
+CREATE FUNCTION {s}.outbox_digest(
+        key text, kind text, session text, origin_commit bytea, origin_gen bigint, origin_run bigint,
+        action_hash bytea, bytes bytea, recorded_at bigint, status bigint, due_at bigint, token bigint,
+        owner text, lease_until bigint, attempts bigint, expired bigint, interrupted bigint,
+        last_error text, cancel_reason text, updated_at bigint, delivered_at bigint, next_attempt_at bigint)
+    RETURNS bytea
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$ SELECT sha256(convert_to(ROW('reactifact/postgres/outbox/row/v1', key, kind, session,
+        encode(origin_commit, 'hex'), origin_gen, origin_run, encode(action_hash, 'hex'), encode(bytes, 'hex'),
+        recorded_at, status, due_at, token, owner, lease_until, attempts, expired, interrupted, last_error,
+        cancel_reason, updated_at, delivered_at, next_attempt_at)::text, 'UTF8')) $$;
+
+CREATE TABLE {s}.outbox (
+    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    key text NOT NULL UNIQUE,
+    kind text NOT NULL,
+    session text NOT NULL,
+    origin_commit bytea NOT NULL,
+    origin_gen bigint NOT NULL,
+    origin_run bigint NOT NULL,
+    action_hash bytea NOT NULL,
+    bytes bytea NOT NULL,
+    recorded_at bigint NOT NULL,
+    status bigint NOT NULL,
+    due_at bigint,
+    token bigint NOT NULL,
+    owner text,
+    lease_until bigint,
+    attempts bigint NOT NULL,
+    expired bigint NOT NULL,
+    interrupted bigint NOT NULL,
+    last_error text,
+    cancel_reason text,
+    updated_at bigint NOT NULL,
+    delivered_at bigint,
+    next_attempt_at bigint,
+    digest bytea NOT NULL,
+    CHECK ((status = 1) = (owner IS NOT NULL AND lease_until IS NOT NULL)),
+    CHECK (due_at IS NULL OR status IN (0, 3)),
+    CHECK (status <> 0 OR due_at IS NOT NULL)
+);
+-- Claims read due rows in due order from this index, also when scoped to sessions (the session
+-- and attachment filter is applied to the rows it yields: an index on (session, due_at) could
+-- not give due order across a session's own and attached rows, and every claim's update would
+-- pay for it).
+CREATE INDEX outbox_due ON {s}.outbox (due_at, seq) WHERE due_at IS NOT NULL;
+CREATE INDEX outbox_leases ON {s}.outbox (lease_until, seq) WHERE lease_until IS NOT NULL;
+CREATE INDEX outbox_final ON {s}.outbox (updated_at, seq) WHERE status IN (2, 6);
+CREATE TABLE {s}.outbox_members (
+    session text NOT NULL,
+    key text NOT NULL,
+    PRIMARY KEY (session, key)
+);
+CREATE INDEX outbox_members_key ON {s}.outbox_members (key);
+CREATE TABLE {s}.outbox_purged (
+    key text PRIMARY KEY,
+    purged_at bigint NOT NULL
+);
+"#;
+
+/// The migrations, in order: `MIGRATIONS[v - 1]` takes the schema from version `v - 1` to `v`.
+const MIGRATIONS: [(&str, &str); SCHEMA_VERSION as usize] = [("the outbox", V1)];
+
+/// `"schema"`: the schema's name as an identifier (a name [`valid_schema`] accepts needs no
+/// escaping inside the quotes).
+///
+/// [`valid_schema`]: crate::connect::valid_schema
+pub(crate) fn quoted(schema: &str) -> String {
+    format!("\"{schema}\"")
+}
+
+/// Creates or upgrades the store's schema to [`SCHEMA_VERSION`], under the advisory lock.
+pub(crate) async fn migrate(client: &mut Client, schema: &str, store: &str) -> Result<(), OpenError> {
+    let err = |e| OpenError::Store(store_error(store, e));
+    let s = quoted(schema);
+    let tx = client.transaction().await.map_err(err)?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+        &[&LOCK_CLASS, &schema],
+    )
+    .await
+    .map_err(err)?;
+    let exists: bool = tx
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
+            &[&schema],
+        )
+        .await
+        .map_err(err)?
+        .get(0);
+    let found = if exists {
+        let versioned: bool = tx
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = 'schema_version')",
+                &[&schema],
+            )
+            .await
+            .map_err(err)?
+            .get(0);
+        if versioned {
+            tx.query_one(
+                &format!("SELECT coalesce(max(version), 0) FROM {s}.schema_version"),
+                &[],
+            )
+            .await
+            .map_err(err)?
+            .get::<_, i32>(0)
+        } else {
+            let tables: Vec<String> = tx
+                .query(
+                    "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                      WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'v', 'm', 'f') ORDER BY 1 LIMIT 5",
+                    &[&schema],
+                )
+                .await
+                .map_err(err)?
+                .iter()
+                .map(|row| row.get(0))
+                .collect();
+            if !tables.is_empty() {
+                return Err(OpenError::Foreign {
+                    store: store.to_owned(),
+                    schema: schema.to_owned(),
+                    tables: tables.join(", "),
+                });
+            }
+            0
+        }
+    } else {
+        tx.batch_execute(&format!("CREATE SCHEMA {s}")).await.map_err(err)?;
+        0
+    };
+    if found > SCHEMA_VERSION {
+        return Err(OpenError::NewerSchema {
+            store: store.to_owned(),
+            schema: schema.to_owned(),
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if found == SCHEMA_VERSION {
+        // Nothing to change: the transaction only read.
+        tx.rollback().await.map_err(err)?;
+        return Ok(());
+    }
+    if found == 0 {
+        tx.batch_execute(&format!(
+            "CREATE TABLE IF NOT EXISTS {s}.schema_version (
+                 version integer PRIMARY KEY,
+                 description text NOT NULL,
+                 applied_at timestamptz NOT NULL DEFAULT now()
+             )"
+        ))
+        .await
+        .map_err(err)?;
+    }
+    for (version, (description, sql)) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        let version = version as i32 + 1;
+        tx.batch_execute(&sql.replace("{s}", &s)).await.map_err(err)?;
+        tx.execute(
+            &format!("INSERT INTO {s}.schema_version (version, description) VALUES ($1, $2)"),
+            &[&version, description],
+        )
+        .await
+        .map_err(err)?;
+        tracing::info!(store, version, description, "migrated the postgres outbox schema");
+    }
+    tx.commit().await.map_err(err)?;
+    Ok(())
+}
