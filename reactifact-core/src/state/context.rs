@@ -762,7 +762,7 @@ impl std::fmt::Debug for Context {
 ///     tx.create(format!("order:{i}"), Order { total_cents: 100 * i });
 /// }
 /// tx.commit()?;
-/// assert_eq!(ctx.log().len(), 1);
+/// assert_eq!(ctx.generation().0, 1, "one commit");
 /// assert_eq!(ctx.queued_events(), 3);
 /// # Ok::<(), reactifact_core::WriteError>(())
 /// ```
