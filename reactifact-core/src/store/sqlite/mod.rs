@@ -796,11 +796,7 @@ fn load_range(conn: &Connection, session: &str, after: u64, upto: u64) -> Result
 type StoredHashes = (Vec<u8>, Vec<u8>);
 
 /// The hash and state hash of commit `generation` of `session`'s log, without decoding it.
-fn commit_hashes_at(
-    conn: &Connection,
-    session: &str,
-    generation: u64,
-) -> Result<Option<StoredHashes>, LoadError> {
+fn commit_hashes_at(conn: &Connection, session: &str, generation: u64) -> Result<Option<StoredHashes>, LoadError> {
     let Some((owner, ..)) = chain(conn, session)?
         .into_iter()
         .find(|&(_, from, upto)| from < generation && generation <= upto)
