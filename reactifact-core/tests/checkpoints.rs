@@ -266,6 +266,10 @@ async fn open_from_a_checkpoint_reads_no_commit_before_it() {
     let err = ctx.provenance("notify:order:3").await.unwrap_err();
     assert!(matches!(err, StoreError::History { .. }), "{err}");
     drop(ctx);
+    // A read-only open starts from the checkpoint too.
+    let ctx = Context::open_with(&path, "main", options().read_only(true)).unwrap();
+    assert_eq!(ctx.state_hash(), expected);
+    drop(ctx);
 
     // Without checkpoints, the open reads every commit and refuses the file.
     sql(&path, "DELETE FROM checkpoints;");
