@@ -266,6 +266,10 @@ async fn open_from_a_checkpoint_reads_no_commit_before_it() {
     let err = ctx.provenance("notify:order:3").await.unwrap_err();
     assert!(matches!(err, StoreError::History { .. }), "{err}");
     drop(ctx);
+    // A read-only open starts from the checkpoint too.
+    let ctx = Context::open_with(&path, "main", options().read_only(true)).unwrap();
+    assert_eq!(ctx.state_hash(), expected);
+    drop(ctx);
 
     // Without checkpoints, the open reads every commit and refuses the file.
     sql(&path, "DELETE FROM checkpoints;");
@@ -377,6 +381,16 @@ async fn commits_after_an_open_from_a_checkpoint_extend_the_whole_log() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
     write_history(&path).await;
+    // The async reads load the older commits off the caller's thread.
+    let fresh = Context::open_with(&path, "main", options()).unwrap();
+    let why = fresh
+        .provenance("notify:order:3")
+        .await
+        .unwrap()
+        .expect("order:3's intent");
+    assert!(why.generation.0 < 20, "recorded before the checkpoint");
+    assert_eq!(fresh.log().unwrap()[why.generation.0 as usize - 1].hash, why.commit);
+    drop(fresh);
     let mut ctx = Context::open_with(&path, "main", options()).unwrap();
     ctx.create("order:900", order("zoe", 900)).unwrap();
     assert_eq!(ctx.log().unwrap().len(), 34);

@@ -68,7 +68,7 @@ impl Context {
         // The first act of a key in log order created its intent; later ones were skipped.
         let mut deliveries = foldhash::HashMap::default();
         let ledger = self.ledger();
-        let log = self.log().map_err(io::Error::other)?;
+        let (log, _) = self.whole_async().await.map_err(io::Error::other)?;
         for commit in log {
             for op in commit.runs.iter().flat_map(|run| &run.ops) {
                 if let Op::Act { key, .. } = op {

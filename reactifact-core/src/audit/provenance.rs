@@ -206,7 +206,7 @@ impl Context {
             session: self.session().to_owned(),
             detail: e.to_string(),
         };
-        let log = self.log().map_err(history)?;
+        let (log, _) = self.whole_async().await.map_err(history)?;
         let Some((generation, run)) = self.intent_origin(key).map_err(history)? else {
             return Ok(None);
         };

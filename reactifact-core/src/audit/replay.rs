@@ -153,7 +153,8 @@ impl Context {
     pub async fn replay(&self, agents: &[Agent]) -> Result<ReplayReport, ReplayError> {
         let mut refold = Refold::new(Checks::STATE);
         let mut report = ReplayReport { commits: 0, runs: 0 };
-        for commit in self.log()? {
+        let (log, _) = self.whole_async().await?;
+        for commit in log {
             let produced: Vec<(usize, &RunRecord)> = commit
                 .runs
                 .iter()

@@ -18,7 +18,7 @@ pub struct ActionCall<P> {
     /// Which attempt this is: 1 for the first delivery.
     pub attempt: u32,
     /// Where the intent was recorded: the session, the commit (by hash) and the run.
-    /// `context.commit_of(&call.origin)` finds the commit, and its
+    /// `context.commit_of(&call.origin)?` finds the commit, and its
     /// `runs[call.origin.run()]` names the agent, produce, trigger and reads.
     pub origin: Origin,
     /// The generation of that commit in its session (a convenience for

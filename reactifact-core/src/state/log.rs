@@ -147,7 +147,33 @@ impl Log {
         let store = store.ok_or_else(|| VerifyError::History {
             detail: "the context has no store to read them from".into(),
         })?;
-        let (mut commits, foreign) = store.load_before(base.generation, &self.held)?;
+        let (prefix, foreign) = store.load_before(base.generation, &self.held)?;
+        self.install(prefix, foreign, graph)?;
+        let whole = self.whole.get().expect("just installed");
+        Ok((&whole.commits, &whole.graph))
+    }
+
+    /// The generation of the base and the held commits, if the whole log is still to be read.
+    pub(crate) fn to_read(&self) -> Option<(Generation, Vec<Commit>)> {
+        let base = self.base.as_ref()?;
+        self.whole.get().is_none().then(|| (base.generation, self.held.clone()))
+    }
+
+    /// Takes the older commits read from the store (and the merged histories they reach) as
+    /// the start of the whole log: refolds them, checks that they lead to the base, and keeps
+    /// the whole log with its graph.
+    pub(crate) fn install(
+        &self,
+        mut commits: Vec<Commit>,
+        foreign: Vec<Commit>,
+        graph: &Graph,
+    ) -> Result<(), VerifyError> {
+        let Some(base) = &self.base else {
+            return Ok(());
+        };
+        if self.whole.get().is_some() {
+            return Ok(());
+        }
         let mut refold = Refold::keeping_undo(Checks::STATE);
         for commit in &commits {
             refold.step(commit)?;
@@ -168,7 +194,6 @@ impl Log {
             commits,
             graph: whole_graph,
         }));
-        let whole = self.whole.get().expect("just set");
-        Ok((&whole.commits, &whole.graph))
+        Ok(())
     }
 }

@@ -483,6 +483,10 @@ pub(crate) trait Store: Send + Sync {
     /// [`VerifyError::History`] if a commit cannot be read or does not decode.
     fn load_before(&self, upto: Generation, tail: &[Commit]) -> Result<(Vec<Commit>, Vec<Commit>), VerifyError>;
 
+    /// [`load_before`](Store::load_before) without blocking the caller's thread (for the
+    /// async reads of the whole log: export, replay, provenance).
+    fn load_before_async(&self, upto: Generation, tail: Vec<Commit>) -> outbox::BoxFuture<'static, History>;
+
     /// Every checkpoint the store keeps of the session, oldest first, with its body decoded
     /// (or why it does not decode or match its digest), for [`Context::verify`](crate::Context::verify).
     ///
@@ -490,6 +494,10 @@ pub(crate) trait Store: Send + Sync {
     /// [`VerifyError::History`] if they cannot be read.
     fn checkpoints(&self) -> Result<Vec<StoredCheckpoint>, VerifyError>;
 }
+
+/// What [`Store::load_before`] reads: the commits up to the checkpoint, and the other sessions'
+/// commits their merges reach.
+pub(crate) type History = Result<(Vec<Commit>, Vec<Commit>), VerifyError>;
 
 /// The live state of a session right after one of its commits, as a store keeps it: where
 /// open starts instead of the first commit.

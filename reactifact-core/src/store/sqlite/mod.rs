@@ -32,7 +32,7 @@ use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension, Tran
 
 use super::codec;
 use super::{
-    Checkpoint, CommitDelta, Loaded, OpenError, OpenOptions, Store, StoreError, StoredCheckpoint, Synchronous,
+    Checkpoint, CommitDelta, History, Loaded, OpenError, OpenOptions, Store, StoreError, StoredCheckpoint, Synchronous,
 };
 use crate::model::action::{ActionKey, Intent, Origin};
 use crate::model::artifact::Generation;
@@ -443,17 +443,7 @@ impl SqliteStore {
     /// checkpoint at `upto`), and the other sessions' commits that the merges of those and of
     /// `tail` reach.
     fn read_before(&self, upto: u64, tail: &[Commit]) -> Result<(Vec<Commit>, Vec<Commit>), LoadError> {
-        let conn = self.conn.lock();
-        let prefix = load_range(&conn, &self.session, 0, upto)?;
-        if prefix.len() as u64 != upto {
-            return Err(LoadError::Corrupt(format!(
-                "session `{}` has a checkpoint at generation {upto} but {} commits up to it",
-                self.session,
-                prefix.len()
-            )));
-        }
-        let foreign = load_foreign(&conn, &[&prefix, tail])?;
-        Ok((prefix, foreign))
+        read_before(&self.conn.lock(), &self.session, upto, tail)
     }
 
     fn sqlite_error(&self, source: rusqlite::Error) -> StoreError {
@@ -860,15 +850,30 @@ fn load_range(conn: &Connection, session: &str, after: u64, upto: u64) -> Result
     Ok(commits)
 }
 
+/// `session`'s commits up to `upto`, and the other sessions' commits that the merges of those
+/// and of `tail` reach (see [`Store::load_before`]).
+fn read_before(
+    conn: &Connection,
+    session: &str,
+    upto: u64,
+    tail: &[Commit],
+) -> Result<(Vec<Commit>, Vec<Commit>), LoadError> {
+    let prefix = load_range(conn, session, 0, upto)?;
+    if prefix.len() as u64 != upto {
+        return Err(LoadError::Corrupt(format!(
+            "session `{session}` has a checkpoint at generation {upto} but {} commits up to it",
+            prefix.len()
+        )));
+    }
+    let foreign = load_foreign(conn, &[&prefix, tail])?;
+    Ok((prefix, foreign))
+}
+
 /// A commit's hash and state hash, as stored.
 type StoredHashes = (Vec<u8>, Vec<u8>);
 
 /// The hash and state hash of commit `generation` of `session`'s log, without decoding it.
-fn commit_hashes_at(
-    conn: &Connection,
-    session: &str,
-    generation: u64,
-) -> Result<Option<StoredHashes>, LoadError> {
+fn commit_hashes_at(conn: &Connection, session: &str, generation: u64) -> Result<Option<StoredHashes>, LoadError> {
     let Some((owner, ..)) = chain(conn, session)?
         .into_iter()
         .find(|&(_, from, upto)| from < generation && generation <= upto)
@@ -1110,6 +1115,24 @@ impl Store for SqliteStore {
 
     fn load_before(&self, upto: Generation, tail: &[Commit]) -> Result<(Vec<Commit>, Vec<Commit>), VerifyError> {
         self.read_before(upto.0, tail).map_err(LoadError::into_history)
+    }
+
+    fn load_before_async(
+        &self,
+        upto: Generation,
+        tail: Vec<Commit>,
+    ) -> crate::store::outbox::BoxFuture<'static, History> {
+        let session = self.session.clone();
+        // Read on the outbox's thread, over its connection.
+        let read = self
+            .outbox
+            .run_write(move |conn| Ok(read_before(conn, &session, upto.0, &tail)));
+        Box::pin(async move {
+            match read.await {
+                Ok(read) => read.map_err(LoadError::into_history),
+                Err(e) => Err(VerifyError::History { detail: e.to_string() }),
+            }
+        })
     }
 
     fn checkpoints(&self) -> Result<Vec<StoredCheckpoint>, VerifyError> {
