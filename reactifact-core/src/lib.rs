@@ -35,6 +35,7 @@ mod run;
 mod state;
 mod store;
 
+pub use audit::inspect::StoredArtifact;
 pub use audit::provenance::{content_key, Provenance};
 pub use audit::replay::{testing, Difference, Divergence, ReplayError, ReplayReport};
 pub use audit::verify::{verify_log, TimeTravelError, VerifyReport};
@@ -71,6 +72,7 @@ pub use store::outbox::{
     BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome, Page, Recorded,
     Recording, RetryError, Scope, StatusCounts,
 };
+pub use store::{list_sessions, SessionInfo};
 pub use store::{BackendError, OpenError, OpenOptions, SqliteOutbox, StoreError, Synchronous};
 
 /// The store contract suite: checks every [`OutboxStore`] must pass, written once and run

@@ -20,6 +20,7 @@ use crate::model::delivery::NewIntent;
 use crate::state::commit::Commit;
 use crate::state::refold::VerifyError;
 
+pub use sqlite::sessions::{list_sessions, SessionInfo};
 pub use sqlite::SqliteOutbox;
 pub(crate) use sqlite::SqliteStore;
 

@@ -20,6 +20,7 @@ mod actor;
 mod outbox;
 mod row;
 mod schema;
+pub(crate) mod sessions;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
