@@ -1,0 +1,101 @@
+//! `log`: a session's commits, newest first.
+
+use reactifact_core::{Commit, Op, RunRecord};
+use serde_json::{json, Value};
+
+use super::Env;
+use crate::failure::Outcome;
+use crate::output::{cut, print_json, Table};
+use crate::store;
+
+/// Shows the last `limit` commits of the session.
+pub fn log(env: &Env, session: Option<&str>, limit: usize) -> Outcome {
+    let session = store::session(&env.path, session)?;
+    let ctx = store::open_session(&env.path, &session, false)?;
+    let shown: Vec<&Commit> = ctx.log().iter().rev().take(limit).collect();
+    if env.json {
+        let commits: Vec<Value> = shown.iter().map(|c| commit_json(c)).collect();
+        print_json(&json!({
+            "session": session,
+            "generation": ctx.generation().0,
+            "commits": commits,
+        }));
+        return Ok(());
+    }
+    let mut table = Table::new(&["COMMIT", "HASH", "RUNS", "WRITES", "INTENTS", "WHAT"]);
+    for c in &shown {
+        let writes = c.runs.iter().flat_map(|r| &r.ops).filter(|op| !matches!(op, Op::Act { .. })).count();
+        let intents = c.runs.iter().flat_map(|r| &r.ops).filter(|op| matches!(op, Op::Act { .. })).count();
+        let mut what: Vec<String> = c.runs.iter().map(run_label).collect();
+        what.dedup();
+        let what = if c.merged.is_some() {
+            format!("merge of {}", c.merged.map(|h| h.short()).unwrap_or_default())
+        } else {
+            what.join(", ")
+        };
+        table.row(vec![
+            c.generation.0.to_string(),
+            c.hash.short(),
+            c.runs.len().to_string(),
+            writes.to_string(),
+            intents.to_string(),
+            cut(&what, 60),
+        ]);
+    }
+    table.print();
+    if ctx.log().len() > shown.len() {
+        println!("({} older commits; --limit shows more)", ctx.log().len() - shown.len());
+    }
+    Ok(())
+}
+
+/// `agent/produce on trigger`, or `direct write`.
+pub fn run_label(run: &RunRecord) -> String {
+    match (&run.agent, &run.produce, &run.trigger) {
+        (Some(agent), Some(produce), Some(trigger)) => format!("{agent}/{produce} on {}", trigger.id),
+        (Some(agent), Some(produce), None) => format!("{agent}/{produce}"),
+        _ => "direct write".to_owned(),
+    }
+}
+
+/// One operation as JSON.
+pub fn op_json(op: &Op) -> Value {
+    match op {
+        Op::Put { mode, id, kind, hash, .. } => json!({
+            "op": "put", "mode": format!("{mode:?}").to_lowercase(), "id": id.as_str(), "kind": kind.as_str(), "hash": hash.to_string(),
+        }),
+        Op::Delete { id } => json!({"op": "delete", "id": id.as_str()}),
+        Op::Link(r) => json!({"op": "link", "from": r.from.as_str(), "name": &*r.name, "to": r.to.as_str()}),
+        Op::Unlink(r) => json!({"op": "unlink", "from": r.from.as_str(), "name": &*r.name, "to": r.to.as_str()}),
+        Op::Act { key, action, id, hash, .. } => json!({
+            "op": "act", "key": key.as_str(), "kind": &**action, "id": id.as_str(), "hash": hash.to_string(),
+        }),
+        _ => json!({"op": "other", "id": op.id().as_str()}),
+    }
+}
+
+/// One commit as JSON: the schema of `log --json` entries.
+fn commit_json(c: &Commit) -> Value {
+    let runs: Vec<Value> = c
+        .runs
+        .iter()
+        .map(|r| {
+            json!({
+                "agent": r.agent.as_deref(),
+                "produce": r.produce.as_deref(),
+                "trigger": r.trigger.as_ref().map(|t| json!({"id": t.id.as_str(), "version": t.version.0, "hash": t.hash.to_string()})),
+                "ops": r.ops.iter().map(op_json).collect::<Vec<_>>(),
+                "reads": r.reads.iter().map(|read| json!({"id": read.id.as_str(), "version": read.version.map(|v| v.0)})).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({
+        "generation": c.generation.0,
+        "hash": c.hash.to_string(),
+        "parent": c.parent.map(|h| h.to_string()),
+        "merged": c.merged.map(|h| h.to_string()),
+        "state_hash": c.state_hash.to_string(),
+        "events_consumed": c.events_consumed,
+        "runs": runs,
+    })
+}
