@@ -8,11 +8,12 @@
 //! every other command. See `docs/cli.md` for every command, its output, its `--json` schema
 //! and the exit codes.
 
+#[macro_use]
+mod output;
 mod cli;
 mod commands;
 mod failure;
 mod json_value;
-mod output;
 mod progress;
 mod store;
 

@@ -1,11 +1,31 @@
 //! How results are shown: aligned tables and `key value` blocks for people, one JSON document
 //! for scripts, and the JSON forms shared by several commands.
 
+use std::io::Write;
 use std::time::{Duration, SystemTime};
 
 use reactifact_core::{Delivery, DeliveryStatus};
 use serde::Serialize;
 use serde_json::{json, Value};
+
+/// Prints a line on stdout, like `println!`, without panicking when the reader has gone away
+/// (`reactifact log | head`): the command then ends quietly with exit 0.
+macro_rules! outln {
+    () => { $crate::output::emit("") };
+    ($($arg:tt)*) => { $crate::output::emit(&format!($($arg)*)) };
+}
+
+/// Writes `line` and a newline on stdout (see `outln!`).
+pub fn emit(line: &str) {
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(line.as_bytes()).and_then(|()| out.write_all(b"\n")) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("reactifact: stdout: {e}");
+        std::process::exit(2);
+    }
+}
 
 /// A table: a header row and rows, printed with every column but the last padded to its
 /// widest cell, two spaces apart.
@@ -54,7 +74,8 @@ impl Table {
 
     /// Prints the table on stdout.
     pub fn print(&self) {
-        print!("{}", self.render());
+        let text = self.render();
+        outln!("{}", text.trim_end_matches('\n'));
     }
 }
 
@@ -63,16 +84,16 @@ pub fn print_fields(fields: &[(&str, String)]) {
     let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     for (key, value) in fields {
         let mut lines = value.lines();
-        println!("{key:width$}  {}", lines.next().unwrap_or(""));
+        outln!("{key:width$}  {}", lines.next().unwrap_or(""));
         for line in lines {
-            println!("{:width$}  {line}", "");
+            outln!("{:width$}  {line}", "");
         }
     }
 }
 
 /// Prints `value` as one pretty-printed JSON document on stdout.
 pub fn print_json(value: &impl Serialize) {
-    println!(
+    outln!(
         "{}",
         serde_json::to_string_pretty(value).expect("the CLI's JSON documents always serialize")
     );

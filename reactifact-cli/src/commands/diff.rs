@@ -70,14 +70,14 @@ pub fn diff(env: &Env, a: &str, b: &str, session: Option<&str>) -> Outcome {
 
 fn print_diff(diff: &Diff) {
     if diff.is_empty() {
-        println!("no differences");
+        outln!("no differences");
         return;
     }
     for (id, s) in &diff.created {
-        println!("+ {id}  {} v{}  {}", s.kind.as_str(), s.version.0, s.hash.short());
+        outln!("+ {id}  {} v{}  {}", s.kind.as_str(), s.version.0, s.hash.short());
     }
     for u in &diff.updated {
-        println!(
+        outln!(
             "~ {}  {} v{} -> v{}  {} -> {}",
             u.id,
             u.after.kind.as_str(),
@@ -88,17 +88,17 @@ fn print_diff(diff: &Diff) {
         );
         for f in &u.fields {
             let path = if f.path.is_empty() { "(value)" } else { f.path.as_str() };
-            println!("    {path}: {} -> {}", f.recorded, f.replayed);
+            outln!("    {path}: {} -> {}", f.recorded, f.replayed);
         }
     }
     for (id, s) in &diff.deleted {
-        println!("- {id}  {} v{}  {}", s.kind.as_str(), s.version.0, s.hash.short());
+        outln!("- {id}  {} v{}  {}", s.kind.as_str(), s.version.0, s.hash.short());
     }
     for r in &diff.linked {
-        println!("+ {} -[{}]-> {}", r.from, r.name, r.to);
+        outln!("+ {} -[{}]-> {}", r.from, r.name, r.to);
     }
     for r in &diff.unlinked {
-        println!("- {} -[{}]-> {}", r.from, r.name, r.to);
+        outln!("- {} -[{}]-> {}", r.from, r.name, r.to);
     }
 }
 

@@ -26,12 +26,9 @@ pub fn log(env: &Env, session: Option<&str>, limit: usize) -> Outcome {
     for c in &shown {
         let writes = c.runs.iter().flat_map(|r| &r.ops).filter(|op| !matches!(op, Op::Act { .. })).count();
         let intents = c.runs.iter().flat_map(|r| &r.ops).filter(|op| matches!(op, Op::Act { .. })).count();
-        let mut what: Vec<String> = c.runs.iter().map(run_label).collect();
-        what.dedup();
-        let what = if c.merged.is_some() {
-            format!("merge of {}", c.merged.map(|h| h.short()).unwrap_or_default())
-        } else {
-            what.join(", ")
+        let what = match c.merged {
+            Some(merged) => format!("merge of {}", merged.short()),
+            None => summary(&c.runs),
         };
         table.row(vec![
             c.generation.0.to_string(),
@@ -44,18 +41,35 @@ pub fn log(env: &Env, session: Option<&str>, limit: usize) -> Outcome {
     }
     table.print();
     if ctx.log().len() > shown.len() {
-        println!("({} older commits; --limit shows more)", ctx.log().len() - shown.len());
+        outln!("({} older commits; --limit shows more)", ctx.log().len() - shown.len());
     }
     Ok(())
 }
 
-/// `agent/produce on trigger`, or `direct write`.
-pub fn run_label(run: &RunRecord) -> String {
-    match (&run.agent, &run.produce, &run.trigger) {
-        (Some(agent), Some(produce), Some(trigger)) => format!("{agent}/{produce} on {}", trigger.id),
-        (Some(agent), Some(produce), None) => format!("{agent}/{produce}"),
-        _ => "direct write".to_owned(),
+/// What a commit's runs were: `agent/produce on trigger` for a produce that ran once,
+/// `agent/produce ×N` for one that ran N times, `direct write`, in the order they first ran.
+fn summary(runs: &[RunRecord]) -> String {
+    let mut groups: Vec<(String, usize, Option<String>)> = Vec::new();
+    for run in runs {
+        let label = match (&run.agent, &run.produce) {
+            (Some(agent), Some(produce)) => format!("{agent}/{produce}"),
+            _ => "direct write".to_owned(),
+        };
+        let trigger = run.trigger.as_ref().map(|t| t.id.to_string());
+        match groups.iter_mut().find(|(l, _, _)| *l == label) {
+            Some(group) => group.1 += 1,
+            None => groups.push((label, 1, trigger)),
+        }
     }
+    groups
+        .into_iter()
+        .map(|(label, n, trigger)| match (n, trigger) {
+            (1, Some(trigger)) => format!("{label} on {trigger}"),
+            (1, None) => label,
+            (n, _) => format!("{label} ×{n}"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// One operation as JSON.

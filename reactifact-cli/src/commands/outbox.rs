@@ -93,7 +93,7 @@ fn list(
     }
     table.print();
     if let Some(next) = page.next {
-        println!("(more: --after {next})");
+        outln!("(more: --after {next})");
     }
     Ok(())
 }
@@ -252,7 +252,7 @@ fn stats(env: &Env, session: Option<String>) -> Outcome {
     }
     table.row(vec!["total".to_owned(), counts.total().to_string()]);
     table.print();
-    println!();
+    outln!();
     let columns = DeliveryStatus::ALL.map(status);
     let mut headers = vec!["KIND"];
     headers.extend(columns.iter().map(|c| *c));
@@ -264,15 +264,15 @@ fn stats(env: &Env, session: Option<String>) -> Outcome {
         table.row(row);
     }
     table.print();
-    println!();
+    outln!();
     match &oldest {
-        Some(d) => println!(
+        Some(d) => outln!(
             "oldest pending: {} ({} ago, recorded {})",
             d.key(),
             humantime::format_duration(age(now, d.recorded_at())),
             time(d.recorded_at())
         ),
-        None => println!("oldest pending: none"),
+        None => outln!("oldest pending: none"),
     }
     Ok(())
 }
@@ -350,13 +350,13 @@ fn report_changed(env: &Env, what: &str, entries: &[Delivery], skipped: &[(Strin
         return Ok(());
     }
     for d in entries {
-        println!("{what} {}: now {}", d.key(), status(d.status()));
+        outln!("{what} {}: now {}", d.key(), status(d.status()));
     }
     for (key, reason) in skipped {
-        println!("skipped {key}: {reason}");
+        outln!("skipped {key}: {reason}");
     }
     if entries.is_empty() && skipped.is_empty() {
-        println!("nothing to do: no intent matched");
+        outln!("nothing to do: no intent matched");
     }
     Ok(())
 }

@@ -147,32 +147,32 @@ pub fn graph(env: &Env, key: &str, session: Option<&str>, format: GraphFormat) -
     match format {
         GraphFormat::Mermaid => {
             let label = |text: &str| format!("\"{}\"", text.replace('"', "#quot;").replace('\n', "<br/>"));
-            println!("flowchart LR");
+            outln!("flowchart LR");
             for (id, shape, text) in &nodes {
                 match *shape {
-                    "ellipse" => println!("  {id}([{}])", label(text)),
-                    _ => println!("  {id}[{}]", label(text)),
+                    "ellipse" => outln!("  {id}([{}])", label(text)),
+                    _ => outln!("  {id}[{}]", label(text)),
                 }
             }
             for (from, to, text, dashed) in &edges {
                 let arrow = if *dashed { "-.->" } else { "-->" };
-                println!("  {from} {arrow}|{text}| {to}");
+                outln!("  {from} {arrow}|{text}| {to}");
             }
         }
         GraphFormat::Dot => {
             let label = |text: &str| {
                 format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n"))
             };
-            println!("digraph provenance {{");
-            println!("  rankdir=LR;");
+            outln!("digraph provenance {{");
+            outln!("  rankdir=LR;");
             for (id, shape, text) in &nodes {
-                println!("  {id} [shape={shape}, label={}];", label(text));
+                outln!("  {id} [shape={shape}, label={}];", label(text));
             }
             for (from, to, text, dashed) in &edges {
                 let style = if *dashed { ", style=dashed" } else { "" };
-                println!("  {from} -> {to} [label=\"{text}\"{style}];");
+                outln!("  {from} -> {to} [label=\"{text}\"{style}];");
             }
-            println!("}}");
+            outln!("}}");
         }
     }
     Ok(())
