@@ -6,10 +6,13 @@ use reactifact_core::DeliveryStatus;
 /// Inspect and operate a reactifact store: its sessions, commit log, state, provenance and
 /// delivery ledger. It never dispatches anything and opens the store read-only, except for
 /// `outbox retry`, `outbox cancel` and `outbox purge`.
-///
-/// Exit codes: 0 ok, 1 a check failed (`verify`, `replay`), 2 a usage or input error.
 #[derive(Debug, Parser)]
-#[command(name = "reactifact", version, about, long_about = None)]
+#[command(
+    name = "reactifact",
+    version,
+    after_help = "Exit codes: 0 ok, 1 a check failed (verify, replay), 2 a usage or input error.\n\
+                  The store is --store PATH or REACTIFACT_STORE. See docs/cli.md for every command and its --json schema."
+)]
 pub struct Cli {
     /// The store: the path of a SQLite file (or sqlite:PATH). A postgres:// URL is refused:
     /// the PostgreSQL store is not in this build.
