@@ -168,16 +168,15 @@ pub enum OutboxCommand {
 
 /// What `outbox retry` re-arms.
 #[derive(Debug, Args)]
-#[group(required = true, multiple = false, id = "which")]
 pub struct RetryArgs {
     /// The intent's idempotency key.
-    #[arg(group = "which")]
+    #[arg(required_unless_present = "all_dead", conflicts_with = "all_dead")]
     pub key: Option<String>,
     /// Every dead intent (of --kind, if given).
-    #[arg(long, group = "which")]
+    #[arg(long)]
     pub all_dead: bool,
     /// With --all-dead: only intents of this kind.
-    #[arg(long, requires = "all_dead")]
+    #[arg(long, conflicts_with = "key")]
     pub kind: Option<String>,
 }
 
