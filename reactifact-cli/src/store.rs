@@ -27,7 +27,10 @@ pub fn resolve(store: Option<&str>) -> Outcome<PathBuf> {
             redact(store)
         )));
     }
-    if let Some(path) = store.strip_prefix("sqlite://").or_else(|| store.strip_prefix("sqlite:")) {
+    if let Some(path) = store
+        .strip_prefix("sqlite://")
+        .or_else(|| store.strip_prefix("sqlite:"))
+    {
         if path.is_empty() {
             return Err(Failure::input(format!("`{store}` names no file: write sqlite:PATH")));
         }

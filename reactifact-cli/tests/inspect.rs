@@ -28,7 +28,10 @@ fn sessions_lists_every_session_with_its_head_and_fork_point() {
     assert_eq!(sessions[1]["name"], "what-if");
     assert_eq!(sessions[1]["generation"], 6);
     assert_eq!(sessions[1]["head"], branch.head().unwrap().to_string());
-    assert_eq!(sessions[1]["forked_from"], json!({"session": "orders", "generation": 4}));
+    assert_eq!(
+        sessions[1]["forked_from"],
+        json!({"session": "orders", "generation": 4})
+    );
 
     let table = store.run(&["sessions"]).ok().stdout;
     let lines: Vec<&str> = table.lines().collect();
@@ -51,9 +54,16 @@ fn log_shows_the_newest_commits_first_as_the_library_reads_them() {
         assert_eq!(c["state_hash"], ctx.log()[at].state_hash.to_string());
     }
     let run = &commits[2]["runs"][0];
-    assert_eq!((run["agent"].as_str(), run["produce"].as_str()), (Some("billing"), Some("process_order")));
+    assert_eq!(
+        (run["agent"].as_str(), run["produce"].as_str()),
+        (Some("billing"), Some("process_order"))
+    );
     assert_eq!(run["trigger"]["id"], "order:1");
-    assert!(run["ops"].as_array().unwrap().iter().any(|op| op["op"] == "act" && op["key"] == support::DELIVERED));
+    assert!(run["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|op| op["op"] == "act" && op["key"] == support::DELIVERED));
 
     let table = store.run(&["log", "--session", "orders", "--limit", "2"]).ok().stdout;
     let lines: Vec<&str> = table.lines().collect();
@@ -81,7 +91,9 @@ fn a_session_must_be_named_when_the_store_has_several_and_must_exist() {
         &["outbox", "stats", "--session", "nope"],
         &["why", support::DELIVERED, "--session", "nope"],
     ] {
-        let run = store.run(command).fails(2, "has no session `nope`; its sessions: orders, what-if");
+        let run = store
+            .run(command)
+            .fails(2, "has no session `nope`; its sessions: orders, what-if");
         assert_eq!(run.stdout, "", "{command:?}");
     }
 }
@@ -94,7 +106,10 @@ fn show_reads_an_artifact_at_the_head_or_right_after_a_commit() {
     assert_eq!(head["written_in"], 4);
     assert_eq!(head["content"], json!({"order": "order:1", "total_cents": 1500}));
     let ctx = open(&store.path, "orders");
-    assert_eq!(head["hash"], ctx.snapshot().meta("receipt:order:1").unwrap().2.to_string());
+    assert_eq!(
+        head["hash"],
+        ctx.snapshot().meta("receipt:order:1").unwrap().2.to_string()
+    );
 
     let before = store.json(&["show", "receipt:order:1", "--session", "orders", "--at", "2"]);
     assert_eq!((before["version"].as_u64(), before["at"].as_u64()), (Some(1), Some(2)));
@@ -110,7 +125,10 @@ fn show_reads_an_artifact_at_the_head_or_right_after_a_commit() {
 
     store
         .run(&["show", "receipt:order:1", "--session", "orders", "--at", "1"])
-        .fails(2, "no artifact `receipt:order:1` in session `orders` at commit 1; it exists at the head (commit 4)");
+        .fails(
+            2,
+            "no artifact `receipt:order:1` in session `orders` at commit 1; it exists at the head (commit 4)",
+        );
     store
         .run(&["show", "nothing:1", "--session", "orders"])
         .fails(2, "no artifact `nothing:1` in session `orders` at commit 4");
@@ -129,7 +147,12 @@ fn show_reads_an_artifact_at_the_head_or_right_after_a_commit() {
 fn diff_compares_two_sessions_or_two_commits() {
     let store = store();
     let sessions = store.json(&["diff", "orders", "what-if"]);
-    let created: Vec<&str> = sessions["created"].as_array().unwrap().iter().map(|a| a["id"].as_str().unwrap()).collect();
+    let created: Vec<&str> = sessions["created"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].as_str().unwrap())
+        .collect();
     assert_eq!(created, ["action:email:order:8", "order:8", "receipt:order:8"]);
     assert_eq!(sessions["updated"], json!([]));
     assert_eq!(sessions["deleted"], json!([]));
@@ -140,7 +163,10 @@ fn diff_compares_two_sessions_or_two_commits() {
     assert_eq!(ids, ["order:1", "receipt:order:1"]);
     assert_eq!(updated[1]["before"]["version"], 1);
     assert_eq!(updated[1]["after"]["version"], 2);
-    assert_eq!(updated[1]["fields"], json!([{"path": ".total_cents", "before": "1200", "after": "1500"}]));
+    assert_eq!(
+        updated[1]["fields"],
+        json!([{"path": ".total_cents", "before": "1200", "after": "1500"}])
+    );
 
     let text = store.run(&["diff", "2", "4", "--session", "orders"]).ok().stdout;
     assert!(text.contains("~ receipt:order:1  receipt v1 -> v2"), "{text}");
@@ -150,12 +176,14 @@ fn diff_compares_two_sessions_or_two_commits() {
     let same = store.run(&["diff", "3", "3", "--session", "orders"]).ok().stdout;
     assert_eq!(same, "no differences\n");
 
-    store
-        .run(&["diff", "orders", "nope"])
-        .fails(2, "`orders` and `nope` must both be sessions, or both commits of one session");
-    store
-        .run(&["diff", "1", "nope", "--session", "orders"])
-        .fails(2, "`nope` is neither a session of the store nor a commit of session `orders`");
+    store.run(&["diff", "orders", "nope"]).fails(
+        2,
+        "`orders` and `nope` must both be sessions, or both commits of one session",
+    );
+    store.run(&["diff", "1", "nope", "--session", "orders"]).fails(
+        2,
+        "`nope` is neither a session of the store nor a commit of session `orders`",
+    );
 }
 
 #[test]
@@ -164,7 +192,10 @@ fn why_and_graph_explain_an_intent() {
     let why = store.json(&["why", support::DELIVERED]);
     assert_eq!(why["session"], "orders");
     assert_eq!(why["generation"], 2);
-    assert_eq!((why["agent"].as_str(), why["produce"].as_str()), (Some("billing"), Some("process_order")));
+    assert_eq!(
+        (why["agent"].as_str(), why["produce"].as_str()),
+        (Some("billing"), Some("process_order"))
+    );
     assert_eq!(why["trigger"]["id"], "order:1");
     assert_eq!(why["trigger"]["version"], 1);
     assert_eq!(why["delivery"]["status"], "delivered");
@@ -177,9 +208,10 @@ fn why_and_graph_explain_an_intent() {
     assert!(text.contains("delivery  dead after 1 attempt(s)"), "{text}");
     // The branch's intent, found in the branch without naming it.
     assert_eq!(store.json(&["why", support::BRANCH])["session"], "what-if");
-    store
-        .run(&["why", support::BRANCH, "--session", "orders"])
-        .fails(2, "no commit of session `orders` acts `email:order:8`; it was recorded in session `what-if`");
+    store.run(&["why", support::BRANCH, "--session", "orders"]).fails(
+        2,
+        "no commit of session `orders` acts `email:order:8`; it was recorded in session `what-if`",
+    );
     store
         .run(&["why", "nope:1"])
         .fails(2, "no intent with key `nope:1` in the delivery ledger");
@@ -187,16 +219,27 @@ fn why_and_graph_explain_an_intent() {
     let mermaid = store.run(&["graph", support::DELIVERED]).ok().stdout;
     assert!(mermaid.starts_with("flowchart LR\n"), "{mermaid}");
     assert!(mermaid.contains("trigger[\"order:1 v1\"]"), "{mermaid}");
-    assert!(mermaid.contains("  trigger -->|triggered| run\n  run -->|acted| intent\n"), "{mermaid}");
-    assert!(mermaid.contains("intent([\"email:order:1<br/>delivered, 1 attempt(s)\"])"), "{mermaid}");
+    assert!(
+        mermaid.contains("  trigger -->|triggered| run\n  run -->|acted| intent\n"),
+        "{mermaid}"
+    );
+    assert!(
+        mermaid.contains("intent([\"email:order:1<br/>delivered, 1 attempt(s)\"])"),
+        "{mermaid}"
+    );
     let dot = store.run(&["graph", support::DELIVERED, "--format", "dot"]).ok().stdout;
     assert!(dot.starts_with("digraph provenance {\n"), "{dot}");
     assert!(dot.contains("trigger -> run [label=\"triggered\"];"), "{dot}");
     assert!(dot.ends_with("}\n"), "{dot}");
     let doc = store.json(&["graph", support::DELIVERED]);
-    assert_eq!(doc["edges"][0], json!({"from": "trigger", "to": "run", "label": "triggered"}));
+    assert_eq!(
+        doc["edges"][0],
+        json!({"from": "trigger", "to": "run", "label": "triggered"})
+    );
     store.run(&["graph", "nope:1"]).fails(2, "no intent with key `nope:1`");
-    store.run(&["graph", support::DELIVERED, "--format", "png"]).fails(2, "invalid value 'png'");
+    store
+        .run(&["graph", support::DELIVERED, "--format", "png"])
+        .fails(2, "invalid value 'png'");
 }
 
 #[test]
@@ -224,13 +267,33 @@ fn outbox_list_filters_and_pages_the_ledger() {
     );
     assert_eq!(all["next"], serde_json::Value::Null);
     let keys = |doc: &serde_json::Value| -> Vec<String> {
-        doc["entries"].as_array().unwrap().iter().map(|e| e["key"].as_str().unwrap().to_owned()).collect()
+        doc["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["key"].as_str().unwrap().to_owned())
+            .collect()
     };
-    assert_eq!(keys(&store.json(&["outbox", "list", "--status", "dead"])), [support::DEAD]);
-    assert_eq!(keys(&store.json(&["outbox", "list", "--status", "in-flight"])), [support::IN_FLIGHT]);
-    assert_eq!(keys(&store.json(&["outbox", "list", "--kind", "later"])), [support::PENDING, support::IN_FLIGHT]);
-    assert_eq!(keys(&store.json(&["outbox", "list", "--session", "what-if"])), [support::BRANCH]);
-    assert_eq!(keys(&store.json(&["outbox", "list", "--kind", "nothing"])), Vec::<String>::new());
+    assert_eq!(
+        keys(&store.json(&["outbox", "list", "--status", "dead"])),
+        [support::DEAD]
+    );
+    assert_eq!(
+        keys(&store.json(&["outbox", "list", "--status", "in-flight"])),
+        [support::IN_FLIGHT]
+    );
+    assert_eq!(
+        keys(&store.json(&["outbox", "list", "--kind", "later"])),
+        [support::PENDING, support::IN_FLIGHT]
+    );
+    assert_eq!(
+        keys(&store.json(&["outbox", "list", "--session", "what-if"])),
+        [support::BRANCH]
+    );
+    assert_eq!(
+        keys(&store.json(&["outbox", "list", "--kind", "nothing"])),
+        Vec::<String>::new()
+    );
 
     let first = store.json(&["outbox", "list", "--limit", "3"]);
     assert_eq!(keys(&first), [support::DELIVERED, support::DELIVERED_2, support::DEAD]);
@@ -240,10 +303,15 @@ fn outbox_list_filters_and_pages_the_ledger() {
 
     let table = store.run(&["outbox", "list", "--limit", "3"]).ok().stdout;
     let lines: Vec<&str> = table.lines().collect();
-    assert!(lines[0].starts_with("KEY            KIND   STATUS     ATTEMPTS  SESSION"), "{table}");
+    assert!(
+        lines[0].starts_with("KEY            KIND   STATUS     ATTEMPTS  SESSION"),
+        "{table}"
+    );
     assert!(lines[3].contains("the sms gateway refused the number"), "{table}");
     assert_eq!(lines[4], format!("(more: --after {next})"));
-    store.run(&["outbox", "list", "--status", "lost"]).fails(2, "invalid value 'lost'");
+    store
+        .run(&["outbox", "list", "--status", "lost"])
+        .fails(2, "invalid value 'lost'");
 }
 
 #[test]
@@ -253,18 +321,27 @@ fn outbox_show_gives_the_entry_its_lease_payload_and_provenance() {
     assert_eq!(doc["status"], "in-flight");
     assert_eq!(doc["lease"]["owner"], "a drain that died");
     assert_eq!(doc["lease"]["token"], doc["token"]);
-    assert_eq!(doc["payload"], json!({"customer": "gus@example.com", "order": "order:7"}));
+    assert_eq!(
+        doc["payload"],
+        json!({"customer": "gus@example.com", "order": "order:7"})
+    );
     assert_eq!(doc["run"]["produce"], "process_order");
     assert_eq!(doc["run"]["trigger"]["id"], "order:7");
     assert_eq!(doc["origin"]["session"], "orders");
     let dead = store.json(&["outbox", "show", support::DEAD]);
     assert_eq!(dead["last_error"], "the sms gateway refused the number");
-    assert_eq!((dead["attempts"].as_u64(), dead["failed_attempts"].as_u64()), (Some(1), Some(1)));
+    assert_eq!(
+        (dead["attempts"].as_u64(), dead["failed_attempts"].as_u64()),
+        (Some(1), Some(1))
+    );
 
     let text = store.run(&["outbox", "show", support::FAILED]).ok().stdout;
     assert!(text.contains("status        failed"), "{text}");
     assert!(text.contains("last error    the push service answered 503"), "{text}");
-    assert!(text.contains("recorded by   billing/process_order, triggered by order:4 v1"), "{text}");
+    assert!(
+        text.contains("recorded by   billing/process_order, triggered by order:4 v1"),
+        "{text}"
+    );
     assert!(text.contains("\"customer\": \"di@example.com\""), "{text}");
     store
         .run(&["outbox", "show", "nope:1"])
@@ -289,7 +366,10 @@ fn outbox_stats_counts_by_status_and_kind() {
     let text = store.run(&["outbox", "stats"]).ok().stdout;
     assert!(text.contains("\ndead                 1\n"), "{text}");
     assert!(text.contains("\nemail  0        0          3"), "{text}");
-    assert!(text.contains(&format!("oldest pending: {} (", support::PENDING)), "{text}");
+    assert!(
+        text.contains(&format!("oldest pending: {} (", support::PENDING)),
+        "{text}"
+    );
 }
 
 #[test]
@@ -305,11 +385,21 @@ fn verify_checks_every_session_and_fails_with_exit_1_on_a_changed_store() {
 
     // An outbox row changed outside reactifact: its digest no longer matches.
     let conn = rusqlite::Connection::open(&store.path).unwrap();
-    conn.execute("UPDATE outbox SET last_error = 'forged' WHERE key = ?1", [support::DEAD])
-        .unwrap();
+    conn.execute(
+        "UPDATE outbox SET last_error = 'forged' WHERE key = ?1",
+        [support::DEAD],
+    )
+    .unwrap();
     drop(conn);
-    let run = store.run(&["verify"]).fails(1, "verification failed: session `orders`: the outbox row of `sms:order:3` was changed");
-    assert!(run.stdout.contains("FAILED: the outbox row of `sms:order:3` was changed"), "{run:?}");
+    let run = store.run(&["verify"]).fails(
+        1,
+        "verification failed: session `orders`: the outbox row of `sms:order:3` was changed",
+    );
+    assert!(
+        run.stdout
+            .contains("FAILED: the outbox row of `sms:order:3` was changed"),
+        "{run:?}"
+    );
     let doc = {
         let run = store.run(&["--json", "verify"]);
         assert_eq!(run.code, 1);
@@ -324,12 +414,22 @@ fn verify_checks_every_session_and_fails_with_exit_1_on_a_changed_store() {
 fn rename_produce(path: &std::path::Path) {
     let conn = rusqlite::Connection::open(path).unwrap();
     let mut runs: Vec<u8> = conn
-        .query_row("SELECT runs FROM commits WHERE session = 'orders' AND generation = 2", [], |r| r.get(0))
+        .query_row(
+            "SELECT runs FROM commits WHERE session = 'orders' AND generation = 2",
+            [],
+            |r| r.get(0),
+        )
         .unwrap();
-    let at = runs.windows(13).position(|w| w == b"process_order").expect("the produce's name");
+    let at = runs
+        .windows(13)
+        .position(|w| w == b"process_order")
+        .expect("the produce's name");
     runs[at..at + 13].copy_from_slice(b"process_ordeR");
-    conn.execute("UPDATE commits SET runs = ?1 WHERE session = 'orders' AND generation = 2", [runs])
-        .unwrap();
+    conn.execute(
+        "UPDATE commits SET runs = ?1 WHERE session = 'orders' AND generation = 2",
+        [runs],
+    )
+    .unwrap();
 }
 
 #[test]
@@ -342,10 +442,22 @@ fn replay_refolds_up_to_a_commit_checking_every_hash() {
     assert_eq!(doc["state_hash"], ctx.log()[1].state_hash.to_string());
     assert_eq!(doc["kinds"], json!({"order": 7, "pending_action": 7, "receipt": 7}));
     let empty = store.json(&["replay", "--session", "orders", "--to", "0"]);
-    assert_eq!((empty["commits"].as_u64(), empty["artifacts"].as_u64()), (Some(0), Some(0)));
+    assert_eq!(
+        (empty["commits"].as_u64(), empty["artifacts"].as_u64()),
+        (Some(0), Some(0))
+    );
     let text = store.run(&["replay", "--session", "what-if"]).ok().stdout;
-    assert!(text.contains("refolded    commits 1..=6 of 6, every hash checked"), "{text}");
-    assert!(text.contains(&format!("state hash  {} (as recorded)", open(&store.path, "what-if").state_hash())), "{text}");
+    assert!(
+        text.contains("refolded    commits 1..=6 of 6, every hash checked"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "state hash  {} (as recorded)",
+            open(&store.path, "what-if").state_hash()
+        )),
+        "{text}"
+    );
     store
         .run(&["replay", "--session", "orders", "--to", "9"])
         .fails(2, "session `orders` has no commit 9");
@@ -353,9 +465,10 @@ fn replay_refolds_up_to_a_commit_checking_every_hash() {
     rename_produce(&store.path);
     // Before commit 2 the log checks out; through it, the commit hash does not.
     store.json(&["replay", "--session", "orders", "--to", "1"]);
-    store
-        .run(&["replay", "--session", "orders"])
-        .fails(1, "replay of session `orders` failed: commit 2: its hash does not match its content");
+    store.run(&["replay", "--session", "orders"]).fails(
+        1,
+        "replay of session `orders` failed: commit 2: its hash does not match its content",
+    );
     store
         .run(&["verify", "--session", "orders"])
         .fails(1, "commit 2: its hash does not match its content");
@@ -375,7 +488,11 @@ fn export_audit_writes_what_the_library_exports() {
     let generations: Vec<u64> = run
         .stdout
         .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["generation"].as_u64().unwrap())
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["generation"]
+                .as_u64()
+                .unwrap()
+        })
         .collect();
     assert_eq!(generations, [1, 2, 3, 4]);
     store.run(&["export-audit"]).fails(2, "name one with --session");
@@ -402,7 +519,11 @@ fn reading_commands_leave_the_store_byte_for_byte_as_it_was() {
         &["export-audit", "--session", "orders"],
     ] {
         store.run(command).ok();
-        assert_eq!(std::fs::read(&store.path).unwrap(), before, "{command:?} changed the file");
+        assert_eq!(
+            std::fs::read(&store.path).unwrap(),
+            before,
+            "{command:?} changed the file"
+        );
         assert_eq!(store.files(), files, "{command:?} left files behind");
     }
 }
@@ -416,17 +537,27 @@ fn the_store_is_named_by_flag_or_environment_and_bad_names_are_clear_errors() {
     let sqlite_url = format!("sqlite:{}", store.path.display());
     reactifact(&["--store", &sqlite_url, "sessions"]).ok();
     let missing = store.dir.path().join("missing.db");
-    reactifact_env(&["--store".as_ref(), missing.as_os_str(), "sessions".as_ref()], Some(&store.path))
-        .fails(2, "missing.db does not exist; check --store (or REACTIFACT_STORE): the CLI never creates a store");
+    reactifact_env(
+        &["--store".as_ref(), missing.as_os_str(), "sessions".as_ref()],
+        Some(&store.path),
+    )
+    .fails(
+        2,
+        "missing.db does not exist; check --store (or REACTIFACT_STORE): the CLI never creates a store",
+    );
     assert!(!missing.exists(), "nothing created");
 
-    reactifact(&["sessions"]).fails(2, "no store given: pass --store PATH (a SQLite file) or set REACTIFACT_STORE");
+    reactifact(&["sessions"]).fails(
+        2,
+        "no store given: pass --store PATH (a SQLite file) or set REACTIFACT_STORE",
+    );
     let pg = reactifact(&["--store", "postgres://ops:hunter2@db.internal/app", "outbox", "list"])
         .fails(2, "the PostgreSQL store is not available in this build of reactifact");
     assert!(pg.stderr.contains("postgres://ops:***@db.internal/app"), "{pg:?}");
     assert!(!pg.stderr.contains("hunter2"), "the password is not echoed: {pg:?}");
     reactifact(&["--store", "postgresql://db/app", "sessions"]).fails(2, "PostgreSQL store is not available");
-    reactifact(&["--store", "mysql://db/app", "sessions"]).fails(2, "unsupported store URL `mysql://db/app` (scheme `mysql`)");
+    reactifact(&["--store", "mysql://db/app", "sessions"])
+        .fails(2, "unsupported store URL `mysql://db/app` (scheme `mysql`)");
 
     let text = store.dir.path().join("notes.txt");
     std::fs::write(&text, "not a database at all, just some text that is long enough").unwrap();

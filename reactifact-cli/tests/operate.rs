@@ -43,20 +43,28 @@ fn retry_rearms_a_dead_failed_or_held_intent_and_refuses_the_others() {
     assert_eq!(status(&store.path, support::FAILED), Some(DeliveryStatus::Pending));
 
     let before = std::fs::read(&store.path).unwrap();
-    store
-        .run(&["outbox", "retry", support::DELIVERED])
-        .fails(2, "intent `email:order:1` is delivered; only failed, dead and held intents can be retried");
-    store
-        .run(&["outbox", "retry", support::IN_FLIGHT])
-        .fails(2, "intent `later:order:7` is in-flight; only failed, dead and held intents can be retried");
+    store.run(&["outbox", "retry", support::DELIVERED]).fails(
+        2,
+        "intent `email:order:1` is delivered; only failed, dead and held intents can be retried",
+    );
+    store.run(&["outbox", "retry", support::IN_FLIGHT]).fails(
+        2,
+        "intent `later:order:7` is in-flight; only failed, dead and held intents can be retried",
+    );
     store
         .run(&["outbox", "retry", "nope:1"])
         .fails(2, "no intent with key `nope:1` in the delivery ledger");
     assert_eq!(status(&store.path, support::DELIVERED), Some(DeliveryStatus::Delivered));
     assert_eq!(status(&store.path, support::IN_FLIGHT), Some(DeliveryStatus::InFlight));
-    assert_eq!(std::fs::read(&store.path).unwrap(), before, "a refused operation changed nothing");
+    assert_eq!(
+        std::fs::read(&store.path).unwrap(),
+        before,
+        "a refused operation changed nothing"
+    );
 
-    store.run(&["outbox", "retry"]).fails(2, "the following required arguments were not provided");
+    store
+        .run(&["outbox", "retry"])
+        .fails(2, "the following required arguments were not provided");
     store
         .run(&["outbox", "retry", support::DEAD, "--all-dead"])
         .fails(2, "cannot be used with");
@@ -71,7 +79,12 @@ fn retry_all_dead_rearms_every_dead_intent_of_a_kind() {
     let none = store.run(&["outbox", "retry", "--all-dead", "--kind", "email"]).ok();
     assert_eq!(none.stdout, "nothing to do: no intent matched\n");
     let doc = store.json(&["outbox", "retry", "--all-dead", "--kind", "sms"]);
-    let keys: Vec<&str> = doc["retried"].as_array().unwrap().iter().map(|e| e["key"].as_str().unwrap()).collect();
+    let keys: Vec<&str> = doc["retried"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["key"].as_str().unwrap())
+        .collect();
     assert_eq!(keys, [support::DEAD]);
     assert_eq!(status(&store.path, support::DEAD), Some(DeliveryStatus::Pending));
     // Nothing else moved: the failed and held ones are not dead.
@@ -84,17 +97,23 @@ fn retry_all_dead_rearms_every_dead_intent_of_a_kind() {
 #[test]
 fn cancel_cancels_for_good_with_the_reason_and_refuses_delivered_and_in_flight() {
     let store = store();
-    let run = store.run(&["outbox", "cancel", support::HELD, "--reason", "the customer has no fax"]).ok();
+    let run = store
+        .run(&["outbox", "cancel", support::HELD, "--reason", "the customer has no fax"])
+        .ok();
     assert_eq!(run.stdout, "cancelled fax:order:5: now cancelled\n");
     let cancelled = entry(&store.path, support::HELD).unwrap();
     assert_eq!(cancelled.status(), DeliveryStatus::Cancelled);
     assert_eq!(cancelled.cancel_reason(), Some("the customer has no fax"));
     let doc = store.json(&["outbox", "cancel", support::PENDING]);
-    assert_eq!(doc["cancelled"][0]["cancel_reason"], "cancelled with the reactifact CLI");
+    assert_eq!(
+        doc["cancelled"][0]["cancel_reason"],
+        "cancelled with the reactifact CLI"
+    );
     // A cancelled intent cannot be retried.
-    store
-        .run(&["outbox", "retry", support::HELD])
-        .fails(2, "intent `fax:order:5` is cancelled; only failed, dead and held intents can be retried");
+    store.run(&["outbox", "retry", support::HELD]).fails(
+        2,
+        "intent `fax:order:5` is cancelled; only failed, dead and held intents can be retried",
+    );
 
     store
         .run(&["outbox", "cancel", support::IN_FLIGHT])
@@ -102,7 +121,9 @@ fn cancel_cancels_for_good_with_the_reason_and_refuses_delivered_and_in_flight()
     store
         .run(&["outbox", "cancel", support::DELIVERED])
         .fails(2, "intent `email:order:1` is delivered and cannot be cancelled");
-    store.run(&["outbox", "cancel", "nope:1"]).fails(2, "no intent with key `nope:1`");
+    store
+        .run(&["outbox", "cancel", "nope:1"])
+        .fails(2, "no intent with key `nope:1`");
     assert_eq!(status(&store.path, support::IN_FLIGHT), Some(DeliveryStatus::InFlight));
     assert_eq!(status(&store.path, support::DELIVERED), Some(DeliveryStatus::Delivered));
 }
@@ -115,8 +136,14 @@ fn purge_deletes_final_entries_older_than_the_duration_and_remembers_their_keys(
     assert_eq!(doc["purged"], 0);
     assert_eq!(status(&store.path, support::DELIVERED), Some(DeliveryStatus::Delivered));
 
-    let run = store.run(&["outbox", "purge", "--delivered", "--older-than", "0s"]).ok();
-    assert!(run.stdout.starts_with("purged  4 final entries (delivered or cancelled)"), "{run:?}");
+    let run = store
+        .run(&["outbox", "purge", "--delivered", "--older-than", "0s"])
+        .ok();
+    assert!(
+        run.stdout
+            .starts_with("purged  4 final entries (delivered or cancelled)"),
+        "{run:?}"
+    );
     for key in [support::DELIVERED, support::DELIVERED_2, support::BRANCH, support::HELD] {
         assert_eq!(status(&store.path, key), None, "{key} purged");
     }
@@ -147,7 +174,9 @@ fn operator_writes_are_fenced_against_a_drain_holding_the_intent() {
     let store = store();
     let held = entry(&store.path, support::IN_FLIGHT).unwrap();
     let token = held.lease().unwrap().token;
-    store.run(&["outbox", "cancel", support::IN_FLIGHT]).fails(2, "cannot be cancelled");
+    store
+        .run(&["outbox", "cancel", support::IN_FLIGHT])
+        .fails(2, "cannot be cancelled");
     // The holder's late outcome is still accepted: nothing the CLI did took its claim.
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     let recorded = rt.block_on(async {
@@ -164,7 +193,10 @@ fn operator_writes_are_fenced_against_a_drain_holding_the_intent() {
             .await
             .unwrap()
     });
-    assert_eq!(recorded, [reactifact_core::Recorded::Accepted(DeliveryStatus::Delivered)]);
+    assert_eq!(
+        recorded,
+        [reactifact_core::Recorded::Accepted(DeliveryStatus::Delivered)]
+    );
     store
         .run(&["outbox", "retry", support::IN_FLIGHT])
         .fails(2, "is delivered; only failed, dead and held intents can be retried");

@@ -24,8 +24,18 @@ pub fn log(env: &Env, session: Option<&str>, limit: usize) -> Outcome {
     }
     let mut table = Table::new(&["COMMIT", "HASH", "RUNS", "WRITES", "INTENTS", "WHAT"]);
     for c in &shown {
-        let writes = c.runs.iter().flat_map(|r| &r.ops).filter(|op| !matches!(op, Op::Act { .. })).count();
-        let intents = c.runs.iter().flat_map(|r| &r.ops).filter(|op| matches!(op, Op::Act { .. })).count();
+        let writes = c
+            .runs
+            .iter()
+            .flat_map(|r| &r.ops)
+            .filter(|op| !matches!(op, Op::Act { .. }))
+            .count();
+        let intents = c
+            .runs
+            .iter()
+            .flat_map(|r| &r.ops)
+            .filter(|op| matches!(op, Op::Act { .. }))
+            .count();
         let what = match c.merged {
             Some(merged) => format!("merge of {}", merged.short()),
             None => summary(&c.runs),
@@ -75,13 +85,17 @@ fn summary(runs: &[RunRecord]) -> String {
 /// One operation as JSON.
 pub fn op_json(op: &Op) -> Value {
     match op {
-        Op::Put { mode, id, kind, hash, .. } => json!({
+        Op::Put {
+            mode, id, kind, hash, ..
+        } => json!({
             "op": "put", "mode": format!("{mode:?}").to_lowercase(), "id": id.as_str(), "kind": kind.as_str(), "hash": hash.to_string(),
         }),
         Op::Delete { id } => json!({"op": "delete", "id": id.as_str()}),
         Op::Link(r) => json!({"op": "link", "from": r.from.as_str(), "name": &*r.name, "to": r.to.as_str()}),
         Op::Unlink(r) => json!({"op": "unlink", "from": r.from.as_str(), "name": &*r.name, "to": r.to.as_str()}),
-        Op::Act { key, action, id, hash, .. } => json!({
+        Op::Act {
+            key, action, id, hash, ..
+        } => json!({
             "op": "act", "key": key.as_str(), "kind": &**action, "id": id.as_str(), "hash": hash.to_string(),
         }),
         _ => json!({"op": "other", "id": op.id().as_str()}),

@@ -176,7 +176,11 @@ fn show(env: &Env, key: &str) -> Outcome {
                     _ => "a direct write".to_owned(),
                 };
                 match run["trigger"].as_object() {
-                    Some(t) => format!("{by}, triggered by {} v{}", t["id"].as_str().unwrap_or("?"), t["version"]),
+                    Some(t) => format!(
+                        "{by}, triggered by {} v{}",
+                        t["id"].as_str().unwrap_or("?"),
+                        t["version"]
+                    ),
                     None => by,
                 }
             }
@@ -221,7 +225,12 @@ fn stats(env: &Env, session: Option<String>) -> Outcome {
         after: None,
         limit: 1,
     };
-    let oldest = env.wait(outbox.list(&oldest_query)).map_err(Failure::store)?.entries.into_iter().next();
+    let oldest = env
+        .wait(outbox.list(&oldest_query))
+        .map_err(Failure::store)?
+        .entries
+        .into_iter()
+        .next();
     let now = SystemTime::now();
     if env.json {
         let mut statuses = serde_json::Map::new();
@@ -255,7 +264,7 @@ fn stats(env: &Env, session: Option<String>) -> Outcome {
     outln!();
     let columns = DeliveryStatus::ALL.map(status);
     let mut headers = vec!["KIND"];
-    headers.extend(columns.iter().map(|c| *c));
+    headers.extend(columns.iter().copied());
     let upper: Vec<String> = headers.iter().map(|h| h.to_uppercase()).collect();
     let mut table = Table::new(&upper.iter().map(String::as_str).collect::<Vec<_>>());
     for (kind, per) in &by_kind {
@@ -280,16 +289,14 @@ fn stats(env: &Env, session: Option<String>) -> Outcome {
 fn retry(env: &Env, args: RetryArgs) -> Outcome {
     if let Some(key) = args.key {
         let outbox = store::outbox_writable(&env.path)?;
-        let entry = env
-            .wait(outbox.retry(&key, SystemTime::now()))
-            .map_err(|e| match e {
-                RetryError::UnknownKey(_) => unknown_key(env, &key),
-                RetryError::NotFailed { status: s, .. } => Failure::input(format!(
-                    "intent `{key}` is {}; only failed, dead and held intents can be retried",
-                    status(s)
-                )),
-                e => Failure::input(e.to_string()),
-            })?;
+        let entry = env.wait(outbox.retry(&key, SystemTime::now())).map_err(|e| match e {
+            RetryError::UnknownKey(_) => unknown_key(env, &key),
+            RetryError::NotFailed { status: s, .. } => Failure::input(format!(
+                "intent `{key}` is {}; only failed, dead and held intents can be retried",
+                status(s)
+            )),
+            e => Failure::input(e.to_string()),
+        })?;
         return report_changed(env, "retried", &[entry], &[]);
     }
     // --all-dead: the dead keys first, then each re-armed by the store's operation.
@@ -378,7 +385,14 @@ fn purge(env: &Env, older_than: Duration) -> Outcome {
     } else {
         print_fields(&[
             ("purged", format!("{purged} final entries (delivered or cancelled)")),
-            ("before", format!("{} (last changed longer ago than {})", time(before), humantime::format_duration(older_than))),
+            (
+                "before",
+                format!(
+                    "{} (last changed longer ago than {})",
+                    time(before),
+                    humantime::format_duration(older_than)
+                ),
+            ),
         ]);
     }
     Ok(())

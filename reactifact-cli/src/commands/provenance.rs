@@ -37,7 +37,10 @@ fn provenance<'a>(env: &Env, ctx: &'a Context, key: &str, delivery: Option<&Deli
                 d.origin().session()
             )
         });
-        Failure::input(format!("no commit of session `{}` acts `{key}`{recorded}", ctx.session()))
+        Failure::input(format!(
+            "no commit of session `{}` acts `{key}`{recorded}",
+            ctx.session()
+        ))
     })
 }
 
@@ -161,7 +164,10 @@ pub fn graph(env: &Env, key: &str, session: Option<&str>, format: GraphFormat) -
         }
         GraphFormat::Dot => {
             let label = |text: &str| {
-                format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n"))
+                format!(
+                    "\"{}\"",
+                    text.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+                )
             };
             outln!("digraph provenance {{");
             outln!("  rankdir=LR;");

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use reactifact_core::{Op, PendingAction, Artifact};
+use reactifact_core::{Artifact, Op, PendingAction};
 use serde_json::{json, Value};
 
 use super::{commit, Env};
@@ -53,13 +53,20 @@ pub fn verify(env: &Env, session: Option<&str>) -> Outcome {
     } else {
         let mut table = Table::new(&["SESSION", "COMMITS", "HEAD", "STATE HASH", "RESULT"]);
         for r in &results {
-            let short = |v: &Value| v.as_str().map_or_else(|| "-".to_owned(), |s| s.chars().take(12).collect());
+            let short = |v: &Value| {
+                v.as_str()
+                    .map_or_else(|| "-".to_owned(), |s| s.chars().take(12).collect())
+            };
             table.row(vec![
                 r["session"].as_str().unwrap_or("").to_owned(),
                 r["commits"].as_u64().map_or_else(|| "-".to_owned(), |n| n.to_string()),
                 short(&r["head"]),
                 short(&r["state_hash"]),
-                if r["ok"] == true { "ok".to_owned() } else { format!("FAILED: {}", r["error"].as_str().unwrap_or("")) },
+                if r["ok"] == true {
+                    "ok".to_owned()
+                } else {
+                    format!("FAILED: {}", r["error"].as_str().unwrap_or(""))
+                },
             ]);
         }
         table.print();
@@ -131,15 +138,29 @@ pub fn replay(env: &Env, session: Option<&str>, to: Option<&str>) -> Outcome {
         ("session", session.clone()),
         (
             "refolded",
-            format!("commits 1..={} of {}, every hash checked", report.commits, ctx.log().len()),
+            format!(
+                "commits 1..={} of {}, every hash checked",
+                report.commits,
+                ctx.log().len()
+            ),
         ),
-        ("at", report.head.map_or_else(|| "the empty state".to_owned(), |h| format!("commit {} ({})", to.0, h.short()))),
+        (
+            "at",
+            report.head.map_or_else(
+                || "the empty state".to_owned(),
+                |h| format!("commit {} ({})", to.0, h.short()),
+            ),
+        ),
         (
             "state hash",
             format!(
                 "{}{}",
                 report.state_hash,
-                if recorded == Some(report.state_hash) { " (as recorded)" } else { "" }
+                if recorded == Some(report.state_hash) {
+                    " (as recorded)"
+                } else {
+                    ""
+                }
             ),
         ),
         ("artifacts", snapshot.len().to_string()),
@@ -149,7 +170,11 @@ pub fn replay(env: &Env, session: Option<&str>, to: Option<&str>) -> Outcome {
             if counts.is_empty() {
                 "-".to_owned()
             } else {
-                counts.iter().map(|(k, n)| format!("{k} {n}")).collect::<Vec<_>>().join(", ")
+                counts
+                    .iter()
+                    .map(|(k, n)| format!("{k} {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             },
         ),
     ]);

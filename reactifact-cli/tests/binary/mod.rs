@@ -68,7 +68,7 @@ impl Store {
     /// Runs `reactifact --store PATH args…`.
     pub fn run(&self, args: &[&str]) -> Run {
         let mut all: Vec<&std::ffi::OsStr> = vec!["--store".as_ref(), self.path.as_os_str()];
-        all.extend(args.iter().map(|a| std::ffi::OsStr::new(a)));
+        all.extend(args.iter().map(std::ffi::OsStr::new));
         reactifact(&all)
     }
 
@@ -97,7 +97,10 @@ pub fn store() -> Store {
         let dir = TempDir::new().unwrap();
         let path = dir.path().join("template.db");
         support::build(&path);
-        assert!(!dir.path().join("template.db-wal").exists(), "the library left no WAL behind");
+        assert!(
+            !dir.path().join("template.db-wal").exists(),
+            "the library left no WAL behind"
+        );
         (dir, path)
     });
     let dir = TempDir::new().unwrap();

@@ -67,7 +67,10 @@ fn dispatch(intent: Intent) -> Result<(), DispatchError> {
         "email" => Ok(()),
         "sms" => Err(DispatchError::permanent("the sms gateway refused the number")),
         "push" => Err(DispatchError::retryable("the push service answered 503")),
-        _ => Err(DispatchError::no_route(format!("no route for kind `{}`", intent.kind()))),
+        _ => Err(DispatchError::no_route(format!(
+            "no route for kind `{}`",
+            intent.kind()
+        ))),
     }
 }
 
@@ -108,7 +111,10 @@ pub const BRANCH: &str = "email:order:8";
 ///   drain that never reports (in flight);
 /// - session `what-if`, forked from `orders` at its head: order 8 and its delivered email.
 pub fn build(path: &Path) {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         let mut ctx = Context::open(path, "orders").unwrap();
         {
