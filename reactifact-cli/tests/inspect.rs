@@ -571,3 +571,32 @@ fn the_store_is_named_by_flag_or_environment_and_bad_names_are_clear_errors() {
     let help = reactifact(&["--help"]).ok();
     assert!(help.stdout.contains("Exit codes: 0 ok, 1 a check failed"), "{help:?}");
 }
+
+#[test]
+fn a_long_log_draws_no_progress_bar_when_stderr_is_not_a_terminal() {
+    // 600 commits: past the length at which verify and replay show a bar on a terminal.
+    let dir = tempfile::TempDir::new().unwrap();
+    let path = dir.path().join("long.db");
+    {
+        let options = OpenOptions::new().synchronous(reactifact_core::Synchronous::Normal);
+        let mut ctx = Context::open_with(&path, "long", options).unwrap();
+        for n in 0..600u64 {
+            ctx.create(
+                format!("receipt:{n}"),
+                support::Receipt {
+                    order: format!("order:{n}"),
+                    total_cents: n,
+                },
+            )
+            .unwrap();
+        }
+    }
+    for command in [&["verify"][..], &["replay", "--to", "599"]] {
+        let mut args = vec!["--store", path.to_str().unwrap()];
+        args.extend(command);
+        let run = reactifact(&args).ok();
+        assert_eq!(run.stderr, "", "{command:?} wrote to a stderr that is not a terminal");
+    }
+    let run = reactifact(&["--json", "--store", path.to_str().unwrap(), "replay", "--to", "599"]).ok();
+    assert_eq!(run.json()["artifacts"], 599);
+}
