@@ -331,8 +331,8 @@ fn outbox_show_gives_the_entry_its_lease_payload_and_provenance() {
     let dead = store.json(&["outbox", "show", support::DEAD]);
     assert_eq!(dead["last_error"], "the sms gateway refused the number");
     assert_eq!(
-        (dead["attempts"].as_u64(), dead["failed_attempts"].as_u64()),
-        (Some(1), Some(1))
+        (dead["attempts"].as_u64(), dead["expired_leases"].as_u64()),
+        (Some(1), Some(0))
     );
 
     let text = store.run(&["outbox", "show", support::FAILED]).ok().stdout;

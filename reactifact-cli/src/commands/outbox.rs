@@ -133,9 +133,8 @@ fn show(env: &Env, key: &str) -> Outcome {
         (
             "attempts",
             format!(
-                "{} ({} failed, {} expired lease(s), {} interrupted)",
+                "{} ({} ended by an expired lease, {} interrupted)",
                 d.attempts(),
-                d.failed_attempts(),
                 d.expired_leases(),
                 d.interrupted_attempts()
             ),
