@@ -64,7 +64,13 @@ fn redact(url: &str) -> String {
 
 /// The sessions of the store file.
 pub fn sessions(path: &Path) -> Outcome<Vec<SessionInfo>> {
-    list_sessions(path).map_err(|e| Failure::open(path, e, false))
+    sessions_checking(path, false)
+}
+
+/// The sessions of the store file, for a command that checks it (`verify`): a corrupt file
+/// is a failed check.
+pub fn sessions_checking(path: &Path, checking: bool) -> Outcome<Vec<SessionInfo>> {
+    list_sessions(path).map_err(|e| Failure::open(path, e, checking))
 }
 
 /// The session a command works on: the one named (which must exist), or the store's only

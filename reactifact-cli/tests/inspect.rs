@@ -600,3 +600,16 @@ fn a_long_log_draws_no_progress_bar_when_stderr_is_not_a_terminal() {
     let run = reactifact(&["--json", "--store", path.to_str().unwrap(), "replay", "--to", "599"]).ok();
     assert_eq!(run.json()["artifacts"], 599);
 }
+
+#[test]
+fn a_damaged_file_fails_verify_with_exit_1_and_other_commands_with_exit_2() {
+    let store = store();
+    let bytes = std::fs::read(&store.path).unwrap();
+    std::fs::write(&store.path, &bytes[..bytes.len() / 2]).unwrap();
+    store.run(&["verify"]).fails(1, "is corrupt");
+    store
+        .run(&["sessions"])
+        .fails(2, "is corrupt")
+        .fails(2, "`reactifact verify` checks the whole store");
+    store.run(&["outbox", "list"]).fails(2, "is corrupt");
+}

@@ -211,13 +211,24 @@ fn the_read_only_outbox_the_reading_commands_use_refuses_every_write() {
         let outbox = SqliteOutbox::open_read_only(&store.path).unwrap();
         let retry = outbox.retry(support::DEAD, SystemTime::now()).await;
         assert!(
-            matches!(retry, Err(reactifact_core::RetryError::Store(reactifact_core::StoreError::ReadOnly { .. }))),
+            matches!(
+                retry,
+                Err(reactifact_core::RetryError::Store(
+                    reactifact_core::StoreError::ReadOnly { .. }
+                ))
+            ),
             "{retry:?}"
         );
         let cancel = outbox.cancel(support::HELD, "no", SystemTime::now()).await;
-        assert!(matches!(cancel, Err(reactifact_core::CancelError::Store(_))), "{cancel:?}");
+        assert!(
+            matches!(cancel, Err(reactifact_core::CancelError::Store(_))),
+            "{cancel:?}"
+        );
         assert!(outbox.purge(SystemTime::now(), 100).await.is_err());
-        assert_eq!(outbox.get(support::DEAD).await.unwrap().unwrap().status(), DeliveryStatus::Dead);
+        assert_eq!(
+            outbox.get(support::DEAD).await.unwrap().unwrap().status(),
+            DeliveryStatus::Dead
+        );
     });
     assert_eq!(std::fs::read(&store.path).unwrap(), before);
     assert_eq!(status(&store.path, support::HELD), Some(DeliveryStatus::Held));

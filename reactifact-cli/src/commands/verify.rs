@@ -17,7 +17,10 @@ use crate::store;
 pub fn verify(env: &Env, session: Option<&str>) -> Outcome {
     let names: Vec<String> = match session {
         Some(name) => vec![store::session(&env.path, Some(name))?],
-        None => store::sessions(&env.path)?.into_iter().map(|s| s.name).collect(),
+        None => store::sessions_checking(&env.path, true)?
+            .into_iter()
+            .map(|s| s.name)
+            .collect(),
     };
     let mut results: Vec<Value> = Vec::new();
     let mut failed = Vec::new();
