@@ -233,3 +233,28 @@ fn the_read_only_outbox_the_reading_commands_use_refuses_every_write() {
     assert_eq!(std::fs::read(&store.path).unwrap(), before);
     assert_eq!(status(&store.path, support::HELD), Some(DeliveryStatus::Held));
 }
+
+#[test]
+fn the_cli_works_while_another_process_has_the_store_open_for_writing() {
+    let store = store();
+    // An application's context and outbox hold the file open (its -wal and -shm exist).
+    let ctx = reactifact_core::Context::open(&store.path, "orders").unwrap();
+    let outbox = SqliteOutbox::open(&store.path).unwrap();
+    assert!(
+        store.dir.path().join("store.db-wal").exists(),
+        "the file is open in WAL mode"
+    );
+    assert_eq!(store.json(&["outbox", "stats"])["counts"]["dead"], 1);
+    assert_eq!(store.json(&["log", "--session", "orders"])["generation"], 4);
+    store.run(&["verify"]).ok();
+    store.run(&["outbox", "retry", support::DEAD]).ok();
+    // The application sees the operator's retry at once: the ledger is the file's.
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let seen = rt.block_on(outbox.get(support::DEAD)).unwrap().unwrap();
+    assert_eq!(seen.status(), DeliveryStatus::Pending);
+    assert_eq!(
+        rt.block_on(ctx.ledger().counts()).unwrap().dead,
+        0,
+        "the context's ledger reads the same table"
+    );
+}
