@@ -202,7 +202,9 @@ fn why_and_graph_explain_an_intent() {
     let ctx = open(&store.path, "orders");
     assert_eq!(why["commit"], ctx.log()[1].hash.to_string());
 
+    assert_eq!(why["reads"], json!([{"id": "receipt:order:1", "version": null}]));
     let text = store.run(&["why", support::DEAD]).ok().stdout;
+    assert!(text.contains("reads     receipt:order:3 (absent)"), "{text}");
     assert!(text.contains("run       2 by billing/process_order"), "{text}");
     assert!(text.contains("trigger   order:3 v1"), "{text}");
     assert!(text.contains("delivery  dead after 1 attempt(s)"), "{text}");
@@ -219,8 +221,9 @@ fn why_and_graph_explain_an_intent() {
     let mermaid = store.run(&["graph", support::DELIVERED]).ok().stdout;
     assert!(mermaid.starts_with("flowchart LR\n"), "{mermaid}");
     assert!(mermaid.contains("trigger[\"order:1 v1\"]"), "{mermaid}");
+    assert!(mermaid.contains("  read0[\"receipt:order:1 (absent)\"]\n"), "{mermaid}");
     assert!(
-        mermaid.contains("  trigger -->|triggered| run\n  run -->|acted| intent\n"),
+        mermaid.contains("  trigger -->|triggered| run\n  run -->|acted| intent\n  read0 -.->|read| run\n"),
         "{mermaid}"
     );
     assert!(
@@ -230,6 +233,11 @@ fn why_and_graph_explain_an_intent() {
     let dot = store.run(&["graph", support::DELIVERED, "--format", "dot"]).ok().stdout;
     assert!(dot.starts_with("digraph provenance {\n"), "{dot}");
     assert!(dot.contains("trigger -> run [label=\"triggered\"];"), "{dot}");
+    assert!(
+        dot.contains("  read0 [shape=box, label=\"receipt:order:1 (absent)\"];"),
+        "{dot}"
+    );
+    assert!(dot.contains("read0 -> run [label=\"read\", style=dashed];"), "{dot}");
     assert!(dot.ends_with("}\n"), "{dot}");
     let doc = store.json(&["graph", support::DELIVERED]);
     assert_eq!(

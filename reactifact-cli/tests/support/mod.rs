@@ -41,10 +41,12 @@ pub struct Notify {
     pub order: String,
 }
 
-/// Upserts a receipt and records the order's notification, keyed by the order id.
+/// Upserts a receipt and records the order's notification, keyed by the order id. It reads
+/// the order's previous receipt (absent the first time), so the run records a read.
 #[produce(Receipt, also_creates = [PendingAction])]
 async fn process_order(call: ProduceCall<Order>) {
     let order = &call.trigger;
+    let _previous = call.snapshot.get::<Receipt>(&format!("receipt:{}", order.id));
     call.effects.upsert(
         format!("receipt:{}", order.id),
         Receipt {
