@@ -621,3 +621,46 @@ fn a_damaged_file_fails_verify_with_exit_1_and_other_commands_with_exit_2() {
         .fails(2, "`reactifact verify` checks the whole store");
     store.run(&["outbox", "list"]).fails(2, "is corrupt");
 }
+
+#[test]
+fn a_changed_artifact_byte_fails_the_open_so_verify_reports_it_with_exit_1() {
+    let store = store();
+    let conn = rusqlite::Connection::open(&store.path).unwrap();
+    let mut runs: Vec<u8> = conn
+        .query_row(
+            "SELECT runs FROM commits WHERE session = 'orders' AND generation = 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let at = runs
+        .windows(15)
+        .position(|w| w == b"ada@example.com")
+        .expect("the customer");
+    runs[at..at + 3].copy_from_slice(b"eve");
+    conn.execute(
+        "UPDATE commits SET runs = ?1 WHERE session = 'orders' AND generation = 1",
+        [runs],
+    )
+    .unwrap();
+    drop(conn);
+    let doc = {
+        let run = store.run(&["--json", "verify"]);
+        assert_eq!(run.code, 1, "{run:?}");
+        run.json()
+    };
+    // Both sessions share commit 1; each fails at open, naming the commit.
+    for session in doc["sessions"].as_array().unwrap() {
+        assert_eq!(session["ok"], false);
+        let error = session["error"].as_str().unwrap();
+        assert!(
+            error.contains("commit 1: replaying it does not give the state hash it recorded"),
+            "{error}"
+        );
+    }
+    store
+        .run(&["log", "--session", "orders"])
+        .fails(2, "is corrupt")
+        .fails(2, "`reactifact verify` checks the whole store");
+    store.run(&["replay", "--session", "orders"]).fails(1, "commit 1");
+}
