@@ -35,6 +35,7 @@ mod run;
 mod state;
 mod store;
 
+pub use audit::inspect::StoredArtifact;
 pub use audit::provenance::{content_key, Provenance};
 pub use audit::replay::{testing, Difference, Divergence, ReplayError, ReplayReport};
 pub use audit::verify::{verify_log, TimeTravelError, VerifyReport};
@@ -73,6 +74,7 @@ pub use store::outbox::{
     BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome, Page, Recorded,
     Recording, RetryError, Scope, StatusCounts,
 };
+pub use store::{list_sessions, SessionInfo};
 pub use store::{
     BackendError, OpenError, OpenOptions, SqliteOutbox, StoreError, Synchronous, DEFAULT_CHECKPOINT_EVERY,
 };

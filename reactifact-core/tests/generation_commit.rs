@@ -80,7 +80,10 @@ async fn the_events_no_produce_reacts_to_are_consumed_by_the_commit_that_emits_t
     assert_eq!(report.generations, 1);
     assert_eq!(rt.context().queued_events(), 0);
     let commit = rt.context().log().unwrap().last().unwrap();
-    assert_eq!(commit.events_consumed, 3, "the order's event and the two the commit emitted");
+    assert_eq!(
+        commit.events_consumed, 3,
+        "the order's event and the two the commit emitted"
+    );
     drop(rt);
 
     // Durably so: a reopened session has nothing queued either.

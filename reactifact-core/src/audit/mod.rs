@@ -2,6 +2,7 @@
 //! the JSON-lines export.
 
 pub(crate) mod export;
+pub(crate) mod inspect;
 pub(crate) mod provenance;
 pub(crate) mod replay;
 pub(crate) mod verify;

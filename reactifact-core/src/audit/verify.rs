@@ -45,9 +45,15 @@ pub enum TimeTravelError {
 /// # Errors
 /// The first mismatch, as a [`VerifyError`] naming the commit and, where it can, the id.
 pub fn verify_log(log: &[Commit]) -> Result<VerifyReport, VerifyError> {
+    verify_steps(log, &mut |_| {})
+}
+
+/// [`verify_log`], calling `progress` with each commit's generation once it is checked.
+fn verify_steps(log: &[Commit], progress: &mut dyn FnMut(Generation)) -> Result<VerifyReport, VerifyError> {
     let mut refold = Refold::new(Checks::ALL);
     for commit in log {
         refold.step(commit)?;
+        progress(commit.generation);
     }
     Ok(VerifyReport {
         commits: log.len(),
@@ -85,15 +91,25 @@ impl Context {
     /// # Errors
     /// The first mismatch, as a [`VerifyError`] naming the commit and, where it can, the id.
     pub fn verify(&self) -> Result<VerifyReport, VerifyError> {
+        self.verify_with_progress(|_| {})
+    }
+
+    /// [`verify`](Context::verify), calling `progress` with each commit's generation once that
+    /// commit has been checked (for a progress bar on a long log). The same checks, in the
+    /// same order, with the same errors.
+    ///
+    /// # Errors
+    /// As [`verify`](Context::verify).
+    pub fn verify_with_progress(&self, mut progress: impl FnMut(Generation)) -> Result<VerifyReport, VerifyError> {
         let log = self.log()?;
         let checkpoints = match self.store() {
             Some(store) => store.checkpoints()?,
             None => Vec::new(),
         };
         let report = if checkpoints.is_empty() {
-            verify_log(log)?
+            verify_steps(log, &mut progress)?
         } else {
-            verify_with_checkpoints(log, checkpoints)?
+            verify_with_checkpoints(log, checkpoints, &mut progress)?
         };
         if report.state_hash != self.state_hash() {
             return Err(VerifyError::LiveState {
@@ -147,7 +163,11 @@ impl Context {
 }
 
 /// [`verify_log`], also checking each checkpoint against the refold at its commit.
-fn verify_with_checkpoints(log: &[Commit], checkpoints: Vec<StoredCheckpoint>) -> Result<VerifyReport, VerifyError> {
+fn verify_with_checkpoints(
+    log: &[Commit],
+    checkpoints: Vec<StoredCheckpoint>,
+    progress: &mut dyn FnMut(Generation),
+) -> Result<VerifyReport, VerifyError> {
     let mut bodies = std::collections::BTreeMap::new();
     for checkpoint in checkpoints {
         let generation = checkpoint.generation;
@@ -190,6 +210,7 @@ fn verify_with_checkpoints(log: &[Commit], checkpoints: Vec<StoredCheckpoint>) -
             }
             seq += 1;
         }
+        progress(commit.generation);
         let Some((hash, state_hash, body)) = bodies.get(&commit.generation) else {
             continue;
         };

@@ -14,11 +14,11 @@ use tracing::Instrument;
 use crate::model::artifact::{Generation, Stored};
 use crate::model::event::{Event, EventKind};
 use crate::model::patch::Op;
+use crate::outbox::drain::Preclaimed;
 use crate::run::effects::Buffer;
 use crate::run::produce::{Produce, ProduceFailure, RunFailure, RunInput};
 use crate::run::runtime::{ProduceErrors, RunError, Runtime, TurnOutcome, TurnReport};
 use crate::state::commit::{Read, RunRecord, TriggerRef};
-use crate::outbox::drain::Preclaimed;
 use crate::state::context::{CommitFailure, GenerationCommit};
 use crate::state::snapshot::Snapshot;
 
@@ -205,9 +205,15 @@ pub(crate) async fn run(
         claim,
     };
     let preclaimed;
-    match rt.context.commit_generation(records, batch.events, isolate, &turn).await {
+    match rt
+        .context
+        .commit_generation(records, batch.events, isolate, &turn)
+        .await
+    {
         Ok((rejected, claimed)) => {
-            preclaimed = claimed.zip(claim).map(|(claimed, asked)| Preclaimed::new(rt.context.outbox(), claimed, asked));
+            preclaimed = claimed
+                .zip(claim)
+                .map(|(claimed, asked)| Preclaimed::new(rt.context.outbox(), claimed, asked));
             runs -= rejected.len() as u64;
             for (r, error) in rejected {
                 let work = &batch.work[record_work[r]];

@@ -29,6 +29,7 @@ use crate::state::refold::VerifyError;
 
 pub(crate) use codec::CheckpointBody;
 
+pub use sqlite::sessions::{list_sessions, SessionInfo};
 pub use sqlite::SqliteOutbox;
 pub(crate) use sqlite::SqliteStore;
 

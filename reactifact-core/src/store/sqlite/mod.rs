@@ -22,6 +22,7 @@ mod checkpoint;
 mod outbox;
 mod row;
 mod schema;
+pub(crate) mod sessions;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -40,8 +41,8 @@ use crate::model::delivery::NewIntent;
 use crate::model::hash::{CommitHash, StateHash};
 use crate::model::patch::Op;
 use crate::state::commit::Commit;
-use crate::store::outbox::Claimed;
 use crate::state::refold::VerifyError;
+use crate::store::outbox::Claimed;
 
 pub use outbox::SqliteOutbox;
 pub(crate) use schema::SCHEMA_VERSION;

@@ -1,0 +1,230 @@
+//! The command line, as clap parses it.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use reactifact_core::DeliveryStatus;
+
+/// Inspect and operate a reactifact store: its sessions, commit log, state, provenance and
+/// delivery ledger. It never dispatches anything and opens the store read-only, except for
+/// `outbox retry`, `outbox cancel` and `outbox purge`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "reactifact",
+    version,
+    after_help = "Exit codes: 0 ok, 1 a check failed (verify, replay), 2 a usage or input error.\n\
+                  The store is --store PATH or REACTIFACT_STORE. See docs/cli.md for every command and its --json schema."
+)]
+pub struct Cli {
+    /// The store: the path of a SQLite file (or sqlite:PATH). A postgres:// URL is refused:
+    /// the PostgreSQL store is not in this build.
+    #[arg(long, global = true, env = "REACTIFACT_STORE", value_name = "PATH|URL")]
+    pub store: Option<String>,
+
+    /// Print one JSON document (the command's documented schema) instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// The sessions of the store, with their heads.
+    Sessions,
+    /// The commit log of a session, newest first.
+    Log {
+        /// The session (default: the store's only session).
+        #[arg(long)]
+        session: Option<String>,
+        /// Show at most this many commits.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// One artifact: its kind, version, content hash and content.
+    Show {
+        /// The artifact's id, e.g. `receipt:order:1`.
+        id: String,
+        /// The session (default: the store's only session).
+        #[arg(long)]
+        session: Option<String>,
+        /// The state right after this commit (a generation number or a hash prefix) instead
+        /// of the head.
+        #[arg(long, value_name = "COMMIT")]
+        at: Option<String>,
+    },
+    /// What changed between two sessions (their heads), or between two commits of a session.
+    Diff {
+        /// A session, or a commit (a generation number, 0 for the empty state, or a hash
+        /// prefix) of --session.
+        a: String,
+        /// A session, or a commit of --session.
+        b: String,
+        /// The session whose commits A and B name (default: the store's only session).
+        #[arg(long)]
+        session: Option<String>,
+    },
+    /// Why an intent exists: the commit, agent, produce, trigger and reads that recorded it.
+    Why {
+        /// The intent's idempotency key.
+        key: String,
+        /// The session to look in (default: the session that recorded the intent).
+        #[arg(long)]
+        session: Option<String>,
+    },
+    /// An intent's provenance as a graph (Mermaid or Graphviz DOT).
+    Graph {
+        /// The intent's idempotency key.
+        key: String,
+        /// The session to look in (default: the session that recorded the intent).
+        #[arg(long)]
+        session: Option<String>,
+        /// The graph language.
+        #[arg(long, value_enum, default_value_t = GraphFormat::Mermaid)]
+        format: GraphFormat,
+    },
+    /// The delivery ledger.
+    #[command(subcommand)]
+    Outbox(OutboxCommand),
+    /// Refold the log of each session (or of one) from the empty state and check every hash,
+    /// and the outbox against the log.
+    Verify {
+        /// Only this session (default: every session of the store).
+        #[arg(long)]
+        session: Option<String>,
+    },
+    /// Refold a session's log up to a commit, checking every hash, and show the state there.
+    /// (No produce runs: the CLI has none. Replaying produces is `Runtime::replay`.)
+    Replay {
+        /// The session (default: the store's only session).
+        #[arg(long)]
+        session: Option<String>,
+        /// Stop after this commit (a generation number or a hash prefix; default: the head).
+        #[arg(long, value_name = "COMMIT")]
+        to: Option<String>,
+    },
+    /// The audit trail of a session, one JSON object per commit and line, on stdout.
+    ExportAudit {
+        /// The session (default: the store's only session).
+        #[arg(long)]
+        session: Option<String>,
+    },
+}
+
+/// The `outbox` commands.
+#[derive(Debug, Subcommand)]
+pub enum OutboxCommand {
+    /// The ledger's entries in registration order, a page at a time.
+    List {
+        /// Only entries in this status.
+        #[arg(long, value_enum)]
+        status: Option<StatusArg>,
+        /// Only entries of this action kind.
+        #[arg(long)]
+        kind: Option<String>,
+        /// Only the intents of this session (registered by it or attached to it).
+        #[arg(long)]
+        session: Option<String>,
+        /// At most this many entries.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// Start after this cursor (the `next` of the previous page).
+        #[arg(long, value_name = "CURSOR")]
+        after: Option<u64>,
+    },
+    /// One entry: its delivery state, last attempt, lease, payload and provenance.
+    Show {
+        /// The intent's idempotency key.
+        key: String,
+    },
+    /// Counts by status and by kind, and the age of the oldest pending intent.
+    Stats {
+        /// Only the intents of this session.
+        #[arg(long)]
+        session: Option<String>,
+    },
+    /// Re-arm a failed, dead or held intent (the store's `retry`): pending, due now.
+    Retry(RetryArgs),
+    /// Cancel a pending, failed, dead or held intent for good (the store's `cancel`).
+    Cancel {
+        /// The intent's idempotency key.
+        key: String,
+        /// Why, kept with the entry.
+        #[arg(long, default_value = "cancelled with the reactifact CLI")]
+        reason: String,
+    },
+    /// Delete final entries (delivered, and cancelled) last changed longer ago than a
+    /// duration (the store's `purge`). Their keys are remembered: never registered again.
+    Purge {
+        /// Required: confirms that delivered entries are deleted.
+        #[arg(long, required = true)]
+        delivered: bool,
+        /// Only entries last changed longer ago than this, e.g. `30d`, `12h`, `1h 30m`.
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        older_than: std::time::Duration,
+    },
+}
+
+/// What `outbox retry` re-arms.
+#[derive(Debug, Args)]
+pub struct RetryArgs {
+    /// The intent's idempotency key.
+    #[arg(required_unless_present = "all_dead", conflicts_with = "all_dead")]
+    pub key: Option<String>,
+    /// Every dead intent (of --kind, if given).
+    #[arg(long)]
+    pub all_dead: bool,
+    /// With --all-dead: only intents of this kind.
+    #[arg(long, conflicts_with = "key")]
+    pub kind: Option<String>,
+}
+
+/// A delivery status, as the command line spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StatusArg {
+    /// Waiting for a drain.
+    Pending,
+    /// Claimed by a drain, under a lease.
+    InFlight,
+    /// The last attempt failed.
+    Failed,
+    /// A dead letter.
+    Dead,
+    /// Held: no route, or an integrity failure.
+    Held,
+    /// Cancelled by an operator.
+    Cancelled,
+    /// Delivered.
+    Delivered,
+}
+
+impl StatusArg {
+    /// The ledger's status.
+    pub fn status(self) -> DeliveryStatus {
+        match self {
+            StatusArg::Pending => DeliveryStatus::Pending,
+            StatusArg::InFlight => DeliveryStatus::InFlight,
+            StatusArg::Failed => DeliveryStatus::Failed,
+            StatusArg::Dead => DeliveryStatus::Dead,
+            StatusArg::Held => DeliveryStatus::Held,
+            StatusArg::Cancelled => DeliveryStatus::Cancelled,
+            StatusArg::Delivered => DeliveryStatus::Delivered,
+        }
+    }
+}
+
+/// The graph languages of `graph`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum GraphFormat {
+    /// A Mermaid flowchart.
+    Mermaid,
+    /// Graphviz DOT.
+    Dot,
+}
+
+/// A duration such as `30d`, `12h`, `90m`, `1h 30m` (humantime's syntax).
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    humantime::parse_duration(text)
+        .map_err(|e| format!("`{text}` is not a duration ({e}); write e.g. 30d, 12h, 90m or 1h30m"))
+}

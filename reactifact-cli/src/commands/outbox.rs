@@ -1,0 +1,398 @@
+//! `outbox …`: the delivery ledger. `list`, `show` and `stats` read it through a read-only
+//! connection; `retry`, `cancel` and `purge` are the store's own operations
+//! ([`OutboxStore`]), so fencing applies and they are safe while drainers run.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use reactifact_core::{CancelError, Delivery, DeliveryStatus, LedgerQuery, OutboxStore, RetryError, Scope};
+use serde_json::{json, Value};
+
+use super::Env;
+use crate::cli::{OutboxCommand, RetryArgs, StatusArg};
+use crate::failure::{Failure, Outcome};
+use crate::json_value;
+use crate::output::{age, cut, delivery_json, print_fields, print_json, status, time, time_or_dash, Table};
+use crate::store;
+
+/// How many final entries one purge operation deletes (it runs until none is left).
+const PURGE_BATCH: usize = 1000;
+
+/// Runs an `outbox` command.
+pub fn outbox(env: &Env, command: OutboxCommand) -> Outcome {
+    match command {
+        OutboxCommand::List {
+            status,
+            kind,
+            session,
+            limit,
+            after,
+        } => list(env, status, kind, session, limit, after),
+        OutboxCommand::Show { key } => show(env, &key),
+        OutboxCommand::Stats { session } => stats(env, session),
+        OutboxCommand::Retry(args) => retry(env, args),
+        OutboxCommand::Cancel { key, reason } => cancel(env, &key, &reason),
+        OutboxCommand::Purge { older_than, .. } => purge(env, older_than),
+    }
+}
+
+fn scope(env: &Env, session: Option<&str>, kind: Option<&str>) -> Outcome<Scope> {
+    let mut scope = Scope::all();
+    if let Some(session) = session {
+        store::check_session(&env.path, session)?;
+        scope = scope.sessions([session]);
+    }
+    if let Some(kind) = kind {
+        scope = scope.kinds([kind]);
+    }
+    Ok(scope)
+}
+
+fn unknown_key(env: &Env, key: &str) -> Failure {
+    Failure::input(format!(
+        "no intent with key `{key}` in the delivery ledger of {}; `reactifact outbox list` lists the keys",
+        env.path.display()
+    ))
+}
+
+fn list(
+    env: &Env,
+    status_filter: Option<StatusArg>,
+    kind: Option<String>,
+    session: Option<String>,
+    limit: usize,
+    after: Option<u64>,
+) -> Outcome {
+    let scope = scope(env, session.as_deref(), kind.as_deref())?;
+    let outbox = store::outbox_read_only(&env.path)?;
+    let query = LedgerQuery {
+        scope,
+        status: status_filter.map(StatusArg::status),
+        after,
+        limit: limit.max(1),
+    };
+    let page = env.wait(outbox.list(&query)).map_err(Failure::store)?;
+    if env.json {
+        print_json(&json!({
+            "entries": page.entries.iter().map(delivery_json).collect::<Vec<_>>(),
+            "next": page.next,
+        }));
+        return Ok(());
+    }
+    let mut table = Table::new(&["KEY", "KIND", "STATUS", "ATTEMPTS", "SESSION", "UPDATED", "LAST ERROR"]);
+    for d in &page.entries {
+        table.row(vec![
+            d.key().to_string(),
+            d.kind().to_owned(),
+            status(d.status()).to_owned(),
+            d.attempts().to_string(),
+            d.origin().session().to_owned(),
+            time(d.updated_at()),
+            cut(d.last_error().unwrap_or("-"), 60),
+        ]);
+    }
+    table.print();
+    if let Some(next) = page.next {
+        outln!("(more: --after {next})");
+    }
+    Ok(())
+}
+
+fn show(env: &Env, key: &str) -> Outcome {
+    let outbox = store::outbox_read_only(&env.path)?;
+    let delivery = env
+        .wait(outbox.get(key))
+        .map_err(Failure::store)?
+        .ok_or_else(|| unknown_key(env, key))?;
+    let payload = delivery.intent().payload_bytes();
+    // The run that recorded it, from the log of the session that did.
+    let origin = delivery.origin();
+    let run = match store::open_session(&env.path, origin.session(), false) {
+        Ok(ctx) => ctx.commit_of(origin).ok().flatten().and_then(|c| c.runs.get(origin.run())).map(|run| {
+            json!({
+                "agent": run.agent.as_deref(),
+                "produce": run.produce.as_deref(),
+                "trigger": run.trigger.as_ref().map(|t| json!({"id": t.id.as_str(), "version": t.version.0, "hash": t.hash.to_string()})),
+                "reads": run.reads.iter().map(|r| json!({"id": r.id.as_str(), "version": r.version.map(|v| v.0)})).collect::<Vec<_>>(),
+            })
+        }),
+        Err(_) => None,
+    };
+    if env.json {
+        let mut entry = delivery_json(&delivery);
+        entry["payload"] = json_value::decode(payload).unwrap_or(Value::Null);
+        entry["run"] = run.unwrap_or(Value::Null);
+        print_json(&entry);
+        return Ok(());
+    }
+    let d = &delivery;
+    let mut fields = vec![
+        ("key", d.key().to_string()),
+        ("kind", d.kind().to_owned()),
+        ("status", status(d.status()).to_owned()),
+        (
+            "attempts",
+            format!(
+                "{} ({} ended by an expired lease, {} interrupted)",
+                d.attempts(),
+                d.expired_leases(),
+                d.interrupted_attempts()
+            ),
+        ),
+        ("last error", d.last_error().unwrap_or("-").to_owned()),
+        (
+            "lease",
+            d.lease().map_or_else(
+                || "-".to_owned(),
+                |l| format!("{} until {} (token {})", l.owner, time(l.expires_at), l.token),
+            ),
+        ),
+        ("token", d.token().to_string()),
+        ("next attempt", time_or_dash(d.next_attempt_at())),
+        ("recorded", time(d.recorded_at())),
+        ("updated", time(d.updated_at())),
+        ("delivered", time_or_dash(d.delivered_at())),
+    ];
+    if let Some(reason) = d.cancel_reason() {
+        fields.push(("cancelled", reason.to_owned()));
+    }
+    fields.push((
+        "origin",
+        format!(
+            "session {}, commit {} ({}), run {}",
+            origin.session(),
+            origin.generation().0,
+            origin.commit().short(),
+            origin.run()
+        ),
+    ));
+    fields.push((
+        "recorded by",
+        match &run {
+            Some(run) => {
+                let by = match (run["agent"].as_str(), run["produce"].as_str()) {
+                    (Some(agent), Some(produce)) => format!("{agent}/{produce}"),
+                    _ => "a direct write".to_owned(),
+                };
+                match run["trigger"].as_object() {
+                    Some(t) => format!(
+                        "{by}, triggered by {} v{}",
+                        t["id"].as_str().unwrap_or("?"),
+                        t["version"]
+                    ),
+                    None => by,
+                }
+            }
+            None => format!("(the commit is not in session `{}`'s log)", origin.session()),
+        },
+    ));
+    fields.push(("payload", json_value::pretty(payload)));
+    print_fields(&fields);
+    Ok(())
+}
+
+fn stats(env: &Env, session: Option<String>) -> Outcome {
+    let scope = scope(env, session.as_deref(), None)?;
+    let outbox = store::outbox_read_only(&env.path)?;
+    let counts = env.wait(outbox.counts(&scope)).map_err(Failure::store)?;
+    // Per kind: one pass over the ledger, a page at a time.
+    let mut by_kind: BTreeMap<String, BTreeMap<&'static str, u64>> = BTreeMap::new();
+    let mut after = None;
+    loop {
+        let query = LedgerQuery {
+            scope: scope.clone(),
+            status: None,
+            after,
+            limit: 1000,
+        };
+        let page = env.wait(outbox.list(&query)).map_err(Failure::store)?;
+        for d in &page.entries {
+            *by_kind
+                .entry(d.kind().to_owned())
+                .or_default()
+                .entry(status(d.status()))
+                .or_default() += 1;
+        }
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    let oldest_query = LedgerQuery {
+        scope,
+        status: Some(DeliveryStatus::Pending),
+        after: None,
+        limit: 1,
+    };
+    let oldest = env
+        .wait(outbox.list(&oldest_query))
+        .map_err(Failure::store)?
+        .entries
+        .into_iter()
+        .next();
+    let now = SystemTime::now();
+    if env.json {
+        let mut statuses = serde_json::Map::new();
+        for s in DeliveryStatus::ALL {
+            statuses.insert(status(s).to_owned(), json!(counts.of(s)));
+        }
+        statuses.insert("retrying".to_owned(), json!(counts.retrying));
+        statuses.insert("total".to_owned(), json!(counts.total()));
+        print_json(&json!({
+            "counts": statuses,
+            "by_kind": by_kind,
+            "oldest_pending": oldest.as_ref().map(|d| json!({
+                "key": d.key().as_str(),
+                "recorded_at": time(d.recorded_at()),
+                "age_seconds": age(now, d.recorded_at()).as_secs(),
+            })),
+        }));
+        return Ok(());
+    }
+    let mut table = Table::new(&["STATUS", "COUNT"]);
+    for s in DeliveryStatus::ALL {
+        let label = if s == DeliveryStatus::Failed {
+            format!("failed ({} retrying)", counts.retrying)
+        } else {
+            status(s).to_owned()
+        };
+        table.row(vec![label, counts.of(s).to_string()]);
+    }
+    table.row(vec!["total".to_owned(), counts.total().to_string()]);
+    table.print();
+    outln!();
+    let columns = DeliveryStatus::ALL.map(status);
+    let mut headers = vec!["KIND"];
+    headers.extend(columns.iter().copied());
+    let upper: Vec<String> = headers.iter().map(|h| h.to_uppercase()).collect();
+    let mut table = Table::new(&upper.iter().map(String::as_str).collect::<Vec<_>>());
+    for (kind, per) in &by_kind {
+        let mut row = vec![kind.clone()];
+        row.extend(columns.iter().map(|c| per.get(c).copied().unwrap_or(0).to_string()));
+        table.row(row);
+    }
+    table.print();
+    outln!();
+    match &oldest {
+        Some(d) => outln!(
+            "oldest pending: {} ({} ago, recorded {})",
+            d.key(),
+            humantime::format_duration(age(now, d.recorded_at())),
+            time(d.recorded_at())
+        ),
+        None => outln!("oldest pending: none"),
+    }
+    Ok(())
+}
+
+fn retry(env: &Env, args: RetryArgs) -> Outcome {
+    if let Some(key) = args.key {
+        let outbox = store::outbox_writable(&env.path)?;
+        let entry = env.wait(outbox.retry(&key, SystemTime::now())).map_err(|e| match e {
+            RetryError::UnknownKey(_) => unknown_key(env, &key),
+            RetryError::NotFailed { status: s, .. } => Failure::input(format!(
+                "intent `{key}` is {}; only failed, dead and held intents can be retried",
+                status(s)
+            )),
+            e => Failure::input(e.to_string()),
+        })?;
+        return report_changed(env, "retried", &[entry], &[]);
+    }
+    // --all-dead: the dead keys first, then each re-armed by the store's operation.
+    let scope = scope(env, None, args.kind.as_deref())?;
+    let outbox = store::outbox_writable(&env.path)?;
+    let mut dead = Vec::new();
+    let mut after = None;
+    loop {
+        let query = LedgerQuery {
+            scope: scope.clone(),
+            status: Some(DeliveryStatus::Dead),
+            after,
+            limit: 1000,
+        };
+        let page = env.wait(outbox.list(&query)).map_err(Failure::store)?;
+        dead.extend(page.entries.iter().map(|d| d.key().clone()));
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    let mut retried = Vec::new();
+    let mut skipped = Vec::new();
+    for key in dead {
+        match env.wait(outbox.retry(key.as_str(), SystemTime::now())) {
+            Ok(entry) => retried.push(entry),
+            // Another operator or process changed it since it was listed.
+            Err(e @ (RetryError::NotFailed { .. } | RetryError::UnknownKey(_))) => {
+                skipped.push((key.to_string(), e.to_string()))
+            }
+            Err(e) => return Err(Failure::input(e.to_string())),
+        }
+    }
+    report_changed(env, "retried", &retried, &skipped)
+}
+
+fn cancel(env: &Env, key: &str, reason: &str) -> Outcome {
+    let outbox = store::outbox_writable(&env.path)?;
+    let entry = env
+        .wait(outbox.cancel(key, reason, SystemTime::now()))
+        .map_err(|e| match e {
+            CancelError::UnknownKey(_) => unknown_key(env, key),
+            CancelError::NotCancellable { status: s, .. } => Failure::input(format!(
+                "intent `{key}` is {} and cannot be cancelled (only pending, failed, dead and held intents can)",
+                status(s)
+            )),
+            e => Failure::input(e.to_string()),
+        })?;
+    report_changed(env, "cancelled", &[entry], &[])
+}
+
+fn report_changed(env: &Env, what: &str, entries: &[Delivery], skipped: &[(String, String)]) -> Outcome {
+    if env.json {
+        print_json(&json!({
+            what: entries.iter().map(delivery_json).collect::<Vec<_>>(),
+            "skipped": skipped.iter().map(|(key, reason)| json!({"key": key, "reason": reason})).collect::<Vec<_>>(),
+        }));
+        return Ok(());
+    }
+    for d in entries {
+        outln!("{what} {}: now {}", d.key(), status(d.status()));
+    }
+    for (key, reason) in skipped {
+        outln!("skipped {key}: {reason}");
+    }
+    if entries.is_empty() && skipped.is_empty() {
+        outln!("nothing to do: no intent matched");
+    }
+    Ok(())
+}
+
+fn purge(env: &Env, older_than: Duration) -> Outcome {
+    let now = SystemTime::now();
+    let before = now.checked_sub(older_than).unwrap_or(SystemTime::UNIX_EPOCH);
+    let outbox = store::outbox_writable(&env.path)?;
+    let mut purged = 0u64;
+    loop {
+        let n = env.wait(outbox.purge(before, PURGE_BATCH)).map_err(Failure::store)?;
+        purged += n;
+        if n < PURGE_BATCH as u64 {
+            break;
+        }
+    }
+    if env.json {
+        print_json(&json!({"purged": purged, "before": time(before)}));
+    } else {
+        print_fields(&[
+            ("purged", format!("{purged} final entries (delivered or cancelled)")),
+            (
+                "before",
+                format!(
+                    "{} (last changed longer ago than {})",
+                    time(before),
+                    humantime::format_duration(older_than)
+                ),
+            ),
+        ]);
+    }
+    Ok(())
+}

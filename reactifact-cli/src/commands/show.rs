@@ -1,0 +1,58 @@
+//! `show`: one artifact, at the head or right after a commit.
+
+use serde_json::json;
+
+use super::{commit, Env};
+use crate::failure::{Failure, Outcome};
+use crate::json_value;
+use crate::output::{print_fields, print_json};
+use crate::store;
+
+/// Shows the artifact `id`.
+pub fn show(env: &Env, id: &str, session: Option<&str>, at: Option<&str>) -> Outcome {
+    let session = store::session(&env.path, session)?;
+    let ctx = store::open_session(&env.path, &session, false)?;
+    let at = match at {
+        Some(spec) => commit(&ctx, spec)?,
+        None => ctx.generation(),
+    };
+    let snapshot = if at == ctx.generation() {
+        ctx.snapshot()
+    } else {
+        ctx.state_at(at).map_err(|e| Failure::input(e.to_string()))?
+    };
+    let Some(stored) = snapshot.stored(id) else {
+        let hint = if at != ctx.generation() && ctx.snapshot().stored(id).is_some() {
+            format!("; it exists at the head (commit {})", ctx.generation().0)
+        } else {
+            "; `reactifact log` shows what each commit writes".to_owned()
+        };
+        return Err(Failure::input(format!(
+            "no artifact `{id}` in session `{session}` at commit {}{hint}",
+            at.0
+        )));
+    };
+    if env.json {
+        print_json(&json!({
+            "session": session,
+            "at": at.0,
+            "id": stored.id.as_str(),
+            "kind": stored.kind.as_str(),
+            "version": stored.version.0,
+            "hash": stored.hash.to_string(),
+            "written_in": stored.generation.0,
+            "content": json_value::decode(&stored.bytes),
+        }));
+        return Ok(());
+    }
+    print_fields(&[
+        ("id", stored.id.to_string()),
+        ("kind", stored.kind.as_str().to_owned()),
+        ("version", stored.version.0.to_string()),
+        ("hash", stored.hash.to_string()),
+        ("written in", format!("commit {}", stored.generation.0)),
+        ("at", format!("commit {} of session {session}", at.0)),
+        ("content", json_value::pretty(&stored.bytes)),
+    ]);
+    Ok(())
+}

@@ -1,0 +1,191 @@
+//! A store to drive the CLI against, written by the library as an application would: an order
+//! flow on session `orders` whose dispatcher delivers some kinds and fails the others, so
+//! that the ledger holds an entry in every status, and a branch `what-if` forked from it.
+//! Shared by the CLI's tests and by `examples/demo_store.rs` (which the docs' examples ran).
+
+#![allow(dead_code)] // each test file uses part of it
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use reactifact_core::{
+    produce, Agent, Artifact, ClaimRequest, Context, DispatchError, Intent, OutboxStore, PendingAction, ProduceCall,
+    RetryPolicy, Runtime, Scope, SqliteOutbox,
+};
+use serde::{Deserialize, Serialize};
+
+/// What a customer ordered, and how to tell them.
+#[derive(Serialize, Deserialize, Artifact, Debug, Clone, PartialEq)]
+#[artifact(kind = "order")]
+pub struct Order {
+    pub customer: String,
+    pub total_cents: u64,
+    /// The action kind of the notification: `email` is delivered, `sms` fails permanently
+    /// (dead), `push` fails under a manual retry policy (failed), `fax` has no route (held).
+    pub channel: String,
+}
+
+/// What `process_order` writes for each order.
+#[derive(Serialize, Deserialize, Artifact, Debug, Clone, PartialEq)]
+#[artifact(kind = "receipt")]
+pub struct Receipt {
+    pub order: String,
+    pub total_cents: u64,
+}
+
+/// The payload of a notification.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Notify {
+    pub customer: String,
+    pub order: String,
+}
+
+/// Upserts a receipt and records the order's notification, keyed by the order id. It reads
+/// the order's previous receipt (absent the first time), so the run records a read.
+#[produce(Receipt, also_creates = [PendingAction])]
+async fn process_order(call: ProduceCall<Order>) {
+    let order = &call.trigger;
+    let _previous = call.snapshot.get::<Receipt>(&format!("receipt:{}", order.id));
+    call.effects.upsert(
+        format!("receipt:{}", order.id),
+        Receipt {
+            order: order.id.to_string(),
+            total_cents: order.data.total_cents,
+        },
+    );
+    call.effects.act(
+        &order.data.channel,
+        format!("{}:{}", order.data.channel, order.id),
+        &Notify {
+            customer: order.data.customer.clone(),
+            order: order.id.to_string(),
+        },
+    );
+}
+
+fn dispatch(intent: Intent) -> Result<(), DispatchError> {
+    match intent.kind() {
+        "email" => Ok(()),
+        "sms" => Err(DispatchError::permanent("the sms gateway refused the number")),
+        "push" => Err(DispatchError::retryable("the push service answered 503")),
+        _ => Err(DispatchError::no_route(format!(
+            "no route for kind `{}`",
+            intent.kind()
+        ))),
+    }
+}
+
+fn runtime(ctx: Context) -> Runtime {
+    Runtime::builder(ctx)
+        .agent(Agent::new("billing").produce(process_order))
+        .dispatcher(|intent: Intent| async move { dispatch(intent) })
+        .retry_policy_for("push", RetryPolicy::manual())
+        .build()
+        .expect("the runtime builds")
+}
+
+fn order(customer: &str, total_cents: u64, channel: &str) -> Order {
+    Order {
+        customer: customer.into(),
+        total_cents,
+        channel: channel.into(),
+    }
+}
+
+/// The keys the store's ledger holds, by the status [`build`] leaves them in.
+pub const DELIVERED: &str = "email:order:1";
+pub const DELIVERED_2: &str = "email:order:2";
+pub const DEAD: &str = "sms:order:3";
+pub const FAILED: &str = "push:order:4";
+pub const HELD: &str = "fax:order:5";
+pub const PENDING: &str = "later:order:6";
+pub const IN_FLIGHT: &str = "later:order:7";
+/// Registered by the branch `what-if`, delivered.
+pub const BRANCH: &str = "email:order:8";
+
+/// Writes the store at `path` (which must not exist):
+///
+/// - session `orders`: orders 1–7 in one commit, one generation of `billing/process_order`
+///   recording seven intents, then order 1 updated (its receipt re-derived, no new intent);
+/// - the ledger: `email` delivered, `sms` dead, `push` failed, `fax` held, one `later`
+///   re-armed by an operator's retry (pending) and one claimed under a one-hour lease by a
+///   drain that never reports (in flight);
+/// - session `what-if`, forked from `orders` at its head: order 8 and its delivered email.
+pub fn build(path: &Path) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut ctx = Context::open(path, "orders").unwrap();
+        {
+            let mut tx = ctx.transaction();
+            tx.create("order:1", order("ada@example.com", 1200, "email"));
+            tx.create("order:2", order("bob@example.com", 800, "email"));
+            tx.create("order:3", order("cy@example.com", 500, "sms"));
+            tx.create("order:4", order("di@example.com", 700, "push"));
+            tx.create("order:5", order("ed@example.com", 300, "fax"));
+            tx.create("order:6", order("fay@example.com", 900, "later"));
+            tx.create("order:7", order("gus@example.com", 100, "later"));
+            tx.commit().unwrap();
+        }
+        let mut rt_orders = runtime(ctx);
+        rt_orders.run().await.unwrap();
+        rt_orders
+            .context_mut()
+            .update("order:1", order("ada@example.org", 1500, "email"))
+            .unwrap();
+        rt_orders.run().await.unwrap();
+        let ctx = rt_orders.into_context();
+
+        let branch = ctx.fork("what-if").unwrap();
+        let mut rt_branch = runtime(branch);
+        rt_branch
+            .context_mut()
+            .create("order:8", order("hal@example.com", 2500, "email"))
+            .unwrap();
+        rt_branch.run().await.unwrap();
+        drop(rt_branch);
+
+        // An operator re-armed one held intent (pending), and a drain claimed the other and
+        // died (in flight under a lease that has an hour to run).
+        let outbox = SqliteOutbox::open(path).unwrap();
+        outbox.retry(PENDING, SystemTime::now()).await.unwrap();
+        outbox.retry(IN_FLIGHT, SystemTime::now()).await.unwrap();
+        let owner: Arc<str> = Arc::from("a drain that died");
+        let scope = Scope::all().kinds(["later"]);
+        let mut claimed = Vec::new();
+        // Claims take pending intents in registration order: the first is order 6's; release
+        // it, so that order 7's stays claimed.
+        for _ in 0..2 {
+            let got = outbox
+                .claim(ClaimRequest {
+                    scope: &scope,
+                    limit: 1,
+                    owner: &owner,
+                    lease: Duration::from_secs(3600),
+                    now: SystemTime::now(),
+                })
+                .await
+                .unwrap();
+            claimed.extend(got.claims);
+        }
+        assert_eq!(claimed.len(), 2, "both later intents claimed");
+        let first = &claimed[0];
+        assert_eq!(first.key().as_str(), PENDING);
+        outbox
+            .record(
+                &[reactifact_core::Recording {
+                    key: first.key().clone(),
+                    token: first.lease().unwrap().token,
+                    outcome: reactifact_core::Outcome::Released,
+                }],
+                SystemTime::now(),
+            )
+            .await
+            .unwrap();
+        outbox.close().await;
+        drop(ctx);
+    });
+}

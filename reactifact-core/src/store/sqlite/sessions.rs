@@ -1,0 +1,131 @@
+//! Read-only views of a store file for operators: the sessions it holds with their heads, and
+//! its outbox opened for reading only. Nothing here writes to the file, creates it, or
+//! switches it to WAL mode (as [`Context::open_with`](crate::Context::open_with) with
+//! [`OpenOptions::read_only`](crate::OpenOptions::read_only) does not).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rusqlite::Connection;
+
+use super::outbox::SqliteOutbox;
+use super::{check_header, digest, open_error, open_read_only, schema, SCHEMA_VERSION};
+use crate::model::artifact::Generation;
+use crate::model::hash::CommitHash;
+use crate::store::{OpenError, Synchronous};
+
+/// One session of a store file, as [`list_sessions`] reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SessionInfo {
+    /// The session's name.
+    pub name: String,
+    /// The generation of its last commit (0 for a session without commits): the length of
+    /// its log, a branch's log counting its parent's commits up to the fork.
+    pub generation: Generation,
+    /// The hash of its last commit, `None` for a session without commits.
+    pub head: Option<CommitHash>,
+    /// For a branch, the session it was forked from and the generation it was forked at.
+    pub forked_from: Option<(String, Generation)>,
+    /// When the session was created.
+    pub created_at: SystemTime,
+}
+
+/// Opens the file at `path` read-only after the checks a read-only open makes: it must exist,
+/// be a SQLite database written by reactifact, of this schema version.
+fn open_checked(path: &Path) -> Result<Connection, OpenError> {
+    let size = match std::fs::metadata(path) {
+        Ok(metadata) => metadata.len(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(OpenError::NoSuchFile { path: path.into() }),
+        Err(_) => 1, // SQLite says why it cannot be read.
+    };
+    if size == 0 {
+        return Err(OpenError::Foreign { path: path.into() });
+    }
+    check_header(path, size)?;
+    let conn = open_read_only(path)?;
+    match schema::schema_version(&conn, path)? {
+        SCHEMA_VERSION => Ok(conn),
+        0 => Err(OpenError::Foreign { path: path.into() }),
+        found if found > SCHEMA_VERSION => Err(OpenError::NewerSchema {
+            path: path.into(),
+            found,
+            supported: SCHEMA_VERSION,
+        }),
+        found => Err(OpenError::OlderSchema {
+            path: path.into(),
+            found,
+            supported: SCHEMA_VERSION,
+        }),
+    }
+}
+
+/// The sessions of the SQLite store file at `path`, by name, each with its generation, head
+/// and fork point. Reads the `sessions` table only (no log is loaded or checked: open a
+/// session to verify it). Writes nothing, and creates no file.
+///
+/// # Errors
+/// As a read-only open: [`OpenError::NoSuchFile`], [`OpenError::NotADatabase`],
+/// [`OpenError::Foreign`] (also for an empty file), [`OpenError::Corrupt`] (also for a session
+/// row whose head is not a 32-byte hash), [`OpenError::OlderSchema`],
+/// [`OpenError::NewerSchema`].
+#[allow(clippy::result_large_err)] // see `OpenError::Corrupt`
+pub fn list_sessions(path: impl AsRef<Path>) -> Result<Vec<SessionInfo>, OpenError> {
+    let path = path.as_ref();
+    let conn = open_checked(path)?;
+    let mut stmt = conn
+        .prepare("SELECT name, generation, head, parent, fork_generation, created_at FROM sessions ORDER BY name")
+        .map_err(|e| open_error(path, e))?;
+    let rows = stmt
+        .query_map([], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, u64>(1)?,
+                row.get::<_, Option<Vec<u8>>>(2)?,
+                row.get::<_, Option<String>>(3)?,
+                row.get::<_, Option<u64>>(4)?,
+                row.get::<_, i64>(5)?,
+            ))
+        })
+        .map_err(|e| open_error(path, e))?;
+    let mut sessions = Vec::new();
+    for row in rows {
+        let (name, generation, head, parent, fork, created) = row.map_err(|e| open_error(path, e))?;
+        let head = head
+            .map(|bytes| digest(&bytes, "the head").map(CommitHash))
+            .transpose()
+            .map_err(|detail| OpenError::Corrupt {
+                path: path.into(),
+                detail: format!("session `{name}`: {detail}"),
+                source: None,
+            })?;
+        sessions.push(SessionInfo {
+            name,
+            generation: Generation(generation),
+            head,
+            forked_from: parent.map(|parent| (parent, Generation(fork.unwrap_or(0)))),
+            created_at: UNIX_EPOCH + Duration::from_millis(u64::try_from(created).unwrap_or(0)),
+        });
+    }
+    Ok(sessions)
+}
+
+impl SqliteOutbox {
+    /// Opens the outbox of the store file at `path` for reading only: its reads
+    /// ([`get`](crate::OutboxStore::get), [`list`](crate::OutboxStore::list),
+    /// [`counts`](crate::OutboxStore::counts), [`next_due`](crate::OutboxStore::next_due))
+    /// work, and every write (a claim, a record, a retry, …) fails with
+    /// [`StoreError::ReadOnly`](crate::StoreError::ReadOnly). Nothing in the file is changed,
+    /// and no `-wal` or `-shm` file is left behind when no process has the file open.
+    ///
+    /// # Errors
+    /// As [`list_sessions`].
+    #[allow(clippy::result_large_err)] // see `OpenError::Corrupt`
+    pub fn open_read_only(path: impl AsRef<Path>) -> Result<Arc<SqliteOutbox>, OpenError> {
+        let path = path.as_ref();
+        // The checks, on a connection of their own; the outbox's connection lives on its thread.
+        drop(open_checked(path)?);
+        SqliteOutbox::for_store(path, Synchronous::Full, Some("(read-only outbox)")).map(Arc::new)
+    }
+}
