@@ -13,41 +13,13 @@ use std::sync::{Arc, OnceLock};
 use common::*;
 use futures_util::FutureExt;
 use reactifact_core::{
-    Agent, Budget, Context, DeliveryStatus, PendingAction, Produce, ProduceCall, ProduceError, RunError, Runtime,
-    StopHandle, StoreError, TurnOutcome, WriteError,
+    Agent, Budget, Context, DeliveryStatus, Produce, ProduceCall, ProduceError, RunError, Runtime, StopHandle,
+    StoreError, TurnOutcome, WriteError,
 };
 
 fn seed_order(path: &Path) {
     let mut ctx = Context::open(path, "orders").unwrap();
     ctx.create("order:1", order("ada", 1200)).unwrap();
-}
-
-/// `process_order`, calling `on_run` as each run starts.
-fn order_flow(on_run: impl Fn() + Send + Sync + 'static) -> Produce {
-    Produce::new("process_order", move |call: ProduceCall<Order>| {
-        on_run();
-        let id = call.trigger.id.to_string();
-        async move {
-            call.effects.upsert(
-                format!("receipt:{id}"),
-                Receipt {
-                    order: id.clone(),
-                    total_cents: call.trigger.data.total_cents,
-                },
-            );
-            call.effects.act(
-                "notify",
-                format!("notify:{id}"),
-                &Notify {
-                    customer: call.trigger.data.customer.clone(),
-                    order: id,
-                },
-            );
-            Ok::<(), ProduceError>(())
-        }
-    })
-    .creates::<Receipt>()
-    .creates::<PendingAction>()
 }
 
 /// A produce on receipts: the receipt events of `process_order` are reacted to.

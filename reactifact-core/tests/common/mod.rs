@@ -64,24 +64,32 @@ pub fn order(customer: &str, total_cents: u64) -> Order {
 
 /// The order flow: a receipt per order and a `notify` intent keyed by the order id.
 pub fn process_order() -> Produce {
-    Produce::new("process_order", |call: ProduceCall<Order>| async move {
+    order_flow(|| ())
+}
+
+/// [`process_order`], calling `on_run` as each run starts (before its future is polled).
+pub fn order_flow(on_run: impl Fn() + Send + Sync + 'static) -> Produce {
+    Produce::new("process_order", move |call: ProduceCall<Order>| {
+        on_run();
         let id = call.trigger.id.to_string();
-        call.effects.upsert(
-            format!("receipt:{id}"),
-            Receipt {
-                order: id.clone(),
-                total_cents: call.trigger.data.total_cents,
-            },
-        );
-        call.effects.act(
-            "notify",
-            format!("notify:{id}"),
-            &Notify {
-                customer: call.trigger.data.customer.clone(),
-                order: id,
-            },
-        );
-        Ok::<(), ProduceError>(())
+        async move {
+            call.effects.upsert(
+                format!("receipt:{id}"),
+                Receipt {
+                    order: id.clone(),
+                    total_cents: call.trigger.data.total_cents,
+                },
+            );
+            call.effects.act(
+                "notify",
+                format!("notify:{id}"),
+                &Notify {
+                    customer: call.trigger.data.customer.clone(),
+                    order: id,
+                },
+            );
+            Ok::<(), ProduceError>(())
+        }
     })
     .creates::<Receipt>()
     .creates::<PendingAction>()
