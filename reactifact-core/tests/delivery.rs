@@ -1094,3 +1094,39 @@ async fn a_long_dispatch_renews_its_lease_and_is_not_reclaimed_while_its_drain_l
         (DeliveryStatus::Delivered, 1, 0)
     );
 }
+
+#[tokio::test]
+async fn failed_attempts_counts_the_failures_not_the_attempt_that_succeeded() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let dispatcher = {
+        let calls = calls.clone();
+        move |_: Intent| {
+            let first = calls.fetch_add(1, Ordering::SeqCst) == 0;
+            std::future::ready(if first {
+                Err(DispatchError::retryable("503"))
+            } else {
+                Ok(())
+            })
+        }
+    };
+    let mut rt = Runtime::builder(seeded([("order:1".to_owned(), order("ada", 100))]))
+        .agent(Agent::new("billing").produce(process_order()))
+        .dispatcher(dispatcher)
+        .retry_policy(RetryPolicy::manual())
+        .build()
+        .unwrap();
+    rt.run().await.unwrap();
+    let failed = rt.context().ledger().get("notify:order:1").await.unwrap().unwrap();
+    assert_eq!(
+        (failed.status(), failed.attempts(), failed.failed_attempts()),
+        (DeliveryStatus::Failed, 1, 1)
+    );
+    rt.retry("notify:order:1").await.unwrap();
+    rt.flush().await.unwrap();
+    let delivered = rt.context().ledger().get("notify:order:1").await.unwrap().unwrap();
+    assert_eq!(
+        (delivered.status(), delivered.attempts(), delivered.failed_attempts()),
+        (DeliveryStatus::Delivered, 2, 1),
+        "the attempt that succeeded is not a failure"
+    );
+}

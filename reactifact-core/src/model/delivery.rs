@@ -243,9 +243,21 @@ impl Delivery {
         self.interrupted
     }
 
-    /// The failed attempts the retry policy counts: those that ended with an answer (an
-    /// error, a panic, a timeout).
+    /// The failed attempts the retry policy counts: those that ended with an error, a panic
+    /// or a timeout. An attempt in flight has not ended, and a delivered intent's last
+    /// attempt succeeded: neither is counted.
     pub fn failed_attempts(&self) -> u32 {
+        let settled = match self.status {
+            DeliveryStatus::InFlight | DeliveryStatus::Delivered => 1,
+            _ => 0,
+        };
+        self.counted_attempts().saturating_sub(settled)
+    }
+
+    /// The attempts the retry policy counts against its maximum: every attempt but those cut
+    /// off and those whose lease expired. For a claim being decided, this includes the
+    /// attempt that just failed.
+    pub(crate) fn counted_attempts(&self) -> u32 {
         self.attempts
             .saturating_sub(self.interrupted)
             .saturating_sub(self.expired_leases)

@@ -914,7 +914,7 @@ impl<'a> Drain<'a> {
         };
         let now = self.clock.now();
         let policy = self.config.policy_for(intent.kind());
-        let next = policy.after_failure(intent.key().as_str(), slot.claim.failed_attempts(), &error, now);
+        let next = policy.after_failure(intent.key().as_str(), slot.claim.counted_attempts(), &error, now);
         let failure = DeliveryFailure::of(intent, error.to_string(), next);
         if first_failure.is_none() {
             *first_failure = Some(failure.clone());
