@@ -202,3 +202,61 @@ async fn a_turn_dropped_while_its_commit_is_written_cuts_the_context_off_and_a_r
     assert_eq!(rt.context().ledger().len().await.unwrap(), 1);
     assert_eq!(rt.context().log().unwrap().len(), 2, "the seed and one generation");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_commit_releases_what_its_claim_took() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    seed_order(&path);
+    let ran = Arc::new(AtomicBool::new(false));
+    let recorder = Recorder::default();
+    let mut rt = Runtime::builder(Context::open(&path, "orders").unwrap())
+        .agent(Agent::new("billing").produce(order_flow({
+            let ran = ran.clone();
+            move || ran.store(true, Ordering::SeqCst)
+        })))
+        .dispatcher(recorder.dispatcher())
+        .build()
+        .unwrap();
+    let locker = rusqlite::Connection::open(&path).unwrap();
+    locker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    {
+        let mut turn = std::pin::pin!(rt.run());
+        let mut after = 0;
+        while after < 3 {
+            assert!(
+                turn.as_mut().now_or_never().is_none(),
+                "the turn finished while its commit could not be written"
+            );
+            if ran.load(Ordering::SeqCst) {
+                after += 1;
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+    // The cut-off commit lands once the lock is free, its claim with it; the dropped context
+    // waits for it.
+    locker.execute_batch("COMMIT").unwrap();
+    drop(rt);
+    assert!(recorder.sent().is_empty());
+
+    let ctx = Context::open(&path, "orders").unwrap();
+    assert_eq!(
+        ctx.generation().0,
+        2,
+        "the cut-off commit landed once the lock was free"
+    );
+    // Its claim was given back, not left in flight under this process's lease.
+    let delivery = ctx.ledger().get("notify:order:1").await.unwrap().unwrap();
+    assert_eq!(delivery.status(), DeliveryStatus::Pending);
+    assert_eq!(delivery.attempts(), 0);
+    assert!(delivery.lease().is_none());
+    // The next turn delivers it now, not after a lease.
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("billing").produce(process_order()))
+        .dispatcher(recorder.dispatcher())
+        .build()
+        .unwrap();
+    rt.run().await.unwrap();
+    assert_eq!(recorder.sent(), ["notify:order:1"]);
+}

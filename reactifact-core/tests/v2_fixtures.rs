@@ -156,3 +156,19 @@ async fn a_version_2_file_reads_as_it_is_and_migrates_to_checkpoints_at_its_firs
     let branch = Context::open_with(&path, "what-if", read_only).unwrap();
     assert!(branch.get::<Order>("order:40").unwrap().is_some());
 }
+
+#[test]
+fn the_sessions_of_a_version_2_file_are_listed_without_changing_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = copy_of("orders.db", dir.path());
+    let before = std::fs::read(&path).unwrap();
+    let sessions = reactifact_core::list_sessions(&path).unwrap();
+    let main = sessions
+        .iter()
+        .find(|s| s.name == "main")
+        .expect("the fixture's main session");
+    assert_eq!(main.generation.0, 35);
+    assert!(sessions.len() >= 2, "main and its branch: {sessions:?}");
+    assert_eq!(std::fs::read(&path).unwrap(), before, "listing wrote to the file");
+    assert_eq!(user_version(&path), 2);
+}

@@ -447,23 +447,10 @@ impl Preclaimed {
         std::mem::take(&mut self.claimed)
     }
 
-    /// The outcomes that give the claims back.
-    fn released(&self) -> Vec<Recording> {
-        self.claimed
-            .claims
-            .iter()
-            .map(|d| Recording {
-                key: d.intent.key.clone(),
-                token: d.lease.as_ref().map_or(d.token, |l| l.token),
-                outcome: Outcome::Released,
-            })
-            .collect()
-    }
-
     /// Gives the claims back, and waits until the store has them (a turn that stops before
     /// its drain). If the store fails, the drop submits them once more.
     async fn release(mut self) {
-        let released = self.released();
+        let released = self.claimed.releases();
         if released.is_empty() {
             return;
         }
@@ -476,7 +463,7 @@ impl Preclaimed {
 
 impl Drop for Preclaimed {
     fn drop(&mut self) {
-        let released = self.released();
+        let released = self.claimed.releases();
         if !released.is_empty() {
             self.outbox.submit(released, crate::model::time::now());
         }

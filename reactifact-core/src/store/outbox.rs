@@ -119,6 +119,21 @@ pub struct Claimed {
     pub integrity: Vec<ActionKey>,
 }
 
+impl Claimed {
+    /// The outcomes that give every claim back, never handed out: pending and due again at
+    /// once, no attempt spent.
+    pub(crate) fn releases(&self) -> Vec<Recording> {
+        self.claims
+            .iter()
+            .map(|d| Recording {
+                key: d.intent.key.clone(),
+                token: d.lease.as_ref().map_or(d.token, |l| l.token),
+                outcome: Outcome::Released,
+            })
+            .collect()
+    }
+}
+
 /// The outcome of one attempt, for [`OutboxStore::record`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]

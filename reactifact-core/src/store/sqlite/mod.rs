@@ -341,9 +341,10 @@ impl SqliteStore {
 
     /// The writes of an open, once the loaded log (`log`) has verified: WAL mode and the
     /// migration of an older file, the new session's row, and a row for every intent of the
-    /// log that has neither a row nor a purge tombstone (one that was lost or changed: it is
-    /// registered again from the verified log, so a committed intent is never lost). Nothing
-    /// for a read-only open.
+    /// loaded commits (after the checkpoint the open started from, if any) that has neither a
+    /// row nor a purge tombstone (one that was lost or changed: it is registered again from
+    /// the verified log, so a committed intent is never lost; `verify` reports a missing row
+    /// of any commit). Nothing for a read-only open.
     ///
     /// Expired leases are not reclaimed here: every claim of a drain reclaims them.
     pub(crate) fn settle_open(&mut self, log: &[Commit]) -> Result<(), OpenError> {
@@ -1040,12 +1041,24 @@ impl Store for SqliteStore {
         let row = CommitRow::of(delta);
         let fence = self.generation;
         let store = store_name(&self.path);
+        // A commit cut off (its future dropped) runs on regardless: what its claim took is
+        // then released at once, as a dropped claim's is, not left in flight for a lease.
+        let (unwanted, wanted) = outbox::Unwanted::pair();
+        let now = delta.now;
         let written = self.write_off_thread(move |conn| {
-            write_commit_row(conn, &row, fence).map_err(|source| store_error(&store, source))
+            let written = write_commit_row(conn, &row, fence).and_then(|written| {
+                if let Some(claimed) = &written {
+                    outbox::release_if_unwanted(conn, &wanted, claimed, now)?;
+                }
+                Ok(written)
+            });
+            written.map_err(|source| store_error(&store, source))
         });
         let generation = delta.commit.generation.0;
         Box::pin(async move {
-            match written.await? {
+            let written = written.await;
+            unwanted.answered();
+            match written? {
                 Some(claimed) => {
                     self.generation = generation;
                     Ok(claimed)

@@ -580,6 +580,45 @@ fn forget_members(tx: &Connection, key: &str) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// Marks a write unwanted if the future waiting for its answer is dropped first: a write
+/// that runs on regardless then releases the claims it made (see [`release_if_unwanted`]).
+pub(super) struct Unwanted(Option<Arc<AtomicBool>>);
+
+impl Unwanted {
+    /// The guard for the future, and the flag for the write.
+    pub(super) fn pair() -> (Unwanted, Arc<AtomicBool>) {
+        let wanted = Arc::new(AtomicBool::new(true));
+        (Unwanted(Some(wanted.clone())), wanted)
+    }
+
+    /// The answer arrived: nothing to mark.
+    pub(super) fn answered(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unwanted {
+    fn drop(&mut self) {
+        if let Some(wanted) = self.0.take() {
+            wanted.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Releases what `claimed` took, on the same connection, if its caller is gone (`wanted` was
+/// cleared): pending and due again at once, instead of in flight for a whole lease.
+pub(super) fn release_if_unwanted(
+    conn: &mut Connection,
+    wanted: &AtomicBool,
+    claimed: &Claimed,
+    now: SystemTime,
+) -> rusqlite::Result<()> {
+    if !wanted.load(Ordering::SeqCst) && !claimed.claims.is_empty() {
+        record(conn, &claimed.releases(), now)?;
+    }
+    Ok(())
+}
+
 impl OutboxStore for SqliteOutbox {
     fn describe(&self) -> String {
         self.name.clone()
@@ -594,37 +633,15 @@ impl OutboxStore for SqliteOutbox {
         let (limit, lease, now) = (request.limit, request.lease, request.now);
         // The claim runs even if its caller is gone by then (a dropped drain): it then
         // releases what it took, instead of leaving it in flight for a whole lease.
-        let wanted = Arc::new(AtomicBool::new(true));
-        let still_wanted = wanted.clone();
+        let (unwanted, wanted) = Unwanted::pair();
         let claimed = self.run(move |conn| {
             let claimed = claim(conn, &scope, limit, &owner, lease, now)?;
-            if !still_wanted.load(Ordering::SeqCst) && !claimed.claims.is_empty() {
-                let released: Vec<Recording> = claimed
-                    .claims
-                    .iter()
-                    .map(|d| Recording {
-                        key: d.intent.key.clone(),
-                        token: d.lease.as_ref().map_or(d.token, |l| l.token),
-                        outcome: Outcome::Released,
-                    })
-                    .collect();
-                record(conn, &released, now)?;
-            }
+            release_if_unwanted(conn, &wanted, &claimed, now)?;
             Ok(claimed)
         });
         Box::pin(async move {
-            /// Marks the claim unwanted if this future is dropped before its answer.
-            struct Unwanted(Option<Arc<AtomicBool>>);
-            impl Drop for Unwanted {
-                fn drop(&mut self) {
-                    if let Some(wanted) = self.0.take() {
-                        wanted.store(false, Ordering::SeqCst);
-                    }
-                }
-            }
-            let mut unwanted = Unwanted(Some(wanted));
             let claimed = claimed.await;
-            unwanted.0 = None;
+            unwanted.answered();
             claimed
         })
     }

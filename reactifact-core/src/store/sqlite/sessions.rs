@@ -33,7 +33,7 @@ pub struct SessionInfo {
 }
 
 /// Opens the file at `path` read-only after the checks a read-only open makes: it must exist,
-/// be a SQLite database written by reactifact, of this schema version.
+/// be a SQLite database written by reactifact, of a schema version this build reads.
 fn open_checked(path: &Path) -> Result<Connection, OpenError> {
     let size = match std::fs::metadata(path) {
         Ok(metadata) => metadata.len(),
@@ -46,7 +46,8 @@ fn open_checked(path: &Path) -> Result<Connection, OpenError> {
     check_header(path, size)?;
     let conn = open_read_only(path)?;
     match schema::schema_version(&conn, path)? {
-        SCHEMA_VERSION => Ok(conn),
+        // Only the sessions table is read, which every version this build reads has.
+        schema::READS_FROM..=SCHEMA_VERSION => Ok(conn),
         0 => Err(OpenError::Foreign { path: path.into() }),
         found if found > SCHEMA_VERSION => Err(OpenError::NewerSchema {
             path: path.into(),
