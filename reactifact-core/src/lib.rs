@@ -72,7 +72,7 @@ pub use store::ledger::Ledger;
 pub use store::memory::MemoryOutbox;
 pub use store::outbox::{
     BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome, Page, Recorded,
-    Recording, RetryError, Scope, StatusCounts,
+    Recording, RetryError, Scope, StatusCounts, Wakeups,
 };
 pub use store::{list_sessions, SessionInfo};
 pub use store::{

@@ -22,7 +22,7 @@ use deadpool_postgres::{Object, Pool, PoolError};
 use reactifact_core::{
     reclaimed_error, ActionKey, BoxFuture, CancelError, ClaimRequest, Claimed, Delivery, DeliveryStatus, FailedAttempt,
     FenceToken, LedgerQuery, NewIntent, OutboxStore, Outcome, Page, Recorded, Recording, RetryError, Scope,
-    StatusCounts, StoreError,
+    StatusCounts, StoreError, Wakeups,
 };
 use tokio::sync::{oneshot, watch};
 use tokio_postgres::types::ToSql;
@@ -728,6 +728,15 @@ fn status_of(code: i64) -> DeliveryStatus {
 impl OutboxStore for PostgresOutbox {
     fn describe(&self) -> String {
         self.inner.name.clone()
+    }
+
+    /// The store's notifications ([`PostgresOutbox::listen`]): a serving drainer claims as soon
+    /// as any process registers an intent, instead of at its next poll.
+    fn wakeups(&self) -> Option<Wakeups> {
+        Some(Box::pin(futures_util::stream::unfold(
+            self.listen(),
+            |mut notifications| async move { notifications.next().await.then_some(((), notifications)) },
+        )))
     }
 
     fn claim<'a>(&'a self, request: ClaimRequest<'a>) -> BoxFuture<'a, Result<Claimed, StoreError>> {

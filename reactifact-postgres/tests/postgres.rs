@@ -9,9 +9,12 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::FutureExt;
+use futures_util::{FutureExt, StreamExt};
 use reactifact_core::store_contract::{at, new_intents};
-use reactifact_core::{ActionKey, ClaimRequest, DeliveryStatus, OutboxStore, Outcome, Recorded, Recording, Scope};
+use reactifact_core::{
+    ActionKey, ClaimRequest, DeliveryStatus, DispatchError, Drainer, Intent, OutboxStore, Outcome, Recorded, Recording,
+    Scope,
+};
 use reactifact_postgres::{OpenError, PostgresOptions, PostgresOutbox};
 
 use common::Schemas;
@@ -567,4 +570,61 @@ async fn a_row_changed_while_in_flight_is_held_not_recorded() {
         outbox.get("k2").await,
         Err(reactifact_core::StoreError::Integrity { .. })
     ));
+}
+
+#[tokio::test]
+async fn the_wake_ups_a_serving_drainer_waits_on_come_with_each_registration_of_another_pool() {
+    let Some(url) = common::url("the_wake_ups_a_serving_drainer_waits_on_come_with_each_registration_of_another_pool")
+    else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "drainwake");
+    let schema = schemas.name();
+    let open = || PostgresOutbox::open(PostgresOptions::new(&url).schema(&schema).pool_size(2));
+    let (outbox, committer) = (open().await.unwrap(), open().await.unwrap());
+    // What `Drainer::serve` waits on beside its poll (reactifact-core/tests/wakeups.rs shows a
+    // serving drainer claiming at a wake-up).
+    let mut wakeups = outbox.wakeups().expect("PostgreSQL wakes its drainers");
+    let bound = Duration::from_secs(30);
+    // The first says the listener listens (a drain then claims once, for what came before).
+    tokio::time::timeout(bound, wakeups.next())
+        .await
+        .expect("listening")
+        .unwrap();
+    for generation in 1..=3 {
+        assert!(
+            wakeups.next().now_or_never().is_none(),
+            "a wake-up without a registration"
+        );
+        let key = format!("k{generation}");
+        committer
+            .register_alone(&new_intents("a", generation, &[(key.as_str(), "x")]), at(generation))
+            .await
+            .unwrap();
+        tokio::time::timeout(bound, wakeups.next())
+            .await
+            .expect("woken by the registration")
+            .unwrap();
+    }
+    // A drainer serving the store delivers them (its first claim finds them).
+    let (sent, mut delivered) = tokio::sync::mpsc::unbounded_channel();
+    let drainer = Drainer::builder(outbox, move |intent: Intent| {
+        let _ = sent.send(intent.key().to_string());
+        std::future::ready(Ok::<(), DispatchError>(()))
+    })
+    .poll_interval(Duration::from_secs(3600))
+    .build();
+    let stop = drainer.stop_handle();
+    let serving = tokio::spawn({
+        let stop = stop.clone();
+        async move { drainer.serve(stop).await }
+    });
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        got.push(tokio::time::timeout(bound, delivered.recv()).await.unwrap().unwrap());
+    }
+    got.sort();
+    assert_eq!(got, ["k1", "k2", "k3"]);
+    stop.stop();
+    assert_eq!(serving.await.unwrap().unwrap().delivered, 3);
 }

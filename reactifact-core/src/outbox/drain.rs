@@ -18,7 +18,9 @@ use crate::model::action::{ActionKey, Intent};
 use crate::model::delivery::{ceil_millis, later, Delivery, DeliveryStatus, FenceToken};
 use crate::outbox::dispatcher::{DispatchError, ErasedDispatcher};
 use crate::run::runtime::{StopHandle, TurnOutcome};
-use crate::store::outbox::{ClaimRequest, Claimed, FailedAttempt, OutboxStore, Outcome, Recorded, Recording, Scope};
+use crate::store::outbox::{
+    ClaimRequest, Claimed, FailedAttempt, OutboxStore, Outcome, Recorded, Recording, Scope, Wakeups,
+};
 use crate::store::StoreError;
 
 /// A delivery that failed, as recorded in the ledger.
@@ -470,6 +472,18 @@ impl Drop for Preclaimed {
     }
 }
 
+/// The next wake-up of a store's stream; never, without one or once it ended.
+async fn woken(wakeups: Option<&mut Wakeups>) {
+    match wakeups {
+        Some(stream) => {
+            if stream.next().await.is_none() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
 type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// A write of outcomes: the slots written, and what the store made of each.
@@ -510,7 +524,7 @@ impl<'a> Drain<'a> {
                 }
                 Ok(Some(interrupted))
             }
-            None => self.deliver(report, None, preclaimed).await,
+            None => self.deliver(report, None, preclaimed, None).await,
         }
     }
 
@@ -534,6 +548,8 @@ impl<'a> Drain<'a> {
         report: &mut DrainReport,
         poll: Option<Duration>,
     ) -> Result<Option<TurnOutcome>, DrainError> {
+        // A serving drain also wakes when the store says intents may have fallen due.
+        let mut wakeups = poll.and_then(|_| self.outbox.wakeups());
         loop {
             let before = (
                 report.delivered,
@@ -546,7 +562,7 @@ impl<'a> Drain<'a> {
                     self.count_waiting(report).await?;
                     return Ok(Some(interrupted));
                 }
-                None => self.deliver(report, poll, None).await,
+                None => self.deliver(report, poll, None, wakeups.as_mut()).await,
             };
             let ran = match ran {
                 // A serving drain rides out a store that is busy for a while.
@@ -596,6 +612,7 @@ impl<'a> Drain<'a> {
             };
             let interrupted = tokio::select! {
                 () = tokio::time::sleep_until(wake) => None,
+                () = woken(wakeups.as_mut()) => None,
                 () = self.stop.requested() => Some(TurnOutcome::Stopped),
                 () = deadline => Some(TurnOutcome::DeadlineExceeded),
             };
@@ -610,12 +627,14 @@ impl<'a> Drain<'a> {
     /// With a `poll` interval, it also looks for newly due intents that often while
     /// deliveries run (a serving drain); without, only when a slot frees.
     ///
-    /// What `preclaimed` holds is taken as the answer to the first claim.
+    /// What `preclaimed` holds is taken as the answer to the first claim; a serving drain
+    /// also looks again whenever `wakeups` yields.
     async fn deliver(
         &self,
         report: &mut DrainReport,
         poll: Option<Duration>,
         preclaimed: Option<Preclaimed>,
+        mut wakeups: Option<&mut Wakeups>,
     ) -> Result<Option<TurnOutcome>, DrainError> {
         let config = self.config;
         let dispatcher = self.dispatcher.as_ref();
@@ -848,6 +867,9 @@ impl<'a> Drain<'a> {
                         renewing = Some(Box::pin(async move { outbox.renew(&held, until).await }));
                     }
                     renew.as_mut().reset(instant_after(Instant::now(), renew_every));
+                }
+                () = woken(wakeups.as_deref_mut()), if poll.is_some() && exhausted && accepting => {
+                    exhausted = false;
                 }
                 () = &mut look_again, if poll.is_some() && exhausted && accepting => {
                     exhausted = false;

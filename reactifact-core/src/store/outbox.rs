@@ -34,6 +34,10 @@ use crate::store::StoreError;
 /// so that it can be awaited on any executor thread.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// The wake-ups of a store for its serving drains ([`OutboxStore::wakeups`]): an item each time
+/// intents may have fallen due.
+pub type Wakeups = Pin<Box<dyn futures_util::Stream<Item = ()> + Send + 'static>>;
+
 /// Which intents of a store an operation sees: those of some sessions (registered by them, or
 /// attached to them), of some kinds, or all of them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -416,6 +420,17 @@ pub trait OutboxStore: Send + Sync + 'static {
 
     /// How many entries of `scope` are in each status.
     fn counts<'a>(&'a self, scope: &'a Scope) -> BoxFuture<'a, Result<StatusCounts, StoreError>>;
+
+    /// Wake-ups for a serving drain: a stream that yields when intents may have fallen due in
+    /// this store (any process registered or re-armed some), so that a serving drain
+    /// ([`Drainer::serve`](crate::Drainer::serve)) claims at once instead of at its next poll.
+    /// A spurious wake-up costs one claim that finds nothing; a stream that ends leaves the
+    /// drain polling. `None` (the default): the store cannot tell, and drains find work
+    /// committed elsewhere by polling every
+    /// [`poll_interval`](crate::DrainerBuilder::poll_interval).
+    fn wakeups(&self) -> Option<Wakeups> {
+        None
+    }
 
     /// When the next intent of `scope` falls due: the earliest pending one (due now), retry,
     /// or lease expiry of one in flight. `None` if none waits and none is in flight.
