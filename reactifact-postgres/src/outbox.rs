@@ -704,6 +704,20 @@ impl Inner {
         }
     }
 
+    /// The row of `key`, locked for the rest of `tx`; `None` if there is none, an integrity
+    /// error if it was changed outside reactifact.
+    async fn lock_intact(&self, tx: &tokio_postgres::Transaction<'_>, key: &str) -> Result<Option<Row>, StoreError> {
+        let err = self.err();
+        let Some(found) = tx.query_opt(&self.sql.by_key_for_update, &[&key]).await.map_err(&err)? else {
+            return Ok(None);
+        };
+        let row = Row::read(&found, 0).map_err(&err)?;
+        if !row.intact {
+            return Err(self.damaged(&row));
+        }
+        Ok(Some(row))
+    }
+
     fn damaged(&self, row: &Row) -> StoreError {
         StoreError::integrity(self.name.clone(), row.key.clone(), row::CHANGED)
     }
@@ -833,17 +847,9 @@ impl OutboxStore for PostgresOutbox {
             let mut client = inner.client().await?;
             let err = inner.err();
             let tx = client.transaction().await.map_err(&err)?;
-            let found = tx
-                .query_opt(&inner.sql.by_key_for_update, &[&key])
-                .await
-                .map_err(&err)?;
-            let row = match found {
-                None => return Err(RetryError::UnknownKey(ActionKey::from(key))),
-                Some(found) => Row::read(&found, 0).map_err(&err)?,
+            let Some(row) = inner.lock_intact(&tx, key).await? else {
+                return Err(RetryError::UnknownKey(ActionKey::from(key)));
             };
-            if !row.intact {
-                return Err(RetryError::Store(inner.damaged(&row)));
-            }
             match row.status {
                 row::FAILED | row::DEAD | row::HELD => {
                     let at = ms(now);
@@ -872,17 +878,9 @@ impl OutboxStore for PostgresOutbox {
             let mut client = inner.client().await?;
             let err = inner.err();
             let tx = client.transaction().await.map_err(&err)?;
-            let found = tx
-                .query_opt(&inner.sql.by_key_for_update, &[&key])
-                .await
-                .map_err(&err)?;
-            let row = match found {
-                None => return Err(CancelError::UnknownKey(ActionKey::from(key))),
-                Some(found) => Row::read(&found, 0).map_err(&err)?,
+            let Some(row) = inner.lock_intact(&tx, key).await? else {
+                return Err(CancelError::UnknownKey(ActionKey::from(key)));
             };
-            if !row.intact {
-                return Err(CancelError::Store(inner.damaged(&row)));
-            }
             match row.status {
                 row::CANCELLED => Ok(row.view()),
                 row::PENDING | row::FAILED | row::DEAD | row::HELD => {
