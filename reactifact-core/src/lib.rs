@@ -60,7 +60,7 @@ pub use run::produce::{
 };
 pub use run::runtime::{
     Budget, BuildError, FlushError, ProduceErrors, RunError, Runtime, RuntimeBuilder, StopHandle, TurnOutcome,
-    TurnReport,
+    TurnReport, MAX_CONFLICT_RETRIES,
 };
 pub use run::serve::{RuntimeHandle, ServeReport, SubmitError};
 pub use state::branch::{ArtifactState, Conflict, Diff, ForkError, MergeError, MergeReport, Resolution, Side, Updated};
@@ -74,6 +74,7 @@ pub use store::outbox::{
     BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome, Page, Recorded,
     Recording, RetryError, Scope, StatusCounts, Wakeups,
 };
+pub use store::log_store::{Act, Append, CheckpointRow, ClaimOrder, CommitRow, LogStore, OutboxCheck, SessionRow};
 pub use store::{list_sessions, SessionInfo};
 pub use store::{
     BackendError, OpenError, OpenOptions, SqliteOutbox, StoreError, Synchronous, DEFAULT_CHECKPOINT_EVERY,

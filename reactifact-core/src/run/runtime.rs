@@ -167,7 +167,17 @@ pub struct TurnReport {
     pub deliveries: DrainReport,
     /// Runs whose patch was dropped ([`ProduceErrors::Isolate`]).
     pub failed_runs: Vec<ProduceFailure>,
+    /// Generations run again because another writer (another process on the same session of
+    /// the store) committed first: each time, the runtime read the other's commits, applied
+    /// them, and ran its generation again on the new head, so nothing of either is lost and
+    /// no intent is acted twice. At most [`MAX_CONFLICT_RETRIES`] per turn.
+    pub conflicts: u64,
 }
+
+/// How many times one turn runs a generation again after another writer committed to the
+/// session first ([`TurnReport::conflicts`]); past it, the turn fails with the
+/// [`StoreError::Conflict`](crate::StoreError::Conflict).
+pub const MAX_CONFLICT_RETRIES: u64 = 16;
 
 /// Asks a running turn to stop. Cheap to clone; get one from [`Runtime::stop_handle`].
 ///
@@ -513,6 +523,7 @@ impl Runtime {
             runs: 0,
             deliveries: DrainReport::default(),
             failed_runs: Vec::new(),
+            conflicts: 0,
         };
         // Intents committed before this turn (or due for a retry) go out first.
         if let Some(outcome) = self.drain(deadline, &mut report.deliveries, None).await? {
@@ -531,7 +542,18 @@ impl Runtime {
                 return Ok(self.finish(report, TurnOutcome::GenerationsExhausted).await);
             }
             let remaining_runs = budget.max_runs.map(|max| max.saturating_sub(report.runs));
-            let preclaimed = match generation::run(self, remaining_runs, deadline, &mut report).await? {
+            let step = match generation::run(self, remaining_runs, deadline, &mut report).await {
+                Err(RunError::Store(StoreError::Conflict { .. })) if report.conflicts < MAX_CONFLICT_RETRIES => {
+                    // Another writer committed to the session first: nothing of this
+                    // generation was written. Take the other's commits and run it again.
+                    report.conflicts += 1;
+                    let read = self.context.catch_up().await?;
+                    tracing::info!(commits = read, retry = report.conflicts, "another writer committed first; running the generation again on its head");
+                    continue;
+                }
+                step => step?,
+            };
+            let preclaimed = match step {
                 generation::Step::Committed(preclaimed) => preclaimed,
                 generation::Step::Consumed => None,
                 generation::Step::Interrupted(outcome) => return Ok(self.finish(report, outcome).await),

@@ -23,7 +23,8 @@ use crate::state::snapshot::Snapshot;
 use crate::store::ledger::Ledger;
 use crate::store::memory::MemoryOutbox;
 use crate::store::outbox::{ClaimRequest, Claimed, OutboxStore, Scope};
-use crate::store::{Checkpoint, CommitDelta, Loaded, OpenError, OpenOptions, SqliteStore, Store, StoreError};
+use crate::store::log_store::LogStore;
+use crate::store::{Backed, Checkpoint, CommitDelta, Loaded, OpenError, OpenOptions, SqliteStore, Store, StoreError};
 
 /// A direct write to a context (seeding, [`Context::create`](crate::Context::create) and
 /// friends) failed; nothing was written.
@@ -202,8 +203,6 @@ impl Context {
         let path = path.as_ref();
         let (mut store, mut loaded) = SqliteStore::open(path, &session, &options)?;
         let mut context = Context::new(session);
-        context.lease = options.lease;
-        context.checkpoint_every = options.checkpoint_every;
         let base = context.restore(&mut loaded).map_err(|e| OpenError::Corrupt {
             path: path.into(),
             detail: e.to_string(),
@@ -211,15 +210,157 @@ impl Context {
         })?;
         // Only a log that verified is written to.
         store.settle_open(&loaded.commits)?;
+        let outbox = store.outbox();
+        context.install(Box::new(store), outbox, base, loaded, &options);
+        Ok(context)
+    }
+
+    /// Opens (creating if needed) the named session of a store of another crate — a
+    /// [`LogStore`], such as the PostgreSQL store of `reactifact-postgres` — with the default
+    /// [`OpenOptions`]: a 30-second delivery lease, a checkpoint every 10,000 commits.
+    ///
+    /// As [`open`](Context::open) does for a SQLite file: the session is loaded from its
+    /// newest checkpoint that checks out and the commits after it, every commit is appended
+    /// to the store before it takes effect, in one transaction with the intents it registers
+    /// in the store's outbox, and reopening resumes where the last process stopped.
+    /// Several processes may open one session: their commits are fenced on the session's
+    /// generation, so one of two racing commits fails with [`StoreError::Conflict`] and
+    /// changes nothing; a [`Runtime`](crate::Runtime) then reads the other's commits and runs
+    /// its generation again on them (see [`TurnReport::conflicts`](crate::TurnReport::conflicts)).
+    ///
+    /// A direct write ([`create`](Context::create) and friends) waits for the store by
+    /// blocking its thread, as on SQLite; a runtime's generations do not.
+    ///
+    /// # Errors
+    /// [`OpenError::Store`] for an error of the store; [`OpenError::Corrupt`] (naming the
+    /// store as it describes itself) for a log that does not verify;
+    /// [`OpenError::NoSuchSession`] for a missing session opened read-only or with
+    /// [`OpenOptions::create`] off.
+    #[allow(clippy::result_large_err)] // see `OpenError::Corrupt`: its source stays unboxed to downcast
+    pub async fn open_store(store: Arc<dyn LogStore>, session: impl Into<String>) -> Result<Self, OpenError> {
+        Self::open_store_with(store, session, OpenOptions::default()).await
+    }
+
+    /// [`open_store`](Context::open_store) with options ([`OpenOptions::synchronous`] is
+    /// SQLite's and has no effect here).
+    ///
+    /// # Errors
+    /// As [`open_store`](Context::open_store).
+    #[allow(clippy::result_large_err)] // see `OpenError::Corrupt`: its source stays unboxed to downcast
+    pub async fn open_store_with(
+        store: Arc<dyn LogStore>,
+        session: impl Into<String>,
+        options: OpenOptions,
+    ) -> Result<Self, OpenError> {
+        let session = session.into();
+        let description = store.describe();
+        let (store, mut loaded) = Backed::open(store, &session, &options).await?;
+        let mut context = Context::new(session);
+        let base = context.restore(&mut loaded).map_err(|e| OpenError::Corrupt {
+            path: description.into(),
+            detail: e.to_string(),
+            source: Some(e),
+        })?;
+        let outbox = store.outbox();
+        context.install(Box::new(store), outbox, base, loaded, &options);
+        Ok(context)
+    }
+
+    /// The last step of an open: the restored log, the store and its outbox, the options.
+    fn install(
+        &mut self,
+        store: Box<dyn Store>,
+        outbox: Arc<dyn OutboxStore>,
+        base: Option<Base>,
+        mut loaded: Loaded,
+        options: &OpenOptions,
+    ) {
+        self.lease = options.lease;
+        self.checkpoint_every = options.checkpoint_every;
         let commits = std::mem::take(&mut loaded.commits);
-        context.log = match base {
+        self.log = match base {
             Some(base) => Log::from_checkpoint(base, commits),
             None => Log::new(commits),
         };
-        context.outbox = store.outbox();
-        context.memory = None;
-        context.store = Some(Box::new(store));
-        Ok(context)
+        self.outbox = outbox;
+        self.memory = None;
+        self.store = Some(store);
+    }
+
+    /// After a commit failed with [`StoreError::Conflict`] (another writer advanced the
+    /// session): reads the commits the other writer appended and applies them, checking each
+    /// as an open does, queues the events they emit and drops the events the session has
+    /// consumed since. Returns how many commits were read. A commit that cannot be applied
+    /// here (a merge commit, or one that does not check out) leaves the context refusing
+    /// writes, as after a cut-off commit, until it is reopened.
+    pub(crate) async fn catch_up(&mut self) -> Result<usize, StoreError> {
+        self.check_not_cut()?;
+        self.settle_log();
+        let Some(store) = &mut self.store else {
+            return Ok(0);
+        };
+        let caught = store.catch_up().await;
+        let describe = store.describe();
+        let caught = match caught {
+            Ok(caught) => caught,
+            Err(e) => {
+                // The store's fence may have moved: nothing more is written until a reopen.
+                self.cut = true;
+                return Err(e);
+            }
+        };
+        let refused = |detail: String| StoreError::History {
+            store: describe.clone(),
+            session: self.session.to_string(),
+            detail,
+        };
+        let mut refold = match self.log.head() {
+            Some(head) => Refold::resuming(self.state.clone(), self.generation(), head, Checks::STATE),
+            None => Refold::new(Checks::STATE),
+        }
+        .keep_undo();
+        let mut seq = self.next_event_seq;
+        let mut events = Vec::new();
+        let mut failed = None;
+        for commit in &caught.commits {
+            if commit.merged.is_some() {
+                failed = Some(format!(
+                    "another writer merged into the session at generation {}; reopen it",
+                    commit.generation
+                ));
+                break;
+            }
+            match refold.step(commit) {
+                Ok(emitted) => {
+                    for event in emitted {
+                        events.push(QueuedEvent { seq, event });
+                        seq += 1;
+                    }
+                }
+                Err(e) => {
+                    failed = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        if let Some(detail) = failed {
+            self.cut = true;
+            return Err(refused(detail));
+        }
+        let (state, undone) = refold.into_parts();
+        for (generation, undone) in undone {
+            self.graph.record(generation, Some(undone));
+        }
+        let read = caught.commits.len();
+        for commit in caught.commits {
+            self.log.push(commit);
+        }
+        self.state = state;
+        self.next_event_seq = seq;
+        self.events.extend(events);
+        self.events.retain(|q| q.seq >= caught.consumed_seq);
+        tracing::debug!(session = %self.session, commits = read, generation = self.generation().0, "caught up with another writer");
+        Ok(read)
     }
 
     /// Rebuilds the context from a store's log: from its checkpoint, if it has one, refolds

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::action::ActionKey;
 use crate::model::artifact::{ArtifactId, Generation, Kind, Stored, Version};
 use crate::model::event::{Event, QueuedEvent};
-use crate::model::hash::{self, ContentHash};
+use crate::model::hash::{self, CommitHash, ContentHash, StateHash};
 use crate::model::patch::{Op, PutMode};
 use crate::model::relation::Relation;
 use crate::state::commit::{Read, RunRecord, TriggerRef};
@@ -248,6 +248,51 @@ pub(crate) fn encode_checkpoint(state: &State, next_event_seq: u64, events: &[Qu
     let mut out = Vec::with_capacity(bytes + 64);
     rmp_serde::encode::write(&mut out, &body).expect("a checkpoint always encodes");
     out
+}
+
+/// The digest a stored checkpoint carries: SHA-256 over the session, the commit it names
+/// (generation, commit hash, state hash) and its body.
+pub(crate) fn checkpoint_digest(session: &str, generation: u64, hash: &[u8], state_hash: &[u8], body: &[u8]) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    hasher.update(b"reactifact/checkpoint/v1");
+    hasher.update((session.len() as u64).to_le_bytes());
+    hasher.update(session.as_bytes());
+    hasher.update(generation.to_le_bytes());
+    hasher.update(hash);
+    hasher.update(state_hash);
+    hasher.update(body);
+    hasher.finalize().into()
+}
+
+/// `bytes` as a 32-byte hash, or what is wrong with `what` in words.
+pub(crate) fn hash32(bytes: &[u8], what: &str) -> Result<[u8; 32], String> {
+    bytes
+        .try_into()
+        .map_err(|_| format!("{what} is {} bytes, not a 32-byte hash", bytes.len()))
+}
+
+/// A stored checkpoint of `session`, checked: the commit hash and state hash it names, and its
+/// body, which matches its digest, decodes, and has the state hash it names.
+pub(crate) fn check_checkpoint(
+    session: &str,
+    generation: u64,
+    hash: &[u8],
+    state_hash: &[u8],
+    body: &[u8],
+    digest: &[u8],
+) -> Result<(CommitHash, StateHash, CheckpointBody), String> {
+    let commit_hash = CommitHash(hash32(hash, "its commit hash")?);
+    let named = StateHash(hash32(state_hash, "its state hash")?);
+    if digest[..] != checkpoint_digest(session, generation, hash, state_hash, body)[..] {
+        return Err("it does not match its digest (it was changed or damaged)".into());
+    }
+    let body = decode_checkpoint(body)?;
+    let decoded = body.state.state_hash();
+    if decoded != named {
+        return Err(format!("its state has state hash {decoded}, not the {named} it names"));
+    }
+    Ok((commit_hash, named, body))
 }
 
 /// Decodes a checkpoint's body; an error in words if it does not decode.

@@ -8,10 +8,12 @@
 //! read on demand ([`Store::load_before`]).
 //! The delivery ledger is the store's outbox ([`outbox::OutboxStore`]), never a copy in memory.
 
+mod backed;
 mod codec;
 #[cfg(feature = "store-contract")]
 pub mod contract;
 pub(crate) mod ledger;
+pub(crate) mod log_store;
 pub(crate) mod memory;
 pub(crate) mod outbox;
 mod sqlite;
@@ -27,6 +29,7 @@ use crate::state::commit::Commit;
 use crate::state::live::State;
 use crate::state::refold::VerifyError;
 
+pub(crate) use backed::Backed;
 pub(crate) use codec::CheckpointBody;
 
 pub use sqlite::sessions::{list_sessions, SessionInfo};
@@ -232,7 +235,7 @@ pub enum OpenError {
     /// decode or does not match its own hashes.
     #[error("{path} is corrupt: {detail}")]
     Corrupt {
-        /// The path opened.
+        /// The path opened (for a store of another crate, its description).
         path: PathBuf,
         /// What is wrong, in words (for a log that does not verify, the message of `source`).
         detail: String,
@@ -290,10 +293,20 @@ pub enum OpenError {
     /// [`OpenOptions::create`] off).
     #[error("{path} has no session `{session}`")]
     NoSuchSession {
-        /// The path opened.
+        /// The path opened (for a store of another crate, its description).
         path: PathBuf,
         /// The session asked for.
         session: String,
+    },
+    /// A store of another crate ([`LogStore`](log_store::LogStore)) failed while the session
+    /// was being opened; nothing was written but, for a new session, its row.
+    #[error("opening session `{session}`: {source}")]
+    Store {
+        /// The session.
+        session: String,
+        /// The store's error.
+        #[source]
+        source: StoreError,
     },
     /// Another error of the backend while opening (for SQLite, a `rusqlite::Error`).
     #[error("opening {path}: {source}")]
@@ -446,6 +459,11 @@ pub(crate) trait Store: Send + Sync {
     /// without blocking the caller's thread.
     fn consume_events<'a>(&'a mut self, session: &str, before: u64) -> outbox::BoxFuture<'a, Result<(), StoreError>>;
 
+    /// After a [`StoreError::Conflict`]: reads the commits another writer appended to the
+    /// session after the generation this store last saw, and the session's consumed position
+    /// now, and fences the next commit on the new head. Off the caller's thread.
+    fn catch_up(&mut self) -> outbox::BoxFuture<'_, Result<CaughtUp, StoreError>>;
+
     /// Creates the session `branch` in the same store, whose log is this session's up to
     /// commit `at` (with hash `head`), and whose events numbered below `consumed_seq` are
     /// consumed. Returns the store of the new session.
@@ -495,6 +513,16 @@ pub(crate) trait Store: Send + Sync {
     /// [`VerifyError::History`] if they cannot be read.
     fn checkpoints(&self) -> Result<Vec<StoredCheckpoint>, VerifyError>;
 }
+
+/// What [`Store::catch_up`] reads: the commits after the generation the store last saw, oldest
+/// first, and the session's consumed position.
+pub(crate) struct CaughtUp {
+    pub(crate) commits: Vec<Commit>,
+    pub(crate) consumed_seq: u64,
+}
+
+/// How many checkpoints of a session a store keeps: the newest, and one to fall back on.
+pub(crate) const CHECKPOINTS_KEPT: usize = 2;
 
 /// What [`Store::load_before`] reads: the commits up to the checkpoint, and the other sessions'
 /// commits their merges reach.

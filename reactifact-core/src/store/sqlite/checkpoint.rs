@@ -11,7 +11,6 @@
 //! later, so a damaged row is replaced by the next one and pruned.
 
 use rusqlite::{params, Connection, OptionalExtension};
-use sha2::{Digest, Sha256};
 
 use super::{actor, commit_hashes_at, digest as hash_of, millis, LoadError};
 use crate::model::artifact::Generation;
@@ -20,20 +19,7 @@ use crate::store::codec;
 use crate::store::{Checkpoint, StoredCheckpoint};
 
 /// How many checkpoints of a session the store keeps: the newest, and one to fall back on.
-pub(super) const KEEP: i64 = 2;
-
-/// The digest a checkpoint row carries.
-fn digest(session: &str, generation: u64, hash: &[u8], state_hash: &[u8], body: &[u8]) -> [u8; 32] {
-    let mut hasher = Sha256::new();
-    hasher.update(b"reactifact/checkpoint/v1");
-    hasher.update((session.len() as u64).to_le_bytes());
-    hasher.update(session.as_bytes());
-    hasher.update(generation.to_le_bytes());
-    hasher.update(hash);
-    hasher.update(state_hash);
-    hasher.update(body);
-    hasher.finalize().into()
-}
+pub(super) const KEEP: i64 = crate::store::CHECKPOINTS_KEPT as i64;
 
 /// Encodes `checkpoint` and writes it for `session`, dropping the session's older checkpoints
 /// but the newest [`KEEP`], in one transaction. Runs on the store's thread.
@@ -41,7 +27,7 @@ pub(super) fn write(conn: &mut Connection, session: &str, checkpoint: &Checkpoin
     let body = codec::encode_checkpoint(&checkpoint.state, checkpoint.next_event_seq, &checkpoint.events);
     let generation = checkpoint.generation.0;
     let (hash, state_hash) = (checkpoint.hash.as_bytes(), checkpoint.state_hash.as_bytes());
-    let digest = digest(session, generation, hash, state_hash, &body);
+    let digest = codec::checkpoint_digest(session, generation, hash, state_hash, &body);
     let now = millis(std::time::SystemTime::now());
     actor::write(conn, |tx| {
         tx.prepare_cached(
@@ -95,20 +81,7 @@ impl Row {
 
     /// The names it carries, and its body, checked against its digest and decoded.
     fn check(&self, session: &str) -> Result<(CommitHash, StateHash, codec::CheckpointBody), String> {
-        let hash = CommitHash(hash_of(&self.hash, "its commit hash")?);
-        let state_hash = StateHash(hash_of(&self.state_hash, "its state hash")?);
-        let expected = digest(session, self.generation, &self.hash, &self.state_hash, &self.body);
-        if self.digest[..] != expected[..] {
-            return Err("it does not match its digest (it was changed or damaged)".into());
-        }
-        let body = codec::decode_checkpoint(&self.body)?;
-        let decoded = body.state.state_hash();
-        if decoded != state_hash {
-            return Err(format!(
-                "its state has state hash {decoded}, not the {state_hash} it names"
-            ));
-        }
-        Ok((hash, state_hash, body))
+        codec::check_checkpoint(session, self.generation, &self.hash, &self.state_hash, &self.body, &self.digest)
     }
 }
 

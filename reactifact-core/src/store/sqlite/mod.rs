@@ -1094,6 +1094,44 @@ impl Store for SqliteStore {
         })
     }
 
+    fn catch_up(&mut self) -> crate::store::outbox::BoxFuture<'_, Result<crate::store::CaughtUp, StoreError>> {
+        let (session, fence, store) = (self.session.clone(), self.generation, store_name(&self.path));
+        let read = self.outbox.run_write(move |conn| {
+            let history = |detail: String| StoreError::History {
+                store: store.clone(),
+                session: session.clone(),
+                detail,
+            };
+            let row: Option<(u64, u64)> = conn
+                .query_row(
+                    "SELECT generation, consumed_seq FROM sessions WHERE name = ?1",
+                    [session.as_str()],
+                    |row| Ok((row.get(0)?, row.get(1)?)),
+                )
+                .optional()
+                .map_err(|e| store_error(&store, e))?;
+            let Some((generation, consumed_seq)) = row else {
+                return Err(history(format!("session `{session}` is missing")));
+            };
+            let commits = load_range(conn, &session, fence, generation).map_err(|e| match e {
+                LoadError::Sqlite(e) => store_error(&store, e),
+                LoadError::Corrupt(detail) => history(detail),
+            })?;
+            if fence + commits.len() as u64 != generation {
+                return Err(history(format!(
+                    "session `{session}` is at generation {generation} but its log after {fence} holds {} commits",
+                    commits.len()
+                )));
+            }
+            Ok((generation, crate::store::CaughtUp { commits, consumed_seq }))
+        });
+        Box::pin(async move {
+            let (generation, caught) = read.await?;
+            self.generation = generation;
+            Ok(caught)
+        })
+    }
+
     fn verify_outbox(&self, log: &[Commit]) -> Result<(), VerifyError> {
         self.check_outbox(log)
             .unwrap_or_else(|e| Err(VerifyError::OutboxUnreadable { detail: e.to_string() }))
