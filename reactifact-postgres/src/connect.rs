@@ -23,6 +23,7 @@ pub struct PostgresOptions {
     url: String,
     schema: String,
     pool_size: usize,
+    log_connections: usize,
     connect_timeout: Duration,
 }
 
@@ -32,6 +33,7 @@ impl std::fmt::Debug for PostgresOptions {
             .field("url", &redact_url(&self.url))
             .field("schema", &self.schema)
             .field("pool_size", &self.pool_size)
+            .field("log_connections", &self.log_connections)
             .field("connect_timeout", &self.connect_timeout)
             .finish()
     }
@@ -45,6 +47,7 @@ impl PostgresOptions {
             url: url.into(),
             schema: DEFAULT_SCHEMA.to_owned(),
             pool_size: DEFAULT_POOL_SIZE,
+            log_connections: crate::log::DEFAULT_LOG_CONNECTIONS,
             connect_timeout: Duration::from_secs(10),
         }
     }
@@ -64,6 +67,15 @@ impl PostgresOptions {
         self
     }
 
+    /// How many connections a [`PostgresStore`](crate::PostgresStore) keeps for its sessions'
+    /// logs, besides the pool (at least 1; default
+    /// [`DEFAULT_LOG_CONNECTIONS`](crate::DEFAULT_LOG_CONNECTIONS)). One session's commits
+    /// queue on one of them; different sessions of one process commit in parallel on as many.
+    pub fn log_connections(mut self, connections: usize) -> Self {
+        self.log_connections = connections.max(1);
+        self
+    }
+
     /// How long one connection attempt may take.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
@@ -76,6 +88,10 @@ impl PostgresOptions {
 
     pub(crate) fn pool_size_value(&self) -> usize {
         self.pool_size
+    }
+
+    pub(crate) fn log_connections_value(&self) -> usize {
+        self.log_connections
     }
 
     pub(crate) fn url(&self) -> &str {

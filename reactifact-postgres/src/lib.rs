@@ -37,10 +37,12 @@
 
 mod connect;
 mod listen;
+mod log;
 mod outbox;
 mod row;
 mod schema;
 
 pub use connect::{redact_url, OpenError, PostgresOptions, DEFAULT_POOL_SIZE, DEFAULT_SCHEMA};
 pub use listen::Notifications;
+pub use log::{PostgresStore, DEFAULT_LOG_CONNECTIONS};
 pub use outbox::PostgresOutbox;

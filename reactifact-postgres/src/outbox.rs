@@ -499,6 +499,45 @@ impl PostgresOutbox {
         Ok(())
     }
 
+    /// Claims as `request` says in `tx`, the transaction of a commit on a connection of the
+    /// log store ([`PostgresStore`](crate::PostgresStore)): the commit's claim for its turn.
+    pub(crate) async fn claim_in(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        request: ClaimRequest<'_>,
+    ) -> Result<Claimed, StoreError> {
+        self.inner
+            .claim_on(tx, request.scope, request.limit, request.owner, request.lease, request.now)
+            .await
+    }
+
+    /// Gives back claims that were never handed out (a commit whose caller was gone when it
+    /// landed): pending and due again, no attempt spent.
+    pub(crate) async fn release(&self, claimed: &Claimed, now: SystemTime) {
+        let released: Vec<Recording> = claimed
+            .claims
+            .iter()
+            .map(|d| Recording {
+                key: d.key().clone(),
+                token: d.token(),
+                outcome: Outcome::Released,
+            })
+            .collect();
+        if let Err(e) = self.inner.record(&released, now).await {
+            tracing::warn!(store = %self.inner.name, error = %e, "a dropped claim could not release its intents; they stay in flight until their leases expire");
+        }
+    }
+
+    /// The schema, quoted, as statements name it.
+    pub(crate) fn quoted_schema(&self) -> &str {
+        &self.inner.s
+    }
+
+    /// How the store names itself.
+    pub(crate) fn name(&self) -> &str {
+        &self.inner.name
+    }
+
     /// Registers `intents` as a commit made at `now` would ([`register`](Self::register)), in
     /// a transaction of its own: for tests and tools that register without a commit.
     pub async fn register_alone(&self, intents: &[NewIntent], now: SystemTime) -> Result<(), StoreError> {
@@ -515,6 +554,60 @@ impl PostgresOutbox {
 
     fn err(&self) -> impl Fn(tokio_postgres::Error) -> StoreError + '_ {
         move |e| store_error(&self.inner.name, e)
+    }
+}
+
+type SqlParams<'a> = &'a [&'a (dyn ToSql + Sync)];
+type Rows = Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>;
+
+/// A connection a claim runs on: a connection of the pool prepares through its cache; the
+/// transaction of a commit on another connection prepares each time.
+pub(crate) trait Prepare: Sync {
+    /// `sql`, prepared.
+    fn statement<'a>(
+        &'a self,
+        sql: &'a str,
+    ) -> impl std::future::Future<Output = Result<tokio_postgres::Statement, tokio_postgres::Error>> + Send + 'a;
+
+    /// Runs `statement`, returning its rows.
+    fn rows<'a>(
+        &'a self,
+        statement: &'a tokio_postgres::Statement,
+        params: SqlParams<'a>,
+    ) -> impl std::future::Future<Output = Rows> + Send + 'a;
+}
+
+impl Prepare for Object {
+    fn statement<'a>(
+        &'a self,
+        sql: &'a str,
+    ) -> impl std::future::Future<Output = Result<tokio_postgres::Statement, tokio_postgres::Error>> + Send + 'a {
+        self.prepare_cached(sql)
+    }
+
+    fn rows<'a>(
+        &'a self,
+        statement: &'a tokio_postgres::Statement,
+        params: SqlParams<'a>,
+    ) -> impl std::future::Future<Output = Rows> + Send + 'a {
+        self.query(statement, params)
+    }
+}
+
+impl Prepare for tokio_postgres::Transaction<'_> {
+    fn statement<'a>(
+        &'a self,
+        sql: &'a str,
+    ) -> impl std::future::Future<Output = Result<tokio_postgres::Statement, tokio_postgres::Error>> + Send + 'a {
+        self.prepare(sql)
+    }
+
+    fn rows<'a>(
+        &'a self,
+        statement: &'a tokio_postgres::Statement,
+        params: SqlParams<'a>,
+    ) -> impl std::future::Future<Output = Rows> + Send + 'a {
+        self.query(statement, params)
     }
 }
 
@@ -580,15 +673,30 @@ impl Inner {
         lease: Duration,
         now: SystemTime,
     ) -> Result<Claimed, StoreError> {
+        let client = self.client().await?;
+        self.claim_on(&client, scope, limit, owner, lease, now).await
+    }
+
+    /// [`claim`](Inner::claim) on `client`: a connection of the pool, or the transaction of a
+    /// commit that claims for its turn's drain.
+    pub(crate) async fn claim_on<C: Prepare>(
+        &self,
+        client: &C,
+        scope: &Scope,
+        limit: usize,
+        owner: &str,
+        lease: Duration,
+        now: SystemTime,
+    ) -> Result<Claimed, StoreError> {
         let at = ms(now);
         let far = SystemTime::UNIX_EPOCH + Duration::from_secs(FAR_FUTURE_SECS);
         let until = ms(now.checked_add(lease).map_or(far, |t| t.min(far)));
-        let client = self.client().await?;
         let err = self.err();
         let mut claimed = Claimed::default();
         let template = reclaimed_error("\u{1}", "\u{2}");
-        let stmt = client.prepare_cached(&self.sql.reclaim).await.map_err(&err)?;
-        let reclaim = client.query_one(&stmt, &[&at, &template]).await.map_err(&err)?;
+        let stmt = client.statement(&self.sql.reclaim).await.map_err(&err)?;
+        let reclaimed = client.rows(&stmt, &[&at, &template]).await.map_err(&err)?;
+        let reclaim = reclaimed.first().ok_or_else(|| StoreError::closed(self.name.clone()))?;
         claimed.reclaimed = usize::try_from(reclaim.get::<_, i64>(0)).unwrap_or(0);
         let held: Option<Vec<String>> = reclaim.get(1);
         for key in held.unwrap_or_default() {
@@ -599,8 +707,8 @@ impl Inner {
             return Ok(claimed);
         }
         let (sql, params) = self.claim_sql(scope, at, i64::try_from(limit).unwrap_or(i64::MAX), owner, until);
-        let stmt = client.prepare_cached(&sql).await.map_err(&err)?;
-        let rows = client.query(&stmt, &params.refs()).await.map_err(&err)?;
+        let stmt = client.statement(&sql).await.map_err(&err)?;
+        let rows = client.rows(&stmt, &params.refs()).await.map_err(&err)?;
         let mut taken = Vec::with_capacity(rows.len());
         for (i, found) in rows.iter().enumerate() {
             if i == 0 {
@@ -622,9 +730,9 @@ impl Inner {
                 Ok(payload) => claimed.claims.push(row.delivery(&payload)),
                 Err(detail) => {
                     tracing::warn!(store = %self.name, action_key = %row.key, detail, "an outbox row failed its integrity check; it is held, not delivered");
-                    let stmt = client.prepare_cached(&self.sql.hold_claimed).await.map_err(&err)?;
+                    let stmt = client.statement(&self.sql.hold_claimed).await.map_err(&err)?;
                     client
-                        .execute(&stmt, &[&row.seq, &format!("integrity: {detail}"), &at, &row.token])
+                        .rows(&stmt, &[&row.seq, &format!("integrity: {detail}"), &at, &row.token])
                         .await
                         .map_err(&err)?;
                     claimed.integrity.push(ActionKey::from(row.key));

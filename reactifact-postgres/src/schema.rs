@@ -20,7 +20,7 @@ use tokio_postgres::Client;
 use crate::connect::{store_error, OpenError};
 
 /// The schema version this build writes and reads.
-pub(crate) const SCHEMA_VERSION: i32 = 1;
+pub(crate) const SCHEMA_VERSION: i32 = 2;
 
 /// The first key of the advisory lock migrations take (the second is the schema's hash):
 /// `0x52_46_50_47`, "RFPG".
@@ -115,8 +115,46 @@ CREATE TABLE {s}.outbox_purged (
 );
 "#;
 
+/// Version 2: sessions' logs — their rows, their commits (one row each, the runs as the core
+/// encoded them) and their checkpoints.
+const V2: &str = r#"
+CREATE TABLE {s}.sessions (
+    name text PRIMARY KEY,
+    generation bigint NOT NULL CHECK (generation >= 0),
+    head bytea,
+    consumed_seq bigint NOT NULL CHECK (consumed_seq >= 0),
+    parent text,
+    fork_generation bigint,
+    created_at bigint NOT NULL,
+    CHECK ((parent IS NULL) = (fork_generation IS NULL))
+);
+CREATE TABLE {s}.commits (
+    session text NOT NULL,
+    generation bigint NOT NULL,
+    hash bytea NOT NULL,
+    parent bytea,
+    merged bytea,
+    state_hash bytea NOT NULL,
+    events_consumed bigint NOT NULL,
+    runs bytea NOT NULL,
+    PRIMARY KEY (session, generation)
+);
+-- Merges reach other sessions' commits by hash.
+CREATE INDEX commits_hash ON {s}.commits (hash);
+CREATE TABLE {s}.checkpoints (
+    session text NOT NULL,
+    generation bigint NOT NULL,
+    hash bytea NOT NULL,
+    state_hash bytea NOT NULL,
+    body bytea NOT NULL,
+    digest bytea NOT NULL,
+    created_at bigint NOT NULL,
+    PRIMARY KEY (session, generation)
+);
+"#;
+
 /// The migrations, in order: `MIGRATIONS[v - 1]` takes the schema from version `v - 1` to `v`.
-const MIGRATIONS: [(&str, &str); SCHEMA_VERSION as usize] = [("the outbox", V1)];
+const MIGRATIONS: [(&str, &str); SCHEMA_VERSION as usize] = [("the outbox", V1), ("sessions' logs", V2)];
 
 /// `"schema"`: the schema's name as an identifier (a name [`valid_schema`] accepts needs no
 /// escaping inside the quotes).

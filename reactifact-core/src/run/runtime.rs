@@ -169,15 +169,29 @@ pub struct TurnReport {
     pub failed_runs: Vec<ProduceFailure>,
     /// Generations run again because another writer (another process on the same session of
     /// the store) committed first: each time, the runtime read the other's commits, applied
-    /// them, and ran its generation again on the new head, so nothing of either is lost and
-    /// no intent is acted twice. At most [`MAX_CONFLICT_RETRIES`] per turn.
+    /// them, paused briefly (1 ms, doubling to 64 ms, jittered) and ran its generation again
+    /// on the new head, so nothing of either is lost and no intent is acted twice. Each such
+    /// conflict means the other writer made progress, so they are retried for as long as it
+    /// does (the turn's budget and stop still apply); see [`MAX_CONFLICT_RETRIES`].
     pub conflicts: u64,
 }
 
-/// How many times one turn runs a generation again after another writer committed to the
-/// session first ([`TurnReport::conflicts`]); past it, the turn fails with the
-/// [`StoreError::Conflict`](crate::StoreError::Conflict).
+/// How many conflicts in a row a turn retries when the other writer's commits change nothing
+/// this runtime sees (its head and queue stay as they were, which no working writer does);
+/// past it, the turn fails with the [`StoreError::Conflict`](crate::StoreError::Conflict).
+/// Conflicts that bring the other writer's progress are retried without this bound (see
+/// [`TurnReport::conflicts`]).
 pub const MAX_CONFLICT_RETRIES: u64 = 16;
+
+/// The pause before the `n`-th retry of a turn's generation after a conflict: 1 ms doubling
+/// to 64 ms, less up to half of it (jitter from the process and `n`, so two processes do not
+/// pause in step).
+fn conflict_pause(n: u64) -> Duration {
+    let full = 1u64 << n.saturating_sub(1).min(6);
+    let spread = u64::from(std::process::id()).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ n.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    let micros = full * 1000;
+    Duration::from_micros(micros - (spread >> 33) % (micros / 2 + 1))
+}
 
 /// Asks a running turn to stop. Cheap to clone; get one from [`Runtime::stop_handle`].
 ///
@@ -529,6 +543,8 @@ impl Runtime {
         if let Some(outcome) = self.drain(deadline, &mut report.deliveries, None).await? {
             return Ok(self.finish(report, outcome).await);
         }
+        // Conflicts in a row after which the other writer showed no progress.
+        let mut idle_conflicts = 0;
         loop {
             if let Some(outcome) = self.interrupted(deadline) {
                 return Ok(self.finish(report, outcome).await);
@@ -543,12 +559,20 @@ impl Runtime {
             }
             let remaining_runs = budget.max_runs.map(|max| max.saturating_sub(report.runs));
             let step = match generation::run(self, remaining_runs, deadline, &mut report).await {
-                Err(RunError::Store(StoreError::Conflict { .. })) if report.conflicts < MAX_CONFLICT_RETRIES => {
+                Err(RunError::Store(StoreError::Conflict { .. })) if idle_conflicts < MAX_CONFLICT_RETRIES => {
                     // Another writer committed to the session first: nothing of this
-                    // generation was written. Take the other's commits and run it again.
+                    // generation was written. Take the other's commits and run it again,
+                    // after a short, growing, jittered pause (the other writer is busy).
                     report.conflicts += 1;
+                    let before = (self.context.generation(), self.context.queued_events());
                     let read = self.context.catch_up().await?;
+                    if (self.context.generation(), self.context.queued_events()) == before {
+                        idle_conflicts += 1;
+                    } else {
+                        idle_conflicts = 0;
+                    }
                     tracing::info!(commits = read, retry = report.conflicts, "another writer committed first; running the generation again on its head");
+                    tokio::time::sleep(conflict_pause(report.conflicts)).await;
                     continue;
                 }
                 step => step?,

@@ -287,28 +287,29 @@ impl Context {
         self.store = Some(store);
     }
 
-    /// After a commit failed with [`StoreError::Conflict`] (another writer advanced the
-    /// session): reads the commits the other writer appended and applies them, checking each
-    /// as an open does, queues the events they emit and drops the events the session has
-    /// consumed since. Returns how many commits were read. A commit that cannot be applied
-    /// here (a merge commit, or one that does not check out) leaves the context refusing
-    /// writes, as after a cut-off commit, until it is reopened.
-    pub(crate) async fn catch_up(&mut self) -> Result<usize, StoreError> {
+    /// After a write failed with [`StoreError::Conflict`] (another writer — another process
+    /// on the same session of the store — committed first): reads the commits the other writer
+    /// appended and applies them, checking each as an open does, queues the events they emit
+    /// and drops the events the session has consumed since; the next write is made on the new
+    /// head. Returns how many commits were read (0 for an in-memory context). A
+    /// [`Runtime`](crate::Runtime) does this itself and runs its generation again; a direct
+    /// writer calls it and writes again.
+    ///
+    /// Runs off the caller's thread.
+    ///
+    /// # Errors
+    /// The store's error; [`StoreError::History`] if a commit read cannot be applied here (a
+    /// merge commit, or one that does not check out), after which the context refuses writes,
+    /// as after a cut-off commit, until it is reopened.
+    pub async fn catch_up(&mut self) -> Result<usize, StoreError> {
         self.check_not_cut()?;
         self.settle_log();
         let Some(store) = &mut self.store else {
             return Ok(0);
         };
-        let caught = store.catch_up().await;
+        // On an error nothing moved (the store's fence moves with what it read).
+        let caught = store.catch_up().await?;
         let describe = store.describe();
-        let caught = match caught {
-            Ok(caught) => caught,
-            Err(e) => {
-                // The store's fence may have moved: nothing more is written until a reopen.
-                self.cut = true;
-                return Err(e);
-            }
-        };
         let refused = |detail: String| StoreError::History {
             store: describe.clone(),
             session: self.session.to_string(),

@@ -1,0 +1,546 @@
+//! [`PostgresStore`]: sessions' logs in PostgreSQL, beside the outbox — the
+//! [`LogStore`] that [`Context::open_store`](reactifact_core::Context::open_store) opens.
+//!
+//! Three tables of the store's schema (version 2): `sessions` (one row per session: its
+//! generation, head, consumed position and fork point), `commits` (one row per commit, its
+//! runs as the core encoded them) and `checkpoints`. A commit is one transaction: the
+//! session's row moves only if it is still at the generation the writer loaded
+//! (`UPDATE … WHERE generation = $expected`; a racing writer's update waits for the row lock
+//! and then finds the generation moved, so exactly one of two wins), then the commit's row,
+//! the registration of its intents in the outbox and the commit's claim for its turn.
+//!
+//! The log's statements run on connections of their own, driven by a runtime of the store's
+//! own (one thread), so that a context's blocking direct writes may wait for them from any
+//! executor or none, and so that a commit whose caller is gone still runs to its end (and then
+//! gives back what its claim took).
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use reactifact_core::{
+    Act, Append, BoxFuture, CheckpointRow, Claimed, CommitRow, LogStore, OutboxCheck, OutboxStore, SessionRow,
+    StoreError, VerifyError,
+};
+use tokio::sync::{oneshot, Mutex};
+use tokio_postgres::{Client, NoTls};
+
+use crate::connect::{store_error, DriverError, OpenError, PostgresOptions, Target};
+use crate::outbox::PostgresOutbox;
+use crate::row::{intact, ms, CHANGED, REHASHED};
+
+/// How many connections the log uses unless [`PostgresOptions::log_connections`] says.
+pub const DEFAULT_LOG_CONNECTIONS: usize = 2;
+
+/// The PostgreSQL store: sessions' logs, their checkpoints and the outbox, in one schema of a
+/// database that any number of processes share.
+///
+/// ```no_run
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// use reactifact_core::Context;
+/// use reactifact_postgres::{PostgresOptions, PostgresStore};
+///
+/// let store = PostgresStore::open(PostgresOptions::new("postgres://app@127.0.0.1:5432/app")).await?;
+/// let mut ctx = Context::open_store(store.clone(), "orders").await?;
+/// // `Runtime::builder(ctx)…` as on SQLite; `Drainer::builder(store.outbox().clone(), …)`
+/// // serves the outbox from any process.
+/// # Ok(()) }
+/// ```
+///
+/// Several processes may open one session: their commits are fenced on the session's
+/// generation, and a runtime that loses the race reads the winner's commits and runs its
+/// generation again ([`TurnReport::conflicts`](reactifact_core::TurnReport::conflicts)).
+pub struct PostgresStore {
+    outbox: Arc<PostgresOutbox>,
+    log: Arc<Log>,
+}
+
+/// The log's connections and the runtime that drives them.
+struct Log {
+    name: String,
+    s: String,
+    outbox: Arc<PostgresOutbox>,
+    connections: Vec<Mutex<Client>>,
+    runtime: Driver,
+}
+
+/// A runtime of the store's own; shut down without waiting when the store is dropped (which
+/// may happen inside another runtime, where a blocking shutdown would panic).
+struct Driver(Option<tokio::runtime::Runtime>);
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore").field("store", &self.log.name).finish()
+    }
+}
+
+fn u64_of(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+fn i64_of(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+const COMMIT_COLUMNS: &str = "session, generation, hash, parent, merged, state_hash, events_consumed, runs";
+
+fn commit_row(row: &tokio_postgres::Row) -> CommitRow {
+    CommitRow::new(
+        row.get(0),
+        u64_of(row.get(1)),
+        row.get(2),
+        row.get(3),
+        row.get(4),
+        row.get(5),
+        u64_of(row.get(6)),
+        row.get(7),
+    )
+}
+
+impl PostgresStore {
+    /// Connects as `options` say and opens the store in its schema, creating the schema or
+    /// upgrading it to this build's version first (under an advisory lock), with the outbox's
+    /// pool and [`PostgresOptions::log_connections`] connections for the log.
+    ///
+    /// # Errors
+    /// As [`PostgresOutbox::open`].
+    pub async fn open(options: PostgresOptions) -> Result<Arc<PostgresStore>, OpenError> {
+        let outbox = PostgresOutbox::open(options.clone()).await?;
+        let target = Target::parse(&options)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("reactifact-postgres-log")
+            .enable_all()
+            .build()
+            .map_err(|e| target.connect_error(e))?;
+        let mut connections = Vec::new();
+        for _ in 0..options.log_connections_value() {
+            let config = target.config.clone();
+            let connected = runtime
+                .spawn(async move {
+                    let (client, connection) = config.connect(NoTls).await?;
+                    tokio::spawn(async move {
+                        if let Err(e) = connection.await {
+                            tracing::warn!(error = %e, "a connection of the postgres log ended");
+                        }
+                    });
+                    Ok::<_, tokio_postgres::Error>(client)
+                })
+                .await
+                .map_err(|e| target.connect_error(e))?;
+            let client = connected.map_err(|e| target.connect_error(DriverError::boxed(e)))?;
+            connections.push(Mutex::new(client));
+        }
+        let log = Log {
+            name: outbox.name().to_owned(),
+            s: outbox.quoted_schema().to_owned(),
+            outbox: outbox.clone(),
+            connections,
+            runtime: Driver(Some(runtime)),
+        };
+        Ok(Arc::new(PostgresStore {
+            outbox,
+            log: Arc::new(log),
+        }))
+    }
+
+    /// Connects to the server at `url` and opens the store in schema
+    /// [`DEFAULT_SCHEMA`](crate::DEFAULT_SCHEMA).
+    ///
+    /// # Errors
+    /// As [`PostgresOutbox::open`].
+    pub async fn connect(url: &str) -> Result<Arc<PostgresStore>, OpenError> {
+        Self::open(PostgresOptions::new(url)).await
+    }
+
+    /// The store's outbox, for a [`Drainer`](reactifact_core::Drainer) or the ledger's
+    /// operations.
+    pub fn outbox(&self) -> &Arc<PostgresOutbox> {
+        &self.outbox
+    }
+
+    /// Runs `op` on a log connection (the one `session` maps to, so one session's writes
+    /// queue on one connection), as a task of the store's runtime: it runs to its end even if
+    /// the returned future is dropped.
+    fn run<T, F>(&self, session: &str, op: impl FnOnce(Arc<Log>, usize) -> F) -> BoxFuture<'static, Result<T, StoreError>>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        let log = self.log.clone();
+        let index = connection_for(session, log.connections.len());
+        let name = log.name.clone();
+        let (answer, answered) = oneshot::channel();
+        let task = op(log.clone(), index);
+        if let Some(runtime) = &log.runtime.0 {
+            runtime.spawn(async move {
+                let _ = answer.send(task.await);
+            });
+        }
+        Box::pin(async move { answered.await.unwrap_or_else(|_| Err(StoreError::closed(name))) })
+    }
+}
+
+/// Which connection serves `session`.
+fn connection_for(session: &str, connections: usize) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    session.hash(&mut hasher);
+    (hasher.finish() % connections.max(1) as u64) as usize
+}
+
+impl Log {
+    fn err(&self) -> impl Fn(tokio_postgres::Error) -> StoreError + '_ {
+        move |e| store_error(&self.name, e)
+    }
+
+    async fn session(&self, index: usize, name: &str) -> Result<Option<SessionRow>, StoreError> {
+        let client = self.connections[index].lock().await;
+        let s = &self.s;
+        let row = client
+            .query_opt(
+                &format!("SELECT generation, head, consumed_seq, parent, fork_generation FROM {s}.sessions WHERE name = $1"),
+                &[&name],
+            )
+            .await
+            .map_err(self.err())?;
+        Ok(row.map(|row| {
+            let parent: Option<String> = row.get(3);
+            let fork: Option<i64> = row.get(4);
+            SessionRow::new(
+                u64_of(row.get(0)),
+                row.get(1),
+                u64_of(row.get(2)),
+                parent.zip(fork.map(u64_of)),
+            )
+        }))
+    }
+
+    async fn create_session(&self, index: usize, name: &str, row: SessionRow) -> Result<bool, StoreError> {
+        let client = self.connections[index].lock().await;
+        let s = &self.s;
+        let (parent, fork) = match row.fork {
+            Some((parent, at)) => (Some(parent), Some(i64_of(at))),
+            None => (None, None),
+        };
+        let inserted = client
+            .execute(
+                &format!(
+                    "INSERT INTO {s}.sessions (name, generation, head, consumed_seq, parent, fork_generation, created_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (name) DO NOTHING"
+                ),
+                &[
+                    &name,
+                    &i64_of(row.generation),
+                    &row.head,
+                    &i64_of(row.consumed_seq),
+                    &parent,
+                    &fork,
+                    &ms(SystemTime::now()),
+                ],
+            )
+            .await
+            .map_err(self.err())?;
+        Ok(inserted == 1)
+    }
+
+    async fn commits(&self, index: usize, session: &str, after: u64, upto: u64) -> Result<Vec<CommitRow>, StoreError> {
+        let client = self.connections[index].lock().await;
+        let s = &self.s;
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT {COMMIT_COLUMNS} FROM {s}.commits
+                      WHERE session = $1 AND generation > $2 AND generation <= $3 ORDER BY generation"
+                ),
+                &[&session, &i64_of(after), &i64_of(upto)],
+            )
+            .await
+            .map_err(self.err())?;
+        Ok(rows.iter().map(commit_row).collect())
+    }
+
+    async fn commit_by_hash(&self, index: usize, hash: Vec<u8>) -> Result<Option<CommitRow>, StoreError> {
+        let client = self.connections[index].lock().await;
+        let s = &self.s;
+        let row = client
+            .query_opt(
+                &format!("SELECT {COMMIT_COLUMNS} FROM {s}.commits WHERE hash = $1 LIMIT 1"),
+                &[&hash],
+            )
+            .await
+            .map_err(self.err())?;
+        Ok(row.as_ref().map(commit_row))
+    }
+
+    async fn append(&self, index: usize, append: Append) -> Result<Option<Claimed>, StoreError> {
+        let mut client = self.connections[index].lock().await;
+        let err = self.err();
+        let s = &self.s;
+        let commit = &append.commit;
+        let tx = client.transaction().await.map_err(&err)?;
+        let moved = tx
+            .execute(
+                &format!(
+                    // Fenced on the generation the writer loaded, and on the consumed events
+                    // never moving back (a stale copy would run them again).
+                    "UPDATE {s}.sessions SET generation = $1, head = $2, consumed_seq = $3
+                      WHERE name = $4 AND generation = $5 AND consumed_seq <= $3"
+                ),
+                &[
+                    &i64_of(commit.generation),
+                    &commit.hash,
+                    &i64_of(append.consumed_before),
+                    &commit.session,
+                    &i64_of(append.expected),
+                ],
+            )
+            .await
+            .map_err(&err)?;
+        if moved == 0 {
+            tx.rollback().await.map_err(&err)?;
+            return Ok(None);
+        }
+        tx.execute(
+            &format!("INSERT INTO {s}.commits ({COMMIT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"),
+            &[
+                &commit.session,
+                &i64_of(commit.generation),
+                &commit.hash,
+                &commit.parent,
+                &commit.merged,
+                &commit.state_hash,
+                &i64_of(commit.events_consumed),
+                &commit.runs,
+            ],
+        )
+        .await
+        .map_err(&err)?;
+        self.outbox.register(&tx, &append.intents, append.now).await?;
+        let claimed = match &append.claim {
+            Some(order) => self.outbox.claim_in(&tx, order.request()).await?,
+            None => Claimed::default(),
+        };
+        tx.commit().await.map_err(&err)?;
+        Ok(Some(claimed))
+    }
+
+    async fn consume(&self, index: usize, session: &str, expected: u64, before: u64) -> Result<bool, StoreError> {
+        let client = self.connections[index].lock().await;
+        let s = &self.s;
+        let moved = client
+            .execute(
+                &format!(
+                    "UPDATE {s}.sessions SET consumed_seq = $2
+                      WHERE name = $1 AND generation = $3 AND consumed_seq <= $2"
+                ),
+                &[&session, &i64_of(before), &i64_of(expected)],
+            )
+            .await
+            .map_err(self.err())?;
+        Ok(moved == 1)
+    }
+
+    async fn put_checkpoint(&self, index: usize, row: CheckpointRow, keep: usize) -> Result<(), StoreError> {
+        let mut client = self.connections[index].lock().await;
+        let err = self.err();
+        let s = &self.s;
+        let tx = client.transaction().await.map_err(&err)?;
+        tx.execute(
+            &format!(
+                "INSERT INTO {s}.checkpoints (session, generation, hash, state_hash, body, digest, created_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)
+                 ON CONFLICT (session, generation) DO UPDATE SET hash = excluded.hash,
+                     state_hash = excluded.state_hash, body = excluded.body, digest = excluded.digest,
+                     created_at = excluded.created_at"
+            ),
+            &[
+                &row.session,
+                &i64_of(row.generation),
+                &row.hash,
+                &row.state_hash,
+                &row.body,
+                &row.digest,
+                &ms(SystemTime::now()),
+            ],
+        )
+        .await
+        .map_err(&err)?;
+        tx.execute(
+            &format!(
+                "DELETE FROM {s}.checkpoints WHERE session = $1 AND generation NOT IN
+                     (SELECT generation FROM {s}.checkpoints WHERE session = $1 ORDER BY generation DESC LIMIT $2)"
+            ),
+            &[&row.session, &i64_of(keep as u64)],
+        )
+        .await
+        .map_err(&err)?;
+        tx.commit().await.map_err(&err)
+    }
+
+    async fn checkpoints(&self, index: usize, session: &str) -> Result<Vec<CheckpointRow>, StoreError> {
+        let client = self.connections[index].lock().await;
+        let s = &self.s;
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT session, generation, hash, state_hash, body, digest FROM {s}.checkpoints
+                      WHERE session = $1 ORDER BY generation"
+                ),
+                &[&session],
+            )
+            .await
+            .map_err(self.err())?;
+        Ok(rows
+            .iter()
+            .map(|row| CheckpointRow::new(row.get(0), u64_of(row.get(1)), row.get(2), row.get(3), row.get(4), row.get(5)))
+            .collect())
+    }
+
+    async fn verify_outbox(&self, index: usize, check: OutboxCheck) -> Result<Option<VerifyError>, StoreError> {
+        let client = self.connections[index].lock().await;
+        let err = self.err();
+        let s = &self.s;
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT {ok}, sha256(o.bytes) = o.action_hash, o.key, o.kind, o.origin_commit, o.origin_run, o.action_hash
+                       FROM {s}.outbox o ORDER BY o.seq",
+                    ok = intact(s, "o"),
+                ),
+                &[],
+            )
+            .await
+            .map_err(&err)?;
+        let acts: std::collections::HashSet<(&str, [u8; 32], u64, &str, [u8; 32])> = check
+            .acts
+            .iter()
+            .map(|a: &Act| (a.key.as_str(), a.commit, a.run, a.kind.as_str(), a.action_hash))
+            .collect();
+        for row in &rows {
+            let key: String = row.get(2);
+            if !row.get::<_, bool>(0) {
+                return Ok(Some(VerifyError::OutboxChanged {
+                    key: key.into(),
+                    detail: CHANGED.into(),
+                }));
+            }
+            if !row.get::<_, bool>(1) {
+                return Ok(Some(VerifyError::OutboxChanged {
+                    key: key.into(),
+                    detail: REHASHED.into(),
+                }));
+            }
+            let origin: Vec<u8> = row.get(4);
+            let Ok(origin) = <[u8; 32]>::try_from(origin.as_slice()) else {
+                continue;
+            };
+            if !check.commits.contains(&origin) {
+                continue; // Born of another session's commit.
+            }
+            let kind: String = row.get(3);
+            let action_hash: Vec<u8> = row.get(6);
+            let acted = <[u8; 32]>::try_from(action_hash.as_slice())
+                .is_ok_and(|hash| acts.contains(&(key.as_str(), origin, u64_of(row.get(5)), kind.as_str(), hash)));
+            if !acted {
+                return Ok(Some(VerifyError::OutboxForged { key: key.into() }));
+            }
+        }
+        let keys: Vec<&str> = check.acts.iter().map(|a| a.key.as_str()).collect();
+        let missing = client
+            .query_opt(
+                &format!(
+                    "SELECT k.key FROM unnest($1::text[]) WITH ORDINALITY AS k(key, n)
+                      WHERE NOT EXISTS (SELECT 1 FROM {s}.outbox o WHERE o.key = k.key)
+                        AND NOT EXISTS (SELECT 1 FROM {s}.outbox_purged p WHERE p.key = k.key)
+                      ORDER BY k.n LIMIT 1"
+                ),
+                &[&keys],
+            )
+            .await
+            .map_err(&err)?;
+        Ok(missing.map(|row| VerifyError::OutboxMissing {
+            key: row.get::<_, String>(0).into(),
+        }))
+    }
+}
+
+impl LogStore for PostgresStore {
+    fn describe(&self) -> String {
+        self.log.name.clone()
+    }
+
+    fn outbox(&self) -> Arc<dyn OutboxStore> {
+        self.outbox.clone()
+    }
+
+    fn session<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<SessionRow>, StoreError>> {
+        let name = name.to_owned();
+        self.run(&name.clone(), move |log, i| async move { log.session(i, &name).await })
+    }
+
+    fn create_session<'a>(&'a self, name: &'a str, row: SessionRow) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let name = name.to_owned();
+        self.run(&name.clone(), move |log, i| async move { log.create_session(i, &name, row).await })
+    }
+
+    fn commits<'a>(&'a self, session: &'a str, after: u64, upto: u64) -> BoxFuture<'a, Result<Vec<CommitRow>, StoreError>> {
+        let session = session.to_owned();
+        self.run(&session.clone(), move |log, i| async move {
+            log.commits(i, &session, after, upto).await
+        })
+    }
+
+    fn commit_by_hash<'a>(&'a self, hash: &'a [u8]) -> BoxFuture<'a, Result<Option<CommitRow>, StoreError>> {
+        let hash = hash.to_vec();
+        self.run("", move |log, i| async move { log.commit_by_hash(i, hash).await })
+    }
+
+    fn append(&self, append: Append) -> BoxFuture<'_, Result<Option<Claimed>, StoreError>> {
+        let session = append.commit.session.clone();
+        let (answer, answered) = oneshot::channel::<()>();
+        let appended = self.run(&session, move |log, i| async move {
+            let now = append.now;
+            let appended = log.append(i, append).await;
+            // The caller is gone (its commit was cut off): what the claim took is given back
+            // at once, not left in flight for a lease.
+            if let (Ok(Some(claimed)), true) = (&appended, answer.is_closed()) {
+                log.outbox.release(claimed, now).await;
+            }
+            appended
+        });
+        Box::pin(async move {
+            let appended = appended.await;
+            drop(answered);
+            appended
+        })
+    }
+
+    fn consume<'a>(&'a self, session: &'a str, expected: u64, before: u64) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let session = session.to_owned();
+        self.run(&session.clone(), move |log, i| async move {
+            log.consume(i, &session, expected, before).await
+        })
+    }
+
+    fn put_checkpoint(&self, row: CheckpointRow, keep: usize) -> BoxFuture<'_, Result<(), StoreError>> {
+        let session = row.session.clone();
+        self.run(&session, move |log, i| async move { log.put_checkpoint(i, row, keep).await })
+    }
+
+    fn checkpoints<'a>(&'a self, session: &'a str) -> BoxFuture<'a, Result<Vec<CheckpointRow>, StoreError>> {
+        let session = session.to_owned();
+        self.run(&session.clone(), move |log, i| async move { log.checkpoints(i, &session).await })
+    }
+
+    fn verify_outbox(&self, check: OutboxCheck) -> BoxFuture<'_, Result<Option<VerifyError>, StoreError>> {
+        self.run("", move |log, i| async move { log.verify_outbox(i, check).await })
+    }
+}

@@ -1,0 +1,374 @@
+//! Sessions' logs in PostgreSQL ([`PostgresStore`]): a runtime on it commits, delivers and
+//! resumes as on SQLite; checkpoints shorten the open; verify checks the outbox against the
+//! log; and two OS processes writing one session lose nothing and act no intent twice.
+//! Runs when `REACTIFACT_TEST_POSTGRES_URL` is set (see `common`).
+
+mod common;
+
+use std::collections::HashSet;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+use reactifact_core::{
+    Agent, Artifact, Budget, Context, DispatchError, Intent, OpenError, OpenOptions, PendingAction, Produce,
+    ProduceCall, ProduceError, Runtime, StoreError, TurnOutcome, VerifyError, WriteError,
+};
+use reactifact_postgres::{PostgresOptions, PostgresStore};
+use serde::{Deserialize, Serialize};
+
+use common::Schemas;
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+struct Order {
+    customer: String,
+    total_cents: u64,
+}
+
+impl Artifact for Order {
+    const KIND: &'static str = "order";
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+struct Receipt {
+    order: String,
+    total_cents: u64,
+}
+
+impl Artifact for Receipt {
+    const KIND: &'static str = "receipt";
+}
+
+/// A receipt per order and a `notify` intent keyed by the order id.
+fn process_order() -> Produce {
+    Produce::new("process_order", |call: ProduceCall<Order>| async move {
+        let id = call.trigger.id.to_string();
+        call.effects.upsert(
+            format!("receipt:{id}"),
+            Receipt {
+                order: id.clone(),
+                total_cents: call.trigger.data.total_cents,
+            },
+        );
+        call.effects.act("notify", format!("notify:{id}"), &id);
+        Ok::<(), ProduceError>(())
+    })
+    .creates::<Receipt>()
+    .creates::<PendingAction>()
+}
+
+fn order(i: u64) -> Order {
+    Order {
+        customer: format!("customer-{i}"),
+        total_cents: 100 + i,
+    }
+}
+
+async fn open_store(url: &str, schema: &str) -> Arc<PostgresStore> {
+    PostgresStore::open(PostgresOptions::new(url).schema(schema).pool_size(4))
+        .await
+        .unwrap_or_else(|e| panic!("the test store opens: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_on_postgres_commits_delivers_and_resumes() {
+    let Some(url) = common::url("a_runtime_on_postgres_commits_delivers_and_resumes") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "log_rt");
+    let schema = schemas.name();
+    let store = open_store(&url, &schema).await;
+    let mut ctx = Context::open_store(store.clone(), "orders").await.unwrap();
+    assert!(ctx.store_description().starts_with("postgres://"), "{}", ctx.store_description());
+    let mut tx = ctx.transaction();
+    for i in 0..20 {
+        tx.create(format!("order:{i}"), order(i));
+    }
+    tx.commit().unwrap();
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let log = sent.clone();
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("billing").produce(process_order()))
+        .dispatcher(move |intent: Intent| {
+            let log = log.clone();
+            async move {
+                log.lock().unwrap().push(intent.key().to_string());
+                Ok::<(), DispatchError>(())
+            }
+        })
+        .build()
+        .unwrap();
+    let report = rt.run().await.unwrap();
+    assert_eq!(report.outcome, TurnOutcome::Completed);
+    assert_eq!(report.deliveries.delivered, 20);
+    let state_hash = rt.context().state_hash();
+    let generation = rt.context().generation();
+    drop(rt);
+
+    // Another store handle (another process would do the same) reads what was committed.
+    let again = open_store(&url, &schema).await;
+    let ctx = Context::open_store(again, "orders").await.unwrap();
+    assert_eq!(ctx.generation(), generation);
+    assert_eq!(ctx.state_hash(), state_hash);
+    assert_eq!(ctx.queued_events(), 0);
+    ctx.verify().unwrap();
+    let counts = ctx.ledger().counts().await.unwrap();
+    assert_eq!(counts.delivered, 20);
+    let sent = sent.lock().unwrap().clone();
+    assert_eq!(sent.len(), 20);
+    assert_eq!(sent.iter().collect::<HashSet<_>>().len(), 20, "every key sent once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_opens_from_its_checkpoint_and_still_verifies_its_whole_log() {
+    let Some(url) = common::url("a_session_opens_from_its_checkpoint_and_still_verifies_its_whole_log") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "log_ckpt");
+    let schema = schemas.name();
+    let store = open_store(&url, &schema).await;
+    let options = OpenOptions::new().checkpoint_every(0);
+    let mut ctx = Context::open_store_with(store.clone(), "orders", options.clone())
+        .await
+        .unwrap();
+    for i in 0..7 {
+        ctx.create(format!("order:{i}"), order(i)).unwrap();
+    }
+    assert_eq!(ctx.checkpoint().await.unwrap().map(|g| g.0), Some(7));
+    ctx.create("order:7", order(7)).unwrap();
+    let state_hash = ctx.state_hash();
+    drop(ctx);
+
+    let ctx = Context::open_store_with(store.clone(), "orders", options).await.unwrap();
+    assert_eq!(ctx.generation().0, 8);
+    assert_eq!(ctx.state_hash(), state_hash);
+    assert_eq!(ctx.queued_events(), 8, "the events of the checkpoint and of the tail");
+    assert_eq!(ctx.log().unwrap().len(), 8, "the older commits are read on demand");
+    let report = ctx.verify().unwrap();
+    assert_eq!(report.commits, 8);
+
+    // A damaged checkpoint is skipped: the open reads the whole log instead.
+    schemas
+        .execute(&format!(
+            "UPDATE \"{schema}\".checkpoints SET body = body || '\\x00'::bytea"
+        ))
+        .await;
+    let ctx = Context::open_store(store, "orders").await.unwrap();
+    assert_eq!(ctx.state_hash(), state_hash);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_names_a_deleted_outbox_row_and_a_changed_commit_refuses_the_open() {
+    let Some(url) = common::url("verify_names_a_deleted_outbox_row_and_a_changed_commit_refuses_the_open") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "log_verify");
+    let schema = schemas.name();
+    let store = open_store(&url, &schema).await;
+    let ctx = Context::open_store(store.clone(), "orders").await.unwrap();
+    let mut ctx = ctx;
+    ctx.create("order:1", order(1)).unwrap();
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("billing").produce(process_order()))
+        .build()
+        .unwrap();
+    rt.run().await.unwrap();
+    drop(rt);
+
+    schemas
+        .execute(&format!("DELETE FROM \"{schema}\".outbox WHERE key = 'notify:order:1'"))
+        .await;
+    let ctx = Context::open_store(store.clone(), "orders").await.unwrap();
+    match ctx.verify() {
+        Err(VerifyError::OutboxMissing { key }) => assert_eq!(key.as_str(), "notify:order:1"),
+        other => panic!("expected the missing row, got {other:?}"),
+    }
+    drop(ctx);
+
+    schemas
+        .execute(&format!(
+            "UPDATE \"{schema}\".commits SET state_hash = sha256(state_hash) WHERE generation = 1"
+        ))
+        .await;
+    match Context::open_store(store, "orders").await {
+        Err(OpenError::Corrupt { detail, .. }) => assert!(detail.contains("state hash"), "{detail}"),
+        Err(other) => panic!("expected a corrupt log, got {other}"),
+        Ok(_) => panic!("a changed commit opened"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_writer_is_refused_then_catches_up_and_a_fork_lives_beside_its_parent() {
+    let Some(url) = common::url("a_stale_writer_is_refused_then_catches_up_and_a_fork_lives_beside_its_parent") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "log_stale");
+    let schema = schemas.name();
+    let store = open_store(&url, &schema).await;
+    let mut first = Context::open_store(store.clone(), "orders").await.unwrap();
+    let mut second = Context::open_store(store.clone(), "orders").await.unwrap();
+    first.create("order:1", order(1)).unwrap();
+    let refused = second.create("order:2", order(2)).unwrap_err();
+    assert!(
+        matches!(refused, WriteError::Store(StoreError::Conflict { expected: 0, .. })),
+        "{refused:?}"
+    );
+    assert_eq!(second.catch_up().await.unwrap(), 1);
+    second.create("order:2", order(2)).unwrap();
+    assert_eq!(second.generation().0, 2);
+    assert_eq!(second.queued_events(), 2);
+
+    let branch = second.fork("what-if").unwrap();
+    let mut branch = branch;
+    branch.create("order:3", order(3)).unwrap();
+    drop((first, second, branch));
+    let parent = Context::open_store(store.clone(), "orders").await.unwrap();
+    let branch = Context::open_store(store.clone(), "what-if").await.unwrap();
+    assert_eq!(parent.generation().0, 2);
+    assert_eq!(branch.generation().0, 3);
+    assert!(branch.get::<Order>("order:1").unwrap().is_some());
+    assert!(parent.get::<Order>("order:3").unwrap().is_none());
+    branch.verify().unwrap();
+    assert!(matches!(
+        Context::open_store_with(store, "nobody", OpenOptions::new().create(false)).await,
+        Err(OpenError::NoSuchSession { .. })
+    ));
+}
+
+/// The child writer of the two-process test: a no-op unless its variables are set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_writer() {
+    let (Ok(url), Ok(schema), Ok(name)) = (
+        std::env::var("RFT_CHILD_URL"),
+        std::env::var("RFT_CHILD_SCHEMA"),
+        std::env::var("RFT_CHILD_NAME"),
+    ) else {
+        return;
+    };
+    let n: u64 = std::env::var("RFT_CHILD_ORDERS").unwrap().parse().unwrap();
+    let store = open_store(&url, &schema).await;
+    let mut ctx = Context::open_store(store, "shared").await.unwrap();
+    let mut refused = 0u64;
+    // Direct writes: on a conflict, catch up and write again.
+    let mut write = async |ctx: &mut Context, id: String, value: Order| loop {
+        match ctx.create(id.clone(), value.clone()) {
+            Ok(()) => break,
+            Err(WriteError::Store(StoreError::Conflict { .. })) => {
+                refused += 1;
+                ctx.catch_up().await.unwrap();
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    // Waits (bounded) until the store holds `count` orders, catching up with the other writer.
+    let wait_for = async |ctx: &mut Context, count: usize| {
+        for _ in 0..3000 {
+            ctx.catch_up().await.unwrap();
+            if ctx.list::<Order>().count() >= count {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("the other writer's orders never arrived");
+    };
+    // Both start seeding together (each writes a ready order first, then waits for the
+    // other's), and start their runtimes once both seeded.
+    write(&mut ctx, format!("order:{name}:ready"), order(0)).await;
+    wait_for(&mut ctx, 2).await;
+    for i in 0..n {
+        write(&mut ctx, format!("order:{name}:{i}"), order(i)).await;
+    }
+    let total: usize = std::env::var("RFT_CHILD_TOTAL").unwrap().parse().unwrap();
+    wait_for(&mut ctx, total).await;
+    // Then generations, a few runs each, racing the other process's.
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("billing").produce(process_order()))
+        .build()
+        .unwrap();
+    let mut conflicts = 0;
+    loop {
+        let report = rt.run_with(Budget::UNLIMITED.max_runs(3)).await.unwrap();
+        conflicts += report.conflicts;
+        if report.outcome == TurnOutcome::Completed {
+            break;
+        }
+    }
+    // Whatever the other process still commits after this one is done is its own to run.
+    println!("CHILD {name} refused={refused} conflicts={conflicts}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_writing_one_session_lose_nothing_and_act_no_intent_twice() {
+    let Some(url) = common::url("two_processes_writing_one_session_lose_nothing_and_act_no_intent_twice") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "log_race");
+    let schema = schemas.name();
+    // The schema exists before the children race to open it.
+    drop(open_store(&url, &schema).await);
+    const ORDERS: u64 = 60;
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = ["a", "b"]
+        .iter()
+        .map(|name| {
+            Command::new(&exe)
+                .args(["--exact", "child_writer", "--nocapture", "--test-threads=1"])
+                .env("RFT_CHILD_URL", &url)
+                .env("RFT_CHILD_SCHEMA", &schema)
+                .env("RFT_CHILD_NAME", name)
+                .env("RFT_CHILD_ORDERS", ORDERS.to_string())
+                .env("RFT_CHILD_TOTAL", (2 * ORDERS + 2).to_string())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut lines = Vec::new();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(out.status.success(), "a child failed: {stdout}");
+        // (The harness may print the test's name on the same line.)
+        lines.extend(stdout.lines().filter_map(|l| l.find("CHILD ").map(|at| l[at..].to_owned())));
+    }
+    println!("{lines:?}");
+    assert_eq!(lines.len(), 2, "both children reported");
+    let count = |field: &str| -> u64 {
+        lines
+            .iter()
+            .map(|l| {
+                let at = l.find(field).unwrap() + field.len();
+                l[at..].split_whitespace().next().unwrap().parse::<u64>().unwrap()
+            })
+            .sum()
+    };
+    // The race is real: writes were refused and generations ran again (each child runs
+    // dozens of generations over one queue, one of them always finds the other's commit).
+    assert!(count("refused=") > 0, "the direct writes never raced: {lines:?}");
+    assert!(count("conflicts=") > 0, "the generations never raced: {lines:?}");
+
+    let store = open_store(&url, &schema).await;
+    let ctx = Context::open_store(store, "shared").await.unwrap();
+    ctx.verify().unwrap();
+    // Every order of both writers is there, with its receipt, and each was processed by one
+    // committed run.
+    for name in ["a", "b"] {
+        for i in 0..ORDERS {
+            let id = format!("order:{name}:{i}");
+            assert!(ctx.get::<Order>(&id).unwrap().is_some(), "{id} was lost");
+            assert!(ctx.get::<Receipt>(&format!("receipt:{id}")).unwrap().is_some(), "{id} has no receipt");
+        }
+    }
+    let mut processed = HashSet::new();
+    for commit in ctx.log().unwrap() {
+        for run in &commit.runs {
+            if run.produce.as_deref() == Some("process_order") {
+                let trigger = run.trigger.as_ref().unwrap().id.to_string();
+                assert!(processed.insert(trigger.clone()), "{trigger} was processed twice");
+            }
+        }
+    }
+    assert_eq!(processed.len() as u64, 2 * ORDERS + 2, "each order, and each ready order");
+    assert_eq!(ctx.queued_events(), 0);
+    let counts = ctx.ledger().counts().await.unwrap();
+    assert_eq!(counts.pending, 2 * ORDERS + 2, "one intent per order");
+}
