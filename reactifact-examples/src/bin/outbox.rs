@@ -3,6 +3,7 @@
 //! ```sh
 //! cargo run -p reactifact-examples --bin outbox            # SQLite file in a temporary directory
 //! cargo run -p reactifact-examples --bin outbox -- my.db   # SQLite file at my.db (must not exist)
+//! cargo run -p reactifact-examples --bin outbox -- --postgres postgres://postgres@127.0.0.1:5432/test
 //! ```
 //!
 //! An `Order` triggers `process_order`, which upserts a `Receipt` and records a `notify` intent
@@ -11,19 +12,21 @@
 //! service that counts what it is asked to send.
 //!
 //! The walkthrough runs seven cases twice, once in memory and once on the embedded SQLite
-//! store. Each case checks what it claims and prints one line; the program exits non-zero if
+//! store — and a third time on PostgreSQL when given `--postgres URL`, in a new schema of its
+//! own (`walkthrough_<pid>_<time>`, left in place so that the `reactifact` tool can inspect it). Each case checks what it claims and prints one line; the program exits non-zero if
 //! any check fails. See `docs/walkthrough.md` for the cases in prose.
 
 use std::collections::VecDeque;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use reactifact_core::{
     produce, Agent, Artifact, ArtifactId, Context, Delivery, DeliveryStatus, DispatchError, Dispatcher, Generation,
-    Intent, PendingAction, ProduceCall, Record, RetryPolicy, Runtime, StateHash,
+    Intent, LogStore, PendingAction, ProduceCall, Record, RetryPolicy, Runtime, StateHash,
 };
+use reactifact_postgres::{PostgresOptions, PostgresStore};
 use serde::{Deserialize, Serialize};
 
 // ---------------------------------------------------------------------------------------------
@@ -205,13 +208,16 @@ fn check_eq<T: PartialEq + std::fmt::Debug>(actual: T, expected: T, what: &str) 
 enum Store {
     Memory,
     Sqlite(PathBuf),
+    /// A PostgreSQL store, and how to name it (no password).
+    Postgres(Arc<PostgresStore>, String),
 }
 
 impl Store {
-    fn open(&self, session: &str) -> Outcome<Context> {
+    async fn open(&self, session: &str) -> Outcome<Context> {
         Ok(match self {
             Store::Memory => Context::new(session),
             Store::Sqlite(path) => Context::open(path, session)?,
+            Store::Postgres(store, _) => Context::open_store(store.clone(), session).await?,
         })
     }
 }
@@ -243,7 +249,7 @@ async fn delivery(rt: &Runtime, key: &str) -> Outcome<Delivery> {
 
 impl Walkthrough {
     async fn run(&self) -> Outcome {
-        let mut shop = self.shop(self.store.open("shop")?)?;
+        let mut shop = self.shop(self.store.open("shop").await?)?;
         say(1, "commit → dispatch", self.commit_then_dispatch(&mut shop).await)?;
         say(2, "re-derivation", self.re_derivation(&mut shop).await)?;
         say(3, "same generation", self.same_generation().await)?;
@@ -251,10 +257,10 @@ impl Walkthrough {
         say(5, "replay", self.replay(&shop).await)?;
         say(6, "failure → retry", self.failure_then_retry(&mut shop).await)?;
         say(7, "transient outage", self.transient_outage(&mut shop).await)?;
-        if let Store::Sqlite(path) = &self.store {
+        if !matches!(self.store, Store::Memory) {
             let (hash, commits) = (shop.context().state_hash(), shop.context().log()?.len());
             drop(shop);
-            println!("  {}", reopen(path, hash, commits).await?);
+            println!("  {}", reopen(&self.store, hash, commits).await?);
         }
         Ok(())
     }
@@ -322,7 +328,7 @@ impl Walkthrough {
             Agent::new("billing").produce(process_order),
             Agent::new("support").produce(confirm_order),
         ];
-        let mut rt = self.runtime(self.store.open("two-agents")?, agents)?;
+        let mut rt = self.runtime(self.store.open("two-agents").await?, agents)?;
         rt.context_mut().create("order:3", order("bob", 300))?;
         let report = rt.run().await?;
 
@@ -452,9 +458,13 @@ impl Walkthrough {
     }
 }
 
-/// Reopens the SQLite file and checks the state survived the process's runtime.
-async fn reopen(path: &Path, hash: StateHash, commits: usize) -> Outcome<String> {
-    let reopened = Context::open(path, "shop")?;
+/// Reopens the durable store and checks the state survived the process's runtime.
+async fn reopen(store: &Store, hash: StateHash, commits: usize) -> Outcome<String> {
+    let (reopened, place) = match store {
+        Store::Sqlite(path) => (Context::open(path, "shop")?, path.display().to_string()),
+        Store::Postgres(store, name) => (Context::open_store(store.clone(), "shop").await?, name.clone()),
+        Store::Memory => return Err("nothing to reopen in memory".into()),
+    };
     reopened.verify()?;
     let delivery = reopened
         .ledger()
@@ -465,18 +475,53 @@ async fn reopen(path: &Path, hash: StateHash, commits: usize) -> Outcome<String>
     check_eq(reopened.log()?.len(), commits, "reopened: commits")?;
     check_eq(delivery.status(), DeliveryStatus::Delivered, "reopened: ledger status")?;
     Ok(format!(
-        "reopened {}: {commits} commits verified, state hash {} matches; ledger: notify:order:7 {} after {} attempts",
-        path.display(),
+        "reopened {place}: {commits} commits verified, state hash {} matches; ledger: notify:order:7 {} after {} attempts",
         hash.short(),
         delivery.status(),
         delivery.attempts()
     ))
 }
 
-/// The SQLite file: the first argument, or a new file in a new temporary directory.
-fn sqlite_path() -> Outcome<PathBuf> {
-    if let Some(path) = std::env::args_os().nth(1) {
-        let path = PathBuf::from(path);
+/// The command line: a SQLite path (the first argument that is not an option), and
+/// `--postgres URL`.
+struct Args {
+    path: Option<PathBuf>,
+    postgres: Option<String>,
+}
+
+fn args() -> Outcome<Args> {
+    let mut parsed = Args {
+        path: None,
+        postgres: None,
+    };
+    let mut args = std::env::args_os().skip(1);
+    while let Some(arg) = args.next() {
+        if arg == "--postgres" {
+            let url = args.next().ok_or("--postgres needs a URL")?;
+            parsed.postgres = Some(url.into_string().map_err(|_| "--postgres: the URL is not UTF-8")?);
+        } else if parsed.path.is_none() {
+            parsed.path = Some(PathBuf::from(arg));
+        } else {
+            return Err(format!("unexpected argument {}", arg.to_string_lossy()).into());
+        }
+    }
+    Ok(parsed)
+}
+
+/// A PostgreSQL store in a new schema of its own on the server at `url`.
+async fn postgres_store(url: &str) -> Outcome<Store> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let schema = format!("walkthrough_{}_{nanos}", std::process::id());
+    let store = PostgresStore::open(PostgresOptions::new(url).schema(&schema)).await?;
+    let name = store.describe();
+    Ok(Store::Postgres(store, name))
+}
+
+/// The SQLite file: `path`, or a new file in a new temporary directory.
+fn sqlite_path(path: Option<PathBuf>) -> Outcome<PathBuf> {
+    if let Some(path) = path {
         if path.exists() {
             return Err(format!("{} exists; pass a path to a new file", path.display()).into());
         }
@@ -494,6 +539,7 @@ async fn walk(store: Store) -> bool {
     let place = match &store {
         Store::Memory => "in memory".to_owned(),
         Store::Sqlite(path) => format!("on SQLite, in {}", path.display()),
+        Store::Postgres(_, name) => format!("on PostgreSQL, in {name}"),
     };
     println!("The outbox walkthrough, {place}:");
     let walkthrough = Walkthrough {
@@ -511,17 +557,36 @@ async fn walk(store: Store) -> bool {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
+    let args = match args() {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("outbox: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let mut ok = walk(Store::Memory).await;
     println!();
-    match sqlite_path() {
+    match sqlite_path(args.path) {
         Ok(path) => ok &= walk(Store::Sqlite(path)).await,
         Err(e) => {
             eprintln!("walkthrough on SQLite: {e}");
             ok = false;
         }
     }
+    let mut places = "in memory and on SQLite";
+    if let Some(url) = &args.postgres {
+        println!();
+        places = "in memory, on SQLite and on PostgreSQL";
+        match postgres_store(url).await {
+            Ok(store) => ok &= walk(store).await,
+            Err(e) => {
+                eprintln!("walkthrough on PostgreSQL: {e}");
+                ok = false;
+            }
+        }
+    }
     if ok {
-        println!("\nEvery case held, in memory and on SQLite.");
+        println!("\nEvery case held, {places}.");
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
