@@ -1,5 +1,9 @@
-//! A PostgreSQL outbox for reactifact: the delivery ledger of a store as a table of a
+//! A PostgreSQL store for reactifact: sessions' logs and the delivery ledger in one schema of a
 //! PostgreSQL database, shared by any number of processes and drainers.
+//!
+//! [`PostgresStore`] keeps sessions' logs (a [`reactifact_core::LogStore`]:
+//! `Context::open_store(store, "orders")` opens one); its [`PostgresOutbox`] is the outbox every
+//! commit registers its intents in and every drainer claims from.
 //!
 //! [`PostgresOutbox`] implements [`reactifact_core::OutboxStore`] with the semantics of the
 //! core's stores (the store contract suite runs against it): claims with leases and fencing
