@@ -11,7 +11,8 @@ use crate::model::artifact::{Artifact, ArtifactId};
 use crate::model::patch::{Op, PutMode};
 use crate::model::relation::Relation;
 use crate::outbox::drain::instant_after;
-use crate::run::runtime::{RunError, Runtime, StopHandle, TurnOutcome};
+use crate::run::runtime::{RunError, Runtime, StopHandle, TurnOutcome, MAX_CONFLICT_RETRIES};
+use crate::store::StoreError;
 use crate::state::context::WriteError;
 
 /// A batch of writes sent to a serving runtime, and where to answer.
@@ -155,9 +156,9 @@ impl Runtime {
     }
 
     /// Applies the writes that handles sent, each as one commit.
-    pub(crate) fn apply_submitted(&mut self, report: &mut ServeReport) {
+    pub(crate) async fn apply_submitted(&mut self, report: &mut ServeReport) {
         while let Ok(submitted) = self.inbox.rx.try_recv() {
-            self.apply_one(submitted, report);
+            self.apply_one(submitted, report).await;
         }
     }
 
@@ -181,7 +182,10 @@ impl Runtime {
     async fn serve_until_stopped(&mut self, poll: Duration) -> Result<ServeReport, RunError> {
         let mut report = ServeReport::default();
         loop {
-            self.apply_submitted(&mut report);
+            // Another process serving the same session may have committed since: its commits
+            // are taken first (and its queued work with them, should it have stopped).
+            self.context.catch_up().await?;
+            self.apply_submitted(&mut report).await;
             let turn = self.run().await?;
             report.turns += 1;
             report.generations += turn.generations;
@@ -220,7 +224,7 @@ impl Runtime {
             tokio::select! {
                 submitted = self.inbox.rx.recv() => {
                     if let Some(submitted) = submitted {
-                        self.apply_one(submitted, &mut report);
+                        self.apply_one(submitted, &mut report).await;
                     }
                 }
                 () = tokio::time::sleep_until(wake) => {}
@@ -232,9 +236,24 @@ impl Runtime {
         }
     }
 
-    fn apply_one(&mut self, submitted: Submitted, report: &mut ServeReport) {
+    /// Commits one submitted write; if another writer committed to the session first, takes
+    /// its commits and writes again (at most [`MAX_CONFLICT_RETRIES`] times).
+    async fn apply_one(&mut self, submitted: Submitted, report: &mut ServeReport) {
         let result = match submitted.ops {
-            Ok(ops) => self.context.commit_direct(ops),
+            Ok(ops) => {
+                let mut tries = 0;
+                loop {
+                    match self.context.commit_direct(ops.clone()) {
+                        Err(WriteError::Store(StoreError::Conflict { .. })) if tries < MAX_CONFLICT_RETRIES => {
+                            tries += 1;
+                            if let Err(e) = self.context.catch_up().await {
+                                break Err(WriteError::Store(e));
+                            }
+                        }
+                        result => break result,
+                    }
+                }
+            }
             Err(e) => Err(WriteError::from(e)),
         };
         match &result {
