@@ -213,6 +213,9 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str, store: &str) -> R
                 .map(|row| row.get(0))
                 .collect();
             if !tables.is_empty() {
+                // Ended here, not left open in a pooled connection (it would pin the xmin
+                // horizon until the connection is next used or closed).
+                tx.rollback().await.map_err(err)?;
                 return Err(OpenError::Foreign {
                     store: store.to_owned(),
                     schema: schema.to_owned(),
@@ -226,6 +229,7 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str, store: &str) -> R
         0
     };
     if found > SCHEMA_VERSION {
+        tx.rollback().await.map_err(err)?;
         return Err(OpenError::NewerSchema {
             store: store.to_owned(),
             schema: schema.to_owned(),

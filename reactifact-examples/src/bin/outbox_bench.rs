@@ -10,7 +10,8 @@
 //! The store is `memory` (default), `sqlite` (an embedded SQLite file, `synchronous = FULL`:
 //! one fsync per generation) or `sqlite-normal` (`synchronous = NORMAL`). The SQLite file is
 //! created fresh under `--db DIR` (default: the system's temporary directory) and removed
-//! after the run.
+//! after the run. `postgres` is the PostgreSQL store (`PostgresStore`, on the server at `--url`
+//! or `REACTIFACT_TEST_POSTGRES_URL`), in a new schema of the run's own, dropped after it.
 //!
 //! Prints one JSON line per run and exits non-zero unless every key of the timed orders was
 //! delivered exactly once. See `docs/performance.md`.
@@ -19,6 +20,8 @@
 //! cargo run --release -p reactifact-examples --bin outbox-bench -- 100000
 //! cargo run --release -p reactifact-examples --bin outbox-bench -- 1000 --standing 1000000
 //! cargo run --release -p reactifact-examples --bin outbox-bench -- --n 10000 --generations 10 --runs 3
+//! cargo run --release -p reactifact-examples --bin outbox-bench -- 1000 --generations 1000 --store postgres \
+//!     --url postgres://postgres@127.0.0.1:5432/test
 //! ```
 
 use std::collections::HashSet;
@@ -32,14 +35,17 @@ use reactifact_core::{
 };
 
 use reactifact_examples::order_flow::{process_order, Order};
+use reactifact_postgres::{PostgresOptions, PostgresStore};
 
 const USAGE: &str = "\
-usage: outbox-bench [N] [--n N] [--store memory|sqlite|sqlite-normal] [--db DIR] [--generations G]
-                    [--standing M] [--runs R]
+usage: outbox-bench [N] [--n N] [--store memory|sqlite|sqlite-normal|postgres] [--db DIR] [--url URL]
+                    [--generations G] [--standing M] [--runs R]
 
   N, --n N           orders in the timed workload (default 1000)
   --store S          `memory` (default); `sqlite`: an SQLite file, synchronous = FULL (one fsync
-                     per generation); `sqlite-normal`: synchronous = NORMAL
+                     per generation); `sqlite-normal`: synchronous = NORMAL; `postgres`: the
+                     PostgreSQL store, in a schema of the run's own (dropped afterwards)
+  --url URL          the PostgreSQL server (default: $REACTIFACT_TEST_POSTGRES_URL)
   --db DIR           where the SQLite file is created (default: the temporary directory);
                      the file is removed after each run
   --generations G    the orders arrive in G batches: seed N/G orders, run a turn, repeat (default 1)
@@ -54,6 +60,7 @@ struct Options {
     generations: u64,
     standing: u64,
     runs: u32,
+    url: Option<String>,
 }
 
 fn parse_args() -> Result<Options, String> {
@@ -64,6 +71,7 @@ fn parse_args() -> Result<Options, String> {
         generations: 1,
         standing: 0,
         runs: 1,
+        url: std::env::var("REACTIFACT_TEST_POSTGRES_URL").ok().filter(|u| !u.is_empty()),
     };
     let mut args = std::env::args().skip(1);
     let mut positional = 0;
@@ -89,6 +97,7 @@ fn parse_args() -> Result<Options, String> {
             "--generations" | "-g" => options.generations = number(&name, &value(&name)?)?,
             "--standing" => options.standing = number(&name, &value(&name)?)?,
             "--runs" => options.runs = number(&name, &value(&name)?)? as u32,
+            "--url" => options.url = Some(value(&name)?),
             other if !other.starts_with('-') && positional == 0 => {
                 options.n = number("N", other)?;
                 positional += 1;
@@ -105,11 +114,14 @@ fn parse_args() -> Result<Options, String> {
     if options.runs == 0 {
         return Err("--runs must be at least 1".to_owned());
     }
-    if !["memory", "sqlite", "sqlite-normal"].contains(&options.store.as_str()) {
+    if !["memory", "sqlite", "sqlite-normal", "postgres"].contains(&options.store.as_str()) {
         return Err(format!(
-            "unknown store `{}`: the stores are `memory`, `sqlite` and `sqlite-normal` (a PostgreSQL store is not available yet)",
+            "unknown store `{}`: the stores are `memory`, `sqlite`, `sqlite-normal` and `postgres`",
             options.store
         ));
+    }
+    if options.store == "postgres" && options.url.is_none() {
+        return Err("--store postgres needs --url URL (or REACTIFACT_TEST_POSTGRES_URL)".to_owned());
     }
     Ok(options)
 }
@@ -149,11 +161,8 @@ struct DbFile {
 
 impl DbFile {
     fn new(dir: &std::path::Path) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
         DbFile {
-            path: dir.join(format!("outbox-bench-{}-{nanos}.db", std::process::id())),
+            path: dir.join(format!("outbox-bench-{}-{}.db", std::process::id(), nanos())),
         }
     }
 
@@ -182,17 +191,87 @@ impl Drop for DbFile {
     }
 }
 
-fn open_context(options: &Options, db: Option<&DbFile>) -> Result<Context, String> {
-    let Some(db) = db else {
-        return Ok(Context::new("bench"));
-    };
-    let synchronous = if options.store == "sqlite" {
-        Synchronous::Full
-    } else {
-        Synchronous::Normal
-    };
-    Context::open_with(&db.path, "bench", OpenOptions::new().synchronous(synchronous))
-        .map_err(|e| format!("cannot open the SQLite store: {e}"))
+/// Where a run keeps its state: a SQLite file or a PostgreSQL schema of its own (none in
+/// memory), removed when dropped.
+enum Durable {
+    Sqlite(DbFile),
+    Postgres(Arc<PostgresStore>, String),
+}
+
+impl Durable {
+    fn new(options: &Options, tokio: &tokio::runtime::Runtime) -> Result<Option<Durable>, String> {
+        Ok(match options.store.as_str() {
+            "memory" => None,
+            "postgres" => {
+                let url = options.url.as_deref().unwrap_or_default();
+                let schema = format!("outbox_bench_{}_{}", std::process::id(), nanos() % 1_000_000_000);
+                let store = tokio
+                    .block_on(PostgresStore::open(PostgresOptions::new(url).schema(&schema)))
+                    .map_err(|e| format!("cannot open the PostgreSQL store: {e}"))?;
+                Some(Durable::Postgres(store, schema))
+            }
+            _ => Some(Durable::Sqlite(DbFile::new(&options.db_dir))),
+        })
+    }
+
+    /// Bytes on disk: the SQLite file and its log, or the schema's tables and indexes.
+    fn bytes(&self, tokio: &tokio::runtime::Runtime) -> Option<u64> {
+        match self {
+            Durable::Sqlite(db) => Some(db.bytes()),
+            Durable::Postgres(store, schema) => tokio
+                .block_on(async {
+                    let client = store.outbox().pool().get().await.ok()?;
+                    let row = client
+                        .query_one(
+                            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint FROM pg_class c
+                               JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relkind = 'r'",
+                            &[schema],
+                        )
+                        .await
+                        .ok()?;
+                    u64::try_from(row.get::<_, i64>(0)).ok()
+                }),
+        }
+    }
+
+    fn drop_with(self, tokio: &tokio::runtime::Runtime) {
+        if let Durable::Postgres(store, schema) = self {
+            let dropped = tokio.block_on(async {
+                let client = store.outbox().pool().get().await.map_err(|e| e.to_string())?;
+                client
+                    .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+                    .await
+                    .map_err(|e| e.to_string())
+            });
+            if let Err(e) = dropped {
+                eprintln!("outbox-bench: the schema {schema} could not be dropped: {e}");
+            }
+        }
+    }
+}
+
+fn nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+fn open_context(options: &Options, durable: Option<&Durable>, tokio: &tokio::runtime::Runtime) -> Result<Context, String> {
+    match durable {
+        None => Ok(Context::new("bench")),
+        Some(Durable::Postgres(store, _)) => tokio
+            .block_on(Context::open_store(store.clone(), "bench"))
+            .map_err(|e| format!("cannot open the PostgreSQL session: {e}")),
+        Some(Durable::Sqlite(db)) => {
+            let synchronous = if options.store == "sqlite" {
+                Synchronous::Full
+            } else {
+                Synchronous::Normal
+            };
+            Context::open_with(&db.path, "bench", OpenOptions::new().synchronous(synchronous))
+                .map_err(|e| format!("cannot open the SQLite store: {e}"))
+        }
+    }
 }
 
 fn order_id(i: u64) -> String {
@@ -231,8 +310,22 @@ struct RunResult {
 fn run_once(options: &Options, tokio: &tokio::runtime::Runtime) -> Result<RunResult, String> {
     let sent: Arc<Mutex<Vec<ActionKey>>> = Arc::new(Mutex::new(Vec::with_capacity(options.n as usize)));
     let rss_before = proc_status_bytes("VmRSS");
-    let db = (options.store != "memory").then(|| DbFile::new(&options.db_dir));
-    let mut rt = Runtime::builder(open_context(options, db.as_ref())?)
+    let db = Durable::new(options, tokio)?;
+    let result = measure(options, tokio, db.as_ref(), sent, rss_before);
+    if let Some(db) = db {
+        db.drop_with(tokio);
+    }
+    result
+}
+
+fn measure(
+    options: &Options,
+    tokio: &tokio::runtime::Runtime,
+    db: Option<&Durable>,
+    sent: Arc<Mutex<Vec<ActionKey>>>,
+    rss_before: u64,
+) -> Result<RunResult, String> {
+    let mut rt = Runtime::builder(open_context(options, db, tokio)?)
         .agent(Agent::new("billing").produce(process_order))
         .dispatcher({
             let sent = sent.clone();
@@ -326,12 +419,12 @@ fn run_once(options: &Options, tokio: &tokio::runtime::Runtime) -> Result<RunRes
     let rss_growth = proc_status_bytes("VmRSS").saturating_sub(rss_before);
     let state_hash = rt.context().state_hash();
     drop(rt);
-    let db_bytes = db.as_ref().map(DbFile::bytes);
+    let db_bytes = db.and_then(|db| db.bytes(tokio));
     // Reopening replays the whole log: time it, and check it rebuilds the same state.
-    let reopen_seconds = match db.as_ref() {
+    let reopen_seconds = match db {
         Some(db) => {
             let t0 = Instant::now();
-            let ctx = open_context(options, Some(db))?;
+            let ctx = open_context(options, Some(db), tokio)?;
             let elapsed = t0.elapsed().as_secs_f64();
             if ctx.state_hash() != state_hash {
                 return Err("the reopened session has another state hash".to_owned());
