@@ -38,9 +38,11 @@
 mod connect;
 mod listen;
 mod outbox;
+mod prune;
 mod row;
 mod schema;
 
 pub use connect::{redact_url, OpenError, PostgresOptions, DEFAULT_POOL_SIZE, DEFAULT_SCHEMA};
 pub use listen::Notifications;
 pub use outbox::PostgresOutbox;
+pub use prune::{PruneOptions, PruneReport, PruneSummary, DEFAULT_PRUNE_BATCH};
