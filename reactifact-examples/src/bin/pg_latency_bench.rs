@@ -138,10 +138,7 @@ async fn run(options: &Options, schema: &str) -> Result<String, String> {
     }
     // Everything handed out; the drainer records its last outcomes as it stops.
     stop.stop();
-    let delivered = serving
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
+    let delivered = serving.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
     let handed = std::mem::take(&mut *handed.lock().unwrap());
     let committed = std::mem::take(&mut *committed.lock().unwrap());
     let mut latencies = Vec::with_capacity(handed.len());

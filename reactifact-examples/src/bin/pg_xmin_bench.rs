@@ -56,7 +56,8 @@ fn parse() -> Result<Options, String> {
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
-        let mut number = |name: &str| -> Result<u64, String> { value(name)?.parse().map_err(|e| format!("{name}: {e}")) };
+        let mut number =
+            |name: &str| -> Result<u64, String> { value(name)?.parse().map_err(|e| format!("{name}: {e}")) };
         match arg.as_str() {
             "--url" => options.url = value("--url")?,
             "--before" => options.before = number("--before")?,
@@ -281,19 +282,36 @@ async fn run(options: &Options, schema: &str) -> Result<(), String> {
             let mut w = std::mem::take(&mut *window.lock().unwrap());
             println!(
                 "{}",
-                line("sample", name, started.elapsed().as_secs_f64(), &mut w, &s, options.prune)
+                line(
+                    "sample",
+                    name,
+                    started.elapsed().as_secs_f64(),
+                    &mut w,
+                    &s,
+                    options.prune
+                )
             );
         }
         let s = stats(&outbox).await?;
         let mut w = std::mem::take(&mut *phase_window.lock().unwrap());
-        summaries.push(line("phase", name, started.elapsed().as_secs_f64(), &mut w, &s, options.prune));
+        summaries.push(line(
+            "phase",
+            name,
+            started.elapsed().as_secs_f64(),
+            &mut w,
+            &s,
+            options.prune,
+        ));
     }
     producer.await.map_err(|e| e.to_string())??;
     consumer.await.map_err(|e| e.to_string())??;
     let _ = stop_pruner.send(());
     if let Some(pruner) = pruner {
         let summary = pruner.await.map_err(|e| e.to_string())?;
-        eprintln!("pruned {} rows in {} passes ({} failed)", summary.deleted, summary.passes, summary.failed);
+        eprintln!(
+            "pruned {} rows in {} passes ({} failed)",
+            summary.deleted, summary.passes, summary.failed
+        );
     }
     for summary in summaries {
         println!("{summary}");
