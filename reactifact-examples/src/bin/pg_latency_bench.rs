@@ -187,7 +187,7 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    let schema = format!("pg_latency_bench_{}", std::process::id());
+    let schema = format!("latency_bench_{}", std::process::id());
     match runtime.block_on(run(&options, &schema)) {
         Ok(line) => {
             println!("{line}");

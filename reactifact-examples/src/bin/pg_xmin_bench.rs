@@ -21,7 +21,9 @@
 //! Prints a JSON line every 5 s (`"sample"`) and one per phase at the end (`"phase"`): claims
 //! made, the p50/p99 latency of claims that took at least one intent (and of all claims), of
 //! records, the outbox table's `n_dead_tup`/`n_live_tup` from `pg_stat_user_tables` (the
-//! statistics lag by up to a second or so), its size with indexes, and autovacuums so far. The
+//! statistics lag by up to a second or so), its size with indexes, autovacuums so far, and
+//! the age of the oldest transaction holding a snapshot on the server (`oldest_snapshot_s`:
+//! the pin's while it runs; anyone else's shows here too, and pins the other phases). The
 //! schema is the run's own, dropped at the end.
 
 use std::process::ExitCode;
@@ -114,6 +116,9 @@ struct Stats {
     live: i64,
     bytes: i64,
     autovacuums: i64,
+    /// The oldest transaction holding a snapshot on the server (seconds): ours while pinned,
+    /// anyone's otherwise.
+    oldest_snapshot_s: f64,
 }
 
 async fn stats(outbox: &PostgresOutbox) -> Result<Stats, String> {
@@ -126,17 +131,26 @@ async fn stats(outbox: &PostgresOutbox) -> Result<Stats, String> {
         )
         .await
         .map_err(|e| e.to_string())?;
+    let oldest = client
+        .query_one(
+            "SELECT coalesce(max(extract(epoch FROM now() - xact_start)), 0)::float8 FROM pg_stat_activity
+              WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .await
+        .map_err(|e| e.to_string())?;
     Ok(Stats {
         dead: row.get(0),
         live: row.get(1),
         bytes: row.get(2),
         autovacuums: row.get(3),
+        oldest_snapshot_s: oldest.get(0),
     })
 }
 
 fn line(kind: &str, phase: &str, t: f64, w: &mut Window, s: &Stats, prune: bool) -> String {
     format!(
-        "{{\"bench\":\"pg-xmin\",\"{kind}\":\"{phase}\",\"prune\":{prune},\"t\":{t:.1},\"claims\":{},\"delivered\":{},\"claim_p50_ms\":{:.3},\"claim_p99_ms\":{:.3},\"all_claims_p50_ms\":{:.3},\"all_claims_p99_ms\":{:.3},\"record_p50_ms\":{:.3},\"record_p99_ms\":{:.3},\"n_dead_tup\":{},\"n_live_tup\":{},\"table_bytes\":{},\"autovacuums\":{}}}",
+        "{{\"bench\":\"pg-xmin\",\"{kind}\":\"{phase}\",\"prune\":{prune},\"t\":{t:.1},\"claims\":{},\"delivered\":{},\"claim_p50_ms\":{:.3},\"claim_p99_ms\":{:.3},\"all_claims_p50_ms\":{:.3},\"all_claims_p99_ms\":{:.3},\"record_p50_ms\":{:.3},\"record_p99_ms\":{:.3},\"n_dead_tup\":{},\"n_live_tup\":{},\"table_bytes\":{},\"autovacuums\":{},\"oldest_snapshot_s\":{:.0}}}",
         w.claims.len(),
         w.delivered,
         pct(&mut w.nonempty, 50.0),
@@ -149,6 +163,7 @@ fn line(kind: &str, phase: &str, t: f64, w: &mut Window, s: &Stats, prune: bool)
         s.live,
         s.bytes,
         s.autovacuums,
+        s.oldest_snapshot_s,
     )
 }
 
@@ -336,7 +351,7 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    let schema = format!("pg_xmin_bench_{}", std::process::id());
+    let schema = format!("xmin_bench_{}", std::process::id());
     match runtime.block_on(run(&options, &schema)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
