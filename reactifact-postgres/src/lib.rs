@@ -43,6 +43,7 @@ mod connect;
 mod listen;
 mod log;
 mod outbox;
+mod prune;
 mod row;
 mod schema;
 
@@ -50,3 +51,4 @@ pub use connect::{redact_url, OpenError, PostgresOptions, DEFAULT_POOL_SIZE, DEF
 pub use listen::Notifications;
 pub use log::{PostgresStore, DEFAULT_LOG_CONNECTIONS};
 pub use outbox::PostgresOutbox;
+pub use prune::{PruneOptions, PruneReport, PruneSummary, DEFAULT_PRUNE_BATCH};

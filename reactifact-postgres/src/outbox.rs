@@ -73,6 +73,12 @@ struct Statements {
     cancel: String,
     register: String,
     attach: String,
+    /// After an insert: deletes what it inserted of a key a concurrent prune tombstoned, and
+    /// notifies.
+    unprune_and_notify: String,
+    /// The prune batch, with and without cancelled rows.
+    prune_final: String,
+    prune_delivered: String,
 }
 
 impl std::fmt::Debug for PostgresOutbox {
@@ -328,7 +334,22 @@ impl Statements {
               WHERE o.session <> n.session AND o.status NOT IN (2, 6)
              ON CONFLICT DO NOTHING"
         );
+        // A registration whose insert waited for a concurrent prune of the same key (the old
+        // row locked, then deleted) inserts the key again, because the tombstone was not in
+        // its snapshot; this next statement, with a snapshot of its own, sees the prune's
+        // tombstone and takes the row out again, in the same transaction.
+        let unprune_and_notify = format!(
+            "WITH d AS (
+                 DELETE FROM {s}.outbox o WHERE o.key = ANY($2::text[])
+                    AND EXISTS (SELECT 1 FROM {s}.outbox_purged p WHERE p.key = o.key)
+                 RETURNING o.key
+             )
+             SELECT pg_notify($1, ''), (SELECT count(*) FROM d)"
+        );
         Statements {
+            prune_final: crate::prune::statement(s, true),
+            prune_delivered: crate::prune::statement(s, false),
+            unprune_and_notify,
             reclaim,
             record,
             renew,
@@ -491,10 +512,14 @@ impl PostgresOutbox {
                 .map_err(err)?;
         }
         if inserted > 0 {
-            client
-                .execute("SELECT pg_notify($1, '')", &[&self.inner.channel])
+            let taken_back: i64 = client
+                .query_one(&self.inner.sql.unprune_and_notify, &[&self.inner.channel, &keys])
                 .await
-                .map_err(err)?;
+                .map_err(err)?
+                .get(1);
+            if taken_back > 0 {
+                tracing::debug!(store = %self.inner.name, keys = taken_back, "registered keys a concurrent prune tombstoned were taken out again");
+            }
         }
         Ok(())
     }
@@ -550,6 +575,25 @@ impl PostgresOutbox {
 
     async fn client(&self) -> Result<Object, StoreError> {
         self.inner.pool.get().await.map_err(|e| pool_error(&self.inner.name, e))
+    }
+
+    /// A connection of the pool (for the prune).
+    pub(crate) async fn pooled(&self) -> Result<Object, StoreError> {
+        self.client().await
+    }
+
+    /// How the store names itself in errors and logs (no password).
+    pub(crate) fn store_name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The prune's batch statement.
+    pub(crate) fn prune_sql(&self, cancelled: bool) -> &str {
+        if cancelled {
+            &self.inner.sql.prune_final
+        } else {
+            &self.inner.sql.prune_delivered
+        }
     }
 
     fn err(&self) -> impl Fn(tokio_postgres::Error) -> StoreError + '_ {

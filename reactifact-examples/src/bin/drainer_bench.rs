@@ -13,10 +13,15 @@
 //! (1,000 per transaction, through `PostgresOutbox::register`), in a schema of the run's own,
 //! dropped at the end: the core's commits do not write to PostgreSQL yet.
 //!
-//! Prints one JSON line: n, drainers, concurrency, store, synchronous, seconds, deliveries_per_sec.
-//! The time runs from the drainers' start until the file counts every intent delivered. Exits non-zero unless
-//! every intent was delivered exactly once across all processes (each child writes the keys it
-//! sent to a file of its own; the parent checks them).
+//! `--dispatch-ms D` makes each delivery await D ms (a tokio sleep: a dispatcher waiting on a
+//! remote service) before it succeeds; the default 0 returns at once.
+//!
+//! Prints one JSON line: n, drainers, concurrency, dispatch_ms, store, synchronous, seconds,
+//! deliveries_per_sec, sent, distinct, exactly_once. The time runs from the drainers' start
+//! until the store has nothing pending or in flight (`next_due` is none, read every 5 ms through
+//! the partial indexes), and the counts then say every intent is delivered. Exits non-zero
+//! unless every intent was delivered exactly once across all processes (each child writes the
+//! keys it sent to a file of its own; the parent checks them: `exactly_once`).
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -36,6 +41,7 @@ struct Options {
     n: u64,
     drainers: usize,
     concurrency: usize,
+    dispatch_ms: u64,
     synchronous: Synchronous,
     /// `Some(url)` for `--store postgres`.
     postgres: Option<String>,
@@ -46,6 +52,7 @@ fn parse(args: &mut impl Iterator<Item = String>) -> Result<Options, String> {
         n: 20_000,
         drainers: 1,
         concurrency: 64,
+        dispatch_ms: 0,
         synchronous: Synchronous::Full,
         postgres: None,
     };
@@ -59,6 +66,11 @@ fn parse(args: &mut impl Iterator<Item = String>) -> Result<Options, String> {
                 options.concurrency = value("--concurrency")?
                     .parse()
                     .map_err(|e| format!("--concurrency: {e}"))?
+            }
+            "--dispatch-ms" => {
+                options.dispatch_ms = value("--dispatch-ms")?
+                    .parse()
+                    .map_err(|e| format!("--dispatch-ms: {e}"))?
             }
             "--normal" => options.synchronous = Synchronous::Normal,
             "--store" => store = value("--store")?,
@@ -141,7 +153,7 @@ async fn prepare(path: &Path, options: &Options) -> Result<(), String> {
 
 /// In a child: drains the store (a file's path, or `postgres URL SCHEMA`) until nothing
 /// waits, writing the keys it sent to `out`.
-async fn drain(store: &[String], out: &Path, concurrency: usize) -> Result<(), String> {
+async fn drain(store: &[String], out: &Path, concurrency: usize, dispatch_ms: u64) -> Result<(), String> {
     let outbox: Arc<dyn OutboxStore> = match store {
         [path] => SqliteOutbox::open(path).map_err(|e| e.to_string())?,
         [_, url, schema] => PostgresOutbox::open(PostgresOptions::new(url).schema(schema))
@@ -151,9 +163,16 @@ async fn drain(store: &[String], out: &Path, concurrency: usize) -> Result<(), S
     };
     let sent = Arc::new(Mutex::new(Vec::new()));
     let record = sent.clone();
+    let delay = std::time::Duration::from_millis(dispatch_ms);
     let drainer = Drainer::builder(outbox, move |intent: Intent| {
-        record.lock().unwrap().push(intent.key().to_string());
-        std::future::ready(Ok::<(), DispatchError>(()))
+        let record = record.clone();
+        async move {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            record.lock().unwrap().push(intent.key().to_string());
+            Ok::<(), DispatchError>(())
+        }
     })
     .concurrency(concurrency)
     .build();
@@ -170,13 +189,14 @@ fn main() -> ExitCode {
     let mut args = std::env::args().skip(1).peekable();
     if args.peek().map(String::as_str) == Some("--child") {
         let mut rest: Vec<String> = args.skip(1).collect();
+        let dispatch_ms = rest.pop().and_then(|c| c.parse().ok());
         let concurrency = rest.pop().and_then(|c| c.parse().ok());
         let out = rest.pop();
-        let (Some(out), Some(concurrency)) = (out, concurrency) else {
-            eprintln!("--child (PATH | postgres URL SCHEMA) OUT CONCURRENCY");
+        let (Some(out), Some(concurrency), Some(dispatch_ms)) = (out, concurrency, dispatch_ms) else {
+            eprintln!("--child (PATH | postgres URL SCHEMA) OUT CONCURRENCY DISPATCH_MS");
             return ExitCode::from(2);
         };
-        return match runtime.block_on(drain(&rest, Path::new(&out), concurrency)) {
+        return match runtime.block_on(drain(&rest, Path::new(&out), concurrency, dispatch_ms)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("drainer: {e}");
@@ -228,21 +248,25 @@ fn main() -> ExitCode {
                 .args(&store)
                 .arg(out)
                 .arg(options.concurrency.to_string())
+                .arg(options.dispatch_ms.to_string())
                 .spawn()
                 .expect("a drainer process")
         })
         .collect();
-    // The time until the store says every intent is delivered (the children's own settles then
-    // take up to a second more to see that the others are done).
+    // The time until the store has nothing pending or in flight (the children's own settles
+    // then take up to a second more to see that the others are done). `next_due` reads the
+    // partial indexes of due rows and leases: cheap next to the drain it watches (a count of
+    // the whole table every few ms would not be).
+    let all = reactifact_core::Scope::all();
     let delivered = runtime.block_on(async {
         loop {
-            let counts = watcher.counts(&reactifact_core::Scope::all()).await;
-            if counts.map_or(true, |c| c.delivered >= options.n) {
+            if matches!(watcher.next_due(&all).await, Ok(None) | Err(_)) {
                 return started.elapsed();
             }
-            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
     });
+    let counted = runtime.block_on(watcher.counts(&all)).map_or(0, |c| c.delivered);
     let mut ok = true;
     for mut child in children {
         ok &= child.wait().is_ok_and(|status| status.success());
@@ -272,19 +296,21 @@ fn main() -> ExitCode {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+    let exactly_once = ok && total == options.n && seen.len() as u64 == options.n && counted == options.n;
     println!(
-        "{{\"n\":{},\"drainers\":{},\"concurrency\":{},\"store\":\"{}\",\"synchronous\":\"{:?}\",\"seconds\":{seconds:.3},\"deliveries_per_sec\":{:.0},\"sent\":{total},\"distinct\":{}}}",
+        "{{\"n\":{},\"drainers\":{},\"concurrency\":{},\"dispatch_ms\":{},\"store\":\"{}\",\"synchronous\":\"{:?}\",\"seconds\":{seconds:.3},\"deliveries_per_sec\":{:.0},\"sent\":{total},\"distinct\":{},\"exactly_once\":{exactly_once}}}",
         options.n,
         options.drainers,
         options.concurrency,
+        options.dispatch_ms,
         if options.postgres.is_some() { "postgres" } else { "sqlite" },
         options.synchronous,
         options.n as f64 / seconds,
         seen.len()
     );
-    if !ok || total != options.n || seen.len() as u64 != options.n {
+    if !exactly_once {
         eprintln!(
-            "drainer-bench: expected each of {} keys sent once; sent {total}, {} distinct",
+            "drainer-bench: expected each of {} keys sent once and delivered; sent {total}, {} distinct, {counted} delivered",
             options.n,
             seen.len()
         );
