@@ -22,10 +22,10 @@ use reactifact_core::{
     StoreError, VerifyError,
 };
 use tokio::sync::{oneshot, Mutex};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::{Client, NoTls, Statement, Transaction};
 
 use crate::connect::{store_error, DriverError, OpenError, PostgresOptions, Target};
-use crate::outbox::PostgresOutbox;
+use crate::outbox::{PostgresOutbox, Prepare};
 use crate::row::{intact, ms, CHANGED, REHASHED};
 
 /// How many connections the log uses unless [`PostgresOptions::log_connections`] says.
@@ -59,8 +59,58 @@ struct Log {
     name: String,
     s: String,
     outbox: Arc<PostgresOutbox>,
-    connections: Vec<Mutex<Client>>,
+    connections: Vec<Mutex<LogConnection>>,
     runtime: Driver,
+}
+
+/// One connection of the log, with the statements prepared on it.
+struct LogConnection {
+    client: Client,
+    statements: Statements,
+}
+
+/// Statements prepared on one connection, by their SQL: each is parsed once per connection, so
+/// a statement costs one round trip, not two.
+#[derive(Default)]
+struct Statements(std::sync::Mutex<std::collections::HashMap<String, Statement>>);
+
+impl Statements {
+    /// `sql`, prepared on `on` (the connection, or a transaction of it) the first time.
+    async fn get<C: Prepare>(&self, on: &C, sql: &str) -> Result<Statement, tokio_postgres::Error> {
+        if let Some(statement) = self.0.lock().unwrap_or_else(|e| e.into_inner()).get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = on.statement(sql).await?;
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(sql.to_owned(), statement.clone());
+        Ok(statement)
+    }
+}
+
+/// A transaction of a log connection whose statements are prepared through the connection's
+/// cache (the commit's claim runs on it).
+struct CachedTransaction<'a> {
+    tx: &'a Transaction<'a>,
+    statements: &'a Statements,
+}
+
+impl Prepare for CachedTransaction<'_> {
+    fn statement<'a>(
+        &'a self,
+        sql: &'a str,
+    ) -> impl std::future::Future<Output = Result<Statement, tokio_postgres::Error>> + Send + 'a {
+        self.statements.get(self.tx, sql)
+    }
+
+    fn rows<'a>(
+        &'a self,
+        statement: &'a Statement,
+        params: &'a [&'a (dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> impl std::future::Future<Output = Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>> + Send + 'a {
+        self.tx.query(statement, params)
+    }
 }
 
 /// A runtime of the store's own; shut down without waiting when the store is dropped (which
@@ -136,7 +186,10 @@ impl PostgresStore {
                 .await
                 .map_err(|e| target.connect_error(e))?;
             let client = connected.map_err(|e| target.connect_error(DriverError::boxed(e)))?;
-            connections.push(Mutex::new(client));
+            connections.push(Mutex::new(LogConnection {
+                client,
+                statements: Statements::default(),
+            }));
         }
         let log = Log {
             name: outbox.name().to_owned(),
@@ -196,21 +249,24 @@ fn connection_for(session: &str, connections: usize) -> usize {
     (hasher.finish() % connections.max(1) as u64) as usize
 }
 
+type Params<'a> = &'a [&'a (dyn tokio_postgres::types::ToSql + Sync)];
+
 impl Log {
     fn err(&self) -> impl Fn(tokio_postgres::Error) -> StoreError + '_ {
         move |e| store_error(&self.name, e)
     }
 
+    /// Runs `sql` (prepared once per connection) on connection `index`, outside a transaction.
+    async fn query(&self, index: usize, sql: &str, params: Params<'_>) -> Result<Vec<tokio_postgres::Row>, StoreError> {
+        let conn = self.connections[index].lock().await;
+        let statement = conn.statements.get(&conn.client, sql).await.map_err(self.err())?;
+        conn.client.query(&statement, params).await.map_err(self.err())
+    }
+
     async fn session(&self, index: usize, name: &str) -> Result<Option<SessionRow>, StoreError> {
-        let client = self.connections[index].lock().await;
         let s = &self.s;
-        let row = client
-            .query_opt(
-                &format!("SELECT generation, head, consumed_seq, parent, fork_generation FROM {s}.sessions WHERE name = $1"),
-                &[&name],
-            )
-            .await
-            .map_err(self.err())?;
+        let sql = format!("SELECT generation, head, consumed_seq, parent, fork_generation FROM {s}.sessions WHERE name = $1");
+        let row = self.query(index, &sql, &[&name]).await?.into_iter().next();
         Ok(row.map(|row| {
             let parent: Option<String> = row.get(3);
             let fork: Option<i64> = row.get(4);
@@ -224,76 +280,67 @@ impl Log {
     }
 
     async fn create_session(&self, index: usize, name: &str, row: SessionRow) -> Result<bool, StoreError> {
-        let client = self.connections[index].lock().await;
         let s = &self.s;
         let (parent, fork) = match row.fork {
             Some((parent, at)) => (Some(parent), Some(i64_of(at))),
             None => (None, None),
         };
-        let inserted = client
-            .execute(
-                &format!(
-                    "INSERT INTO {s}.sessions (name, generation, head, consumed_seq, parent, fork_generation, created_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (name) DO NOTHING"
-                ),
-                &[
-                    &name,
-                    &i64_of(row.generation),
-                    &row.head,
-                    &i64_of(row.consumed_seq),
-                    &parent,
-                    &fork,
-                    &ms(SystemTime::now()),
-                ],
-            )
-            .await
-            .map_err(self.err())?;
-        Ok(inserted == 1)
+        let sql = format!(
+            "INSERT INTO {s}.sessions (name, generation, head, consumed_seq, parent, fork_generation, created_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (name) DO NOTHING RETURNING name"
+        );
+        let params: Params<'_> = &[
+            &name,
+            &i64_of(row.generation),
+            &row.head,
+            &i64_of(row.consumed_seq),
+            &parent,
+            &fork,
+            &ms(SystemTime::now()),
+        ];
+        Ok(!self.query(index, &sql, params).await?.is_empty())
     }
 
     async fn commits(&self, index: usize, session: &str, after: u64, upto: u64) -> Result<Vec<CommitRow>, StoreError> {
-        let client = self.connections[index].lock().await;
         let s = &self.s;
-        let rows = client
-            .query(
-                &format!(
-                    "SELECT {COMMIT_COLUMNS} FROM {s}.commits
-                      WHERE session = $1 AND generation > $2 AND generation <= $3 ORDER BY generation"
-                ),
-                &[&session, &i64_of(after), &i64_of(upto)],
-            )
-            .await
-            .map_err(self.err())?;
+        let sql = format!(
+            "SELECT {COMMIT_COLUMNS} FROM {s}.commits
+              WHERE session = $1 AND generation > $2 AND generation <= $3 ORDER BY generation"
+        );
+        let rows = self.query(index, &sql, &[&session, &i64_of(after), &i64_of(upto)]).await?;
         Ok(rows.iter().map(commit_row).collect())
     }
 
     async fn commit_by_hash(&self, index: usize, hash: Vec<u8>) -> Result<Option<CommitRow>, StoreError> {
-        let client = self.connections[index].lock().await;
         let s = &self.s;
-        let row = client
-            .query_opt(
-                &format!("SELECT {COMMIT_COLUMNS} FROM {s}.commits WHERE hash = $1 LIMIT 1"),
-                &[&hash],
-            )
-            .await
-            .map_err(self.err())?;
-        Ok(row.as_ref().map(commit_row))
+        let sql = format!("SELECT {COMMIT_COLUMNS} FROM {s}.commits WHERE hash = $1 LIMIT 1");
+        let rows = self.query(index, &sql, &[&hash]).await?;
+        Ok(rows.first().map(commit_row))
     }
 
     async fn append(&self, index: usize, append: Append) -> Result<Option<Claimed>, StoreError> {
-        let mut client = self.connections[index].lock().await;
+        let mut conn = self.connections[index].lock().await;
+        let LogConnection { client, statements } = &mut *conn;
         let err = self.err();
         let s = &self.s;
         let commit = &append.commit;
         let tx = client.transaction().await.map_err(&err)?;
-        let moved = tx
-            .execute(
+        let cached = CachedTransaction { tx: &tx, statements };
+        // Fenced on the generation the writer loaded, and on the consumed events never moving
+        // back (a stale copy would run them again).
+        let fence = statements
+            .get(
+                &tx,
                 &format!(
-                    // Fenced on the generation the writer loaded, and on the consumed events
-                    // never moving back (a stale copy would run them again).
                     "UPDATE {s}.sessions SET generation = $1, head = $2, consumed_seq = $3
                       WHERE name = $4 AND generation = $5 AND consumed_seq <= $3"
                 ),
+            )
+            .await
+            .map_err(&err)?;
+        let moved = tx
+            .execute(
+                &fence,
                 &[
                     &i64_of(commit.generation),
                     &commit.hash,
@@ -308,8 +355,15 @@ impl Log {
             tx.rollback().await.map_err(&err)?;
             return Ok(None);
         }
+        let insert = statements
+            .get(
+                &tx,
+                &format!("INSERT INTO {s}.commits ({COMMIT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"),
+            )
+            .await
+            .map_err(&err)?;
         tx.execute(
-            &format!("INSERT INTO {s}.commits ({COMMIT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"),
+            &insert,
             &[
                 &commit.session,
                 &i64_of(commit.generation),
@@ -323,9 +377,9 @@ impl Log {
         )
         .await
         .map_err(&err)?;
-        self.outbox.register(&tx, &append.intents, append.now).await?;
+        self.outbox.register_on(&cached, &append.intents, append.now).await?;
         let claimed = match &append.claim {
-            Some(order) => self.outbox.claim_in(&tx, order.request()).await?,
+            Some(order) => self.outbox.claim_in(&cached, order.request()).await?,
             None => Claimed::default(),
         };
         tx.commit().await.map_err(&err)?;
@@ -333,26 +387,20 @@ impl Log {
     }
 
     async fn consume(&self, index: usize, session: &str, expected: u64, before: u64) -> Result<bool, StoreError> {
-        let client = self.connections[index].lock().await;
         let s = &self.s;
-        let moved = client
-            .execute(
-                &format!(
-                    "UPDATE {s}.sessions SET consumed_seq = $2
-                      WHERE name = $1 AND generation = $3 AND consumed_seq <= $2"
-                ),
-                &[&session, &i64_of(before), &i64_of(expected)],
-            )
-            .await
-            .map_err(self.err())?;
-        Ok(moved == 1)
+        let sql = format!(
+            "UPDATE {s}.sessions SET consumed_seq = $2
+              WHERE name = $1 AND generation = $3 AND consumed_seq <= $2 RETURNING name"
+        );
+        let moved = self.query(index, &sql, &[&session, &i64_of(before), &i64_of(expected)]).await?;
+        Ok(!moved.is_empty())
     }
 
     async fn put_checkpoint(&self, index: usize, row: CheckpointRow, keep: usize) -> Result<(), StoreError> {
-        let mut client = self.connections[index].lock().await;
+        let mut conn = self.connections[index].lock().await;
         let err = self.err();
         let s = &self.s;
-        let tx = client.transaction().await.map_err(&err)?;
+        let tx = conn.client.transaction().await.map_err(&err)?;
         tx.execute(
             &format!(
                 "INSERT INTO {s}.checkpoints (session, generation, hash, state_hash, body, digest, created_at)
@@ -386,18 +434,12 @@ impl Log {
     }
 
     async fn checkpoints(&self, index: usize, session: &str) -> Result<Vec<CheckpointRow>, StoreError> {
-        let client = self.connections[index].lock().await;
         let s = &self.s;
-        let rows = client
-            .query(
-                &format!(
-                    "SELECT session, generation, hash, state_hash, body, digest FROM {s}.checkpoints
-                      WHERE session = $1 ORDER BY generation"
-                ),
-                &[&session],
-            )
-            .await
-            .map_err(self.err())?;
+        let sql = format!(
+            "SELECT session, generation, hash, state_hash, body, digest FROM {s}.checkpoints
+              WHERE session = $1 ORDER BY generation"
+        );
+        let rows = self.query(index, &sql, &[&session]).await?;
         Ok(rows
             .iter()
             .map(|row| CheckpointRow::new(row.get(0), u64_of(row.get(1)), row.get(2), row.get(3), row.get(4), row.get(5)))
@@ -405,7 +447,8 @@ impl Log {
     }
 
     async fn verify_outbox(&self, index: usize, check: OutboxCheck) -> Result<Option<VerifyError>, StoreError> {
-        let client = self.connections[index].lock().await;
+        let conn = self.connections[index].lock().await;
+        let client = &conn.client;
         let err = self.err();
         let s = &self.s;
         let rows = client

@@ -465,6 +465,17 @@ impl PostgresOutbox {
         intents: &[NewIntent],
         now: SystemTime,
     ) -> Result<(), StoreError> {
+        self.register_on(&Plain(client), intents, now).await
+    }
+
+    /// [`register`](Self::register) on a connection that prepares its statements its own way
+    /// (the log's connections cache them).
+    pub(crate) async fn register_on<C: Prepare>(
+        &self,
+        client: &C,
+        intents: &[NewIntent],
+        now: SystemTime,
+    ) -> Result<(), StoreError> {
         if intents.is_empty() {
             return Ok(());
         }
@@ -484,39 +495,25 @@ impl PostgresOutbox {
         let hashes: Vec<&[u8]> = intents.iter().map(|n| &n.action_hash.0[..]).collect();
         let bytes: Vec<&[u8]> = intents.iter().map(|n| &n.bytes[..]).collect();
         let now = ms(now);
-        let inserted: i64 = client
-            .query_one(
-                &self.inner.sql.register,
-                &[
-                    &keys,
-                    &kinds,
-                    &sessions,
-                    &commits,
-                    &generations,
-                    &runs,
-                    &hashes,
-                    &bytes,
-                    &now,
-                ],
-            )
-            .await
-            .map_err(err)?
-            .get(0);
+        let one = |rows: Vec<tokio_postgres::Row>| rows.into_iter().next().ok_or_else(|| StoreError::closed(self.inner.name.clone()));
+        let register = client.statement(&self.inner.sql.register).await.map_err(err)?;
+        let params: &[&(dyn ToSql + Sync)] =
+            &[&keys, &kinds, &sessions, &commits, &generations, &runs, &hashes, &bytes, &now];
+        let inserted: i64 = one(client.rows(&register, params).await.map_err(err)?)?.get(0);
         let mut distinct = keys.clone();
         distinct.sort_unstable();
         distinct.dedup();
         if usize::try_from(inserted).unwrap_or(0) < distinct.len() {
-            client
-                .execute(&self.inner.sql.attach, &[&sessions, &keys])
-                .await
-                .map_err(err)?;
+            let attach = client.statement(&self.inner.sql.attach).await.map_err(err)?;
+            client.rows(&attach, &[&sessions, &keys]).await.map_err(err)?;
         }
         if inserted > 0 {
-            let taken_back: i64 = client
-                .query_one(&self.inner.sql.unprune_and_notify, &[&self.inner.channel, &keys])
+            let unprune = client.statement(&self.inner.sql.unprune_and_notify).await.map_err(err)?;
+            let taken_back: i64 = one(client
+                .rows(&unprune, &[&self.inner.channel, &keys])
                 .await
-                .map_err(err)?
-                .get(1);
+                .map_err(err)?)?
+            .get(1);
             if taken_back > 0 {
                 tracing::debug!(store = %self.inner.name, keys = taken_back, "registered keys a concurrent prune tombstoned were taken out again");
             }
@@ -526,9 +523,9 @@ impl PostgresOutbox {
 
     /// Claims as `request` says in `tx`, the transaction of a commit on a connection of the
     /// log store ([`PostgresStore`](crate::PostgresStore)): the commit's claim for its turn.
-    pub(crate) async fn claim_in(
+    pub(crate) async fn claim_in<C: Prepare>(
         &self,
-        tx: &tokio_postgres::Transaction<'_>,
+        tx: &C,
         request: ClaimRequest<'_>,
     ) -> Result<Claimed, StoreError> {
         self.inner
@@ -582,11 +579,6 @@ impl PostgresOutbox {
         self.client().await
     }
 
-    /// How the store names itself in errors and logs (no password).
-    pub(crate) fn store_name(&self) -> &str {
-        &self.inner.name
-    }
-
     /// The prune's batch statement.
     pub(crate) fn prune_sql(&self, cancelled: bool) -> &str {
         if cancelled {
@@ -604,8 +596,9 @@ impl PostgresOutbox {
 type SqlParams<'a> = &'a [&'a (dyn ToSql + Sync)];
 type Rows = Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>;
 
-/// A connection a claim runs on: a connection of the pool prepares through its cache; the
-/// transaction of a commit on another connection prepares each time.
+/// A connection a claim or a registration runs on: a connection of the pool prepares through
+/// deadpool's cache, a transaction of the log's connections through theirs, and any other
+/// client each time.
 pub(crate) trait Prepare: Sync {
     /// `sql`, prepared.
     fn statement<'a>(
@@ -621,12 +614,32 @@ pub(crate) trait Prepare: Sync {
     ) -> impl std::future::Future<Output = Rows> + Send + 'a;
 }
 
-impl Prepare for Object {
+/// Any client (a user's transaction, say), preparing each statement when it runs it.
+pub(crate) struct Plain<'a, C>(pub(crate) &'a C);
+
+impl<C: GenericClient + Sync> Prepare for Plain<'_, C> {
     fn statement<'a>(
         &'a self,
         sql: &'a str,
     ) -> impl std::future::Future<Output = Result<tokio_postgres::Statement, tokio_postgres::Error>> + Send + 'a {
-        self.prepare_cached(sql)
+        self.0.prepare(sql)
+    }
+
+    fn rows<'a>(
+        &'a self,
+        statement: &'a tokio_postgres::Statement,
+        params: SqlParams<'a>,
+    ) -> impl std::future::Future<Output = Rows> + Send + 'a {
+        self.0.query(statement, params)
+    }
+}
+
+impl Prepare for tokio_postgres::Client {
+    fn statement<'a>(
+        &'a self,
+        sql: &'a str,
+    ) -> impl std::future::Future<Output = Result<tokio_postgres::Statement, tokio_postgres::Error>> + Send + 'a {
+        self.prepare(sql)
     }
 
     fn rows<'a>(
@@ -644,6 +657,23 @@ impl Prepare for tokio_postgres::Transaction<'_> {
         sql: &'a str,
     ) -> impl std::future::Future<Output = Result<tokio_postgres::Statement, tokio_postgres::Error>> + Send + 'a {
         self.prepare(sql)
+    }
+
+    fn rows<'a>(
+        &'a self,
+        statement: &'a tokio_postgres::Statement,
+        params: SqlParams<'a>,
+    ) -> impl std::future::Future<Output = Rows> + Send + 'a {
+        self.query(statement, params)
+    }
+}
+
+impl Prepare for Object {
+    fn statement<'a>(
+        &'a self,
+        sql: &'a str,
+    ) -> impl std::future::Future<Output = Result<tokio_postgres::Statement, tokio_postgres::Error>> + Send + 'a {
+        self.prepare_cached(sql)
     }
 
     fn rows<'a>(

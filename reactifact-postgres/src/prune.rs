@@ -175,7 +175,7 @@ impl PostgresOutbox {
                 tokio::time::sleep(options.pause).await;
             }
             let client = self.pooled().await?;
-            let err = |e| crate::connect::store_error(self.store_name(), e);
+            let err = |e| crate::connect::store_error(self.name(), e);
             let stmt = client.prepare_cached(sql).await.map_err(err)?;
             let stamp = ms(SystemTime::now());
             let deleted: i64 = client
@@ -194,7 +194,7 @@ impl PostgresOutbox {
                 break;
             }
         }
-        tracing::debug!(store = %self.store_name(), deleted = report.deleted, batches = report.batches, "pruned the outbox");
+        tracing::debug!(store = %self.name(), deleted = report.deleted, batches = report.batches, "pruned the outbox");
         Ok(report)
     }
 

@@ -454,7 +454,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let tokio = match tokio::runtime::Builder::new_current_thread().enable_time().build() {
+    let tokio = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(tokio) => tokio,
         Err(e) => {
             eprintln!("outbox-bench: cannot start tokio: {e}");
