@@ -326,57 +326,40 @@ impl Log {
         let commit = &append.commit;
         let tx = client.transaction().await.map_err(&err)?;
         let cached = CachedTransaction { tx: &tx, statements };
-        // Fenced on the generation the writer loaded, and on the consumed events never moving
-        // back (a stale copy would run them again).
-        let fence = statements
-            .get(
-                &tx,
-                &format!(
-                    "UPDATE {s}.sessions SET generation = $1, head = $2, consumed_seq = $3
-                      WHERE name = $4 AND generation = $5 AND consumed_seq <= $3"
-                ),
-            )
-            .await
-            .map_err(&err)?;
-        let moved = tx
+        // One statement: the session's row moves, fenced on the generation the writer loaded
+        // and on the consumed events never moving back (a stale copy would run them again),
+        // and only then is the commit's row inserted.
+        let append_sql = format!(
+            "WITH moved AS (
+                 UPDATE {s}.sessions SET generation = $1, head = $2, consumed_seq = $3
+                  WHERE name = $4 AND generation = $5 AND consumed_seq <= $3 RETURNING name
+             )
+             INSERT INTO {s}.commits ({COMMIT_COLUMNS})
+             SELECT name, $1, $2, $6, $7, $8, $9, $10 FROM moved"
+        );
+        let statement = statements.get(&tx, &append_sql).await.map_err(&err)?;
+        let appended = tx
             .execute(
-                &fence,
+                &statement,
                 &[
                     &i64_of(commit.generation),
                     &commit.hash,
                     &i64_of(append.consumed_before),
                     &commit.session,
                     &i64_of(append.expected),
+                    &commit.parent,
+                    &commit.merged,
+                    &commit.state_hash,
+                    &i64_of(commit.events_consumed),
+                    &commit.runs,
                 ],
             )
             .await
             .map_err(&err)?;
-        if moved == 0 {
+        if appended == 0 {
             tx.rollback().await.map_err(&err)?;
             return Ok(None);
         }
-        let insert = statements
-            .get(
-                &tx,
-                &format!("INSERT INTO {s}.commits ({COMMIT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"),
-            )
-            .await
-            .map_err(&err)?;
-        tx.execute(
-            &insert,
-            &[
-                &commit.session,
-                &i64_of(commit.generation),
-                &commit.hash,
-                &commit.parent,
-                &commit.merged,
-                &commit.state_hash,
-                &i64_of(commit.events_consumed),
-                &commit.runs,
-            ],
-        )
-        .await
-        .map_err(&err)?;
         self.outbox.register_on(&cached, &append.intents, append.now).await?;
         let claimed = match &append.claim {
             Some(order) => self.outbox.claim_in(&cached, order.request()).await?,

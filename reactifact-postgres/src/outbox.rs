@@ -768,8 +768,20 @@ impl Inner {
         let err = self.err();
         let mut claimed = Claimed::default();
         let template = reclaimed_error("\u{1}", "\u{2}");
-        let stmt = client.statement(&self.sql.reclaim).await.map_err(&err)?;
-        let reclaimed = client.rows(&stmt, &[&at, &template]).await.map_err(&err)?;
+        let reclaim = client.statement(&self.sql.reclaim).await.map_err(&err)?;
+        let reclaim_params: &[&(dyn ToSql + Sync)] = &[&at, &template];
+        // The reclaim, then the claim proper, sent together (pipelined: one round trip; the
+        // server runs them in order, each with a snapshot of its own).
+        let (sql, params) = self.claim_sql(scope, at, i64::try_from(limit).unwrap_or(i64::MAX), owner, until);
+        let refs = params.refs();
+        let (reclaimed, rows) = if limit == 0 {
+            (client.rows(&reclaim, reclaim_params).await.map_err(&err)?, Vec::new())
+        } else {
+            let stmt = client.statement(&sql).await.map_err(&err)?;
+            futures_util::future::try_join(client.rows(&reclaim, reclaim_params), client.rows(&stmt, &refs))
+                .await
+                .map_err(&err)?
+        };
         let reclaim = reclaimed.first().ok_or_else(|| StoreError::closed(self.name.clone()))?;
         claimed.reclaimed = usize::try_from(reclaim.get::<_, i64>(0)).unwrap_or(0);
         let held: Option<Vec<String>> = reclaim.get(1);
@@ -777,12 +789,6 @@ impl Inner {
             tracing::warn!(store = %self.name, action_key = %key, "an outbox row failed its integrity check; it is held, not delivered");
             claimed.integrity.push(ActionKey::from(key));
         }
-        if limit == 0 {
-            return Ok(claimed);
-        }
-        let (sql, params) = self.claim_sql(scope, at, i64::try_from(limit).unwrap_or(i64::MAX), owner, until);
-        let stmt = client.statement(&sql).await.map_err(&err)?;
-        let rows = client.rows(&stmt, &params.refs()).await.map_err(&err)?;
         let mut taken = Vec::with_capacity(rows.len());
         for (i, found) in rows.iter().enumerate() {
             if i == 0 {
