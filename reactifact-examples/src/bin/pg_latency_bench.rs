@@ -3,18 +3,21 @@
 //!
 //! ```text
 //! cargo run --release -p reactifact-examples --bin pg-latency-bench -- --rate 500 --seconds 20 \
-//!     --url postgres://postgres@127.0.0.1:5432/test
+//!     --url postgres://postgres@127.0.0.1:5432/test [--register-only]
 //! ```
 //!
-//! A "commit" here is a transaction of its own that registers one order's intent through
-//! `PostgresOutbox::register` (`BEGIN`, the insert, `pg_notify`, `COMMIT`): what a generation's
-//! commit does for its intents. The core's commits do not write to PostgreSQL yet (the
-//! PostgreSQL log store is being built); when they do, this program should commit through
-//! the runtime instead.
+//! By default the orders go through the whole runtime: a serving `Runtime` over
+//! `Context::open_store` (a `PostgresStore`, no dispatcher of its own) takes each order as a
+//! write through its `RuntimeHandle` (one commit), runs `process_order` on what arrived (one
+//! generation, whose commit registers the intents and notifies), and a serving `Drainer` of the
+//! store's outbox delivers them. Order `i` is written at `start + i / rate` (never earlier; a
+//! late write is not made up for by a burst); its latency runs from the moment its write has
+//! committed to the moment the drainer hands its intent to the dispatcher — so it covers the
+//! generation (produce and commit) as well as the hand-over to the drainer.
 //!
-//! Order `i` is committed at `start + i / rate` (never earlier; a late commit is not made up
-//! for by a burst). Its latency runs from the moment its `COMMIT` is sent to the moment the
-//! drainer hands its intent to the dispatcher, both read from one process's monotonic clock.
+//! With `--register-only`, a "commit" is instead a transaction of its own that registers one
+//! order's intent through `PostgresOutbox::register` (`BEGIN`, the insert, `pg_notify`,
+//! `COMMIT`), and the latency runs from its `COMMIT` being sent: the outbox's share alone.
 //! The drainer (concurrency 64, poll interval 250 ms, so a missed notification would show as
 //! a latency of up to 250 ms) runs in the same process (one tokio thread) on its own connections. The schema is
 //! the run's own, dropped at the end of a run that succeeds.
@@ -28,21 +31,25 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use reactifact_core::{
-    ActionKey, CommitHash, ContentHash, DispatchError, Drainer, Generation, Intent, NewIntent, Origin, PendingAction,
+    ActionKey, Agent, CommitHash, ContentHash, Context, DispatchError, Drainer, Generation, Intent, NewIntent,
+    OutboxStore, Origin, PendingAction, Runtime,
 };
-use reactifact_postgres::{PostgresOptions, PostgresOutbox};
+use reactifact_examples::order_flow::{process_order, Order};
+use reactifact_postgres::{PostgresOptions, PostgresStore};
 use sha2::Digest as _;
 
 struct Options {
     rate: u64,
     seconds: u64,
     url: String,
+    register_only: bool,
 }
 
 fn parse() -> Result<Options, String> {
     let mut rate = 500;
     let mut seconds = 20;
     let mut url = std::env::var("REACTIFACT_TEST_POSTGRES_URL").ok();
+    let mut register_only = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
@@ -50,6 +57,7 @@ fn parse() -> Result<Options, String> {
             "--rate" => rate = value("--rate")?.parse().map_err(|e| format!("--rate: {e}"))?,
             "--seconds" => seconds = value("--seconds")?.parse().map_err(|e| format!("--seconds: {e}"))?,
             "--url" => url = Some(value("--url")?),
+            "--register-only" => register_only = true,
             other => return Err(format!("unknown argument `{other}`")),
         }
     }
@@ -57,6 +65,7 @@ fn parse() -> Result<Options, String> {
         rate: rate.max(1),
         seconds: seconds.max(1),
         url: url.ok_or("needs --url or REACTIFACT_TEST_POSTGRES_URL")?,
+        register_only,
     })
 }
 
@@ -87,15 +96,16 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 async fn run(options: &Options, schema: &str) -> Result<String, String> {
-    let outbox = PostgresOutbox::open(PostgresOptions::new(&options.url).schema(schema).pool_size(8))
+    let store = PostgresStore::open(PostgresOptions::new(&options.url).schema(schema).pool_size(8))
         .await
         .map_err(|e| e.to_string())?;
+    let outbox = store.outbox().clone();
     let n = options.rate * options.seconds;
     let committed: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let handed: Arc<Mutex<Vec<(String, Instant)>>> = Arc::default();
     let drainer = {
         let handed = handed.clone();
-        Drainer::builder(outbox.clone(), move |intent: Intent| {
+        Drainer::builder(outbox.clone() as Arc<dyn OutboxStore>, move |intent: Intent| {
             handed.lock().unwrap().push((intent.key().to_string(), Instant::now()));
             std::future::ready(Ok::<(), DispatchError>(()))
         })
@@ -107,26 +117,61 @@ async fn run(options: &Options, schema: &str) -> Result<String, String> {
         let stop = stop.clone();
         tokio::spawn(async move { drainer.serve(stop).await.map(|r| r.delivered) })
     };
+    // The runtime that takes the orders (none in `--register-only`).
+    let runtime = if options.register_only {
+        None
+    } else {
+        let ctx = Context::open_store(store.clone(), "bench").await.map_err(|e| e.to_string())?;
+        let mut rt = Runtime::builder(ctx)
+            .agent(Agent::new("billing").produce(process_order))
+            .build()
+            .map_err(|e| e.to_string())?;
+        let handle = rt.handle();
+        let task = tokio::spawn(async move { rt.serve(Duration::from_millis(250)).await.map(|r| r.generations) });
+        Some((handle, task))
+    };
     // Let the listener connect before the first commit.
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     let interval = Duration::from_secs_f64(1.0 / options.rate as f64);
     let started = Instant::now();
+    let mut writes = Vec::new();
     for i in 0..n {
         let due = started + interval.mul_f64(i as f64);
         tokio::time::sleep_until(due.into()).await;
-        let new = [intent(i)];
-        let mut client = outbox.pool().get().await.map_err(|e| e.to_string())?;
-        let tx = client.transaction().await.map_err(|e| e.to_string())?;
-        outbox
-            .register(&*tx, &new, SystemTime::now())
-            .await
-            .map_err(|e| e.to_string())?;
-        committed
-            .lock()
-            .unwrap()
-            .insert(new[0].intent.key().to_string(), Instant::now());
-        tx.commit().await.map_err(|e| e.to_string())?;
+        match &runtime {
+            Some((handle, _)) => {
+                // The write resolves once committed; the orders keep arriving meanwhile.
+                let (handle, committed) = (handle.clone(), committed.clone());
+                writes.push(tokio::spawn(async move {
+                    let id = format!("order:{i}");
+                    let order = Order {
+                        customer: format!("c{i}@example.com"),
+                        total_cents: i,
+                    };
+                    handle.create(id.clone(), order).await.map_err(|e| e.to_string())?;
+                    committed.lock().unwrap().insert(format!("notify:{id}"), Instant::now());
+                    Ok::<(), String>(())
+                }));
+            }
+            None => {
+                let new = [intent(i)];
+                let mut client = outbox.pool().get().await.map_err(|e| e.to_string())?;
+                let tx = client.transaction().await.map_err(|e| e.to_string())?;
+                outbox
+                    .register(&*tx, &new, SystemTime::now())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                committed
+                    .lock()
+                    .unwrap()
+                    .insert(new[0].intent.key().to_string(), Instant::now());
+                tx.commit().await.map_err(|e| e.to_string())?;
+            }
+        }
+    }
+    for write in writes {
+        write.await.map_err(|e| e.to_string())??;
     }
     let seconds = started.elapsed().as_secs_f64();
     let waited = Instant::now();
@@ -138,6 +183,10 @@ async fn run(options: &Options, schema: &str) -> Result<String, String> {
     }
     // Everything handed out; the drainer records its last outcomes as it stops.
     stop.stop();
+    if let Some((handle, task)) = runtime {
+        handle.stop();
+        task.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+    }
     let delivered = serving.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
     let handed = std::mem::take(&mut *handed.lock().unwrap());
     let committed = std::mem::take(&mut *committed.lock().unwrap());
@@ -157,7 +206,8 @@ async fn run(options: &Options, schema: &str) -> Result<String, String> {
         .await
         .map_err(|e| e.to_string())?;
     Ok(format!(
-        "{{\"bench\":\"pg-latency\",\"rate\":{},\"n\":{n},\"seconds\":{seconds:.3},\"achieved_rate\":{:.1},\"p50_ms\":{:.3},\"p90_ms\":{:.3},\"p99_ms\":{:.3},\"max_ms\":{:.3},\"handed\":{},\"exactly_once\":{exactly_once}}}",
+        "{{\"bench\":\"pg-latency\",\"commits\":\"{}\",\"rate\":{},\"n\":{n},\"seconds\":{seconds:.3},\"achieved_rate\":{:.1},\"p50_ms\":{:.3},\"p90_ms\":{:.3},\"p99_ms\":{:.3},\"max_ms\":{:.3},\"handed\":{},\"exactly_once\":{exactly_once}}}",
+        if options.register_only { "register" } else { "runtime" },
         options.rate,
         n as f64 / seconds,
         percentile(&latencies, 50.0),
@@ -179,7 +229,7 @@ fn main() -> ExitCode {
     let options = match parse() {
         Ok(options) => options,
         Err(e) => {
-            eprintln!("pg-latency-bench: {e}\nusage: pg-latency-bench [--rate R] [--seconds S] [--url URL]");
+            eprintln!("pg-latency-bench: {e}\nusage: pg-latency-bench [--rate R] [--seconds S] [--url URL] [--register-only]");
             return ExitCode::from(2);
         }
     };
