@@ -41,8 +41,10 @@ mod log;
 mod outbox;
 mod row;
 mod schema;
+mod sessions;
 
 pub use connect::{redact_url, OpenError, PostgresOptions, DEFAULT_POOL_SIZE, DEFAULT_SCHEMA};
 pub use listen::Notifications;
 pub use log::{PostgresStore, DEFAULT_LOG_CONNECTIONS};
 pub use outbox::PostgresOutbox;
+pub use sessions::{PgSessionInfo, SchemaProbe};
