@@ -54,7 +54,7 @@ impl Failure {
         use reactifact_postgres::OpenError as E;
         match e {
             e @ E::Connect { .. } => Failure::input(format!(
-                "{e}; check --store (or REACTIFACT_STORE) and that the server is running and accepts the user"
+                "{e}; check --store (or REACTIFACT_STORE): the server must be running, and its database must exist and let the user in"
             )),
             e @ E::BadSchema { .. } => {
                 Failure::input(format!("{e}; name it with ?schema=NAME in the URL or with --schema"))

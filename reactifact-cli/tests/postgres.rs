@@ -166,7 +166,10 @@ fn query_text(url: &str, sql: &str) -> String {
             .await
             .expect("a connection to the test server");
         let driver = tokio::spawn(connection);
-        let row = client.query_one(sql, &[]).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let row = client
+            .query_one(sql, &[])
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
         let text: Option<String> = row.get(0);
         drop(client);
         let _ = driver.await;
@@ -270,11 +273,18 @@ fn every_inspecting_command_reads_postgres_as_it_reads_sqlite() {
         .collect();
     assert_eq!(keys, [support::DELIVERED, support::DELIVERED_2, support::BRANCH]);
     let why = pg.json(&["why", support::DEAD]);
-    assert_eq!((why["session"].as_str(), why["generation"].as_u64()), (Some("orders"), Some(2)));
+    assert_eq!(
+        (why["session"].as_str(), why["generation"].as_u64()),
+        (Some("orders"), Some(2))
+    );
     assert_eq!(why["trigger"]["id"], "order:3");
 
     // The tables of people, too: the same text once times are set aside.
-    for args in [&["log", "--session", "orders"][..], &["why", support::DEAD], &["verify"]] {
+    for args in [
+        &["log", "--session", "orders"][..],
+        &["why", support::DEAD],
+        &["verify"],
+    ] {
         assert_eq!(pg.run(args).ok().stdout, sqlite.run(args).ok().stdout, "{args:?}");
     }
 
@@ -293,7 +303,8 @@ fn every_inspecting_command_reads_postgres_as_it_reads_sqlite() {
     // Unknown names are the same errors as on a file, naming the store.
     pg.run(&["log", "--session", "nope"])
         .fails(2, "has no session `nope`; its sessions: orders, what-if");
-    pg.run(&["log"]).fails(2, "holds 2 sessions (orders, what-if); name one with --session");
+    pg.run(&["log"])
+        .fails(2, "holds 2 sessions (orders, what-if); name one with --session");
     pg.run(&["outbox", "show", "nope:1"])
         .fails(2, "no intent with key `nope:1` in the delivery ledger of postgres://");
     pg.run(&["show", "nope:1", "--session", "orders"])
@@ -384,7 +395,12 @@ fn retry_cancel_and_purge_go_through_the_store_s_operations() {
     );
     let purged = pg.json(&["outbox", "purge", "--delivered", "--older-than", "0s"]);
     assert_eq!(purged["purged"], 4, "three delivered and one cancelled: {purged}");
-    for key in [support::DELIVERED, support::DELIVERED_2, support::BRANCH, support::FAILED] {
+    for key in [
+        support::DELIVERED,
+        support::DELIVERED_2,
+        support::BRANCH,
+        support::FAILED,
+    ] {
         assert_eq!(pg.status(key), None, "{key} purged");
     }
     assert_eq!(pg.status(support::DEAD), Some(DeliveryStatus::Pending));
@@ -399,7 +415,11 @@ fn a_missing_or_older_store_is_an_error_and_never_created_or_migrated() {
         return;
     };
     let missing = Schema::new(&url, "missing");
-    for args in [&["sessions"][..], &["outbox", "list"], &["outbox", "purge", "--delivered", "--older-than", "1d"]] {
+    for args in [
+        &["sessions"][..],
+        &["outbox", "list"],
+        &["outbox", "purge", "--delivered", "--older-than", "1d"],
+    ] {
         missing.run(args).fails(
             2,
             &format!("no reactifact store in schema `{}` of database `", missing.name),
@@ -409,7 +429,11 @@ fn a_missing_or_older_store_is_an_error_and_never_created_or_migrated() {
 
     // A schema that holds other tables is no store either.
     let foreign = Schema::new(&url, "foreign");
-    execute(&url, &format!("CREATE SCHEMA {0}; CREATE TABLE {0}.t (x int)", foreign.name)).unwrap();
+    execute(
+        &url,
+        &format!("CREATE SCHEMA {0}; CREATE TABLE {0}.t (x int)", foreign.name),
+    )
+    .unwrap();
     foreign.run(&["sessions"]).fails(2, "no reactifact store in schema");
 
     // A store at an older version is not migrated.
@@ -454,15 +478,31 @@ fn a_server_that_cannot_be_reached_or_a_bad_url_is_a_clear_error_without_the_pas
         ),
         reactifact(&["--store", &unreachable, "outbox", "retry", "--all-dead"])
             .fails(2, "cannot connect to postgres at 127.0.0.1"),
-        reactifact(&["--store", &format!("postgres://ops:{SECRET}@127.0.0.1:99999/db"), "sessions"])
-            .fails(2, "invalid postgres url `postgres://ops:***@127.0.0.1:99999/db`"),
-        reactifact(&["--store", &format!("postgres://ops:{SECRET}@127.0.0.1/db?sslmode=bogus"), "log"])
-            .fails(2, "invalid postgres url"),
-        reactifact(&["--store", &format!("postgres://ops:{SECRET}@127.0.0.1/db?schema=No-Such"), "log"])
-            .fails(2, "invalid schema name `No-Such`"),
+        reactifact(&[
+            "--store",
+            &format!("postgres://ops:{SECRET}@127.0.0.1:99999/db"),
+            "sessions",
+        ])
+        .fails(2, "invalid postgres url `postgres://ops:***@127.0.0.1:99999/db`"),
+        reactifact(&[
+            "--store",
+            &format!("postgres://ops:{SECRET}@127.0.0.1/db?sslmode=bogus"),
+            "log",
+        ])
+        .fails(2, "invalid postgres url"),
+        reactifact(&[
+            "--store",
+            &format!("postgres://ops:{SECRET}@127.0.0.1/db?schema=No-Such"),
+            "log",
+        ])
+        .fails(2, "invalid schema name `No-Such`"),
         // A server that answers, a schema that holds nothing: the message names the store.
-        reactifact(&["--store", &with_param(&secret_url, "schema=rfcli_nothing_here"), "sessions"])
-            .fails(2, "no reactifact store in schema `rfcli_nothing_here`"),
+        reactifact(&[
+            "--store",
+            &with_param(&secret_url, "schema=rfcli_nothing_here"),
+            "sessions",
+        ])
+        .fails(2, "no reactifact store in schema `rfcli_nothing_here`"),
     ];
     for run in &runs {
         assert!(
@@ -475,7 +515,11 @@ fn a_server_that_cannot_be_reached_or_a_bad_url_is_a_clear_error_without_the_pas
     let pg = Schema::new(&url, "secret");
     pg.build();
     let store = with_param(&secret_url, &format!("schema={}", pg.name));
-    for args in [&["sessions"][..], &["outbox", "show", support::DEAD], &["log", "--session", "nope"]] {
+    for args in [
+        &["sessions"][..],
+        &["outbox", "show", support::DEAD],
+        &["log", "--session", "nope"],
+    ] {
         let mut all = vec!["--store", store.as_str()];
         all.extend(args);
         let run = reactifact(&all);
