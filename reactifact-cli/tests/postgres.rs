@@ -529,3 +529,80 @@ fn a_server_that_cannot_be_reached_or_a_bad_url_is_a_clear_error_without_the_pas
         );
     }
 }
+
+#[test]
+fn a_changed_row_fails_verify_with_exit_1_and_the_other_commands_with_exit_2() {
+    let Some(url) = url("a_changed_row_fails_verify_with_exit_1_and_the_other_commands_with_exit_2") else {
+        return;
+    };
+    // A commit's runs changed outside reactifact: the customer of order 1 rewritten in place.
+    let log = Schema::new(&url, "tamper_log");
+    log.build();
+    execute(
+        &url,
+        &format!(
+            "UPDATE {0}.commits SET runs = overlay(runs PLACING convert_to('eve', 'UTF8')
+                 FROM position(convert_to('ada@example.com', 'UTF8') IN runs) FOR 3)
+              WHERE session = 'orders' AND generation = 1",
+            log.name
+        ),
+    )
+    .unwrap();
+    let run = log.run(&["--json", "verify"]);
+    assert_eq!(run.code, 1, "{run:?}");
+    for session in run.json()["sessions"].as_array().unwrap() {
+        assert_eq!(session["ok"], false, "{session}");
+        let error = session["error"].as_str().unwrap();
+        assert!(
+            error.contains("commit 1: replaying it does not give the state hash it recorded"),
+            "{error}"
+        );
+    }
+    log.run(&["log", "--session", "orders"])
+        .fails(2, "is corrupt")
+        .fails(2, "`reactifact verify` checks the whole store");
+    log.run(&["replay", "--session", "orders"]).fails(1, "commit 1");
+
+    // A ledger row changed outside reactifact: its digest no longer matches.
+    let ledger = Schema::new(&url, "tamper_ledger");
+    ledger.build();
+    execute(
+        &url,
+        &format!(
+            "UPDATE {0}.outbox SET last_error = 'all fine' WHERE key = '{1}'",
+            ledger.name,
+            support::DEAD
+        ),
+    )
+    .unwrap();
+    let run = ledger.run(&["verify"]);
+    assert_eq!(run.code, 1, "{run:?}");
+    assert!(run.stderr.contains(support::DEAD), "{run:?}");
+    ledger
+        .run(&["outbox", "retry", support::DEAD])
+        .fails(2, "failed its integrity check");
+    assert_eq!(
+        query_text(
+            &url,
+            &format!(
+                "SELECT last_error FROM {}.outbox WHERE key = '{}'",
+                ledger.name,
+                support::DEAD
+            )
+        ),
+        "all fine",
+        "the refused retry changed nothing"
+    );
+
+    // PostgresStore::sessions reads each session's own commits besides what `sessions` shows.
+    let sessions = block_on(async {
+        let options = PostgresOptions::new(&url).schema(&ledger.name).pool_size(1);
+        let store = PostgresStore::open(options).await.unwrap();
+        store.sessions().await.unwrap()
+    });
+    let own: Vec<(&str, u64, u64)> = sessions
+        .iter()
+        .map(|s| (s.name.as_str(), s.generation.0, s.commits))
+        .collect();
+    assert_eq!(own, [("orders", 4, 4), ("what-if", 6, 2)]);
+}
