@@ -11,13 +11,18 @@ use reactifact_core::DeliveryStatus;
     name = "reactifact",
     version,
     after_help = "Exit codes: 0 ok, 1 a check failed (verify, replay), 2 a usage or input error.\n\
-                  The store is --store PATH or REACTIFACT_STORE. See docs/cli.md for every command and its --json schema."
+                  The store is --store PATH|URL or REACTIFACT_STORE. See docs/cli.md for every command and its --json schema."
 )]
 pub struct Cli {
-    /// The store: the path of a SQLite file (or sqlite:PATH). A postgres:// URL is refused:
-    /// the PostgreSQL store is not in this build.
+    /// The store: the path of a SQLite file (or sqlite:PATH), or a PostgreSQL server's URL
+    /// (postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?schema=NAME]).
     #[arg(long, global = true, env = "REACTIFACT_STORE", value_name = "PATH|URL")]
     pub store: Option<String>,
+
+    /// The schema (namespace) of a PostgreSQL store, if the URL's `?schema=` does not name
+    /// it (default: reactifact).
+    #[arg(long, global = true, value_name = "NAME")]
+    pub schema: Option<String>,
 
     /// Print one JSON document (the command's documented schema) instead of a table.
     #[arg(long, global = true)]
@@ -154,10 +159,11 @@ pub enum OutboxCommand {
         #[arg(long, default_value = "cancelled with the reactifact CLI")]
         reason: String,
     },
-    /// Delete final entries (delivered, and cancelled) last changed longer ago than a
-    /// duration (the store's `purge`). Their keys are remembered: never registered again.
+    /// Delete final entries (delivered, and cancelled: the store's purge takes both) last
+    /// changed longer ago than a duration (the store's `purge`). Their keys are remembered:
+    /// never registered again.
     Purge {
-        /// Required: confirms that delivered entries are deleted.
+        /// Required: confirms that final entries (delivered and cancelled) are deleted.
         #[arg(long, required = true)]
         delivered: bool,
         /// Only entries last changed longer ago than this, e.g. `30d`, `12h`, `1h 30m`.

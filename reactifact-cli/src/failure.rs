@@ -1,8 +1,6 @@
 //! What ends a command early: a check that failed (exit 1) or a usage or input error (exit 2),
 //! with a message that names what is wrong and, where one exists, the fix.
 
-use std::path::Path;
-
 use reactifact_core::{OpenError, StoreError, VerifyError};
 
 /// Which exit code a failure gives.
@@ -51,10 +49,24 @@ impl Failure {
         Failure::input(e.to_string())
     }
 
-    /// Opening the store at `path` failed. A corrupt log is a failed check when the command
-    /// checks (`verify`, `replay`), and an input error otherwise.
-    pub fn open(path: &Path, e: OpenError, checking: bool) -> Self {
-        let shown = path.display();
+    /// Connecting to a PostgreSQL store, or opening it, failed.
+    pub fn postgres(e: reactifact_postgres::OpenError) -> Self {
+        use reactifact_postgres::OpenError as E;
+        match e {
+            e @ E::Connect { .. } => Failure::input(format!(
+                "{e}; check --store (or REACTIFACT_STORE): the server must be running, and its database must exist and let the user in"
+            )),
+            e @ E::BadSchema { .. } => {
+                Failure::input(format!("{e}; name it with ?schema=NAME in the URL or with --schema"))
+            }
+            e => Failure::input(e.to_string()),
+        }
+    }
+
+    /// Opening the store `shown` (its path, or how a PostgreSQL store names itself) failed. A
+    /// corrupt log is a failed check when the command checks (`verify`, `replay`), and an
+    /// input error otherwise.
+    pub fn open(shown: &str, e: OpenError, checking: bool) -> Self {
         match e {
             OpenError::NoSuchFile { .. } => Failure::input(format!(
                 "{shown} does not exist; check --store (or REACTIFACT_STORE): the CLI never creates a store"

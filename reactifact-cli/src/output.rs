@@ -154,6 +154,7 @@ pub fn delivery_json(d: &Delivery) -> Value {
         "kind": d.kind(),
         "status": status(d.status()),
         "attempts": d.attempts(),
+        "failed_attempts": d.failed_attempts(),
         "expired_leases": d.expired_leases(),
         "interrupted_attempts": d.interrupted_attempts(),
         "last_error": d.last_error(),

@@ -557,13 +557,38 @@ fn the_store_is_named_by_flag_or_environment_and_bad_names_are_clear_errors() {
 
     reactifact(&["sessions"]).fails(
         2,
-        "no store given: pass --store PATH (a SQLite file) or set REACTIFACT_STORE",
+        "no store given: pass --store PATH (a SQLite file) or --store postgres://USER@HOST/DATABASE, or set REACTIFACT_STORE",
     );
-    let pg = reactifact(&["--store", "postgres://ops:hunter2@db.internal/app", "outbox", "list"])
-        .fails(2, "the PostgreSQL store is not available in this build of reactifact");
-    assert!(pg.stderr.contains("postgres://ops:***@db.internal/app"), "{pg:?}");
-    assert!(!pg.stderr.contains("hunter2"), "the password is not echoed: {pg:?}");
-    reactifact(&["--store", "postgresql://db/app", "sessions"]).fails(2, "PostgreSQL store is not available");
+    // PostgreSQL URLs that fail before any connection (the server's cases are in postgres.rs).
+    let bad = reactifact(&[
+        "--store",
+        "postgres://ops:hunter2@db.internal:notaport/app",
+        "outbox",
+        "list",
+    ])
+    .fails(2, "invalid postgres url `postgres://ops:***@db.internal:notaport/app`");
+    assert!(!bad.stderr.contains("hunter2"), "the password is not echoed: {bad:?}");
+    reactifact(&["--store", "postgresql://ops@db.internal/app?schema=Orders", "sessions"])
+        .fails(2, "invalid schema name `Orders`");
+    reactifact(&[
+        "--store",
+        "postgres://ops@db.internal/app?schema=a",
+        "--schema",
+        "b",
+        "sessions",
+    ])
+    .fails(2, "the store URL names schema `a` and --schema names `b`");
+    reactifact(&[
+        "--store".as_ref(),
+        store.path.as_os_str(),
+        "--schema".as_ref(),
+        "a".as_ref(),
+        "sessions".as_ref(),
+    ])
+    .fails(
+        2,
+        "--schema names the schema of a PostgreSQL store; this store is a SQLite file",
+    );
     reactifact(&["--store", "mysql://db/app", "sessions"])
         .fails(2, "unsupported store URL `mysql://db/app` (scheme `mysql`)");
 

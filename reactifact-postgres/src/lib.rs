@@ -46,9 +46,11 @@ mod outbox;
 mod prune;
 mod row;
 mod schema;
+mod sessions;
 
 pub use connect::{redact_url, OpenError, PostgresOptions, DEFAULT_POOL_SIZE, DEFAULT_SCHEMA};
 pub use listen::Notifications;
 pub use log::{PostgresStore, DEFAULT_LOG_CONNECTIONS};
 pub use outbox::PostgresOutbox;
 pub use prune::{PruneOptions, PruneReport, PruneSummary, DEFAULT_PRUNE_BATCH};
+pub use sessions::{PgSessionInfo, SchemaProbe};

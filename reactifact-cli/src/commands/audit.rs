@@ -4,12 +4,11 @@ use std::io::Write;
 
 use super::Env;
 use crate::failure::{Failure, Outcome};
-use crate::store;
 
 /// Writes one JSON object per commit of the session.
 pub fn export_audit(env: &Env, session: Option<&str>) -> Outcome {
-    let session = store::session(&env.path, session)?;
-    let ctx = store::open_session(&env.path, &session, false)?;
+    let session = env.store.session(session)?;
+    let ctx = env.store.open_session(&session, false)?;
     let mut out = std::io::BufWriter::new(std::io::stdout());
     match env.wait(ctx.export_audit(&mut out)).and_then(|_| out.flush()) {
         // The reader went away (`… | head`): nothing more to write.

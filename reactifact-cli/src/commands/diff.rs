@@ -6,20 +6,19 @@ use serde_json::{json, Value};
 use super::{commit, Env};
 use crate::failure::{Failure, Outcome};
 use crate::output::print_json;
-use crate::store;
 
 /// Diffs `a` against `b`: two sessions if both name sessions of the store, otherwise two
 /// commits of the session.
 pub fn diff(env: &Env, a: &str, b: &str, session: Option<&str>) -> Outcome {
-    let sessions = store::sessions(&env.path)?;
+    let sessions = env.store.sessions()?;
     let is_session = |name: &str| sessions.iter().any(|s| s.name == name);
     let (from, to, diff) = if is_session(a) && is_session(b) {
-        let ours = store::open_session(&env.path, a, false)?;
-        let theirs = store::open_session(&env.path, b, false)?;
+        let ours = env.store.open_session(a, false)?;
+        let theirs = env.store.open_session(b, false)?;
         let diff = ours.diff(&theirs).map_err(|e| Failure::input(e.to_string()))?;
         (json!({"session": a}), json!({"session": b}), diff)
     } else {
-        let session = store::session(&env.path, session).map_err(|e| {
+        let session = env.store.session(session).map_err(|e| {
             if is_session(a) || is_session(b) {
                 Failure::input(format!(
                     "`{a}` and `{b}` must both be sessions, or both commits of one session: {}",
@@ -29,7 +28,7 @@ pub fn diff(env: &Env, a: &str, b: &str, session: Option<&str>) -> Outcome {
                 e
             }
         })?;
-        let ctx = store::open_session(&env.path, &session, false)?;
+        let ctx = env.store.open_session(&session, false)?;
         let named = |spec: &str| {
             commit(&ctx, spec).map_err(|e| {
                 Failure::input(format!(

@@ -6,12 +6,11 @@ use serde_json::{json, Value};
 use super::Env;
 use crate::failure::{Failure, Outcome};
 use crate::output::{cut, print_json, Table};
-use crate::store;
 
 /// Shows the last `limit` commits of the session.
 pub fn log(env: &Env, session: Option<&str>, limit: usize) -> Outcome {
-    let session = store::session(&env.path, session)?;
-    let ctx = store::open_session(&env.path, &session, false)?;
+    let session = env.store.session(session)?;
+    let ctx = env.store.open_session(&session, false)?;
     let log = ctx.log().map_err(Failure::history)?;
     let shown: Vec<&Commit> = log.iter().rev().take(limit).collect();
     if env.json {

@@ -11,41 +11,41 @@ mod show;
 mod verify;
 
 use std::future::Future;
-use std::path::PathBuf;
 
 use reactifact_core::{Context, Generation};
 
-use crate::cli::{Cli, Command};
+use crate::cli::{Cli, Command, OutboxCommand};
 use crate::failure::{Failure, Outcome};
-use crate::store;
+use crate::store::{self, Store};
 
 /// What every command gets.
 pub struct Env {
-    /// The store's SQLite file.
-    pub path: PathBuf,
+    /// The store.
+    pub store: Store,
     /// `--json`.
     pub json: bool,
-    runtime: tokio::runtime::Runtime,
 }
 
 impl Env {
-    /// Awaits a store query. The store's own thread runs the SQLite calls.
+    /// Awaits a store query. The store's own threads run the SQLite calls and the log's
+    /// PostgreSQL statements.
     pub fn wait<F: Future>(&self, future: F) -> F::Output {
-        self.runtime.block_on(future)
+        self.store.wait(future)
     }
 }
 
 /// Runs the command the command line names.
 pub fn run(cli: Cli) -> Outcome {
-    let path = store::resolve(cli.store.as_deref())?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Failure::input(format!("the async runtime could not be started: {e}")))?;
+    let location = store::resolve(cli.store.as_deref(), cli.schema.as_deref())?;
+    // Only the operator's ledger operations write; every other command opens the store
+    // read-only.
+    let writes = matches!(
+        cli.command,
+        Command::Outbox(OutboxCommand::Retry(_) | OutboxCommand::Cancel { .. } | OutboxCommand::Purge { .. })
+    );
     let env = Env {
-        path,
+        store: Store::open(location, writes)?,
         json: cli.json,
-        runtime,
     };
     match cli.command {
         Command::Sessions => sessions::sessions(&env),

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
-use reactifact_core::{CancelError, Delivery, DeliveryStatus, LedgerQuery, OutboxStore, RetryError, Scope};
+use reactifact_core::{CancelError, Delivery, DeliveryStatus, LedgerQuery, RetryError, Scope};
 use serde_json::{json, Value};
 
 use super::Env;
@@ -13,7 +13,6 @@ use crate::cli::{OutboxCommand, RetryArgs, StatusArg};
 use crate::failure::{Failure, Outcome};
 use crate::json_value;
 use crate::output::{age, cut, delivery_json, print_fields, print_json, status, time, time_or_dash, Table};
-use crate::store;
 
 /// How many final entries one purge operation deletes (it runs until none is left).
 const PURGE_BATCH: usize = 1000;
@@ -39,7 +38,7 @@ pub fn outbox(env: &Env, command: OutboxCommand) -> Outcome {
 fn scope(env: &Env, session: Option<&str>, kind: Option<&str>) -> Outcome<Scope> {
     let mut scope = Scope::all();
     if let Some(session) = session {
-        store::check_session(&env.path, session)?;
+        env.store.check_session(session)?;
         scope = scope.sessions([session]);
     }
     if let Some(kind) = kind {
@@ -51,7 +50,7 @@ fn scope(env: &Env, session: Option<&str>, kind: Option<&str>) -> Outcome<Scope>
 fn unknown_key(env: &Env, key: &str) -> Failure {
     Failure::input(format!(
         "no intent with key `{key}` in the delivery ledger of {}; `reactifact outbox list` lists the keys",
-        env.path.display()
+        env.store.shown()
     ))
 }
 
@@ -64,7 +63,7 @@ fn list(
     after: Option<u64>,
 ) -> Outcome {
     let scope = scope(env, session.as_deref(), kind.as_deref())?;
-    let outbox = store::outbox_read_only(&env.path)?;
+    let outbox = env.store.outbox()?;
     let query = LedgerQuery {
         scope,
         status: status_filter.map(StatusArg::status),
@@ -99,7 +98,7 @@ fn list(
 }
 
 fn show(env: &Env, key: &str) -> Outcome {
-    let outbox = store::outbox_read_only(&env.path)?;
+    let outbox = env.store.outbox()?;
     let delivery = env
         .wait(outbox.get(key))
         .map_err(Failure::store)?
@@ -107,7 +106,7 @@ fn show(env: &Env, key: &str) -> Outcome {
     let payload = delivery.intent().payload_bytes();
     // The run that recorded it, from the log of the session that did.
     let origin = delivery.origin();
-    let run = match store::open_session(&env.path, origin.session(), false) {
+    let run = match env.store.open_session(origin.session(), false) {
         Ok(ctx) => ctx.commit_of(origin).ok().flatten().and_then(|c| c.runs.get(origin.run())).map(|run| {
             json!({
                 "agent": run.agent.as_deref(),
@@ -133,8 +132,9 @@ fn show(env: &Env, key: &str) -> Outcome {
         (
             "attempts",
             format!(
-                "{} ({} ended by an expired lease, {} interrupted)",
+                "{} ({} failed, {} ended by an expired lease, {} interrupted)",
                 d.attempts(),
+                d.failed_attempts(),
                 d.expired_leases(),
                 d.interrupted_attempts()
             ),
@@ -193,7 +193,7 @@ fn show(env: &Env, key: &str) -> Outcome {
 
 fn stats(env: &Env, session: Option<String>) -> Outcome {
     let scope = scope(env, session.as_deref(), None)?;
-    let outbox = store::outbox_read_only(&env.path)?;
+    let outbox = env.store.outbox()?;
     let counts = env.wait(outbox.counts(&scope)).map_err(Failure::store)?;
     // Per kind: one pass over the ledger, a page at a time.
     let mut by_kind: BTreeMap<String, BTreeMap<&'static str, u64>> = BTreeMap::new();
@@ -287,7 +287,7 @@ fn stats(env: &Env, session: Option<String>) -> Outcome {
 
 fn retry(env: &Env, args: RetryArgs) -> Outcome {
     if let Some(key) = args.key {
-        let outbox = store::outbox_writable(&env.path)?;
+        let outbox = env.store.outbox()?;
         let entry = env.wait(outbox.retry(&key, SystemTime::now())).map_err(|e| match e {
             RetryError::UnknownKey(_) => unknown_key(env, &key),
             RetryError::NotFailed { status: s, .. } => Failure::input(format!(
@@ -300,7 +300,7 @@ fn retry(env: &Env, args: RetryArgs) -> Outcome {
     }
     // --all-dead: the dead keys first, then each re-armed by the store's operation.
     let scope = scope(env, None, args.kind.as_deref())?;
-    let outbox = store::outbox_writable(&env.path)?;
+    let outbox = env.store.outbox()?;
     let mut dead = Vec::new();
     let mut after = None;
     loop {
@@ -333,7 +333,7 @@ fn retry(env: &Env, args: RetryArgs) -> Outcome {
 }
 
 fn cancel(env: &Env, key: &str, reason: &str) -> Outcome {
-    let outbox = store::outbox_writable(&env.path)?;
+    let outbox = env.store.outbox()?;
     let entry = env
         .wait(outbox.cancel(key, reason, SystemTime::now()))
         .map_err(|e| match e {
@@ -370,7 +370,7 @@ fn report_changed(env: &Env, what: &str, entries: &[Delivery], skipped: &[(Strin
 fn purge(env: &Env, older_than: Duration) -> Outcome {
     let now = SystemTime::now();
     let before = now.checked_sub(older_than).unwrap_or(SystemTime::UNIX_EPOCH);
-    let outbox = store::outbox_writable(&env.path)?;
+    let outbox = env.store.outbox()?;
     let mut purged = 0u64;
     loop {
         let n = env.wait(outbox.purge(before, PURGE_BATCH)).map_err(Failure::store)?;

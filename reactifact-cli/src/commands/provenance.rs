@@ -1,31 +1,30 @@
 //! `why` and `graph`: an intent's provenance — the commit and run that recorded it, its
 //! trigger and reads, and its delivery — as text, JSON, Mermaid or DOT.
 
-use reactifact_core::{Context, Delivery, OutboxStore, Provenance};
+use reactifact_core::{Context, Delivery, Provenance};
 use serde_json::json;
 
 use super::Env;
 use crate::cli::GraphFormat;
 use crate::failure::{Failure, Outcome};
 use crate::output::{delivery_json, print_fields, print_json, status};
-use crate::store;
 
 /// Opens the session to look for `key` in: the one named, or the one whose commit recorded
 /// the intent (from the ledger). Returns it with the ledger entry, if the ledger has one.
 fn session_of(env: &Env, key: &str, session: Option<&str>) -> Outcome<(Context, Option<Delivery>)> {
-    let outbox = store::outbox_read_only(&env.path)?;
+    let outbox = env.store.outbox()?;
     let delivery = env.wait(outbox.get(key)).map_err(Failure::store)?;
     let session = match (session, &delivery) {
-        (Some(named), _) => store::session(&env.path, Some(named))?,
+        (Some(named), _) => env.store.session(Some(named))?,
         (None, Some(d)) => d.origin().session().to_owned(),
         (None, None) => {
             return Err(Failure::input(format!(
                 "no intent with key `{key}` in the delivery ledger of {}; `reactifact outbox list` lists the keys",
-                env.path.display()
+                env.store.shown()
             )))
         }
     };
-    Ok((store::open_session(&env.path, &session, false)?, delivery))
+    Ok((env.store.open_session(&session, false)?, delivery))
 }
 
 fn provenance<'a>(env: &Env, ctx: &'a Context, key: &str, delivery: Option<&Delivery>) -> Outcome<Provenance<'a>> {

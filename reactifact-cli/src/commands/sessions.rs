@@ -5,11 +5,10 @@ use serde_json::json;
 use super::Env;
 use crate::failure::Outcome;
 use crate::output::{print_json, time, Table};
-use crate::store;
 
 /// Lists the sessions.
 pub fn sessions(env: &Env) -> Outcome {
-    let sessions = store::sessions(&env.path)?;
+    let sessions = env.store.sessions()?;
     if env.json {
         let list: Vec<_> = sessions
             .iter()

@@ -6,12 +6,11 @@ use super::{commit, Env};
 use crate::failure::{Failure, Outcome};
 use crate::json_value;
 use crate::output::{print_fields, print_json};
-use crate::store;
 
 /// Shows the artifact `id`.
 pub fn show(env: &Env, id: &str, session: Option<&str>, at: Option<&str>) -> Outcome {
-    let session = store::session(&env.path, session)?;
-    let ctx = store::open_session(&env.path, &session, false)?;
+    let session = env.store.session(session)?;
+    let ctx = env.store.open_session(&session, false)?;
     let at = match at {
         Some(spec) => commit(&ctx, spec)?,
         None => ctx.generation(),

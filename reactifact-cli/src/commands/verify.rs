@@ -10,22 +10,18 @@ use super::{commit, Env};
 use crate::failure::{Failure, Outcome};
 use crate::output::{print_fields, print_json, Table};
 use crate::progress;
-use crate::store;
 
 /// `verify [--session S]`: every session (or one), each log refolded and checked, and the
 /// outbox checked against it. Exit 1 if any fails.
 pub fn verify(env: &Env, session: Option<&str>) -> Outcome {
     let names: Vec<String> = match session {
-        Some(name) => vec![store::session(&env.path, Some(name))?],
-        None => store::sessions_checking(&env.path, true)?
-            .into_iter()
-            .map(|s| s.name)
-            .collect(),
+        Some(name) => vec![env.store.session(Some(name))?],
+        None => env.store.sessions_checking(true)?.into_iter().map(|s| s.name).collect(),
     };
     let mut results: Vec<Value> = Vec::new();
     let mut failed = Vec::new();
     for name in &names {
-        let result = match store::open_session(&env.path, name, true) {
+        let result = match env.store.open_session(name, true) {
             Ok(ctx) => {
                 let bar = progress::bar(ctx.generation().0, name);
                 let checked = ctx.verify_with_progress(|_| bar.inc(1));
@@ -84,8 +80,8 @@ pub fn verify(env: &Env, session: Option<&str>) -> Outcome {
 /// `replay [--session S] [--to COMMIT]`: refold the log up to a commit, checking every hash,
 /// and show the state there.
 pub fn replay(env: &Env, session: Option<&str>, to: Option<&str>) -> Outcome {
-    let session = store::session(&env.path, session)?;
-    let ctx = store::open_session(&env.path, &session, true)?;
+    let session = env.store.session(session)?;
+    let ctx = env.store.open_session(&session, true)?;
     let to = match to {
         Some(spec) => commit(&ctx, spec)?,
         None => ctx.generation(),

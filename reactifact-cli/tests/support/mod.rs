@@ -104,88 +104,98 @@ pub const IN_FLIGHT: &str = "later:order:7";
 /// Registered by the branch `what-if`, delivered.
 pub const BRANCH: &str = "email:order:8";
 
-/// Writes the store at `path` (which must not exist):
-///
-/// - session `orders`: orders 1–7 in one commit, one generation of `billing/process_order`
-///   recording seven intents, then order 1 updated (its receipt re-derived, no new intent);
-/// - the ledger: `email` delivered, `sms` dead, `push` failed, `fax` held, one `later`
-///   re-armed by an operator's retry (pending) and one claimed under a one-hour lease by a
-///   drain that never reports (in flight);
-/// - session `what-if`, forked from `orders` at its head: order 8 and its delivered email.
+/// Writes the store at `path` (which must not exist): [`write`] on session `orders` of a
+/// new SQLite file, then [`settle`] on its outbox.
 pub fn build(path: &Path) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        let mut ctx = Context::open(path, "orders").unwrap();
-        {
-            let mut tx = ctx.transaction();
-            tx.create("order:1", order("ada@example.com", 1200, "email"));
-            tx.create("order:2", order("bob@example.com", 800, "email"));
-            tx.create("order:3", order("cy@example.com", 500, "sms"));
-            tx.create("order:4", order("di@example.com", 700, "push"));
-            tx.create("order:5", order("ed@example.com", 300, "fax"));
-            tx.create("order:6", order("fay@example.com", 900, "later"));
-            tx.create("order:7", order("gus@example.com", 100, "later"));
-            tx.commit().unwrap();
-        }
-        let mut rt_orders = runtime(ctx);
-        rt_orders.run().await.unwrap();
-        rt_orders
-            .context_mut()
-            .update("order:1", order("ada@example.org", 1500, "email"))
-            .unwrap();
-        rt_orders.run().await.unwrap();
-        let ctx = rt_orders.into_context();
-
-        let branch = ctx.fork("what-if").unwrap();
-        let mut rt_branch = runtime(branch);
-        rt_branch
-            .context_mut()
-            .create("order:8", order("hal@example.com", 2500, "email"))
-            .unwrap();
-        rt_branch.run().await.unwrap();
-        drop(rt_branch);
-
-        // An operator re-armed one held intent (pending), and a drain claimed the other and
-        // died (in flight under a lease that has an hour to run).
+        let ctx = write(Context::open(path, "orders").unwrap()).await;
         let outbox = SqliteOutbox::open(path).unwrap();
-        outbox.retry(PENDING, SystemTime::now()).await.unwrap();
-        outbox.retry(IN_FLIGHT, SystemTime::now()).await.unwrap();
-        let owner: Arc<str> = Arc::from("a drain that died");
-        let scope = Scope::all().kinds(["later"]);
-        let mut claimed = Vec::new();
-        // Claims take pending intents in registration order: the first is order 6's; release
-        // it, so that order 7's stays claimed.
-        for _ in 0..2 {
-            let got = outbox
-                .claim(ClaimRequest {
-                    scope: &scope,
-                    limit: 1,
-                    owner: &owner,
-                    lease: Duration::from_secs(3600),
-                    now: SystemTime::now(),
-                })
-                .await
-                .unwrap();
-            claimed.extend(got.claims);
-        }
-        assert_eq!(claimed.len(), 2, "both later intents claimed");
-        let first = &claimed[0];
-        assert_eq!(first.key().as_str(), PENDING);
-        outbox
-            .record(
-                &[reactifact_core::Recording {
-                    key: first.key().clone(),
-                    token: first.lease().unwrap().token,
-                    outcome: reactifact_core::Outcome::Released,
-                }],
-                SystemTime::now(),
-            )
-            .await
-            .unwrap();
+        settle(&*outbox).await;
         outbox.close().await;
         drop(ctx);
     });
+}
+
+/// Writes the order flow on `ctx` (session `orders` of an empty store, of any kind):
+///
+/// - session `orders`: orders 1–7 in one commit, one generation of `billing/process_order`
+///   recording seven intents, then order 1 updated (its receipt re-derived, no new intent);
+/// - the ledger: `email` delivered, `sms` dead, `push` failed, `fax` held; the two `later`
+///   held (no route) until [`settle`];
+/// - session `what-if`, forked from `orders` at its head: order 8 and its delivered email.
+///
+/// Returns the context of `orders`.
+pub async fn write(mut ctx: Context) -> Context {
+    {
+        let mut tx = ctx.transaction();
+        tx.create("order:1", order("ada@example.com", 1200, "email"));
+        tx.create("order:2", order("bob@example.com", 800, "email"));
+        tx.create("order:3", order("cy@example.com", 500, "sms"));
+        tx.create("order:4", order("di@example.com", 700, "push"));
+        tx.create("order:5", order("ed@example.com", 300, "fax"));
+        tx.create("order:6", order("fay@example.com", 900, "later"));
+        tx.create("order:7", order("gus@example.com", 100, "later"));
+        tx.commit().unwrap();
+    }
+    let mut rt_orders = runtime(ctx);
+    rt_orders.run().await.unwrap();
+    rt_orders
+        .context_mut()
+        .update("order:1", order("ada@example.org", 1500, "email"))
+        .unwrap();
+    rt_orders.run().await.unwrap();
+    let ctx = rt_orders.into_context();
+
+    let branch = ctx.fork("what-if").unwrap();
+    let mut rt_branch = runtime(branch);
+    rt_branch
+        .context_mut()
+        .create("order:8", order("hal@example.com", 2500, "email"))
+        .unwrap();
+    rt_branch.run().await.unwrap();
+    drop(rt_branch);
+    ctx
+}
+
+/// An operator re-armed one held intent (pending), and a drain claimed the other and died
+/// (in flight under a lease that has an hour to run).
+pub async fn settle(outbox: &dyn OutboxStore) {
+    outbox.retry(PENDING, SystemTime::now()).await.unwrap();
+    outbox.retry(IN_FLIGHT, SystemTime::now()).await.unwrap();
+    let owner: Arc<str> = Arc::from("a drain that died");
+    let scope = Scope::all().kinds(["later"]);
+    let mut claimed = Vec::new();
+    // Claims take pending intents in registration order: the first is order 6's; release
+    // it, so that order 7's stays claimed.
+    for _ in 0..2 {
+        let got = outbox
+            .claim(ClaimRequest {
+                scope: &scope,
+                limit: 1,
+                owner: &owner,
+                lease: Duration::from_secs(3600),
+                now: SystemTime::now(),
+            })
+            .await
+            .unwrap();
+        claimed.extend(got.claims);
+    }
+    assert_eq!(claimed.len(), 2, "both later intents claimed");
+    let first = &claimed[0];
+    assert_eq!(first.key().as_str(), PENDING);
+    outbox
+        .record(
+            &[reactifact_core::Recording {
+                key: first.key().clone(),
+                token: first.lease().unwrap().token,
+                outcome: reactifact_core::Outcome::Released,
+            }],
+            SystemTime::now(),
+        )
+        .await
+        .unwrap();
 }
