@@ -84,3 +84,33 @@ async fn a_direct_write_of_a_stale_context_is_refused_with_a_conflict_and_change
     assert_eq!(reopened.generation().0, 1);
     assert!(reopened.get::<Order>("order:2").unwrap().is_none());
 }
+
+#[tokio::test]
+async fn a_stale_write_that_changes_nothing_here_is_refused_not_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let mut first = Context::open(&path, "orders").unwrap();
+    first.create("order:1", order("ada", 100)).unwrap();
+    let mut second = Context::open(&path, "orders").unwrap();
+    first.update("order:1", order("ada", 999)).unwrap();
+    first.create("order:2", order("bob", 5)).unwrap();
+    // On the stale copy both writes change nothing; at the store's head both would.
+    let set = second.create("order:1", order("ada", 100));
+    assert!(
+        matches!(set, Err(WriteError::Store(StoreError::Conflict { .. }))),
+        "{set:?}"
+    );
+    let deleted = second.delete("order:2");
+    assert!(
+        matches!(deleted, Err(WriteError::Store(StoreError::Conflict { .. }))),
+        "{deleted:?}"
+    );
+    // Caught up, the same writes apply to the head.
+    assert_eq!(second.catch_up().await.unwrap(), 2);
+    second.create("order:1", order("ada", 100)).unwrap();
+    second.delete("order:2").unwrap();
+    drop((first, second));
+    let reopened = Context::open(&path, "orders").unwrap();
+    assert_eq!(reopened.get::<Order>("order:1").unwrap().unwrap().data.total_cents, 100);
+    assert!(reopened.get::<Order>("order:2").unwrap().is_none());
+}

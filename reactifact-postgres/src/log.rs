@@ -59,6 +59,8 @@ struct Log {
     name: String,
     s: String,
     outbox: Arc<PostgresOutbox>,
+    /// How to connect again when a connection closed (a server restart, a terminated backend).
+    config: tokio_postgres::Config,
     connections: Vec<Mutex<LogConnection>>,
     runtime: Driver,
 }
@@ -117,6 +119,19 @@ impl Prepare for CachedTransaction<'_> {
 /// may happen inside another runtime, where a blocking shutdown would panic).
 struct Driver(Option<tokio::runtime::Runtime>);
 
+impl Driver {
+    /// Spawns `task` on the store's runtime (nothing once it is shut down).
+    fn spawn<T: Send + 'static>(
+        &self,
+        task: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> tokio::task::JoinHandle<T> {
+        match &self.0 {
+            Some(runtime) => runtime.spawn(task),
+            None => unreachable!("the runtime lives as long as the store"),
+        }
+    }
+}
+
 impl Drop for Driver {
     fn drop(&mut self) {
         if let Some(runtime) = self.0.take() {
@@ -164,28 +179,24 @@ impl PostgresStore {
     pub async fn open(options: PostgresOptions) -> Result<Arc<PostgresStore>, OpenError> {
         let outbox = PostgresOutbox::open(options.clone()).await?;
         let target = Target::parse(&options)?;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("reactifact-postgres-log")
-            .enable_all()
-            .build()
-            .map_err(|e| target.connect_error(e))?;
+        // Owned by a `Driver` at once: dropped here, inside the caller's runtime, a runtime
+        // must shut down without blocking.
+        let runtime = Driver(Some(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("reactifact-postgres-log")
+                .enable_all()
+                .build()
+                .map_err(|e| target.connect_error(e))?,
+        ));
         let mut connections = Vec::new();
         for _ in 0..options.log_connections_value() {
             let config = target.config.clone();
-            let connected = runtime
-                .spawn(async move {
-                    let (client, connection) = config.connect(NoTls).await?;
-                    tokio::spawn(async move {
-                        if let Err(e) = connection.await {
-                            tracing::warn!(error = %e, "a connection of the postgres log ended");
-                        }
-                    });
-                    Ok::<_, tokio_postgres::Error>(client)
-                })
+            let client = runtime
+                .spawn(async move { connect(&config).await })
                 .await
-                .map_err(|e| target.connect_error(e))?;
-            let client = connected.map_err(|e| target.connect_error(DriverError::boxed(e)))?;
+                .map_err(|e| target.connect_error(e))?
+                .map_err(|e| target.connect_error(DriverError::boxed(e)))?;
             connections.push(Mutex::new(LogConnection {
                 client,
                 statements: Statements::default(),
@@ -195,8 +206,9 @@ impl PostgresStore {
             name: outbox.name().to_owned(),
             s: outbox.quoted_schema().to_owned(),
             outbox: outbox.clone(),
+            config: target.config.clone(),
             connections,
-            runtime: Driver(Some(runtime)),
+            runtime,
         };
         Ok(Arc::new(PostgresStore {
             outbox,
@@ -227,18 +239,62 @@ impl PostgresStore {
         T: Send + 'static,
         F: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
     {
+        self.run_or(session, op, |_, _| async {})
+    }
+
+    /// [`run`](Self::run), handing the result to `unreceived` if the caller is gone by the time
+    /// it is ready (a commit cut off, whose claim must be given back).
+    fn run_or<T, F, U>(
+        &self,
+        session: &str,
+        op: impl FnOnce(Arc<Log>, usize) -> F,
+        unreceived: impl FnOnce(Arc<Log>, Result<T, StoreError>) -> U + Send + 'static,
+    ) -> BoxFuture<'static, Result<T, StoreError>>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
+        U: std::future::Future<Output = ()> + Send + 'static,
+    {
         let log = self.log.clone();
         let index = connection_for(session, log.connections.len());
         let name = log.name.clone();
         let (answer, answered) = oneshot::channel();
         let task = op(log.clone(), index);
-        if let Some(runtime) = &log.runtime.0 {
-            runtime.spawn(async move {
-                let _ = answer.send(task.await);
-            });
-        }
+        let on = log.clone();
+        self.log.runtime.spawn(async move {
+            if let Err(result) = answer.send(task.await) {
+                unreceived(on, result).await;
+            }
+        });
         Box::pin(async move { answered.await.unwrap_or_else(|_| Err(StoreError::closed(name))) })
     }
+}
+
+/// A connection to the server, driven by the runtime this runs on (the store's).
+async fn connect(config: &tokio_postgres::Config) -> Result<Client, tokio_postgres::Error> {
+    let (client, connection) = config.connect(NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::warn!(error = %e, "a connection of the postgres log ended");
+        }
+    });
+    Ok(client)
+}
+
+/// Whether the server aborted the transaction as a deadlock or a serialization failure (so
+/// that nothing of it was written, and it may be made again at once).
+fn aborted_by_server(e: &StoreError) -> bool {
+    use tokio_postgres::error::SqlState;
+    let mut source = std::error::Error::source(e);
+    while let Some(error) = source {
+        if let Some(pg) = error.downcast_ref::<tokio_postgres::Error>() {
+            return pg
+                .code()
+                .is_some_and(|c| *c == SqlState::T_R_DEADLOCK_DETECTED || *c == SqlState::T_R_SERIALIZATION_FAILURE);
+        }
+        source = error.source();
+    }
+    false
 }
 
 /// Which connection serves `session`.
@@ -256,9 +312,21 @@ impl Log {
         move |e| store_error(&self.name, e)
     }
 
+    /// Connection `index`, connected again first if it closed (its prepared statements go
+    /// with it).
+    async fn connection(&self, index: usize) -> Result<tokio::sync::MutexGuard<'_, LogConnection>, StoreError> {
+        let mut conn = self.connections[index].lock().await;
+        if conn.client.is_closed() {
+            tracing::info!(store = %self.name, "a connection of the log had closed; connecting again");
+            conn.client = connect(&self.config).await.map_err(self.err())?;
+            conn.statements = Statements::default();
+        }
+        Ok(conn)
+    }
+
     /// Runs `sql` (prepared once per connection) on connection `index`, outside a transaction.
     async fn query(&self, index: usize, sql: &str, params: Params<'_>) -> Result<Vec<tokio_postgres::Row>, StoreError> {
-        let conn = self.connections[index].lock().await;
+        let conn = self.connection(index).await?;
         let statement = conn.statements.get(&conn.client, sql).await.map_err(self.err())?;
         conn.client.query(&statement, params).await.map_err(self.err())
     }
@@ -318,8 +386,26 @@ impl Log {
         Ok(rows.first().map(commit_row))
     }
 
+    /// [`append_once`](Self::append_once), again (a few times) when the server aborted it
+    /// as a deadlock or a serialization failure: two commits registering shared keys in
+    /// opposite orders wait for each other, and the server aborts one; nothing of it was
+    /// written.
     async fn append(&self, index: usize, append: Append) -> Result<Option<Claimed>, StoreError> {
-        let mut conn = self.connections[index].lock().await;
+        const TRIES: u32 = 5;
+        let mut tries = 1;
+        loop {
+            match self.append_once(index, &append).await {
+                Err(e) if tries < TRIES && aborted_by_server(&e) => {
+                    tracing::debug!(store = %self.name, error = %e, tries, "a commit was aborted by the server; it is made again");
+                    tries += 1;
+                }
+                appended => return appended,
+            }
+        }
+    }
+
+    async fn append_once(&self, index: usize, append: &Append) -> Result<Option<Claimed>, StoreError> {
+        let mut conn = self.connection(index).await?;
         let LogConnection { client, statements } = &mut *conn;
         let err = self.err();
         let s = &self.s;
@@ -380,7 +466,7 @@ impl Log {
     }
 
     async fn put_checkpoint(&self, index: usize, row: CheckpointRow, keep: usize) -> Result<(), StoreError> {
-        let mut conn = self.connections[index].lock().await;
+        let mut conn = self.connection(index).await?;
         let err = self.err();
         let s = &self.s;
         let tx = conn.client.transaction().await.map_err(&err)?;
@@ -430,7 +516,7 @@ impl Log {
     }
 
     async fn verify_outbox(&self, index: usize, check: OutboxCheck) -> Result<Option<VerifyError>, StoreError> {
-        let conn = self.connections[index].lock().await;
+        let conn = self.connection(index).await?;
         let client = &conn.client;
         let err = self.err();
         let s = &self.s;
@@ -531,22 +617,18 @@ impl LogStore for PostgresStore {
 
     fn append(&self, append: Append) -> BoxFuture<'_, Result<Option<Claimed>, StoreError>> {
         let session = append.commit.session.clone();
-        let (answer, answered) = oneshot::channel::<()>();
-        let appended = self.run(&session, move |log, i| async move {
-            let now = append.now;
-            let appended = log.append(i, append).await;
+        let now = append.now;
+        self.run_or(
+            &session,
+            move |log, i| async move { log.append(i, append).await },
             // The caller is gone (its commit was cut off): what the claim took is given back
             // at once, not left in flight for a lease.
-            if let (Ok(Some(claimed)), true) = (&appended, answer.is_closed()) {
-                log.outbox.release(claimed, now).await;
-            }
-            appended
-        });
-        Box::pin(async move {
-            let appended = appended.await;
-            drop(answered);
-            appended
-        })
+            move |log, appended| async move {
+                if let Ok(Some(claimed)) = appended {
+                    log.outbox.release(&claimed, now).await;
+                }
+            },
+        )
     }
 
     fn consume<'a>(&'a self, session: &'a str, expected: u64, before: u64) -> BoxFuture<'a, Result<bool, StoreError>> {

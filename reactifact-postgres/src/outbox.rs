@@ -775,19 +775,29 @@ impl Inner {
         let (sql, params) = self.claim_sql(scope, at, i64::try_from(limit).unwrap_or(i64::MAX), owner, until);
         let refs = params.refs();
         let (reclaimed, rows) = if limit == 0 {
-            (client.rows(&reclaim, reclaim_params).await.map_err(&err)?, Vec::new())
+            (client.rows(&reclaim, reclaim_params).await, Ok(Vec::new()))
         } else {
             let stmt = client.statement(&sql).await.map_err(&err)?;
-            futures_util::future::try_join(client.rows(&reclaim, reclaim_params), client.rows(&stmt, &refs))
-                .await
-                .map_err(&err)?
+            futures_util::future::join(client.rows(&reclaim, reclaim_params), client.rows(&stmt, &refs)).await
         };
-        let reclaim = reclaimed.first().ok_or_else(|| StoreError::closed(self.name.clone()))?;
-        claimed.reclaimed = usize::try_from(reclaim.get::<_, i64>(0)).unwrap_or(0);
-        let held: Option<Vec<String>> = reclaim.get(1);
-        for key in held.unwrap_or_default() {
-            tracing::warn!(store = %self.name, action_key = %key, "an outbox row failed its integrity check; it is held, not delivered");
-            claimed.integrity.push(ActionKey::from(key));
+        // What the claim took is handed back even if the reclaim failed (outside a
+        // transaction the claim committed on its own): the reclaim is housekeeping that the
+        // next claim does again.
+        let rows = rows.map_err(&err)?;
+        match reclaimed {
+            Ok(reclaimed) => {
+                let reclaim = reclaimed.first().ok_or_else(|| StoreError::closed(self.name.clone()))?;
+                claimed.reclaimed = usize::try_from(reclaim.get::<_, i64>(0)).unwrap_or(0);
+                let held: Option<Vec<String>> = reclaim.get(1);
+                for key in held.unwrap_or_default() {
+                    tracing::warn!(store = %self.name, action_key = %key, "an outbox row failed its integrity check; it is held, not delivered");
+                    claimed.integrity.push(ActionKey::from(key));
+                }
+            }
+            Err(e) if limit == 0 => return Err(err(e)),
+            Err(e) => {
+                tracing::warn!(store = %self.name, error = %err(e), "the reclaim of expired leases failed; the next claim tries again");
+            }
         }
         let mut taken = Vec::with_capacity(rows.len());
         for (i, found) in rows.iter().enumerate() {

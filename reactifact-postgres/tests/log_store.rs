@@ -372,3 +372,127 @@ async fn two_processes_writing_one_session_lose_nothing_and_act_no_intent_twice(
     let counts = ctx.ledger().counts().await.unwrap();
     assert_eq!(counts.pending, 2 * ORDERS + 2, "one intent per order");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_connection_the_server_closed_is_connected_again() {
+    let Some(url) = common::url("a_log_connection_the_server_closed_is_connected_again") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "log_reconnect");
+    let schema = schemas.name();
+    // Connections of this test only, so that terminating them leaves other tests alone.
+    let app = format!("rft_reconnect_{}", std::process::id());
+    let separator = if url.contains('?') { '&' } else { '?' };
+    let store = open_store(&format!("{url}{separator}application_name={app}"), &schema).await;
+    let mut ctx = Context::open_store(store.clone(), "orders").await.unwrap();
+    ctx.create("order:1", order(1)).unwrap();
+    schemas
+        .execute(&format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '{app}'"
+        ))
+        .await;
+    // The first write may still meet the closed connection (a retryable error, nothing
+    // written); the next one connects again.
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match ctx.create("order:2", order(2)) {
+            Ok(()) => break,
+            Err(WriteError::Store(e)) if e.is_retryable() && tries < 3 => continue,
+            Err(e) => panic!("after {tries} tries: {e}"),
+        }
+    }
+    assert_eq!(ctx.generation().0, 2);
+    drop(ctx);
+    let reopened = Context::open_store(store, "orders").await.unwrap();
+    assert_eq!(reopened.generation().0, 2);
+    assert!(reopened.get::<Order>("order:2").unwrap().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sessions_acting_shared_keys_in_opposite_orders_both_commit() {
+    let Some(url) = common::url("two_sessions_acting_shared_keys_in_opposite_orders_both_commit") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "log_deadlock");
+    let schema = schemas.name();
+    let store = open_store(&url, &schema).await;
+    // A produce acting one intent per key of a batch, in the order the batch lists them.
+    #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+    struct Batch {
+        keys: Vec<String>,
+    }
+    impl Artifact for Batch {
+        const KIND: &'static str = "batch";
+    }
+    let act_all = || {
+        Produce::new("act_all", |call: ProduceCall<Batch>| async move {
+            for key in &call.trigger.data.keys {
+                call.effects.act("notify", key.clone(), key);
+            }
+            Ok::<(), ProduceError>(())
+        })
+        .creates::<PendingAction>()
+    };
+    let keys: Vec<String> = (0..300).map(|i| format!("shared:{i}")).collect();
+    let mut tasks = Vec::new();
+    for (session, forward) in [("forward", true), ("backward", false)] {
+        let store = store.clone();
+        let mut keys = keys.clone();
+        if !forward {
+            keys.reverse();
+        }
+        let produce = act_all();
+        tasks.push(tokio::spawn(async move {
+            for round in 0..10 {
+                let mut ctx = Context::open_store(store.clone(), session).await.unwrap();
+                let batch: Vec<String> = keys.iter().map(|k| format!("{k}:{round}")).collect();
+                ctx.create(format!("batch:{round}"), Batch { keys: batch }).unwrap();
+                let mut rt = Runtime::builder(ctx)
+                    .agent(Agent::new("a").produce(produce.clone()))
+                    .build()
+                    .unwrap();
+                rt.run().await.unwrap_or_else(|e| panic!("{session} round {round}: {e}"));
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let ctx = Context::open_store(store, "forward").await.unwrap();
+    assert_eq!(ctx.ledger().counts().await.unwrap().total(), 3000, "every key once");
+}
+
+#[tokio::test]
+async fn a_refused_log_connection_is_an_error_not_a_panic() {
+    let Some(url) = common::url("a_refused_log_connection_is_an_error_not_a_panic") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "log_refused");
+    let schema = schemas.name();
+    let role = format!("rft_limited_{}", std::process::id());
+    // A role that may hold two connections: the pool's first, and one of the log's three.
+    schemas
+        .execute(&format!(
+            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN CONNECTION LIMIT 2; GRANT CREATE ON DATABASE test TO {role}"
+        ))
+        .await;
+    // The same server and database, as that role.
+    let (scheme, rest) = url.split_once("://").expect("a URL");
+    let host = rest.split_once('@').map_or(rest, |(_, host)| host);
+    let limited = format!("{scheme}://{role}@{host}");
+    let opened = PostgresStore::open(
+        PostgresOptions::new(&limited)
+            .schema(&schema)
+            .pool_size(1)
+            .log_connections(3),
+    )
+    .await;
+    let refused = opened.expect_err("the third connection is refused");
+    assert!(refused.to_string().contains("127.0.0.1"), "{refused}");
+    drop(schemas);
+    let cleanup = Schemas::new(&url, "log_refused_cleanup");
+    cleanup
+        .execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
+        .await;
+}

@@ -779,6 +779,11 @@ impl Context {
         }
         if skip_if_unchanged && !apply.changed() {
             apply.rollback();
+            // A write that changes nothing here may change something at the store's head: it
+            // is refused, as a commit would be, if another writer advanced the session.
+            if let Some(store) = &self.store {
+                store.check_current().map_err(CommitFailure::Store)?;
+            }
             return Ok((rejected, None));
         }
         if !rejected.is_empty() {

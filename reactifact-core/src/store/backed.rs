@@ -289,6 +289,18 @@ impl Backed {
                 after + commits.len() as u64
             )));
         }
+        // The row's head is the log's last commit (a row rolled back to an older generation
+        // would otherwise show an older head as the session's).
+        let last = commits.last().map(|c| c.hash).or(checkpoint.as_ref().map(|c| c.hash));
+        if row.generation > 0 && row.fork.as_ref().is_none_or(|(_, at)| row.generation > *at) {
+            let head = row.head.as_deref().map(|h| hash32(h, "the session's head")).transpose().map_err(corrupt)?;
+            if head.map(CommitHash) != last {
+                return Err(corrupt(format!(
+                    "session `{session}` names another head than its log's last commit {}",
+                    row.generation
+                )));
+            }
+        }
         let foreign = if checkpoint.is_some() {
             Vec::new()
         } else {
@@ -435,6 +447,14 @@ impl Store for Backed {
                 Err(StoreError::conflict(self.backend.describe(), &self.session, self.generation))
             }
         })
+    }
+
+    fn check_current(&self) -> Result<(), StoreError> {
+        let row = block_on(self.backend.session(&self.session))?;
+        match row {
+            Some(row) if row.generation == self.generation => Ok(()),
+            _ => Err(StoreError::conflict(self.backend.describe(), &self.session, self.generation)),
+        }
     }
 
     fn catch_up(&mut self) -> BoxFuture<'_, Result<super::CaughtUp, StoreError>> {

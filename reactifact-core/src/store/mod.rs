@@ -459,6 +459,11 @@ pub(crate) trait Store: Send + Sync {
     /// without blocking the caller's thread.
     fn consume_events<'a>(&'a mut self, session: &str, before: u64) -> outbox::BoxFuture<'a, Result<(), StoreError>>;
 
+    /// [`StoreError::Conflict`] if another writer advanced the session past the generation this
+    /// store last saw (a direct write that changes nothing checks this instead of committing).
+    /// Blocks the caller's thread, as a direct write does.
+    fn check_current(&self) -> Result<(), StoreError>;
+
     /// After a [`StoreError::Conflict`]: reads the commits another writer appended to the
     /// session after the generation this store last saw, and the session's consumed position
     /// now, and fences the next commit on the new head. Off the caller's thread.

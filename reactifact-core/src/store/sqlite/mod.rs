@@ -1094,6 +1094,23 @@ impl Store for SqliteStore {
         })
     }
 
+    fn check_current(&self) -> Result<(), StoreError> {
+        let generation: Option<u64> = self
+            .conn
+            .lock()
+            .query_row("SELECT generation FROM sessions WHERE name = ?1", [&self.session], |row| {
+                row.get(0)
+            })
+            .optional()
+            .map_err(|e| self.sqlite_error(e))?;
+        match generation {
+            // A new session has no row until its first commit.
+            None if self.generation == 0 => Ok(()),
+            Some(generation) if generation == self.generation => Ok(()),
+            _ => Err(self.conflict()),
+        }
+    }
+
     fn catch_up(&mut self) -> crate::store::outbox::BoxFuture<'_, Result<crate::store::CaughtUp, StoreError>> {
         let (session, fence, store) = (self.session.clone(), self.generation, store_name(&self.path));
         let read = self.outbox.run_write(move |conn| {
