@@ -169,7 +169,7 @@ pub struct TurnReport {
     pub failed_runs: Vec<ProduceFailure>,
     /// Generations run again because another writer (another process on the same session of
     /// the store) committed first: each time, the runtime read the other's commits, applied
-    /// them, paused briefly (1 ms, doubling to 64 ms, jittered) and ran its generation again
+    /// them, paused briefly (1 ms, doubling with each conflict in a row to 64 ms, jittered) and ran its generation again
     /// on the new head, so nothing of either is lost and no intent is acted twice. Each such
     /// conflict means the other writer made progress, so they are retried for as long as it
     /// does (the turn's budget and stop still apply); see [`MAX_CONFLICT_RETRIES`].
@@ -183,7 +183,7 @@ pub struct TurnReport {
 /// [`TurnReport::conflicts`]).
 pub const MAX_CONFLICT_RETRIES: u64 = 16;
 
-/// The pause before the `n`-th retry of a turn's generation after a conflict: 1 ms doubling
+/// The pause before a generation runs again after the `n`-th conflict in a row: 1 ms doubling
 /// to 64 ms, less up to half of it (jitter from the process and `n`, so two processes do not
 /// pause in step).
 fn conflict_pause(n: u64) -> Duration {
@@ -543,8 +543,10 @@ impl Runtime {
         if let Some(outcome) = self.drain(deadline, &mut report.deliveries, None).await? {
             return Ok(self.finish(report, outcome).await);
         }
-        // Conflicts in a row after which the other writer showed no progress.
+        // Conflicts in a row after which the other writer showed no progress, and conflicts
+        // since this runtime last committed (the pause grows with them).
         let mut idle_conflicts = 0;
+        let mut streak = 0;
         loop {
             if let Some(outcome) = self.interrupted(deadline) {
                 return Ok(self.finish(report, outcome).await);
@@ -572,11 +574,13 @@ impl Runtime {
                         idle_conflicts = 0;
                     }
                     tracing::info!(commits = read, retry = report.conflicts, "another writer committed first; running the generation again on its head");
-                    tokio::time::sleep(conflict_pause(report.conflicts)).await;
+                    streak += 1;
+                    tokio::time::sleep(conflict_pause(streak)).await;
                     continue;
                 }
                 step => step?,
             };
+            streak = 0;
             let preclaimed = match step {
                 generation::Step::Committed(preclaimed) => preclaimed,
                 generation::Step::Consumed => None,

@@ -243,7 +243,7 @@ impl Runtime {
             Ok(ops) => {
                 let mut tries = 0;
                 loop {
-                    match self.context.commit_direct(ops.clone()) {
+                    match self.context.commit_direct_async(ops.clone()).await {
                         Err(WriteError::Store(StoreError::Conflict { .. })) if tries < MAX_CONFLICT_RETRIES => {
                             tries += 1;
                             if let Err(e) = self.context.catch_up().await {

@@ -500,13 +500,7 @@ impl Context {
         }
         let ops: Vec<Op> = puts.into_iter().chain(links).chain(unlinks).chain(deletes).collect();
         let taken = take.into_iter().map(|(id, _)| id).collect();
-        let run = RunRecord {
-            agent: None,
-            produce: None,
-            trigger: None,
-            ops,
-            reads: Vec::new(),
-        };
+        let run = RunRecord::direct(ops);
         let absorbed = histories.theirs_unknown_to_ours()?;
         let their_level = histories.head_level(1);
         match self.commit_runs(vec![run], 0, false, false, theirs.head()) {

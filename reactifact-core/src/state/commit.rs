@@ -100,6 +100,19 @@ pub struct RunRecord {
     pub reads: Vec<Read>,
 }
 
+impl RunRecord {
+    /// The run of a direct write: no agent, produce or trigger.
+    pub(crate) fn direct(ops: Vec<Op>) -> RunRecord {
+        RunRecord {
+            agent: None,
+            produce: None,
+            trigger: None,
+            ops,
+            reads: Vec::new(),
+        }
+    }
+}
+
 /// One entry of the commit log: everything one generation changed, applied atomically.
 #[derive(Clone, Debug)]
 pub struct Commit {

@@ -227,6 +227,9 @@ impl Context {
     /// generation, so one of two racing commits fails with [`StoreError::Conflict`] and
     /// changes nothing; a [`Runtime`](crate::Runtime) then reads the other's commits and runs
     /// its generation again on them (see [`TurnReport::conflicts`](crate::TurnReport::conflicts)).
+    /// Every runtime writing one session must run the same agents and produces: the session's
+    /// consumed events are shared, and a runtime consumes the events none of its produces
+    /// reacts to.
     ///
     /// A direct write ([`create`](Context::create) and friends) waits for the store by
     /// blocking its thread, as on SQLite; a runtime's generations do not.
@@ -899,14 +902,24 @@ impl Context {
     /// Commits `ops` as one direct write (no agent, produce or trigger); nothing if they
     /// change nothing.
     pub(crate) fn commit_direct(&mut self, ops: Vec<Op>) -> Result<(), WriteError> {
-        let run = RunRecord {
-            agent: None,
-            produce: None,
-            trigger: None,
-            ops,
-            reads: Vec::new(),
-        };
+        let run = RunRecord::direct(ops);
         self.commit_runs(vec![run], 0, false, true, None)?;
+        Ok(())
+    }
+
+    /// [`commit_direct`](Context::commit_direct) with the store's write off the caller's thread,
+    /// as a runtime's generations make theirs (a serving runtime's handle writes).
+    pub(crate) async fn commit_direct_async(&mut self, ops: Vec<Op>) -> Result<(), WriteError> {
+        let run = RunRecord::direct(ops);
+        // A direct write consumes no event, its own included, and claims nothing.
+        let direct = GenerationCommit {
+            reacts: &|_| true,
+            claim: None,
+        };
+        let span = self.commit_span();
+        self.commit_runs_via(vec![run], 0, false, true, None, Some(&direct))
+            .instrument(span)
+            .await?;
         Ok(())
     }
 

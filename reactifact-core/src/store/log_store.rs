@@ -252,11 +252,12 @@ pub trait LogStore: Send + Sync + 'static {
     fn commit_by_hash<'a>(&'a self, hash: &'a [u8]) -> BoxFuture<'a, Result<Option<CommitRow>, StoreError>>;
 
     /// Appends a commit in one transaction, if the session's row is at generation
-    /// `append.expected`: moves the row to the commit (generation, head, consumed position,
-    /// never moving back), inserts the commit's row, registers its intents and makes its
-    /// claim. Returns what the claim took (nothing if it asked for none), or `None` — with
-    /// nothing written — if the session's row was not at `append.expected`: another writer
-    /// advanced it. Two appends racing for one session must never both succeed.
+    /// `append.expected` and its consumed position is at most `append.consumed_before`: moves
+    /// the row to the commit (generation, head, consumed position), inserts the commit's row,
+    /// registers its intents and makes its claim. Returns what the claim took (nothing if it
+    /// asked for none), or `None` — with nothing written — if the row was not so: another
+    /// writer advanced the session, or consumed further (a stale copy must not run those
+    /// events again). Two appends racing for one session must never both succeed.
     fn append(&self, append: Append) -> BoxFuture<'_, Result<Option<Claimed>, StoreError>>;
 
     /// Marks the session's queued events numbered below `before` consumed, if its row is at
