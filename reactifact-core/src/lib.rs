@@ -69,12 +69,12 @@ pub use state::context::{Context, Transaction, WriteError};
 pub use state::refold::VerifyError;
 pub use state::snapshot::Snapshot;
 pub use store::ledger::Ledger;
+pub use store::log_store::{Act, Append, CheckpointRow, ClaimOrder, CommitRow, LogStore, OutboxCheck, SessionRow};
 pub use store::memory::MemoryOutbox;
 pub use store::outbox::{
     BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome, Page, Recorded,
     Recording, RetryError, Scope, StatusCounts, Wakeups,
 };
-pub use store::log_store::{Act, Append, CheckpointRow, ClaimOrder, CommitRow, LogStore, OutboxCheck, SessionRow};
 pub use store::{list_sessions, SessionInfo};
 pub use store::{
     BackendError, OpenError, OpenOptions, SqliteOutbox, StoreError, Synchronous, DEFAULT_CHECKPOINT_EVERY,

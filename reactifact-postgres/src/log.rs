@@ -234,7 +234,11 @@ impl PostgresStore {
     /// Runs `op` on a log connection (the one `session` maps to, so one session's writes
     /// queue on one connection), as a task of the store's runtime: it runs to its end even if
     /// the returned future is dropped.
-    fn run<T, F>(&self, session: &str, op: impl FnOnce(Arc<Log>, usize) -> F) -> BoxFuture<'static, Result<T, StoreError>>
+    fn run<T, F>(
+        &self,
+        session: &str,
+        op: impl FnOnce(Arc<Log>, usize) -> F,
+    ) -> BoxFuture<'static, Result<T, StoreError>>
     where
         T: Send + 'static,
         F: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
@@ -307,6 +311,9 @@ fn connection_for(session: &str, connections: usize) -> usize {
 
 type Params<'a> = &'a [&'a (dyn tokio_postgres::types::ToSql + Sync)];
 
+/// An act as the outbox check matches rows against it: key, commit, run, kind, action hash.
+type ActKey<'a> = (&'a str, [u8; 32], u64, &'a str, [u8; 32]);
+
 impl Log {
     fn err(&self) -> impl Fn(tokio_postgres::Error) -> StoreError + '_ {
         move |e| store_error(&self.name, e)
@@ -333,7 +340,8 @@ impl Log {
 
     async fn session(&self, index: usize, name: &str) -> Result<Option<SessionRow>, StoreError> {
         let s = &self.s;
-        let sql = format!("SELECT generation, head, consumed_seq, parent, fork_generation FROM {s}.sessions WHERE name = $1");
+        let sql =
+            format!("SELECT generation, head, consumed_seq, parent, fork_generation FROM {s}.sessions WHERE name = $1");
         let row = self.query(index, &sql, &[&name]).await?.into_iter().next();
         Ok(row.map(|row| {
             let parent: Option<String> = row.get(3);
@@ -375,7 +383,9 @@ impl Log {
             "SELECT {COMMIT_COLUMNS} FROM {s}.commits
               WHERE session = $1 AND generation > $2 AND generation <= $3 ORDER BY generation"
         );
-        let rows = self.query(index, &sql, &[&session, &i64_of(after), &i64_of(upto)]).await?;
+        let rows = self
+            .query(index, &sql, &[&session, &i64_of(after), &i64_of(upto)])
+            .await?;
         Ok(rows.iter().map(commit_row).collect())
     }
 
@@ -461,7 +471,9 @@ impl Log {
             "UPDATE {s}.sessions SET consumed_seq = $2
               WHERE name = $1 AND generation = $3 AND consumed_seq <= $2 RETURNING name"
         );
-        let moved = self.query(index, &sql, &[&session, &i64_of(before), &i64_of(expected)]).await?;
+        let moved = self
+            .query(index, &sql, &[&session, &i64_of(before), &i64_of(expected)])
+            .await?;
         Ok(!moved.is_empty())
     }
 
@@ -511,7 +523,16 @@ impl Log {
         let rows = self.query(index, &sql, &[&session]).await?;
         Ok(rows
             .iter()
-            .map(|row| CheckpointRow::new(row.get(0), u64_of(row.get(1)), row.get(2), row.get(3), row.get(4), row.get(5)))
+            .map(|row| {
+                CheckpointRow::new(
+                    row.get(0),
+                    u64_of(row.get(1)),
+                    row.get(2),
+                    row.get(3),
+                    row.get(4),
+                    row.get(5),
+                )
+            })
             .collect())
     }
 
@@ -531,7 +552,7 @@ impl Log {
             )
             .await
             .map_err(&err)?;
-        let acts: std::collections::HashSet<(&str, [u8; 32], u64, &str, [u8; 32])> = check
+        let acts: std::collections::HashSet<ActKey<'_>> = check
             .acts
             .iter()
             .map(|a: &Act| (a.key.as_str(), a.commit, a.run, a.kind.as_str(), a.action_hash))
@@ -600,10 +621,17 @@ impl LogStore for PostgresStore {
 
     fn create_session<'a>(&'a self, name: &'a str, row: SessionRow) -> BoxFuture<'a, Result<bool, StoreError>> {
         let name = name.to_owned();
-        self.run(&name.clone(), move |log, i| async move { log.create_session(i, &name, row).await })
+        self.run(&name.clone(), move |log, i| async move {
+            log.create_session(i, &name, row).await
+        })
     }
 
-    fn commits<'a>(&'a self, session: &'a str, after: u64, upto: u64) -> BoxFuture<'a, Result<Vec<CommitRow>, StoreError>> {
+    fn commits<'a>(
+        &'a self,
+        session: &'a str,
+        after: u64,
+        upto: u64,
+    ) -> BoxFuture<'a, Result<Vec<CommitRow>, StoreError>> {
         let session = session.to_owned();
         self.run(&session.clone(), move |log, i| async move {
             log.commits(i, &session, after, upto).await
@@ -640,12 +668,17 @@ impl LogStore for PostgresStore {
 
     fn put_checkpoint(&self, row: CheckpointRow, keep: usize) -> BoxFuture<'_, Result<(), StoreError>> {
         let session = row.session.clone();
-        self.run(&session, move |log, i| async move { log.put_checkpoint(i, row, keep).await })
+        self.run(
+            &session,
+            move |log, i| async move { log.put_checkpoint(i, row, keep).await },
+        )
     }
 
     fn checkpoints<'a>(&'a self, session: &'a str) -> BoxFuture<'a, Result<Vec<CheckpointRow>, StoreError>> {
         let session = session.to_owned();
-        self.run(&session.clone(), move |log, i| async move { log.checkpoints(i, &session).await })
+        self.run(&session.clone(), move |log, i| async move {
+            log.checkpoints(i, &session).await
+        })
     }
 
     fn verify_outbox(&self, check: OutboxCheck) -> BoxFuture<'_, Result<Option<VerifyError>, StoreError>> {

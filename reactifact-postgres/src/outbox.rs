@@ -495,10 +495,23 @@ impl PostgresOutbox {
         let hashes: Vec<&[u8]> = intents.iter().map(|n| &n.action_hash.0[..]).collect();
         let bytes: Vec<&[u8]> = intents.iter().map(|n| &n.bytes[..]).collect();
         let now = ms(now);
-        let one = |rows: Vec<tokio_postgres::Row>| rows.into_iter().next().ok_or_else(|| StoreError::closed(self.inner.name.clone()));
+        let one = |rows: Vec<tokio_postgres::Row>| {
+            rows.into_iter()
+                .next()
+                .ok_or_else(|| StoreError::closed(self.inner.name.clone()))
+        };
         let register = client.statement(&self.inner.sql.register).await.map_err(err)?;
-        let params: &[&(dyn ToSql + Sync)] =
-            &[&keys, &kinds, &sessions, &commits, &generations, &runs, &hashes, &bytes, &now];
+        let params: &[&(dyn ToSql + Sync)] = &[
+            &keys,
+            &kinds,
+            &sessions,
+            &commits,
+            &generations,
+            &runs,
+            &hashes,
+            &bytes,
+            &now,
+        ];
         let inserted: i64 = one(client.rows(&register, params).await.map_err(err)?)?.get(0);
         let mut distinct = keys.clone();
         distinct.sort_unstable();
@@ -508,7 +521,10 @@ impl PostgresOutbox {
             client.rows(&attach, &[&sessions, &keys]).await.map_err(err)?;
         }
         if inserted > 0 {
-            let unprune = client.statement(&self.inner.sql.unprune_and_notify).await.map_err(err)?;
+            let unprune = client
+                .statement(&self.inner.sql.unprune_and_notify)
+                .await
+                .map_err(err)?;
             let taken_back: i64 = one(client
                 .rows(&unprune, &[&self.inner.channel, &keys])
                 .await
@@ -523,13 +539,16 @@ impl PostgresOutbox {
 
     /// Claims as `request` says in `tx`, the transaction of a commit on a connection of the
     /// log store ([`PostgresStore`](crate::PostgresStore)): the commit's claim for its turn.
-    pub(crate) async fn claim_in<C: Prepare>(
-        &self,
-        tx: &C,
-        request: ClaimRequest<'_>,
-    ) -> Result<Claimed, StoreError> {
+    pub(crate) async fn claim_in<C: Prepare>(&self, tx: &C, request: ClaimRequest<'_>) -> Result<Claimed, StoreError> {
         self.inner
-            .claim_on(tx, request.scope, request.limit, request.owner, request.lease, request.now)
+            .claim_on(
+                tx,
+                request.scope,
+                request.limit,
+                request.owner,
+                request.lease,
+                request.now,
+            )
             .await
     }
 

@@ -78,7 +78,11 @@ async fn a_runtime_on_postgres_commits_delivers_and_resumes() {
     let schema = schemas.name();
     let store = open_store(&url, &schema).await;
     let mut ctx = Context::open_store(store.clone(), "orders").await.unwrap();
-    assert!(ctx.store_description().starts_with("postgres://"), "{}", ctx.store_description());
+    assert!(
+        ctx.store_description().starts_with("postgres://"),
+        "{}",
+        ctx.store_description()
+    );
     let mut tx = ctx.transaction();
     for i in 0..20 {
         tx.create(format!("order:{i}"), order(i));
@@ -138,7 +142,9 @@ async fn a_session_opens_from_its_checkpoint_and_still_verifies_its_whole_log() 
     let state_hash = ctx.state_hash();
     drop(ctx);
 
-    let ctx = Context::open_store_with(store.clone(), "orders", options).await.unwrap();
+    let ctx = Context::open_store_with(store.clone(), "orders", options)
+        .await
+        .unwrap();
     assert_eq!(ctx.generation().0, 8);
     assert_eq!(ctx.state_hash(), state_hash);
     assert_eq!(ctx.queued_events(), 8, "the events of the checkpoint and of the tail");
@@ -328,7 +334,11 @@ async fn two_processes_writing_one_session_lose_nothing_and_act_no_intent_twice(
         let stdout = String::from_utf8_lossy(&out.stdout).to_string();
         assert!(out.status.success(), "a child failed: {stdout}");
         // (The harness may print the test's name on the same line.)
-        lines.extend(stdout.lines().filter_map(|l| l.find("CHILD ").map(|at| l[at..].to_owned())));
+        lines.extend(
+            stdout
+                .lines()
+                .filter_map(|l| l.find("CHILD ").map(|at| l[at..].to_owned())),
+        );
     }
     println!("{lines:?}");
     assert_eq!(lines.len(), 2, "both children reported");
@@ -355,7 +365,10 @@ async fn two_processes_writing_one_session_lose_nothing_and_act_no_intent_twice(
         for i in 0..ORDERS {
             let id = format!("order:{name}:{i}");
             assert!(ctx.get::<Order>(&id).unwrap().is_some(), "{id} was lost");
-            assert!(ctx.get::<Receipt>(&format!("receipt:{id}")).unwrap().is_some(), "{id} has no receipt");
+            assert!(
+                ctx.get::<Receipt>(&format!("receipt:{id}")).unwrap().is_some(),
+                "{id} has no receipt"
+            );
         }
     }
     let mut processed = HashSet::new();
@@ -367,7 +380,11 @@ async fn two_processes_writing_one_session_lose_nothing_and_act_no_intent_twice(
             }
         }
     }
-    assert_eq!(processed.len() as u64, 2 * ORDERS + 2, "each order, and each ready order");
+    assert_eq!(
+        processed.len() as u64,
+        2 * ORDERS + 2,
+        "each order, and each ready order"
+    );
     assert_eq!(ctx.queued_events(), 0);
     let counts = ctx.ledger().counts().await.unwrap();
     assert_eq!(counts.pending, 2 * ORDERS + 2, "one intent per order");
@@ -452,7 +469,9 @@ async fn two_sessions_acting_shared_keys_in_opposite_orders_both_commit() {
                     .agent(Agent::new("a").produce(produce.clone()))
                     .build()
                     .unwrap();
-                rt.run().await.unwrap_or_else(|e| panic!("{session} round {round}: {e}"));
+                rt.run()
+                    .await
+                    .unwrap_or_else(|e| panic!("{session} round {round}: {e}"));
             }
         }));
     }

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use reactifact_core::{
-    Agent, Artifact, Context, DeliveryStatus, DispatchError, Intent, OpenOptions, PendingAction, Produce,
-    ProduceCall, ProduceError, Runtime, StoreError, WriteError,
+    Agent, Artifact, Context, DeliveryStatus, DispatchError, Intent, OpenOptions, PendingAction, Produce, ProduceCall,
+    ProduceError, Runtime, StoreError, WriteError,
 };
 use reactifact_postgres::{PostgresOptions, PostgresStore};
 use serde::{Deserialize, Serialize};
@@ -49,7 +49,8 @@ impl Artifact for Receipt {
 fn process_order() -> Produce {
     Produce::new("process_order", |call: ProduceCall<Order>| async move {
         let id = call.trigger.id.to_string();
-        call.effects.upsert(format!("receipt:{id}"), Receipt { order: id.clone() });
+        call.effects
+            .upsert(format!("receipt:{id}"), Receipt { order: id.clone() });
         call.effects.act("notify", format!("notify:{id}"), &id);
         Ok::<(), ProduceError>(())
     })
@@ -93,7 +94,11 @@ async fn child_worker() {
         .await
         .unwrap();
     let file = Arc::new(std::sync::Mutex::new(
-        std::fs::OpenOptions::new().create(true).append(true).open(sent).unwrap(),
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(sent)
+            .unwrap(),
     ));
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("billing").produce(process_order()))
@@ -229,5 +234,7 @@ async fn a_killed_worker_loses_nothing_and_resends_only_what_it_had_in_flight() 
     );
     // The kills did land mid-delivery: some keys were reclaimed from a dead worker's lease.
     assert!(reclaimed > 0, "no kill found a delivery in flight");
-    println!("{killed} workers killed, {reclaimed} keys reclaimed from them, {extra} extra sends, {total} keys delivered");
+    println!(
+        "{killed} workers killed, {reclaimed} keys reclaimed from them, {extra} extra sends, {total} keys delivered"
+    );
 }

@@ -188,7 +188,8 @@ pub const MAX_CONFLICT_RETRIES: u64 = 16;
 /// pause in step).
 fn conflict_pause(n: u64) -> Duration {
     let full = 1u64 << n.saturating_sub(1).min(6);
-    let spread = u64::from(std::process::id()).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ n.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    let spread =
+        u64::from(std::process::id()).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ n.wrapping_mul(0xBF58_476D_1CE4_E5B9);
     let micros = full * 1000;
     Duration::from_micros(micros - (spread >> 33) % (micros / 2 + 1))
 }
@@ -573,7 +574,11 @@ impl Runtime {
                     } else {
                         idle_conflicts = 0;
                     }
-                    tracing::info!(commits = read, retry = report.conflicts, "another writer committed first; running the generation again on its head");
+                    tracing::info!(
+                        commits = read,
+                        retry = report.conflicts,
+                        "another writer committed first; running the generation again on its head"
+                    );
                     streak += 1;
                     tokio::time::sleep(conflict_pause(streak)).await;
                     continue;

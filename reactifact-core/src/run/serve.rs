@@ -12,8 +12,8 @@ use crate::model::patch::{Op, PutMode};
 use crate::model::relation::Relation;
 use crate::outbox::drain::instant_after;
 use crate::run::runtime::{RunError, Runtime, StopHandle, TurnOutcome, MAX_CONFLICT_RETRIES};
-use crate::store::StoreError;
 use crate::state::context::WriteError;
+use crate::store::StoreError;
 
 /// A batch of writes sent to a serving runtime, and where to answer.
 pub(crate) struct Submitted {

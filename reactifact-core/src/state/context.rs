@@ -21,9 +21,9 @@ use crate::state::log::{Base, Log};
 use crate::state::refold::{Checks, Refold, VerifyError};
 use crate::state::snapshot::Snapshot;
 use crate::store::ledger::Ledger;
+use crate::store::log_store::LogStore;
 use crate::store::memory::MemoryOutbox;
 use crate::store::outbox::{ClaimRequest, Claimed, OutboxStore, Scope};
-use crate::store::log_store::LogStore;
 use crate::store::{Backed, Checkpoint, CommitDelta, Loaded, OpenError, OpenOptions, SqliteStore, Store, StoreError};
 
 /// A direct write to a context (seeding, [`Context::create`](crate::Context::create) and

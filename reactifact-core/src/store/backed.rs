@@ -293,7 +293,12 @@ impl Backed {
         // would otherwise show an older head as the session's).
         let last = commits.last().map(|c| c.hash).or(checkpoint.as_ref().map(|c| c.hash));
         if row.generation > 0 && row.fork.as_ref().is_none_or(|(_, at)| row.generation > *at) {
-            let head = row.head.as_deref().map(|h| hash32(h, "the session's head")).transpose().map_err(corrupt)?;
+            let head = row
+                .head
+                .as_deref()
+                .map(|h| hash32(h, "the session's head"))
+                .transpose()
+                .map_err(corrupt)?;
             if head.map(CommitHash) != last {
                 return Err(corrupt(format!(
                     "session `{session}` names another head than its log's last commit {}",
@@ -385,7 +390,11 @@ impl Backed {
     /// Encodes `checkpoint` and writes it, on a thread of its own (encoding is O(state)),
     /// then sends the result to `done`, or, without one, logs a failure at warn (a checkpoint
     /// only shortens the next open).
-    fn write_checkpoint(&self, checkpoint: Checkpoint, done: Option<tokio::sync::oneshot::Sender<Result<(), StoreError>>>) {
+    fn write_checkpoint(
+        &self,
+        checkpoint: Checkpoint,
+        done: Option<tokio::sync::oneshot::Sender<Result<(), StoreError>>>,
+    ) {
         let backend = self.backend.clone();
         let session = self.session.clone();
         let spawned = std::thread::Builder::new()
@@ -444,7 +453,11 @@ impl Store for Backed {
             if self.backend.consume(&session, self.generation, before).await? {
                 Ok(())
             } else {
-                Err(StoreError::conflict(self.backend.describe(), &self.session, self.generation))
+                Err(StoreError::conflict(
+                    self.backend.describe(),
+                    &self.session,
+                    self.generation,
+                ))
             }
         })
     }
@@ -453,7 +466,11 @@ impl Store for Backed {
         let row = block_on(self.backend.session(&self.session))?;
         match row {
             Some(row) if row.generation == self.generation => Ok(()),
-            _ => Err(StoreError::conflict(self.backend.describe(), &self.session, self.generation)),
+            _ => Err(StoreError::conflict(
+                self.backend.describe(),
+                &self.session,
+                self.generation,
+            )),
         }
     }
 
@@ -579,7 +596,12 @@ impl Store for Backed {
     }
 
     fn load_before_async(&self, upto: Generation, tail: Vec<Commit>) -> BoxFuture<'static, History> {
-        Box::pin(Self::read_before(self.backend.clone(), self.session.clone(), upto.0, tail))
+        Box::pin(Self::read_before(
+            self.backend.clone(),
+            self.session.clone(),
+            upto.0,
+            tail,
+        ))
     }
 
     fn checkpoints(&self) -> Result<Vec<StoredCheckpoint>, VerifyError> {

@@ -252,7 +252,13 @@ pub(crate) fn encode_checkpoint(state: &State, next_event_seq: u64, events: &[Qu
 
 /// The digest a stored checkpoint carries: SHA-256 over the session, the commit it names
 /// (generation, commit hash, state hash) and its body.
-pub(crate) fn checkpoint_digest(session: &str, generation: u64, hash: &[u8], state_hash: &[u8], body: &[u8]) -> [u8; 32] {
+pub(crate) fn checkpoint_digest(
+    session: &str,
+    generation: u64,
+    hash: &[u8],
+    state_hash: &[u8],
+    body: &[u8],
+) -> [u8; 32] {
     use sha2::{Digest, Sha256};
     let mut hasher = Sha256::new();
     hasher.update(b"reactifact/checkpoint/v1");

@@ -246,7 +246,12 @@ pub trait LogStore: Send + Sync + 'static {
 
     /// The commit rows that session `session` holds itself (not its ancestors') with a
     /// generation in `(after, upto]`, oldest first.
-    fn commits<'a>(&'a self, session: &'a str, after: u64, upto: u64) -> BoxFuture<'a, Result<Vec<CommitRow>, StoreError>>;
+    fn commits<'a>(
+        &'a self,
+        session: &'a str,
+        after: u64,
+        upto: u64,
+    ) -> BoxFuture<'a, Result<Vec<CommitRow>, StoreError>>;
 
     /// The commit row with hash `hash`, of any session, if the store has one.
     fn commit_by_hash<'a>(&'a self, hash: &'a [u8]) -> BoxFuture<'a, Result<Option<CommitRow>, StoreError>>;

@@ -71,7 +71,9 @@ fn parse_args() -> Result<Options, String> {
         generations: 1,
         standing: 0,
         runs: 1,
-        url: std::env::var("REACTIFACT_TEST_POSTGRES_URL").ok().filter(|u| !u.is_empty()),
+        url: std::env::var("REACTIFACT_TEST_POSTGRES_URL")
+            .ok()
+            .filter(|u| !u.is_empty()),
     };
     let mut args = std::env::args().skip(1);
     let mut positional = 0;
@@ -218,19 +220,18 @@ impl Durable {
     fn bytes(&self, tokio: &tokio::runtime::Runtime) -> Option<u64> {
         match self {
             Durable::Sqlite(db) => Some(db.bytes()),
-            Durable::Postgres(store, schema) => tokio
-                .block_on(async {
-                    let client = store.outbox().pool().get().await.ok()?;
-                    let row = client
-                        .query_one(
-                            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint FROM pg_class c
+            Durable::Postgres(store, schema) => tokio.block_on(async {
+                let client = store.outbox().pool().get().await.ok()?;
+                let row = client
+                    .query_one(
+                        "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint FROM pg_class c
                                JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relkind = 'r'",
-                            &[schema],
-                        )
-                        .await
-                        .ok()?;
-                    u64::try_from(row.get::<_, i64>(0)).ok()
-                }),
+                        &[schema],
+                    )
+                    .await
+                    .ok()?;
+                u64::try_from(row.get::<_, i64>(0)).ok()
+            }),
         }
     }
 
@@ -256,7 +257,11 @@ fn nanos() -> u128 {
         .map_or(0, |d| d.as_nanos())
 }
 
-fn open_context(options: &Options, durable: Option<&Durable>, tokio: &tokio::runtime::Runtime) -> Result<Context, String> {
+fn open_context(
+    options: &Options,
+    durable: Option<&Durable>,
+    tokio: &tokio::runtime::Runtime,
+) -> Result<Context, String> {
     match durable {
         None => Ok(Context::new("bench")),
         Some(Durable::Postgres(store, _)) => tokio

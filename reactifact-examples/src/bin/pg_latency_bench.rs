@@ -31,8 +31,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use reactifact_core::{
-    ActionKey, Agent, CommitHash, ContentHash, Context, DispatchError, Drainer, Generation, Intent, NewIntent,
-    OutboxStore, Origin, PendingAction, Runtime,
+    ActionKey, Agent, CommitHash, ContentHash, Context, DispatchError, Drainer, Generation, Intent, NewIntent, Origin,
+    OutboxStore, PendingAction, Runtime,
 };
 use reactifact_examples::order_flow::{process_order, Order};
 use reactifact_postgres::{PostgresOptions, PostgresStore};
@@ -121,7 +121,9 @@ async fn run(options: &Options, schema: &str) -> Result<String, String> {
     let runtime = if options.register_only {
         None
     } else {
-        let ctx = Context::open_store(store.clone(), "bench").await.map_err(|e| e.to_string())?;
+        let ctx = Context::open_store(store.clone(), "bench")
+            .await
+            .map_err(|e| e.to_string())?;
         let mut rt = Runtime::builder(ctx)
             .agent(Agent::new("billing").produce(process_order))
             .build()
@@ -229,7 +231,9 @@ fn main() -> ExitCode {
     let options = match parse() {
         Ok(options) => options,
         Err(e) => {
-            eprintln!("pg-latency-bench: {e}\nusage: pg-latency-bench [--rate R] [--seconds S] [--url URL] [--register-only]");
+            eprintln!(
+                "pg-latency-bench: {e}\nusage: pg-latency-bench [--rate R] [--seconds S] [--url URL] [--register-only]"
+            );
             return ExitCode::from(2);
         }
     };

@@ -81,7 +81,14 @@ impl Row {
 
     /// The names it carries, and its body, checked against its digest and decoded.
     fn check(&self, session: &str) -> Result<(CommitHash, StateHash, codec::CheckpointBody), String> {
-        codec::check_checkpoint(session, self.generation, &self.hash, &self.state_hash, &self.body, &self.digest)
+        codec::check_checkpoint(
+            session,
+            self.generation,
+            &self.hash,
+            &self.state_hash,
+            &self.body,
+            &self.digest,
+        )
     }
 }
 

@@ -1098,9 +1098,11 @@ impl Store for SqliteStore {
         let generation: Option<u64> = self
             .conn
             .lock()
-            .query_row("SELECT generation FROM sessions WHERE name = ?1", [&self.session], |row| {
-                row.get(0)
-            })
+            .query_row(
+                "SELECT generation FROM sessions WHERE name = ?1",
+                [&self.session],
+                |row| row.get(0),
+            )
             .optional()
             .map_err(|e| self.sqlite_error(e))?;
         match generation {
