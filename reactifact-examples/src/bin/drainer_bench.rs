@@ -11,7 +11,7 @@
 //!
 //! On PostgreSQL the intents are registered as commits of session `bench` would register them
 //! (1,000 per transaction, through `PostgresOutbox::register`), in a schema of the run's own,
-//! dropped at the end: the core's commits do not write to PostgreSQL yet.
+//! dropped at the end (registering directly keeps the commits out of the measurement).
 //!
 //! `--dispatch-ms D` makes each delivery await D ms (a tokio sleep: a dispatcher waiting on a
 //! remote service) before it succeeds; the default 0 returns at once.
