@@ -184,7 +184,15 @@ impl Runtime {
         loop {
             // Another process serving the same session may have committed since: its commits
             // are taken first (and its queued work with them, should it have stopped).
-            self.context.catch_up().await?;
+            match self.context.catch_up().await {
+                Ok(_) => {}
+                // A store that is briefly away (a dropped connection, a busy file) does not end
+                // the serving: the turn after the next wake-up looks again.
+                Err(e) if e.is_retryable() => {
+                    tracing::warn!(error = %e, "the session's head could not be read; serving on");
+                }
+                Err(e) => return Err(e.into()),
+            }
             self.apply_submitted(&mut report).await;
             let turn = self.run().await?;
             report.turns += 1;
