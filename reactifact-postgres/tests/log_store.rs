@@ -16,58 +16,8 @@ use reactifact_core::{
 use reactifact_postgres::{PostgresOptions, PostgresStore};
 use serde::{Deserialize, Serialize};
 
+use common::flow::{open_store, order, process_order, Order, Receipt};
 use common::Schemas;
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-struct Order {
-    customer: String,
-    total_cents: u64,
-}
-
-impl Artifact for Order {
-    const KIND: &'static str = "order";
-}
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-struct Receipt {
-    order: String,
-    total_cents: u64,
-}
-
-impl Artifact for Receipt {
-    const KIND: &'static str = "receipt";
-}
-
-/// A receipt per order and a `notify` intent keyed by the order id.
-fn process_order() -> Produce {
-    Produce::new("process_order", |call: ProduceCall<Order>| async move {
-        let id = call.trigger.id.to_string();
-        call.effects.upsert(
-            format!("receipt:{id}"),
-            Receipt {
-                order: id.clone(),
-                total_cents: call.trigger.data.total_cents,
-            },
-        );
-        call.effects.act("notify", format!("notify:{id}"), &id);
-        Ok::<(), ProduceError>(())
-    })
-    .creates::<Receipt>()
-    .creates::<PendingAction>()
-}
-
-fn order(i: u64) -> Order {
-    Order {
-        customer: format!("customer-{i}"),
-        total_cents: 100 + i,
-    }
-}
-
-async fn open_store(url: &str, schema: &str) -> Arc<PostgresStore> {
-    PostgresStore::open(PostgresOptions::new(url).schema(schema).pool_size(4))
-        .await
-        .unwrap_or_else(|e| panic!("the test store opens: {e}"))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runtime_on_postgres_commits_delivers_and_resumes() {

@@ -15,54 +15,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use reactifact_core::{
-    Agent, Artifact, Context, DeliveryStatus, DispatchError, Intent, OpenOptions, PendingAction, Produce, ProduceCall,
-    ProduceError, Runtime, StoreError, WriteError,
+    Agent, Context, DeliveryStatus, DispatchError, Intent, OpenOptions, Runtime, StoreError, WriteError,
 };
-use reactifact_postgres::{PostgresOptions, PostgresStore};
-use serde::{Deserialize, Serialize};
 
+use common::flow::{open_store, order, process_order};
 use common::Schemas;
 
 const TRIALS: u64 = 20;
 const ORDERS_PER_TRIAL: u64 = 15;
 const CONCURRENCY: usize = 4;
 const LEASE: Duration = Duration::from_millis(400);
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-struct Order {
-    total_cents: u64,
-}
-
-impl Artifact for Order {
-    const KIND: &'static str = "order";
-}
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-struct Receipt {
-    order: String,
-}
-
-impl Artifact for Receipt {
-    const KIND: &'static str = "receipt";
-}
-
-fn process_order() -> Produce {
-    Produce::new("process_order", |call: ProduceCall<Order>| async move {
-        let id = call.trigger.id.to_string();
-        call.effects
-            .upsert(format!("receipt:{id}"), Receipt { order: id.clone() });
-        call.effects.act("notify", format!("notify:{id}"), &id);
-        Ok::<(), ProduceError>(())
-    })
-    .creates::<Receipt>()
-    .creates::<PendingAction>()
-}
-
-async fn open_store(url: &str, schema: &str) -> Arc<PostgresStore> {
-    PostgresStore::open(PostgresOptions::new(url).schema(schema).pool_size(4))
-        .await
-        .unwrap_or_else(|e| panic!("the test store opens: {e}"))
-}
 
 /// A tiny deterministic generator (xorshift), so that a failing trial can be rerun.
 struct Rng(u64);
@@ -146,7 +108,7 @@ async fn a_killed_worker_loses_nothing_and_resends_only_what_it_had_in_flight() 
         for i in 0..ORDERS_PER_TRIAL {
             let id = format!("order:{trial}:{i}");
             loop {
-                match ctx.create(id.clone(), Order { total_cents: i }) {
+                match ctx.create(id.clone(), order(i)) {
                     Ok(()) => break,
                     Err(WriteError::Store(StoreError::Conflict { .. })) => {
                         ctx.catch_up().await.unwrap();
