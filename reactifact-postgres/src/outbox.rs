@@ -555,18 +555,7 @@ impl PostgresOutbox {
     /// Gives back claims that were never handed out (a commit whose caller was gone when it
     /// landed): pending and due again, no attempt spent.
     pub(crate) async fn release(&self, claimed: &Claimed, now: SystemTime) {
-        let released: Vec<Recording> = claimed
-            .claims
-            .iter()
-            .map(|d| Recording {
-                key: d.key().clone(),
-                token: d.token(),
-                outcome: Outcome::Released,
-            })
-            .collect();
-        if let Err(e) = self.inner.record(&released, now).await {
-            tracing::warn!(store = %self.inner.name, error = %e, "a dropped claim could not release its intents; they stay in flight until their leases expire");
-        }
+        self.inner.release(claimed, now).await;
     }
 
     /// The schema, quoted, as statements name it.
@@ -851,6 +840,23 @@ impl Inner {
         Ok(claimed)
     }
 
+    /// Gives back claims never handed out (their caller was gone): pending and due again, no
+    /// attempt spent; a failure is logged (they stay in flight until their leases expire).
+    async fn release(&self, claimed: &Claimed, now: SystemTime) {
+        let released: Vec<Recording> = claimed
+            .claims
+            .iter()
+            .map(|d| Recording {
+                key: d.key().clone(),
+                token: d.token(),
+                outcome: Outcome::Released,
+            })
+            .collect();
+        if let Err(e) = self.record(&released, now).await {
+            tracing::warn!(store = %self.name, error = %e, "a dropped claim could not release its intents; they stay in flight until their leases expire");
+        }
+    }
+
     async fn record(&self, outcomes: &[Recording], now: SystemTime) -> Result<Vec<Recorded>, StoreError> {
         let mut results = Vec::with_capacity(outcomes.len());
         if outcomes.is_empty() {
@@ -984,18 +990,7 @@ impl OutboxStore for PostgresOutbox {
             let task = async move {
                 let claimed = inner.claim(&scope, limit, &owner, lease, now).await;
                 if let Err(Ok(claimed)) = answer.send(claimed) {
-                    let released: Vec<Recording> = claimed
-                        .claims
-                        .iter()
-                        .map(|d| Recording {
-                            key: d.key().clone(),
-                            token: d.token(),
-                            outcome: Outcome::Released,
-                        })
-                        .collect();
-                    if let Err(e) = inner.record(&released, now).await {
-                        tracing::warn!(store = %inner.name, error = %e, "a dropped claim could not release its intents; they stay in flight until their leases expire");
-                    }
+                    inner.release(&claimed, now).await;
                 }
             };
             match handle {

@@ -169,10 +169,11 @@ pub struct TurnReport {
     pub failed_runs: Vec<ProduceFailure>,
     /// Generations run again because another writer (another process on the same session of
     /// the store) committed first: each time, the runtime read the other's commits, applied
-    /// them, paused briefly (1 ms, doubling with each conflict in a row to 64 ms, jittered) and ran its generation again
-    /// on the new head, so nothing of either is lost and no intent is acted twice. Each such
-    /// conflict means the other writer made progress, so they are retried for as long as it
-    /// does (the turn's budget and stop still apply); see [`MAX_CONFLICT_RETRIES`].
+    /// them, paused briefly (1 ms, doubling with each conflict in a row up to 64 ms, jittered)
+    /// and ran its generation again on the new head, so nothing of either is lost and no
+    /// intent is acted twice. Each such conflict means the other writer made progress, so they
+    /// are retried for as long as it does (the turn's budget and stop still apply); see
+    /// [`MAX_CONFLICT_RETRIES`].
     pub conflicts: u64,
 }
 
