@@ -133,8 +133,20 @@ async fn a_killed_worker_loses_nothing_and_resends_only_what_it_had_in_flight() 
             let status = worker.wait().unwrap();
             assert!(status.success(), "the last worker failed");
         } else {
-            // Killed at a random moment: before it connected, mid-generation, mid-delivery.
-            tokio::time::sleep(Duration::from_millis(50 + rng.below(400))).await;
+            // Killed at a random moment once it delivers (so that a slow start on a loaded
+            // machine does not make every kill land before the worker did anything): mid-
+            // generation, mid-delivery, between turns. Every third is killed at once instead,
+            // wherever its start has got to.
+            if trial % 3 != 0 {
+                for _ in 0..1000 {
+                    let delivering = std::fs::metadata(&sent).is_ok_and(|m| m.len() > 0);
+                    if delivering || worker.try_wait().unwrap().is_some() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(rng.below(150))).await;
             if worker.try_wait().unwrap().is_none() {
                 worker.kill().unwrap();
                 killed += 1;
