@@ -687,3 +687,29 @@ async fn a_changed_key_in_the_outbox_row_neither_loses_the_intent_nor_sends_the_
     let notify: Notify = claimed.claims[0].intent().payload().unwrap();
     assert_eq!(notify.customer, "ada", "with the committed payload");
 }
+
+#[test]
+fn a_fork_of_a_fork_below_its_parents_fork_point_reopens() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let mut main = Context::open(&path, "main").unwrap();
+    for i in 0..4 {
+        main.create(format!("order:{i}"), order("ada", i)).unwrap();
+    }
+    let mut b1 = main.fork_at("b1", reactifact_core::Generation(2)).unwrap();
+    b1.create("order:b1", order("bob", 10)).unwrap();
+    // b2 forks b1 inside the part of b1's log that is main's.
+    let mut b2 = b1.fork_at("b2", reactifact_core::Generation(1)).unwrap();
+    b2.create("order:b2", order("cy", 20)).unwrap();
+    let state_hash = b2.state_hash();
+    drop((main, b1, b2));
+    let b2 = Context::open(&path, "b2").unwrap();
+    assert_eq!(b2.generation().0, 2);
+    assert_eq!(b2.state_hash(), state_hash);
+    assert!(b2.get::<Order>("order:0").unwrap().is_some());
+    assert!(
+        b2.get::<Order>("order:1").unwrap().is_none(),
+        "main's second commit is not b2's"
+    );
+    b2.verify().unwrap();
+}

@@ -791,7 +791,17 @@ impl Inner {
         // What the claim took is handed back even if the reclaim failed (outside a
         // transaction the claim committed on its own): the reclaim is housekeeping that the
         // next claim does again.
-        let rows = rows.map_err(&err)?;
+        let rows = match rows {
+            Ok(rows) => rows,
+            // In a transaction a failed reclaim aborts it, and the claim fails only as a
+            // consequence (25P02): the reclaim's error is the cause.
+            Err(e) => {
+                return Err(err(match reclaimed {
+                    Err(r) => r,
+                    Ok(_) => e,
+                }))
+            }
+        };
         match reclaimed {
             Ok(reclaimed) => {
                 let reclaim = reclaimed.first().ok_or_else(|| StoreError::closed(self.name.clone()))?;

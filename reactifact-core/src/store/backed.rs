@@ -105,6 +105,8 @@ async fn chain(backend: &dyn LogStore, session: &str, row: &SessionRow) -> Resul
         let Some(parent_row) = backend.session(&parent).await? else {
             return Err(LoadError::Corrupt(format!("the parent session `{parent}` is missing")));
         };
+        // A fork of a fork below the parent's own fork point takes less of the grandparent.
+        let at = at.min(chain.last().map_or(u64::MAX, |(_, upto)| *upto));
         chain.push((parent, at));
         fork = parent_row.fork;
     }

@@ -812,6 +812,9 @@ fn chain(conn: &Connection, session: &str) -> Result<Vec<(String, u64, u64)>, Lo
                 if chain.iter().any(|(s, _)| *s == parent) || chain.len() > 1000 {
                     return Err(LoadError::Corrupt(format!("session `{parent}` is its own ancestor")));
                 }
+                // A fork of a fork below the parent's own fork point takes less of the
+                // grandparent.
+                let at = at.min(chain.last().map_or(u64::MAX, |(_, upto)| *upto));
                 chain.push((parent, at));
             }
             Some(_) => break,
