@@ -114,3 +114,31 @@ async fn a_stale_write_that_changes_nothing_here_is_refused_not_lost() {
     assert_eq!(reopened.get::<Order>("order:1").unwrap().unwrap().data.total_cents, 100);
     assert!(reopened.get::<Order>("order:2").unwrap().is_none());
 }
+
+#[tokio::test]
+async fn a_serving_runtime_writes_a_stale_handle_write_on_the_new_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    Context::open(&path, "orders")
+        .unwrap()
+        .create("order:1", order("ada", 100))
+        .unwrap();
+    let serving = Runtime::builder(Context::open(&path, "orders").unwrap())
+        .build()
+        .unwrap();
+    let handle = serving.handle();
+    let mut serving = serving;
+    let task = tokio::spawn(async move { serving.serve(std::time::Duration::from_secs(3600)).await });
+    // Let the serving runtime reach its wait, then another writer changes the order.
+    handle.create("order:0", order("eve", 1)).await.unwrap();
+    let mut other = Context::open(&path, "orders").unwrap();
+    other.update("order:1", order("ada", 999)).unwrap();
+    // On the server's stale copy this write changes nothing; at the head it does.
+    handle.create("order:1", order("ada", 100)).await.unwrap();
+    handle.stop();
+    let report = task.await.unwrap().unwrap();
+    assert_eq!(report.writes, 2);
+    let reopened = Context::open(&path, "orders").unwrap();
+    assert_eq!(reopened.get::<Order>("order:1").unwrap().unwrap().data.total_cents, 100);
+    assert_eq!(reopened.generation().0, 4);
+}

@@ -170,6 +170,12 @@ impl Runtime {
     /// down gracefully (deliveries in flight get the grace period). Each turn runs with the
     /// runtime's budget.
     ///
+    /// Another process writing the same session is taken into account: its commits are read
+    /// before each turn, and a handle write that meets its commit is written again on the new
+    /// head. Dropping the returned future while it commits (a handle write or a generation)
+    /// cuts the commit off: the context then refuses writes
+    /// ([`StoreError::CutOff`](crate::StoreError::CutOff)) until it is reopened.
+    ///
     /// # Errors
     /// The first error of a turn ([`RunError`]); the runtime can serve again after it.
     pub async fn serve(&mut self, poll: Duration) -> Result<ServeReport, RunError> {

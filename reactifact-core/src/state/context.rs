@@ -785,7 +785,11 @@ impl Context {
             // A write that changes nothing here may change something at the store's head: it
             // is refused, as a commit would be, if another writer advanced the session.
             if let Some(store) = &self.store {
-                store.check_current().map_err(CommitFailure::Store)?;
+                match turn {
+                    None => store.check_current(),
+                    Some(_) => store.check_current_async().await,
+                }
+                .map_err(CommitFailure::Store)?;
             }
             return Ok((rejected, None));
         }

@@ -465,15 +465,20 @@ impl Store for Backed {
     }
 
     fn check_current(&self) -> Result<(), StoreError> {
-        let row = block_on(self.backend.session(&self.session))?;
-        match row {
-            Some(row) if row.generation == self.generation => Ok(()),
-            _ => Err(StoreError::conflict(
-                self.backend.describe(),
-                &self.session,
-                self.generation,
-            )),
-        }
+        block_on(self.check_current_async())
+    }
+
+    fn check_current_async(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            match self.backend.session(&self.session).await? {
+                Some(row) if row.generation == self.generation => Ok(()),
+                _ => Err(StoreError::conflict(
+                    self.backend.describe(),
+                    &self.session,
+                    self.generation,
+                )),
+            }
+        })
     }
 
     fn catch_up(&mut self) -> BoxFuture<'_, Result<super::CaughtUp, StoreError>> {

@@ -464,6 +464,10 @@ pub(crate) trait Store: Send + Sync {
     /// Blocks the caller's thread, as a direct write does.
     fn check_current(&self) -> Result<(), StoreError>;
 
+    /// [`check_current`](Store::check_current) without blocking the caller's thread (a
+    /// serving runtime's handle writes).
+    fn check_current_async(&self) -> outbox::BoxFuture<'_, Result<(), StoreError>>;
+
     /// After a [`StoreError::Conflict`]: reads the commits another writer appended to the
     /// session after the generation this store last saw, and the session's consumed position
     /// now, and fences the next commit on the new head. Off the caller's thread.

@@ -1009,6 +1009,26 @@ impl SqliteStore {
     }
 }
 
+/// The generation `session`'s row records, if it has one.
+fn session_generation(conn: &Connection, session: &str) -> rusqlite::Result<Option<u64>> {
+    conn.query_row("SELECT generation FROM sessions WHERE name = ?1", [session], |row| {
+        row.get(0)
+    })
+    .optional()
+}
+
+impl SqliteStore {
+    /// [`StoreError::Conflict`] unless the session's row is at the generation this store last
+    /// saw (a session not yet written has no row).
+    fn current(&self, generation: Option<u64>) -> Result<(), StoreError> {
+        match generation {
+            None if self.generation == 0 => Ok(()),
+            Some(generation) if generation == self.generation => Ok(()),
+            _ => Err(self.conflict()),
+        }
+    }
+}
+
 impl Store for SqliteStore {
     fn fork(
         &self,
@@ -1098,22 +1118,16 @@ impl Store for SqliteStore {
     }
 
     fn check_current(&self) -> Result<(), StoreError> {
-        let generation: Option<u64> = self
-            .conn
-            .lock()
-            .query_row(
-                "SELECT generation FROM sessions WHERE name = ?1",
-                [&self.session],
-                |row| row.get(0),
-            )
-            .optional()
-            .map_err(|e| self.sqlite_error(e))?;
-        match generation {
-            // A new session has no row until its first commit.
-            None if self.generation == 0 => Ok(()),
-            Some(generation) if generation == self.generation => Ok(()),
-            _ => Err(self.conflict()),
-        }
+        let generation = session_generation(&self.conn.lock(), &self.session).map_err(|e| self.sqlite_error(e))?;
+        self.current(generation)
+    }
+
+    fn check_current_async(&self) -> crate::store::outbox::BoxFuture<'_, Result<(), StoreError>> {
+        let (session, store) = (self.session.clone(), store_name(&self.path));
+        let read = self
+            .outbox
+            .run_write(move |conn| session_generation(conn, &session).map_err(|e| store_error(&store, e)));
+        Box::pin(async move { self.current(read.await?) })
     }
 
     fn catch_up(&mut self) -> crate::store::outbox::BoxFuture<'_, Result<crate::store::CaughtUp, StoreError>> {
