@@ -16,7 +16,7 @@ use reactifact_core::{
 use reactifact_postgres::{PostgresOptions, PostgresStore};
 use serde::{Deserialize, Serialize};
 
-use common::flow::{open_store, order, process_order, Order, Receipt};
+use common::flow::{create_retrying, open_store, order, process_order, processed_once, Order, Receipt};
 use common::Schemas;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -204,17 +204,6 @@ async fn child_writer() {
     let store = open_store(&url, &schema).await;
     let mut ctx = Context::open_store(store, "shared").await.unwrap();
     let mut refused = 0u64;
-    // Direct writes: on a conflict, catch up and write again.
-    let mut write = async |ctx: &mut Context, id: String, value: Order| loop {
-        match ctx.create(id.clone(), value.clone()) {
-            Ok(()) => break,
-            Err(WriteError::Store(StoreError::Conflict { .. })) => {
-                refused += 1;
-                ctx.catch_up().await.unwrap();
-            }
-            Err(e) => panic!("{e}"),
-        }
-    };
     // Waits (bounded) until the store holds `count` orders, catching up with the other writer.
     let wait_for = async |ctx: &mut Context, count: usize| {
         for _ in 0..3000 {
@@ -228,10 +217,11 @@ async fn child_writer() {
     };
     // Both start seeding together (each writes a ready order first, then waits for the
     // other's), and start their runtimes once both seeded.
-    write(&mut ctx, format!("order:{name}:ready"), order(0)).await;
+    // Direct writes: on a conflict, catch up and write again.
+    refused += create_retrying(&mut ctx, &format!("order:{name}:ready"), order(0)).await;
     wait_for(&mut ctx, 2).await;
     for i in 0..n {
-        write(&mut ctx, format!("order:{name}:{i}"), order(i)).await;
+        refused += create_retrying(&mut ctx, &format!("order:{name}:{i}"), order(i)).await;
     }
     let total: usize = std::env::var("RFT_CHILD_TOTAL").unwrap().parse().unwrap();
     wait_for(&mut ctx, total).await;
@@ -321,15 +311,7 @@ async fn two_processes_writing_one_session_lose_nothing_and_act_no_intent_twice(
             );
         }
     }
-    let mut processed = HashSet::new();
-    for commit in ctx.log().unwrap() {
-        for run in &commit.runs {
-            if run.produce.as_deref() == Some("process_order") {
-                let trigger = run.trigger.as_ref().unwrap().id.to_string();
-                assert!(processed.insert(trigger.clone()), "{trigger} was processed twice");
-            }
-        }
-    }
+    let processed = processed_once(&ctx);
     assert_eq!(
         processed.len() as u64,
         2 * ORDERS + 2,

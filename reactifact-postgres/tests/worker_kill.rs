@@ -7,18 +7,16 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use reactifact_core::{
-    Agent, Context, DeliveryStatus, DispatchError, Intent, OpenOptions, Runtime, StoreError, WriteError,
-};
+use reactifact_core::{Agent, Context, DeliveryStatus, DispatchError, Intent, OpenOptions, Runtime};
 
-use common::flow::{open_store, order, process_order};
+use common::flow::{create_retrying, open_store, order, process_order, processed_once};
 use common::Schemas;
 
 const TRIALS: u64 = 20;
@@ -106,16 +104,7 @@ async fn a_killed_worker_loses_nothing_and_resends_only_what_it_had_in_flight() 
     for trial in 0..=TRIALS {
         // New orders for this trial, written beside whatever a worker still commits.
         for i in 0..ORDERS_PER_TRIAL {
-            let id = format!("order:{trial}:{i}");
-            loop {
-                match ctx.create(id.clone(), order(i)) {
-                    Ok(()) => break,
-                    Err(WriteError::Store(StoreError::Conflict { .. })) => {
-                        ctx.catch_up().await.unwrap();
-                    }
-                    Err(e) => panic!("{e}"),
-                }
-            }
+            create_retrying(&mut ctx, &format!("order:{trial}:{i}"), order(i)).await;
         }
         let sent = dir.path().join(format!("sent-{trial}"));
         files.push(sent.clone());
@@ -159,16 +148,7 @@ async fn a_killed_worker_loses_nothing_and_resends_only_what_it_had_in_flight() 
     // Nothing lost: every order has its receipt, from exactly one committed run.
     ctx.catch_up().await.unwrap();
     ctx.verify().unwrap();
-    let mut processed = HashSet::new();
-    for commit in ctx.log().unwrap() {
-        for run in &commit.runs {
-            if run.produce.as_deref() == Some("process_order") {
-                let trigger = run.trigger.as_ref().unwrap().id.to_string();
-                assert!(processed.insert(trigger.clone()), "{trigger} was processed twice");
-            }
-        }
-    }
-    assert_eq!(processed.len() as u64, total, "every order was processed");
+    assert_eq!(processed_once(&ctx).len() as u64, total, "every order was processed");
 
     // Every key delivered; a key sent twice had its lease expire under a killed worker.
     let mut sends: BTreeMap<String, u64> = BTreeMap::new();
