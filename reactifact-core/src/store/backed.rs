@@ -10,7 +10,7 @@ use super::codec::{self, hash32};
 use super::log_store::{Act, Append, CheckpointRow, ClaimOrder, CommitRow, LogStore, OutboxCheck, SessionRow};
 use super::outbox::{BoxFuture, Claimed, OutboxStore};
 use super::{
-    Checkpoint, CommitDelta, History, Loaded, OpenError, OpenOptions, Store, StoreError, StoredCheckpoint,
+    Ancestry, Checkpoint, CommitDelta, History, Loaded, OpenError, OpenOptions, Store, StoreError, StoredCheckpoint,
     CHECKPOINTS_KEPT,
 };
 use crate::model::artifact::Generation;
@@ -96,30 +96,16 @@ fn decode_commit(row: &CommitRow) -> Result<Commit, String> {
 /// The sessions whose rows hold `session`'s log, root first, each with the generations it
 /// contributes, `(from, upto]` (as the SQLite store's chain).
 async fn chain(backend: &dyn LogStore, session: &str, row: &SessionRow) -> Result<Vec<(String, u64, u64)>, LoadError> {
-    let mut chain = vec![(session.to_owned(), u64::MAX)];
+    let mut ancestry = Ancestry::new(session);
     let mut fork = row.fork.clone();
     while let Some((parent, at)) = fork {
-        if chain.iter().any(|(s, _)| *s == parent) || chain.len() > 1000 {
-            return Err(LoadError::Corrupt(format!("session `{parent}` is its own ancestor")));
-        }
         let Some(parent_row) = backend.session(&parent).await? else {
             return Err(LoadError::Corrupt(format!("the parent session `{parent}` is missing")));
         };
-        // A fork of a fork below the parent's own fork point takes less of the grandparent.
-        let at = at.min(chain.last().map_or(u64::MAX, |(_, upto)| *upto));
-        chain.push((parent, at));
+        ancestry.push_parent(parent, at).map_err(LoadError::Corrupt)?;
         fork = parent_row.fork;
     }
-    let mut from = 0u64;
-    Ok(chain
-        .into_iter()
-        .rev()
-        .map(|(session, upto)| {
-            let segment = (session, from, upto);
-            from = upto;
-            segment
-        })
-        .collect())
+    Ok(ancestry.segments())
 }
 
 /// The commits of `session`'s log with a generation in `(after, upto]`, oldest first,

@@ -533,6 +533,54 @@ pub(crate) struct CaughtUp {
 /// How many checkpoints of a session a store keeps: the newest, and one to fall back on.
 pub(crate) const CHECKPOINTS_KEPT: usize = 2;
 
+/// Which sessions' rows hold a session's log: the session itself, then each ancestor with the
+/// last generation taken from it (a branch's log is its parent's up to the fork, read from
+/// the parent's rows, recursively). Gathered from the session up to the root.
+pub(crate) struct Ancestry(Vec<(String, u64)>);
+
+impl Ancestry {
+    /// The ancestry of `session`, before its parents are known.
+    pub(crate) fn new(session: &str) -> Self {
+        Ancestry(vec![(session.to_owned(), u64::MAX)])
+    }
+
+    /// The session whose parent is asked for next.
+    pub(crate) fn oldest(&self) -> &str {
+        &self.0.last().expect("an ancestry starts with its session").0
+    }
+
+    /// The oldest session so far forked from `parent` at generation `at`.
+    ///
+    /// # Errors
+    /// What is wrong, in words, if `parent` is already in the ancestry (or it is absurdly
+    /// deep).
+    pub(crate) fn push_parent(&mut self, parent: String, at: u64) -> Result<(), String> {
+        if self.0.iter().any(|(s, _)| *s == parent) || self.0.len() > 1000 {
+            return Err(format!("session `{parent}` is its own ancestor"));
+        }
+        // A fork of a fork below the parent's own fork point takes less of the grandparent.
+        let at = at.min(self.0.last().map_or(u64::MAX, |(_, upto)| *upto));
+        self.0.push((parent, at));
+        Ok(())
+    }
+
+    /// Root first, each session with the generations it contributes, `(from, upto]` (at most
+    /// `i64::MAX`, as stores keep generations).
+    pub(crate) fn segments(self) -> Vec<(String, u64, u64)> {
+        let mut from = 0u64;
+        self.0
+            .into_iter()
+            .rev()
+            .map(|(session, upto)| {
+                let upto = upto.min(i64::MAX as u64);
+                let segment = (session, from, upto);
+                from = upto;
+                segment
+            })
+            .collect()
+    }
+}
+
 /// What [`Store::load_before`] reads: the commits up to the checkpoint, and the other sessions'
 /// commits their merges reach.
 pub(crate) type History = Result<(Vec<Commit>, Vec<Commit>), VerifyError>;

@@ -796,42 +796,23 @@ impl LoadError {
 /// contributes, `(from, upto]`. A branch's log is its parent's up to the fork (read from the
 /// parent's rows, recursively), then its own commits.
 fn chain(conn: &Connection, session: &str) -> Result<Vec<(String, u64, u64)>, LoadError> {
-    // From this session up to the root, each with the last generation taken from it.
-    let mut chain = vec![(session.to_owned(), u64::MAX)];
+    let mut ancestry = crate::store::Ancestry::new(session);
     loop {
-        let (session, _) = chain.last().expect("the chain starts with this session");
+        let session = ancestry.oldest();
         let fork: Option<(Option<String>, Option<u64>)> = conn
             .query_row(
                 "SELECT parent, fork_generation FROM sessions WHERE name = ?1",
-                [session.as_str()],
+                [session],
                 |row| Ok((row.get(0)?, row.get(1)?)),
             )
             .optional()?;
         match fork {
-            Some((Some(parent), Some(at))) => {
-                if chain.iter().any(|(s, _)| *s == parent) || chain.len() > 1000 {
-                    return Err(LoadError::Corrupt(format!("session `{parent}` is its own ancestor")));
-                }
-                // A fork of a fork below the parent's own fork point takes less of the
-                // grandparent.
-                let at = at.min(chain.last().map_or(u64::MAX, |(_, upto)| *upto));
-                chain.push((parent, at));
-            }
+            Some((Some(parent), Some(at))) => ancestry.push_parent(parent, at).map_err(LoadError::Corrupt)?,
             Some(_) => break,
             None => return Err(LoadError::Corrupt(format!("the parent session `{session}` is missing"))),
         }
     }
-    let mut from = 0u64;
-    Ok(chain
-        .into_iter()
-        .rev()
-        .map(|(session, upto)| {
-            let upto = upto.min(i64::MAX as u64);
-            let segment = (session, from, upto);
-            from = upto;
-            segment
-        })
-        .collect())
+    Ok(ancestry.segments())
 }
 
 /// The commits of `session`'s log with a generation in `(after, upto]`, oldest first.
