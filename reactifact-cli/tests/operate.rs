@@ -224,7 +224,10 @@ fn the_read_only_outbox_the_reading_commands_use_refuses_every_write() {
             matches!(cancel, Err(reactifact_core::CancelError::Store(_))),
             "{cancel:?}"
         );
-        assert!(outbox.purge(SystemTime::now(), 100).await.is_err());
+        assert!(outbox
+            .purge(reactifact_core::PurgeFilter::Final, SystemTime::now(), 100)
+            .await
+            .is_err());
         assert_eq!(
             outbox.get(support::DEAD).await.unwrap().unwrap().status(),
             DeliveryStatus::Dead

@@ -11,9 +11,9 @@ use std::time::{Duration, SystemTime};
 
 use common::{order, process_order};
 use reactifact_core::{
-    ActionKey, Agent, BoxFuture, CancelError, ClaimRequest, Claimed, Context, Delivery, DispatchError, Drainer,
-    FenceToken, Intent, LedgerQuery, OutboxStore, Page, Recorded, Recording, RetryError, Runtime, Scope, StatusCounts,
-    StoreError,
+    ActionKey, Agent, Attempt, BoxFuture, CancelError, ClaimRequest, Claimed, Context, Delivery, DispatchError,
+    Drainer, FenceToken, Intent, LedgerQuery, OutboxStore, Page, PurgeFilter, Recorded, Recording, RetryError, Runtime,
+    Scope, StatusCounts, StoreError,
 };
 
 /// An outbox that forwards to another and counts the claims it handed out and not yet saw an
@@ -96,8 +96,11 @@ impl OutboxStore for Watched {
         self.inner.cancel(key, reason, now)
     }
 
-    fn purge(&self, before: SystemTime, limit: usize) -> BoxFuture<'_, Result<u64, StoreError>> {
-        self.inner.purge(before, limit)
+    fn purge(&self, filter: PurgeFilter, before: SystemTime, limit: usize) -> BoxFuture<'_, Result<u64, StoreError>> {
+        self.inner.purge(filter, before, limit)
+    }
+    fn attempts<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Vec<Attempt>>, StoreError>> {
+        self.inner.attempts(key)
     }
 
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Delivery>, StoreError>> {

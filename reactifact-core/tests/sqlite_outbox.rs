@@ -14,8 +14,8 @@ use std::time::{Duration, SystemTime};
 use common::*;
 use reactifact_core::{
     Agent, CancelError, ClaimRequest, Claimed, Context, DeliveryStatus, FailedAttempt, FenceToken, LedgerQuery,
-    OpenError, OpenOptions, OutboxStore, Outcome, Recorded, Recording, RetryError, Runtime, Scope, SqliteOutbox,
-    VerifyError,
+    OpenError, OpenOptions, OutboxStore, Outcome, PurgeFilter, Recorded, Recording, RetryError, Runtime, Scope,
+    SqliteOutbox, VerifyError,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -414,10 +414,14 @@ async fn retry_cancel_and_purge_are_checked_and_a_purged_key_is_never_registered
     assert_eq!(keys(&due), ["notify:order:2"], "a cancelled intent is never claimed");
 
     // Purge: only final entries last changed before the horizon, at most `limit`.
-    assert_eq!(outbox.purge(now, 10).await.unwrap(), 0, "changed at `now`, not before");
+    assert_eq!(
+        outbox.purge(PurgeFilter::Final, now, 10).await.unwrap(),
+        0,
+        "changed at `now`, not before"
+    );
     let later = now + Duration::from_secs(1);
-    assert_eq!(outbox.purge(later, 1).await.unwrap(), 1);
-    assert_eq!(outbox.purge(later, 10).await.unwrap(), 1);
+    assert_eq!(outbox.purge(PurgeFilter::Final, later, 1).await.unwrap(), 1);
+    assert_eq!(outbox.purge(PurgeFilter::Final, later, 10).await.unwrap(), 1);
     assert!(outbox.get("notify:order:1").await.unwrap().is_none());
     assert!(outbox.get("notify:order:3").await.unwrap().is_none());
     assert_eq!(outbox.counts(&Scope::all()).await.unwrap().total(), 1);

@@ -35,6 +35,8 @@ memory_checks!(
     retry_at_not_before,
     retry_cancel_legality,
     purge_rules,
+    purge_by_status,
+    attempt_history,
     queries,
 );
 
@@ -139,6 +141,8 @@ sqlite_checks!(
     retry_at_not_before,
     retry_cancel_legality,
     purge_rules,
+    purge_by_status,
+    attempt_history,
     queries,
 );
 

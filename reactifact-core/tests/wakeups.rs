@@ -8,8 +8,9 @@ use std::time::{Duration, SystemTime};
 
 use reactifact_core::store_contract::{ContractHarness, MemoryHarness};
 use reactifact_core::{
-    ActionKey, BoxFuture, CancelError, ClaimRequest, Claimed, Delivery, DispatchError, Drainer, FenceToken, Intent,
-    LedgerQuery, OutboxStore, Page, Recorded, Recording, RetryError, Scope, StatusCounts, StoreError, Wakeups,
+    ActionKey, Attempt, BoxFuture, CancelError, ClaimRequest, Claimed, Delivery, DispatchError, Drainer, FenceToken,
+    Intent, LedgerQuery, OutboxStore, Page, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts,
+    StoreError, Wakeups,
 };
 use tokio::sync::mpsc;
 
@@ -54,8 +55,11 @@ impl OutboxStore for Woken {
     ) -> BoxFuture<'a, Result<Delivery, CancelError>> {
         self.inner.cancel(key, reason, now)
     }
-    fn purge(&self, before: SystemTime, limit: usize) -> BoxFuture<'_, Result<u64, StoreError>> {
-        self.inner.purge(before, limit)
+    fn purge(&self, filter: PurgeFilter, before: SystemTime, limit: usize) -> BoxFuture<'_, Result<u64, StoreError>> {
+        self.inner.purge(filter, before, limit)
+    }
+    fn attempts<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Vec<Attempt>>, StoreError>> {
+        self.inner.attempts(key)
     }
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Delivery>, StoreError>> {
         self.inner.get(key)

@@ -34,6 +34,8 @@ pg_checks!(
     retry_at_not_before,
     retry_cancel_legality,
     purge_rules,
+    purge_by_status,
+    attempt_history,
     queries,
 );
 

@@ -433,3 +433,118 @@ pub(crate) fn drainer_owner() -> Arc<str> {
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     Arc::from(format!("{} drainer {n}", process_owner()))
 }
+
+/// One attempt to deliver an intent, as the outbox of a store keeps it
+/// ([`OutboxStore::attempts`](crate::OutboxStore::attempts)): who claimed it, when, under which
+/// lease and token, and how it ended.
+///
+/// Every claim handed to a dispatcher is an attempt. A claim released before it was handed out
+/// ([`Outcome::Released`](crate::Outcome::Released)) is not one, and leaves no entry (its token
+/// is skipped).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attempt {
+    /// The fencing token of the claim: it names the attempt.
+    pub token: FenceToken,
+    /// The attempt number the dispatcher saw ([`Intent::attempt`]). An attempt that found no
+    /// route ([`AttemptOutcome::Held`]) is not counted, so the next one has the same number.
+    pub number: u32,
+    /// The drainer (process and drain) that claimed the intent.
+    pub owner: Arc<str>,
+    /// When the claim was made.
+    pub claimed_at: SystemTime,
+    /// When its lease expired or would have, as last renewed.
+    pub lease_until: SystemTime,
+    /// When the outcome was recorded (or the expired lease reclaimed); `None` while in flight.
+    pub ended_at: Option<SystemTime>,
+    /// How it ended.
+    pub outcome: AttemptOutcome,
+}
+
+/// How an [`Attempt`] ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AttemptOutcome {
+    /// Still in flight under its lease.
+    InFlight,
+    /// The dispatcher reported success.
+    Delivered,
+    /// The dispatcher failed with `error`; `retry_at` is when the retry policy tried again
+    /// (`None`: it waited for an operator's retry).
+    Failed {
+        /// The error.
+        error: String,
+        /// The retry it scheduled.
+        retry_at: Option<SystemTime>,
+    },
+    /// The dispatcher failed with `error`, and the intent became a dead letter.
+    Dead {
+        /// The error.
+        error: String,
+    },
+    /// No route handled the intent's kind; it was held, never handed to a dispatcher.
+    Held {
+        /// Why.
+        reason: String,
+    },
+    /// Cut off before its outcome was known (a stop, a deadline, a dropped turn); delivered
+    /// again with the same key.
+    Interrupted {
+        /// Why.
+        reason: String,
+    },
+    /// Its holder died or stalled: the lease expired before an outcome was recorded, and a
+    /// drain reclaimed it; delivered again with the same key.
+    Expired,
+}
+
+impl AttemptOutcome {
+    /// The outcome's stable code in a store (the same in every store), and its error text.
+    pub fn code(&self) -> (u8, Option<&str>) {
+        match self {
+            AttemptOutcome::InFlight => (0, None),
+            AttemptOutcome::Delivered => (1, None),
+            AttemptOutcome::Failed { error, .. } => (2, Some(error)),
+            AttemptOutcome::Dead { error } => (3, Some(error)),
+            AttemptOutcome::Held { reason } => (4, Some(reason)),
+            AttemptOutcome::Interrupted { reason } => (5, Some(reason)),
+            AttemptOutcome::Expired => (6, None),
+        }
+    }
+
+    /// The outcome of a stored code, error text and retry time (`None` for an unknown code).
+    pub fn from_code(code: u8, error: Option<String>, retry_at: Option<SystemTime>) -> Option<AttemptOutcome> {
+        let error = || error.clone().unwrap_or_default();
+        Some(match code {
+            0 => AttemptOutcome::InFlight,
+            1 => AttemptOutcome::Delivered,
+            2 => AttemptOutcome::Failed {
+                error: error(),
+                retry_at,
+            },
+            3 => AttemptOutcome::Dead { error: error() },
+            4 => AttemptOutcome::Held { reason: error() },
+            5 => AttemptOutcome::Interrupted { reason: error() },
+            6 => AttemptOutcome::Expired,
+            _ => return None,
+        })
+    }
+
+    /// A short name: `in flight`, `delivered`, `failed`, `dead`, `held`, `interrupted` or
+    /// `expired`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            AttemptOutcome::InFlight => "in flight",
+            AttemptOutcome::Delivered => "delivered",
+            AttemptOutcome::Failed { .. } => "failed",
+            AttemptOutcome::Dead { .. } => "dead",
+            AttemptOutcome::Held { .. } => "held",
+            AttemptOutcome::Interrupted { .. } => "interrupted",
+            AttemptOutcome::Expired => "expired",
+        }
+    }
+
+    /// The error or reason it carries, if any.
+    pub fn error(&self) -> Option<&str> {
+        self.code().1
+    }
+}

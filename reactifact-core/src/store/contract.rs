@@ -16,12 +16,12 @@ use std::time::{Duration, SystemTime};
 
 use crate::model::action::{ActionKey, Intent, Origin, PendingAction};
 use crate::model::artifact::Generation;
-use crate::model::delivery::{Delivery, DeliveryStatus, FenceToken, NewIntent};
+use crate::model::delivery::{Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken, NewIntent};
 use crate::model::hash::{content_hash, CommitHash};
 use crate::store::memory::MemoryOutbox;
 use crate::store::outbox::{
-    BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome, Recorded,
-    Recording, RetryError, Scope, StatusCounts,
+    BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome, PurgeFilter,
+    Recorded, Recording, RetryError, Scope, StatusCounts,
 };
 
 /// Creates fresh stores for the checks.
@@ -148,6 +148,8 @@ pub async fn run_all(harness: &dyn ContractHarness) {
     retry_at_not_before(harness).await;
     retry_cancel_legality(harness).await;
     purge_rules(harness).await;
+    purge_by_status(harness).await;
+    attempt_history(harness).await;
     queries(harness).await;
     differential(harness, 0x5eed, 400).await;
 }
@@ -813,18 +815,22 @@ pub async fn purge_rules(h: &dyn ContractHarness) {
     record(&*o, "k4", FenceToken(1), Outcome::Released, at(3)).await;
     record(&*o, "k5", FenceToken(1), failed(FailedAttempt::Dead), at(4)).await;
     assert_eq!(
-        o.purge(at(10), 10).await.expect("purge"),
+        o.purge(PurgeFilter::Final, at(10), 10).await.expect("purge"),
         0,
         "purge: strictly before the cutoff"
     );
-    assert_eq!(o.purge(at(100), 1).await.expect("purge"), 1, "purge: at most limit");
+    assert_eq!(
+        o.purge(PurgeFilter::Final, at(100), 1).await.expect("purge"),
+        1,
+        "purge: at most limit"
+    );
     assert!(
         o.get("k1").await.expect("get").is_none(),
         "purge: oldest first (k1, changed at 10)"
     );
     assert!(o.get("k2").await.expect("get").is_some(), "purge: k2 is newer");
     assert_eq!(
-        o.purge(at(100), 10).await.expect("purge"),
+        o.purge(PurgeFilter::Final, at(100), 10).await.expect("purge"),
         2,
         "purge: the other final ones"
     );
@@ -847,6 +853,223 @@ pub async fn purge_rules(h: &dyn ContractHarness) {
         ["k4"],
         "purge: nothing purged is claimed"
     );
+}
+
+/// A purge for delivered entries leaves cancelled ones, and the other way round; both are
+/// taken oldest first.
+pub async fn purge_by_status(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    s.register("a", &[("d1", "x"), ("c1", "x"), ("d2", "x"), ("c2", "x")], at(0))
+        .await;
+    claim(&*o, 2, at(1)).await; // d1, c1
+    record(&*o, "d1", FenceToken(1), Outcome::Delivered, at(10)).await;
+    record(&*o, "c1", FenceToken(1), Outcome::Released, at(10)).await;
+    o.cancel("c1", "no", at(11)).await.expect("cancel");
+    o.cancel("c2", "no", at(12)).await.expect("cancel");
+    claim(&*o, 1, at(13)).await; // d2
+    record(&*o, "d2", FenceToken(1), Outcome::Delivered, at(14)).await;
+    let present = |o: Arc<dyn OutboxStore>| async move {
+        let mut left = Vec::new();
+        for key in ["d1", "c1", "d2", "c2"] {
+            if o.get(key).await.expect("get").is_some() {
+                left.push(key);
+            }
+        }
+        left
+    };
+    assert_eq!(
+        o.purge(PurgeFilter::Cancelled, at(100), 1).await.expect("purge"),
+        1,
+        "purge cancelled: at most limit"
+    );
+    assert_eq!(
+        present(o.clone()).await,
+        ["d1", "d2", "c2"],
+        "purge cancelled: the oldest cancelled one"
+    );
+    assert_eq!(
+        o.purge(PurgeFilter::Delivered, at(14), 10).await.expect("purge"),
+        1,
+        "purge delivered: strictly before the cutoff"
+    );
+    assert_eq!(
+        present(o.clone()).await,
+        ["d2", "c2"],
+        "purge delivered: only delivered ones"
+    );
+    assert_eq!(o.purge(PurgeFilter::Delivered, at(100), 10).await.expect("purge"), 1);
+    assert_eq!(
+        present(o.clone()).await,
+        ["c2"],
+        "purge delivered: never a cancelled one"
+    );
+    assert_eq!(o.purge(PurgeFilter::Final, at(100), 10).await.expect("purge"), 1);
+    assert!(present(o.clone()).await.is_empty());
+    s.register("b", &[("c1", "x"), ("d1", "x")], at(200)).await;
+    assert!(
+        present(o.clone()).await.is_empty(),
+        "purge: a purged key is not registered again"
+    );
+}
+
+async fn attempts(o: &dyn OutboxStore, key: &str) -> Vec<Attempt> {
+    o.attempts(key)
+        .await
+        .unwrap_or_else(|e| panic!("attempts({key}) failed: {e}"))
+        .unwrap_or_else(|| panic!("attempts({key}): the store does not hold the key"))
+}
+
+/// Every attempt is in the history, in token order, with its owner, claim time, lease and
+/// outcome; a released claim is not an attempt; purge takes the history with the entry.
+pub async fn attempt_history(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    s.register("a", &[("k", "x")], at(0)).await;
+    assert!(
+        attempts(&*o, "k").await.is_empty(),
+        "history: none before the first claim"
+    );
+    assert!(
+        o.attempts("nope").await.expect("attempts").is_none(),
+        "history: unknown key"
+    );
+    let lease = Duration::from_millis(100);
+    let claim_as = |owner: &'static str, now: u64| {
+        let o = o.clone();
+        async move { claim_with(&*o, &Scope::all(), 1, owner, lease, at(now)).await }
+    };
+    // 1: released (not an attempt). 2: failed with a retry. 3: renewed, then expired.
+    // 4: interrupted. 5: in flight, then delivered.
+    assert_eq!(keys(&claim_as("d1", 1).await), ["k"]);
+    record(&*o, "k", FenceToken(1), Outcome::Released, at(2)).await;
+    assert!(
+        attempts(&*o, "k").await.is_empty(),
+        "history: a released claim is not an attempt"
+    );
+    claim_as("d1", 3).await;
+    record(&*o, "k", FenceToken(2), failed(FailedAttempt::RetryAt(at(10))), at(4)).await;
+    claim_as("d2", 10).await;
+    assert_eq!(
+        o.renew(&[(ActionKey::from("k"), FenceToken(3))], at(300))
+            .await
+            .expect("renew"),
+        [true]
+    );
+    let c = claim_as("d3", 300).await;
+    assert_eq!(c.reclaimed, 1, "history: the renewed lease expired at 300");
+    assert_eq!(keys(&c), ["k"]);
+    record(
+        &*o,
+        "k",
+        FenceToken(4),
+        Outcome::Interrupted {
+            reason: "cut".to_owned(),
+        },
+        at(301),
+    )
+    .await;
+    claim_as("d4", 302).await;
+    let attempt =
+        |token: u64, number: u32, owner: &str, claimed: u64, until: u64, ended: Option<u64>, outcome| Attempt {
+            token: FenceToken(token),
+            number,
+            owner: Arc::from(owner),
+            claimed_at: at(claimed),
+            lease_until: at(until),
+            ended_at: ended.map(at),
+            outcome,
+        };
+    let mut expected = vec![
+        attempt(
+            2,
+            1,
+            "d1",
+            3,
+            103,
+            Some(4),
+            AttemptOutcome::Failed {
+                error: "boom".to_owned(),
+                retry_at: Some(at(10)),
+            },
+        ),
+        attempt(3, 2, "d2", 10, 300, Some(300), AttemptOutcome::Expired),
+        attempt(
+            4,
+            3,
+            "d3",
+            300,
+            400,
+            Some(301),
+            AttemptOutcome::Interrupted {
+                reason: "cut".to_owned(),
+            },
+        ),
+        attempt(5, 4, "d4", 302, 402, None, AttemptOutcome::InFlight),
+    ];
+    assert_eq!(
+        attempts(&*o, "k").await,
+        expected,
+        "history: ended attempts, then the one in flight"
+    );
+    record(&*o, "k", FenceToken(5), Outcome::Delivered, at(350)).await;
+    expected[3] = attempt(5, 4, "d4", 302, 402, Some(350), AttemptOutcome::Delivered);
+    assert_eq!(
+        attempts(&*o, "k").await,
+        expected,
+        "history: the delivered attempt last"
+    );
+    // Held (uncounted: the next attempt has the same number), then dead.
+    s.register("a", &[("h", "x")], at(399)).await;
+    claim_as("d1", 400).await;
+    record(
+        &*o,
+        "h",
+        FenceToken(1),
+        Outcome::Held {
+            reason: "no route".to_owned(),
+        },
+        at(401),
+    )
+    .await;
+    o.retry("h", at(402)).await.expect("retry");
+    claim_as("d2", 403).await;
+    record(&*o, "h", FenceToken(2), failed(FailedAttempt::Dead), at(404)).await;
+    assert_eq!(
+        attempts(&*o, "h").await,
+        [
+            attempt(
+                1,
+                1,
+                "d1",
+                400,
+                500,
+                Some(401),
+                AttemptOutcome::Held {
+                    reason: "no route".to_owned()
+                }
+            ),
+            attempt(
+                2,
+                1,
+                "d2",
+                403,
+                503,
+                Some(404),
+                AttemptOutcome::Dead {
+                    error: "boom".to_owned()
+                }
+            ),
+        ],
+        "history: held, then dead"
+    );
+    o.cancel("h", "gave up", at(405)).await.expect("cancel");
+    assert_eq!(attempts(&*o, "h").await.len(), 2, "history: a cancel is not an attempt");
+    assert_eq!(o.purge(PurgeFilter::Final, at(1000), 10).await.expect("purge"), 2);
+    for key in ["k", "h"] {
+        assert!(
+            o.attempts(key).await.expect("attempts").is_none(),
+            "history: purged with {key}"
+        );
+    }
 }
 
 /// Counts, `next_due` and pages.
@@ -1342,11 +1565,13 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
             _ => {
                 let before = now.saturating_sub(rng.below(20));
                 let limit = rng.below(4) as usize;
-                let got = o.purge(at(before), limit).await.expect("purge");
+                let filter =
+                    [PurgeFilter::Final, PurgeFilter::Delivered, PurgeFilter::Cancelled][rng.below(3) as usize];
+                let got = o.purge(filter, at(before), limit).await.expect("purge");
                 let mut finals: Vec<(u64, usize)> = model
                     .iter()
                     .enumerate()
-                    .filter(|(_, m)| !m.purged && m.status.is_final() && m.updated < before)
+                    .filter(|(_, m)| !m.purged && filter.admits(m.status) && m.updated < before)
                     .map(|(i, m)| (m.updated, i))
                     .collect();
                 finals.sort();
@@ -1357,7 +1582,7 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                 assert_eq!(
                     got,
                     finals.len() as u64,
-                    "differential step {step}: purge before {before} limit {limit}"
+                    "differential step {step}: purge {filter:?} before {before} limit {limit}"
                 );
             }
         }

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::model::delivery::{Delivery, DeliveryStatus};
+use crate::model::delivery::{Attempt, Delivery, DeliveryStatus};
 use crate::store::outbox::{LedgerQuery, OutboxStore, Page, Scope, StatusCounts};
 use crate::store::StoreError;
 
@@ -72,6 +72,15 @@ impl Ledger {
     /// [`StoreError`] if the store cannot be read.
     pub async fn get(&self, key: &str) -> Result<Option<Delivery>, StoreError> {
         self.outbox.get(key).await
+    }
+
+    /// Every attempt to deliver `key`, oldest first ([`OutboxStore::attempts`]); `None` for a
+    /// key the ledger does not hold (whatever the scope).
+    ///
+    /// # Errors
+    /// [`StoreError`] if the store cannot be read.
+    pub async fn attempts(&self, key: &str) -> Result<Option<Vec<Attempt>>, StoreError> {
+        self.outbox.attempts(key).await
     }
 
     /// How many intents in scope wait for an attempt: pending ones, and failed ones whose

@@ -42,12 +42,13 @@ use foldhash::HashMap;
 
 use crate::model::action::ActionKey;
 use crate::model::delivery::{
-    ceil_millis, from_unix_millis, later, unix_millis, Delivery, DeliveryStatus, FenceToken, Lease, NewIntent,
+    ceil_millis, from_unix_millis, later, unix_millis, Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken,
+    Lease, NewIntent,
 };
 use crate::model::hash::ContentHash;
 use crate::store::outbox::{
-    BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome, Page, Recorded,
-    Recording, RetryError, Scope, StatusCounts,
+    BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome, Page, PurgeFilter,
+    Recorded, Recording, RetryError, Scope, StatusCounts,
 };
 use crate::store::StoreError;
 
@@ -135,6 +136,11 @@ struct Entry {
     due: Option<u64>,
     /// Bumped every time the entry is queued: queue items with an older stamp are stale.
     stamp: u32,
+    /// The lease of the last claim (kept after it ended, for the attempt history: a delivered
+    /// attempt is read from it) and when the claim was made, in Unix milliseconds.
+    last_claim: Option<(Lease, u64)>,
+    /// The attempts that ended other than delivered, oldest first (usually none).
+    history: Vec<Attempt>,
 }
 
 impl Entry {
@@ -356,6 +362,7 @@ fn millis(t: SystemTime) -> (u64, SystemTime) {
 /// Puts this in-flight entry, whose lease expired, back to pending, counting the expired
 /// lease and saying why in `last_error`.
 fn reclaim(entry: &mut Delivery) {
+    // (The history entry of the expired attempt is written by `Inner::reclaim_expired`.)
     let owner = entry
         .lease
         .take()
@@ -363,6 +370,20 @@ fn reclaim(entry: &mut Delivery) {
     entry.status = DeliveryStatus::Pending;
     entry.expired_leases += 1;
     entry.last_error = Some(crate::model::delivery::reclaimed_error(entry.attempts, &owner));
+}
+
+/// The attempt of the entry's last claim, as if still in flight (its lease as last renewed).
+fn in_flight(e: &Entry) -> Option<Attempt> {
+    let (lease, claimed) = e.last_claim.as_ref()?;
+    Some(Attempt {
+        token: lease.token,
+        number: e.delivery.attempts,
+        owner: lease.owner.clone(),
+        claimed_at: from_unix_millis(*claimed),
+        lease_until: lease.expires_at,
+        ended_at: None,
+        outcome: AttemptOutcome::InFlight,
+    })
 }
 
 /// The ledger, behind the outbox's lock.
@@ -381,8 +402,9 @@ struct Inner {
     /// renewed a lease expiring then. An entry that left flight, or moved to a renewed lease,
     /// is skipped when its old expiry comes.
     leases: BTreeMap<u64, Vec<Pos>>,
-    /// Final entries by the time they became final, for purge.
-    finals: OrderedQueue,
+    /// Final entries by the time they became final, for purge: delivered ones, then
+    /// cancelled ones.
+    finals: [OrderedQueue; 2],
     tally: Tally,
     /// The queue keys of the scope being claimed (kept to reuse its allocation).
     scratch: Vec<(u32, u32)>,
@@ -451,6 +473,8 @@ impl Inner {
                 kind,
                 due: Some(now_ms),
                 stamp: 1,
+                last_claim: None,
+                history: Vec::new(),
             };
             self.tally.moved(&entry, None, Some(0));
             self.index.insert(new.intent.key.clone(), pos);
@@ -483,7 +507,8 @@ impl Inner {
             let item = (due, pos, e.stamp);
             enqueue(&mut self.queues, &self.slots, pos, item);
         } else if status.is_final() {
-            self.finals.push((now_ms, pos, 0));
+            let queue = usize::from(status == DeliveryStatus::Cancelled);
+            self.finals[queue].push((now_ms, pos, 0));
         }
         status
     }
@@ -499,6 +524,7 @@ impl Inner {
             let (expiry, positions) = expiring.remove_entry();
             for pos in positions {
                 if holds_lease(&self.slots, pos, expiry) {
+                    self.end_attempt(pos, now, AttemptOutcome::Expired);
                     self.transition(pos, now, reclaim);
                     reclaimed += 1;
                 }
@@ -506,6 +532,35 @@ impl Inner {
         }
         self.forget_leases_if_none_in_flight();
         reclaimed
+    }
+
+    /// Adds the attempt in flight at `pos` to its history, ended at `now` with `outcome`.
+    fn end_attempt(&mut self, pos: Pos, now: SystemTime, outcome: AttemptOutcome) {
+        let e = self.slots[pos as usize].as_mut().expect("a live entry");
+        if let Some(attempt) = in_flight(e) {
+            e.history.push(Attempt {
+                ended_at: Some(millis(now).1),
+                outcome,
+                ..attempt
+            });
+        }
+    }
+
+    fn attempts(&self, key: &str) -> Option<Vec<Attempt>> {
+        let (_, e) = self.entry(key)?;
+        let mut attempts = e.history.clone();
+        let d = &e.delivery;
+        let last = match d.status {
+            DeliveryStatus::InFlight => in_flight(e),
+            DeliveryStatus::Delivered => in_flight(e).map(|a| Attempt {
+                ended_at: d.delivered_at,
+                outcome: AttemptOutcome::Delivered,
+                ..a
+            }),
+            _ => None,
+        };
+        attempts.extend(last);
+        Some(attempts)
     }
 
     /// Drops the expiries of leases that have all ended.
@@ -615,6 +670,7 @@ impl Inner {
             });
             d.next_attempt_at = None;
             d.updated_at = now;
+            e.last_claim = d.lease.clone().map(|lease| (lease, now_ms));
             self.tally.moved(e, Some(from), Some(1));
             claims.push(e.delivery.clone());
             taken.push(pos);
@@ -643,6 +699,9 @@ impl Inner {
             };
         };
         let (_, now_t) = millis(now);
+        if let Some(ended) = recording.outcome.ended() {
+            self.end_attempt(pos, now, ended);
+        }
         let status = self.transition(pos, now, |d| {
             d.lease = None;
             match &recording.outcome {
@@ -694,6 +753,9 @@ impl Inner {
         match &mut d.lease {
             Some(lease) if d.status == DeliveryStatus::InFlight && d.token == token => {
                 lease.expires_at = until;
+                if let Some((last, _)) = &mut e.last_claim {
+                    last.expires_at = until;
+                }
                 self.leases.entry(until_ms).or_default().push(pos);
                 true
             }
@@ -744,16 +806,26 @@ impl Inner {
         Ok(self.slots[pos as usize].as_ref().expect("live").delivery.clone())
     }
 
-    fn purge(&mut self, before: SystemTime, limit: usize) -> u64 {
+    fn purge(&mut self, filter: PurgeFilter, before: SystemTime, limit: usize) -> u64 {
+        let queues: &[usize] = match filter {
+            PurgeFilter::Delivered => &[0],
+            PurgeFilter::Cancelled => &[1],
+            _ => &[0, 1],
+        };
         let mut purged = 0;
         while purged < limit as u64 {
-            let Some(((changed, pos, _), _)) = self.finals.peek() else {
+            // The oldest of the queues the filter admits.
+            let Some((queue, (changed, pos, _))) = queues
+                .iter()
+                .filter_map(|&q| self.finals[q].peek().map(|(item, _)| (q, item)))
+                .min_by_key(|&(_, (changed, pos, _))| (changed, pos))
+            else {
                 break;
             };
             if from_unix_millis(changed) >= before {
                 break;
             }
-            self.finals.pop();
+            self.finals[queue].pop();
             if let Some(e) = self.slots[pos as usize].take() {
                 self.tally.moved(&e, Some(class(&e.delivery)), None);
                 purged += 1;
@@ -904,8 +976,12 @@ impl OutboxStore for MemoryOutbox {
         Box::pin(async move { self.lock().cancel(key, reason, now) })
     }
 
-    fn purge(&self, before: SystemTime, limit: usize) -> BoxFuture<'_, Result<u64, StoreError>> {
-        Box::pin(async move { Ok(self.lock().purge(before, limit)) })
+    fn purge(&self, filter: PurgeFilter, before: SystemTime, limit: usize) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(async move { Ok(self.lock().purge(filter, before, limit)) })
+    }
+
+    fn attempts<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Vec<Attempt>>, StoreError>> {
+        Box::pin(async move { Ok(self.lock().attempts(key)) })
     }
 
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Delivery>, StoreError>> {

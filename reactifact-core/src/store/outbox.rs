@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::model::action::ActionKey;
-use crate::model::delivery::{Delivery, DeliveryStatus, FenceToken};
+use crate::model::delivery::{ceil_millis, Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken};
 use crate::store::StoreError;
 
 /// The future of a store operation: boxed, so that [`OutboxStore`] is object-safe, and `Send`,
@@ -168,6 +168,31 @@ pub enum Outcome {
     Released,
 }
 
+impl Outcome {
+    /// How the attempt this outcome ends is kept in the attempt history: `None` for a
+    /// delivered attempt (the ledger entry itself keeps the last attempt) and for a released
+    /// claim (never handed out, not an attempt). A retry time is kept in whole milliseconds,
+    /// rounded up, as the entry keeps it.
+    pub fn ended(&self) -> Option<AttemptOutcome> {
+        Some(match self {
+            Outcome::Delivered | Outcome::Released => return None,
+            Outcome::Failed { error, next } => match next {
+                FailedAttempt::RetryAt(at) => AttemptOutcome::Failed {
+                    error: error.clone(),
+                    retry_at: Some(ceil_millis(*at)),
+                },
+                FailedAttempt::AwaitRetry => AttemptOutcome::Failed {
+                    error: error.clone(),
+                    retry_at: None,
+                },
+                FailedAttempt::Dead => AttemptOutcome::Dead { error: error.clone() },
+            },
+            Outcome::Held { reason } => AttemptOutcome::Held { reason: reason.clone() },
+            Outcome::Interrupted { reason } => AttemptOutcome::Interrupted { reason: reason.clone() },
+        })
+    }
+}
+
 /// What follows a failed attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -294,6 +319,39 @@ pub struct Page {
     pub next: Option<u64>,
 }
 
+/// Which final entries a [`purge`](OutboxStore::purge) deletes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PurgeFilter {
+    /// Delivered and cancelled ones.
+    #[default]
+    Final,
+    /// Delivered ones only.
+    Delivered,
+    /// Cancelled ones only.
+    Cancelled,
+}
+
+impl PurgeFilter {
+    /// Whether an entry in `status` is purged by this filter (if old enough).
+    pub fn admits(self, status: DeliveryStatus) -> bool {
+        match self {
+            PurgeFilter::Final => status.is_final(),
+            PurgeFilter::Delivered => status == DeliveryStatus::Delivered,
+            PurgeFilter::Cancelled => status == DeliveryStatus::Cancelled,
+        }
+    }
+
+    /// The status codes it purges ([`DeliveryStatus::code`]).
+    pub fn codes(self) -> &'static [u8] {
+        match self {
+            PurgeFilter::Final => &[2, 6],
+            PurgeFilter::Delivered => &[2],
+            PurgeFilter::Cancelled => &[6],
+        }
+    }
+}
+
 /// An operator's [`retry`](OutboxStore::retry) refused to re-arm an intent.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -407,13 +465,21 @@ pub trait OutboxStore: Send + Sync + 'static {
         now: SystemTime,
     ) -> BoxFuture<'a, Result<Delivery, CancelError>>;
 
-    /// Deletes up to `limit` delivered or cancelled entries last changed before `before`,
-    /// oldest first; returns how many. A purged key is remembered: committing it again never
-    /// registers it again.
-    fn purge(&self, before: SystemTime, limit: usize) -> BoxFuture<'_, Result<u64, StoreError>>;
+    /// Deletes up to `limit` final entries that `filter` admits (delivered, cancelled, or
+    /// both) last changed before `before`, oldest first, with their attempt histories;
+    /// returns how many. A purged key is remembered: committing it again never registers it
+    /// again.
+    fn purge(&self, filter: PurgeFilter, before: SystemTime, limit: usize) -> BoxFuture<'_, Result<u64, StoreError>>;
 
     /// The entry for `key`.
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Delivery>, StoreError>>;
+
+    /// Every attempt to deliver `key`, oldest first (by token): those that ended, then the
+    /// one in flight, if one is. `None` for a key the ledger does not hold.
+    ///
+    /// The history is diagnostic: it is kept beside the ledger entry, outside the entry's
+    /// integrity digest, and no transition reads it.
+    fn attempts<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Vec<Attempt>>, StoreError>>;
 
     /// A page of entries, in registration order.
     fn list<'a>(&'a self, query: &'a LedgerQuery) -> BoxFuture<'a, Result<Page, StoreError>>;

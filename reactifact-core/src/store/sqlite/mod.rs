@@ -1279,7 +1279,9 @@ mod tests {
                 .unwrap_err();
             assert!(matches!(err, StoreError::ReadOnly { .. }), "{err}");
             assert!(matches!(
-                outbox.purge(SystemTime::now(), 1).await,
+                outbox
+                    .purge(reactifact_core::PurgeFilter::Final, SystemTime::now(), 1)
+                    .await,
                 Err(StoreError::ReadOnly { .. })
             ));
         });

@@ -21,10 +21,12 @@ use super::actor::{self, Actor};
 use super::row::{self, ms, Read, Row, COLUMNS};
 use super::{check_header, open_error, open_read_only, schema, store_error, store_name, BUSY_TIMEOUT};
 use crate::model::action::ActionKey;
-use crate::model::delivery::{ceil_millis, later, Delivery, DeliveryStatus, FenceToken, NewIntent};
+use crate::model::delivery::{
+    ceil_millis, later, Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken, NewIntent,
+};
 use crate::store::outbox::{
-    BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome, Page, Recorded,
-    Recording, RetryError, Scope, StatusCounts,
+    BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome, Page, PurgeFilter,
+    Recorded, Recording, RetryError, Scope, StatusCounts,
 };
 use crate::store::{OpenError, StoreError, Synchronous};
 
@@ -93,12 +95,13 @@ impl SqliteOutbox {
         }
         check_header(path, size)?;
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let conn = Connection::open_with_flags(path, flags).map_err(|e| open_error(path, e))?;
+        let mut conn = Connection::open_with_flags(path, flags).map_err(|e| open_error(path, e))?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| open_error(path, e))?;
         if conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
             return Err(OpenError::ReadOnlyFile { path: path.into() });
         }
-        match schema::schema_version(&conn, path)? {
+        let version = schema::schema_version(&conn, path)?;
+        match version {
             schema::READS_FROM..=schema::SCHEMA_VERSION => {}
             0 => return Err(OpenError::Foreign { path: path.into() }),
             found => {
@@ -109,8 +112,9 @@ impl SqliteOutbox {
                 })
             }
         }
-        conn.pragma_update(None, "synchronous", "FULL")
-            .map_err(|e| open_error(path, e))?;
+        // A version 2 or 3 file gets the tables and columns of the current version (its
+        // outbox is the same; the history starts empty).
+        schema::prepare_for_writing(&mut conn, Synchronous::Full, version, path)?;
         Self::spawn(conn, path, None).map(Arc::new)
     }
 
@@ -446,6 +450,7 @@ pub(super) fn claim_in(
         match by_seq(tx, seq)? {
             Some(Read::Intact(mut row)) if row.status == row::IN_FLIGHT => {
                 let holder = row.owner.clone().unwrap_or_else(|| "an unknown drainer".into());
+                end_attempt(tx, &row, at, &AttemptOutcome::Expired)?;
                 row.expired += 1;
                 row.last_error = Some(crate::model::delivery::reclaimed_error(row.attempts, &holder));
                 row.next_attempt_at = None;
@@ -494,7 +499,7 @@ pub(super) fn claim_in(
         row.next_attempt_at = None;
         row.due_at = None;
         row.updated_at = at;
-        row.update(tx)?;
+        row.update_claimed(tx)?;
         claimed.claims.push(row.delivery(&payload));
     }
     Ok(claimed)
@@ -530,6 +535,9 @@ fn record(conn: &mut Connection, outcomes: &[Recording], now: SystemTime) -> rus
                     token,
                 });
                 continue;
+            }
+            if let Some(ended) = recording.outcome.ended() {
+                end_attempt(tx, &row, at, &ended)?;
             }
             row.next_attempt_at = None;
             let status = match &recording.outcome {
@@ -570,6 +578,149 @@ fn record(conn: &mut Connection, outcomes: &[Recording], now: SystemTime) -> rus
         }
         Ok(results)
     })
+}
+
+/// Adds the attempt in flight in `row` (before its outcome is applied) to the history, ended
+/// at `at` with `outcome`.
+fn end_attempt(tx: &Connection, row: &Row, at: i64, outcome: &AttemptOutcome) -> rusqlite::Result<()> {
+    let (code, error) = outcome.code();
+    let retry_at = match outcome {
+        AttemptOutcome::Failed { retry_at, .. } => retry_at.map(ms),
+        _ => None,
+    };
+    tx.prepare_cached(
+        "INSERT OR REPLACE INTO outbox_attempts
+             (key, token, number, owner, claimed_at, lease_until, ended_at, outcome, error, retry_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+    )?
+    .execute(params![
+        row.key,
+        row.token,
+        row.attempts,
+        row.owner.as_deref().unwrap_or("an unknown drainer"),
+        row.updated_at,
+        row.lease_until.unwrap_or(at),
+        at,
+        code,
+        error,
+        retry_at,
+    ])?;
+    Ok(())
+}
+
+/// The attempt history of `key` ([`OutboxStore::attempts`]): the ended attempts of
+/// `outbox_attempts`, then the last claim if it is in flight or was delivered. A file of a
+/// version without the history (read as it is) shows only an attempt in flight.
+fn attempts(conn: &Connection, key: &str) -> rusqlite::Result<Option<Vec<Attempt>>> {
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    let history = schema::has_attempts(version);
+    let last = if history {
+        "SELECT status, token, attempts, owner, lease_until, updated_at, delivered_at, claim_owner, claimed_at,
+                claim_until
+         FROM outbox WHERE key = ?1"
+    } else {
+        "SELECT status, token, attempts, owner, lease_until, updated_at, delivered_at, NULL, NULL, NULL
+         FROM outbox WHERE key = ?1"
+    };
+    type Last = (
+        i64,
+        i64,
+        i64,
+        Option<String>,
+        Option<i64>,
+        i64,
+        Option<i64>,
+        Option<String>,
+        Option<i64>,
+        Option<i64>,
+    );
+    let found: Option<Last> = conn
+        .prepare_cached(last)?
+        .query_row([key], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+                r.get(6)?,
+                r.get(7)?,
+                r.get(8)?,
+                r.get(9)?,
+            ))
+        })
+        .optional()?;
+    let Some((
+        status,
+        token,
+        number,
+        owner,
+        lease_until,
+        updated_at,
+        delivered_at,
+        claim_owner,
+        claimed_at,
+        claim_until,
+    )) = found
+    else {
+        return Ok(None);
+    };
+    let count = |n: i64| u32::try_from(n.max(0)).unwrap_or(u32::MAX);
+    let token = FenceToken(u64::try_from(token).unwrap_or(0));
+    let mut attempts = Vec::new();
+    if history {
+        let mut stmt = conn.prepare_cached(
+            "SELECT token, number, owner, claimed_at, lease_until, ended_at, outcome, error, retry_at
+             FROM outbox_attempts WHERE key = ?1 ORDER BY token",
+        )?;
+        let mut rows = stmt.query([key])?;
+        while let Some(r) = rows.next()? {
+            let code: i64 = r.get(6)?;
+            let (error, retry_at): (Option<String>, Option<i64>) = (r.get(7)?, r.get(8)?);
+            let Some(outcome) = u8::try_from(code)
+                .ok()
+                .and_then(|c| AttemptOutcome::from_code(c, error, retry_at.map(row::time)))
+            else {
+                tracing::warn!(
+                    action_key = key,
+                    code,
+                    "an attempt of unknown outcome in the history; skipped"
+                );
+                continue;
+            };
+            attempts.push(Attempt {
+                token: FenceToken(u64::try_from(r.get::<_, i64>(0)?).unwrap_or(0)),
+                number: count(r.get(1)?),
+                owner: Arc::from(r.get::<_, String>(2)?),
+                claimed_at: row::time(r.get(3)?),
+                lease_until: row::time(r.get(4)?),
+                ended_at: Some(row::time(r.get(5)?)),
+                outcome,
+            });
+        }
+    }
+    let last = match (status, owner, lease_until, claim_owner, claimed_at, claim_until) {
+        (row::IN_FLIGHT, Some(owner), Some(until), ..) => {
+            Some((owner, updated_at, until, None, AttemptOutcome::InFlight))
+        }
+        (row::DELIVERED, _, _, Some(owner), Some(at), Some(until)) => {
+            Some((owner, at, until, delivered_at.map(row::time), AttemptOutcome::Delivered))
+        }
+        _ => None,
+    };
+    if let Some((owner, claimed_at, lease_until, ended_at, outcome)) = last {
+        attempts.push(Attempt {
+            token,
+            number: count(number),
+            owner: Arc::from(owner),
+            claimed_at: row::time(claimed_at),
+            lease_until: row::time(lease_until),
+            ended_at,
+            outcome,
+        });
+    }
+    Ok(Some(attempts))
 }
 
 /// A purged row's attachments go with it. (A final row keeps them: it stays in the scope of
@@ -689,7 +840,7 @@ impl OutboxStore for SqliteOutbox {
                             if row.status == row::IN_FLIGHT && u64::try_from(row.token).ok() == Some(token.0) =>
                         {
                             row.lease_until = Some(until);
-                            row.update(tx)?;
+                            row.update_claimed(tx)?;
                             true
                         }
                         _ => false,
@@ -770,30 +921,43 @@ impl OutboxStore for SqliteOutbox {
         Box::pin(async move { answer.await.map_err(CancelError::Store)? })
     }
 
-    fn purge(&self, before: SystemTime, limit: usize) -> BoxFuture<'_, Result<u64, StoreError>> {
+    fn purge(&self, filter: PurgeFilter, before: SystemTime, limit: usize) -> BoxFuture<'_, Result<u64, StoreError>> {
         if let Err(e) = self.check_writable() {
             return Box::pin(async move { Err(e) });
         }
         let (before, limit) = (ms(before), i64::try_from(limit).unwrap_or(i64::MAX));
+        // Both read the partial index of final rows in (updated_at, seq) order.
+        let (low, high) = match filter {
+            PurgeFilter::Delivered => (row::DELIVERED, row::DELIVERED),
+            PurgeFilter::Cancelled => (row::CANCELLED, row::CANCELLED),
+            _ => (row::DELIVERED, row::CANCELLED),
+        };
         self.run(move |conn| {
             let now = ms(SystemTime::now());
             actor::write(conn, |tx| {
                 let old: Vec<(i64, String)> = tx
                     .prepare_cached(
-                        "SELECT seq, key FROM outbox WHERE status IN (2, 6) AND updated_at < ?1
+                        "SELECT seq, key FROM outbox WHERE status IN (2, 6) AND status IN (?3, ?4) AND updated_at < ?1
                          ORDER BY updated_at, seq LIMIT ?2",
                     )?
-                    .query_map(params![before, limit], |row| Ok((row.get(0)?, row.get(1)?)))?
+                    .query_map(params![before, limit, low, high], |row| Ok((row.get(0)?, row.get(1)?)))?
                     .collect::<Result<_, _>>()?;
                 for (seq, key) in &old {
                     tx.prepare_cached("INSERT OR IGNORE INTO outbox_purged (key, purged_at) VALUES (?1, ?2)")?
                         .execute(params![key, now])?;
                     tx.prepare_cached("DELETE FROM outbox WHERE seq = ?1")?.execute([seq])?;
+                    tx.prepare_cached("DELETE FROM outbox_attempts WHERE key = ?1")?
+                        .execute([key])?;
                     forget_members(tx, key)?;
                 }
                 Ok(old.len() as u64)
             })
         })
+    }
+
+    fn attempts<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Vec<Attempt>>, StoreError>> {
+        let key = key.to_owned();
+        self.run(move |conn| attempts(conn, &key))
     }
 
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Delivery>, StoreError>> {

@@ -244,6 +244,29 @@ impl Row {
         Ok(())
     }
 
+    /// [`update`](Row::update) for a row in flight (just claimed, or renewed): also keeps its
+    /// lease as the last claim (`claim_owner`, `claimed_at`, `claim_until`; outside the digest),
+    /// which the attempt history reads once the attempt was delivered. An in-flight row's
+    /// `updated_at` is the time of its claim (a renewal does not change it).
+    pub(super) fn update_claimed(&self, conn: &rusqlite::Connection) -> rusqlite::Result<()> {
+        let digest = self.digest();
+        let fields = self.fields();
+        let params = fields[9..]
+            .iter()
+            .copied()
+            .chain([ValueRef::Blob(&digest), ValueRef::Integer(self.seq)])
+            .map(ToSqlOutput::Borrowed);
+        conn.prepare_cached(
+            "UPDATE outbox SET status = ?1, due_at = ?2, token = ?3, owner = ?4, lease_until = ?5, attempts = ?6,
+                 expired = ?7, interrupted = ?8, last_error = ?9, cancel_reason = ?10, updated_at = ?11,
+                 delivered_at = ?12, next_attempt_at = ?13, digest = ?14,
+                 claim_owner = ?4, claimed_at = ?11, claim_until = ?5
+             WHERE seq = ?15",
+        )?
+        .execute(rusqlite::params_from_iter(params))?;
+        Ok(())
+    }
+
     /// Reads a row of [`COLUMNS`], checking its digest and its column types.
     pub(super) fn read(row: &rusqlite::Row<'_>) -> rusqlite::Result<Read> {
         let seq = match row.get_ref(0)? {

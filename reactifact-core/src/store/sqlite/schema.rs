@@ -12,6 +12,12 @@
 //!   named by the commit's generation, hash and state hash, with a digest over all of it). A
 //!   version-2 file reads as a version-3 file without checkpoints, so a read-only open takes
 //!   it as it is; a writable open migrates it (adds the table) once its log verified.
+//! - Version 4: the attempt history. `outbox_attempts` (one row per attempt that ended other
+//!   than delivered: who claimed it, when, its lease, when and how it ended), and three columns
+//!   of `outbox` that keep the last claim after it ended (`claim_owner`, `claimed_at`,
+//!   `claim_until`: a delivered attempt is read from them). None of it is in the row digest:
+//!   the history is diagnostic, and no transition reads it. Version 2 and 3 files read as
+//!   version-4 files without a history; a standalone outbox, or a writable open, migrates them.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -28,10 +34,10 @@ use crate::store::codec;
 use crate::store::{OpenError, Synchronous};
 
 /// The schema version this build writes.
-pub(crate) const SCHEMA_VERSION: i64 = 3;
+pub(crate) const SCHEMA_VERSION: i64 = 4;
 
 /// The oldest schema version this build reads without migrating it (a read-only open, a
-/// standalone outbox): version 3 only adds the checkpoints table.
+/// version 3 only adds the checkpoints table, version 4 the attempt history.
 pub(crate) const READS_FROM: i64 = 2;
 
 /// The first schema.
@@ -126,12 +132,32 @@ const V3_TABLES: &str = "
     ) WITHOUT ROWID;
 ";
 
+/// The columns and the table of version 4: the attempt history.
+const V4_CHANGES: &str = "
+    ALTER TABLE outbox ADD COLUMN claim_owner TEXT;
+    ALTER TABLE outbox ADD COLUMN claimed_at INTEGER;
+    ALTER TABLE outbox ADD COLUMN claim_until INTEGER;
+    CREATE TABLE outbox_attempts (
+        key TEXT NOT NULL,
+        token INTEGER NOT NULL,
+        number INTEGER NOT NULL,
+        owner TEXT NOT NULL,
+        claimed_at INTEGER NOT NULL,
+        lease_until INTEGER NOT NULL,
+        ended_at INTEGER NOT NULL,
+        outcome INTEGER NOT NULL,
+        error TEXT,
+        retry_at INTEGER,
+        PRIMARY KEY (key, token)
+    ) WITHOUT ROWID;
+";
+
 /// The tables of each version, by which a file of that version is recognised as ours.
 fn tables_of(version: i64) -> &'static [&'static str] {
     match version {
         1 => &["sessions", "commits", "deliveries"],
         2 => &["sessions", "commits", "outbox", "outbox_members", "outbox_purged"],
-        _ => &[
+        3 => &[
             "sessions",
             "commits",
             "outbox",
@@ -139,7 +165,21 @@ fn tables_of(version: i64) -> &'static [&'static str] {
             "outbox_purged",
             "checkpoints",
         ],
+        _ => &[
+            "sessions",
+            "commits",
+            "outbox",
+            "outbox_members",
+            "outbox_purged",
+            "checkpoints",
+            "outbox_attempts",
+        ],
     }
+}
+
+/// Whether a file of this version keeps the attempt history.
+pub(super) fn has_attempts(version: i64) -> bool {
+    version >= 4
 }
 
 /// Whether a file of this version has the checkpoints table.
@@ -242,7 +282,7 @@ pub(super) fn prepare_for_writing(
 /// Upgrades the file to [`SCHEMA_VERSION`] in one exclusive transaction; returns the version
 /// found under the lock (another process may have migrated meanwhile, possibly past this
 /// build, which the caller refuses).
-fn migrate(conn: &mut Connection, from: i64) -> Result<i64, LoadError> {
+pub(super) fn migrate(conn: &mut Connection, from: i64) -> Result<i64, LoadError> {
     if from >= SCHEMA_VERSION {
         return Ok(from);
     }
@@ -253,14 +293,22 @@ fn migrate(conn: &mut Connection, from: i64) -> Result<i64, LoadError> {
             tx.execute_batch(V1)?;
             migrate_1_to_2(&tx)?;
             tx.execute_batch(V3_TABLES)?;
+            tx.execute_batch(V4_CHANGES)?;
         }
         1 => {
             migrate_1_to_2(&tx)?;
             tx.execute_batch(V3_TABLES)?;
+            tx.execute_batch(V4_CHANGES)?;
         }
         // Version 2 → 3: the checkpoints table, empty (the first checkpoint is written after
         // the next `checkpoint_every` commits, or on request).
-        2 => tx.execute_batch(V3_TABLES)?,
+        2 => {
+            tx.execute_batch(V3_TABLES)?;
+            tx.execute_batch(V4_CHANGES)?;
+        }
+        // Version 3 → 4: the attempt history, empty (attempts that ended before it are not in
+        // it), and the last-claim columns, NULL until the next claim.
+        3 => tx.execute_batch(V4_CHANGES)?,
         _ => return Ok(current),
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
