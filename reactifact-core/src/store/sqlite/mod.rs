@@ -1279,9 +1279,7 @@ mod tests {
                 .unwrap_err();
             assert!(matches!(err, StoreError::ReadOnly { .. }), "{err}");
             assert!(matches!(
-                outbox
-                    .purge(reactifact_core::PurgeFilter::Final, SystemTime::now(), 1)
-                    .await,
+                outbox.purge(crate::PurgeFilter::Final, SystemTime::now(), 1).await,
                 Err(StoreError::ReadOnly { .. })
             ));
         });
