@@ -124,14 +124,28 @@ async fn a_version_2_file_reads_as_it_is_and_migrates_to_checkpoints_at_its_firs
         main.checkpoint().await,
         Err(reactifact_core::StoreError::ReadOnly { .. })
     ));
-    drop(main);
+    // The attempt history of a file without one: no attempt ended, none in flight.
+    let ledger = main.ledger();
+    let page = ledger
+        .outbox()
+        .list(&reactifact_core::LedgerQuery::default())
+        .await
+        .unwrap();
+    assert!(!page.entries.is_empty());
+    for entry in &page.entries {
+        assert_eq!(ledger.attempts(entry.key().as_str()).await.unwrap(), Some(Vec::new()));
+    }
+    assert_eq!(ledger.attempts("no-such-key").await.unwrap(), None);
+    drop((main, ledger));
     assert_eq!(std::fs::read(&path).unwrap(), before);
     assert_eq!(user_version(&path), 2);
 
-    // The first writable open migrates: version 3, an empty checkpoints table.
+    // The first writable open migrates: version 4, an empty checkpoints table and attempt
+    // history.
     let main = Context::open(&path, "main").unwrap();
-    assert_eq!(user_version(&path), 3);
+    assert_eq!(user_version(&path), 4);
     assert!(has_table(&path, "checkpoints"));
+    assert!(has_table(&path, "outbox_attempts"));
     assert_eq!(summary(&main), expected);
     main.verify().unwrap();
     assert_eq!(main.checkpoint().await.unwrap(), Some(reactifact_core::Generation(35)));

@@ -20,9 +20,9 @@ use std::time::{Duration, SystemTime};
 
 use deadpool_postgres::{Object, Pool, PoolError};
 use reactifact_core::{
-    reclaimed_error, ActionKey, BoxFuture, CancelError, ClaimRequest, Claimed, Delivery, DeliveryStatus, FailedAttempt,
-    FenceToken, LedgerQuery, NewIntent, OutboxStore, Outcome, Page, Recorded, Recording, RetryError, Scope,
-    StatusCounts, StoreError, Wakeups,
+    reclaimed_error, ActionKey, Attempt, AttemptOutcome, BoxFuture, CancelError, ClaimRequest, Claimed, Delivery,
+    DeliveryStatus, FailedAttempt, FenceToken, LedgerQuery, NewIntent, OutboxStore, Outcome, Page, PurgeFilter,
+    Recorded, Recording, RetryError, Scope, StatusCounts, StoreError, Wakeups,
 };
 use tokio::sync::{oneshot, watch};
 use tokio_postgres::types::ToSql;
@@ -66,7 +66,7 @@ struct Statements {
     record: String,
     renew: String,
     hold_claimed: String,
-    purge: String,
+    attempts: String,
     by_key: String,
     by_key_for_update: String,
     rearm: String,
@@ -76,9 +76,8 @@ struct Statements {
     /// After an insert: deletes what it inserted of a key a concurrent prune tombstoned, and
     /// notifies.
     unprune_and_notify: String,
-    /// The prune batch, with and without cancelled rows.
-    prune_final: String,
-    prune_delivered: String,
+    /// The purge (and prune) batch statements of [`PurgeFilter::Final`], `Delivered` and `Cancelled`.
+    purge: [String; 3],
 }
 
 impl std::fmt::Debug for PostgresOutbox {
@@ -146,10 +145,19 @@ impl Statements {
         let ok = intact(s, "o");
         let reclaim = format!(
             "WITH e AS MATERIALIZED (
-                 SELECT o.seq FROM {s}.outbox o WHERE o.lease_until <= $1
+                 SELECT o.seq, o.key, o.token, o.attempts, o.owner, o.updated_at, o.lease_until
+                   FROM {s}.outbox o WHERE o.lease_until <= $1
                   ORDER BY o.lease_until, o.seq FOR UPDATE SKIP LOCKED
              ), r AS (
                  UPDATE {s}.outbox o SET {set} FROM e WHERE o.seq = e.seq AND o.status = 1 AND {ok} RETURNING o.seq
+             ), ended AS (
+                 -- The expired attempts, in the history (an in-flight row's updated_at is its
+                 -- claim's time).
+                 INSERT INTO {s}.outbox_attempts
+                     (key, token, number, owner, claimed_at, lease_until, ended_at, outcome, error, retry_at)
+                 SELECT e.key, e.token, e.attempts, e.owner, e.updated_at, e.lease_until, $1, {expired}, NULL, NULL
+                   FROM e JOIN r ON r.seq = e.seq
+                 ON CONFLICT (key, token) DO NOTHING
              ), h AS (
                  UPDATE {s}.outbox o SET {hold} FROM e WHERE o.seq = e.seq AND NOT {ok} RETURNING o.key
              )
@@ -172,6 +180,7 @@ impl Statements {
                 ],
             ),
             hold = hold_set(s, "o", "$1"),
+            expired = AttemptOutcome::Expired.code().0,
         );
         let record = format!(
             "WITH u AS MATERIALIZED (
@@ -180,12 +189,24 @@ impl Statements {
              ), t AS MATERIALIZED (
                  -- The rows, locked in one order (seq) by every record and renewal, and each
                  -- checked once, as locked.
-                 SELECT u.ord, o.seq, ({ok}) AS ok FROM u JOIN {s}.outbox o ON o.key = u.key
+                 SELECT u.ord, o.seq, ({ok}) AS ok, o.key, o.token, o.attempts, o.owner, o.updated_at, o.lease_until
+                   FROM u JOIN {s}.outbox o ON o.key = u.key
                   ORDER BY o.seq FOR UPDATE OF o
              ), done AS (
                  UPDATE {s}.outbox o SET {set} FROM t JOIN u ON u.ord = t.ord
                   WHERE o.seq = t.seq AND t.ok AND o.status = 1 AND o.token = u.token
                  RETURNING u.ord, o.status
+             ), ended AS (
+                 -- Accepted outcomes other than delivered and released end an attempt of the
+                 -- history, as it was in flight (its updated_at is its claim's time).
+                 INSERT INTO {s}.outbox_attempts
+                     (key, token, number, owner, claimed_at, lease_until, ended_at, outcome, error, retry_at)
+                 SELECT t.key, t.token, t.attempts, t.owner, t.updated_at, t.lease_until, $6::bigint,
+                        CASE u.outcome WHEN 3 THEN {dead} WHEN 4 THEN {held} WHEN 5 THEN {interrupted} ELSE {failed} END,
+                        u.error, CASE WHEN u.outcome = 1 THEN u.next_at END
+                   FROM done d JOIN t ON t.ord = d.ord JOIN u ON u.ord = d.ord
+                  WHERE u.outcome IN (1, 2, 3, 4, 5)
+                 ON CONFLICT (key, token) DO NOTHING
              ), bad AS (
                  UPDATE {s}.outbox o SET {hold} FROM t WHERE o.seq = t.seq AND NOT t.ok RETURNING t.ord
              )
@@ -228,6 +249,15 @@ impl Statements {
                 ],
             ),
             hold = hold_set(s, "o", "$6::bigint"),
+            failed = AttemptOutcome::Failed {
+                error: String::new(),
+                retry_at: None
+            }
+            .code()
+            .0,
+            dead = AttemptOutcome::Dead { error: String::new() }.code().0,
+            held = AttemptOutcome::Held { reason: String::new() }.code().0,
+            interrupted = AttemptOutcome::Interrupted { reason: String::new() }.code().0,
         );
         let renew = format!(
             "WITH u AS MATERIALIZED (
@@ -242,7 +272,7 @@ impl Statements {
                  RETURNING o.key, o.token
              )
              SELECT EXISTS (SELECT 1 FROM r WHERE r.key = u.key AND r.token = u.token) FROM u ORDER BY u.ord",
-            set = set_with_digest(s, "o", &[("lease_until", "$3::bigint")]),
+            set = set_with_digest(s, "o", &[("lease_until", "$3::bigint"), ("claim_until", "$3::bigint")]),
         );
         let hold_claimed = format!(
             "UPDATE {s}.outbox o SET {set} WHERE o.seq = $1 AND o.status = 1 AND o.token = $4",
@@ -261,20 +291,26 @@ impl Statements {
                 ],
             ),
         );
-        let purge = format!(
-            "WITH old AS MATERIALIZED (
-                 SELECT o.seq, o.key FROM {s}.outbox o WHERE o.status IN (2, 6) AND o.updated_at < $1
-                  ORDER BY o.updated_at, o.seq LIMIT $2 FOR UPDATE SKIP LOCKED
-             ), t AS (
-                 INSERT INTO {s}.outbox_purged (key, purged_at) SELECT key, $3 FROM old ON CONFLICT (key) DO NOTHING
-             ), m AS (
-                 DELETE FROM {s}.outbox_members WHERE key IN (SELECT key FROM old)
-             ), d AS (
-                 DELETE FROM {s}.outbox WHERE seq IN (SELECT seq FROM old) RETURNING 1
-             )
-             SELECT count(*) FROM d"
-        );
         let by_key = format!("SELECT {cols} FROM {s}.outbox o WHERE o.key = $1");
+        // One statement, one snapshot: the ended attempts, then the last claim (a row for
+        // every held key, with a NULL outcome unless it is in flight or delivered).
+        let attempts = format!(
+            "SELECT 0 AS part, h.token, h.number, h.owner, h.claimed_at, h.lease_until, h.ended_at, h.outcome,
+                    h.error, h.retry_at
+               FROM {s}.outbox_attempts h WHERE h.key = $1
+             UNION ALL
+             SELECT 1, o.token, o.attempts,
+                    CASE WHEN o.status = 1 THEN o.owner ELSE o.claim_owner END,
+                    CASE WHEN o.status = 1 THEN o.updated_at ELSE o.claimed_at END,
+                    CASE WHEN o.status = 1 THEN o.lease_until ELSE o.claim_until END,
+                    CASE WHEN o.status = 2 THEN o.delivered_at END,
+                    CASE o.status WHEN 1 THEN {in_flight}::bigint WHEN 2 THEN {delivered}::bigint END,
+                    NULL::text, NULL::bigint
+               FROM {s}.outbox o WHERE o.key = $1
+              ORDER BY 1, 2",
+            in_flight = AttemptOutcome::InFlight.code().0,
+            delivered = AttemptOutcome::Delivered.code().0,
+        );
         let by_key_for_update = format!("{by_key} FOR UPDATE");
         let rearm = format!(
             "UPDATE {s}.outbox o SET {set} WHERE o.seq = $1 RETURNING {cols}",
@@ -347,14 +383,14 @@ impl Statements {
              SELECT pg_notify($1, ''), (SELECT count(*) FROM d)"
         );
         Statements {
-            prune_final: crate::prune::statement(s, true),
-            prune_delivered: crate::prune::statement(s, false),
+            attempts,
+            purge: [PurgeFilter::Final, PurgeFilter::Delivered, PurgeFilter::Cancelled]
+                .map(|filter| crate::prune::statement(s, filter)),
             unprune_and_notify,
             reclaim,
             record,
             renew,
             hold_claimed,
-            purge,
             by_key,
             by_key_for_update,
             rearm,
@@ -589,16 +625,56 @@ impl PostgresOutbox {
 
     /// The prune's batch statement.
     pub(crate) fn prune_sql(&self, cancelled: bool) -> &str {
-        if cancelled {
-            &self.inner.sql.prune_final
+        self.purge_sql(if cancelled {
+            PurgeFilter::Final
         } else {
-            &self.inner.sql.prune_delivered
-        }
+            PurgeFilter::Delivered
+        })
+    }
+
+    /// The batch statement purging the final rows `filter` admits.
+    fn purge_sql(&self, filter: PurgeFilter) -> &str {
+        &self.inner.sql.purge[match filter {
+            PurgeFilter::Delivered => 1,
+            PurgeFilter::Cancelled => 2,
+            _ => 0,
+        }]
     }
 
     fn err(&self) -> impl Fn(tokio_postgres::Error) -> StoreError + '_ {
         move |e| store_error(&self.inner.name, e)
     }
+}
+
+/// One row of the attempts statement: `None` for the last claim of a row that is neither in
+/// flight nor delivered (or claimed before the history was kept), and for an unknown outcome.
+fn attempt_of(row: &tokio_postgres::Row) -> Result<Option<Attempt>, tokio_postgres::Error> {
+    let (Some(outcome), Some(owner), Some(claimed_at), Some(lease_until)) = (
+        row.try_get::<_, Option<i64>>(7)?,
+        row.try_get::<_, Option<String>>(3)?,
+        row.try_get::<_, Option<i64>>(4)?,
+        row.try_get::<_, Option<i64>>(5)?,
+    ) else {
+        return Ok(None);
+    };
+    let retry_at = row.try_get::<_, Option<i64>>(9)?.map(row::time);
+    let Some(outcome) = u8::try_from(outcome)
+        .ok()
+        .and_then(|code| AttemptOutcome::from_code(code, row.try_get(8).ok().flatten(), retry_at))
+    else {
+        tracing::warn!(code = outcome, "an attempt of unknown outcome in the history; skipped");
+        return Ok(None);
+    };
+    let count = |n: i64| u32::try_from(n.max(0)).unwrap_or(u32::MAX);
+    Ok(Some(Attempt {
+        token: FenceToken(u64::try_from(row.try_get::<_, i64>(1)?).unwrap_or(0)),
+        number: count(row.try_get(2)?),
+        owner: Arc::from(owner),
+        claimed_at: row::time(claimed_at),
+        lease_until: row::time(lease_until),
+        ended_at: row.try_get::<_, Option<i64>>(6)?.map(row::time),
+        outcome,
+    }))
 }
 
 type SqlParams<'a> = &'a [&'a (dyn ToSql + Sync)];
@@ -724,6 +800,10 @@ impl Inner {
                 ("attempts", "o.attempts + 1"),
                 ("next_attempt_at", "NULL::bigint"),
                 ("updated_at", &format!("{now}::bigint")),
+                // The last claim, kept after the attempt ends (not digested).
+                ("claim_owner", &format!("{owner}::text")),
+                ("claimed_at", &format!("{now}::bigint")),
+                ("claim_until", &format!("{until}::bigint")),
             ],
         );
         let hold = hold_set(s, "o", &format!("{now}::bigint"));
@@ -1123,11 +1203,11 @@ impl OutboxStore for PostgresOutbox {
         })
     }
 
-    fn purge(&self, before: SystemTime, limit: usize) -> BoxFuture<'_, Result<u64, StoreError>> {
+    fn purge(&self, filter: PurgeFilter, before: SystemTime, limit: usize) -> BoxFuture<'_, Result<u64, StoreError>> {
         Box::pin(async move {
             let client = self.client().await?;
             let err = self.err();
-            let stmt = client.prepare_cached(&self.inner.sql.purge).await.map_err(&err)?;
+            let stmt = client.prepare_cached(self.purge_sql(filter)).await.map_err(&err)?;
             let (before, limit, now) = (
                 ms(before),
                 i64::try_from(limit).unwrap_or(i64::MAX),
@@ -1139,6 +1219,24 @@ impl OutboxStore for PostgresOutbox {
                 .map_err(&err)?
                 .get(0);
             Ok(u64::try_from(purged).unwrap_or(0))
+        })
+    }
+
+    fn attempts<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Vec<Attempt>>, StoreError>> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            let err = self.err();
+            let stmt = client.prepare_cached(&self.inner.sql.attempts).await.map_err(&err)?;
+            let rows = client.query(&stmt, &[&key]).await.map_err(&err)?;
+            if rows.is_empty() {
+                return Ok(None);
+            }
+            let mut attempts = Vec::with_capacity(rows.len());
+            for row in &rows {
+                let attempt = attempt_of(row).map_err(&err)?;
+                attempts.extend(attempt);
+            }
+            Ok(Some(attempts))
         })
     }
 

@@ -19,7 +19,7 @@
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 
-use reactifact_core::StoreError;
+use reactifact_core::{PurgeFilter, StoreError};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::outbox::PostgresOutbox;
@@ -125,19 +125,22 @@ pub struct PruneSummary {
 /// would overflow the clock.
 const MAX_INTERVAL: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
-/// The batch statement: `$1` the cut-off (ms), `$2` the batch size, `$3` the tombstones'
-/// time (ms).
-pub(crate) fn statement(s: &str, cancelled: bool) -> String {
+/// The batch statement of a purge or a prune of the final rows `filter` admits: `$1` the
+/// cut-off (ms), `$2` the batch size, `$3` the tombstones' time (ms). The rows' attempt
+/// histories and attachments go with them.
+pub(crate) fn statement(s: &str, filter: PurgeFilter) -> String {
     // The literal list lets the planner prove the partial index's predicate.
-    let statuses = if cancelled { "(2, 6)" } else { "(2)" };
+    let statuses = filter.codes().iter().map(u8::to_string).collect::<Vec<_>>().join(", ");
     format!(
         "WITH old AS MATERIALIZED (
-             SELECT o.seq, o.key FROM {s}.outbox o WHERE o.status IN {statuses} AND o.updated_at < $1
+             SELECT o.seq, o.key FROM {s}.outbox o WHERE o.status IN ({statuses}) AND o.updated_at < $1
               ORDER BY o.updated_at, o.seq LIMIT $2 FOR UPDATE SKIP LOCKED
          ), t AS (
              INSERT INTO {s}.outbox_purged (key, purged_at) SELECT key, $3 FROM old ON CONFLICT (key) DO NOTHING
          ), m AS (
              DELETE FROM {s}.outbox_members WHERE key IN (SELECT key FROM old)
+         ), a AS (
+             DELETE FROM {s}.outbox_attempts WHERE key IN (SELECT key FROM old)
          ), d AS (
              DELETE FROM {s}.outbox WHERE seq IN (SELECT seq FROM old) RETURNING 1
          )

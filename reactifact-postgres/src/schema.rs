@@ -20,7 +20,7 @@ use tokio_postgres::Client;
 use crate::connect::{store_error, OpenError};
 
 /// The schema version this build writes and reads.
-pub(crate) const SCHEMA_VERSION: i32 = 2;
+pub(crate) const SCHEMA_VERSION: i32 = 3;
 
 /// The first key of the advisory lock migrations take (the second is the schema's hash):
 /// `0x52_46_50_47`, "RFPG".
@@ -153,8 +153,30 @@ CREATE TABLE {s}.checkpoints (
 );
 "#;
 
+/// Version 3: the attempt history. `outbox_attempts` holds one row per attempt that ended
+/// other than delivered; three columns of `outbox` keep the last claim after it ended (a
+/// delivered attempt is read from them). None of it is digested: the history is diagnostic,
+/// and no transition reads it.
+const V3: &str = r#"
+ALTER TABLE {s}.outbox ADD COLUMN claim_owner text, ADD COLUMN claimed_at bigint, ADD COLUMN claim_until bigint;
+CREATE TABLE {s}.outbox_attempts (
+    key text NOT NULL,
+    token bigint NOT NULL,
+    number bigint NOT NULL,
+    owner text NOT NULL,
+    claimed_at bigint NOT NULL,
+    lease_until bigint NOT NULL,
+    ended_at bigint NOT NULL,
+    outcome bigint NOT NULL,
+    error text,
+    retry_at bigint,
+    PRIMARY KEY (key, token)
+);
+"#;
+
 /// The migrations, in order: `MIGRATIONS[v - 1]` takes the schema from version `v - 1` to `v`.
-const MIGRATIONS: [(&str, &str); SCHEMA_VERSION as usize] = [("the outbox", V1), ("sessions' logs", V2)];
+const MIGRATIONS: [(&str, &str); SCHEMA_VERSION as usize] =
+    [("the outbox", V1), ("sessions' logs", V2), ("the attempt history", V3)];
 
 /// `"schema"`: the schema's name as an identifier (a name [`valid_schema`] accepts needs no
 /// escaping inside the quotes).

@@ -611,7 +611,9 @@ fn end_attempt(tx: &Connection, row: &Row, at: i64, outcome: &AttemptOutcome) ->
 /// The attempt history of `key` ([`OutboxStore::attempts`]): the ended attempts of
 /// `outbox_attempts`, then the last claim if it is in flight or was delivered. A file of a
 /// version without the history (read as it is) shows only an attempt in flight.
-fn attempts(conn: &Connection, key: &str) -> rusqlite::Result<Option<Vec<Attempt>>> {
+fn attempts(conn: &mut Connection, key: &str) -> rusqlite::Result<Option<Vec<Attempt>>> {
+    // One read transaction, one snapshot of the history and the row.
+    let conn = conn.transaction()?;
     let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     let history = schema::has_attempts(version);
     let last = if history {
@@ -720,6 +722,7 @@ fn attempts(conn: &Connection, key: &str) -> rusqlite::Result<Option<Vec<Attempt
             outcome,
         });
     }
+    conn.finish()?;
     Ok(Some(attempts))
 }
 
