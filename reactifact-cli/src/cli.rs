@@ -138,7 +138,8 @@ pub enum OutboxCommand {
         #[arg(long, value_name = "CURSOR")]
         after: Option<u64>,
     },
-    /// One entry: its delivery state, last attempt, lease, payload and provenance.
+    /// One entry: its delivery state, every attempt (with its lease and error), payload and
+    /// provenance.
     Show {
         /// The intent's idempotency key.
         key: String,
@@ -159,13 +160,17 @@ pub enum OutboxCommand {
         #[arg(long, default_value = "cancelled with the reactifact CLI")]
         reason: String,
     },
-    /// Delete final entries (delivered, and cancelled: the store's purge takes both) last
-    /// changed longer ago than a duration (the store's `purge`). Their keys are remembered:
-    /// never registered again.
+    /// Delete final entries (delivered, cancelled, or both) last changed longer ago than a
+    /// duration, with their attempt histories (the store's `purge`). Their keys are
+    /// remembered: never registered again.
+    #[command(group = clap::ArgGroup::new("which").required(true).multiple(true).args(["delivered", "cancelled"]))]
     Purge {
-        /// Required: confirms that final entries (delivered and cancelled) are deleted.
-        #[arg(long, required = true)]
+        /// Delete delivered entries.
+        #[arg(long)]
         delivered: bool,
+        /// Delete cancelled entries.
+        #[arg(long)]
+        cancelled: bool,
         /// Only entries last changed longer ago than this, e.g. `30d`, `12h`, `1h 30m`.
         #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
         older_than: std::time::Duration,

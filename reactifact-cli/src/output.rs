@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::time::{Duration, SystemTime};
 
-use reactifact_core::{Delivery, DeliveryStatus};
+use reactifact_core::{Attempt, AttemptOutcome, Delivery, DeliveryStatus};
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -143,6 +143,33 @@ pub fn cut(text: &str, max: usize) -> String {
         out.push('…');
         out
     }
+}
+
+/// An outcome of an attempt as the command line and the JSON documents spell it
+/// (`in-flight`, `delivered`, `failed`, `dead`, `held`, `interrupted`, `expired`).
+pub fn attempt_outcome(outcome: &AttemptOutcome) -> &'static str {
+    match outcome {
+        AttemptOutcome::InFlight => "in-flight",
+        other => other.name(),
+    }
+}
+
+/// One attempt of the history, as `outbox show --json` prints it.
+pub fn attempt_json(a: &Attempt) -> Value {
+    json!({
+        "token": a.token.0,
+        "number": a.number,
+        "owner": &*a.owner,
+        "claimed_at": time(a.claimed_at),
+        "lease_expires_at": time(a.lease_expires_at),
+        "ended_at": json_time(a.ended_at),
+        "outcome": attempt_outcome(&a.outcome),
+        "error": a.outcome.error(),
+        "retry_at": json_time(match &a.outcome {
+            AttemptOutcome::Failed { retry_at, .. } => *retry_at,
+            _ => None,
+        }),
+    })
 }
 
 /// A ledger entry as JSON: the schema of `outbox list` entries, `outbox show`, and the entries

@@ -7,7 +7,7 @@ mod support;
 
 use binary::{reactifact, reactifact_env, store};
 use reactifact_core::{Context, OpenOptions};
-use serde_json::json;
+use serde_json::{json, Value};
 
 fn open(path: &std::path::Path, session: &str) -> Context {
     Context::open_with(path, session, OpenOptions::new().read_only(true)).unwrap()
@@ -343,8 +343,46 @@ fn outbox_show_gives_the_entry_its_lease_payload_and_provenance() {
         (Some(1), Some(0))
     );
 
+    // Every attempt: order 7's found no route (held), then the drain that died holds it.
+    let history = doc["attempt_history"].as_array().expect("a history");
+    assert_eq!(history.len(), 2, "{history:?}");
+    assert_eq!(history[0]["outcome"], "held");
+    assert_eq!(history[0]["error"], "no route for kind `later`");
+    assert_eq!(history[0]["token"], 1);
+    assert!(history[0]["ended_at"].is_string());
+    assert_eq!(history[1]["outcome"], "in-flight");
+    assert_eq!(history[1]["owner"], "a drain that died");
+    assert_eq!(history[1]["token"], doc["token"]);
+    assert_eq!(history[1]["lease_expires_at"], doc["lease"]["expires_at"]);
+    assert_eq!(history[1]["ended_at"], Value::Null);
+    assert_eq!(dead["attempt_history"].as_array().map(Vec::len), Some(1));
+    assert_eq!(dead["attempt_history"][0]["outcome"], "dead");
+    assert_eq!(
+        dead["attempt_history"][0]["error"],
+        "the sms gateway refused the number"
+    );
+    let delivered = store.json(&["outbox", "show", support::DELIVERED]);
+    let history = delivered["attempt_history"].as_array().expect("a history");
+    assert_eq!(history.len(), 1, "{history:?}");
+    assert_eq!(history[0]["outcome"], "delivered");
+    assert_eq!(history[0]["ended_at"], delivered["delivered_at"]);
+    assert_eq!(history[0]["number"], 1);
+    // Order 6's claim was released: not an attempt.
+    let pending = store.json(&["outbox", "show", support::PENDING]);
+    assert_eq!(
+        pending["attempt_history"].as_array().map(Vec::len),
+        Some(1),
+        "only the held one"
+    );
+
     let text = store.run(&["outbox", "show", support::FAILED]).ok().stdout;
     assert!(text.contains("status        failed"), "{text}");
+    assert!(text.contains("OUTCOME"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("1  ") && l.contains("failed") && l.contains("the push service answered 503")),
+        "{text}"
+    );
     assert!(text.contains("last error    the push service answered 503"), "{text}");
     assert!(
         text.contains("recorded by   billing/process_order, triggered by order:4 v1"),

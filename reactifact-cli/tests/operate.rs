@@ -9,6 +9,7 @@ use std::time::SystemTime;
 
 use binary::store;
 use reactifact_core::{DeliveryStatus, OutboxStore, SqliteOutbox};
+use serde_json::json;
 
 /// The ledger entry of `key`, read with the library.
 fn entry(path: &std::path::Path, key: &str) -> Option<reactifact_core::Delivery> {
@@ -136,17 +137,20 @@ fn purge_deletes_final_entries_older_than_the_duration_and_remembers_their_keys(
     assert_eq!(doc["purged"], 0);
     assert_eq!(status(&store.path, support::DELIVERED), Some(DeliveryStatus::Delivered));
 
+    // Delivered only: the cancelled one stays.
     let run = store
         .run(&["outbox", "purge", "--delivered", "--older-than", "0s"])
         .ok();
-    assert!(
-        run.stdout
-            .starts_with("purged  4 final entries (delivered or cancelled)"),
-        "{run:?}"
-    );
-    for key in [support::DELIVERED, support::DELIVERED_2, support::BRANCH, support::HELD] {
+    assert!(run.stdout.starts_with("purged  3 final entries (delivered)"), "{run:?}");
+    for key in [support::DELIVERED, support::DELIVERED_2, support::BRANCH] {
         assert_eq!(status(&store.path, key), None, "{key} purged");
     }
+    assert_eq!(status(&store.path, support::HELD), Some(DeliveryStatus::Cancelled));
+    // Then the cancelled one, with both flags.
+    let doc = store.json(&["outbox", "purge", "--cancelled", "--delivered", "--older-than", "0s"]);
+    assert_eq!(doc["purged"], 1);
+    assert_eq!(doc["statuses"], json!(["delivered", "cancelled"]));
+    assert_eq!(status(&store.path, support::HELD), None, "the cancelled one purged");
     for key in [support::DEAD, support::FAILED, support::PENDING, support::IN_FLIGHT] {
         assert!(status(&store.path, key).is_some(), "{key} kept");
     }
@@ -164,6 +168,7 @@ fn purge_deletes_final_entries_older_than_the_duration_and_remembers_their_keys(
     store
         .run(&["outbox", "purge", "--older-than", "1d"])
         .fails(2, "--delivered");
+    store.run(&["outbox", "purge", "--cancelled"]).fails(2, "--older-than");
     store.run(&["outbox", "purge", "--delivered"]).fails(2, "--older-than");
 }
 

@@ -394,7 +394,14 @@ fn retry_cancel_and_purge_go_through_the_store_s_operations() {
         0
     );
     let purged = pg.json(&["outbox", "purge", "--delivered", "--older-than", "0s"]);
-    assert_eq!(purged["purged"], 4, "three delivered and one cancelled: {purged}");
+    assert_eq!(purged["purged"], 3, "three delivered: {purged}");
+    assert_eq!(
+        pg.status(support::FAILED),
+        Some(DeliveryStatus::Cancelled),
+        "cancelled: kept"
+    );
+    let purged = pg.json(&["outbox", "purge", "--cancelled", "--older-than", "0s"]);
+    assert_eq!(purged["purged"], 1, "one cancelled: {purged}");
     for key in [
         support::DELIVERED,
         support::DELIVERED_2,
@@ -449,7 +456,7 @@ fn a_missing_or_older_store_is_an_error_and_never_created_or_migrated() {
     .unwrap();
     older.run(&["outbox", "stats"]).fails(
         2,
-        "has schema version 1, older than the 2 this reactifact uses; open it once with the application",
+        "has schema version 1, older than the 3 this reactifact uses; open it once with the application",
     );
     let version = query_text(
         &url,

@@ -671,7 +671,7 @@ fn attempt_of(row: &tokio_postgres::Row) -> Result<Option<Attempt>, tokio_postgr
         number: count(row.try_get(2)?),
         owner: Arc::from(owner),
         claimed_at: row::time(claimed_at),
-        lease_until: row::time(lease_until),
+        lease_expires_at: row::time(lease_until),
         ended_at: row.try_get::<_, Option<i64>>(6)?.map(row::time),
         outcome,
     }))

@@ -5,14 +5,18 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
-use reactifact_core::{CancelError, Delivery, DeliveryStatus, LedgerQuery, RetryError, Scope};
+use reactifact_core::{
+    AttemptOutcome, CancelError, Delivery, DeliveryStatus, LedgerQuery, PurgeFilter, RetryError, Scope,
+};
 use serde_json::{json, Value};
 
 use super::Env;
 use crate::cli::{OutboxCommand, RetryArgs, StatusArg};
 use crate::failure::{Failure, Outcome};
 use crate::json_value;
-use crate::output::{age, cut, delivery_json, print_fields, print_json, status, time, time_or_dash, Table};
+use crate::output::{
+    age, attempt_json, attempt_outcome, cut, delivery_json, print_fields, print_json, status, time, time_or_dash, Table,
+};
 
 /// How many final entries one purge operation deletes (it runs until none is left).
 const PURGE_BATCH: usize = 1000;
@@ -31,7 +35,11 @@ pub fn outbox(env: &Env, command: OutboxCommand) -> Outcome {
         OutboxCommand::Stats { session } => stats(env, session),
         OutboxCommand::Retry(args) => retry(env, args),
         OutboxCommand::Cancel { key, reason } => cancel(env, &key, &reason),
-        OutboxCommand::Purge { older_than, .. } => purge(env, older_than),
+        OutboxCommand::Purge {
+            delivered,
+            cancelled,
+            older_than,
+        } => purge(env, purge_filter(delivered, cancelled), older_than),
     }
 }
 
@@ -103,6 +111,12 @@ fn show(env: &Env, key: &str) -> Outcome {
         .wait(outbox.get(key))
         .map_err(Failure::store)?
         .ok_or_else(|| unknown_key(env, key))?;
+    // Read after the entry: an attempt that ended in between shows in the history, and the
+    // entry above may still show it in flight.
+    let attempts = env
+        .wait(outbox.attempts(key))
+        .map_err(Failure::store)?
+        .unwrap_or_default();
     let payload = delivery.intent().payload_bytes();
     // The run that recorded it, from the log of the session that did.
     let origin = delivery.origin();
@@ -121,6 +135,7 @@ fn show(env: &Env, key: &str) -> Outcome {
         let mut entry = delivery_json(&delivery);
         entry["payload"] = json_value::decode(payload).unwrap_or(Value::Null);
         entry["run"] = run.unwrap_or(Value::Null);
+        entry["attempt_history"] = attempts.iter().map(attempt_json).collect();
         print_json(&entry);
         return Ok(());
     }
@@ -188,6 +203,41 @@ fn show(env: &Env, key: &str) -> Outcome {
     ));
     fields.push(("payload", json_value::pretty(payload)));
     print_fields(&fields);
+    outln!();
+    if attempts.is_empty() {
+        outln!("no attempt yet");
+        return Ok(());
+    }
+    let mut table = Table::new(&[
+        "#",
+        "TOKEN",
+        "OUTCOME",
+        "OWNER",
+        "CLAIMED",
+        "LEASE UNTIL",
+        "ENDED",
+        "ERROR",
+    ]);
+    for a in &attempts {
+        let error = match &a.outcome {
+            AttemptOutcome::Failed {
+                error,
+                retry_at: Some(at),
+            } => format!("{error} (retry at {})", time(*at)),
+            other => other.error().unwrap_or("-").to_owned(),
+        };
+        table.row(vec![
+            a.number.to_string(),
+            a.token.0.to_string(),
+            attempt_outcome(&a.outcome).to_owned(),
+            a.owner.to_string(),
+            time(a.claimed_at),
+            time(a.lease_expires_at),
+            time_or_dash(a.ended_at),
+            cut(&error, 60),
+        ]);
+    }
+    table.print();
     Ok(())
 }
 
@@ -367,23 +417,45 @@ fn report_changed(env: &Env, what: &str, entries: &[Delivery], skipped: &[(Strin
     Ok(())
 }
 
-fn purge(env: &Env, older_than: Duration) -> Outcome {
+/// What `--delivered` and `--cancelled` ask to purge (clap requires at least one).
+fn purge_filter(delivered: bool, cancelled: bool) -> PurgeFilter {
+    match (delivered, cancelled) {
+        (true, false) => PurgeFilter::Delivered,
+        (false, true) => PurgeFilter::Cancelled,
+        _ => PurgeFilter::Final,
+    }
+}
+
+fn purge(env: &Env, filter: PurgeFilter, older_than: Duration) -> Outcome {
     let now = SystemTime::now();
     let before = now.checked_sub(older_than).unwrap_or(SystemTime::UNIX_EPOCH);
     let outbox = env.store.outbox()?;
     let mut purged = 0u64;
     loop {
-        let n = env.wait(outbox.purge(before, PURGE_BATCH)).map_err(Failure::store)?;
+        let n = env
+            .wait(outbox.purge(filter, before, PURGE_BATCH))
+            .map_err(Failure::store)?;
         purged += n;
         if n < PURGE_BATCH as u64 {
             break;
         }
     }
+    let which = match filter {
+        PurgeFilter::Delivered => "delivered",
+        PurgeFilter::Cancelled => "cancelled",
+        _ => "delivered or cancelled",
+    };
     if env.json {
-        print_json(&json!({"purged": purged, "before": time(before)}));
+        print_json(
+            &json!({"purged": purged, "before": time(before), "statuses": match filter {
+                PurgeFilter::Delivered => vec!["delivered"],
+                PurgeFilter::Cancelled => vec!["cancelled"],
+                _ => vec!["delivered", "cancelled"],
+            }}),
+        );
     } else {
         print_fields(&[
-            ("purged", format!("{purged} final entries (delivered or cancelled)")),
+            ("purged", format!("{purged} final entries ({which})")),
             (
                 "before",
                 format!(

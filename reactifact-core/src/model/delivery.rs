@@ -453,7 +453,7 @@ pub struct Attempt {
     /// When the claim was made.
     pub claimed_at: SystemTime,
     /// When its lease expired or would have, as last renewed.
-    pub lease_until: SystemTime,
+    pub lease_expires_at: SystemTime,
     /// When the outcome was recorded (or the expired lease reclaimed); `None` while in flight.
     pub ended_at: Option<SystemTime>,
     /// How it ended.

@@ -974,7 +974,7 @@ pub async fn attempt_history(h: &dyn ContractHarness) {
             number,
             owner: Arc::from(owner),
             claimed_at: at(claimed),
-            lease_until: at(until),
+            lease_expires_at: at(until),
             ended_at: ended.map(at),
             outcome,
         };

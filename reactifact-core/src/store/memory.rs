@@ -380,7 +380,7 @@ fn in_flight(e: &Entry) -> Option<Attempt> {
         number: e.delivery.attempts,
         owner: lease.owner.clone(),
         claimed_at: from_unix_millis(*claimed),
-        lease_until: lease.expires_at,
+        lease_expires_at: lease.expires_at,
         ended_at: None,
         outcome: AttemptOutcome::InFlight,
     })

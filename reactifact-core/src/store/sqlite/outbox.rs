@@ -696,7 +696,7 @@ fn attempts(conn: &mut Connection, key: &str) -> rusqlite::Result<Option<Vec<Att
                 number: count(r.get(1)?),
                 owner: Arc::from(r.get::<_, String>(2)?),
                 claimed_at: row::time(r.get(3)?),
-                lease_until: row::time(r.get(4)?),
+                lease_expires_at: row::time(r.get(4)?),
                 ended_at: Some(row::time(r.get(5)?)),
                 outcome,
             });
@@ -717,7 +717,7 @@ fn attempts(conn: &mut Connection, key: &str) -> rusqlite::Result<Option<Vec<Att
             number: count(number),
             owner: Arc::from(owner),
             claimed_at: row::time(claimed_at),
-            lease_until: row::time(lease_until),
+            lease_expires_at: row::time(lease_until),
             ended_at,
             outcome,
         });
