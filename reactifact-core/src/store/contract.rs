@@ -1211,9 +1211,50 @@ struct Model {
     cancel: Option<String>,
     due: Option<u64>,
     purged: bool,
+    /// The last claim (owner, claimed at, lease until as last renewed), kept after it ended.
+    claim: Option<(String, u64, u64)>,
+    /// The attempts that ended other than delivered.
+    history: Vec<Attempt>,
 }
 
 impl Model {
+    /// Ends the attempt in flight at `now` with `outcome`, in the history.
+    fn end_attempt(&mut self, now: u64, outcome: AttemptOutcome) {
+        let (owner, claimed, until) = self.claim.clone().expect("a claim in flight");
+        self.history.push(Attempt {
+            token: FenceToken(self.token),
+            number: self.attempts,
+            owner: Arc::from(owner),
+            claimed_at: at(claimed),
+            lease_expires_at: at(until),
+            ended_at: Some(at(now)),
+            outcome,
+        });
+    }
+
+    /// What `attempts` returns: the history, then the last claim if it is in flight or was
+    /// delivered.
+    fn attempts(&self) -> Vec<Attempt> {
+        let mut attempts = self.history.clone();
+        let last = match self.status {
+            DeliveryStatus::InFlight => Some((None, AttemptOutcome::InFlight)),
+            DeliveryStatus::Delivered => Some((self.delivered.map(at), AttemptOutcome::Delivered)),
+            _ => None,
+        };
+        if let (Some((ended_at, outcome)), Some((owner, claimed, until))) = (last, &self.claim) {
+            attempts.push(Attempt {
+                token: FenceToken(self.token),
+                number: self.attempts,
+                owner: Arc::from(owner.as_str()),
+                claimed_at: at(*claimed),
+                lease_expires_at: at(*until),
+                ended_at,
+                outcome,
+            });
+        }
+        attempts
+    }
+
     fn in_scope(&self, scope: &Scope) -> bool {
         let sessions = std::iter::once(self.owner.as_str()).chain(self.members.iter().map(String::as_str));
         scope.admits(&self.kind, sessions)
@@ -1349,6 +1390,8 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                             cancel: None,
                             due: Some(now),
                             purged: false,
+                            claim: None,
+                            history: Vec::new(),
                         }),
                     }
                 }
@@ -1362,6 +1405,7 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                 let mut reclaimed = 0;
                 for m in model.iter_mut().filter(|m| !m.purged) {
                     if m.status == DeliveryStatus::InFlight && m.lease.as_ref().is_some_and(|l| l.1 <= now) {
+                        m.end_attempt(now, AttemptOutcome::Expired);
                         let (old, _) = m.lease.take().expect("in flight");
                         m.expired += 1;
                         m.reclaimed_from = Some(old);
@@ -1390,6 +1434,7 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                     m.token += 1;
                     m.next = None;
                     m.lease = Some((owner.to_owned(), now + lease));
+                    m.claim = Some((owner.to_owned(), now, now + lease));
                     m.set(DeliveryStatus::InFlight, now);
                 }
                 for d in &got.claims {
@@ -1423,6 +1468,9 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                 let got = record(&*o, key, FenceToken(token), outcome.clone(), at(now)).await;
                 let expected = match model.iter_mut().find(|m| m.key == key && !m.purged) {
                     Some(m) if m.status == DeliveryStatus::InFlight && m.token == token => {
+                        if let Some(ended) = outcome.ended() {
+                            m.end_attempt(now, ended);
+                        }
                         m.lease = None;
                         let status = match outcome {
                             Outcome::Delivered => {
@@ -1493,6 +1541,7 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                 let expected = match model.iter_mut().find(|m| m.key == key && !m.purged) {
                     Some(m) if m.status == DeliveryStatus::InFlight && m.token == token => {
                         m.lease.as_mut().expect("in flight").1 = until;
+                        m.claim.as_mut().expect("in flight").2 = until;
                         true
                     }
                     _ => false,
@@ -1589,7 +1638,13 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
         // Compare the whole state.
         for key in &key_names {
             let got = o.get(key).await.expect("get");
-            match (got, model.iter().find(|m| &m.key == key && !m.purged)) {
+            let m = model.iter().find(|m| &m.key == key && !m.purged);
+            assert_eq!(
+                o.attempts(key).await.expect("attempts"),
+                m.map(Model::attempts),
+                "differential step {step}: attempts of {key}"
+            );
+            match (got, m) {
                 (Some(d), Some(m)) => check_entry(&d, m, step),
                 (None, None) => {}
                 (got, m) => panic!("differential step {step}: get {key}: store {got:?}, model {m:?}"),
