@@ -59,6 +59,9 @@ impl Failure {
             e @ E::BadSchema { .. } => {
                 Failure::input(format!("{e}; name it with ?schema=NAME in the URL or with --schema"))
             }
+            e @ (E::NoStore { .. } | E::OlderSchema { .. }) => Failure::input(format!(
+                "{e}; the CLI never creates or migrates a store: open it once with the application (`PostgresStore::open`)"
+            )),
             e => Failure::input(e.to_string()),
         }
     }

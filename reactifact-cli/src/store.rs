@@ -214,6 +214,9 @@ impl Store {
                         .schema(schema.clone())
                         .pool_size(2)
                         .log_connections(1)
+                        // Refused under the migration lock, even if the schema changes
+                        // after the probe: the CLI never creates or migrates a store.
+                        .migrate(false)
                 };
                 let opened = if writes { url.clone() } else { read_only_url(&url) };
                 let (store, shown) = runtime.block_on(open_postgres(options(url), options(opened)))?;

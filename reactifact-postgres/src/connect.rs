@@ -25,6 +25,7 @@ pub struct PostgresOptions {
     pool_size: usize,
     log_connections: usize,
     connect_timeout: Duration,
+    migrate: bool,
 }
 
 impl std::fmt::Debug for PostgresOptions {
@@ -35,6 +36,7 @@ impl std::fmt::Debug for PostgresOptions {
             .field("pool_size", &self.pool_size)
             .field("log_connections", &self.log_connections)
             .field("connect_timeout", &self.connect_timeout)
+            .field("migrate", &self.migrate)
             .finish()
     }
 }
@@ -49,6 +51,7 @@ impl PostgresOptions {
             pool_size: DEFAULT_POOL_SIZE,
             log_connections: crate::log::DEFAULT_LOG_CONNECTIONS,
             connect_timeout: Duration::from_secs(10),
+            migrate: true,
         }
     }
 
@@ -80,6 +83,20 @@ impl PostgresOptions {
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
+    }
+
+    /// Whether opening may create the schema or upgrade it to this build's version (the
+    /// default). With `false`, opening a schema that holds no store is refused with
+    /// [`OpenError::NoStore`] and one of an older version with [`OpenError::OlderSchema`],
+    /// decided under the migration lock, so that a tool that must never change a store (an
+    /// operator's, such as the `reactifact` CLI) cannot create one in a race with a `DROP`.
+    pub fn migrate(mut self, migrate: bool) -> Self {
+        self.migrate = migrate;
+        self
+    }
+
+    pub(crate) fn may_migrate(&self) -> bool {
+        self.migrate
     }
 
     pub(crate) fn schema_name(&self) -> &str {
@@ -158,6 +175,30 @@ pub enum OpenError {
         /// The version found.
         found: i32,
         /// The newest version this build knows.
+        supported: i32,
+    },
+    /// The schema holds no store, and the options do not let opening create one
+    /// ([`PostgresOptions::migrate`]).
+    #[error("schema `{schema}` of {store} holds no reactifact store, and the options do not let opening create one")]
+    #[non_exhaustive]
+    NoStore {
+        /// The store, as it describes itself.
+        store: String,
+        /// The schema.
+        schema: String,
+    },
+    /// The schema is at an older version than this build's, and the options do not let
+    /// opening upgrade it ([`PostgresOptions::migrate`]).
+    #[error("schema `{schema}` of {store} is at version {found}, older than the {supported} this build uses, and the options do not let opening upgrade it")]
+    #[non_exhaustive]
+    OlderSchema {
+        /// The store, as it describes itself.
+        store: String,
+        /// The schema.
+        schema: String,
+        /// The version found.
+        found: i32,
+        /// The version this build uses.
         supported: i32,
     },
     /// The server reported an error while the store was being prepared.

@@ -432,7 +432,7 @@ impl PostgresOutbox {
             PoolError::Backend(e) => target.connect_error(DriverError::boxed(e)),
             other => target.connect_error(other.to_string()),
         })?;
-        schema::migrate(&mut client, &schema, &name).await?;
+        schema::migrate(&mut client, &schema, &name, options.may_migrate()).await?;
         drop(client);
         let s = quoted(&schema);
         Ok(Arc::new(PostgresOutbox {

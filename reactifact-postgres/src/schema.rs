@@ -187,7 +187,14 @@ pub(crate) fn quoted(schema: &str) -> String {
 }
 
 /// Creates or upgrades the store's schema to [`SCHEMA_VERSION`], under the advisory lock.
-pub(crate) async fn migrate(client: &mut Client, schema: &str, store: &str) -> Result<(), OpenError> {
+/// With `may_migrate` false, a missing store or an older version is refused instead, and
+/// nothing is written.
+pub(crate) async fn migrate(
+    client: &mut Client,
+    schema: &str,
+    store: &str,
+    may_migrate: bool,
+) -> Result<(), OpenError> {
     let err = |e| OpenError::Store(store_error(store, e));
     let s = quoted(schema);
     let tx = client.transaction().await.map_err(err)?;
@@ -246,6 +253,12 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str, store: &str) -> R
             }
             0
         }
+    } else if !may_migrate {
+        tx.rollback().await.map_err(err)?;
+        return Err(OpenError::NoStore {
+            store: store.to_owned(),
+            schema: schema.to_owned(),
+        });
     } else {
         tx.batch_execute(&format!("CREATE SCHEMA {s}")).await.map_err(err)?;
         0
@@ -263,6 +276,22 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str, store: &str) -> R
         // Nothing to change: the transaction only read.
         tx.rollback().await.map_err(err)?;
         return Ok(());
+    }
+    if !may_migrate {
+        tx.rollback().await.map_err(err)?;
+        return Err(if found == 0 {
+            OpenError::NoStore {
+                store: store.to_owned(),
+                schema: schema.to_owned(),
+            }
+        } else {
+            OpenError::OlderSchema {
+                store: store.to_owned(),
+                schema: schema.to_owned(),
+                found,
+                supported: SCHEMA_VERSION,
+            }
+        });
     }
     if found == 0 {
         tx.batch_execute(&format!(

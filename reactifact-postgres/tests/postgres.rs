@@ -74,6 +74,125 @@ async fn no_error_or_debug_output_names_the_password() {
     assert!(!format!("{options:?}").contains(PASSWORD), "{options:?}");
 }
 
+/// A schema-2 store (before the attempt history) upgrades in place: its rows keep their
+/// state, what was in flight shows in the history, and new attempts are kept; with
+/// `migrate(false)` it is refused and left alone, as is a schema that holds no store.
+#[tokio::test]
+async fn a_schema_2_store_upgrades_to_the_attempt_history_unless_told_not_to() {
+    let Some(url) = common::url("a_schema_2_store_upgrades_to_the_attempt_history_unless_told_not_to") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "upgrade");
+    let schema = schemas.name();
+    let options = || PostgresOptions::new(&url).schema(&schema).pool_size(2);
+    let o = PostgresOutbox::open(options()).await.unwrap();
+    o.register_alone(
+        &new_intents("a", 1, &[("done", "x"), ("flying", "x"), ("later", "x")]),
+        at(0),
+    )
+    .await
+    .unwrap();
+    let owner: Arc<str> = Arc::from("old drainer");
+    let claim = |limit: usize, now| {
+        let (o, owner) = (o.clone(), owner.clone());
+        async move {
+            o.claim(ClaimRequest {
+                scope: &Scope::all(),
+                limit,
+                owner: &owner,
+                lease: Duration::from_secs(60),
+                now,
+            })
+            .await
+            .unwrap()
+        }
+    };
+    claim(2, at(1)).await;
+    let recording = [Recording {
+        key: ActionKey::from("done"),
+        token: reactifact_core::FenceToken(1),
+        outcome: Outcome::Delivered,
+    }];
+    o.record(&recording, at(2)).await.unwrap();
+    drop(o);
+    // Back to schema 2, as that build left it.
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(&format!(
+            "ALTER TABLE \"{schema}\".outbox DROP COLUMN claim_owner, DROP COLUMN claimed_at, DROP COLUMN claim_until;
+             DROP TABLE \"{schema}\".outbox_attempts;
+             DELETE FROM \"{schema}\".schema_version WHERE version = 3"
+        ))
+        .await
+        .unwrap();
+
+    let refused = PostgresOutbox::open(options().migrate(false)).await.expect_err("older");
+    assert!(
+        matches!(
+            refused,
+            OpenError::OlderSchema {
+                found: 2,
+                supported: 3,
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+    let tables: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'outbox_attempts'",
+            &[&schema],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tables, 0, "a refused open changed nothing");
+    let missing = schemas.name();
+    let refused = PostgresOutbox::open(PostgresOptions::new(&url).schema(&missing).migrate(false))
+        .await
+        .expect_err("no store");
+    assert!(matches!(refused, OpenError::NoStore { .. }), "{refused:?}");
+    let created: bool = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
+            &[&missing],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!created, "a refused open created the schema");
+
+    // The upgrade: the delivered row's attempt predates the history; the one in flight shows.
+    let o = PostgresOutbox::open(options()).await.unwrap();
+    assert_eq!(
+        o.get("done").await.unwrap().unwrap().status(),
+        DeliveryStatus::Delivered
+    );
+    assert_eq!(o.attempts("done").await.unwrap(), Some(Vec::new()));
+    let flying = o.attempts("flying").await.unwrap().unwrap();
+    assert_eq!(flying.len(), 1);
+    assert_eq!(flying[0].outcome, reactifact_core::AttemptOutcome::InFlight);
+    assert_eq!(&*flying[0].owner, "old drainer");
+    assert_eq!(flying[0].claimed_at, at(1));
+    // Its lease expires; the next claim reclaims it and keeps both attempts.
+    let owner: Arc<str> = Arc::from("new drainer");
+    let taken = o
+        .claim(ClaimRequest {
+            scope: &Scope::all(),
+            limit: 2,
+            owner: &owner,
+            lease: Duration::from_secs(60),
+            now: at(61_000),
+        })
+        .await
+        .unwrap();
+    assert_eq!(taken.reclaimed, 1);
+    let history = o.attempts("flying").await.unwrap().unwrap();
+    let outcomes: Vec<_> = history.iter().map(|a| (a.outcome.name(), &*a.owner)).collect();
+    assert_eq!(outcomes, [("expired", "old drainer"), ("in flight", "new drainer")]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_first_opens_migrate_once() {
     let Some(url) = common::url("concurrent_first_opens_migrate_once") else {
@@ -106,7 +225,7 @@ async fn concurrent_first_opens_migrate_once() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, [1, 2], "one migration row per version");
+    assert_eq!(versions, [1, 2, 3], "one migration row per version");
     // And the store works from every one of them.
     outboxes[3]
         .register_alone(&new_intents("a", 1, &[("k1", "x")]), at(0))
@@ -138,7 +257,7 @@ async fn a_newer_or_foreign_schema_is_refused() {
     match PostgresOutbox::open(PostgresOptions::new(&url).schema(&newer)).await {
         Err(
             e @ OpenError::NewerSchema {
-                found: 7, supported: 2, ..
+                found: 7, supported: 3, ..
             },
         ) => {
             let message = e.to_string();
