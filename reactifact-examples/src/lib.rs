@@ -58,3 +58,5 @@ pub mod order_flow {
         );
     }
 }
+
+pub mod walkthrough;
