@@ -14,7 +14,9 @@
 //!   (O(n log n), once), and kept up to date from then on, so a claim for session `S` never
 //!   walks other sessions' due entries. A scope naming several sessions or kinds merges their
 //!   queues: O(sessions × kinds) per claimed intent;
-//! - *purge*: O(log n) per purged entry (final entries wait in order of their last change);
+//! - *purge*: O(log n) per purged entry (final entries wait in order of their last change,
+//!   delivered and cancelled ones apart);
+//! - *attempts*: O(attempts of the key);
 //! - *counts*: O(1) for the whole ledger, one session, or a set of kinds (per-status counters
 //!   are kept for each); O(n) for any other scope;
 //! - *next_due*: like a claim of one intent, plus the in-flight leases it skips until the
@@ -28,7 +30,10 @@
 //! Memory: besides the entries, 16 bytes per final entry until it is purged (the purge order),
 //! and, while some intent is always in flight, 4 bytes per claim or renewal made within one
 //! lease duration (the expiry index is cleared whenever nothing is in flight). A purged entry
-//! leaves its key behind (its tombstone), so that the key is never registered again.
+//! leaves its key behind (its tombstone), so that the key is never registered again. Each
+//! entry keeps the lease of its last claim (a delivered attempt is read from it: no
+//! allocation on the delivery path) and a history of the attempts that ended other than
+//! delivered (usually empty).
 //!
 //! Times are kept in whole milliseconds, like every store: a time passed in is truncated to
 //! its millisecond, except a retry time, which is rounded up (never early).
