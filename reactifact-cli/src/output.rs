@@ -101,7 +101,16 @@ pub fn print_json(value: &impl Serialize) {
 
 /// A time as RFC 3339 in UTC, to the millisecond.
 pub fn time(t: SystemTime) -> String {
-    humantime::format_rfc3339_millis(t).to_string()
+    // Stores clamp what they read to the year 9999; a later time (which humantime cannot
+    // format, and `to_string` would panic on) shows as milliseconds since the epoch.
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    if write!(out, "{}", humantime::format_rfc3339_millis(t)).is_err() {
+        out.clear();
+        let ms = t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+        let _ = write!(out, "{ms} ms after the Unix epoch");
+    }
+    out
 }
 
 /// An optional time, `-` for none.

@@ -216,7 +216,7 @@ impl Store {
                         .log_connections(1)
                         // Refused under the migration lock, even if the schema changes
                         // after the probe: the CLI never creates or migrates a store.
-                        .migrate(false)
+                        .allow_migration(false)
                 };
                 let opened = if writes { url.clone() } else { read_only_url(&url) };
                 let (store, shown) = runtime.block_on(open_postgres(options(url), options(opened)))?;

@@ -43,7 +43,7 @@ pub use model::action::{ActionKey, Intent, Origin, PendingAction};
 pub use model::artifact::{Artifact, ArtifactId, Generation, Kind, ReadError, Record, Version};
 pub use model::delivery::{
     reclaimed_error, Attempt, AttemptOutcome, Delivery, DeliveryParts, DeliveryStatus, FenceToken, Lease, NewIntent,
-    MIN_LEASE,
+    ATTEMPTS_KEPT, FAR_FUTURE, MIN_LEASE,
 };
 pub use model::event::{Event, EventKind};
 pub use model::field_diff::FieldDiff;

@@ -90,7 +90,7 @@ impl PostgresOptions {
     /// [`OpenError::NoStore`] and one of an older version with [`OpenError::OlderSchema`],
     /// decided under the migration lock, so that a tool that must never change a store (an
     /// operator's, such as the `reactifact` CLI) cannot create one in a race with a `DROP`.
-    pub fn migrate(mut self, migrate: bool) -> Self {
+    pub fn allow_migration(mut self, migrate: bool) -> Self {
         self.migrate = migrate;
         self
     }
@@ -178,7 +178,7 @@ pub enum OpenError {
         supported: i32,
     },
     /// The schema holds no store, and the options do not let opening create one
-    /// ([`PostgresOptions::migrate`]).
+    /// ([`PostgresOptions::allow_migration`]).
     #[error("schema `{schema}` of {store} holds no reactifact store, and the options do not let opening create one")]
     #[non_exhaustive]
     NoStore {
@@ -188,7 +188,7 @@ pub enum OpenError {
         schema: String,
     },
     /// The schema is at an older version than this build's, and the options do not let
-    /// opening upgrade it ([`PostgresOptions::migrate`]).
+    /// opening upgrade it ([`PostgresOptions::allow_migration`]).
     #[error("schema `{schema}` of {store} is at version {found}, older than the {supported} this build uses, and the options do not let opening upgrade it")]
     #[non_exhaustive]
     OlderSchema {

@@ -22,7 +22,7 @@ use deadpool_postgres::{Object, Pool, PoolError};
 use reactifact_core::{
     reclaimed_error, ActionKey, Attempt, AttemptOutcome, BoxFuture, CancelError, ClaimRequest, Claimed, Delivery,
     DeliveryStatus, FailedAttempt, FenceToken, LedgerQuery, NewIntent, OutboxStore, Outcome, Page, PurgeFilter,
-    Recorded, Recording, RetryError, Scope, StatusCounts, StoreError, Wakeups,
+    Recorded, Recording, RetryError, Scope, StatusCounts, StoreError, Wakeups, ATTEMPTS_KEPT,
 };
 use tokio::sync::{oneshot, watch};
 use tokio_postgres::types::ToSql;
@@ -158,6 +158,12 @@ impl Statements {
                  SELECT e.key, e.token, e.attempts, e.owner, e.updated_at, e.lease_until, $1, {expired}, NULL, NULL
                    FROM e JOIN r ON r.seq = e.seq
                  ON CONFLICT (key, token) DO NOTHING
+             ), trimmed AS (
+                 -- Only the latest attempts are kept: the statement sees the history as it was
+                 -- before it, so the older ones beyond all but one make room for the new one.
+                 DELETE FROM {s}.outbox_attempts a USING e JOIN r ON r.seq = e.seq
+                  WHERE a.key = e.key AND a.token < (SELECT b.token FROM {s}.outbox_attempts b WHERE b.key = e.key
+                                                      ORDER BY b.token DESC LIMIT 1 OFFSET {keep_old})
              ), h AS (
                  UPDATE {s}.outbox o SET {hold} FROM e WHERE o.seq = e.seq AND NOT {ok} RETURNING o.key
              )
@@ -181,6 +187,7 @@ impl Statements {
             ),
             hold = hold_set(s, "o", "$1"),
             expired = AttemptOutcome::Expired.code().0,
+            keep_old = ATTEMPTS_KEPT - 2,
         );
         let record = format!(
             "WITH u AS MATERIALIZED (
@@ -207,6 +214,12 @@ impl Statements {
                    FROM done d JOIN t ON t.ord = d.ord JOIN u ON u.ord = d.ord
                   WHERE u.outcome IN (1, 2, 3, 4, 5)
                  ON CONFLICT (key, token) DO NOTHING
+             ), trimmed AS (
+                 -- Only the latest attempts are kept (as in the reclaim statement).
+                 DELETE FROM {s}.outbox_attempts a USING done d JOIN t ON t.ord = d.ord JOIN u ON u.ord = d.ord
+                  WHERE u.outcome IN (1, 2, 3, 4, 5) AND a.key = t.key
+                    AND a.token < (SELECT b.token FROM {s}.outbox_attempts b WHERE b.key = t.key
+                                    ORDER BY b.token DESC LIMIT 1 OFFSET {keep_old})
              ), bad AS (
                  UPDATE {s}.outbox o SET {hold} FROM t WHERE o.seq = t.seq AND NOT t.ok RETURNING t.ord
              )
@@ -258,6 +271,7 @@ impl Statements {
             dead = AttemptOutcome::Dead { error: String::new() }.code().0,
             held = AttemptOutcome::Held { reason: String::new() }.code().0,
             interrupted = AttemptOutcome::Interrupted { reason: String::new() }.code().0,
+            keep_old = ATTEMPTS_KEPT - 2,
         );
         let renew = format!(
             "WITH u AS MATERIALIZED (
@@ -304,7 +318,8 @@ impl Statements {
                     CASE WHEN o.status = 1 THEN o.updated_at ELSE o.claimed_at END,
                     CASE WHEN o.status = 1 THEN o.lease_until ELSE o.claim_until END,
                     CASE WHEN o.status = 2 THEN o.delivered_at END,
-                    CASE o.status WHEN 1 THEN {in_flight}::bigint WHEN 2 THEN {delivered}::bigint END,
+                    CASE WHEN o.status = 1 THEN {in_flight}::bigint
+                         WHEN o.status = 2 AND o.claim_token = o.token THEN {delivered}::bigint END,
                     NULL::text, NULL::bigint
                FROM {s}.outbox o WHERE o.key = $1
               ORDER BY 1, 2",
@@ -666,15 +681,15 @@ fn attempt_of(row: &tokio_postgres::Row) -> Result<Option<Attempt>, tokio_postgr
         return Ok(None);
     };
     let count = |n: i64| u32::try_from(n.max(0)).unwrap_or(u32::MAX);
-    Ok(Some(Attempt {
-        token: FenceToken(u64::try_from(row.try_get::<_, i64>(1)?).unwrap_or(0)),
-        number: count(row.try_get(2)?),
-        owner: Arc::from(owner),
-        claimed_at: row::time(claimed_at),
-        lease_expires_at: row::time(lease_until),
-        ended_at: row.try_get::<_, Option<i64>>(6)?.map(row::time),
+    Ok(Some(Attempt::new(
+        FenceToken(u64::try_from(row.try_get::<_, i64>(1)?).unwrap_or(0)),
+        count(row.try_get(2)?),
+        Arc::from(owner),
+        row::time(claimed_at),
+        row::time(lease_until),
+        row.try_get::<_, Option<i64>>(6)?.map(row::time),
         outcome,
-    }))
+    )))
 }
 
 type SqlParams<'a> = &'a [&'a (dyn ToSql + Sync)];
@@ -804,6 +819,7 @@ impl Inner {
                 ("claim_owner", &format!("{owner}::text")),
                 ("claimed_at", &format!("{now}::bigint")),
                 ("claim_until", &format!("{until}::bigint")),
+                ("claim_token", "o.token + 1"),
             ],
         );
         let hold = hold_set(s, "o", &format!("{now}::bigint"));
@@ -1228,7 +1244,9 @@ impl OutboxStore for PostgresOutbox {
             let err = self.err();
             let stmt = client.prepare_cached(&self.inner.sql.attempts).await.map_err(&err)?;
             let rows = client.query(&stmt, &[&key]).await.map_err(&err)?;
-            if rows.is_empty() {
+            // The row of the key comes last (part 1): without it the ledger does not hold the
+            // key, whatever history rows an older build's purge left behind.
+            if rows.last().is_none_or(|row| row.get::<_, i32>(0) != 1) {
                 return Ok(None);
             }
             let mut attempts = Vec::with_capacity(rows.len());

@@ -38,9 +38,11 @@ pub(crate) fn ceil_ms(t: SystemTime) -> i64 {
     whole.saturating_add(i64::from(d.subsec_nanos() % 1_000_000 != 0))
 }
 
-/// The time of a stored millisecond count (the epoch for a negative one).
+/// The time of a stored millisecond count: the epoch for a negative one, at most
+/// [`FAR_FUTURE`](reactifact_core::FAR_FUTURE) (a damaged value never yields an unprintable
+/// time).
 pub(crate) fn time(ms: i64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+    UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0)).min(reactifact_core::FAR_FUTURE)
 }
 
 /// The columns a read selects from `o`, in [`Row::read`]'s order: `seq`, the digested ones,

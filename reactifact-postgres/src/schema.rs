@@ -154,11 +154,15 @@ CREATE TABLE {s}.checkpoints (
 "#;
 
 /// Version 3: the attempt history. `outbox_attempts` holds one row per attempt that ended
-/// other than delivered; three columns of `outbox` keep the last claim after it ended (a
-/// delivered attempt is read from them). None of it is digested: the history is diagnostic,
+/// other than delivered; four columns of `outbox` keep the last claim after it ended (a
+/// delivered attempt is read from them while `claim_token` is the row's token: a claim by an
+/// older build leaves them behind). None of it is digested: the history is diagnostic,
 /// and no transition reads it.
 const V3: &str = r#"
-ALTER TABLE {s}.outbox ADD COLUMN claim_owner text, ADD COLUMN claimed_at bigint, ADD COLUMN claim_until bigint;
+ALTER TABLE {s}.outbox ADD COLUMN claim_owner text, ADD COLUMN claimed_at bigint, ADD COLUMN claim_until bigint,
+    ADD COLUMN claim_token bigint;
+-- A purge of cancelled rows only reads these (few) rows, not every old delivered one.
+CREATE INDEX outbox_cancelled ON {s}.outbox (updated_at, seq) WHERE status = 6;
 CREATE TABLE {s}.outbox_attempts (
     key text NOT NULL,
     token bigint NOT NULL,

@@ -76,7 +76,7 @@ async fn no_error_or_debug_output_names_the_password() {
 
 /// A schema-2 store (before the attempt history) upgrades in place: its rows keep their
 /// state, what was in flight shows in the history, and new attempts are kept; with
-/// `migrate(false)` it is refused and left alone, as is a schema that holds no store.
+/// `allow_migration(false)` it is refused and left alone, as is a schema that holds no store.
 #[tokio::test]
 async fn a_schema_2_store_upgrades_to_the_attempt_history_unless_told_not_to() {
     let Some(url) = common::url("a_schema_2_store_upgrades_to_the_attempt_history_unless_told_not_to") else {
@@ -120,14 +120,18 @@ async fn a_schema_2_store_upgrades_to_the_attempt_history_unless_told_not_to() {
     tokio::spawn(connection);
     client
         .batch_execute(&format!(
-            "ALTER TABLE \"{schema}\".outbox DROP COLUMN claim_owner, DROP COLUMN claimed_at, DROP COLUMN claim_until;
+            "ALTER TABLE \"{schema}\".outbox DROP COLUMN claim_owner, DROP COLUMN claimed_at, DROP COLUMN claim_until,
+                 DROP COLUMN claim_token;
+             DROP INDEX \"{schema}\".outbox_cancelled;
              DROP TABLE \"{schema}\".outbox_attempts;
              DELETE FROM \"{schema}\".schema_version WHERE version = 3"
         ))
         .await
         .unwrap();
 
-    let refused = PostgresOutbox::open(options().migrate(false)).await.expect_err("older");
+    let refused = PostgresOutbox::open(options().allow_migration(false))
+        .await
+        .expect_err("older");
     assert!(
         matches!(
             refused,
@@ -149,7 +153,7 @@ async fn a_schema_2_store_upgrades_to_the_attempt_history_unless_told_not_to() {
         .get(0);
     assert_eq!(tables, 0, "a refused open changed nothing");
     let missing = schemas.name();
-    let refused = PostgresOutbox::open(PostgresOptions::new(&url).schema(&missing).migrate(false))
+    let refused = PostgresOutbox::open(PostgresOptions::new(&url).schema(&missing).allow_migration(false))
         .await
         .expect_err("no store");
     assert!(matches!(refused, OpenError::NoStore { .. }), "{refused:?}");

@@ -369,10 +369,12 @@ pub fn reclaimed_error(attempt: impl fmt::Display, owner: &str) -> String {
 /// never takes its own running deliveries for expired.
 pub const MIN_LEASE: Duration = Duration::from_millis(100);
 
-/// The latest time the ledger records: the end of the year 9999 (UTC). A retry or a lease
-/// further ahead means "never" in practice, and this one every store can keep (milliseconds
-/// in an `i64`) and every HTTP date can show.
-pub(crate) const FAR_FUTURE: Duration = Duration::from_secs(253_402_300_799);
+/// The latest time the ledger records, as a duration after the Unix epoch: the end of the
+/// year 9999 (UTC). A retry or a lease further ahead means "never" in practice, and this one
+/// every store can keep (milliseconds in an `i64`) and every HTTP date and RFC 3339 time can
+/// show. Stores clamp what they read back to it, so that a damaged value never yields a time
+/// no formatter can print.
+pub const FAR_FUTURE: Duration = Duration::from_secs(253_402_300_799);
 
 /// `t + delay` for a delay from outside (a policy, a `Retry-After`, a lease), which may be as
 /// long as `Duration::MAX`: saturates at [`FAR_FUTURE`] instead of overflowing.
@@ -442,6 +444,7 @@ pub(crate) fn drainer_owner() -> Arc<str> {
 /// ([`Outcome::Released`](crate::Outcome::Released)) is not one, and leaves no entry (its token
 /// is skipped).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Attempt {
     /// The fencing token of the claim: it names the attempt.
     pub token: FenceToken,
@@ -459,6 +462,36 @@ pub struct Attempt {
     /// How it ended.
     pub outcome: AttemptOutcome,
 }
+
+impl Attempt {
+    /// An attempt from its parts, as a store reads it (the fields' order).
+    pub fn new(
+        token: FenceToken,
+        number: u32,
+        owner: Arc<str>,
+        claimed_at: SystemTime,
+        lease_expires_at: SystemTime,
+        ended_at: Option<SystemTime>,
+        outcome: AttemptOutcome,
+    ) -> Self {
+        Attempt {
+            token,
+            number,
+            owner,
+            claimed_at,
+            lease_expires_at,
+            ended_at,
+            outcome,
+        }
+    }
+}
+
+/// How many ended attempts the history keeps per key: the latest ones. A key that is never
+/// final — its attempts keep being interrupted, or keep outliving their leases, neither of
+/// which the retry policy counts — would otherwise grow its history without bound. The
+/// entry's counters ([`Delivery::attempts`], [`Delivery::expired_leases`],
+/// [`Delivery::interrupted_attempts`]) count every attempt.
+pub const ATTEMPTS_KEPT: usize = 64;
 
 /// How an [`Attempt`] ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -499,6 +532,8 @@ pub enum AttemptOutcome {
 
 impl AttemptOutcome {
     /// The outcome's stable code in a store (the same in every store), and its error text.
+    /// For the stores' encodings; not needed to read a history.
+    #[doc(hidden)]
     pub fn code(&self) -> (u8, Option<&str>) {
         match self {
             AttemptOutcome::InFlight => (0, None),
@@ -511,7 +546,9 @@ impl AttemptOutcome {
         }
     }
 
-    /// The outcome of a stored code, error text and retry time (`None` for an unknown code).
+    /// The outcome of a stored code, error text and retry time (`None` for an unknown code;
+    /// the retry time is read for a failed attempt only). For the stores' encodings.
+    #[doc(hidden)]
     pub fn from_code(code: u8, error: Option<String>, retry_at: Option<SystemTime>) -> Option<AttemptOutcome> {
         let error = || error.clone().unwrap_or_default();
         Some(match code {
@@ -543,7 +580,8 @@ impl AttemptOutcome {
         }
     }
 
-    /// The error or reason it carries, if any.
+    /// The error it carries (failed, dead), or the reason (held, interrupted); `None` for the
+    /// others.
     pub fn error(&self) -> Option<&str> {
         self.code().1
     }

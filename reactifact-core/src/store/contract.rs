@@ -1468,7 +1468,7 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                 let got = record(&*o, key, FenceToken(token), outcome.clone(), at(now)).await;
                 let expected = match model.iter_mut().find(|m| m.key == key && !m.purged) {
                     Some(m) if m.status == DeliveryStatus::InFlight && m.token == token => {
-                        if let Some(ended) = outcome.ended() {
+                        if let Some(ended) = outcome.attempt_outcome() {
                             m.end_attempt(now, ended);
                         }
                         m.lease = None;

@@ -48,7 +48,7 @@ use foldhash::HashMap;
 use crate::model::action::ActionKey;
 use crate::model::delivery::{
     ceil_millis, from_unix_millis, later, unix_millis, Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken,
-    Lease, NewIntent,
+    Lease, NewIntent, ATTEMPTS_KEPT,
 };
 use crate::model::hash::ContentHash;
 use crate::store::outbox::{
@@ -144,7 +144,8 @@ struct Entry {
     /// The lease of the last claim (kept after it ended, for the attempt history: a delivered
     /// attempt is read from it) and when the claim was made, in Unix milliseconds.
     last_claim: Option<(Lease, u64)>,
-    /// The attempts that ended other than delivered, oldest first (usually none).
+    /// The attempts that ended other than delivered, oldest first (usually none; at most
+    /// [`ATTEMPTS_KEPT`], the latest).
     history: Vec<Attempt>,
 }
 
@@ -543,6 +544,9 @@ impl Inner {
     fn end_attempt(&mut self, pos: Pos, now: SystemTime, outcome: AttemptOutcome) {
         let e = self.slots[pos as usize].as_mut().expect("a live entry");
         if let Some(attempt) = in_flight(e) {
+            if e.history.len() >= ATTEMPTS_KEPT {
+                e.history.remove(0);
+            }
             e.history.push(Attempt {
                 ended_at: Some(millis(now).1),
                 outcome,
@@ -704,7 +708,7 @@ impl Inner {
             };
         };
         let (_, now_t) = millis(now);
-        if let Some(ended) = recording.outcome.ended() {
+        if let Some(ended) = recording.outcome.attempt_outcome() {
             self.end_attempt(pos, now, ended);
         }
         let status = self.transition(pos, now, |d| {

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::model::action::ActionKey;
-use crate::model::delivery::{ceil_millis, Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken};
+use crate::model::delivery::{ceil_millis, later, Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken};
 use crate::store::StoreError;
 
 /// The future of a store operation: boxed, so that [`OutboxStore`] is object-safe, and `Send`,
@@ -172,14 +172,14 @@ impl Outcome {
     /// How the attempt this outcome ends is kept in the attempt history: `None` for a
     /// delivered attempt (the ledger entry itself keeps the last attempt) and for a released
     /// claim (never handed out, not an attempt). A retry time is kept in whole milliseconds,
-    /// rounded up, as the entry keeps it.
-    pub fn ended(&self) -> Option<AttemptOutcome> {
+    /// rounded up, and at most [`FAR_FUTURE`](crate::FAR_FUTURE), as the entry keeps it.
+    pub fn attempt_outcome(&self) -> Option<AttemptOutcome> {
         Some(match self {
             Outcome::Delivered | Outcome::Released => return None,
             Outcome::Failed { error, next } => match next {
                 FailedAttempt::RetryAt(at) => AttemptOutcome::Failed {
                     error: error.clone(),
-                    retry_at: Some(ceil_millis(*at)),
+                    retry_at: Some(ceil_millis(later(*at, Duration::ZERO))),
                 },
                 FailedAttempt::AwaitRetry => AttemptOutcome::Failed {
                     error: error.clone(),
@@ -342,7 +342,8 @@ impl PurgeFilter {
         }
     }
 
-    /// The status codes it purges ([`DeliveryStatus::code`]).
+    /// The status codes it purges ([`DeliveryStatus::code`]), for the stores' statements.
+    #[doc(hidden)]
     pub fn codes(self) -> &'static [u8] {
         match self {
             PurgeFilter::Final => &[2, 6],
@@ -478,8 +479,31 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// one in flight, if one is. `None` for a key the ledger does not hold.
     ///
     /// The history is diagnostic: it is kept beside the ledger entry, outside the entry's
-    /// integrity digest, and no transition reads it.
-    fn attempts<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Vec<Attempt>>, StoreError>>;
+    /// integrity digest, and no transition reads it. It keeps the latest
+    /// [`ATTEMPTS_KEPT`](crate::ATTEMPTS_KEPT) ended attempts of a key.
+    ///
+    /// The default, for a store that keeps no history, answers from the entry alone: the
+    /// attempt in flight, if one is (claimed at the entry's `updated_at`).
+    fn attempts<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Vec<Attempt>>, StoreError>> {
+        Box::pin(async move {
+            Ok(self.get(key).await?.map(|d| {
+                d.lease()
+                    .map(|lease| {
+                        Attempt::new(
+                            lease.token,
+                            d.attempts(),
+                            lease.owner.clone(),
+                            d.updated_at(),
+                            lease.expires_at,
+                            None,
+                            AttemptOutcome::InFlight,
+                        )
+                    })
+                    .into_iter()
+                    .collect()
+            }))
+        })
+    }
 
     /// A page of entries, in registration order.
     fn list<'a>(&'a self, query: &'a LedgerQuery) -> BoxFuture<'a, Result<Page, StoreError>>;

@@ -22,7 +22,7 @@ use super::row::{self, ms, Read, Row, COLUMNS};
 use super::{check_header, open_error, open_read_only, schema, store_error, store_name, BUSY_TIMEOUT};
 use crate::model::action::ActionKey;
 use crate::model::delivery::{
-    ceil_millis, later, Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken, NewIntent,
+    ceil_millis, later, Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken, NewIntent, ATTEMPTS_KEPT,
 };
 use crate::store::outbox::{
     BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome, Page, PurgeFilter,
@@ -71,7 +71,12 @@ impl SqliteOutbox {
     }
 
     /// Opens the outbox of the store file at `path`, which a [`Context`](crate::Context) created,
-    /// for reading and writing (`synchronous = FULL`). Nothing in the file is changed.
+    /// for reading and writing (`synchronous = FULL`, WAL mode). A file of schema version 2 or
+    /// 3 is upgraded to the current version first, in one exclusive transaction: the tables and
+    /// columns the later versions add, empty (the checkpoints table, the attempt history); no
+    /// row is rewritten, and the log is not read. Processes of a build older than the upgrade
+    /// then refuse to open the file (`NewerSchema`): upgrade them together. Nothing else in
+    /// the file is changed.
     ///
     /// # Errors
     /// [`OpenError::NoSuchFile`] for a missing file (nothing is created),
@@ -536,7 +541,7 @@ fn record(conn: &mut Connection, outcomes: &[Recording], now: SystemTime) -> rus
                 });
                 continue;
             }
-            if let Some(ended) = recording.outcome.ended() {
+            if let Some(ended) = recording.outcome.attempt_outcome() {
                 end_attempt(tx, &row, at, &ended)?;
             }
             row.next_attempt_at = None;
@@ -580,6 +585,26 @@ fn record(conn: &mut Connection, outcomes: &[Recording], now: SystemTime) -> rus
     })
 }
 
+/// The rows a purge batch of `filter` deletes, oldest first (`?1` the cut-off, `?2` the batch
+/// size). The literal statuses let SQLite prove the predicate of a partial index: the final
+/// rows' `outbox_final`, or `outbox_cancelled`, so that a purge of cancelled rows never walks
+/// the (many) old delivered ones.
+pub(super) fn purge_sql(filter: PurgeFilter) -> &'static str {
+    match filter {
+        PurgeFilter::Delivered => {
+            "SELECT seq, key FROM outbox WHERE status IN (2, 6) AND status = 2 AND updated_at < ?1
+             ORDER BY updated_at, seq LIMIT ?2"
+        }
+        PurgeFilter::Cancelled => {
+            "SELECT seq, key FROM outbox WHERE status = 6 AND updated_at < ?1 ORDER BY updated_at, seq LIMIT ?2"
+        }
+        _ => {
+            "SELECT seq, key FROM outbox WHERE status IN (2, 6) AND updated_at < ?1
+             ORDER BY updated_at, seq LIMIT ?2"
+        }
+    }
+}
+
 /// Adds the attempt in flight in `row` (before its outcome is applied) to the history, ended
 /// at `at` with `outcome`.
 fn end_attempt(tx: &Connection, row: &Row, at: i64, outcome: &AttemptOutcome) -> rusqlite::Result<()> {
@@ -605,6 +630,12 @@ fn end_attempt(tx: &Connection, row: &Row, at: i64, outcome: &AttemptOutcome) ->
         error,
         retry_at,
     ])?;
+    // Only the latest attempts are kept.
+    tx.prepare_cached(
+        "DELETE FROM outbox_attempts WHERE key = ?1 AND token <
+             (SELECT token FROM outbox_attempts WHERE key = ?1 ORDER BY token DESC LIMIT 1 OFFSET ?2)",
+    )?
+    .execute(params![row.key, ATTEMPTS_KEPT as i64 - 1])?;
     Ok(())
 }
 
@@ -617,8 +648,8 @@ fn attempts(conn: &mut Connection, key: &str) -> rusqlite::Result<Option<Vec<Att
     let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     let history = schema::has_attempts(version);
     let last = if history {
-        "SELECT status, token, attempts, owner, lease_until, updated_at, delivered_at, claim_owner, claimed_at,
-                claim_until
+        "SELECT status, token, attempts, owner, lease_until, updated_at, delivered_at,
+                CASE WHEN claim_token = token THEN claim_owner END, claimed_at, claim_until
          FROM outbox WHERE key = ?1"
     } else {
         "SELECT status, token, attempts, owner, lease_until, updated_at, delivered_at, NULL, NULL, NULL
@@ -639,6 +670,8 @@ fn attempts(conn: &mut Connection, key: &str) -> rusqlite::Result<Option<Vec<Att
     let found: Option<Last> = conn
         .prepare_cached(last)?
         .query_row([key], |r| {
+            // The last claim's columns are outside the digest: a value of the wrong type reads
+            // as none (no delivered attempt shown), not as an error.
             Ok((
                 r.get(0)?,
                 r.get(1)?,
@@ -647,9 +680,9 @@ fn attempts(conn: &mut Connection, key: &str) -> rusqlite::Result<Option<Vec<Att
                 r.get(4)?,
                 r.get(5)?,
                 r.get(6)?,
-                r.get(7)?,
-                r.get(8)?,
-                r.get(9)?,
+                r.get(7).ok().flatten(),
+                r.get(8).ok().flatten(),
+                r.get(9).ok().flatten(),
             ))
         })
         .optional()?;
@@ -678,28 +711,35 @@ fn attempts(conn: &mut Connection, key: &str) -> rusqlite::Result<Option<Vec<Att
         )?;
         let mut rows = stmt.query([key])?;
         while let Some(r) = rows.next()? {
-            let code: i64 = r.get(6)?;
-            let (error, retry_at): (Option<String>, Option<i64>) = (r.get(7)?, r.get(8)?);
-            let Some(outcome) = u8::try_from(code)
-                .ok()
-                .and_then(|c| AttemptOutcome::from_code(c, error, retry_at.map(row::time)))
-            else {
-                tracing::warn!(
-                    action_key = key,
-                    code,
-                    "an attempt of unknown outcome in the history; skipped"
-                );
-                continue;
+            // A history row is outside every digest: one that does not read (a changed type,
+            // an unknown outcome) is skipped with a warning, never fails the read.
+            let read = || -> rusqlite::Result<Option<Attempt>> {
+                let code: i64 = r.get(6)?;
+                let (error, retry_at): (Option<String>, Option<i64>) = (r.get(7)?, r.get(8)?);
+                let Some(outcome) = u8::try_from(code)
+                    .ok()
+                    .and_then(|c| AttemptOutcome::from_code(c, error, retry_at.map(row::time)))
+                else {
+                    return Ok(None);
+                };
+                Ok(Some(Attempt {
+                    token: FenceToken(u64::try_from(r.get::<_, i64>(0)?).unwrap_or(0)),
+                    number: count(r.get(1)?),
+                    owner: Arc::from(r.get::<_, String>(2)?),
+                    claimed_at: row::time(r.get(3)?),
+                    lease_expires_at: row::time(r.get(4)?),
+                    ended_at: Some(row::time(r.get(5)?)),
+                    outcome,
+                }))
             };
-            attempts.push(Attempt {
-                token: FenceToken(u64::try_from(r.get::<_, i64>(0)?).unwrap_or(0)),
-                number: count(r.get(1)?),
-                owner: Arc::from(r.get::<_, String>(2)?),
-                claimed_at: row::time(r.get(3)?),
-                lease_expires_at: row::time(r.get(4)?),
-                ended_at: Some(row::time(r.get(5)?)),
-                outcome,
-            });
+            match read() {
+                Ok(Some(attempt)) => attempts.push(attempt),
+                Ok(None) => tracing::warn!(
+                    action_key = key,
+                    "an attempt of unknown outcome in the history; skipped"
+                ),
+                Err(e) => tracing::warn!(action_key = key, error = %e, "a damaged row in the attempt history; skipped"),
+            }
         }
     }
     let last = match (status, owner, lease_until, claim_owner, claimed_at, claim_until) {
@@ -929,21 +969,13 @@ impl OutboxStore for SqliteOutbox {
             return Box::pin(async move { Err(e) });
         }
         let (before, limit) = (ms(before), i64::try_from(limit).unwrap_or(i64::MAX));
-        // Both read the partial index of final rows in (updated_at, seq) order.
-        let (low, high) = match filter {
-            PurgeFilter::Delivered => (row::DELIVERED, row::DELIVERED),
-            PurgeFilter::Cancelled => (row::CANCELLED, row::CANCELLED),
-            _ => (row::DELIVERED, row::CANCELLED),
-        };
+        let sql = purge_sql(filter);
         self.run(move |conn| {
             let now = ms(SystemTime::now());
             actor::write(conn, |tx| {
                 let old: Vec<(i64, String)> = tx
-                    .prepare_cached(
-                        "SELECT seq, key FROM outbox WHERE status IN (2, 6) AND status IN (?3, ?4) AND updated_at < ?1
-                         ORDER BY updated_at, seq LIMIT ?2",
-                    )?
-                    .query_map(params![before, limit, low, high], |row| Ok((row.get(0)?, row.get(1)?)))?
+                    .prepare_cached(sql)?
+                    .query_map(params![before, limit], |row| Ok((row.get(0)?, row.get(1)?)))?
                     .collect::<Result<_, _>>()?;
                 for (seq, key) in &old {
                     tx.prepare_cached("INSERT OR IGNORE INTO outbox_purged (key, purged_at) VALUES (?1, ?2)")?
@@ -1116,6 +1148,27 @@ mod tests {
             &[Value::Integer(0)],
         );
         assert!(leases.iter().any(|s| s.contains("outbox_leases")), "{leases:#?}");
+    }
+
+    #[test]
+    fn each_purge_reads_a_partial_index_of_the_rows_it_deletes() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(schema::V2_TABLES).unwrap();
+        conn.execute_batch(schema::V4_CHANGES).unwrap();
+        let params = [Value::Integer(10), Value::Integer(1000)];
+        for (filter, index) in [
+            (PurgeFilter::Final, "outbox_final"),
+            (PurgeFilter::Delivered, "outbox_final"),
+            (PurgeFilter::Cancelled, "outbox_cancelled"),
+        ] {
+            let steps = plan(&conn, purge_sql(filter), &params);
+            assert!(steps.iter().any(|s| s.contains(index)), "{filter:?}: {steps:#?}");
+            assert!(
+                !steps.iter().any(|s| s.contains("TEMP B-TREE")),
+                "{filter:?} sorts: {steps:#?}"
+            );
+            assert_no_table_scan(&steps);
+        }
     }
 
     #[test]

@@ -44,9 +44,10 @@ pub(super) fn ms(t: SystemTime) -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-/// The time of a stored millisecond count (the epoch for a negative one).
+/// The time of a stored millisecond count: the epoch for a negative one, at most
+/// [`FAR_FUTURE`](crate::FAR_FUTURE) (a damaged value never yields an unprintable time).
 pub(super) fn time(ms: i64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+    UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0)).min(crate::FAR_FUTURE)
 }
 
 /// One outbox row, as stored.
@@ -245,7 +246,8 @@ impl Row {
     }
 
     /// [`update`](Row::update) for a row in flight (just claimed, or renewed): also keeps its
-    /// lease as the last claim (`claim_owner`, `claimed_at`, `claim_until`; outside the digest),
+    /// lease as the last claim (`claim_owner`, `claimed_at`, `claim_until`, `claim_token`;
+    /// outside the digest),
     /// which the attempt history reads once the attempt was delivered. An in-flight row's
     /// `updated_at` is the time of its claim (a renewal does not change it).
     pub(super) fn update_claimed(&self, conn: &rusqlite::Connection) -> rusqlite::Result<()> {
@@ -260,7 +262,7 @@ impl Row {
             "UPDATE outbox SET status = ?1, due_at = ?2, token = ?3, owner = ?4, lease_until = ?5, attempts = ?6,
                  expired = ?7, interrupted = ?8, last_error = ?9, cancel_reason = ?10, updated_at = ?11,
                  delivered_at = ?12, next_attempt_at = ?13, digest = ?14,
-                 claim_owner = ?4, claimed_at = ?11, claim_until = ?5
+                 claim_owner = ?4, claimed_at = ?11, claim_until = ?5, claim_token = ?3
              WHERE seq = ?15",
         )?
         .execute(rusqlite::params_from_iter(params))?;

@@ -13,9 +13,11 @@
 //!   version-2 file reads as a version-3 file without checkpoints, so a read-only open takes
 //!   it as it is; a writable open migrates it (adds the table) once its log verified.
 //! - Version 4: the attempt history. `outbox_attempts` (one row per attempt that ended other
-//!   than delivered: who claimed it, when, its lease, when and how it ended), and three columns
-//!   of `outbox` that keep the last claim after it ended (`claim_owner`, `claimed_at`,
-//!   `claim_until`: a delivered attempt is read from them). None of it is in the row digest:
+//!   than delivered: who claimed it, when, its lease, when and how it ended), four columns of
+//!   `outbox` that keep the last claim after it ended (`claim_owner`, `claimed_at`,
+//!   `claim_until`, `claim_token`: a delivered attempt is read from them, when `claim_token`
+//!   is the row's token — a claim by an older build leaves them behind), and
+//!   `outbox_cancelled`, a partial index of cancelled rows for a purge of cancelled ones. None of it is in the row digest:
 //!   the history is diagnostic, and no transition reads it. Version 2 and 3 files read as
 //!   version-4 files without a history; a standalone outbox, or a writable open, migrates them.
 
@@ -36,7 +38,7 @@ use crate::store::{OpenError, Synchronous};
 /// The schema version this build writes.
 pub(crate) const SCHEMA_VERSION: i64 = 4;
 
-/// The oldest schema version this build reads without migrating it (a read-only open, a
+/// The oldest schema version this build reads without migrating it, in a read-only open:
 /// version 3 only adds the checkpoints table, version 4 the attempt history.
 pub(crate) const READS_FROM: i64 = 2;
 
@@ -133,10 +135,12 @@ const V3_TABLES: &str = "
 ";
 
 /// The columns and the table of version 4: the attempt history.
-const V4_CHANGES: &str = "
+pub(super) const V4_CHANGES: &str = "
     ALTER TABLE outbox ADD COLUMN claim_owner TEXT;
     ALTER TABLE outbox ADD COLUMN claimed_at INTEGER;
     ALTER TABLE outbox ADD COLUMN claim_until INTEGER;
+    ALTER TABLE outbox ADD COLUMN claim_token INTEGER;
+    CREATE INDEX outbox_cancelled ON outbox (updated_at, seq) WHERE status = 6;
     CREATE TABLE outbox_attempts (
         key TEXT NOT NULL,
         token INTEGER NOT NULL,
