@@ -495,6 +495,6 @@ fn a_timer_kind_of_the_users_own_is_refused_at_build() {
     let built = Runtime::builder(Context::new("t"))
         .agent(Agent::new("a").produce(mine))
         .build();
-    let error = built.err().expect("refused").to_string();
+    let error = built.expect_err("refused").to_string();
     assert!(error.contains("kind `timer`"), "{error}");
 }
