@@ -498,3 +498,127 @@ fn a_timer_kind_of_the_users_own_is_refused_at_build() {
     let error = built.expect_err("refused").to_string();
     assert!(error.contains("kind `timer`"), "{error}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn two_writers_on_one_session_fire_a_timer_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("timers.db");
+    let at;
+    {
+        let mut rt = runtime(Context::open(&path, "t").unwrap());
+        at = rt.now() + Duration::from_secs(10);
+        rt.context_mut().create("booking:1", Booking { remind_at: at }).unwrap();
+        rt.run().await.unwrap();
+    }
+    // Both load the session with the timer pending.
+    let mut first = runtime(Context::open(&path, "t").unwrap());
+    let mut second = runtime(Context::open(&path, "t").unwrap());
+    assert_eq!((first.next_wake_at(), second.next_wake_at()), (Some(at), Some(at)));
+    tokio::time::advance(Duration::from_secs(10)).await;
+    let report = first.run().await.unwrap();
+    assert_eq!((report.timers_fired, report.runs), (1, 1));
+    // The second's fire is fenced out; it reads the first's commits and finds nothing due.
+    let report = second.run().await.unwrap();
+    assert_eq!(
+        (report.outcome, report.timers_fired, report.runs),
+        (TurnOutcome::Completed, 0, 0)
+    );
+    assert_eq!(second.context().head(), first.context().head());
+    drop((first, second));
+    let reopened = Context::open(&path, "t").unwrap();
+    assert_eq!(runs_of(&reopened, "remind"), 1);
+    let fires = reopened
+        .log()
+        .unwrap()
+        .iter()
+        .filter(|c| {
+            c.runs
+                .iter()
+                .any(|r| r.produce.is_none() && r.ops.iter().any(|op| op.id().as_str().starts_with("timer:")))
+        })
+        .count();
+    assert_eq!(fires, 1);
+    reopened.verify().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timer_of_a_generation_that_fails_at_commit_is_not_scheduled() {
+    /// A patch that does not apply: the generation's commit rolls back, the timer with it.
+    #[produce]
+    async fn broken(call: ProduceCall<Booking>) {
+        call.effects.update("booking:missing", call.trigger.data.clone());
+    }
+    let mut ctx = Context::new("t");
+    let at = {
+        let probe = runtime(Context::new("probe"));
+        probe.now() + Duration::from_secs(5)
+    };
+    ctx.create("booking:1", Booking { remind_at: at }).unwrap();
+    let mut rt = Runtime::builder(ctx)
+        .agent(
+            Agent::new("reminders")
+                .produce(schedule)
+                .produce(broken)
+                .produce(remind),
+        )
+        .build()
+        .unwrap();
+    let failed = rt.run().await;
+    assert!(matches!(failed, Err(RunError::Produce { .. })), "{failed:?}");
+    assert_eq!(rt.context().pending_timers(), 0, "rolled back with its generation");
+    assert_eq!(rt.next_wake_at(), None);
+    assert!(rt.context().get::<Timer>("timer:remind:booking:1").unwrap().is_none());
+    tokio::time::advance(Duration::from_secs(60)).await;
+    assert!(rt.run().await.is_err(), "the generation fails again, and nothing fires");
+    assert_eq!(runs_of(rt.context(), "remind"), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_runtime_without_produces_leaves_timers_to_one_that_has_them() {
+    let mut rt = runtime(Context::new("t"));
+    let at = rt.now() + Duration::from_secs(5);
+    rt.context_mut().create("booking:1", Booking { remind_at: at }).unwrap();
+    rt.run().await.unwrap();
+    let mut drainer = Runtime::builder(rt.into_context()).build().unwrap();
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let report = drainer.run().await.unwrap();
+    assert_eq!((report.timers_fired, report.next_wake_at), (0, None));
+    assert_eq!(drainer.context().pending_timers(), 1);
+    let mut rt = runtime(drainer.into_context());
+    assert_eq!(rt.run().await.unwrap().timers_fired, 1);
+    assert_eq!(runs_of(rt.context(), "remind"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_reaction_leaves_the_fire_committed_and_runs_again_on_retry() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static PANIC: AtomicBool = AtomicBool::new(true);
+    #[produce(Reminder)]
+    async fn flaky(call: ProduceCall<Timer>) {
+        if PANIC.load(Ordering::SeqCst) {
+            panic!("boom");
+        }
+        let booking: String = call.trigger.data.payload().unwrap();
+        call.effects.upsert(
+            format!("reminder:{booking}"),
+            Reminder {
+                booking,
+                timer_version: call.trigger.version.0,
+            },
+        );
+    }
+    let mut rt = Runtime::builder(Context::new("t"))
+        .agent(Agent::new("reminders").produce(schedule).produce(flaky))
+        .build()
+        .unwrap();
+    let at = rt.now() + Duration::from_secs(5);
+    rt.context_mut().create("booking:1", Booking { remind_at: at }).unwrap();
+    rt.run().await.unwrap();
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert!(rt.run().await.is_err());
+    assert_eq!(rt.context().pending_timers(), 0, "the fire is committed");
+    PANIC.store(false, Ordering::SeqCst);
+    let report = rt.run().await.unwrap();
+    assert_eq!((report.timers_fired, report.runs), (0, 1));
+    assert!(rt.context().get::<Reminder>("reminder:booking:1").unwrap().is_some());
+}
