@@ -230,7 +230,7 @@ async fn a_cancelled_timer_never_fires_and_its_removal_triggers_nothing() {
     #[produce]
     async fn cancel(call: ProduceCall<Booking>) {
         let booking = call.trigger.id.to_string();
-        call.effects.cancel_wake(&format!("remind:{booking}"));
+        call.effects.cancel_wake(format!("remind:{booking}"));
     }
     let mut rt = runtime(Context::new("t"));
     let at = rt.now() + Duration::from_secs(5);

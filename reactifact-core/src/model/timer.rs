@@ -24,6 +24,45 @@ pub(crate) const TIMER_ID_PREFIX: &str = "timer:";
 ///
 /// Any artifact of kind `timer` is a timer wherever it is stored, so a direct write
 /// ([`Context::create`](crate::Context::create)) of one schedules it too.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use reactifact_core::{produce, Agent, Artifact, Context, ProduceCall, Runtime, Timer};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize, Artifact)]
+/// struct Trial { ends_at: SystemTime }
+/// #[derive(Serialize, Deserialize, Artifact)]
+/// struct Expired { trial: String }
+///
+/// #[produce(Timer)]
+/// async fn schedule_expiry(call: ProduceCall<Trial>) {
+///     let trial = call.trigger.id.to_string();
+///     call.effects.wake_at(call.trigger.data.ends_at, &format!("expire:{trial}"), &trial);
+/// }
+///
+/// #[produce(Expired)]
+/// async fn expire(call: ProduceCall<Timer>) {
+///     let trial: String = call.trigger.data.payload().expect("a trial id");
+///     call.effects.create(format!("expired:{trial}"), Expired { trial });
+/// }
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap().block_on(async {
+/// let mut rt = Runtime::builder(Context::new("trials"))
+///     .agent(Agent::new("trials").produce(schedule_expiry).produce(expire))
+///     .build()?;
+/// let ends_at = rt.now() + Duration::from_secs(14 * 24 * 3600);
+/// rt.context_mut().create("trial:1", Trial { ends_at })?;
+/// let report = rt.run().await?;
+/// assert_eq!(report.next_wake_at, Some(ends_at)); // not due: the turn completes
+///
+/// tokio::time::advance(Duration::from_secs(14 * 24 * 3600)).await;
+/// let report = rt.run().await?;
+/// assert_eq!(report.timers_fired, 1);
+/// assert!(rt.context().get::<Expired>("expired:trial:1")?.is_some());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Timer {
     /// The key the timer was scheduled under (its id is `timer:{key}`).

@@ -218,10 +218,20 @@ impl<D> Effects<D> {
     /// Derive `at` from something a retry and a replay see again — the trigger's data (a time
     /// written into it from outside), or the time of the timer that triggered this run
     /// ([`Timer::after`]) — never from the clock read inside the produce.
-    pub fn wake_at<P: Serialize + ?Sized>(&self, at: SystemTime, key: &str, payload: &P) -> Option<ArtifactId>
+    ///
+    /// The produce declares `Timer` (`#[produce(.., also_creates = [Timer])]`, or
+    /// [`Produce::creates::<Timer>()`](crate::Produce::creates) for one built by hand): without
+    /// it the call is a compile error, or, through [`Dynamic`], a run failure.
+    pub fn wake_at<P: Serialize + ?Sized>(
+        &self,
+        at: SystemTime,
+        key: impl AsRef<str>,
+        payload: &P,
+    ) -> Option<ArtifactId>
     where
         Timer: DeclaredOutput<D>,
     {
+        let key = key.as_ref();
         let id = Timer::id_of(key);
         let timer = match Timer::new(key, at, payload) {
             Ok(timer) => timer,
@@ -254,8 +264,8 @@ impl<D> Effects<D> {
 
     /// Cancels the wake-up scheduled under `key`: deletes `timer:{key}` (a missing timer is a
     /// no-op). Needs no declaration, as deletes do not.
-    pub fn cancel_wake(&self, key: &str) {
-        self.delete(Timer::id_of(key));
+    pub fn cancel_wake(&self, key: impl AsRef<str>) {
+        self.delete(Timer::id_of(key.as_ref()));
     }
 
     /// The snapshot this produce reads: the state before its generation.
