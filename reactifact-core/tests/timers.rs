@@ -28,7 +28,7 @@ struct Reminder {
 async fn schedule(call: ProduceCall<Booking>) {
     let booking = call.trigger.id.to_string();
     call.effects
-        .wake_at(call.trigger.data.remind_at, &format!("remind:{booking}"), &booking);
+        .wake_at(call.trigger.data.remind_at, format!("remind:{booking}"), &booking);
 }
 
 /// Reacts to the fire.

@@ -38,7 +38,7 @@ pub(crate) const TIMER_ID_PREFIX: &str = "timer:";
 /// #[produce(Timer)]
 /// async fn schedule_expiry(call: ProduceCall<Trial>) {
 ///     let trial = call.trigger.id.to_string();
-///     call.effects.wake_at(call.trigger.data.ends_at, &format!("expire:{trial}"), &trial);
+///     call.effects.wake_at(call.trigger.data.ends_at, format!("expire:{trial}"), &trial);
 /// }
 ///
 /// #[produce(Expired)]
