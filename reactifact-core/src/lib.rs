@@ -50,6 +50,7 @@ pub use model::field_diff::FieldDiff;
 pub use model::hash::{CommitHash, ContentHash, StateHash};
 pub use model::patch::{EffectError, Op, PutMode};
 pub use model::relation::Relation;
+pub use model::timer::Timer;
 pub use outbox::dispatcher::{BoxError, DispatchError, Dispatcher, MAX_RETRY_AFTER};
 pub use outbox::drain::{DeliveryErrors, DeliveryFailure, DrainReport, RetryPolicy};
 pub use outbox::drainer::{Drainer, DrainerBuilder};

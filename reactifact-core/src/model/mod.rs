@@ -12,3 +12,4 @@ pub(crate) mod hash;
 pub(crate) mod patch;
 pub(crate) mod relation;
 pub(crate) mod time;
+pub(crate) mod timer;

@@ -14,10 +14,22 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-/// The anchor: the system time and the monotonic instant at the first reading.
+/// The anchor: the system time and the monotonic instant at the first reading, both moved a
+/// day back together (which changes no reading). tokio's paused clock starts where the real
+/// one stood when its runtime was built, which may be before the first reading (another test's
+/// runtime read it first, or the reading came a moment after the pause): measured from an
+/// anchor a day back, such a clock's time still moves with every advance, instead of standing
+/// still until it passes the first reading.
 fn anchor() -> &'static (SystemTime, std::time::Instant) {
     static ANCHOR: OnceLock<(SystemTime, std::time::Instant)> = OnceLock::new();
-    ANCHOR.get_or_init(|| (SystemTime::now(), std::time::Instant::now()))
+    ANCHOR.get_or_init(|| {
+        const BACK: Duration = Duration::from_secs(24 * 60 * 60);
+        let (wall, mono) = (SystemTime::now(), std::time::Instant::now());
+        match (wall.checked_sub(BACK), mono.checked_sub(BACK)) {
+            (Some(wall), Some(mono)) => (wall, mono),
+            _ => (wall, mono),
+        }
+    })
 }
 
 /// The time now (see the module documentation).

@@ -2,13 +2,16 @@
 
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
 use serde::Serialize;
 
 use crate::model::action::{ActionKey, PendingAction};
-use crate::model::artifact::{Artifact, ArtifactId, Kind, Version};
+use crate::model::artifact::{self, Artifact, ArtifactId, Kind, Version};
+use crate::model::hash::content_hash;
 use crate::model::patch::{EffectError, Op, PutMode};
 use crate::model::relation::Relation;
+use crate::model::timer::Timer;
 use crate::state::commit::Read;
 use crate::state::snapshot::Snapshot;
 
@@ -197,6 +200,72 @@ impl<D> Effects<D> {
         }
         self.push(Op::act(kind, key.clone(), id, payload));
         Some(key)
+    }
+
+    /// Schedules a wake-up: a [`Timer`] at `timer:{key}`, due at `at` with `payload`. When the
+    /// runtime's clock ([`Runtime::now`](crate::Runtime::now)) reaches `at`, the runtime
+    /// commits the timer as fired, and the produces triggered by `Timer` run on it in the next
+    /// generation (see `docs/concepts.md`, "Timers"). Returns the timer's id, or `None` when
+    /// nothing was recorded.
+    ///
+    /// Scheduling a key again with another time or payload reschedules it (an upsert: it is
+    /// pending again, due at the new time, even if it had fired). Scheduling it again with the
+    /// same time and payload records nothing — whether the timer is pending or already fired —
+    /// so a produce that runs again (on a later version of its trigger, on another branch)
+    /// never re-arms a timer that fired. `at` is clamped to the times a timer keeps: from the
+    /// Unix epoch (due at once) to the end of the year 9999 (never, in practice).
+    ///
+    /// Derive `at` from something a retry and a replay see again — the trigger's data (a time
+    /// written into it from outside), or the time of the timer that triggered this run
+    /// ([`Timer::after`]) — never from the clock read inside the produce.
+    ///
+    /// The produce declares `Timer` (`#[produce(.., also_creates = [Timer])]`, or
+    /// [`Produce::creates::<Timer>()`](crate::Produce::creates) for one built by hand): without
+    /// it the call is a compile error, or, through [`Dynamic`], a run failure.
+    pub fn wake_at<P: Serialize + ?Sized>(
+        &self,
+        at: SystemTime,
+        key: impl AsRef<str>,
+        payload: &P,
+    ) -> Option<ArtifactId>
+    where
+        Timer: DeclaredOutput<D>,
+    {
+        let key = key.as_ref();
+        let id = Timer::id_of(key);
+        let timer = match Timer::new(key, at, payload) {
+            Ok(timer) => timer,
+            Err(source) => {
+                self.push(Err(EffectError::Encode {
+                    id,
+                    kind: Kind::of::<Timer>(),
+                    source,
+                }));
+                return None;
+            }
+        };
+        if let Some((kind, _, hash)) = self.snapshot.meta(id.as_str()) {
+            if kind == Kind::of::<Timer>() {
+                let fired = Timer {
+                    fired: true,
+                    ..timer.clone()
+                };
+                let same = [&timer, &fired]
+                    .into_iter()
+                    .any(|t| artifact::encode(t).is_ok_and(|bytes| content_hash(&bytes) == hash));
+                if same {
+                    return None;
+                }
+            }
+        }
+        self.put(PutMode::Upsert, id.clone(), &timer);
+        Some(id)
+    }
+
+    /// Cancels the wake-up scheduled under `key`: deletes `timer:{key}` (a missing timer is a
+    /// no-op). Needs no declaration, as deletes do not.
+    pub fn cancel_wake(&self, key: impl AsRef<str>) {
+        self.delete(Timer::id_of(key.as_ref()));
     }
 
     /// The snapshot this produce reads: the state before its generation.

@@ -91,6 +91,9 @@ fn match_event(rt: &Runtime, snapshot: &Snapshot, event: &Event, work: &mut Vec<
     if trigger.version != event.version || trigger.generation != event.generation {
         return;
     }
+    if !crate::run::timers::matches_fire(trigger) {
+        return;
+    }
     for &slot in slots {
         let produce = &rt.agents[slot.agent].produces[slot.produce];
         if produce.applies(snapshot, trigger) {

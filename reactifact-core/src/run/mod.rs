@@ -1,9 +1,10 @@
 //! Running produces: produces and agents, the effects buffer they write to, one generation
 //! (match, run, validate, commit), and the runtime that repeats generations and drains the
-//! outbox.
+//! outbox, and the timers a turn fires.
 
 pub(crate) mod effects;
 pub(crate) mod generation;
 pub(crate) mod produce;
 pub(crate) mod runtime;
 pub(crate) mod serve;
+pub(crate) mod timers;

@@ -12,13 +12,14 @@ use tracing::Instrument;
 use crate::model::action::PendingAction;
 use crate::model::artifact::{ArtifactType, Kind};
 use crate::model::delivery::Delivery;
+use crate::model::timer::Timer;
 use crate::outbox::dispatcher::{Dispatcher, ErasedDispatcher};
 use crate::outbox::drain::{
     Clock, DeliveryConfig, DeliveryErrors, DeliveryFailure, Drain, DrainError, DrainReport, Preclaimed, RetryPolicy,
 };
 use crate::run::generation::{self, Slot};
 use crate::run::produce::{Agent, ProduceFailure};
-use crate::state::context::Context;
+use crate::state::context::{Context, WriteError};
 use crate::store::outbox::{CancelError, RetryError, Scope};
 use crate::store::StoreError;
 
@@ -44,6 +45,10 @@ pub enum RunError {
     /// uncommitted with its events queued; a delivery outcome is re-derived from its lease).
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The commit that fires the due timers was refused (the error names the timer); nothing
+    /// of it was written and the timers stay due.
+    #[error("firing the due timers failed: {0}")]
+    Timers(#[source] WriteError),
 }
 
 fn others_suffix(others: usize) -> String {
@@ -136,7 +141,8 @@ impl Default for Budget {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TurnOutcome {
-    /// No events are queued and nothing is deliverable. A runtime that registers no produce
+    /// No events are queued, nothing is deliverable and no timer is due (a timer due later
+    /// does not hold the turn: see [`TurnReport::next_wake_at`]). A runtime that registers no produce
     /// (a drainer: a dispatcher and no agent) completes with its events still queued: it
     /// leaves them for a runtime that has produces.
     Completed,
@@ -175,6 +181,13 @@ pub struct TurnReport {
     /// are retried for as long as it does (the turn's budget and stop still apply); see
     /// [`MAX_CONFLICT_RETRIES`].
     pub conflicts: u64,
+    /// Timers the turn fired: each committed as fired (one direct write for the timers due
+    /// at once, not counted in [`generations`](TurnReport::generations)) before the
+    /// generation that reacts to them.
+    pub timers_fired: u64,
+    /// When the next timer falls due, as the turn ended ([`Runtime::next_wake_at`]): a turn
+    /// does not wait for a timer that is not yet due; run another turn then (`serve` does).
+    pub next_wake_at: Option<std::time::SystemTime>,
 }
 
 /// How many conflicts in a row a turn retries when the other writer's commits change nothing
@@ -333,7 +346,7 @@ impl RuntimeBuilder {
     ///
     /// # Errors
     /// [`BuildError::KindCollision`] when two distinct Rust types among the produces' triggers
-    /// and declared outputs (and [`PendingAction`]) claim one kind;
+    /// and declared outputs (and [`PendingAction`] and [`Timer`]) claim one kind;
     /// [`BuildError::DuplicateAgent`] when two agents share a name;
     /// [`BuildError::DuplicateProduce`] when an agent registers two produces under one name.
     pub fn build(self) -> Result<Runtime, BuildError> {
@@ -413,6 +426,8 @@ fn check_registrations(agents: &[Agent]) -> Result<(), BuildError> {
     let mut kinds: HashMap<Kind, ArtifactType> = HashMap::new();
     let pending = ArtifactType::of::<PendingAction>();
     kinds.insert(pending.kind, pending);
+    let timer = ArtifactType::of::<Timer>();
+    kinds.insert(timer.kind, timer);
     for agent in agents {
         if !agent_names.insert(agent.name()) {
             return Err(BuildError::DuplicateAgent {
@@ -540,6 +555,8 @@ impl Runtime {
             deliveries: DrainReport::default(),
             failed_runs: Vec::new(),
             conflicts: 0,
+            timers_fired: 0,
+            next_wake_at: None,
         };
         // Intents committed before this turn (or due for a retry) go out first.
         if let Some(outcome) = self.drain(deadline, &mut report.deliveries, None).await? {
@@ -553,6 +570,9 @@ impl Runtime {
             if let Some(outcome) = self.interrupted(deadline) {
                 return Ok(self.finish(report, outcome).await);
             }
+            // The timers due now fire before the events are taken, so that the generation
+            // takes their fires with them.
+            report.timers_fired += self.fire_due_timers().await?;
             // A runtime without produces leaves the queue to one that has them: consuming the
             // events would lose them for good.
             if self.context.queued_events() == 0 || self.triggers.is_empty() {
@@ -623,6 +643,7 @@ impl Runtime {
             );
         }
         report.outcome = outcome;
+        report.next_wake_at = self.next_wake_at();
         tracing::debug!(outcome = ?outcome, generations = report.generations, runs = report.runs, delivered = report.deliveries.delivered, "turn finished");
         report
     }

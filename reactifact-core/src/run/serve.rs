@@ -164,7 +164,8 @@ impl Runtime {
 
     /// Serves until stopped: applies writes sent through [`handle`](Runtime::handle)s as they
     /// arrive and runs a turn after them; runs a turn when a retry of this session's intents
-    /// falls due or a lease of one expires (at most every `poll`, so that intents attached by
+    /// falls due, a lease of one expires or a timer of the session falls due (see
+    /// [`Runtime::next_wake_at`]), and `poll` after the last turn at the latest (so that intents attached by
     /// other processes are noticed); and returns once a stop ([`RuntimeHandle::stop`] or
     /// [`stop_handle`](Runtime::stop_handle)) is asked, after the turn running then has shut
     /// down gracefully (deliveries in flight get the grace period). Each turn runs with the
@@ -228,6 +229,16 @@ impl Runtime {
                 // took it meanwhile. Look again shortly rather than spin.
                 let idle = turn.generations == 0 && turn.deliveries.delivered == 0 && turn.deliveries.failed.is_empty();
                 let at = if idle && at <= self.clock().now() {
+                    instant_after(Instant::now(), poll.min(Duration::from_millis(10)))
+                } else {
+                    self.clock().instant_at(at)
+                };
+                wake = wake.min(at);
+            }
+            if let Some(at) = turn.next_wake_at {
+                // A timer falls due: the turn then fires it. One due already, which the turn
+                // just run did not fire (it ended on its deadline), is looked at again shortly.
+                let at = if at <= self.clock().now() {
                     instant_after(Instant::now(), poll.min(Duration::from_millis(10)))
                 } else {
                     self.clock().instant_at(at)

@@ -927,6 +927,34 @@ impl Context {
         Ok(())
     }
 
+    /// Commits the fire of due timers (`ops`: their updates) as one direct write, off the
+    /// caller's thread; the events it emits that none of the runtime's produces `reacts` to are
+    /// consumed by the commit itself when nothing else is queued, as a generation's are.
+    pub(crate) async fn commit_fires(
+        &mut self,
+        ops: Vec<Op>,
+        reacts: &(dyn Fn(&Event) -> bool + Sync),
+    ) -> Result<(), WriteError> {
+        let run = RunRecord::direct(ops);
+        let fire = GenerationCommit { reacts, claim: None };
+        let span = self.commit_span();
+        self.commit_runs_via(vec![run], 0, false, true, None, Some(&fire))
+            .instrument(span)
+            .await?;
+        Ok(())
+    }
+
+    /// When the earliest timer that has not fired is due (see [`Timer`](crate::Timer));
+    /// `None` without one. O(log n): the state keeps its unfired timers by due time.
+    pub fn next_timer(&self) -> Option<std::time::SystemTime> {
+        self.state.next_timer()
+    }
+
+    /// How many timers have not fired yet.
+    pub fn pending_timers(&self) -> usize {
+        self.state.pending_timers()
+    }
+
     /// Consumes queued events that no produce reacts to, without a commit (a durable store
     /// records the consumption, so it survives a restart).
     pub(crate) async fn consume_events(&mut self, count: usize) -> Result<(), StoreError> {

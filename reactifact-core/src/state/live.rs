@@ -2,10 +2,12 @@
 
 use std::ops::Bound;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use crate::model::artifact::{Artifact, ArtifactId, Kind, ReadError, Record, Stored};
 use crate::model::hash::{self, SetDigest, StateHash};
 use crate::model::relation::Relation;
+use crate::model::timer::{self, Timer};
 
 /// What merges and diffs read of a state: an artifact, a relation, an artifact's relations,
 /// the state hash. Implemented by [`State`] and by a [`Rewound`] view of one.
@@ -166,6 +168,9 @@ pub(crate) struct State {
     incoming: imbl::OrdSet<Relation>,
     digest: SetDigest,
     next_created: u64,
+    /// The unfired timers (artifacts of kind `timer`) by due time, kept in step by
+    /// [`put`](State::put): the runtime finds the due ones and the next one without a scan.
+    timers: imbl::OrdSet<(SystemTime, ArtifactId)>,
 }
 
 /// How to undo one change to the state.
@@ -222,6 +227,17 @@ impl State {
             (Some(old), Some(new)) => old.created != new.created || old.kind != new.kind,
             _ => true,
         };
+        let timer = Kind::of::<Timer>();
+        if let Some(old) = old.as_ref().filter(|old| old.kind == timer) {
+            if let Some(at) = timer::pending_at(&old.bytes) {
+                self.timers.remove(&(at, id.clone()));
+            }
+        }
+        if let Some(new) = new.as_ref().filter(|new| new.kind == timer) {
+            if let Some(at) = timer::pending_at(&new.bytes) {
+                self.timers.insert((at, id.clone()));
+            }
+        }
         if moved {
             if let Some(old) = &old {
                 self.unindex(old);
@@ -244,6 +260,25 @@ impl State {
 
     pub(crate) fn has_relation(&self, relation: &Relation) -> bool {
         self.relations.contains(relation)
+    }
+
+    /// The unfired timers due at or before `now`, earliest first (ties in id order):
+    /// O(log n + due).
+    pub(crate) fn timers_due(&self, now: SystemTime) -> impl Iterator<Item = &ArtifactId> + '_ {
+        self.timers
+            .iter()
+            .take_while(move |(at, _)| *at <= now)
+            .map(|(_, id)| id)
+    }
+
+    /// When the earliest unfired timer is due; `None` without one.
+    pub(crate) fn next_timer(&self) -> Option<SystemTime> {
+        self.timers.get_min().map(|(at, _)| *at)
+    }
+
+    /// How many timers have not fired.
+    pub(crate) fn pending_timers(&self) -> usize {
+        self.timers.len()
     }
 
     /// Adds or removes a relation and returns whether it was present.
