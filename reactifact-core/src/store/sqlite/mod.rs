@@ -138,6 +138,11 @@ fn digest(bytes: &[u8], what: &str) -> Result<[u8; 32], String> {
         .map_err(|_| format!("{what} is {} bytes, not a 32-byte hash", bytes.len()))
 }
 
+/// How many prepared statements a connection keeps (rusqlite's default is 16): the claim,
+/// record and commit paths prepare more distinct statements than that (one per scope shape,
+/// plus the attempt history's), and an evicted one is prepared again on the hot path.
+const STATEMENTS_CACHED: usize = 64;
+
 /// Maps a SQLite error met while opening to what the user should hear.
 fn open_error(path: &Path, e: rusqlite::Error) -> OpenError {
     // A read past the end of the file: it was cut short.
@@ -218,6 +223,7 @@ impl SqliteStore {
             Connection::open_with_flags(path, flags).map_err(|e| open_error(path, e))?
         };
         conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| open_error(path, e))?;
+        conn.set_prepared_statement_cache_capacity(STATEMENTS_CACHED);
         if !options.read_only && conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
             return Err(OpenError::ReadOnlyFile { path: path.into() });
         }

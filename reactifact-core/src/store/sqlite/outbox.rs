@@ -148,6 +148,7 @@ impl SqliteOutbox {
     }
 
     fn spawn(conn: Connection, path: &Path, read_only: Option<String>) -> Result<SqliteOutbox, OpenError> {
+        conn.set_prepared_statement_cache_capacity(super::STATEMENTS_CACHED);
         let actor = Actor::spawn(conn, store_name(path)).map_err(|e| OpenError::Backend {
             path: path.into(),
             source: format!("the outbox thread could not be started: {e}").into(),
