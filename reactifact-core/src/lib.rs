@@ -105,6 +105,6 @@ pub mod __private {
     pub use ::std::vec::Vec;
 
     pub use crate::{
-        Artifact, DeclaredOutput, IntoProduce, IntoProduceResult, Kind, Produce, ProduceCall, ProduceError,
+        Artifact, DeclaredOutput, EventKind, IntoProduce, IntoProduceResult, Kind, Produce, ProduceCall, ProduceError,
     };
 }

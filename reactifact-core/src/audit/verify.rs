@@ -240,8 +240,27 @@ fn verify_with_checkpoints(
             )));
         }
         for queued in &body.events {
-            if emitted.get(&queued.seq) != Some(&queued.event) {
+            let Some(logged) = emitted.get(&queued.seq) else {
                 return Err(bad(format!("its queued event number {} is not the log's", queued.seq)));
+            };
+            if logged.event != queued.event {
+                return Err(bad(format!("its queued event number {} is not the log's", queued.seq)));
+            }
+            let same_deleted = match (&logged.deleted, &queued.deleted) {
+                (None, None) => true,
+                (Some(a), Some(b)) => {
+                    (a.kind, a.version, a.hash, a.generation, a.created)
+                        == (b.kind, b.version, b.hash, b.generation, b.created)
+                        && a.bytes == b.bytes
+                        && a.id == b.id
+                }
+                _ => false,
+            };
+            if !same_deleted {
+                return Err(bad(format!(
+                    "the version deleted that its queued event number {} holds is not the log's",
+                    queued.seq
+                )));
             }
         }
     }

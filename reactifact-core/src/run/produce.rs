@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use crate::model::artifact::{Artifact, ArtifactId, ArtifactType, Generation, Kind, ReadError, Record, Stored};
-use crate::model::event::EventKind;
+use crate::model::event::{EventKind, EventKinds};
 use crate::model::patch::EffectError;
 use crate::outbox::dispatcher::BoxError;
 use crate::run::effects::{Buffer, Dynamic, Effects};
@@ -102,9 +102,12 @@ pub struct ProduceFailure {
 /// [`DeclaredOutput`](crate::DeclaredOutput)); the `#[produce]` macro fills it in.
 #[non_exhaustive]
 pub struct ProduceCall<T, D = Dynamic> {
-    /// The artifact whose event triggered the run, as it is in the snapshot.
+    /// The artifact whose event triggered the run, as it is in the snapshot; for a deletion
+    /// ([`EventKind::Deleted`]), the last version before it was deleted (the snapshot no
+    /// longer holds it).
     pub trigger: Record<T>,
-    /// What happened to it: `Created` or `Updated`.
+    /// What happened to it: `Created` or `Updated` by default; `Deleted` for a produce that
+    /// reacts to deletions (see [`Produce::on`]).
     pub event: EventKind,
     /// The state before this generation; every produce of the generation reads the same one.
     /// Reads through it are recorded as the run's provenance (see [`Snapshot`]).
@@ -187,6 +190,10 @@ pub struct Produce {
     /// builder refuses that).
     output_types: Vec<ArtifactType>,
     condition: Option<Arc<Condition>>,
+    /// The event kinds it reacts to.
+    events: EventKinds,
+    /// At most one run per trigger per generation.
+    debounce: bool,
     handler: Arc<Handler>,
 }
 
@@ -236,6 +243,8 @@ impl Produce {
             outputs: Vec::new(),
             output_types: Vec::new(),
             condition: None,
+            events: EventKinds::DEFAULT,
+            debounce: false,
             handler: Arc::new(handler),
         }
     }
@@ -274,6 +283,75 @@ impl Produce {
             stored.decode::<T>().map_or(true, |record| condition(snapshot, &record))
         }));
         self
+    }
+
+    /// Sets the kinds of event the produce reacts to, replacing the default (`Created` and
+    /// `Updated`); `#[produce(.., on = [created, updated, deleted])]` expands to it.
+    ///
+    /// A produce that reacts to [`EventKind::Deleted`] runs on the deletion of an artifact of
+    /// its trigger type with the last version before the deletion as its trigger
+    /// (`ProduceCall::trigger`, with `ProduceCall::event == Deleted`), against the snapshot
+    /// before the generation, where the artifact is absent. A deletion matches while the
+    /// artifact is still absent: once it is created again, the creation's event triggers the
+    /// runs instead. Its condition ([`when`](Produce::when)) is evaluated on that last version.
+    ///
+    /// ```
+    /// use reactifact_core::{Artifact, EventKind, Produce, ProduceCall};
+    /// use serde::{Deserialize, Serialize};
+    ///
+    /// #[derive(Serialize, Deserialize)] struct Order { total_cents: u64 }
+    /// impl Artifact for Order { const KIND: &'static str = "order"; }
+    ///
+    /// let produce = Produce::new("forget_order", |call: ProduceCall<Order>| async move {
+    ///     assert_eq!(call.event, EventKind::Deleted);
+    /// })
+    /// .on([EventKind::Deleted]);
+    /// assert!(produce.reacts_to(EventKind::Deleted));
+    /// assert!(!produce.reacts_to(EventKind::Created));
+    /// ```
+    ///
+    /// # Panics
+    /// If `kinds` is empty: the produce would never run.
+    pub fn on(mut self, kinds: impl IntoIterator<Item = EventKind>) -> Self {
+        let events = kinds.into_iter().fold(EventKinds::EMPTY, EventKinds::with);
+        assert!(
+            !events.is_empty(),
+            "produce `{}` must react to at least one event kind",
+            self.name
+        );
+        self.events = events;
+        self
+    }
+
+    /// Debounces the produce: it runs at most once per generation for one trigger, however
+    /// many of the generation's events match it for that trigger, on the newest of them (the
+    /// last in queue order: its trigger version and its event kind); the run takes the place of
+    /// the first of them in the work order. `#[produce(.., debounce)]` expands to it.
+    ///
+    /// A creation or an update matches only while it is the artifact's current version, so
+    /// events for one artifact in a batch already run a produce once; what debouncing adds is
+    /// for the events that each match on their own: several deletions of one id in a batch
+    /// (deleted, created again, deleted again), each with its own last version, run once, on
+    /// the last deletion. Events a generation does not take (cut off by
+    /// [`Budget::max_runs`](crate::Budget::max_runs)) run in a later generation.
+    pub fn debounce(mut self) -> Self {
+        self.debounce = true;
+        self
+    }
+
+    /// Whether the produce is debounced (see [`debounce`](Produce::debounce)).
+    pub fn is_debounced(&self) -> bool {
+        self.debounce
+    }
+
+    /// Whether the produce reacts to events of `kind` (see [`on`](Produce::on)).
+    pub fn reacts_to(&self, kind: EventKind) -> bool {
+        self.events.contains(kind)
+    }
+
+    /// The event kinds the produce reacts to, in the order `EventKind` declares them.
+    pub fn events(&self) -> impl Iterator<Item = EventKind> {
+        self.events.iter()
     }
 
     /// The produce's name.
@@ -319,6 +397,8 @@ impl std::fmt::Debug for Produce {
             .field("name", &self.name)
             .field("trigger", &self.trigger.kind)
             .field("outputs", &self.outputs)
+            .field("events", &self.events.iter().collect::<Vec<_>>())
+            .field("debounce", &self.debounce)
             .finish()
     }
 }

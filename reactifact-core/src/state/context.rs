@@ -336,8 +336,8 @@ impl Context {
             }
             match refold.step(commit) {
                 Ok(emitted) => {
-                    for event in emitted {
-                        events.push(QueuedEvent { seq, event });
+                    for emitted in emitted {
+                        events.push(QueuedEvent::new(seq, emitted));
                         seq += 1;
                     }
                 }
@@ -395,9 +395,9 @@ impl Context {
             None => (0, Refold::keeping_undo(Checks::STATE), None),
         };
         for commit in &loaded.commits {
-            for event in refold.step(commit)? {
+            for emitted in refold.step(commit)? {
                 if seq >= loaded.consumed_seq {
-                    self.events.push_back(QueuedEvent { seq, event });
+                    self.events.push_back(QueuedEvent::new(seq, emitted));
                 }
                 seq += 1;
             }
@@ -622,6 +622,12 @@ impl Context {
         self.events.iter().map(|q| &q.event)
     }
 
+    /// The queued events with their positions (and, for deletions, the version deleted),
+    /// oldest first.
+    pub(crate) fn queued(&self) -> impl Iterator<Item = &QueuedEvent> + '_ {
+        self.events.iter()
+    }
+
     /// The outbox of the context's store: the delivery ledger and its operations, shared
     /// with the context's branches and with every other context and
     /// [`Drainer`](crate::Drainer) of the store. Hand it to a `Drainer` to deliver this
@@ -806,12 +812,9 @@ impl Context {
         let events: Vec<QueuedEvent> = apply
             .events
             .drain(..)
-            .map(|event| {
+            .map(|emitted| {
                 next_seq += 1;
-                QueuedEvent {
-                    seq: next_seq - 1,
-                    event,
-                }
+                QueuedEvent::new(next_seq - 1, emitted)
             })
             .collect();
         // With nothing else left in the queue, the events this commit emits that no produce

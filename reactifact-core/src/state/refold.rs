@@ -9,7 +9,7 @@
 
 use crate::model::action::{ActionKey, PendingAction};
 use crate::model::artifact::{ArtifactId, Generation, Kind};
-use crate::model::event::Event;
+use crate::model::event::Emitted;
 use crate::model::hash::{self, CommitHash, StateHash};
 use crate::model::patch::Op;
 use crate::state::commit::{Apply, Commit, CommitError, Undone};
@@ -255,9 +255,9 @@ impl Refold {
         self.parent
     }
 
-    /// Checks and applies the next commit; returns the events it emits. On error the state is
-    /// as it was before the commit.
-    pub(crate) fn step(&mut self, commit: &Commit) -> Result<Vec<Event>, VerifyError> {
+    /// Checks and applies the next commit; returns the events it emits (each deletion with the
+    /// version deleted). On error the state is as it was before the commit.
+    pub(crate) fn step(&mut self, commit: &Commit) -> Result<Vec<Emitted>, VerifyError> {
         let generation = commit.generation;
         if generation != self.next {
             return Err(VerifyError::Numbering {

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::action::ActionKey;
 use crate::model::artifact::{ArtifactId, Generation, Kind, Stored, Version};
-use crate::model::event::{Event, QueuedEvent};
+use crate::model::event::{Event, EventKind, QueuedEvent};
 use crate::model::hash::{self, CommitHash, ContentHash, StateHash};
 use crate::model::patch::{Op, PutMode};
 use crate::model::relation::Relation;
@@ -32,11 +32,43 @@ struct RunRepr<'a> {
     agent: Option<Cow<'a, str>>,
     #[serde(borrow)]
     produce: Option<Cow<'a, str>>,
-    trigger: Option<(ArtifactId, Version, ContentHash)>,
+    trigger: Option<TriggerRepr>,
     #[serde(borrow)]
     ops: Vec<OpRepr<'a>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     reads: Vec<(ArtifactId, Option<Version>)>,
+}
+
+/// A run's trigger: `[id, version, hash]` as before event kinds were recorded, with the kind
+/// as a fourth element only when it is not the one its version implies (`Created` for version
+/// 1, `Updated` after it): a deletion.
+#[derive(Serialize, Deserialize)]
+struct TriggerRepr {
+    id: ArtifactId,
+    version: Version,
+    hash: ContentHash,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    event: Option<EventKind>,
+}
+
+impl TriggerRepr {
+    fn of(trigger: &TriggerRef) -> Self {
+        TriggerRepr {
+            id: trigger.id.clone(),
+            version: trigger.version,
+            hash: trigger.hash,
+            event: (!trigger.event.is_inferred()).then_some(trigger.event),
+        }
+    }
+
+    fn into_trigger(self) -> TriggerRef {
+        TriggerRef {
+            event: self.event.unwrap_or_else(|| EventKind::inferred(self.version)),
+            id: self.id,
+            version: self.version,
+            hash: self.hash,
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -70,7 +102,7 @@ pub(crate) fn encode_runs(runs: &[RunRecord]) -> Vec<u8> {
         .map(|run| RunRepr {
             agent: run.agent.as_deref().map(Cow::Borrowed),
             produce: run.produce.as_deref().map(Cow::Borrowed),
-            trigger: run.trigger.as_ref().map(|t| (t.id.clone(), t.version, t.hash)),
+            trigger: run.trigger.as_ref().map(TriggerRepr::of),
             ops: run.ops.iter().map(op_repr).collect(),
             reads: run.reads.iter().map(|r| (r.id.clone(), r.version)).collect(),
         })
@@ -127,7 +159,7 @@ pub(crate) fn decode_runs(bytes: &[u8]) -> Result<Vec<RunRecord>, rmp_serde::dec
         .map(|run| RunRecord {
             agent: run.agent.map(|a| Arc::from(&*a)),
             produce: run.produce.map(|p| Arc::from(&*p)),
-            trigger: run.trigger.map(|(id, version, hash)| TriggerRef { id, version, hash }),
+            trigger: run.trigger.map(TriggerRepr::into_trigger),
             ops: run.ops.into_iter().map(op_from).collect(),
             reads: run
                 .reads
@@ -177,6 +209,10 @@ struct CheckpointOut<'a> {
     artifacts: Vec<StoredOut<'a>>,
     relations: Vec<&'a Relation>,
     events: Vec<(u64, &'a Event)>,
+    /// For the queued deletions, by event number, the version deleted. Left out when there is
+    /// none, so such a body encodes as before deletions carried it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    deleted: Vec<(u64, StoredOut<'a>)>,
 }
 
 #[derive(Serialize)]
@@ -191,6 +227,20 @@ struct StoredOut<'a> {
     bytes: &'a [u8],
 }
 
+impl<'a> StoredOut<'a> {
+    fn of(s: &'a Stored) -> Self {
+        StoredOut {
+            id: &s.id,
+            kind: s.kind,
+            version: s.version,
+            generation: s.generation,
+            created: s.created,
+            hash: s.hash,
+            bytes: &s.bytes,
+        }
+    }
+}
+
 #[derive(Deserialize)]
 struct CheckpointIn<'a> {
     format: u32,
@@ -200,6 +250,8 @@ struct CheckpointIn<'a> {
     artifacts: Vec<StoredIn<'a>>,
     relations: Vec<Relation>,
     events: Vec<(u64, Event)>,
+    #[serde(default, borrow)]
+    deleted: Vec<(u64, StoredIn<'a>)>,
 }
 
 #[derive(Deserialize)]
@@ -214,6 +266,20 @@ struct StoredIn<'a> {
     bytes: Cow<'a, [u8]>,
 }
 
+impl StoredIn<'_> {
+    fn into_stored(self) -> Stored {
+        Stored {
+            id: self.id,
+            kind: self.kind,
+            version: self.version,
+            hash: self.hash,
+            generation: self.generation,
+            created: self.created,
+            bytes: Arc::from(&*self.bytes),
+        }
+    }
+}
+
 /// What a checkpoint's body holds, decoded.
 pub(crate) struct CheckpointBody {
     pub(crate) state: State,
@@ -224,18 +290,7 @@ pub(crate) struct CheckpointBody {
 /// Encodes a checkpoint's body: O(state), so it runs on the store's thread, never on an
 /// executor thread.
 pub(crate) fn encode_checkpoint(state: &State, next_event_seq: u64, events: &[QueuedEvent]) -> Vec<u8> {
-    let artifacts: Vec<StoredOut<'_>> = state
-        .artifacts()
-        .map(|s| StoredOut {
-            id: &s.id,
-            kind: s.kind,
-            version: s.version,
-            generation: s.generation,
-            created: s.created,
-            hash: s.hash,
-            bytes: &s.bytes,
-        })
-        .collect();
+    let artifacts: Vec<StoredOut<'_>> = state.artifacts().map(|s| StoredOut::of(s)).collect();
     let bytes: usize = artifacts.iter().map(|a| a.bytes.len() + a.id.as_str().len() + 64).sum();
     let body = CheckpointOut {
         format: CHECKPOINT_FORMAT,
@@ -244,6 +299,10 @@ pub(crate) fn encode_checkpoint(state: &State, next_event_seq: u64, events: &[Qu
         artifacts,
         relations: state.relations().collect(),
         events: events.iter().map(|q| (q.seq, &q.event)).collect(),
+        deleted: events
+            .iter()
+            .filter_map(|q| q.deleted.as_ref().map(|s| (q.seq, StoredOut::of(s))))
+            .collect(),
     };
     let mut out = Vec::with_capacity(bytes + 64);
     rmp_serde::encode::write(&mut out, &body).expect("a checkpoint always encodes");
@@ -307,23 +366,30 @@ pub(crate) fn decode_checkpoint(bytes: &[u8]) -> Result<CheckpointBody, String> 
     if body.format != CHECKPOINT_FORMAT {
         return Err(format!("its body has format {}, not {CHECKPOINT_FORMAT}", body.format));
     }
-    let artifacts = body.artifacts.into_iter().map(|a| Stored {
-        id: a.id,
-        kind: a.kind,
-        version: a.version,
-        hash: a.hash,
-        generation: a.generation,
-        created: a.created,
-        bytes: Arc::from(&*a.bytes),
-    });
+    let artifacts = body.artifacts.into_iter().map(StoredIn::into_stored);
+    let mut deleted: std::collections::HashMap<u64, Arc<Stored>> = body
+        .deleted
+        .into_iter()
+        .map(|(seq, s)| (seq, Arc::new(s.into_stored())))
+        .collect();
+    let events: Vec<QueuedEvent> = body
+        .events
+        .into_iter()
+        .map(|(seq, event)| QueuedEvent {
+            seq,
+            deleted: deleted.remove(&seq),
+            event,
+        })
+        .collect();
+    if let Some(seq) = deleted.keys().min() {
+        return Err(format!(
+            "it holds a deleted version for event number {seq}, which is not one of its queued events"
+        ));
+    }
     Ok(CheckpointBody {
         state: State::from_parts(artifacts, body.relations, body.next_created),
         next_event_seq: body.next_event_seq,
-        events: body
-            .events
-            .into_iter()
-            .map(|(seq, event)| QueuedEvent { seq, event })
-            .collect(),
+        events,
     })
 }
 
@@ -349,6 +415,7 @@ mod tests {
             agent: Some(Arc::from("billing")),
             produce: Some(Arc::from("process_order")),
             trigger: Some(TriggerRef {
+                event: EventKind::Updated,
                 id: ArtifactId::from("order:1"),
                 version: Version(3),
                 hash: hash::content_hash(b"x"),
@@ -430,13 +497,49 @@ mod tests {
                 version: Version(3),
                 generation: Generation(7),
             },
+            deleted: None,
         }];
-        let body = decode_checkpoint(&encode_checkpoint(&state, 42, &events)).unwrap();
+        let plain = encode_checkpoint(&state, 42, &events);
+        let body = decode_checkpoint(&plain).unwrap();
         assert!(body.state.difference(&state).is_none());
         assert_eq!(body.state.state_hash(), state.state_hash());
         assert_eq!(body.next_event_seq, 42);
         assert_eq!(body.events.len(), 1);
         assert_eq!((body.events[0].seq, &body.events[0].event), (41, &events[0].event));
+        assert!(body.events[0].deleted.is_none());
         assert!(decode_checkpoint(b"\x93\x01").is_err());
+
+        // A queued deletion keeps the version deleted; a body without any encodes as before.
+        let bytes = crate::model::artifact::encode(&Receipt { total: 9 }).unwrap();
+        let gone = Arc::new(Stored {
+            id: ArtifactId::from("receipt:9"),
+            kind: Kind::of::<Receipt>(),
+            version: Version(2),
+            hash: hash::content_hash(&bytes),
+            generation: Generation(6),
+            created: 0,
+            bytes: Arc::from(bytes),
+        });
+        let mut with_deletion = events.clone();
+        with_deletion.push(QueuedEvent {
+            seq: 42,
+            event: Event {
+                kind: EventKind::Deleted,
+                id: ArtifactId::from("receipt:9"),
+                artifact_kind: Kind::of::<Receipt>(),
+                version: Version(2),
+                generation: Generation(7),
+            },
+            deleted: Some(gone.clone()),
+        });
+        let encoded = encode_checkpoint(&state, 43, &with_deletion);
+        assert!(encoded.len() > plain.len());
+        let body = decode_checkpoint(&encoded).unwrap();
+        assert!(body.events[0].deleted.is_none());
+        let back = body.events[1].deleted.as_ref().expect("the version deleted is kept");
+        assert_eq!(
+            (&back.id, back.version, back.hash, back.generation, &back.bytes[..]),
+            (&gone.id, gone.version, gone.hash, gone.generation, &gone.bytes[..])
+        );
     }
 }

@@ -50,6 +50,8 @@ pub(crate) fn expand(model: ProduceModel) -> TokenStream {
         declared_call,
         outputs,
         condition,
+        on,
+        debounce,
         krate,
     } = model;
     let private = quote!(#krate::__private);
@@ -85,6 +87,8 @@ pub(crate) fn expand(model: ProduceModel) -> TokenStream {
         ReturnType::Default => Span::call_site(),
     };
     let condition = condition.map(|c| quote!(.when::<#trigger, _>(#c)));
+    let on = on.map(|kinds| quote!(.on([#(#private::EventKind::#kinds),*])));
+    let debounce = debounce.then(|| quote!(.debounce()));
     // Each output is recorded with its Rust type, so the runtime's builder can refuse two types
     // that claim one kind. Inherent methods only: no trait needs to be in scope
     // (`#![no_implicit_prelude]`).
@@ -120,6 +124,8 @@ pub(crate) fn expand(model: ProduceModel) -> TokenStream {
             #register
                 #(#creates)*
                 #condition
+                #on
+                #debounce
         }
 
         #(#declarations)*
