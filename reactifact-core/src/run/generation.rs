@@ -235,8 +235,27 @@ fn run_one(
     let agent = &rt.agents[work.slot.agent];
     let produce = &agent.produces[work.slot.produce];
     let span = tracing::debug_span!("produce", agent = %agent.name, produce = produce.name(), artifact_id = %work.trigger.id, generation = generation.0);
-    let run = start_run(produce, work.trigger.clone(), work.event, snapshot, generation);
-    async move { (index, run.await) }.instrument(span)
+    let failed = work
+        .condition_panicked
+        .as_ref()
+        .map(|message| RunFailure::Panicked(format!("its condition panicked: {message}")));
+    let run = match failed {
+        None => Some(start_run(
+            produce,
+            work.trigger.clone(),
+            work.event,
+            snapshot,
+            generation,
+        )),
+        Some(_) => None,
+    };
+    async move {
+        match (run, failed) {
+            (Some(run), _) => (index, run.await),
+            (None, failed) => (index, Err(failed.expect("a run or its failure"))),
+        }
+    }
+    .instrument(span)
 }
 
 /// What one produce run recorded.

@@ -6,13 +6,14 @@
 //! event announced; for a deletion, the version deleted, if the artifact is still absent. The
 //! cost is a hash lookup per event and the work it matches, never a scan of the state.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use foldhash::HashMap;
 
 use crate::model::artifact::{ArtifactId, Kind, Stored};
 use crate::model::event::{Event, EventKind, QueuedEvent};
-use crate::run::generation::Slot;
+use crate::run::generation::{panic_message, Slot};
 use crate::run::produce::Agent;
 use crate::run::runtime::Runtime;
 use crate::state::snapshot::Snapshot;
@@ -22,6 +23,9 @@ pub(crate) struct Work {
     pub(crate) slot: Slot,
     pub(crate) trigger: Arc<Stored>,
     pub(crate) event: EventKind,
+    /// The produce's condition panicked on this trigger, with this message: the run fails
+    /// with it instead of running.
+    pub(crate) condition_panicked: Option<String>,
 }
 
 /// The events a generation takes and the work they match.
@@ -115,11 +119,22 @@ fn match_event(rt: &Runtime, snapshot: &Snapshot, queued: &QueuedEvent, work: &m
     };
     for &slot in slots {
         let produce = produce(&slot);
-        if produce.reacts_to(event.kind) && produce.applies(snapshot, &trigger) {
+        if !produce.reacts_to(event.kind) {
+            continue;
+        }
+        // A condition is user code: one that panics fails its run (the generation, unless
+        // runs are isolated), instead of unwinding through the runtime.
+        let (applies, condition_panicked) =
+            match std::panic::catch_unwind(AssertUnwindSafe(|| produce.applies(snapshot, &trigger))) {
+                Ok(applies) => (applies, None),
+                Err(panic) => (true, Some(panic_message(&panic))),
+            };
+        if applies {
             work.push(Work {
                 slot,
                 trigger: trigger.clone(),
                 event: event.kind,
+                condition_panicked,
             });
         }
     }

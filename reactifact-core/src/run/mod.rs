@@ -8,3 +8,4 @@ pub(crate) mod matching;
 pub(crate) mod produce;
 pub(crate) mod runtime;
 pub(crate) mod serve;
+pub mod when;
