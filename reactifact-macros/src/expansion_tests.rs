@@ -175,7 +175,7 @@ fn options_set_the_name_the_condition_and_the_crate_path() {
 #[test]
 fn event_kinds_and_debounce_become_builder_calls() {
     let file = produce(
-        quote!(Receipt, on = [deleted, created], debounce),
+        quote!(Receipt, on = [deleted, created], debounce, stale),
         quote!(
             async fn process_order(call: ProduceCall<Order>) {}
         ),
@@ -188,11 +188,14 @@ fn event_kinds_and_debounce_become_builder_calls() {
         ),
         "{all}"
     );
-    assert!(all.contains(". debounce ()"), "{all}");
+    assert!(all.contains(". debounce () . stale ()"), "{all}");
 
     // Without them, neither call: the produce keeps the defaults.
     let all = text(&order_produce());
-    assert!(!all.contains(". on (") && !all.contains(". debounce ("), "{all}");
+    assert!(
+        !all.contains(". on (") && !all.contains(". debounce (") && !all.contains(". stale ("),
+        "{all}"
+    );
 }
 
 #[test]

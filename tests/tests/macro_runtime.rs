@@ -330,3 +330,92 @@ async fn debounce_reaches_the_runtime_through_the_macro() {
     let grave = rt.context().get::<Tombstone>("tombstone:order:1").unwrap().unwrap();
     assert_eq!(grave.data.total_cents, 1, "the newest deletion's last version");
 }
+
+/// The total of a customer's orders, derived by a watching produce.
+#[derive(Serialize, Deserialize, Artifact, Debug, Clone, PartialEq)]
+struct Spend {
+    total_cents: u64,
+}
+
+#[produce(Spend, stale)]
+async fn spend(call: ProduceCall<Order>) {
+    // Reads the other order of the same customer through the snapshot.
+    let other = if call.trigger.id.as_str() == "order:1" {
+        "order:2"
+    } else {
+        "order:1"
+    };
+    let theirs = call
+        .snapshot
+        .get::<Order>(other)
+        .unwrap()
+        .map_or(0, |o| o.data.total_cents);
+    call.effects.upsert(
+        format!("spend:{}", call.trigger.id),
+        Spend {
+            total_cents: call.trigger.data.total_cents + theirs,
+        },
+    );
+}
+
+#[tokio::test]
+async fn stale_reaches_the_runtime_through_the_macro() {
+    let mut rt = Runtime::builder(seeded())
+        .agent(Agent::new("books").produce(spend))
+        .build()
+        .unwrap();
+    rt.run().await.unwrap();
+    assert_eq!(
+        rt.context()
+            .get::<Spend>("spend:order:1")
+            .unwrap()
+            .unwrap()
+            .data
+            .total_cents,
+        5_250
+    );
+    rt.context_mut()
+        .update(
+            "order:2",
+            Order {
+                customer: "grace".into(),
+                total_cents: 50,
+            },
+        )
+        .unwrap();
+    let report = rt.run().await.unwrap();
+    // order:2 runs on its update; order:1's run read order:2, so it is recomputed.
+    assert_eq!((report.generations, report.runs), (1, 2));
+    assert_eq!(
+        rt.context()
+            .get::<Spend>("spend:order:1")
+            .unwrap()
+            .unwrap()
+            .data
+            .total_cents,
+        300
+    );
+    assert_eq!(
+        rt.context()
+            .get::<Spend>("spend:order:2")
+            .unwrap()
+            .unwrap()
+            .data
+            .total_cents,
+        300
+    );
+    let kinds: Vec<_> = rt
+        .context()
+        .log()
+        .unwrap()
+        .last()
+        .unwrap()
+        .runs
+        .iter()
+        .map(|r| r.trigger.as_ref().unwrap().event)
+        .collect();
+    assert_eq!(
+        kinds,
+        [reactifact_core::EventKind::Updated, reactifact_core::EventKind::Stale]
+    );
+}

@@ -236,7 +236,7 @@ async fn replay_run(
         EventKind::Deleted => deleted
             .get(&(trigger.id.clone(), trigger.version, trigger.hash))
             .filter(|_| snapshot.state.get(trigger.id.as_str()).is_none()),
-        EventKind::Created | EventKind::Updated => snapshot
+        EventKind::Created | EventKind::Updated | EventKind::Stale => snapshot
             .state
             .get(trigger.id.as_str())
             .filter(|stored| stored.version == trigger.version && stored.hash == trigger.hash),

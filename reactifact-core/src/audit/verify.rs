@@ -5,6 +5,7 @@ use crate::model::artifact::Generation;
 use crate::model::hash::{CommitHash, StateHash};
 use crate::state::commit::Commit;
 use crate::state::context::Context;
+use crate::state::readers::Readers;
 use crate::state::refold::{Checks, Refold, VerifyError};
 use crate::state::snapshot::Snapshot;
 use crate::store::StoredCheckpoint;
@@ -202,7 +203,7 @@ fn verify_with_checkpoints(
         .collect();
     let mut emitted = std::collections::HashMap::new();
     let mut seq = 0u64;
-    let mut refold = Refold::new(Checks::ALL);
+    let mut refold = Refold::new(Checks::ALL).keep_readers(Readers::default());
     for commit in log {
         for event in refold.step(commit)? {
             if wanted.contains(&seq) {
@@ -232,6 +233,9 @@ fn verify_with_checkpoints(
         }
         if let Some(detail) = body.state.difference(refold.state()) {
             return Err(bad(format!("its state is not the log's: {detail}")));
+        }
+        if let Some(detail) = refold.readers().and_then(|log| body.readers.difference(log)) {
+            return Err(bad(format!("its readers index is not the log's: {detail}")));
         }
         if body.next_event_seq != seq {
             return Err(bad(format!(

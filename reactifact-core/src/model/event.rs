@@ -17,11 +17,21 @@ pub enum EventKind {
     /// [`Produce::on`](crate::Produce::on)) run on it; they receive the last version as their
     /// trigger.
     Deleted,
+    /// Never queued: what a staleness rerun receives in
+    /// [`ProduceCall::event`](crate::ProduceCall::event). An artifact that the produce's newest
+    /// run on this trigger read has changed since that run (see
+    /// [`Produce::stale`](crate::Produce::stale)); the trigger is its current version.
+    Stale,
 }
 
 impl EventKind {
     /// Every kind, in declaration order.
-    pub(crate) const ALL: [EventKind; 3] = [EventKind::Created, EventKind::Updated, EventKind::Deleted];
+    pub(crate) const ALL: [EventKind; 4] = [
+        EventKind::Created,
+        EventKind::Updated,
+        EventKind::Deleted,
+        EventKind::Stale,
+    ];
 
     /// The kind a run's record can leave out: `Created` for version 1, `Updated` after it.
     pub(crate) fn is_inferred(&self) -> bool {
@@ -43,6 +53,7 @@ impl EventKind {
             EventKind::Created => "created",
             EventKind::Updated => "updated",
             EventKind::Deleted => "deleted",
+            EventKind::Stale => "stale",
         }
     }
 
@@ -74,10 +85,6 @@ impl EventKinds {
 
     pub(crate) fn with(self, kind: EventKind) -> EventKinds {
         EventKinds(self.0 | kind.bit())
-    }
-
-    pub(crate) fn is_empty(self) -> bool {
-        self.0 == 0
     }
 
     /// The kinds in the set, in declaration order.

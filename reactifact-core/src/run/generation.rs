@@ -21,6 +21,7 @@ use crate::run::produce::{Produce, ProduceFailure, RunFailure, RunInput};
 use crate::run::runtime::{ProduceErrors, RunError, Runtime, TurnOutcome, TurnReport};
 use crate::state::commit::{Read, RunRecord, TriggerRef};
 use crate::state::context::{CommitFailure, GenerationCommit};
+use crate::state::readers::Readers;
 use crate::state::snapshot::Snapshot;
 
 /// Where a produce is registered: agent index (in priority order) and produce index.
@@ -49,7 +50,8 @@ pub(crate) async fn run(
     report: &mut TurnReport,
 ) -> Result<Step, RunError> {
     let snapshot = rt.context.snapshot();
-    let batch = matching::select(rt, &snapshot, remaining_runs);
+    let watching = matching::Watching::of(rt);
+    let batch = matching::select(rt, &snapshot, &watching, remaining_runs);
     if batch.events == 0 {
         return Ok(Step::Interrupted(TurnOutcome::RunsExhausted));
     }
@@ -121,6 +123,7 @@ pub(crate) async fn run(
                     }),
                     ops,
                     reads,
+                    watches_reads: produce.reacts_to(EventKind::Stale),
                 });
                 record_work.push(i);
             }
@@ -138,7 +141,8 @@ pub(crate) async fn run(
 
     let mut runs = records.len() as u64;
     let claim = rt.commit_claim();
-    let reacts = |event: &Event| matching::reacts(rt.agents.as_slice(), &rt.triggers, event);
+    let (agents, triggers) = (rt.agents.as_slice(), &rt.triggers);
+    let reacts = |event: &Event, readers: &Readers| matching::reacts(agents, triggers, &watching, event, readers);
     let turn = GenerationCommit { reacts: &reacts, claim };
     let preclaimed;
     match rt

@@ -310,15 +310,21 @@ impl Produce {
     /// assert!(!produce.reacts_to(EventKind::Created));
     /// ```
     ///
+    /// [`EventKind::Stale`] in `kinds` is [`stale`](Produce::stale); `on` keeps it when it is
+    /// not listed, so the two compose in either order.
+    ///
     /// # Panics
-    /// If `kinds` is empty: the produce would never run.
+    /// If `kinds` holds none of `Created`, `Updated` and `Deleted`: the produce would never run.
     pub fn on(mut self, kinds: impl IntoIterator<Item = EventKind>) -> Self {
-        let events = kinds.into_iter().fold(EventKinds::EMPTY, EventKinds::with);
+        let mut events = kinds.into_iter().fold(EventKinds::EMPTY, EventKinds::with);
         assert!(
-            !events.is_empty(),
-            "produce `{}` must react to at least one event kind",
+            events.iter().any(|k| k != EventKind::Stale),
+            "produce `{}` must react to at least one event kind of created, updated and deleted",
             self.name
         );
+        if self.events.contains(EventKind::Stale) {
+            events = events.with(EventKind::Stale);
+        }
         self.events = events;
         self
     }
@@ -336,6 +342,51 @@ impl Produce {
     /// [`Budget::max_runs`](crate::Budget::max_runs)) run in a later generation.
     pub fn debounce(mut self) -> Self {
         self.debounce = true;
+        self
+    }
+
+    /// Makes the produce react to staleness: when an artifact that its newest committed run
+    /// on a trigger read (through its snapshot, see [`RunRecord::reads`](crate::RunRecord::reads))
+    /// changes after that run — a new version, a deletion, or the creation of an id it read as
+    /// absent — it runs again on the same trigger, at its current version, with
+    /// [`EventKind::Stale`]; so what it derived is recomputed. A recompute that writes what
+    /// is already stored changes nothing (equal content is a no-op) and emits no event, so a
+    /// cascade of stale produces stops there. `#[produce(.., stale)]` expands to it.
+    ///
+    /// Adds [`EventKind::Stale`] to the kinds it reacts to ([`on`](Produce::on)). The rerun is
+    /// matched with the event of the change, in the generation that takes it; the produce then
+    /// has at most one run per trigger in that generation (a rerun is dropped when it runs on
+    /// the trigger anyway). A trigger deleted meanwhile is not rerun. Its runs record
+    /// [`RunRecord::watches_reads`](crate::RunRecord::watches_reads), so the index of what they
+    /// read is rebuilt from the log (and kept in checkpoints) when a durable store is opened.
+    ///
+    /// ```
+    /// use reactifact_core::{Artifact, EventKind, Produce, ProduceCall};
+    /// use serde::{Deserialize, Serialize};
+    ///
+    /// #[derive(Serialize, Deserialize)] struct Customer { orders: Vec<String> }
+    /// impl Artifact for Customer { const KIND: &'static str = "customer"; }
+    /// #[derive(Serialize, Deserialize)] struct Order { total_cents: u64 }
+    /// impl Artifact for Order { const KIND: &'static str = "order"; }
+    /// #[derive(Serialize, Deserialize)] struct Summary { total_cents: u64 }
+    /// impl Artifact for Summary { const KIND: &'static str = "summary"; }
+    ///
+    /// // Recomputed whenever one of the customer's orders changes.
+    /// let summarize = Produce::new("summarize", |call: ProduceCall<Customer>| async move {
+    ///     let mut total_cents = 0;
+    ///     for id in &call.trigger.data.orders {
+    ///         if let Ok(Some(order)) = call.snapshot.get::<Order>(id) {
+    ///             total_cents += order.data.total_cents;
+    ///         }
+    ///     }
+    ///     call.effects.upsert(format!("summary:{}", call.trigger.id), Summary { total_cents });
+    /// })
+    /// .creates::<Summary>()
+    /// .stale();
+    /// assert!(summarize.reacts_to(EventKind::Stale));
+    /// ```
+    pub fn stale(mut self) -> Self {
+        self.events = self.events.with(EventKind::Stale);
         self
     }
 

@@ -103,6 +103,11 @@ pub struct RunRecord {
     /// nothing hashes as it did before reads were recorded.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub reads: Vec<Read>,
+    /// Whether the produce watches what this run read (it reacts to staleness, see
+    /// [`Produce::stale`](crate::Produce::stale)): a later change of any of `reads` runs it
+    /// again on the same trigger. Part of the commit hash only when set.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub watches_reads: bool,
 }
 
 impl RunRecord {
@@ -114,6 +119,7 @@ impl RunRecord {
             trigger: None,
             ops,
             reads: Vec::new(),
+            watches_reads: false,
         }
     }
 }

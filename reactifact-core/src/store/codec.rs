@@ -25,6 +25,7 @@ use crate::model::patch::{Op, PutMode};
 use crate::model::relation::Relation;
 use crate::state::commit::{Read, RunRecord, TriggerRef};
 use crate::state::live::State;
+use crate::state::readers::{Reader, ReaderKey, Readers};
 
 #[derive(Serialize, Deserialize)]
 struct RunRepr<'a> {
@@ -39,35 +40,55 @@ struct RunRepr<'a> {
     reads: Vec<(ArtifactId, Option<Version>)>,
 }
 
-/// A run's trigger: `[id, version, hash]` as before event kinds were recorded, with the kind
-/// as a fourth element only when it is not the one its version implies (`Created` for version
-/// 1, `Updated` after it): a deletion.
+/// A run's trigger: `[id, version, hash]` as before event kinds were recorded, with a fourth
+/// element, `[event kind, watches reads]`, only when the kind is not the one its version implies
+/// (`Created` for version 1, `Updated` after it: a deletion, a staleness rerun) or the produce
+/// watches its reads.
 #[derive(Serialize, Deserialize)]
 struct TriggerRepr {
     id: ArtifactId,
     version: Version,
     hash: ContentHash,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    event: Option<EventKind>,
+    extra: Option<TriggerExtra>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct TriggerExtra {
+    event: EventKind,
+    #[serde(default)]
+    watches_reads: bool,
 }
 
 impl TriggerRepr {
-    fn of(trigger: &TriggerRef) -> Self {
-        TriggerRepr {
+    fn of(run: &RunRecord) -> Option<Self> {
+        let trigger = run.trigger.as_ref()?;
+        Some(TriggerRepr {
             id: trigger.id.clone(),
             version: trigger.version,
             hash: trigger.hash,
-            event: (!trigger.event.is_inferred()).then_some(trigger.event),
-        }
+            extra: (!trigger.event.is_inferred() || run.watches_reads).then_some(TriggerExtra {
+                event: trigger.event,
+                watches_reads: run.watches_reads,
+            }),
+        })
     }
 
-    fn into_trigger(self) -> TriggerRef {
-        TriggerRef {
-            event: self.event.unwrap_or_else(|| EventKind::inferred(self.version)),
-            id: self.id,
-            version: self.version,
-            hash: self.hash,
-        }
+    /// The trigger, and whether the run watches its reads.
+    fn into_trigger(self) -> (TriggerRef, bool) {
+        let (event, watches_reads) = match self.extra {
+            Some(extra) => (extra.event, extra.watches_reads),
+            None => (EventKind::inferred(self.version), false),
+        };
+        (
+            TriggerRef {
+                event,
+                id: self.id,
+                version: self.version,
+                hash: self.hash,
+            },
+            watches_reads,
+        )
     }
 }
 
@@ -102,7 +123,7 @@ pub(crate) fn encode_runs(runs: &[RunRecord]) -> Vec<u8> {
         .map(|run| RunRepr {
             agent: run.agent.as_deref().map(Cow::Borrowed),
             produce: run.produce.as_deref().map(Cow::Borrowed),
-            trigger: run.trigger.as_ref().map(TriggerRepr::of),
+            trigger: TriggerRepr::of(run),
             ops: run.ops.iter().map(op_repr).collect(),
             reads: run.reads.iter().map(|r| (r.id.clone(), r.version)).collect(),
         })
@@ -156,16 +177,23 @@ pub(crate) fn decode_runs(bytes: &[u8]) -> Result<Vec<RunRecord>, rmp_serde::dec
     let repr: Vec<RunRepr<'_>> = rmp_serde::from_slice(bytes)?;
     Ok(repr
         .into_iter()
-        .map(|run| RunRecord {
-            agent: run.agent.map(|a| Arc::from(&*a)),
-            produce: run.produce.map(|p| Arc::from(&*p)),
-            trigger: run.trigger.map(TriggerRepr::into_trigger),
-            ops: run.ops.into_iter().map(op_from).collect(),
-            reads: run
-                .reads
-                .into_iter()
-                .map(|(id, version)| Read { id, version })
-                .collect(),
+        .map(|run| {
+            let (trigger, watches_reads) = match run.trigger.map(TriggerRepr::into_trigger) {
+                Some((trigger, watches)) => (Some(trigger), watches),
+                None => (None, false),
+            };
+            RunRecord {
+                agent: run.agent.map(|a| Arc::from(&*a)),
+                produce: run.produce.map(|p| Arc::from(&*p)),
+                trigger,
+                ops: run.ops.into_iter().map(op_from).collect(),
+                reads: run
+                    .reads
+                    .into_iter()
+                    .map(|(id, version)| Read { id, version })
+                    .collect(),
+                watches_reads,
+            }
         })
         .collect())
 }
@@ -209,11 +237,20 @@ struct CheckpointOut<'a> {
     artifacts: Vec<StoredOut<'a>>,
     relations: Vec<&'a Relation>,
     events: Vec<(u64, &'a Event)>,
-    /// For the queued deletions, by event number, the version deleted. Left out when there is
-    /// none, so such a body encodes as before deletions carried it.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    deleted: Vec<(u64, StoredOut<'a>)>,
+    /// What later builds added; left out when empty, so such a body encodes as before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    extra: Option<ExtraOut<'a>>,
 }
+
+#[derive(Serialize)]
+struct ExtraOut<'a> {
+    /// For the queued deletions, by event number, the version deleted.
+    deleted: Vec<(u64, StoredOut<'a>)>,
+    /// The readers index: (agent, produce, trigger, generation, reads), in key order.
+    readers: Vec<ReaderRepr<'a>>,
+}
+
+type ReaderRepr<'a> = (&'a str, &'a str, &'a ArtifactId, Generation, &'a [ArtifactId]);
 
 #[derive(Serialize)]
 struct StoredOut<'a> {
@@ -251,7 +288,15 @@ struct CheckpointIn<'a> {
     relations: Vec<Relation>,
     events: Vec<(u64, Event)>,
     #[serde(default, borrow)]
+    extra: Option<ExtraIn<'a>>,
+}
+
+#[derive(Deserialize)]
+struct ExtraIn<'a> {
+    #[serde(default, borrow)]
     deleted: Vec<(u64, StoredIn<'a>)>,
+    #[serde(default)]
+    readers: Vec<(String, String, ArtifactId, Generation, Vec<ArtifactId>)>,
 }
 
 #[derive(Deserialize)]
@@ -285,11 +330,17 @@ pub(crate) struct CheckpointBody {
     pub(crate) state: State,
     pub(crate) next_event_seq: u64,
     pub(crate) events: Vec<QueuedEvent>,
+    pub(crate) readers: Readers,
 }
 
 /// Encodes a checkpoint's body: O(state), so it runs on the store's thread, never on an
 /// executor thread.
-pub(crate) fn encode_checkpoint(state: &State, next_event_seq: u64, events: &[QueuedEvent]) -> Vec<u8> {
+pub(crate) fn encode_checkpoint(
+    state: &State,
+    next_event_seq: u64,
+    events: &[QueuedEvent],
+    readers: &Readers,
+) -> Vec<u8> {
     let artifacts: Vec<StoredOut<'_>> = state.artifacts().map(|s| StoredOut::of(s)).collect();
     let bytes: usize = artifacts.iter().map(|a| a.bytes.len() + a.id.as_str().len() + 64).sum();
     let body = CheckpointOut {
@@ -299,10 +350,28 @@ pub(crate) fn encode_checkpoint(state: &State, next_event_seq: u64, events: &[Qu
         artifacts,
         relations: state.relations().collect(),
         events: events.iter().map(|q| (q.seq, &q.event)).collect(),
-        deleted: events
-            .iter()
-            .filter_map(|q| q.deleted.as_ref().map(|s| (q.seq, StoredOut::of(s))))
-            .collect(),
+        extra: None,
+    };
+    let deleted: Vec<(u64, StoredOut<'_>)> = events
+        .iter()
+        .filter_map(|q| q.deleted.as_ref().map(|s| (q.seq, StoredOut::of(s))))
+        .collect();
+    let readers: Vec<ReaderRepr<'_>> = readers
+        .entries()
+        .into_iter()
+        .map(|(key, reader)| {
+            (
+                &*key.agent,
+                &*key.produce,
+                &key.trigger,
+                reader.generation,
+                &reader.reads[..],
+            )
+        })
+        .collect();
+    let body = CheckpointOut {
+        extra: (!deleted.is_empty() || !readers.is_empty()).then_some(ExtraOut { deleted, readers }),
+        ..body
     };
     let mut out = Vec::with_capacity(bytes + 64);
     rmp_serde::encode::write(&mut out, &body).expect("a checkpoint always encodes");
@@ -367,7 +436,11 @@ pub(crate) fn decode_checkpoint(bytes: &[u8]) -> Result<CheckpointBody, String> 
         return Err(format!("its body has format {}, not {CHECKPOINT_FORMAT}", body.format));
     }
     let artifacts = body.artifacts.into_iter().map(StoredIn::into_stored);
-    let mut deleted: std::collections::HashMap<u64, Arc<Stored>> = body
+    let extra = body.extra.unwrap_or(ExtraIn {
+        deleted: Vec::new(),
+        readers: Vec::new(),
+    });
+    let mut deleted: std::collections::HashMap<u64, Arc<Stored>> = extra
         .deleted
         .into_iter()
         .map(|(seq, s)| (seq, Arc::new(s.into_stored())))
@@ -390,6 +463,21 @@ pub(crate) fn decode_checkpoint(bytes: &[u8]) -> Result<CheckpointBody, String> 
         state: State::from_parts(artifacts, body.relations, body.next_created),
         next_event_seq: body.next_event_seq,
         events,
+        readers: Readers::from_entries(extra.readers.into_iter().map(
+            |(agent, produce, trigger, generation, reads)| {
+                (
+                    ReaderKey {
+                        agent: Arc::from(agent),
+                        produce: Arc::from(produce),
+                        trigger,
+                    },
+                    Reader {
+                        generation,
+                        reads: reads.into(),
+                    },
+                )
+            },
+        )),
     })
 }
 
@@ -438,9 +526,33 @@ mod tests {
                     version: None,
                 },
             ],
+            watches_reads: false,
         }];
         let decoded = decode_runs(&encode_runs(&runs)).unwrap();
         assert_eq!(format!("{runs:?}"), format!("{decoded:?}"));
+
+        // A run on a deletion, a staleness rerun and a watching run keep their kind and flag;
+        // the others encode their trigger as the three elements they always had.
+        for (event, version, watches_reads) in [
+            (EventKind::Deleted, 2, false),
+            (EventKind::Stale, 1, true),
+            (EventKind::Created, 1, true),
+            (EventKind::Updated, 5, false),
+        ] {
+            let mut run = runs[0].clone();
+            let trigger = run.trigger.as_mut().unwrap();
+            trigger.event = event;
+            trigger.version = Version(version);
+            run.watches_reads = watches_reads;
+            let encoded = encode_runs(std::slice::from_ref(&run));
+            let decoded = decode_runs(&encoded).unwrap();
+            assert_eq!(format!("{run:?}"), format!("{:?}", decoded[0]));
+            let plain = !watches_reads && event.is_inferred();
+            let mut bare = run.clone();
+            bare.trigger.as_mut().unwrap().event = EventKind::inferred(Version(version));
+            bare.watches_reads = false;
+            assert_eq!(plain, encode_runs(&[bare]) == encoded, "{event:?} {watches_reads}");
+        }
     }
 
     #[test]
@@ -499,7 +611,7 @@ mod tests {
             },
             deleted: None,
         }];
-        let plain = encode_checkpoint(&state, 42, &events);
+        let plain = encode_checkpoint(&state, 42, &events, &Readers::default());
         let body = decode_checkpoint(&plain).unwrap();
         assert!(body.state.difference(&state).is_none());
         assert_eq!(body.state.state_hash(), state.state_hash());
@@ -532,7 +644,7 @@ mod tests {
             },
             deleted: Some(gone.clone()),
         });
-        let encoded = encode_checkpoint(&state, 43, &with_deletion);
+        let encoded = encode_checkpoint(&state, 43, &with_deletion, &Readers::default());
         assert!(encoded.len() > plain.len());
         let body = decode_checkpoint(&encoded).unwrap();
         assert!(body.events[0].deleted.is_none());

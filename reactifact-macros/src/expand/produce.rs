@@ -52,6 +52,7 @@ pub(crate) fn expand(model: ProduceModel) -> TokenStream {
         condition,
         on,
         debounce,
+        stale,
         krate,
     } = model;
     let private = quote!(#krate::__private);
@@ -89,6 +90,7 @@ pub(crate) fn expand(model: ProduceModel) -> TokenStream {
     let condition = condition.map(|c| quote!(.when::<#trigger, _>(#c)));
     let on = on.map(|kinds| quote!(.on([#(#private::EventKind::#kinds),*])));
     let debounce = debounce.then(|| quote!(.debounce()));
+    let stale = stale.then(|| quote!(.stale()));
     // Each output is recorded with its Rust type, so the runtime's builder can refuse two types
     // that claim one kind. Inherent methods only: no trait needs to be in scope
     // (`#![no_implicit_prelude]`).
@@ -126,6 +128,7 @@ pub(crate) fn expand(model: ProduceModel) -> TokenStream {
                 #condition
                 #on
                 #debounce
+                #stale
         }
 
         #(#declarations)*

@@ -27,7 +27,7 @@ pub(crate) enum RawArg {
         brackets: proc_macro2::Span,
         kinds: Punctuated<Ident, Token![,]>,
     },
-    /// A bare flag: `debounce`.
+    /// A bare flag: `debounce` or `stale`.
     Flag { key: Ident },
     /// `something = …` with a key no option has; its value is skipped.
     Unknown { key: Ident },
@@ -103,7 +103,7 @@ impl Parse for RawArg {
 }
 
 /// The bare flags `#[produce]` knows.
-pub(crate) const FLAGS: &[&str] = &["debounce"];
+pub(crate) const FLAGS: &[&str] = &["debounce", "stale"];
 
 /// Whether the next argument is a bare flag: a lowercase name of one that is the whole
 /// argument (a type named like it would be a primary output, which comes first and is

@@ -24,6 +24,8 @@ pub(crate) struct ProduceModel {
     pub(crate) on: Option<Vec<Ident>>,
     /// The `debounce` flag.
     pub(crate) debounce: bool,
+    /// The `stale` flag.
+    pub(crate) stale: bool,
     /// Where `reactifact-core` is.
     pub(crate) krate: syn::Path,
 }
@@ -39,10 +41,10 @@ pub(crate) struct Invalid {
 
 /// The options `#[produce]` accepts, for messages.
 const OPTIONS: &str =
-    "`also_creates = [..]`, `name = \"…\"`, `when = <condition>`, `on = [..]`, `debounce` or `crate = path`";
+    "`also_creates = [..]`, `name = \"…\"`, `when = <condition>`, `on = [..]`, `debounce`, `stale` or `crate = path`";
 
 /// Every option's name, for "did you mean" hints.
-const OPTION_NAMES: &[&str] = &["also_creates", "name", "when", "on", "debounce", "crate"];
+const OPTION_NAMES: &[&str] = &["also_creates", "name", "when", "on", "debounce", "stale", "crate"];
 
 /// The event kinds `on = [..]` accepts, with the `EventKind` variant each names.
 const EVENT_KINDS: &[(&str, &str)] = &[("created", "Created"), ("updated", "Updated"), ("deleted", "Deleted")];
@@ -72,6 +74,7 @@ pub(crate) fn validate(input: ProduceInput) -> Result<ProduceModel, Box<Invalid>
             condition: options.condition,
             on: options.on,
             debounce: options.debounce,
+            stale: options.stale,
             krate,
         }),
         (error, _) => Err(Box::new(Invalid {
@@ -90,6 +93,7 @@ struct Options {
     condition: Option<Expr>,
     on: Option<Vec<Ident>>,
     debounce: bool,
+    stale: bool,
     krate: Option<syn::Path>,
 }
 
@@ -171,6 +175,7 @@ fn check_args(args: RawArgs, produce: &Ident, errors: &mut Errors) -> Options {
             RawArg::On { brackets, kinds, .. } => options.on = Some(check_on(brackets, kinds, produce, errors)),
             RawArg::Flag { key } => match key.to_string().as_str() {
                 "debounce" => options.debounce = true,
+                "stale" => options.stale = true,
                 other => unreachable!("`{other}` is not a flag"),
             },
             RawArg::Crate { path, .. } => options.krate = Some(path),

@@ -59,7 +59,7 @@ async fn on_kinds(call: ProduceCall<Order>) {
 }
 
 /// A flag may come first among the options.
-#[produce(Receipt, debounce, on = [r#updated])]
+#[produce(Receipt, debounce, on = [r#updated], stale)]
 async fn debounced_updates(call: ProduceCall<Order>) {
     let _ = call.event;
 }
@@ -89,7 +89,8 @@ fn main() {
     assert!(kinds.events().eq([EventKind::Created, EventKind::Deleted]));
     assert!(kinds.is_debounced() && !process_order.into_produce().is_debounced());
     let updates = debounced_updates.into_produce();
-    assert!(updates.events().eq([EventKind::Updated]) && updates.is_debounced());
+    assert!(updates.events().eq([EventKind::Updated, EventKind::Stale]) && updates.is_debounced());
+    assert!(!kinds.reacts_to(EventKind::Stale));
     let _ = Agent::new("billing")
         .produce(process_order)
         .produce(r#match)
