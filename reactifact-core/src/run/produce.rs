@@ -107,7 +107,8 @@ pub struct ProduceCall<T, D = Dynamic> {
     /// longer holds it).
     pub trigger: Record<T>,
     /// What happened to it: `Created` or `Updated` by default; `Deleted` for a produce that
-    /// reacts to deletions (see [`Produce::on`]).
+    /// reacts to deletions (see [`Produce::on`]); `Stale` for a staleness rerun (see
+    /// [`Produce::stale`]).
     pub event: EventKind,
     /// The state before this generation; every produce of the generation reads the same one.
     /// Reads through it are recorded as the run's provenance (see [`Snapshot`]).
