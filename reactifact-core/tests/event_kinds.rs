@@ -419,5 +419,28 @@ async fn replay_reports_a_deletion_run_that_no_longer_reproduces_its_patch() {
 #[test]
 #[should_panic(expected = "must react to at least one event kind")]
 fn an_empty_set_of_kinds_is_refused() {
-    let _ = Produce::new("never", |_: ProduceCall<Order>| async {}).on([]);
+    let _ = Produce::new("never", |_: ProduceCall<Order>| async {}).on(Vec::<EventKind>::new());
+}
+
+#[test]
+#[should_panic(expected = "must react to at least one event kind")]
+fn staleness_alone_is_refused_by_on() {
+    let _ = Produce::new("never", |_: ProduceCall<Order>| async {}).on([EventKind::Stale]);
+}
+
+#[test]
+fn on_takes_kinds_by_value_or_by_reference_and_keeps_staleness() {
+    let plain = || Produce::new("p", |_: ProduceCall<Order>| async {});
+    let kinds = vec![EventKind::Deleted, EventKind::Created, EventKind::Deleted];
+    assert!(plain().on(&kinds).events().eq([EventKind::Created, EventKind::Deleted]));
+    assert!(plain().on(kinds).events().eq([EventKind::Created, EventKind::Deleted]));
+    let stale_first = plain().stale().on([EventKind::Updated]);
+    let stale_last = plain().on([EventKind::Updated]).stale();
+    for p in [stale_first, stale_last] {
+        assert!(p.events().eq([EventKind::Updated, EventKind::Stale]), "{p:?}");
+    }
+    assert!(plain()
+        .on([EventKind::Deleted, EventKind::Stale])
+        .events()
+        .eq([EventKind::Deleted, EventKind::Stale]));
 }

@@ -316,8 +316,15 @@ impl Produce {
     ///
     /// # Panics
     /// If `kinds` holds none of `Created`, `Updated` and `Deleted`: the produce would never run.
-    pub fn on(mut self, kinds: impl IntoIterator<Item = EventKind>) -> Self {
-        let mut events = kinds.into_iter().fold(EventKinds::EMPTY, EventKinds::with);
+    pub fn on<I>(mut self, kinds: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: std::borrow::Borrow<EventKind>,
+    {
+        use std::borrow::Borrow;
+        let mut events = kinds
+            .into_iter()
+            .fold(EventKinds::EMPTY, |set, kind| set.with(*kind.borrow()));
         assert!(
             events.iter().any(|k| k != EventKind::Stale),
             "produce `{}` must react to at least one event kind of created, updated and deleted",
