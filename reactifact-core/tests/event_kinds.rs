@@ -444,3 +444,38 @@ fn on_takes_kinds_by_value_or_by_reference_and_keeps_staleness() {
         .events()
         .eq([EventKind::Deleted, EventKind::Stale]));
 }
+
+#[tokio::test]
+async fn a_deletion_another_writer_committed_reaches_a_runtime_that_catches_up_with_its_last_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    Context::open_with(&path, "main", options())
+        .unwrap()
+        .create("order:1", order("ada", 42))
+        .unwrap();
+    let seen = Seen::default();
+    let kinds = [EventKind::Created, EventKind::Deleted];
+    let mut first = runtime(
+        Context::open_with(&path, "main", options()).unwrap(),
+        vec![watcher("w", &kinds, &Seen::default())],
+    );
+    let mut second = runtime(
+        Context::open_with(&path, "main", options()).unwrap(),
+        vec![watcher("w", &kinds, &seen)],
+    );
+    // The first writer deletes the order before the second runs its creation.
+    first.context_mut().delete("order:1").unwrap();
+    let report = second.run().await.unwrap();
+    assert_eq!(
+        report.conflicts, 1,
+        "the second's generation was fenced out and run again"
+    );
+    let runs = taken(&seen);
+    assert_eq!(
+        runs.last(),
+        Some(&(EventKind::Deleted, "order:1".to_owned(), 1, 42, false)),
+        "{runs:?}"
+    );
+    assert_eq!(second.context().queued_events(), 0);
+    second.context().verify().unwrap();
+}

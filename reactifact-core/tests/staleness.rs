@@ -446,3 +446,31 @@ async fn a_fork_keeps_the_readers() {
         assert_eq!(total(brt.context()), 201);
     }
 }
+
+#[tokio::test]
+async fn a_runtime_that_catches_up_with_another_writer_takes_its_readers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let mut seeded = Context::open_with(&path, "main", options()).unwrap();
+    seed(&mut seeded);
+    drop(seeded);
+    let runs = Runs::default();
+    let mut first = runtime(
+        Context::open_with(&path, "main", options()).unwrap(),
+        vec![summarize(&Runs::default(), true)],
+    );
+    let mut second = runtime(
+        Context::open_with(&path, "main", options()).unwrap(),
+        vec![summarize(&runs, true)],
+    );
+    // The first summarizes; the second's summary of the same creation is fenced out, and it
+    // takes the first's commit — and the run it records — instead.
+    first.run().await.unwrap();
+    let report = second.run().await.unwrap();
+    assert_eq!((report.conflicts, report.generations), (1, 0));
+    taken(&runs);
+    second.context_mut().update("order:1", order("ada", 1)).unwrap();
+    second.run().await.unwrap();
+    assert_eq!(taken(&runs), [("summarize", EventKind::Stale, ADA.to_owned())]);
+    assert_eq!(total(second.context()), 201);
+}
