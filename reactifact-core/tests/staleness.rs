@@ -474,3 +474,54 @@ async fn a_runtime_that_catches_up_with_another_writer_takes_its_readers() {
     assert_eq!(taken(&runs), [("summarize", EventKind::Stale, ADA.to_owned())]);
     assert_eq!(total(second.context()), 201);
 }
+
+#[tokio::test]
+async fn a_runs_own_write_of_what_it_read_does_not_make_it_stale() {
+    // `count` reads the tally it writes and adds the order's total: were its own write a
+    // change it had not seen, it would rerun itself until the generation budget ran out.
+    let runs = Runs::default();
+    let mut ctx = Context::new("t");
+    ctx.create("order:1", order("ada", 5)).unwrap();
+    let recorder = runs.clone();
+    let count = Produce::new("count", move |call: ProduceCall<Order>| {
+        let runs = recorder.clone();
+        async move {
+            runs.lock()
+                .unwrap()
+                .push(("count", call.event, call.trigger.id.to_string()));
+            let seen = call
+                .snapshot
+                .get::<Summary>("tally")
+                .unwrap()
+                .map_or(0, |s| s.data.total_cents);
+            call.effects.upsert(
+                "tally",
+                Summary {
+                    total_cents: seen + call.trigger.data.total_cents,
+                },
+            );
+        }
+    })
+    .creates::<Summary>()
+    .stale();
+    let mut rt = runtime(ctx, vec![count]);
+    let report = rt.run().await.unwrap();
+    assert_eq!(
+        (report.outcome, report.generations, report.runs),
+        (TurnOutcome::Completed, 1, 1)
+    );
+    assert_eq!(
+        rt.context().get::<Summary>("tally").unwrap().unwrap().data.total_cents,
+        5
+    );
+    // A change of the tally by someone else is one it did not make: it recomputes.
+    taken(&runs);
+    rt.context_mut().update("tally", Summary { total_cents: 100 }).unwrap();
+    let report = rt.run().await.unwrap();
+    assert_eq!((report.generations, report.runs), (1, 1));
+    assert_eq!(taken(&runs), [("count", EventKind::Stale, "order:1".to_owned())]);
+    assert_eq!(
+        rt.context().get::<Summary>("tally").unwrap().unwrap().data.total_cents,
+        105
+    );
+}

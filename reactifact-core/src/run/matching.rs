@@ -64,13 +64,14 @@ impl Watching {
 
     /// The watching runs an event makes stale: those that read its artifact and ran in the
     /// event's generation or before it (they read the state before their generation, so a
-    /// change committed in it or later is one they did not see).
+    /// change committed in it or later is one they did not see) — unless the run wrote the
+    /// artifact itself, in its generation.
     fn stale<'a>(&'a self, readers: &'a Readers, event: &'a Event) -> impl Iterator<Item = (Slot, &'a ReaderKey)> + 'a {
         let active = !self.0.is_empty();
         readers
             .of(event.id.as_str())
             .take_while(move |_| active)
-            .filter(move |(_, ran)| event.generation >= *ran)
+            .filter(move |(_, reader)| reader.is_stale_by(event.id.as_str(), event.generation))
             .filter_map(|(key, _)| self.slot(key).map(|slot| (slot, key)))
     }
 }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use crate::model::artifact::{ArtifactId, Generation};
 use crate::model::event::EventKind;
+use crate::model::patch::Op;
 use crate::state::commit::RunRecord;
 
 type Map<K, V> = imbl::GenericHashMap<K, V, foldhash::fast::RandomState, imbl::shared_ptr::DefaultSharedPtr>;
@@ -24,12 +25,22 @@ pub(crate) struct ReaderKey {
     pub(crate) trigger: ArtifactId,
 }
 
-/// Its newest committed run: the generation it ran in (it read the state before it) and the
-/// ids it read.
+/// Its newest committed run: the generation it ran in (it read the state before it), the ids
+/// it read, and those of them it wrote itself (its own writes do not make it stale).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Reader {
     pub(crate) generation: Generation,
     pub(crate) reads: Arc<[ArtifactId]>,
+    /// The ids among `reads` that the run's own patch writes, in `reads` order.
+    pub(crate) wrote: Arc<[ArtifactId]>,
+}
+
+impl Reader {
+    /// Whether a change of `id` committed in `generation` is one the run did not see and did
+    /// not make: committed in the run's generation (by a sibling) or later.
+    pub(crate) fn is_stale_by(&self, id: &str, generation: Generation) -> bool {
+        generation > self.generation || (generation == self.generation && !self.wrote.iter().any(|w| w.as_str() == id))
+    }
 }
 
 /// Which watching runs read which artifact.
@@ -43,13 +54,13 @@ pub(crate) struct Readers {
 }
 
 impl Readers {
-    /// The watching runs that read `id`, in key order, with the generation each ran in.
-    pub(crate) fn of<'a>(&'a self, id: &str) -> impl Iterator<Item = (&'a ReaderKey, Generation)> + 'a {
+    /// The watching runs that read `id`, in key order.
+    pub(crate) fn of<'a>(&'a self, id: &str) -> impl Iterator<Item = (&'a ReaderKey, &'a Reader)> + 'a {
         self.by_read
             .get(id)
             .into_iter()
             .flat_map(|keys| keys.iter())
-            .filter_map(|key| self.runs.get(key).map(|reader| (key, reader.generation)))
+            .filter_map(|key| self.runs.get(key).map(|reader| (key, reader)))
     }
 
     /// Every run, in key order: for checkpoints and their verification.
@@ -93,7 +104,23 @@ impl Readers {
             self.remove(&key);
             if !run.reads.is_empty() {
                 let reads: Arc<[ArtifactId]> = run.reads.iter().map(|r| r.id.clone()).collect();
-                self.insert(key, Reader { generation, reads });
+                let wrote: Arc<[ArtifactId]> = reads
+                    .iter()
+                    .filter(|id| {
+                        run.ops
+                            .iter()
+                            .any(|op| !matches!(op, Op::Link(_) | Op::Unlink(_)) && op.id() == *id)
+                    })
+                    .cloned()
+                    .collect();
+                self.insert(
+                    key,
+                    Reader {
+                        generation,
+                        reads,
+                        wrote,
+                    },
+                );
             }
         }
         for id in deleted {

@@ -246,11 +246,21 @@ struct CheckpointOut<'a> {
 struct ExtraOut<'a> {
     /// For the queued deletions, by event number, the version deleted.
     deleted: Vec<(u64, StoredOut<'a>)>,
-    /// The readers index: (agent, produce, trigger, generation, reads), in key order.
+    /// The readers index: (agent, produce, trigger, generation, reads, the reads it wrote), in
+    /// key order.
     readers: Vec<ReaderRepr<'a>>,
 }
 
-type ReaderRepr<'a> = (&'a str, &'a str, &'a ArtifactId, Generation, &'a [ArtifactId]);
+type ReaderRepr<'a> = (
+    &'a str,
+    &'a str,
+    &'a ArtifactId,
+    Generation,
+    &'a [ArtifactId],
+    &'a [ArtifactId],
+);
+
+type ReaderIn = (String, String, ArtifactId, Generation, Vec<ArtifactId>, Vec<ArtifactId>);
 
 #[derive(Serialize)]
 struct StoredOut<'a> {
@@ -296,7 +306,7 @@ struct ExtraIn<'a> {
     #[serde(default, borrow)]
     deleted: Vec<(u64, StoredIn<'a>)>,
     #[serde(default)]
-    readers: Vec<(String, String, ArtifactId, Generation, Vec<ArtifactId>)>,
+    readers: Vec<ReaderIn>,
 }
 
 #[derive(Deserialize)]
@@ -366,6 +376,7 @@ pub(crate) fn encode_checkpoint(
                 &key.trigger,
                 reader.generation,
                 &reader.reads[..],
+                &reader.wrote[..],
             )
         })
         .collect();
@@ -464,7 +475,7 @@ pub(crate) fn decode_checkpoint(bytes: &[u8]) -> Result<CheckpointBody, String> 
         next_event_seq: body.next_event_seq,
         events,
         readers: Readers::from_entries(extra.readers.into_iter().map(
-            |(agent, produce, trigger, generation, reads)| {
+            |(agent, produce, trigger, generation, reads, wrote)| {
                 (
                     ReaderKey {
                         agent: Arc::from(agent),
@@ -474,6 +485,7 @@ pub(crate) fn decode_checkpoint(bytes: &[u8]) -> Result<CheckpointBody, String> 
                     Reader {
                         generation,
                         reads: reads.into(),
+                        wrote: wrote.into(),
                     },
                 )
             },

@@ -1428,6 +1428,7 @@ mod tests {
             crate::state::readers::Reader {
                 generation: Generation(1),
                 reads: vec![crate::model::artifact::ArtifactId::from("note:2")].into(),
+                wrote: Vec::new().into(),
             },
         )]);
         drop(ctx);
