@@ -3,8 +3,11 @@
 //! For each queued event, oldest first, the produces registered for its artifact kind that
 //! react to its event kind, whose condition holds, on the trigger the event names: for a
 //! creation or an update, the artifact as it is in the snapshot, if it is still the version the
-//! event announced; for a deletion, the version deleted, if the artifact is still absent. The
-//! cost is a hash lookup per event and the work it matches, never a scan of the state.
+//! event announced; for a deletion, the version deleted, if the artifact is still absent. Then
+//! the staleness reruns the event calls for: the watching runs that read its artifact (from the
+//! context's readers index). Debounced and watching produces get at most one run per trigger
+//! in the batch. The cost is a hash lookup or two per event and the work it matches, never a
+//! scan of the state.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
