@@ -65,6 +65,7 @@ pub use run::runtime::{
     TurnReport, MAX_CONFLICT_RETRIES,
 };
 pub use run::serve::{RuntimeHandle, ServeReport, SubmitError};
+pub use run::when;
 pub use state::branch::{ArtifactState, Conflict, Diff, ForkError, MergeError, MergeReport, Resolution, Side, Updated};
 pub use state::commit::{Commit, CommitError, Read, RunRecord, TriggerRef};
 pub use state::context::{Context, Transaction, WriteError};
@@ -107,6 +108,6 @@ pub mod __private {
     pub use ::std::vec::Vec;
 
     pub use crate::{
-        Artifact, DeclaredOutput, IntoProduce, IntoProduceResult, Kind, Produce, ProduceCall, ProduceError,
+        Artifact, DeclaredOutput, EventKind, IntoProduce, IntoProduceResult, Kind, Produce, ProduceCall, ProduceError,
     };
 }

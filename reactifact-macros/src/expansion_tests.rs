@@ -173,6 +173,49 @@ fn options_set_the_name_the_condition_and_the_crate_path() {
 }
 
 #[test]
+fn event_kinds_and_debounce_become_builder_calls() {
+    let file = produce(
+        quote!(Receipt, on = [deleted, created], debounce, stale),
+        quote!(
+            async fn process_order(call: ProduceCall<Order>) {}
+        ),
+    );
+    assert!(compile_errors(&file).is_empty());
+    let all = text(&file);
+    assert!(
+        all.contains(
+            ". on ([:: reactifact_core :: __private :: EventKind :: Deleted , :: reactifact_core :: __private :: EventKind :: Created])"
+        ),
+        "{all}"
+    );
+    assert!(all.contains(". debounce () . stale ()"), "{all}");
+
+    // Without them, neither call: the produce keeps the defaults.
+    let all = text(&order_produce());
+    assert!(
+        !all.contains(". on (") && !all.contains(". debounce (") && !all.contains(". stale ("),
+        "{all}"
+    );
+}
+
+#[test]
+fn bad_event_kinds_are_each_reported() {
+    let file = produce(
+        quote!(Receipt, on = [created, deletd, created]),
+        quote!(
+            async fn process_order(call: ProduceCall<Order>) {}
+        ),
+    );
+    assert_eq!(
+        compile_errors(&file),
+        [
+            "unknown event kind `deletd` (did you mean `deleted`?); expected `created`, `updated`, `deleted`",
+            "event kind `created` is listed twice; give it once",
+        ]
+    );
+}
+
+#[test]
 fn no_outputs_declare_nothing() {
     let file = produce(
         quote!(),

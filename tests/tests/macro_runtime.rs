@@ -240,3 +240,182 @@ fn a_kind_of_its_own_resolves_the_collision() {
         .build();
     assert!(built.is_ok(), "{:?}", built.err());
 }
+
+/// A tombstone per deleted order, written from the order's last version.
+#[derive(Serialize, Deserialize, Artifact, Debug, Clone, PartialEq)]
+struct Tombstone {
+    customer: String,
+    total_cents: u64,
+    event: String,
+}
+
+#[produce(Tombstone, on = [deleted], when = reactifact_core::when::field_equals("customer", "grace"))]
+async fn bury(call: ProduceCall<Order>) {
+    assert!(
+        !call.snapshot.contains(call.trigger.id.as_str()),
+        "the snapshot is before the deletion"
+    );
+    call.effects.create(
+        format!("tombstone:{}", call.trigger.id),
+        Tombstone {
+            customer: call.trigger.data.customer.clone(),
+            total_cents: call.trigger.data.total_cents,
+            event: call.event.to_string(),
+        },
+    );
+}
+
+#[tokio::test]
+async fn on_deleted_and_a_condition_helper_reach_the_runtime_through_the_macro() {
+    let mut rt = Runtime::builder(seeded())
+        .agent(Agent::new("graves").produce(bury))
+        .build()
+        .unwrap();
+    rt.run().await.unwrap();
+    assert_eq!(rt.context().generation().0, 1, "creations run nothing");
+    let mut tx = rt.context_mut().transaction();
+    tx.delete("order:1").delete("order:2");
+    tx.commit().unwrap();
+    let report = rt.run().await.unwrap();
+    assert_eq!(report.runs, 1, "only grace's order holds the condition");
+    let grave = rt.context().get::<Tombstone>("tombstone:order:2").unwrap().unwrap();
+    assert_eq!(
+        grave.data,
+        Tombstone {
+            customer: "grace".into(),
+            total_cents: 5_000,
+            event: "deleted".into(),
+        }
+    );
+    assert!(rt.context().get::<Tombstone>("tombstone:order:1").unwrap().is_none());
+    rt.replay().await.unwrap();
+}
+
+/// Counts its runs, debounced.
+static DEBOUNCED_RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+#[produce(Tombstone, on = [deleted], debounce)]
+async fn bury_once(call: ProduceCall<Order>) {
+    DEBOUNCED_RUNS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    call.effects.upsert(
+        format!("tombstone:{}", call.trigger.id),
+        Tombstone {
+            customer: call.trigger.data.customer.clone(),
+            total_cents: call.trigger.data.total_cents,
+            event: call.event.to_string(),
+        },
+    );
+}
+
+#[tokio::test]
+async fn debounce_reaches_the_runtime_through_the_macro() {
+    let mut ctx = seeded();
+    ctx.delete("order:1").unwrap();
+    ctx.create(
+        "order:1",
+        Order {
+            customer: "ada".into(),
+            total_cents: 1,
+        },
+    )
+    .unwrap();
+    ctx.delete("order:1").unwrap();
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("graves").produce(bury_once))
+        .build()
+        .unwrap();
+    let report = rt.run().await.unwrap();
+    assert_eq!((report.generations, report.runs), (1, 1));
+    assert_eq!(DEBOUNCED_RUNS.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let grave = rt.context().get::<Tombstone>("tombstone:order:1").unwrap().unwrap();
+    assert_eq!(grave.data.total_cents, 1, "the newest deletion's last version");
+}
+
+/// The total of a customer's orders, derived by a watching produce.
+#[derive(Serialize, Deserialize, Artifact, Debug, Clone, PartialEq)]
+struct Spend {
+    total_cents: u64,
+}
+
+#[produce(Spend, stale)]
+async fn spend(call: ProduceCall<Order>) {
+    // Reads the other order of the same customer through the snapshot.
+    let other = if call.trigger.id.as_str() == "order:1" {
+        "order:2"
+    } else {
+        "order:1"
+    };
+    let theirs = call
+        .snapshot
+        .get::<Order>(other)
+        .unwrap()
+        .map_or(0, |o| o.data.total_cents);
+    call.effects.upsert(
+        format!("spend:{}", call.trigger.id),
+        Spend {
+            total_cents: call.trigger.data.total_cents + theirs,
+        },
+    );
+}
+
+#[tokio::test]
+async fn stale_reaches_the_runtime_through_the_macro() {
+    let mut rt = Runtime::builder(seeded())
+        .agent(Agent::new("books").produce(spend))
+        .build()
+        .unwrap();
+    rt.run().await.unwrap();
+    assert_eq!(
+        rt.context()
+            .get::<Spend>("spend:order:1")
+            .unwrap()
+            .unwrap()
+            .data
+            .total_cents,
+        5_250
+    );
+    rt.context_mut()
+        .update(
+            "order:2",
+            Order {
+                customer: "grace".into(),
+                total_cents: 50,
+            },
+        )
+        .unwrap();
+    let report = rt.run().await.unwrap();
+    // order:2 runs on its update; order:1's run read order:2, so it is recomputed.
+    assert_eq!((report.generations, report.runs), (1, 2));
+    assert_eq!(
+        rt.context()
+            .get::<Spend>("spend:order:1")
+            .unwrap()
+            .unwrap()
+            .data
+            .total_cents,
+        300
+    );
+    assert_eq!(
+        rt.context()
+            .get::<Spend>("spend:order:2")
+            .unwrap()
+            .unwrap()
+            .data
+            .total_cents,
+        300
+    );
+    let kinds: Vec<_> = rt
+        .context()
+        .log()
+        .unwrap()
+        .last()
+        .unwrap()
+        .runs
+        .iter()
+        .map(|r| r.trigger.as_ref().unwrap().event)
+        .collect();
+    assert_eq!(
+        kinds,
+        [reactifact_core::EventKind::Updated, reactifact_core::EventKind::Stale]
+    );
+}

@@ -1,13 +1,15 @@
 //! The replay oracle: re-execute recorded produce runs against the snapshots they saw and
 //! compare the patches with the recorded ones.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
 use crate::model::action::PendingAction;
-use crate::model::artifact::{ArtifactId, Generation, Version};
+use crate::model::artifact::{ArtifactId, Generation, Stored, Version};
 use crate::model::event::EventKind;
 use crate::model::field_diff::{diff_bytes, FieldDiff};
+use crate::model::hash::ContentHash;
 use crate::model::patch::Op;
 use crate::run::generation::start_run;
 use crate::run::produce::{Agent, Produce};
@@ -153,6 +155,7 @@ impl Context {
     pub async fn replay(&self, agents: &[Agent]) -> Result<ReplayReport, ReplayError> {
         let mut refold = Refold::new(Checks::STATE);
         let mut report = ReplayReport { commits: 0, runs: 0 };
+        let mut deleted = Deleted::default();
         let (log, _) = self.whole_async().await?;
         for commit in log {
             let produced: Vec<(usize, &RunRecord)> = commit
@@ -164,12 +167,16 @@ impl Context {
             if !produced.is_empty() {
                 let snapshot = Snapshot::new(refold.state().clone());
                 for (index, run) in produced {
-                    replay_run(agents, commit, index, run, &snapshot).await?;
+                    replay_run(agents, commit, index, run, &snapshot, &deleted).await?;
                     report.runs += 1;
                 }
                 report.commits += 1;
             }
-            refold.step(commit)?;
+            for emitted in refold.step(commit)? {
+                if let Some(stored) = emitted.deleted {
+                    deleted.insert((stored.id.clone(), stored.version, stored.hash), stored);
+                }
+            }
         }
         Ok(report)
     }
@@ -185,6 +192,10 @@ impl Runtime {
     }
 }
 
+/// The versions the log deleted, by id, version and content hash: the triggers of runs that
+/// reacted to a deletion.
+type Deleted = HashMap<(ArtifactId, Version, ContentHash), Arc<Stored>>;
+
 fn find<'a>(agents: &'a [Agent], agent: &str, produce: &str) -> Option<&'a Produce> {
     agents
         .iter()
@@ -199,6 +210,7 @@ async fn replay_run(
     index: usize,
     run: &RunRecord,
     snapshot: &Snapshot,
+    deleted: &Deleted,
 ) -> Result<(), ReplayError> {
     let agent = run.agent.as_deref().unwrap_or_default();
     let produce_name = run.produce.as_deref().unwrap_or_default();
@@ -219,9 +231,19 @@ async fn replay_run(
     let Some(produce) = find(agents, agent, produce_name) else {
         return Err(diverged(None, Difference::UnknownProduce));
     };
-    let stored = match snapshot.state.get(trigger.id.as_str()) {
-        Some(stored) if stored.version == trigger.version && stored.hash == trigger.hash => Arc::clone(stored),
-        _ => {
+    let found = match trigger.event {
+        // A deletion's trigger is the version deleted, which the snapshot no longer holds.
+        EventKind::Deleted => deleted
+            .get(&(trigger.id.clone(), trigger.version, trigger.hash))
+            .filter(|_| snapshot.state.get(trigger.id.as_str()).is_none()),
+        EventKind::Created | EventKind::Updated | EventKind::Stale => snapshot
+            .state
+            .get(trigger.id.as_str())
+            .filter(|stored| stored.version == trigger.version && stored.hash == trigger.hash),
+    };
+    let stored = match found {
+        Some(stored) => Arc::clone(stored),
+        None => {
             return Err(diverged(
                 Some(trigger.id.clone()),
                 Difference::TriggerMissing {
@@ -230,12 +252,7 @@ async fn replay_run(
             ))
         }
     };
-    let event = if stored.version == Version::FIRST {
-        EventKind::Created
-    } else {
-        EventKind::Updated
-    };
-    let output = start_run(produce, stored, event, snapshot, commit.generation)
+    let output = start_run(produce, stored, trigger.event, snapshot, commit.generation)
         .await
         .map_err(|e| diverged(None, Difference::Failed { error: e.to_string() }))?;
     let recorded = &run.ops;

@@ -5,6 +5,7 @@ use crate::model::artifact::Generation;
 use crate::model::hash::{CommitHash, StateHash};
 use crate::state::commit::Commit;
 use crate::state::context::Context;
+use crate::state::readers::Readers;
 use crate::state::refold::{Checks, Refold, VerifyError};
 use crate::state::snapshot::Snapshot;
 use crate::store::StoredCheckpoint;
@@ -202,7 +203,7 @@ fn verify_with_checkpoints(
         .collect();
     let mut emitted = std::collections::HashMap::new();
     let mut seq = 0u64;
-    let mut refold = Refold::new(Checks::ALL);
+    let mut refold = Refold::new(Checks::ALL).keep_readers(Readers::default());
     for commit in log {
         for event in refold.step(commit)? {
             if wanted.contains(&seq) {
@@ -233,6 +234,9 @@ fn verify_with_checkpoints(
         if let Some(detail) = body.state.difference(refold.state()) {
             return Err(bad(format!("its state is not the log's: {detail}")));
         }
+        if let Some(detail) = refold.readers().and_then(|log| body.readers.difference(log)) {
+            return Err(bad(format!("its readers index is not the log's: {detail}")));
+        }
         if body.next_event_seq != seq {
             return Err(bad(format!(
                 "it puts the next event at number {}, the log at {seq}",
@@ -240,8 +244,27 @@ fn verify_with_checkpoints(
             )));
         }
         for queued in &body.events {
-            if emitted.get(&queued.seq) != Some(&queued.event) {
+            let Some(logged) = emitted.get(&queued.seq) else {
                 return Err(bad(format!("its queued event number {} is not the log's", queued.seq)));
+            };
+            if logged.event != queued.event {
+                return Err(bad(format!("its queued event number {} is not the log's", queued.seq)));
+            }
+            let same_deleted = match (&logged.deleted, &queued.deleted) {
+                (None, None) => true,
+                (Some(a), Some(b)) => {
+                    (a.kind, a.version, a.hash, a.generation, a.created)
+                        == (b.kind, b.version, b.hash, b.generation, b.created)
+                        && a.bytes == b.bytes
+                        && a.id == b.id
+                }
+                _ => false,
+            };
+            if !same_deleted {
+                return Err(bad(format!(
+                    "the version deleted that its queued event number {} holds is not the log's",
+                    queued.seq
+                )));
             }
         }
     }

@@ -16,10 +16,12 @@ use crate::model::event::{Event, EventKind};
 use crate::model::patch::Op;
 use crate::outbox::drain::Preclaimed;
 use crate::run::effects::Buffer;
+use crate::run::matching::{self, Work};
 use crate::run::produce::{Produce, ProduceFailure, RunFailure, RunInput};
 use crate::run::runtime::{ProduceErrors, RunError, Runtime, TurnOutcome, TurnReport};
 use crate::state::commit::{Read, RunRecord, TriggerRef};
 use crate::state::context::{CommitFailure, GenerationCommit};
+use crate::state::readers::Readers;
 use crate::state::snapshot::Snapshot;
 
 /// Where a produce is registered: agent index (in priority order) and produce index.
@@ -27,13 +29,6 @@ use crate::state::snapshot::Snapshot;
 pub(crate) struct Slot {
     pub(crate) agent: usize,
     pub(crate) produce: usize,
-}
-
-/// One produce run to execute.
-struct Work {
-    slot: Slot,
-    trigger: Arc<Stored>,
-    event: EventKind,
 }
 
 /// How a generation step ended.
@@ -47,65 +42,6 @@ pub(crate) enum Step {
     Interrupted(TurnOutcome),
 }
 
-/// The events a generation takes and the work they match.
-struct Batch {
-    events: usize,
-    work: Vec<Work>,
-}
-
-/// Matches queued events, oldest first, to produces. Takes whole events only: an event is
-/// consumed exactly when all of its work commits, so it never needs partial bookkeeping.
-/// Stops before the first event whose work would exceed `remaining_runs`.
-fn select(rt: &Runtime, snapshot: &Snapshot, remaining_runs: Option<u64>) -> Batch {
-    let mut work = Vec::new();
-    let mut events = 0;
-    for event in rt.context.events() {
-        let start = work.len();
-        match_event(rt, snapshot, event, &mut work);
-        if remaining_runs.is_some_and(|max| work.len() as u64 > max) {
-            work.truncate(start);
-            break;
-        }
-        events += 1;
-    }
-    if !rt.uniform_priority {
-        // Agents are ranked by priority, so a stable sort by rank gives
-        // (priority, event order, registration order).
-        work.sort_by_key(|w| w.slot.agent);
-    }
-    Batch { events, work }
-}
-
-fn match_event(rt: &Runtime, snapshot: &Snapshot, event: &Event, work: &mut Vec<Work>) {
-    if event.kind == EventKind::Deleted {
-        return;
-    }
-    let Some(slots) = rt.triggers.get(&event.artifact_kind) else {
-        return;
-    };
-    // The trigger must still be the version the event announced; a later change of the same
-    // artifact queued its own event, which triggers the run instead.
-    let Some(trigger) = snapshot.state.get(event.id.as_str()) else {
-        return;
-    };
-    if trigger.version != event.version || trigger.generation != event.generation {
-        return;
-    }
-    if !crate::run::timers::matches_fire(trigger) {
-        return;
-    }
-    for &slot in slots {
-        let produce = &rt.agents[slot.agent].produces[slot.produce];
-        if produce.applies(snapshot, trigger) {
-            work.push(Work {
-                slot,
-                trigger: trigger.clone(),
-                event: event.kind,
-            });
-        }
-    }
-}
-
 /// Runs one generation of the turn.
 pub(crate) async fn run(
     rt: &mut Runtime,
@@ -114,7 +50,8 @@ pub(crate) async fn run(
     report: &mut TurnReport,
 ) -> Result<Step, RunError> {
     let snapshot = rt.context.snapshot();
-    let batch = select(rt, &snapshot, remaining_runs);
+    let watching = matching::Watching::of(rt);
+    let batch = matching::select(rt, &snapshot, &watching, remaining_runs);
     if batch.events == 0 {
         return Ok(Step::Interrupted(TurnOutcome::RunsExhausted));
     }
@@ -182,9 +119,11 @@ pub(crate) async fn run(
                         id: work.trigger.id.clone(),
                         version: work.trigger.version,
                         hash: work.trigger.hash,
+                        event: work.event,
                     }),
                     ops,
                     reads,
+                    watches_reads: produce.reacts_to(EventKind::Stale),
                 });
                 record_work.push(i);
             }
@@ -202,11 +141,9 @@ pub(crate) async fn run(
 
     let mut runs = records.len() as u64;
     let claim = rt.commit_claim();
-    let triggers = &rt.triggers;
-    let turn = GenerationCommit {
-        reacts: &|event: &Event| event.kind != EventKind::Deleted && triggers.contains_key(&event.artifact_kind),
-        claim,
-    };
+    let (agents, triggers) = (rt.agents.as_slice(), &rt.triggers);
+    let reacts = |event: &Event, readers: &Readers| matching::reacts(agents, triggers, &watching, event, readers);
+    let turn = GenerationCommit { reacts: &reacts, claim };
     let preclaimed;
     match rt
         .context
@@ -302,8 +239,27 @@ fn run_one(
     let agent = &rt.agents[work.slot.agent];
     let produce = &agent.produces[work.slot.produce];
     let span = tracing::debug_span!("produce", agent = %agent.name, produce = produce.name(), artifact_id = %work.trigger.id, generation = generation.0);
-    let run = start_run(produce, work.trigger.clone(), work.event, snapshot, generation);
-    async move { (index, run.await) }.instrument(span)
+    let failed = work
+        .condition_panicked
+        .as_ref()
+        .map(|message| RunFailure::Panicked(format!("its condition panicked: {message}")));
+    let run = match failed {
+        None => Some(start_run(
+            produce,
+            work.trigger.clone(),
+            work.event,
+            snapshot,
+            generation,
+        )),
+        Some(_) => None,
+    };
+    async move {
+        match (run, failed) {
+            (Some(run), _) => (index, run.await),
+            (None, failed) => (index, Err(failed.expect("a run or its failure"))),
+        }
+    }
+    .instrument(span)
 }
 
 /// What one produce run recorded.

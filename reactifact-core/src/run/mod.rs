@@ -4,7 +4,9 @@
 
 pub(crate) mod effects;
 pub(crate) mod generation;
+pub(crate) mod matching;
 pub(crate) mod produce;
 pub(crate) mod runtime;
 pub(crate) mod serve;
 pub(crate) mod timers;
+pub mod when;

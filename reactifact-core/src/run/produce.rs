@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use crate::model::artifact::{Artifact, ArtifactId, ArtifactType, Generation, Kind, ReadError, Record, Stored};
-use crate::model::event::EventKind;
+use crate::model::event::{EventKind, EventKinds};
 use crate::model::patch::EffectError;
 use crate::outbox::dispatcher::BoxError;
 use crate::run::effects::{Buffer, Dynamic, Effects};
@@ -102,9 +102,13 @@ pub struct ProduceFailure {
 /// [`DeclaredOutput`](crate::DeclaredOutput)); the `#[produce]` macro fills it in.
 #[non_exhaustive]
 pub struct ProduceCall<T, D = Dynamic> {
-    /// The artifact whose event triggered the run, as it is in the snapshot.
+    /// The artifact whose event triggered the run, as it is in the snapshot; for a deletion
+    /// ([`EventKind::Deleted`]), the last version before it was deleted (the snapshot no
+    /// longer holds it).
     pub trigger: Record<T>,
-    /// What happened to it: `Created` or `Updated`.
+    /// What happened to it: `Created` or `Updated` by default; `Deleted` for a produce that
+    /// reacts to deletions (see [`Produce::on`]); `Stale` for a staleness rerun (see
+    /// [`Produce::stale`]).
     pub event: EventKind,
     /// The state before this generation; every produce of the generation reads the same one.
     /// Reads through it are recorded as the run's provenance (see [`Snapshot`]).
@@ -187,6 +191,10 @@ pub struct Produce {
     /// builder refuses that).
     output_types: Vec<ArtifactType>,
     condition: Option<Arc<Condition>>,
+    /// The event kinds it reacts to.
+    events: EventKinds,
+    /// At most one run per trigger per generation.
+    debounce: bool,
     handler: Arc<Handler>,
 }
 
@@ -236,6 +244,8 @@ impl Produce {
             outputs: Vec::new(),
             output_types: Vec::new(),
             condition: None,
+            events: EventKinds::DEFAULT,
+            debounce: false,
             handler: Arc::new(handler),
         }
     }
@@ -274,6 +284,133 @@ impl Produce {
             stored.decode::<T>().map_or(true, |record| condition(snapshot, &record))
         }));
         self
+    }
+
+    /// Sets the kinds of event the produce reacts to, replacing the default (`Created` and
+    /// `Updated`); `#[produce(.., on = [created, updated, deleted])]` expands to it.
+    ///
+    /// A produce that reacts to [`EventKind::Deleted`] runs on the deletion of an artifact of
+    /// its trigger type with the last version before the deletion as its trigger
+    /// (`ProduceCall::trigger`, with `ProduceCall::event == Deleted`), against the snapshot
+    /// before the generation, where the artifact is absent. A deletion matches while the
+    /// artifact is still absent: once it is created again, the creation's event triggers the
+    /// runs instead. Its condition ([`when`](Produce::when)) is evaluated on that last version.
+    ///
+    /// ```
+    /// use reactifact_core::{Artifact, EventKind, Produce, ProduceCall};
+    /// use serde::{Deserialize, Serialize};
+    ///
+    /// #[derive(Serialize, Deserialize)] struct Order { total_cents: u64 }
+    /// impl Artifact for Order { const KIND: &'static str = "order"; }
+    ///
+    /// let produce = Produce::new("forget_order", |call: ProduceCall<Order>| async move {
+    ///     assert_eq!(call.event, EventKind::Deleted);
+    /// })
+    /// .on([EventKind::Deleted]);
+    /// assert!(produce.reacts_to(EventKind::Deleted));
+    /// assert!(!produce.reacts_to(EventKind::Created));
+    /// ```
+    ///
+    /// [`EventKind::Stale`] in `kinds` is [`stale`](Produce::stale); `on` keeps it when it is
+    /// not listed, so the two compose in either order.
+    ///
+    /// # Panics
+    /// If `kinds` holds none of `Created`, `Updated` and `Deleted`: the produce would never run.
+    pub fn on<I>(mut self, kinds: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: std::borrow::Borrow<EventKind>,
+    {
+        use std::borrow::Borrow;
+        let mut events = kinds
+            .into_iter()
+            .fold(EventKinds::EMPTY, |set, kind| set.with(*kind.borrow()));
+        assert!(
+            events.iter().any(|k| k != EventKind::Stale),
+            "produce `{}` must react to at least one event kind of created, updated and deleted",
+            self.name
+        );
+        if self.events.contains(EventKind::Stale) {
+            events = events.with(EventKind::Stale);
+        }
+        self.events = events;
+        self
+    }
+
+    /// Debounces the produce: it runs at most once per generation for one trigger, however
+    /// many of the generation's events match it for that trigger, on the newest of them (the
+    /// last in queue order: its trigger version and its event kind); the run takes the place of
+    /// the first of them in the work order. `#[produce(.., debounce)]` expands to it.
+    ///
+    /// A creation or an update matches only while it is the artifact's current version, so
+    /// events for one artifact in a batch already run a produce once; what debouncing adds is
+    /// for the events that each match on their own: several deletions of one id in a batch
+    /// (deleted, created again, deleted again), each with its own last version, run once, on
+    /// the last deletion. Events a generation does not take (cut off by
+    /// [`Budget::max_runs`](crate::Budget::max_runs)) run in a later generation.
+    pub fn debounce(mut self) -> Self {
+        self.debounce = true;
+        self
+    }
+
+    /// Makes the produce react to staleness: when an artifact that its newest committed run
+    /// on a trigger read (through its snapshot, see [`RunRecord::reads`](crate::RunRecord::reads))
+    /// changes after that run — a new version, a deletion, or the creation of an id it read as
+    /// absent — it runs again on the same trigger, at its current version, with
+    /// [`EventKind::Stale`]; so what it derived is recomputed. A recompute that writes what
+    /// is already stored changes nothing (equal content is a no-op) and emits no event, so a
+    /// cascade of stale produces stops there. `#[produce(.., stale)]` expands to it.
+    ///
+    /// Adds [`EventKind::Stale`] to the kinds it reacts to ([`on`](Produce::on)). The rerun is
+    /// matched with the event of the change, in the generation that takes it; the produce then
+    /// has at most one run per trigger in that generation (a rerun is dropped when it runs on
+    /// the trigger anyway). A trigger deleted meanwhile is not rerun. Its runs record
+    /// [`RunRecord::watches_reads`](crate::RunRecord::watches_reads), so the index of what they
+    /// read is rebuilt from the log (and kept in checkpoints) when a durable store is opened.
+    ///
+    /// ```
+    /// use reactifact_core::{Artifact, EventKind, Produce, ProduceCall};
+    /// use serde::{Deserialize, Serialize};
+    ///
+    /// #[derive(Serialize, Deserialize)] struct Customer { orders: Vec<String> }
+    /// impl Artifact for Customer { const KIND: &'static str = "customer"; }
+    /// #[derive(Serialize, Deserialize)] struct Order { total_cents: u64 }
+    /// impl Artifact for Order { const KIND: &'static str = "order"; }
+    /// #[derive(Serialize, Deserialize)] struct Summary { total_cents: u64 }
+    /// impl Artifact for Summary { const KIND: &'static str = "summary"; }
+    ///
+    /// // Recomputed whenever one of the customer's orders changes.
+    /// let summarize = Produce::new("summarize", |call: ProduceCall<Customer>| async move {
+    ///     let mut total_cents = 0;
+    ///     for id in &call.trigger.data.orders {
+    ///         if let Ok(Some(order)) = call.snapshot.get::<Order>(id) {
+    ///             total_cents += order.data.total_cents;
+    ///         }
+    ///     }
+    ///     call.effects.upsert(format!("summary:{}", call.trigger.id), Summary { total_cents });
+    /// })
+    /// .creates::<Summary>()
+    /// .stale();
+    /// assert!(summarize.reacts_to(EventKind::Stale));
+    /// ```
+    pub fn stale(mut self) -> Self {
+        self.events = self.events.with(EventKind::Stale);
+        self
+    }
+
+    /// Whether the produce is debounced (see [`debounce`](Produce::debounce)).
+    pub fn is_debounced(&self) -> bool {
+        self.debounce
+    }
+
+    /// Whether the produce reacts to events of `kind` (see [`on`](Produce::on)).
+    pub fn reacts_to(&self, kind: EventKind) -> bool {
+        self.events.contains(kind)
+    }
+
+    /// The event kinds the produce reacts to, in the order `EventKind` declares them.
+    pub fn events(&self) -> impl Iterator<Item = EventKind> {
+        self.events.iter()
     }
 
     /// The produce's name.
@@ -319,6 +456,8 @@ impl std::fmt::Debug for Produce {
             .field("name", &self.name)
             .field("trigger", &self.trigger.kind)
             .field("outputs", &self.outputs)
+            .field("events", &self.events.iter().collect::<Vec<_>>())
+            .field("debounce", &self.debounce)
             .finish()
     }
 }

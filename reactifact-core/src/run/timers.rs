@@ -5,11 +5,13 @@
 use std::time::SystemTime;
 
 use crate::model::artifact::{Kind, Stored};
-use crate::model::event::{Event, EventKind};
+use crate::model::event::Event;
 use crate::model::patch::{Op, PutMode};
 use crate::model::timer::{self, Timer};
+use crate::run::matching;
 use crate::run::runtime::{RunError, Runtime, MAX_CONFLICT_RETRIES};
 use crate::state::context::WriteError;
+use crate::state::readers::Readers;
 use crate::store::StoreError;
 
 /// Whether a run triggered by `trigger` is a reaction to a fire: a produce triggered by
@@ -54,9 +56,11 @@ impl Runtime {
                 return Ok(0);
             }
             let fired = ops.len() as u64;
-            let triggers = &self.triggers;
-            let reacts =
-                |event: &Event| event.kind != EventKind::Deleted && triggers.contains_key(&event.artifact_kind);
+            // The fire's events no produce may react to are consumed by its own commit, by the
+            // rule a generation's commit follows.
+            let watching = matching::Watching::of(self);
+            let (agents, triggers) = (self.agents.as_slice(), &self.triggers);
+            let reacts = |event: &Event, readers: &Readers| matching::reacts(agents, triggers, &watching, event, readers);
             match self.context.commit_fires(ops, &reacts).await {
                 Ok(()) => {
                     tracing::debug!(fired, "timers fired");

@@ -15,6 +15,7 @@ use crate::state::context::{CommitFailure, Context};
 use crate::state::graph::{Histories, Past, Path, Side as HistorySide};
 use crate::state::live::{Rewound, StateView};
 use crate::state::log::Log;
+use crate::state::readers::Readers;
 use crate::state::refold::{Checks, Refold, VerifyError};
 use crate::store::StoreError;
 
@@ -323,40 +324,46 @@ impl Context {
             return Err(ForkError::NoSuchCommit { generation, head });
         }
         let held = self.held_log();
-        let (state, events_emitted, log, graph) = if generation == head {
+        let (state, events_emitted, log, graph, readers) = if generation == head {
             (
                 self.state().clone(),
                 self.next_event_seq(),
                 held.clone(),
                 self.graph().clone(),
+                self.readers().clone(),
             )
         } else if let Some(base) = held.base().filter(|b| generation >= b.generation) {
             // At or after the checkpoint the context was opened from: replayed from it.
-            let mut refold = Refold::resuming(base.state.clone(), base.generation, base.hash, Checks::STATE);
+            let mut refold = Refold::resuming(base.state.clone(), base.generation, base.hash, Checks::STATE)
+                .keep_readers(base.readers.clone());
             let mut events = base.next_event_seq;
             let upto = usize::try_from(generation.0 - base.generation.0).unwrap_or(usize::MAX);
             for commit in &held.held()[..upto] {
                 events += refold.step(commit)?.len() as u64;
             }
+            let readers = refold.readers().cloned().unwrap_or_default();
             (
                 refold.into_state(),
                 events,
                 held.truncated(generation),
                 self.graph().truncated(generation),
+                readers,
             )
         } else {
             let (log, graph) = self.whole()?;
             let end = usize::try_from(generation.0).unwrap_or(usize::MAX);
-            let mut refold = Refold::new(Checks::STATE);
+            let mut refold = Refold::new(Checks::STATE).keep_readers(Readers::default());
             let mut events = 0;
             for commit in &log[..end] {
                 events += refold.step(commit)?.len() as u64;
             }
+            let readers = refold.readers().cloned().unwrap_or_default();
             (
                 refold.into_state(),
                 events,
                 Log::new(log[..end].to_vec()),
                 graph.truncated(generation),
+                readers,
             )
         };
         let head = log.head();
@@ -364,7 +371,9 @@ impl Context {
             Some(store) => Some(store.fork(&name, generation, head.as_ref(), events_emitted)?),
             None => None,
         };
-        Ok(self.branch(name, state, log, graph, events_emitted, store))
+        Ok(self
+            .branch(name, state, log, graph, events_emitted, store)
+            .with_readers(readers))
     }
 
     /// Merges `theirs` into this context, three-way from their merge base — the best common

@@ -7,7 +7,7 @@ use serde::Serialize;
 use crate::model::action::{ActionKey, Intent, Origin, PendingAction};
 use crate::model::artifact::{ArtifactId, Generation, Kind, Stored, Version};
 use crate::model::delivery::NewIntent;
-use crate::model::event::{Event, EventKind};
+use crate::model::event::{Emitted, Event, EventKind};
 use crate::model::hash::{CommitHash, ContentHash, HashWriter, StateHash};
 use crate::model::patch::{Op, PutMode};
 use crate::model::relation::Relation;
@@ -66,10 +66,15 @@ pub enum CommitError {
 pub struct TriggerRef {
     /// The trigger's id.
     pub id: ArtifactId,
-    /// The version the produce read.
+    /// The version the produce read (for a deletion, the version deleted).
     pub version: Version,
     /// Its content hash.
     pub hash: ContentHash,
+    /// What the run received in [`ProduceCall::event`](crate::ProduceCall::event). Part of the
+    /// commit hash only when it is not the kind the version implies (`Created` for version 1,
+    /// `Updated` after it), so runs on those hash as they did before the kind was recorded.
+    #[serde(skip_serializing_if = "EventKind::is_inferred")]
+    pub event: EventKind,
 }
 
 /// One artifact a produce run read through its snapshot: the id, and the version it saw
@@ -98,6 +103,11 @@ pub struct RunRecord {
     /// nothing hashes as it did before reads were recorded.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub reads: Vec<Read>,
+    /// Whether the produce watches what this run read (it reacts to staleness, see
+    /// [`Produce::stale`](crate::Produce::stale)): a later change of any of `reads` runs it
+    /// again on the same trigger. Part of the commit hash only when set.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub watches_reads: bool,
 }
 
 impl RunRecord {
@@ -109,6 +119,7 @@ impl RunRecord {
             trigger: None,
             ops,
             reads: Vec::new(),
+            watches_reads: false,
         }
     }
 }
@@ -219,7 +230,7 @@ pub(crate) struct Apply<'a> {
     generation: Generation,
     created_counter: u64,
     undo: Vec<Undo>,
-    pub(crate) events: Vec<Event>,
+    pub(crate) events: Vec<Emitted>,
     pub(crate) intents: Vec<Acted>,
     /// The position in the commit of the run being applied, recorded in its intents.
     pub(crate) run: usize,
@@ -361,7 +372,7 @@ impl<'a> Apply<'a> {
                     }
                     let previous = self.state.put(id, None);
                     self.undo.push(Undo::Artifact(id.clone(), previous));
-                    self.emit(EventKind::Deleted, id, old.kind, old.version);
+                    self.emit(EventKind::Deleted, id, old.kind, old.version, Some(old));
                 }
                 Ok(())
             }
@@ -429,17 +440,27 @@ impl<'a> Apply<'a> {
         });
         let previous = self.state.put(id, Some(stored));
         self.undo.push(Undo::Artifact(id.clone(), previous));
-        self.emit(event, id, kind, version);
+        self.emit(event, id, kind, version, None);
         Ok(event == EventKind::Created)
     }
 
-    fn emit(&mut self, kind: EventKind, id: &ArtifactId, artifact_kind: Kind, version: Version) {
-        self.events.push(Event {
-            kind,
-            id: id.clone(),
-            artifact_kind,
-            version,
-            generation: self.generation,
+    fn emit(
+        &mut self,
+        kind: EventKind,
+        id: &ArtifactId,
+        artifact_kind: Kind,
+        version: Version,
+        deleted: Option<Arc<Stored>>,
+    ) {
+        self.events.push(Emitted {
+            event: Event {
+                kind,
+                id: id.clone(),
+                artifact_kind,
+                version,
+                generation: self.generation,
+            },
+            deleted,
         });
     }
 }

@@ -10,7 +10,7 @@ use tracing::Instrument;
 
 use crate::model::artifact::{Artifact, ArtifactId, Generation, ReadError, Record};
 use crate::model::delivery::NewIntent;
-use crate::model::event::{Event, QueuedEvent};
+use crate::model::event::{Event, EventKind, QueuedEvent};
 use crate::model::hash::{CommitHash, StateHash};
 use crate::model::patch::{EffectError, Op, PutMode};
 use crate::model::relation::Relation;
@@ -18,6 +18,7 @@ use crate::state::commit::{Apply, Commit, CommitError, RunRecord};
 use crate::state::graph::Graph;
 use crate::state::live::State;
 use crate::state::log::{Base, Log};
+use crate::state::readers::Readers;
 use crate::state::refold::{Checks, Refold, VerifyError};
 use crate::state::snapshot::Snapshot;
 use crate::store::ledger::Ledger;
@@ -92,6 +93,8 @@ pub struct Context {
     /// A checkpoint is written after every commit whose generation is a multiple of this (0:
     /// none).
     checkpoint_every: u64,
+    /// The runs that watch what they read (staleness), by what they read.
+    readers: Readers,
 }
 
 /// A commit's changes to the state while its store write is under way: dropped before
@@ -120,11 +123,12 @@ impl Drop for CutCommit<'_, '_> {
 
 /// What a runtime's generation commit does besides committing, in the same store write.
 pub(crate) struct GenerationCommit<'a> {
-    /// Whether a produce of the runtime may react to an event. The events the commit emits
-    /// that none reacts to, at the head of the queue, are consumed by the commit itself
-    /// (counted in its [`events_consumed`](Commit::events_consumed)), instead of by a write of
-    /// their own in the next generation.
-    pub(crate) reacts: &'a (dyn Fn(&Event) -> bool + Sync),
+    /// Whether a produce of the runtime may react to an event, given the readers index after
+    /// the commit. The events the commit emits that none reacts to, at the head of the queue,
+    /// are consumed by the commit itself (counted in its
+    /// [`events_consumed`](Commit::events_consumed)), instead of by a write of their own in the
+    /// next generation.
+    pub(crate) reacts: &'a (dyn Fn(&Event, &Readers) -> bool + Sync),
     /// The commit also claims, for the runtime's drain, up to this many due intents of the
     /// session (the ones it registers among them) in its transaction, under the context's
     /// lease. Only a durable store claims; the memory outbox is claimed from by the drain.
@@ -166,6 +170,7 @@ impl Context {
             owner: crate::model::delivery::process_owner(),
             cut: false,
             checkpoint_every: 0,
+            readers: Readers::default(),
         }
     }
 
@@ -322,7 +327,8 @@ impl Context {
             Some(head) => Refold::resuming(self.state.clone(), self.generation(), head, Checks::STATE),
             None => Refold::new(Checks::STATE),
         }
-        .keep_undo();
+        .keep_undo()
+        .keep_readers(self.readers.clone());
         let mut seq = self.next_event_seq;
         let mut events = Vec::new();
         let mut failed = None;
@@ -336,8 +342,8 @@ impl Context {
             }
             match refold.step(commit) {
                 Ok(emitted) => {
-                    for event in emitted {
-                        events.push(QueuedEvent { seq, event });
+                    for emitted in emitted {
+                        events.push(QueuedEvent::new(seq, emitted));
                         seq += 1;
                     }
                 }
@@ -351,10 +357,12 @@ impl Context {
             self.cut = true;
             return Err(refused(detail));
         }
+        let readers = refold.readers().cloned().unwrap_or_default();
         let (state, undone) = refold.into_parts();
         for (generation, undone) in undone {
             self.graph.record(generation, Some(undone));
         }
+        self.readers = readers;
         let read = caught.commits.len();
         for commit in caught.commits {
             self.log.push(commit);
@@ -379,29 +387,38 @@ impl Context {
                     state,
                     next_event_seq,
                     events,
+                    readers,
                     ..
                 } = checkpoint;
                 self.events
                     .extend(events.into_iter().filter(|q| q.seq >= loaded.consumed_seq));
-                let refold = Refold::resuming(state.clone(), generation, hash, Checks::STATE).keep_undo();
+                let refold = Refold::resuming(state.clone(), generation, hash, Checks::STATE)
+                    .keep_undo()
+                    .keep_readers(readers.clone());
                 let base = Base {
                     generation,
                     hash,
                     state,
                     next_event_seq,
+                    readers,
                 };
                 (next_event_seq, refold, Some(base))
             }
-            None => (0, Refold::keeping_undo(Checks::STATE), None),
+            None => (
+                0,
+                Refold::keeping_undo(Checks::STATE).keep_readers(Readers::default()),
+                None,
+            ),
         };
         for commit in &loaded.commits {
-            for event in refold.step(commit)? {
+            for emitted in refold.step(commit)? {
                 if seq >= loaded.consumed_seq {
-                    self.events.push_back(QueuedEvent { seq, event });
+                    self.events.push_back(QueuedEvent::new(seq, emitted));
                 }
                 seq += 1;
             }
         }
+        self.readers = refold.readers().cloned().unwrap_or_default();
         let (state, undone) = refold.into_parts();
         // From a checkpoint the graph knows how to undo the held commits; their merges'
         // histories are read with the older commits, when a merge or a diff needs them.
@@ -413,6 +430,11 @@ impl Context {
 
     pub(crate) fn state(&self) -> &State {
         &self.state
+    }
+
+    /// The runs that watch what they read, by what they read.
+    pub(crate) fn readers(&self) -> &Readers {
+        &self.readers
     }
 
     /// How many events the log has emitted (the number the next one gets).
@@ -471,6 +493,7 @@ impl Context {
             state: self.state.clone(),
             next_event_seq: self.next_event_seq,
             events: self.events.iter().cloned().collect(),
+            readers: self.readers.clone(),
         })
     }
 
@@ -532,7 +555,14 @@ impl Context {
             owner: self.owner.clone(),
             cut: false,
             checkpoint_every: self.checkpoint_every,
+            readers: Readers::default(),
         }
+    }
+
+    /// This context with the readers index `readers` (a branch's, at its fork point).
+    pub(crate) fn with_readers(mut self, readers: Readers) -> Context {
+        self.readers = readers;
+        self
     }
 
     /// Where the session lives: `memory`, or `sqlite:{path}`.
@@ -620,6 +650,12 @@ impl Context {
     /// The queued events, oldest first.
     pub fn events(&self) -> impl Iterator<Item = &Event> + '_ {
         self.events.iter().map(|q| &q.event)
+    }
+
+    /// The queued events with their positions (and, for deletions, the version deleted),
+    /// oldest first.
+    pub(crate) fn queued(&self) -> impl Iterator<Item = &QueuedEvent> + '_ {
+        self.events.iter()
     }
 
     /// The outbox of the context's store: the delivery ledger and its operations, shared
@@ -806,19 +842,20 @@ impl Context {
         let events: Vec<QueuedEvent> = apply
             .events
             .drain(..)
-            .map(|event| {
+            .map(|emitted| {
                 next_seq += 1;
-                QueuedEvent {
-                    seq: next_seq - 1,
-                    event,
-                }
+                QueuedEvent::new(next_seq - 1, emitted)
             })
             .collect();
+        // The readers index after the commit (an O(1) clone, then what its runs change).
+        let mut readers = self.readers.clone();
+        let deleted = events.iter().filter(|q| q.event.kind == EventKind::Deleted);
+        readers.record(generation, &runs, deleted.map(|q| &q.event.id));
         // With nothing else left in the queue, the events this commit emits that no produce
         // reacts to are consumed by the commit itself, not by a write of their own.
         let own_consumed = match turn {
             Some(turn) if self.events.len() == consumed => {
-                events.iter().take_while(|q| !(turn.reacts)(&q.event)).count()
+                events.iter().take_while(|q| !(turn.reacts)(&q.event, &readers)).count()
             }
             _ => 0,
         };
@@ -889,6 +926,7 @@ impl Context {
             memory.register(&intents, now);
         }
         self.log.push(commit);
+        self.readers = readers;
         self.events.drain(..consumed);
         self.events.extend(events.into_iter().skip(own_consumed));
         self.next_event_seq = next_seq;
@@ -917,7 +955,7 @@ impl Context {
         let run = RunRecord::direct(ops);
         // A direct write consumes no event, its own included, and claims nothing.
         let direct = GenerationCommit {
-            reacts: &|_| true,
+            reacts: &|_, _| true,
             claim: None,
         };
         let span = self.commit_span();
@@ -933,7 +971,7 @@ impl Context {
     pub(crate) async fn commit_fires(
         &mut self,
         ops: Vec<Op>,
-        reacts: &(dyn Fn(&Event) -> bool + Sync),
+        reacts: &(dyn Fn(&Event, &Readers) -> bool + Sync),
     ) -> Result<(), WriteError> {
         let run = RunRecord::direct(ops);
         let fire = GenerationCommit { reacts, claim: None };

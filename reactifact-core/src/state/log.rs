@@ -27,6 +27,8 @@ pub(crate) struct Base {
     pub(crate) state: State,
     /// The number the first event after it gets.
     pub(crate) next_event_seq: u64,
+    /// The readers index after it.
+    pub(crate) readers: crate::state::readers::Readers,
 }
 
 /// The whole log, read from the store, and the graph of it.

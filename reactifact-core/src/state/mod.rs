@@ -7,5 +7,6 @@ pub(crate) mod context;
 pub(crate) mod graph;
 pub(crate) mod live;
 pub(crate) mod log;
+pub(crate) mod readers;
 pub(crate) mod refold;
 pub(crate) mod snapshot;

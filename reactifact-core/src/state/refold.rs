@@ -9,11 +9,12 @@
 
 use crate::model::action::{ActionKey, PendingAction};
 use crate::model::artifact::{ArtifactId, Generation, Kind};
-use crate::model::event::Event;
+use crate::model::event::{Emitted, EventKind};
 use crate::model::hash::{self, CommitHash, StateHash};
 use crate::model::patch::Op;
 use crate::state::commit::{Apply, Commit, CommitError, Undone};
 use crate::state::live::State;
+use crate::state::readers::Readers;
 
 /// The first place where a commit log does not reproduce what it recorded.
 ///
@@ -194,6 +195,8 @@ pub(crate) struct Refold {
     checks: Checks,
     /// How to undo each commit stepped, if asked for (see [`Undone`]).
     undone: Option<Vec<(Generation, Undone)>>,
+    /// The readers index, kept if asked for.
+    readers: Option<Readers>,
 }
 
 impl Refold {
@@ -205,6 +208,7 @@ impl Refold {
             next: Generation(1),
             checks,
             undone: None,
+            readers: None,
         }
     }
 
@@ -217,6 +221,7 @@ impl Refold {
             next: generation.next(),
             checks,
             undone: None,
+            readers: None,
         }
     }
 
@@ -224,6 +229,18 @@ impl Refold {
     pub(crate) fn keep_undo(mut self) -> Self {
         self.undone = Some(Vec::new());
         self
+    }
+
+    /// This refold, also keeping the readers index, from `readers` (the index at the state it
+    /// starts from).
+    pub(crate) fn keep_readers(mut self, readers: Readers) -> Self {
+        self.readers = Some(readers);
+        self
+    }
+
+    /// The readers index after the commits stepped so far, if kept.
+    pub(crate) fn readers(&self) -> Option<&Readers> {
+        self.readers.as_ref()
     }
 
     /// A refold that also keeps how to undo each commit, for a context's [`Graph`](crate::state::graph::Graph).
@@ -255,9 +272,9 @@ impl Refold {
         self.parent
     }
 
-    /// Checks and applies the next commit; returns the events it emits. On error the state is
-    /// as it was before the commit.
-    pub(crate) fn step(&mut self, commit: &Commit) -> Result<Vec<Event>, VerifyError> {
+    /// Checks and applies the next commit; returns the events it emits (each deletion with the
+    /// version deleted). On error the state is as it was before the commit.
+    pub(crate) fn step(&mut self, commit: &Commit) -> Result<Vec<Emitted>, VerifyError> {
         let generation = commit.generation;
         if generation != self.next {
             return Err(VerifyError::Numbering {
@@ -319,6 +336,10 @@ impl Refold {
         let events = std::mem::take(&mut apply.events);
         if let (Some(undone), Some(list)) = (apply.finish(), &mut self.undone) {
             list.push((generation, undone));
+        }
+        if let Some(readers) = &mut self.readers {
+            let deleted = events.iter().filter(|e| e.event.kind == EventKind::Deleted);
+            readers.record(generation, &commit.runs, deleted.map(|e| &e.event.id));
         }
         self.parent = Some(commit.hash);
         self.next = generation.next();

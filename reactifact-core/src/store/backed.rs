@@ -203,6 +203,7 @@ async fn newest_checkpoint(
                             state: body.state,
                             next_event_seq: body.next_event_seq,
                             events: body.events,
+                            readers: body.readers,
                         }),
                         Some(_) => Err(format!(
                             "commit {} of the log has another commit hash or state hash",
@@ -388,7 +389,12 @@ impl Backed {
         let spawned = std::thread::Builder::new()
             .name("reactifact-checkpoint".into())
             .spawn(move || {
-                let body = codec::encode_checkpoint(&checkpoint.state, checkpoint.next_event_seq, &checkpoint.events);
+                let body = codec::encode_checkpoint(
+            &checkpoint.state,
+            checkpoint.next_event_seq,
+            &checkpoint.events,
+            &checkpoint.readers,
+        );
                 let (hash, state_hash) = (checkpoint.hash.0, checkpoint.state_hash.0);
                 let digest = codec::checkpoint_digest(&session, checkpoint.generation.0, &hash, &state_hash, &body);
                 let row = CheckpointRow::new(

@@ -19,12 +19,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::action::ActionKey;
 use crate::model::artifact::{ArtifactId, Generation, Kind, Stored, Version};
-use crate::model::event::{Event, QueuedEvent};
+use crate::model::event::{Event, EventKind, QueuedEvent};
 use crate::model::hash::{self, CommitHash, ContentHash, StateHash};
 use crate::model::patch::{Op, PutMode};
 use crate::model::relation::Relation;
 use crate::state::commit::{Read, RunRecord, TriggerRef};
 use crate::state::live::State;
+use crate::state::readers::{Reader, ReaderKey, Readers};
 
 #[derive(Serialize, Deserialize)]
 struct RunRepr<'a> {
@@ -32,11 +33,63 @@ struct RunRepr<'a> {
     agent: Option<Cow<'a, str>>,
     #[serde(borrow)]
     produce: Option<Cow<'a, str>>,
-    trigger: Option<(ArtifactId, Version, ContentHash)>,
+    trigger: Option<TriggerRepr>,
     #[serde(borrow)]
     ops: Vec<OpRepr<'a>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     reads: Vec<(ArtifactId, Option<Version>)>,
+}
+
+/// A run's trigger: `[id, version, hash]` as before event kinds were recorded, with a fourth
+/// element, `[event kind, watches reads]`, only when the kind is not the one its version implies
+/// (`Created` for version 1, `Updated` after it: a deletion, a staleness rerun) or the produce
+/// watches its reads.
+#[derive(Serialize, Deserialize)]
+struct TriggerRepr {
+    id: ArtifactId,
+    version: Version,
+    hash: ContentHash,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    extra: Option<TriggerExtra>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct TriggerExtra {
+    event: EventKind,
+    #[serde(default)]
+    watches_reads: bool,
+}
+
+impl TriggerRepr {
+    fn of(run: &RunRecord) -> Option<Self> {
+        let trigger = run.trigger.as_ref()?;
+        Some(TriggerRepr {
+            id: trigger.id.clone(),
+            version: trigger.version,
+            hash: trigger.hash,
+            extra: (!trigger.event.is_inferred() || run.watches_reads).then_some(TriggerExtra {
+                event: trigger.event,
+                watches_reads: run.watches_reads,
+            }),
+        })
+    }
+
+    /// The trigger, and whether the run watches its reads.
+    fn into_trigger(self) -> (TriggerRef, bool) {
+        let (event, watches_reads) = match self.extra {
+            Some(extra) => (extra.event, extra.watches_reads),
+            None => (EventKind::inferred(self.version), false),
+        };
+        (
+            TriggerRef {
+                event,
+                id: self.id,
+                version: self.version,
+                hash: self.hash,
+            },
+            watches_reads,
+        )
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -70,7 +123,7 @@ pub(crate) fn encode_runs(runs: &[RunRecord]) -> Vec<u8> {
         .map(|run| RunRepr {
             agent: run.agent.as_deref().map(Cow::Borrowed),
             produce: run.produce.as_deref().map(Cow::Borrowed),
-            trigger: run.trigger.as_ref().map(|t| (t.id.clone(), t.version, t.hash)),
+            trigger: TriggerRepr::of(run),
             ops: run.ops.iter().map(op_repr).collect(),
             reads: run.reads.iter().map(|r| (r.id.clone(), r.version)).collect(),
         })
@@ -124,16 +177,23 @@ pub(crate) fn decode_runs(bytes: &[u8]) -> Result<Vec<RunRecord>, rmp_serde::dec
     let repr: Vec<RunRepr<'_>> = rmp_serde::from_slice(bytes)?;
     Ok(repr
         .into_iter()
-        .map(|run| RunRecord {
-            agent: run.agent.map(|a| Arc::from(&*a)),
-            produce: run.produce.map(|p| Arc::from(&*p)),
-            trigger: run.trigger.map(|(id, version, hash)| TriggerRef { id, version, hash }),
-            ops: run.ops.into_iter().map(op_from).collect(),
-            reads: run
-                .reads
-                .into_iter()
-                .map(|(id, version)| Read { id, version })
-                .collect(),
+        .map(|run| {
+            let (trigger, watches_reads) = match run.trigger.map(TriggerRepr::into_trigger) {
+                Some((trigger, watches)) => (Some(trigger), watches),
+                None => (None, false),
+            };
+            RunRecord {
+                agent: run.agent.map(|a| Arc::from(&*a)),
+                produce: run.produce.map(|p| Arc::from(&*p)),
+                trigger,
+                ops: run.ops.into_iter().map(op_from).collect(),
+                reads: run
+                    .reads
+                    .into_iter()
+                    .map(|(id, version)| Read { id, version })
+                    .collect(),
+                watches_reads,
+            }
         })
         .collect())
 }
@@ -177,7 +237,30 @@ struct CheckpointOut<'a> {
     artifacts: Vec<StoredOut<'a>>,
     relations: Vec<&'a Relation>,
     events: Vec<(u64, &'a Event)>,
+    /// What later builds added; left out when empty, so such a body encodes as before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    extra: Option<ExtraOut<'a>>,
 }
+
+#[derive(Serialize)]
+struct ExtraOut<'a> {
+    /// For the queued deletions, by event number, the version deleted.
+    deleted: Vec<(u64, StoredOut<'a>)>,
+    /// The readers index: (agent, produce, trigger, generation, reads, the reads it wrote), in
+    /// key order.
+    readers: Vec<ReaderRepr<'a>>,
+}
+
+type ReaderRepr<'a> = (
+    &'a str,
+    &'a str,
+    &'a ArtifactId,
+    Generation,
+    &'a [ArtifactId],
+    &'a [ArtifactId],
+);
+
+type ReaderIn = (String, String, ArtifactId, Generation, Vec<ArtifactId>, Vec<ArtifactId>);
 
 #[derive(Serialize)]
 struct StoredOut<'a> {
@@ -191,6 +274,20 @@ struct StoredOut<'a> {
     bytes: &'a [u8],
 }
 
+impl<'a> StoredOut<'a> {
+    fn of(s: &'a Stored) -> Self {
+        StoredOut {
+            id: &s.id,
+            kind: s.kind,
+            version: s.version,
+            generation: s.generation,
+            created: s.created,
+            hash: s.hash,
+            bytes: &s.bytes,
+        }
+    }
+}
+
 #[derive(Deserialize)]
 struct CheckpointIn<'a> {
     format: u32,
@@ -200,6 +297,16 @@ struct CheckpointIn<'a> {
     artifacts: Vec<StoredIn<'a>>,
     relations: Vec<Relation>,
     events: Vec<(u64, Event)>,
+    #[serde(default, borrow)]
+    extra: Option<ExtraIn<'a>>,
+}
+
+#[derive(Deserialize)]
+struct ExtraIn<'a> {
+    #[serde(default, borrow)]
+    deleted: Vec<(u64, StoredIn<'a>)>,
+    #[serde(default)]
+    readers: Vec<ReaderIn>,
 }
 
 #[derive(Deserialize)]
@@ -214,28 +321,37 @@ struct StoredIn<'a> {
     bytes: Cow<'a, [u8]>,
 }
 
+impl StoredIn<'_> {
+    fn into_stored(self) -> Stored {
+        Stored {
+            id: self.id,
+            kind: self.kind,
+            version: self.version,
+            hash: self.hash,
+            generation: self.generation,
+            created: self.created,
+            bytes: Arc::from(&*self.bytes),
+        }
+    }
+}
+
 /// What a checkpoint's body holds, decoded.
 pub(crate) struct CheckpointBody {
     pub(crate) state: State,
     pub(crate) next_event_seq: u64,
     pub(crate) events: Vec<QueuedEvent>,
+    pub(crate) readers: Readers,
 }
 
 /// Encodes a checkpoint's body: O(state), so it runs on the store's thread, never on an
 /// executor thread.
-pub(crate) fn encode_checkpoint(state: &State, next_event_seq: u64, events: &[QueuedEvent]) -> Vec<u8> {
-    let artifacts: Vec<StoredOut<'_>> = state
-        .artifacts()
-        .map(|s| StoredOut {
-            id: &s.id,
-            kind: s.kind,
-            version: s.version,
-            generation: s.generation,
-            created: s.created,
-            hash: s.hash,
-            bytes: &s.bytes,
-        })
-        .collect();
+pub(crate) fn encode_checkpoint(
+    state: &State,
+    next_event_seq: u64,
+    events: &[QueuedEvent],
+    readers: &Readers,
+) -> Vec<u8> {
+    let artifacts: Vec<StoredOut<'_>> = state.artifacts().map(|s| StoredOut::of(s)).collect();
     let bytes: usize = artifacts.iter().map(|a| a.bytes.len() + a.id.as_str().len() + 64).sum();
     let body = CheckpointOut {
         format: CHECKPOINT_FORMAT,
@@ -244,6 +360,29 @@ pub(crate) fn encode_checkpoint(state: &State, next_event_seq: u64, events: &[Qu
         artifacts,
         relations: state.relations().collect(),
         events: events.iter().map(|q| (q.seq, &q.event)).collect(),
+        extra: None,
+    };
+    let deleted: Vec<(u64, StoredOut<'_>)> = events
+        .iter()
+        .filter_map(|q| q.deleted.as_ref().map(|s| (q.seq, StoredOut::of(s))))
+        .collect();
+    let readers: Vec<ReaderRepr<'_>> = readers
+        .entries()
+        .into_iter()
+        .map(|(key, reader)| {
+            (
+                &*key.agent,
+                &*key.produce,
+                &key.trigger,
+                reader.generation,
+                &reader.reads[..],
+                &reader.wrote[..],
+            )
+        })
+        .collect();
+    let body = CheckpointOut {
+        extra: (!deleted.is_empty() || !readers.is_empty()).then_some(ExtraOut { deleted, readers }),
+        ..body
     };
     let mut out = Vec::with_capacity(bytes + 64);
     rmp_serde::encode::write(&mut out, &body).expect("a checkpoint always encodes");
@@ -307,23 +446,50 @@ pub(crate) fn decode_checkpoint(bytes: &[u8]) -> Result<CheckpointBody, String> 
     if body.format != CHECKPOINT_FORMAT {
         return Err(format!("its body has format {}, not {CHECKPOINT_FORMAT}", body.format));
     }
-    let artifacts = body.artifacts.into_iter().map(|a| Stored {
-        id: a.id,
-        kind: a.kind,
-        version: a.version,
-        hash: a.hash,
-        generation: a.generation,
-        created: a.created,
-        bytes: Arc::from(&*a.bytes),
+    let artifacts = body.artifacts.into_iter().map(StoredIn::into_stored);
+    let extra = body.extra.unwrap_or(ExtraIn {
+        deleted: Vec::new(),
+        readers: Vec::new(),
     });
+    let mut deleted: std::collections::HashMap<u64, Arc<Stored>> = extra
+        .deleted
+        .into_iter()
+        .map(|(seq, s)| (seq, Arc::new(s.into_stored())))
+        .collect();
+    let events: Vec<QueuedEvent> = body
+        .events
+        .into_iter()
+        .map(|(seq, event)| QueuedEvent {
+            seq,
+            deleted: deleted.remove(&seq),
+            event,
+        })
+        .collect();
+    if let Some(seq) = deleted.keys().min() {
+        return Err(format!(
+            "it holds a deleted version for event number {seq}, which is not one of its queued events"
+        ));
+    }
     Ok(CheckpointBody {
         state: State::from_parts(artifacts, body.relations, body.next_created),
         next_event_seq: body.next_event_seq,
-        events: body
-            .events
-            .into_iter()
-            .map(|(seq, event)| QueuedEvent { seq, event })
-            .collect(),
+        events,
+        readers: Readers::from_entries(extra.readers.into_iter().map(
+            |(agent, produce, trigger, generation, reads, wrote)| {
+                (
+                    ReaderKey {
+                        agent: Arc::from(agent),
+                        produce: Arc::from(produce),
+                        trigger,
+                    },
+                    Reader {
+                        generation,
+                        reads: reads.into(),
+                        wrote: wrote.into(),
+                    },
+                )
+            },
+        )),
     })
 }
 
@@ -349,6 +515,7 @@ mod tests {
             agent: Some(Arc::from("billing")),
             produce: Some(Arc::from("process_order")),
             trigger: Some(TriggerRef {
+                event: EventKind::Updated,
                 id: ArtifactId::from("order:1"),
                 version: Version(3),
                 hash: hash::content_hash(b"x"),
@@ -371,9 +538,33 @@ mod tests {
                     version: None,
                 },
             ],
+            watches_reads: false,
         }];
         let decoded = decode_runs(&encode_runs(&runs)).unwrap();
         assert_eq!(format!("{runs:?}"), format!("{decoded:?}"));
+
+        // A run on a deletion, a staleness rerun and a watching run keep their kind and flag;
+        // the others encode their trigger as the three elements they always had.
+        for (event, version, watches_reads) in [
+            (EventKind::Deleted, 2, false),
+            (EventKind::Stale, 1, true),
+            (EventKind::Created, 1, true),
+            (EventKind::Updated, 5, false),
+        ] {
+            let mut run = runs[0].clone();
+            let trigger = run.trigger.as_mut().unwrap();
+            trigger.event = event;
+            trigger.version = Version(version);
+            run.watches_reads = watches_reads;
+            let encoded = encode_runs(std::slice::from_ref(&run));
+            let decoded = decode_runs(&encoded).unwrap();
+            assert_eq!(format!("{run:?}"), format!("{:?}", decoded[0]));
+            let plain = !watches_reads && event.is_inferred();
+            let mut bare = run.clone();
+            bare.trigger.as_mut().unwrap().event = EventKind::inferred(Version(version));
+            bare.watches_reads = false;
+            assert_eq!(plain, encode_runs(&[bare]) == encoded, "{event:?} {watches_reads}");
+        }
     }
 
     #[test]
@@ -430,13 +621,49 @@ mod tests {
                 version: Version(3),
                 generation: Generation(7),
             },
+            deleted: None,
         }];
-        let body = decode_checkpoint(&encode_checkpoint(&state, 42, &events)).unwrap();
+        let plain = encode_checkpoint(&state, 42, &events, &Readers::default());
+        let body = decode_checkpoint(&plain).unwrap();
         assert!(body.state.difference(&state).is_none());
         assert_eq!(body.state.state_hash(), state.state_hash());
         assert_eq!(body.next_event_seq, 42);
         assert_eq!(body.events.len(), 1);
         assert_eq!((body.events[0].seq, &body.events[0].event), (41, &events[0].event));
+        assert!(body.events[0].deleted.is_none());
         assert!(decode_checkpoint(b"\x93\x01").is_err());
+
+        // A queued deletion keeps the version deleted; a body without any encodes as before.
+        let bytes = crate::model::artifact::encode(&Receipt { total: 9 }).unwrap();
+        let gone = Arc::new(Stored {
+            id: ArtifactId::from("receipt:9"),
+            kind: Kind::of::<Receipt>(),
+            version: Version(2),
+            hash: hash::content_hash(&bytes),
+            generation: Generation(6),
+            created: 0,
+            bytes: Arc::from(bytes),
+        });
+        let mut with_deletion = events.clone();
+        with_deletion.push(QueuedEvent {
+            seq: 42,
+            event: Event {
+                kind: EventKind::Deleted,
+                id: ArtifactId::from("receipt:9"),
+                artifact_kind: Kind::of::<Receipt>(),
+                version: Version(2),
+                generation: Generation(7),
+            },
+            deleted: Some(gone.clone()),
+        });
+        let encoded = encode_checkpoint(&state, 43, &with_deletion, &Readers::default());
+        assert!(encoded.len() > plain.len());
+        let body = decode_checkpoint(&encoded).unwrap();
+        assert!(body.events[0].deleted.is_none());
+        let back = body.events[1].deleted.as_ref().expect("the version deleted is kept");
+        assert_eq!(
+            (&back.id, back.version, back.hash, back.generation, &back.bytes[..]),
+            (&gone.id, gone.version, gone.hash, gone.generation, &gone.bytes[..])
+        );
     }
 }

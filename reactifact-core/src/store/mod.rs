@@ -601,6 +601,8 @@ pub(crate) struct Checkpoint {
     pub(crate) next_event_seq: u64,
     /// The events queued right after it, oldest first.
     pub(crate) events: Vec<QueuedEvent>,
+    /// The readers index after it (an O(1) clone).
+    pub(crate) readers: crate::state::readers::Readers,
 }
 
 /// A checkpoint as stored, for verification.

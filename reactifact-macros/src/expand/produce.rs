@@ -50,6 +50,9 @@ pub(crate) fn expand(model: ProduceModel) -> TokenStream {
         declared_call,
         outputs,
         condition,
+        on,
+        debounce,
+        stale,
         krate,
     } = model;
     let private = quote!(#krate::__private);
@@ -85,6 +88,9 @@ pub(crate) fn expand(model: ProduceModel) -> TokenStream {
         ReturnType::Default => Span::call_site(),
     };
     let condition = condition.map(|c| quote!(.when::<#trigger, _>(#c)));
+    let on = on.map(|kinds| quote!(.on([#(#private::EventKind::#kinds),*])));
+    let debounce = debounce.then(|| quote!(.debounce()));
+    let stale = stale.then(|| quote!(.stale()));
     // Each output is recorded with its Rust type, so the runtime's builder can refuse two types
     // that claim one kind. Inherent methods only: no trait needs to be in scope
     // (`#![no_implicit_prelude]`).
@@ -120,6 +126,9 @@ pub(crate) fn expand(model: ProduceModel) -> TokenStream {
             #register
                 #(#creates)*
                 #condition
+                #on
+                #debounce
+                #stale
         }
 
         #(#declarations)*

@@ -21,6 +21,14 @@ pub(crate) enum RawArg {
     When { key: Ident, condition: Expr },
     /// `crate = path`: where `reactifact-core` is, for re-exporters.
     Crate { key: Ident, path: Path },
+    /// `on = [created, updated, deleted]`: the event kinds the produce reacts to.
+    On {
+        key: Ident,
+        brackets: proc_macro2::Span,
+        kinds: Punctuated<Ident, Token![,]>,
+    },
+    /// A bare flag: `debounce` or `stale`.
+    Flag { key: Ident },
     /// `something = …` with a key no option has; its value is skipped.
     Unknown { key: Ident },
 }
@@ -46,6 +54,11 @@ impl Parse for RawArgs {
 
 impl Parse for RawArg {
     fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        if is_flag(input) {
+            return Ok(RawArg::Flag {
+                key: Ident::parse_any(input)?,
+            });
+        }
         let is_option = input.peek(Ident::peek_any) && input.peek2(Token![=]) && !input.peek2(Token![==]);
         if !is_option {
             return Ok(RawArg::Output(input.parse()?));
@@ -67,6 +80,16 @@ impl Parse for RawArg {
                 key,
                 condition: input.parse()?,
             },
+            "on" => {
+                let content;
+                let brackets = bracketed!(content in input);
+                let kinds = Punctuated::parse_terminated_with(&content, Ident::parse_any)?;
+                RawArg::On {
+                    key,
+                    brackets: brackets.span.join(),
+                    kinds,
+                }
+            }
             "crate" => RawArg::Crate {
                 key,
                 path: Path::parse_mod_style(input)?,
@@ -77,6 +100,20 @@ impl Parse for RawArg {
             }
         })
     }
+}
+
+/// The bare flags `#[produce]` knows.
+pub(crate) const FLAGS: &[&str] = &["debounce", "stale"];
+
+/// Whether the next argument is a bare flag: a lowercase name of one that is the whole
+/// argument (a type named like it would be a primary output, which comes first and is
+/// capitalised by convention).
+fn is_flag(input: ParseStream<'_>) -> bool {
+    let fork = input.fork();
+    let Ok(ident) = Ident::parse_any(&fork) else {
+        return false;
+    };
+    FLAGS.contains(&ident.to_string().as_str()) && (fork.is_empty() || fork.peek(Token![,]))
 }
 
 /// Skips the tokens of an unknown option's value, up to the next top-level comma.

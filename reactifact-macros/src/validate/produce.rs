@@ -20,6 +20,12 @@ pub(crate) struct ProduceModel {
     pub(crate) outputs: Vec<Type>,
     /// The `when = …` condition.
     pub(crate) condition: Option<Expr>,
+    /// The `on = [..]` event kinds, as the names of `EventKind` variants, spanned on each.
+    pub(crate) on: Option<Vec<Ident>>,
+    /// The `debounce` flag.
+    pub(crate) debounce: bool,
+    /// The `stale` flag.
+    pub(crate) stale: bool,
     /// Where `reactifact-core` is.
     pub(crate) krate: syn::Path,
 }
@@ -34,7 +40,14 @@ pub(crate) struct Invalid {
 }
 
 /// The options `#[produce]` accepts, for messages.
-const OPTIONS: &str = "`also_creates = [..]`, `name = \"…\"`, `when = <condition>` or `crate = path`";
+const OPTIONS: &str =
+    "`also_creates = [..]`, `name = \"…\"`, `when = <condition>`, `on = [..]`, `debounce`, `stale` or `crate = path`";
+
+/// Every option's name, for "did you mean" hints.
+const OPTION_NAMES: &[&str] = &["also_creates", "name", "when", "on", "debounce", "stale", "crate"];
+
+/// The event kinds `on = [..]` accepts, with the `EventKind` variant each names.
+const EVENT_KINDS: &[(&str, &str)] = &[("created", "Created"), ("updated", "Updated"), ("deleted", "Deleted")];
 
 /// Checks the arguments and the function together, so that one build reports every mistake.
 pub(crate) fn validate(input: ProduceInput) -> Result<ProduceModel, Box<Invalid>> {
@@ -59,6 +72,9 @@ pub(crate) fn validate(input: ProduceInput) -> Result<ProduceModel, Box<Invalid>
             declared_call,
             outputs: options.outputs,
             condition: options.condition,
+            on: options.on,
+            debounce: options.debounce,
+            stale: options.stale,
             krate,
         }),
         (error, _) => Err(Box::new(Invalid {
@@ -75,6 +91,9 @@ struct Options {
     outputs: Vec<Type>,
     name: Option<String>,
     condition: Option<Expr>,
+    on: Option<Vec<Ident>>,
+    debounce: bool,
+    stale: bool,
     krate: Option<syn::Path>,
 }
 
@@ -86,6 +105,16 @@ fn check_args(args: RawArgs, produce: &Ident, errors: &mut Errors) -> Options {
 
     for arg in args.args {
         let key = match &arg {
+            RawArg::Output(ty) if (primary.is_some() || saw_option) && bare_lowercase(ty).is_some() => {
+                // `#[produce(Receipt, debounc)]`: a misspelt flag, not a second output.
+                let word = bare_lowercase(ty).expect("checked");
+                saw_option = true;
+                let hint = crate::suggest::closest(&word.to_string(), OPTION_NAMES)
+                    .map(|o| format!(" (did you mean `{o}`?)"))
+                    .unwrap_or_default();
+                errors.spanned(word, format_args!("unknown option `{word}`{hint}; expected {OPTIONS}"));
+                continue;
+            }
             RawArg::Output(ty) => {
                 if let Some(first) = &primary {
                     errors.spanned(
@@ -112,11 +141,13 @@ fn check_args(args: RawArgs, produce: &Ident, errors: &mut Errors) -> Options {
             | RawArg::Name { key, .. }
             | RawArg::When { key, .. }
             | RawArg::Crate { key, .. }
+            | RawArg::On { key, .. }
+            | RawArg::Flag { key }
             | RawArg::Unknown { key } => key.clone(),
         };
         saw_option = true;
         if let RawArg::Unknown { key } = &arg {
-            let hint = crate::suggest::closest(&key.to_string(), &["also_creates", "name", "when", "crate"])
+            let hint = crate::suggest::closest(&key.to_string(), OPTION_NAMES)
                 .map(|o| format!(" (did you mean `{o}`?)"))
                 .unwrap_or_default();
             errors.spanned(key, format_args!("unknown option `{key}`{hint}; expected {OPTIONS}"));
@@ -141,11 +172,74 @@ fn check_args(args: RawArgs, produce: &Ident, errors: &mut Errors) -> Options {
                 options.name = Some(name);
             }
             RawArg::When { condition, .. } => options.condition = Some(condition),
+            RawArg::On { brackets, kinds, .. } => options.on = Some(check_on(brackets, kinds, produce, errors)),
+            RawArg::Flag { key } => match key.to_string().as_str() {
+                "debounce" => options.debounce = true,
+                "stale" => options.stale = true,
+                other => unreachable!("`{other}` is not a flag"),
+            },
             RawArg::Crate { path, .. } => options.krate = Some(path),
             RawArg::Output(_) | RawArg::Unknown { .. } => unreachable!("handled above"),
         }
     }
     options
+}
+
+/// The word, if `ty` is a single lowercase name: what a misspelt flag parses as.
+fn bare_lowercase(ty: &Type) -> Option<&Ident> {
+    let Type::Path(TypePath { qself: None, path }) = ty else {
+        return None;
+    };
+    let ident = path.get_ident()?;
+    ident
+        .unraw()
+        .to_string()
+        .starts_with(|c: char| c.is_ascii_lowercase())
+        .then_some(ident)
+}
+
+/// Checks `on = [..]`: a known kind each, none twice, at least one. Returns the `EventKind`
+/// variants, spanned on the kinds as written.
+fn check_on(
+    brackets: proc_macro2::Span,
+    kinds: syn::punctuated::Punctuated<Ident, syn::Token![,]>,
+    produce: &Ident,
+    errors: &mut Errors,
+) -> Vec<Ident> {
+    let known: Vec<&str> = EVENT_KINDS.iter().map(|(k, _)| *k).collect();
+    let list = known.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ");
+    if kinds.is_empty() {
+        errors.push(syn::Error::new(
+            brackets,
+            format_args!(
+                "produce `{produce}` must react to at least one event kind; write some of {list}, or leave `on` out \
+                 for `[created, updated]`"
+            ),
+        ));
+        return Vec::new();
+    }
+    let mut seen: Vec<String> = Vec::new();
+    let mut variants = Vec::new();
+    for kind in kinds {
+        let word = kind.unraw().to_string();
+        let Some((_, variant)) = EVENT_KINDS.iter().find(|(k, _)| *k == word) else {
+            let hint = crate::suggest::closest(&word, &known)
+                .map(|k| format!(" (did you mean `{k}`?)"))
+                .unwrap_or_default();
+            errors.spanned(
+                &kind,
+                format_args!("unknown event kind `{word}`{hint}; expected {list}"),
+            );
+            continue;
+        };
+        if seen.contains(&word) {
+            errors.spanned(&kind, format_args!("event kind `{word}` is listed twice; give it once"));
+            continue;
+        }
+        seen.push(word);
+        variants.push(Ident::new(variant, kind.span()));
+    }
+    variants
 }
 
 /// Adds a declared output, refusing one declared already.

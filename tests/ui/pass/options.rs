@@ -1,7 +1,9 @@
 //! Every option of `#[produce]` and `#[derive(Artifact)]`.
 #![deny(warnings)]
 
-use reactifact_core::{produce, Agent, Artifact, IntoProduce, Kind, PendingAction, ProduceCall, ProduceError};
+use reactifact_core::{
+    produce, Agent, Artifact, EventKind, IntoProduce, Kind, PendingAction, ProduceCall, ProduceError,
+};
 use serde::{Deserialize, Serialize};
 
 /// A crate that re-exports reactifact, the way a framework would.
@@ -50,6 +52,18 @@ async fn r#match(call: ProduceCall<Order>) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Event kinds and the `debounce` flag, through a re-exporting crate.
+#[produce(Receipt, on = [created, deleted,], debounce, crate = crate::framework::reactifact)]
+async fn on_kinds(call: ProduceCall<Order>) {
+    let _ = call.event;
+}
+
+/// A flag may come first among the options.
+#[produce(Receipt, debounce, on = [r#updated], stale)]
+async fn debounced_updates(call: ProduceCall<Order>) {
+    let _ = call.event;
+}
+
 mod nested {
     use super::*;
 
@@ -71,8 +85,16 @@ fn main() {
     assert_eq!(produce.name(), "billing.process_order");
     assert_eq!(produce.outputs(), [Kind::of::<Receipt>(), Kind::of::<PendingAction>()]);
     assert_eq!(r#match.into_produce().name(), "match");
+    let kinds = on_kinds.into_produce();
+    assert!(kinds.events().eq([EventKind::Created, EventKind::Deleted]));
+    assert!(kinds.is_debounced() && !process_order.into_produce().is_debounced());
+    let updates = debounced_updates.into_produce();
+    assert!(updates.events().eq([EventKind::Updated, EventKind::Stale]) && updates.is_debounced());
+    assert!(!kinds.reacts_to(EventKind::Stale));
     let _ = Agent::new("billing")
         .produce(process_order)
         .produce(r#match)
-        .produce(nested::refund);
+        .produce(nested::refund)
+        .produce(on_kinds)
+        .produce(debounced_updates);
 }

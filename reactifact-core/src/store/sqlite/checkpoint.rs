@@ -24,7 +24,12 @@ pub(super) const KEEP: i64 = crate::store::CHECKPOINTS_KEPT as i64;
 /// Encodes `checkpoint` and writes it for `session`, dropping the session's older checkpoints
 /// but the newest [`KEEP`], in one transaction. Runs on the store's thread.
 pub(super) fn write(conn: &mut Connection, session: &str, checkpoint: &Checkpoint) -> rusqlite::Result<()> {
-    let body = codec::encode_checkpoint(&checkpoint.state, checkpoint.next_event_seq, &checkpoint.events);
+    let body = codec::encode_checkpoint(
+        &checkpoint.state,
+        checkpoint.next_event_seq,
+        &checkpoint.events,
+        &checkpoint.readers,
+    );
     let generation = checkpoint.generation.0;
     let (hash, state_hash) = (checkpoint.hash.as_bytes(), checkpoint.state_hash.as_bytes());
     let digest = codec::checkpoint_digest(session, generation, hash, state_hash, &body);
@@ -140,6 +145,7 @@ pub(super) fn newest(conn: &Connection, session: &str, head: u64) -> Result<Opti
                     state: body.state,
                     next_event_seq: body.next_event_seq,
                     events: body.events,
+                    readers: body.readers,
                 }),
                 Some(_) => Err(format!(
                     "commit {generation} of the log has another commit hash or state hash"

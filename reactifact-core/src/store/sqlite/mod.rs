@@ -1401,5 +1401,52 @@ mod tests {
         drop(ctx);
         forge(&short);
         assert!(matches!(verified(), Err(VerifyError::Checkpoint { .. })));
+
+        // The queued deletion of note:2 holding another version than the one deleted.
+        forge(&honest);
+        let ctx = crate::Context::open_with(&path, "orders", options()).unwrap();
+        let mut swapped = ctx.checkpoint_of_head().unwrap();
+        let deletion = swapped
+            .events
+            .iter_mut()
+            .find(|q| q.deleted.is_some())
+            .expect("the deletion of note:2 is queued");
+        deletion.deleted = ctx.state().get("note:1").cloned();
+        drop(ctx);
+        forge(&swapped);
+        match verified() {
+            Err(VerifyError::Checkpoint { detail, .. }) => {
+                assert!(detail.contains("the version deleted"), "{detail}");
+            }
+            other => panic!("expected a bad checkpoint, got {other:?}"),
+        }
+
+        // A readers index the log never built.
+        forge(&honest);
+        let ctx = crate::Context::open_with(&path, "orders", options()).unwrap();
+        let mut invented = ctx.checkpoint_of_head().unwrap();
+        invented.readers = crate::state::readers::Readers::from_entries([(
+            crate::state::readers::ReaderKey {
+                agent: "a".into(),
+                produce: "p".into(),
+                trigger: "note:1".into(),
+            },
+            crate::state::readers::Reader {
+                generation: Generation(1),
+                reads: vec![crate::model::artifact::ArtifactId::from("note:2")].into(),
+                wrote: Vec::new().into(),
+            },
+        )]);
+        drop(ctx);
+        forge(&invented);
+        match verified() {
+            Err(VerifyError::Checkpoint { detail, .. }) => {
+                assert!(detail.starts_with("its readers index is not the log's"), "{detail}");
+            }
+            other => panic!("expected a bad checkpoint, got {other:?}"),
+        }
+        // The honest one still verifies, its deletion and all.
+        forge(&honest);
+        verified().unwrap();
     }
 }
