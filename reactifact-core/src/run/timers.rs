@@ -60,7 +60,8 @@ impl Runtime {
             // rule a generation's commit follows.
             let watching = matching::Watching::of(self);
             let (agents, triggers) = (self.agents.as_slice(), &self.triggers);
-            let reacts = |event: &Event, readers: &Readers| matching::reacts(agents, triggers, &watching, event, readers);
+            let reacts =
+                |event: &Event, readers: &Readers| matching::reacts(agents, triggers, &watching, event, readers);
             match self.context.commit_fires(ops, &reacts).await {
                 Ok(()) => {
                     tracing::debug!(fired, "timers fired");

@@ -226,46 +226,42 @@ impl Row {
 
     /// Writes every column of the row (found by its `seq`) and its new digest.
     pub(super) fn update(&self, conn: &rusqlite::Connection) -> rusqlite::Result<()> {
-        let digest = self.digest();
-        // Only the columns a transition changes (the first nine never change after the
-        // insert): SQLite then leaves the indexes of the others alone.
-        let fields = self.fields();
-        let params = fields[9..]
-            .iter()
-            .copied()
-            .chain([ValueRef::Blob(&digest), ValueRef::Integer(self.seq)])
-            .map(ToSqlOutput::Borrowed);
-        conn.prepare_cached(
+        self.write(
+            conn,
             "UPDATE outbox SET status = ?1, due_at = ?2, token = ?3, owner = ?4, lease_until = ?5, attempts = ?6,
                  expired = ?7, interrupted = ?8, last_error = ?9, cancel_reason = ?10, updated_at = ?11,
                  delivered_at = ?12, next_attempt_at = ?13, digest = ?14
              WHERE seq = ?15",
-        )?
-        .execute(rusqlite::params_from_iter(params))?;
-        Ok(())
+        )
     }
 
     /// [`update`](Row::update) for a row in flight (just claimed, or renewed): also keeps its
     /// lease as the last claim (`claim_owner`, `claimed_at`, `claim_until`, `claim_token`;
-    /// outside the digest),
-    /// which the attempt history reads once the attempt was delivered. An in-flight row's
-    /// `updated_at` is the time of its claim (a renewal does not change it).
+    /// outside the digest), which the attempt history reads once the attempt was delivered. An
+    /// in-flight row's `updated_at` is the time of its claim (a renewal does not change it).
     pub(super) fn update_claimed(&self, conn: &rusqlite::Connection) -> rusqlite::Result<()> {
-        let digest = self.digest();
-        let fields = self.fields();
-        let params = fields[9..]
-            .iter()
-            .copied()
-            .chain([ValueRef::Blob(&digest), ValueRef::Integer(self.seq)])
-            .map(ToSqlOutput::Borrowed);
-        conn.prepare_cached(
+        self.write(
+            conn,
             "UPDATE outbox SET status = ?1, due_at = ?2, token = ?3, owner = ?4, lease_until = ?5, attempts = ?6,
                  expired = ?7, interrupted = ?8, last_error = ?9, cancel_reason = ?10, updated_at = ?11,
                  delivered_at = ?12, next_attempt_at = ?13, digest = ?14,
                  claim_owner = ?4, claimed_at = ?11, claim_until = ?5, claim_token = ?3
              WHERE seq = ?15",
-        )?
-        .execute(rusqlite::params_from_iter(params))?;
+        )
+    }
+
+    /// Runs `sql`, an update of the row by its `seq` (`?15`) with the columns a transition
+    /// changes (`?1`–`?13`: the first nine never change after the insert, so SQLite leaves the
+    /// indexes of the others alone) and the new digest (`?14`).
+    fn write(&self, conn: &rusqlite::Connection, sql: &str) -> rusqlite::Result<()> {
+        let digest = self.digest();
+        let fields = self.fields();
+        let params = fields[9..]
+            .iter()
+            .copied()
+            .chain([ValueRef::Blob(&digest), ValueRef::Integer(self.seq)])
+            .map(ToSqlOutput::Borrowed);
+        conn.prepare_cached(sql)?.execute(rusqlite::params_from_iter(params))?;
         Ok(())
     }
 
