@@ -657,3 +657,152 @@ async fn a_direct_write_between_turns_keeps_the_index_in_step() {
     rt.run().await.unwrap();
     assert!(shipment(rt.context(), 2).is_none(), "the payment was deleted");
 }
+
+#[tokio::test]
+async fn a_run_budget_that_splits_the_events_of_a_set_still_runs_it_once() {
+    let runs = Runs::default();
+    let mut rt = runtime(Context::new("main"), ship(&runs));
+    let mut tx = rt.context_mut().transaction();
+    tx.create("order:1", order(1))
+        .create("order:2", order(2))
+        .create("payment:a", payment(1, 1))
+        .create("payment:b", payment(2, 2));
+    tx.commit().unwrap();
+    // One run per turn: order 1's event runs its set; the batch stops before order 2's.
+    let report = rt
+        .run_with(reactifact_core::Budget::default().max_runs(1))
+        .await
+        .unwrap();
+    assert_eq!(report.outcome, reactifact_core::TurnOutcome::RunsExhausted);
+    assert_eq!(taken(&runs), [run_of(EventKind::Created, "order:1", &["payment:a"])]);
+    // Payment a's event, taken later, finds the set order 1 already ran on: no second run.
+    rt.run().await.unwrap();
+    assert_eq!(taken(&runs), [run_of(EventKind::Created, "order:2", &["payment:b"])]);
+    rt.run().await.unwrap();
+    assert_eq!(taken(&runs), []);
+    let join_runs = rt
+        .context()
+        .log()
+        .unwrap()
+        .iter()
+        .flat_map(|c| &c.runs)
+        .filter(|r| r.produce.is_some())
+        .count();
+    assert_eq!(join_runs, 2);
+    // A change still runs again.
+    rt.context_mut().update("payment:a", payment(1, 9)).unwrap();
+    rt.run().await.unwrap();
+    assert_eq!(taken(&runs), [run_of(EventKind::Updated, "order:1", &["payment:a"])]);
+}
+
+#[tokio::test]
+async fn a_failed_generation_is_retried_and_runs_the_set_once() {
+    let runs = Runs::default();
+    let fail = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let (recorded, failing) = (runs.clone(), fail.clone());
+    let produce = Produce::new("ship", move |call: ProduceCall<Order>| {
+        let (runs, fail) = (recorded.clone(), failing.clone());
+        async move {
+            if fail.swap(false, Ordering::SeqCst) {
+                return Err(reactifact_core::ProduceError::msg("the carrier is down"));
+            }
+            runs.lock()
+                .unwrap()
+                .push((call.event, call.trigger.id.to_string(), Vec::new()));
+            call.effects.upsert(
+                format!("shipment:{}", call.trigger.data.id),
+                Shipment {
+                    item: call.trigger.data.item.clone(),
+                    cents: call.joined::<Payment>().unwrap().unwrap().data.cents,
+                },
+            );
+            Ok(())
+        }
+    })
+    .creates::<Shipment>()
+    .key(|o: &Record<Order>| o.data.id)
+    .join(|p: &Record<Payment>| p.data.order_id);
+    let mut rt = runtime(Context::new("main"), produce);
+    rt.context_mut().create("order:1", order(1)).unwrap();
+    rt.run().await.unwrap();
+    rt.context_mut().create("payment:a", payment(1, 4)).unwrap();
+    rt.run().await.unwrap_err();
+    assert_eq!(rt.context().queued_events(), 1, "the payment's event stays queued");
+    rt.run().await.unwrap();
+    assert_eq!(taken(&runs), [run_of(EventKind::Created, "order:1", &[])]);
+    assert_eq!(shipment(rt.context(), 1).unwrap().cents, 4);
+}
+
+#[tokio::test]
+async fn a_part_committed_by_another_writer_reaches_the_index_by_catch_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let runs = Runs::default();
+    let mut rt = runtime(Context::open_with(&path, "main", options()).unwrap(), ship(&runs));
+    rt.context_mut().create("order:1", order(1)).unwrap();
+    rt.run().await.unwrap();
+
+    let mut other = Context::open_with(&path, "main", options()).unwrap();
+    other.create("payment:a", payment(1, 8)).unwrap();
+    drop(other);
+
+    assert_eq!(rt.context_mut().catch_up().await.unwrap(), 1);
+    rt.run().await.unwrap();
+    assert_eq!(taken(&runs), [run_of(EventKind::Created, "order:1", &["payment:a"])]);
+    assert_eq!(shipment(rt.context(), 1).unwrap().cents, 8);
+}
+
+#[tokio::test]
+async fn a_watching_join_reruns_on_what_else_it_read_while_its_set_is_complete() {
+    #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+    struct Rate {
+        percent: u64,
+    }
+    impl Artifact for Rate {
+        const KIND: &'static str = "rate";
+    }
+    let runs = Runs::default();
+    let recorded = runs.clone();
+    let produce = Produce::new("ship", move |call: ProduceCall<Order>| {
+        let runs = recorded.clone();
+        async move {
+            runs.lock()
+                .unwrap()
+                .push((call.event, call.trigger.id.to_string(), Vec::new()));
+            let rate = call.snapshot.get::<Rate>("rate").unwrap().map_or(0, |r| r.data.percent);
+            let cents = call.joined::<Payment>().unwrap().unwrap().data.cents;
+            call.effects.upsert(
+                format!("shipment:{}", call.trigger.data.id),
+                Shipment {
+                    item: call.trigger.data.item.clone(),
+                    cents: cents * rate / 100,
+                },
+            );
+        }
+    })
+    .creates::<Shipment>()
+    .key(|o: &Record<Order>| o.data.id)
+    .join(|p: &Record<Payment>| p.data.order_id)
+    .stale();
+    let mut rt = runtime(Context::new("main"), produce);
+    let mut tx = rt.context_mut().transaction();
+    tx.create("rate", Rate { percent: 50 })
+        .create("order:1", order(1))
+        .create("payment:a", payment(1, 200));
+    tx.commit().unwrap();
+    rt.run().await.unwrap();
+    assert_eq!(taken(&runs), [run_of(EventKind::Created, "order:1", &[])]);
+    assert_eq!(shipment(rt.context(), 1).unwrap().cents, 100);
+
+    rt.context_mut().update("rate", Rate { percent: 10 }).unwrap();
+    rt.run().await.unwrap();
+    assert_eq!(taken(&runs), [run_of(EventKind::Stale, "order:1", &[])]);
+    assert_eq!(shipment(rt.context(), 1).unwrap().cents, 20);
+
+    // The payment goes: the set is incomplete, so a change of the rate reruns nothing.
+    rt.context_mut().delete("payment:a").unwrap();
+    rt.run().await.unwrap();
+    rt.context_mut().update("rate", Rate { percent: 20 }).unwrap();
+    rt.run().await.unwrap();
+    assert_eq!(taken(&runs), []);
+}

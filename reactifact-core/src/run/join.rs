@@ -322,10 +322,28 @@ struct JoinIndexes {
     absent: Vec<bool>,
 }
 
+/// What a committed join run joined: its trigger and parts, by id, version and content hash.
+type SetSignature = Vec<(
+    ArtifactId,
+    crate::model::artifact::Version,
+    crate::model::hash::ContentHash,
+)>;
+
+fn signature(trigger: &Stored, parts: &[Arc<Stored>]) -> SetSignature {
+    std::iter::once(trigger)
+        .chain(parts.iter().map(|p| &**p))
+        .map(|s| (s.id.clone(), s.version, s.hash))
+        .collect()
+}
+
 /// The join indexes of a runtime's (or a replay's) join produces, in step with a state.
 #[derive(Default)]
 pub(crate) struct Joins {
     joins: Vec<JoinIndexes>,
+    /// The set the newest run this runtime committed of a join produce on a trigger joined,
+    /// by (join, trigger id): an event of a part taken after that run (its events were cut
+    /// across generations by a run budget) does not run the same set again.
+    ran: HashMap<(usize, ArtifactId), SetSignature>,
     by_slot: HashMap<(usize, usize), usize>,
     /// The commit the indexes are in step with: its generation and hash (`None` before the
     /// first); `None` before the first synchronisation.
@@ -394,6 +412,8 @@ impl Joins {
 
     /// Rebuilds every index from `state`: O(artifacts of the joined kinds).
     pub(crate) fn rebuild(&mut self, state: &State) {
+        // What this runtime ran was on the state the indexes followed, not necessarily this one.
+        self.ran.clear();
         for join in &mut self.joins {
             for index in &mut join.indexes {
                 index.clear();
@@ -419,6 +439,11 @@ impl Joins {
                 Op::Link(_) | Op::Unlink(_) => continue,
             };
             let current = state.get(id.as_str());
+            if current.is_none() && !self.ran.is_empty() {
+                for j in 0..self.joins.len() {
+                    self.ran.remove(&(j, id.clone()));
+                }
+            }
             for join in &mut self.joins {
                 for index in &mut join.indexes {
                     if current.is_some_and(|s| s.kind == index.kind) || index.keys.contains_key(id) {
@@ -472,6 +497,28 @@ impl Joins {
         Some(parts.into())
     }
 
+    /// Records the sets the committed join runs among `work` joined (see the field `ran`):
+    /// O(the runs).
+    pub(crate) fn ran<'a>(&mut self, work: impl Iterator<Item = &'a crate::run::matching::Work>) {
+        for w in work {
+            let (Some(parts), Some(&j)) = (&w.joined, self.by_slot.get(&(w.slot.agent, w.slot.produce))) else {
+                continue;
+            };
+            self.ran.insert((j, w.trigger.id.clone()), signature(&w.trigger, parts));
+        }
+    }
+
+    /// Whether the newest committed run of the join produce at `slot` on `trigger` joined
+    /// exactly `parts` (the same versions of the trigger and of every part).
+    fn ran_on(&self, slot: Slot, trigger: &Stored, parts: &[Arc<Stored>]) -> bool {
+        let Some(&j) = self.by_slot.get(&(slot.agent, slot.produce)) else {
+            return false;
+        };
+        self.ran
+            .get(&(j, trigger.id.clone()))
+            .is_some_and(|ran| *ran == signature(trigger, parts))
+    }
+
     /// The slot of the produce `produce` of agent `agent` among `agents`, as the replay oracle
     /// finds it: the first agent of that name with a produce of that name.
     pub(crate) fn slot_named(agents: &[Agent], agent: &str, produce: &str) -> Option<Slot> {
@@ -489,8 +536,9 @@ impl Joins {
 }
 
 /// Completes the join work among `matched` (one event's work): a run of a join produce keeps
-/// the parts it joins when its set is complete in `snapshot`, and is dropped otherwise. Other
-/// work is left as it is. O(matched work × parts).
+/// the parts it joins when its set is complete in `snapshot`, and is dropped otherwise, or when
+/// (for an event, not a staleness rerun) the newest run this runtime committed on the trigger
+/// joined the same set. Other work is left as it is. O(matched work × parts).
 pub(crate) fn complete(
     rt: &crate::run::runtime::Runtime,
     snapshot: &Snapshot,
@@ -504,6 +552,9 @@ pub(crate) fn complete(
             return true;
         }
         w.joined = rt.joins.parts(w.slot, &w.trigger, snapshot);
-        w.joined.is_some()
+        match &w.joined {
+            None => false,
+            Some(parts) => w.event == EventKind::Stale || !rt.joins.ran_on(w.slot, &w.trigger, parts),
+        }
     });
 }
