@@ -97,7 +97,9 @@ pub struct ProduceFailure {
     pub failure: RunFailure,
 }
 
-/// What a produce receives: its trigger, the snapshot it reads and the effects it writes to.
+/// What a produce receives: its trigger, the snapshot it reads and the effects it writes to;
+/// for a join (see [`Produce::join`]), the parts it joins, through
+/// [`joined`](ProduceCall::joined) and [`joined_all`](ProduceCall::joined_all).
 ///
 /// `T` is the trigger type; `D` names the produce's declared outputs (see
 /// [`DeclaredOutput`](crate::DeclaredOutput)); the `#[produce]` macro fills it in.
