@@ -157,10 +157,6 @@ pub(crate) async fn run(
                 .zip(claim)
                 .map(|(claimed, asked)| Preclaimed::new(rt.context.outbox(), claimed, asked));
             runs -= rejected.len() as u64;
-            if !rt.joins.is_empty() {
-                let committed = (0..record_work.len()).filter(|r| !rejected.iter().any(|(x, _)| x == r));
-                rt.joins.ran(committed.map(|r| &batch.work[record_work[r]]));
-            }
             for (r, error) in rejected {
                 let work = &batch.work[record_work[r]];
                 failures.push(failure_at(rt, work, RunFailure::Commit(error)));

@@ -322,28 +322,17 @@ struct JoinIndexes {
     absent: Vec<bool>,
 }
 
-/// What a committed join run joined: its trigger and parts, by id, version and content hash.
-type SetSignature = Vec<(
-    ArtifactId,
-    crate::model::artifact::Version,
-    crate::model::hash::ContentHash,
-)>;
-
-fn signature(trigger: &Stored, parts: &[Arc<Stored>]) -> SetSignature {
-    std::iter::once(trigger)
-        .chain(parts.iter().map(|p| &**p))
-        .map(|s| (s.id.clone(), s.version, s.hash))
-        .collect()
-}
-
 /// The join indexes of a runtime's (or a replay's) join produces, in step with a state.
 #[derive(Default)]
 pub(crate) struct Joins {
     joins: Vec<JoinIndexes>,
-    /// The set the newest run this runtime committed of a join produce on a trigger joined,
-    /// by (join, trigger id): an event of a part taken after that run (its events were cut
-    /// across generations by a run budget) does not run the same set again.
-    ran: HashMap<(usize, ArtifactId), SetSignature>,
+    /// The joins by (agent, produce) name: how the commits of the log name their runs.
+    by_name: HashMap<(Arc<str>, Arc<str>), usize>,
+    /// The generation of the newest committed run of a join produce on a trigger, by (join,
+    /// trigger id), for the runs that matter: those after the oldest queued event (see
+    /// [`Joins::already_ran`]). Derived from the log: the commits applied, and on a rebuild the
+    /// held commits after the oldest queued event.
+    last_run: HashMap<(usize, ArtifactId), Generation>,
     by_slot: HashMap<(usize, usize), usize>,
     /// The commit the indexes are in step with: its generation and hash (`None` before the
     /// first); `None` before the first synchronisation.
@@ -367,6 +356,9 @@ impl Joins {
                     absent.push(part.absent);
                 }
                 joins.by_slot.insert((a, p), joins.joins.len());
+                joins
+                    .by_name
+                    .insert((agent.name.clone(), produce.name_arc().clone()), joins.joins.len());
                 joins.joins.push(JoinIndexes { indexes, absent });
             }
         }
@@ -406,14 +398,19 @@ impl Joins {
             }
         } else {
             self.rebuild(ctx.state());
+            // The runs that may already have answered a queued event: those after the oldest.
+            if let Some(oldest) = ctx.queued().next().map(|q| q.event.generation) {
+                for commit in log.held().iter().filter(|c| c.generation > oldest) {
+                    self.record_runs(commit);
+                }
+            }
         }
         self.synced = Some(now);
     }
 
     /// Rebuilds every index from `state`: O(artifacts of the joined kinds).
     pub(crate) fn rebuild(&mut self, state: &State) {
-        // What this runtime ran was on the state the indexes followed, not necessarily this one.
-        self.ran.clear();
+        self.last_run.clear();
         for join in &mut self.joins {
             for index in &mut join.indexes {
                 index.clear();
@@ -433,17 +430,13 @@ impl Joins {
             self.rebuild(state);
             return;
         }
+        self.record_runs(commit);
         for op in commit.runs.iter().flat_map(|run| &run.ops) {
             let id = match op {
                 Op::Put { id, .. } | Op::Delete { id } | Op::Act { id, .. } => id,
                 Op::Link(_) | Op::Unlink(_) => continue,
             };
             let current = state.get(id.as_str());
-            if current.is_none() && !self.ran.is_empty() {
-                for j in 0..self.joins.len() {
-                    self.ran.remove(&(j, id.clone()));
-                }
-            }
             for join in &mut self.joins {
                 for index in &mut join.indexes {
                     if current.is_some_and(|s| s.kind == index.kind) || index.keys.contains_key(id) {
@@ -497,26 +490,37 @@ impl Joins {
         Some(parts.into())
     }
 
-    /// Records the sets the committed join runs among `work` joined (see the field `ran`):
-    /// O(the runs).
-    pub(crate) fn ran<'a>(&mut self, work: impl Iterator<Item = &'a crate::run::matching::Work>) {
-        for w in work {
-            let (Some(parts), Some(&j)) = (&w.joined, self.by_slot.get(&(w.slot.agent, w.slot.produce))) else {
+    /// Records the join runs of `commit` (see the field `last_run`): O(its runs).
+    fn record_runs(&mut self, commit: &Commit) {
+        if self.by_name.is_empty() {
+            return;
+        }
+        for run in &commit.runs {
+            let (Some(agent), Some(produce), Some(trigger)) = (&run.agent, &run.produce, &run.trigger) else {
                 continue;
             };
-            self.ran.insert((j, w.trigger.id.clone()), signature(&w.trigger, parts));
+            if let Some(&j) = self.by_name.get(&(agent.clone(), produce.clone())) {
+                self.last_run.insert((j, trigger.id.clone()), commit.generation);
+            }
         }
     }
 
-    /// Whether the newest committed run of the join produce at `slot` on `trigger` joined
-    /// exactly `parts` (the same versions of the trigger and of every part).
-    fn ran_on(&self, slot: Slot, trigger: &Stored, parts: &[Arc<Stored>]) -> bool {
+    /// Whether a committed run of the join produce at `slot` on `trigger` already joined the
+    /// set `parts`: it ran in a generation after the one that wrote the current version of the
+    /// trigger and of every part, so its snapshot held each of them at that version (a version
+    /// written later, or a part deleted and created again, is a newer generation). An event of
+    /// the set taken after such a run — a run budget cut the batch between the events of one
+    /// set — is one that run already answered.
+    fn already_ran(&self, slot: Slot, trigger: &Stored, parts: &[Arc<Stored>]) -> bool {
         let Some(&j) = self.by_slot.get(&(slot.agent, slot.produce)) else {
             return false;
         };
-        self.ran
-            .get(&(j, trigger.id.clone()))
-            .is_some_and(|ran| *ran == signature(trigger, parts))
+        let Some(&ran) = self.last_run.get(&(j, trigger.id.clone())) else {
+            return false;
+        };
+        std::iter::once(trigger)
+            .chain(parts.iter().map(|p| &**p))
+            .all(|s| s.generation < ran)
     }
 
     /// The slot of the produce `produce` of agent `agent` among `agents`, as the replay oracle
@@ -537,8 +541,8 @@ impl Joins {
 
 /// Completes the join work among `matched` (one event's work): a run of a join produce keeps
 /// the parts it joins when its set is complete in `snapshot`, and is dropped otherwise, or when
-/// (for an event, not a staleness rerun) the newest run this runtime committed on the trigger
-/// joined the same set. Other work is left as it is. O(matched work × parts).
+/// (for an event, not a staleness rerun) a committed run on the trigger already joined that set
+/// (see [`Joins::already_ran`]). Other work is left as it is. O(matched work × parts).
 pub(crate) fn complete(
     rt: &crate::run::runtime::Runtime,
     snapshot: &Snapshot,
@@ -554,7 +558,7 @@ pub(crate) fn complete(
         w.joined = rt.joins.parts(w.slot, &w.trigger, snapshot);
         match &w.joined {
             None => false,
-            Some(parts) => w.event == EventKind::Stale || !rt.joins.ran_on(w.slot, &w.trigger, parts),
+            Some(parts) => w.event == EventKind::Stale || !rt.joins.already_ran(w.slot, &w.trigger, parts),
         }
     });
 }
