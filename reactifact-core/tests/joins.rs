@@ -853,3 +853,53 @@ async fn a_part_deleted_and_created_again_with_equal_content_runs_the_set_again(
     rt.run().await.unwrap();
     assert_eq!(taken(&runs), [run_of(EventKind::Created, "order:1", &["payment:a"])]);
 }
+
+#[tokio::test]
+async fn the_event_kinds_of_a_join_apply_to_every_part() {
+    let runs = Runs::default();
+    let mut rt = runtime(Context::new("main"), ship(&runs).on([EventKind::Created]));
+    rt.context_mut().create("order:1", order(1)).unwrap();
+    rt.context_mut().create("payment:a", payment(1, 5)).unwrap();
+    rt.run().await.unwrap();
+    assert_eq!(taken(&runs), [run_of(EventKind::Created, "order:1", &["payment:a"])]);
+    // Updates of either part run nothing; a new part does.
+    rt.context_mut().update("payment:a", payment(1, 6)).unwrap();
+    rt.context_mut()
+        .update(
+            "order:1",
+            Order {
+                id: 1,
+                item: "y".into(),
+            },
+        )
+        .unwrap();
+    rt.run().await.unwrap();
+    assert_eq!(taken(&runs), []);
+    rt.context_mut().create("payment:b", payment(1, 7)).unwrap();
+    rt.run().await.unwrap();
+    assert_eq!(
+        taken(&runs),
+        [run_of(EventKind::Created, "order:1", &["payment:a", "payment:b"])]
+    );
+}
+
+#[tokio::test]
+async fn a_condition_on_the_trigger_holds_for_runs_a_part_calls_for() {
+    let runs = Runs::default();
+    let produce = ship(&runs).when(|_, o: &Record<Order>| o.data.id % 2 == 0);
+    let mut rt = runtime(Context::new("main"), produce);
+    rt.context_mut().create("order:1", order(1)).unwrap();
+    rt.context_mut().create("order:2", order(2)).unwrap();
+    let mut tx = rt.context_mut().transaction();
+    tx.create("payment:a", payment(1, 1)).create("payment:b", payment(2, 2));
+    tx.commit().unwrap();
+    rt.run().await.unwrap();
+    assert_eq!(taken(&runs), [run_of(EventKind::Created, "order:2", &["payment:b"])]);
+}
+
+#[test]
+#[should_panic(expected = "must take its trigger type")]
+fn a_join_key_of_another_type_than_the_trigger_is_refused() {
+    let _ = Produce::new("ship", |call: ProduceCall<Order>| async move { drop(call) })
+        .key(|p: &Record<Payment>| p.data.order_id);
+}
