@@ -399,8 +399,10 @@ impl Joins {
         } else {
             self.rebuild(ctx.state());
             // The runs that may already have answered a queued event: those after the oldest.
+            // O(those commits' runs): the held commits are in generation order.
             if let Some(oldest) = ctx.queued().next().map(|q| q.event.generation) {
-                for commit in log.held().iter().filter(|c| c.generation > oldest) {
+                let held = log.held();
+                for commit in &held[held.partition_point(|c| c.generation <= oldest)..] {
                     self.record_runs(commit);
                 }
             }
