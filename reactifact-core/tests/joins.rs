@@ -903,3 +903,22 @@ fn a_join_key_of_another_type_than_the_trigger_is_refused() {
     let _ = Produce::new("ship", |call: ProduceCall<Order>| async move { drop(call) })
         .key(|p: &Record<Payment>| p.data.order_id);
 }
+
+#[tokio::test]
+async fn a_part_merged_from_a_branch_completes_the_set_once() {
+    let runs = Runs::default();
+    let mut rt = runtime(Context::new("main"), ship(&runs));
+    rt.context_mut().create("order:1", order(1)).unwrap();
+    rt.run().await.unwrap();
+    let mut branch = rt.context().fork("pay").unwrap();
+    branch.create("payment:a", payment(1, 40)).unwrap();
+    rt.context_mut().create("order:2", order(2)).unwrap();
+    rt.run().await.unwrap();
+    rt.context_mut().merge(&branch).unwrap();
+    rt.run().await.unwrap();
+    rt.run().await.unwrap();
+    assert_eq!(taken(&runs), [run_of(EventKind::Created, "order:1", &["payment:a"])]);
+    assert_eq!(shipment(rt.context(), 1).unwrap().cents, 40);
+    rt.context().verify().unwrap();
+    reactifact_core::testing::assert_replays(rt.context(), &[Agent::new("shop").produce(ship(&Runs::default()))]).await;
+}
