@@ -419,3 +419,89 @@ async fn stale_reaches_the_runtime_through_the_macro() {
         [reactifact_core::EventKind::Updated, reactifact_core::EventKind::Stale]
     );
 }
+
+/// What a payment pays, for the join below.
+#[derive(Serialize, Deserialize, Artifact, Debug, Clone, PartialEq)]
+struct Paid {
+    order: String,
+    cents: u64,
+}
+
+/// What a cancelled order is, for the absent form below.
+#[derive(Serialize, Deserialize, Artifact, Debug, Clone, PartialEq)]
+struct Cancelled {
+    order: String,
+}
+
+/// A receipt per order once it is paid and not cancelled.
+#[produce(
+    Receipt,
+    key = |o| o.id.to_string(),
+    join(Paid, key = |p| p.data.order.clone()),
+    absent(Cancelled, key = |c| c.data.order.clone())
+)]
+async fn receipt_when_paid(call: ProduceCall<Order>) {
+    let paid = call.joined::<Paid>().unwrap().unwrap();
+    call.effects.upsert(
+        format!("receipt:{}", call.trigger.id),
+        Receipt {
+            order: call.trigger.id.to_string(),
+            total_cents: paid.data.cents,
+        },
+    );
+}
+
+#[tokio::test]
+async fn a_join_and_its_absent_part_reach_the_runtime_through_the_macro() {
+    let mut rt = Runtime::builder(Context::new("main"))
+        .agent(Agent::new("billing").produce(receipt_when_paid))
+        .build()
+        .unwrap();
+    let order = |total_cents| Order {
+        customer: "ada".into(),
+        total_cents,
+    };
+    rt.context_mut().create("order:1", order(10)).unwrap();
+    rt.context_mut().create("order:2", order(20)).unwrap();
+    rt.run().await.unwrap();
+    assert_eq!(rt.context().get::<Receipt>("receipt:order:1").unwrap(), None);
+    let mut tx = rt.context_mut().transaction();
+    tx.create(
+        "paid:1",
+        Paid {
+            order: "order:1".into(),
+            cents: 10,
+        },
+    )
+    .create(
+        "paid:2",
+        Paid {
+            order: "order:2".into(),
+            cents: 20,
+        },
+    )
+    .create(
+        "cancelled:2",
+        Cancelled {
+            order: "order:2".into(),
+        },
+    );
+    tx.commit().unwrap();
+    let report = rt.run().await.unwrap();
+    assert_eq!(report.runs, 1);
+    assert_eq!(
+        rt.context()
+            .get::<Receipt>("receipt:order:1")
+            .unwrap()
+            .unwrap()
+            .data
+            .total_cents,
+        10
+    );
+    assert_eq!(
+        rt.context().get::<Receipt>("receipt:order:2").unwrap(),
+        None,
+        "order 2 was cancelled"
+    );
+    reactifact_core::testing::assert_replays(rt.context(), &[Agent::new("billing").produce(receipt_when_paid)]).await;
+}

@@ -12,6 +12,7 @@ use crate::model::field_diff::{diff_bytes, FieldDiff};
 use crate::model::hash::ContentHash;
 use crate::model::patch::Op;
 use crate::run::generation::start_run;
+use crate::run::join::Joins;
 use crate::run::produce::{Agent, Produce};
 use crate::run::runtime::Runtime;
 use crate::state::commit::{Commit, RunRecord};
@@ -66,6 +67,10 @@ pub enum Difference {
     },
     /// No agent and produce of the given names was passed to the oracle.
     UnknownProduce,
+    /// The run is a join's, and the snapshot it saw no longer completes its set: a joined
+    /// part with the trigger's key is missing, or an absent part has one (the key functions
+    /// changed).
+    JoinIncomplete,
     /// The trigger is not in the snapshot the run saw at the version and hash it recorded.
     TriggerMissing {
         /// The version the run recorded.
@@ -105,6 +110,10 @@ impl fmt::Display for Divergence {
             }
             Difference::Failed { error } => write!(f, ": the replayed run failed: {error}"),
             Difference::UnknownProduce => write!(f, ": no such agent and produce was given to replay"),
+            Difference::JoinIncomplete => write!(
+                f,
+                ": the snapshot the run saw does not complete its join (a joined part is missing or an absent one is present)"
+            ),
             Difference::TriggerMissing { version } => write!(
                 f,
                 ": the trigger is not at version {} in the snapshot the run saw",
@@ -156,6 +165,8 @@ impl Context {
         let mut refold = Refold::new(Checks::STATE);
         let mut report = ReplayReport { commits: 0, runs: 0 };
         let mut deleted = Deleted::default();
+        // The join indexes of the snapshots, kept in step as the log is refolded.
+        let mut joins = Joins::of(agents);
         let (log, _) = self.whole_async().await?;
         for commit in log {
             let produced: Vec<(usize, &RunRecord)> = commit
@@ -167,7 +178,7 @@ impl Context {
             if !produced.is_empty() {
                 let snapshot = Snapshot::new(refold.state().clone());
                 for (index, run) in produced {
-                    replay_run(agents, commit, index, run, &snapshot, &deleted).await?;
+                    replay_run(agents, commit, index, run, &snapshot, &deleted, &joins).await?;
                     report.runs += 1;
                 }
                 report.commits += 1;
@@ -176,6 +187,9 @@ impl Context {
                 if let Some(stored) = emitted.deleted {
                     deleted.insert((stored.id.clone(), stored.version, stored.hash), stored);
                 }
+            }
+            if !joins.is_empty() {
+                joins.apply(commit, refold.state());
             }
         }
         Ok(report)
@@ -211,6 +225,7 @@ async fn replay_run(
     run: &RunRecord,
     snapshot: &Snapshot,
     deleted: &Deleted,
+    joins: &Joins,
 ) -> Result<(), ReplayError> {
     let agent = run.agent.as_deref().unwrap_or_default();
     let produce_name = run.produce.as_deref().unwrap_or_default();
@@ -252,7 +267,19 @@ async fn replay_run(
             ))
         }
     };
-    let output = start_run(produce, stored, trigger.event, snapshot, commit.generation)
+    // A join run joins the parts that share its trigger's key in the snapshot it saw.
+    let joined = match produce.is_join() {
+        false => None,
+        true => {
+            let parts =
+                Joins::slot_named(agents, agent, produce_name).and_then(|slot| joins.parts(slot, &stored, snapshot));
+            match parts {
+                Some(parts) => Some(parts),
+                None => return Err(diverged(Some(trigger.id.clone()), Difference::JoinIncomplete)),
+            }
+        }
+    };
+    let output = start_run(produce, stored, trigger.event, joined, snapshot, commit.generation)
         .await
         .map_err(|e| diverged(None, Difference::Failed { error: e.to_string() }))?;
     let recorded = &run.ops;

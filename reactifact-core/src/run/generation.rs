@@ -16,6 +16,7 @@ use crate::model::event::{Event, EventKind};
 use crate::model::patch::Op;
 use crate::outbox::drain::Preclaimed;
 use crate::run::effects::Buffer;
+use crate::run::join::Parts;
 use crate::run::matching::{self, Work};
 use crate::run::produce::{Produce, ProduceFailure, RunFailure, RunInput};
 use crate::run::runtime::{ProduceErrors, RunError, Runtime, TurnOutcome, TurnReport};
@@ -50,6 +51,7 @@ pub(crate) async fn run(
     report: &mut TurnReport,
 ) -> Result<Step, RunError> {
     let snapshot = rt.context.snapshot();
+    rt.joins.sync(&rt.context);
     let watching = matching::Watching::of(rt);
     let batch = matching::select(rt, &snapshot, &watching, remaining_runs);
     if batch.events == 0 {
@@ -248,6 +250,7 @@ fn run_one(
             produce,
             work.trigger.clone(),
             work.event,
+            work.joined.clone(),
             snapshot,
             generation,
         )),
@@ -276,6 +279,7 @@ pub(crate) fn start_run(
     produce: &Produce,
     trigger: Arc<Stored>,
     event: EventKind,
+    joined: Option<Parts>,
     snapshot: &Snapshot,
     generation: Generation,
 ) -> impl Future<Output = Result<RunOutput, RunFailure>> + Send + 'static {
@@ -286,6 +290,7 @@ pub(crate) fn start_run(
         snapshot: snapshot.clone(),
         buffer: buffer.clone(),
         generation,
+        joined,
     };
     let started = std::panic::catch_unwind(AssertUnwindSafe(|| produce.start(input)));
     async move {

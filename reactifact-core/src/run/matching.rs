@@ -17,6 +17,7 @@ use foldhash::HashMap;
 use crate::model::artifact::{ArtifactId, Kind, Stored};
 use crate::model::event::{Event, EventKind, QueuedEvent};
 use crate::run::generation::{panic_message, Slot};
+use crate::run::join::{self, Parts};
 use crate::run::produce::{Agent, Produce};
 use crate::run::runtime::Runtime;
 use crate::state::readers::{ReaderKey, Readers};
@@ -30,6 +31,8 @@ pub(crate) struct Work {
     /// The produce's condition panicked on this trigger, with this message: the run fails
     /// with it instead of running.
     pub(crate) condition_panicked: Option<String>,
+    /// For a join produce, the parts the run joins (set when the set is found complete).
+    pub(crate) joined: Option<Parts>,
 }
 
 /// The events a generation takes and the work they match.
@@ -115,6 +118,7 @@ pub(crate) fn select(rt: &Runtime, snapshot: &Snapshot, watching: &Watching, rem
                 matched.push(w);
             }
         }
+        join::complete(rt, snapshot, &mut matched);
         // Applied in order with an undo log, so an event whose work exceeds the budget leaves
         // the batch as it was.
         let start = work.len();
@@ -122,7 +126,7 @@ pub(crate) fn select(rt: &Runtime, snapshot: &Snapshot, watching: &Watching, rem
         let mut inserted: Vec<(usize, usize, ArtifactId)> = Vec::new();
         for w in matched.drain(..) {
             let produce = &rt.agents[w.slot.agent].produces[w.slot.produce];
-            let single = produce.is_debounced() || produce.reacts_to(EventKind::Stale);
+            let single = produce.is_debounced() || produce.reacts_to(EventKind::Stale) || produce.is_join();
             if !single {
                 work.push(w);
                 continue;
@@ -132,6 +136,9 @@ pub(crate) fn select(rt: &Runtime, snapshot: &Snapshot, watching: &Watching, rem
                 None => Place::Push,
                 Some(_) if w.event == EventKind::Stale => Place::Drop,
                 Some(&i) if produce.is_debounced() || work[i].event == EventKind::Stale => Place::Replace(i),
+                // A join runs once per trigger per generation: the second part's event finds
+                // the set the first one's did.
+                Some(_) if produce.is_join() => Place::Drop,
                 Some(_) => Place::Push,
             };
             match place {
@@ -180,6 +187,7 @@ fn rerun(rt: &Runtime, snapshot: &Snapshot, slot: Slot, key: &ReaderKey) -> Opti
         trigger: trigger.clone(),
         event: EventKind::Stale,
         condition_panicked,
+        joined: None,
     })
 }
 
@@ -235,6 +243,22 @@ fn match_event(rt: &Runtime, snapshot: &Snapshot, queued: &QueuedEvent, work: &m
         if !produce.reacts_to(event.kind) {
             continue;
         }
+        if produce.trigger() != event.artifact_kind {
+            // A joined part: the run is on the triggers sharing its key.
+            for joined in rt.joins.triggers_of(slot, &trigger, snapshot) {
+                let (applies, condition_panicked) = condition(produce, snapshot, joined);
+                if applies {
+                    work.push(Work {
+                        slot,
+                        trigger: joined.clone(),
+                        event: event.kind,
+                        condition_panicked,
+                        joined: None,
+                    });
+                }
+            }
+            continue;
+        }
         let (applies, condition_panicked) = condition(produce, snapshot, &trigger);
         if applies {
             work.push(Work {
@@ -242,6 +266,7 @@ fn match_event(rt: &Runtime, snapshot: &Snapshot, queued: &QueuedEvent, work: &m
                 trigger: trigger.clone(),
                 event: event.kind,
                 condition_panicked,
+                joined: None,
             });
         }
     }

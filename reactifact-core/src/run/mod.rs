@@ -4,6 +4,7 @@
 
 pub(crate) mod effects;
 pub(crate) mod generation;
+pub(crate) mod join;
 pub(crate) mod matching;
 pub(crate) mod produce;
 pub(crate) mod runtime;

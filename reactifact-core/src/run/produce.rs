@@ -10,6 +10,7 @@ use crate::model::event::{EventKind, EventKinds};
 use crate::model::patch::EffectError;
 use crate::outbox::dispatcher::BoxError;
 use crate::run::effects::{Buffer, Dynamic, Effects};
+use crate::run::join::{JoinSpec, Parts};
 use crate::state::commit::CommitError;
 use crate::state::snapshot::Snapshot;
 
@@ -96,7 +97,9 @@ pub struct ProduceFailure {
     pub failure: RunFailure,
 }
 
-/// What a produce receives: its trigger, the snapshot it reads and the effects it writes to.
+/// What a produce receives: its trigger, the snapshot it reads and the effects it writes to;
+/// for a join (see [`Produce::join`]), the parts it joins, through
+/// [`joined`](ProduceCall::joined) and [`joined_all`](ProduceCall::joined_all).
 ///
 /// `T` is the trigger type; `D` names the produce's declared outputs (see
 /// [`DeclaredOutput`](crate::DeclaredOutput)); the `#[produce]` macro fills it in.
@@ -117,6 +120,8 @@ pub struct ProduceCall<T, D = Dynamic> {
     pub effects: Effects<D>,
     /// The generation being computed.
     pub generation: Generation,
+    /// For a join run, the parts it joins (see [`ProduceCall::joined`]).
+    pub(crate) joined: Option<Parts>,
 }
 
 /// Turns what a produce function returns into the runtime's result: `()` or any
@@ -152,6 +157,8 @@ pub(crate) struct RunInput {
     pub(crate) snapshot: Snapshot,
     pub(crate) buffer: Arc<Mutex<Buffer>>,
     pub(crate) generation: Generation,
+    /// For a join run, the parts it was matched with.
+    pub(crate) joined: Option<Parts>,
 }
 
 type Handler = dyn Fn(RunInput) -> RunFuture + Send + Sync;
@@ -184,8 +191,8 @@ type Condition = dyn Fn(&Snapshot, &Stored) -> bool + Send + Sync;
 /// ```
 #[derive(Clone)]
 pub struct Produce {
-    name: Arc<str>,
-    trigger: ArtifactType,
+    pub(crate) name: Arc<str>,
+    pub(crate) trigger: ArtifactType,
     outputs: Vec<Kind>,
     /// The Rust types behind `outputs` (a kind may be claimed by more than one: the runtime's
     /// builder refuses that).
@@ -195,6 +202,8 @@ pub struct Produce {
     events: EventKinds,
     /// At most one run per trigger per generation.
     debounce: bool,
+    /// The join it declares, if any (see [`Produce::join`]).
+    pub(crate) join: JoinSpec,
     handler: Arc<Handler>,
 }
 
@@ -234,7 +243,13 @@ impl Produce {
                 snapshot: input.snapshot.tracked(input.buffer.clone()),
                 effects: Effects::new(input.buffer, input.snapshot),
                 generation: input.generation,
+                joined: input.joined,
             };
+            // A join run read its parts: they are its provenance, whether it reads them again
+            // or not.
+            for part in call.joined.iter().flat_map(|parts| parts.iter()) {
+                call.snapshot.meta(part.id.as_str());
+            }
             let fut = f(call);
             Box::pin(async move { fut.await.into_produce_result().map_err(RunFailure::Returned) })
         };
@@ -246,6 +261,7 @@ impl Produce {
             condition: None,
             events: EventKinds::DEFAULT,
             debounce: false,
+            join: JoinSpec::default(),
             handler: Arc::new(handler),
         }
     }
@@ -333,6 +349,11 @@ impl Produce {
         if self.events.contains(EventKind::Stale) {
             events = events.with(EventKind::Stale);
         }
+        assert!(
+            !(self.join.is_join() && events.contains(EventKind::Deleted)),
+            "produce `{}` is a join, so it cannot react to deletions (a join reacts to creations and updates of its parts)",
+            self.name
+        );
         self.events = events;
         self
     }
@@ -428,9 +449,11 @@ impl Produce {
         &self.outputs
     }
 
-    /// The Rust types it names: its trigger type, then its declared outputs.
+    /// The Rust types it names: its trigger type, its declared outputs, then its join parts.
     pub(crate) fn types(&self) -> impl Iterator<Item = &ArtifactType> + '_ {
-        std::iter::once(&self.trigger).chain(&self.output_types)
+        std::iter::once(&self.trigger)
+            .chain(&self.output_types)
+            .chain(self.join.parts.iter().map(|p| &p.ty))
     }
 
     pub(crate) fn name_arc(&self) -> &Arc<str> {
@@ -458,6 +481,15 @@ impl std::fmt::Debug for Produce {
             .field("outputs", &self.outputs)
             .field("events", &self.events.iter().collect::<Vec<_>>())
             .field("debounce", &self.debounce)
+            .field(
+                "join",
+                &self
+                    .join
+                    .parts
+                    .iter()
+                    .map(|p| (p.ty.kind, p.absent))
+                    .collect::<Vec<_>>(),
+            )
             .finish()
     }
 }

@@ -18,6 +18,7 @@ use crate::outbox::drain::{
     Clock, DeliveryConfig, DeliveryErrors, DeliveryFailure, Drain, DrainError, DrainReport, Preclaimed, RetryPolicy,
 };
 use crate::run::generation::{self, Slot};
+use crate::run::join::Joins;
 use crate::run::produce::{Agent, ProduceFailure};
 use crate::state::context::{Context, WriteError};
 use crate::store::outbox::{CancelError, RetryError, Scope};
@@ -348,7 +349,9 @@ impl RuntimeBuilder {
     /// [`BuildError::KindCollision`] when two distinct Rust types among the produces' triggers
     /// and declared outputs (and [`PendingAction`] and [`Timer`]) claim one kind;
     /// [`BuildError::DuplicateAgent`] when two agents share a name;
-    /// [`BuildError::DuplicateProduce`] when an agent registers two produces under one name.
+    /// [`BuildError::DuplicateProduce`] when an agent registers two produces under one name;
+    /// [`BuildError::Join`] when a produce declares join parts without a key, or a key without
+    /// parts.
     pub fn build(self) -> Result<Runtime, BuildError> {
         check_registrations(&self.agents)?;
         let mut agents = self.agents;
@@ -365,10 +368,15 @@ impl RuntimeBuilder {
         for (agent, a) in ranked.iter().enumerate() {
             for (produce, p) in a.produces.iter().enumerate() {
                 triggers.entry(p.trigger()).or_default().push(Slot { agent, produce });
+                for kind in p.joined_kinds() {
+                    triggers.entry(kind).or_default().push(Slot { agent, produce });
+                }
             }
         }
         let uniform_priority = ranked.windows(2).all(|w| w[0].priority == w[1].priority);
+        let joins = Joins::of(&ranked);
         Ok(Runtime {
+            joins,
             context: self.context,
             agents: ranked,
             triggers,
@@ -417,6 +425,17 @@ pub enum BuildError {
         /// The produce's name.
         produce: String,
     },
+    /// A produce's join is incomplete: parts without a key for the trigger, or a key
+    /// without parts (see [`Produce::join`](crate::Produce::join)).
+    #[error("produce `{produce}` (agent `{agent}`) {problem}")]
+    Join {
+        /// The agent.
+        agent: String,
+        /// The produce's name.
+        produce: String,
+        /// What is missing.
+        problem: &'static str,
+    },
 }
 
 /// Refuses ambiguous registrations: duplicate agent or produce names, and two distinct types
@@ -440,6 +459,13 @@ fn check_registrations(agents: &[Agent]) -> Result<(), BuildError> {
                 return Err(BuildError::DuplicateProduce {
                     agent: agent.name().to_owned(),
                     produce: produce.name().to_owned(),
+                });
+            }
+            if let Err(problem) = crate::run::join::check(produce) {
+                return Err(BuildError::Join {
+                    agent: agent.name().to_owned(),
+                    produce: produce.name().to_owned(),
+                    problem,
                 });
             }
             for ty in produce.types() {
@@ -469,6 +495,8 @@ pub struct Runtime {
     pub(crate) agents: Vec<Agent>,
     pub(crate) triggers: HashMap<Kind, Vec<Slot>>,
     pub(crate) uniform_priority: bool,
+    /// The join indexes of its join produces, in step with the context before each generation.
+    pub(crate) joins: Joins,
     dispatcher: Option<Arc<dyn ErasedDispatcher>>,
     pub(crate) produce_errors: ProduceErrors,
     delivery: DeliveryConfig,

@@ -53,6 +53,8 @@ pub(crate) fn expand(model: ProduceModel) -> TokenStream {
         on,
         debounce,
         stale,
+        key,
+        parts,
         krate,
     } = model;
     let private = quote!(#krate::__private);
@@ -91,6 +93,11 @@ pub(crate) fn expand(model: ProduceModel) -> TokenStream {
     let on = on.map(|kinds| quote!(.on([#(#private::EventKind::#kinds),*])));
     let debounce = debounce.then(|| quote!(.debounce()));
     let stale = stale.then(|| quote!(.stale()));
+    let key = key.map(|k| quote!(.key::<#trigger, _, _>(#k)));
+    let parts = parts.iter().map(|(absent, part, function)| match absent {
+        false => quote_spanned!(part.span()=> .join::<#part, _, _>(#function)),
+        true => quote_spanned!(part.span()=> .absent::<#part, _, _>(#function)),
+    });
     // Each output is recorded with its Rust type, so the runtime's builder can refuse two types
     // that claim one kind. Inherent methods only: no trait needs to be in scope
     // (`#![no_implicit_prelude]`).
@@ -129,6 +136,8 @@ pub(crate) fn expand(model: ProduceModel) -> TokenStream {
                 #on
                 #debounce
                 #stale
+                #key
+                #(#parts)*
         }
 
         #(#declarations)*

@@ -27,6 +27,11 @@ pub(crate) enum RawArg {
         brackets: proc_macro2::Span,
         kinds: Punctuated<Ident, Token![,]>,
     },
+    /// `key = <expr>`: the trigger's join key, `Fn(&Record<T>) -> K`.
+    Key { key: Ident, function: Expr },
+    /// `join(P, key = <expr>)` or `absent(P, key = <expr>)`: a part of a join, with its key
+    /// function `Fn(&Record<P>) -> K`.
+    Join { key: Ident, part: Type, function: Expr },
     /// A bare flag: `debounce` or `stale`.
     Flag { key: Ident },
     /// `something = …` with a key no option has; its value is skipped.
@@ -59,6 +64,42 @@ impl Parse for RawArg {
                 key: Ident::parse_any(input)?,
             });
         }
+        if (input.peek(Ident::peek_any) && input.peek2(syn::token::Paren)) && is_join(input) {
+            let key = Ident::parse_any(input)?;
+            let content;
+            syn::parenthesized!(content in input);
+            let part: Type = content.parse()?;
+            let option = match key.to_string().as_str() {
+                "join" => "join",
+                _ => "absent",
+            };
+            let missing = |span| {
+                syn::Error::new(
+                    span,
+                    format_args!(
+                        "`{option}` takes the part's type and its key: `{option}({}, key = |p| ..)`",
+                        crate::errors::display(&part)
+                    ),
+                )
+            };
+            if content.is_empty() {
+                return Err(missing(syn::spanned::Spanned::span(&part)));
+            }
+            content.parse::<Token![,]>()?;
+            let word = Ident::parse_any(&content).map_err(|e| missing(e.span()))?;
+            if word != "key" {
+                return Err(missing(word.span()));
+            }
+            content.parse::<Token![=]>()?;
+            let function: Expr = content.parse()?;
+            if !content.is_empty() {
+                content.parse::<Token![,]>()?;
+                if !content.is_empty() {
+                    return Err(content.error(format_args!("unexpected argument; `{option}` takes `(Type, key = ..)`")));
+                }
+            }
+            return Ok(RawArg::Join { key, part, function });
+        }
         let is_option = input.peek(Ident::peek_any) && input.peek2(Token![=]) && !input.peek2(Token![==]);
         if !is_option {
             return Ok(RawArg::Output(input.parse()?));
@@ -79,6 +120,10 @@ impl Parse for RawArg {
             "when" => RawArg::When {
                 key,
                 condition: input.parse()?,
+            },
+            "key" => RawArg::Key {
+                key,
+                function: input.parse()?,
             },
             "on" => {
                 let content;
@@ -114,6 +159,12 @@ fn is_flag(input: ParseStream<'_>) -> bool {
         return false;
     };
     FLAGS.contains(&ident.to_string().as_str()) && (fork.is_empty() || fork.peek(Token![,]))
+}
+
+/// Whether the next argument is `join(..)` or `absent(..)`.
+fn is_join(input: ParseStream<'_>) -> bool {
+    let fork = input.fork();
+    Ident::parse_any(&fork).is_ok_and(|ident| ident == "join" || ident == "absent")
 }
 
 /// Skips the tokens of an unknown option's value, up to the next top-level comma.

@@ -26,6 +26,10 @@ pub(crate) struct ProduceModel {
     pub(crate) debounce: bool,
     /// The `stale` flag.
     pub(crate) stale: bool,
+    /// The `key = …` join key of the trigger.
+    pub(crate) key: Option<Expr>,
+    /// The `join(..)` and `absent(..)` parts, in order: (absent, type, key function).
+    pub(crate) parts: Vec<(bool, Type, Expr)>,
     /// Where `reactifact-core` is.
     pub(crate) krate: syn::Path,
 }
@@ -40,11 +44,22 @@ pub(crate) struct Invalid {
 }
 
 /// The options `#[produce]` accepts, for messages.
-const OPTIONS: &str =
-    "`also_creates = [..]`, `name = \"…\"`, `when = <condition>`, `on = [..]`, `debounce`, `stale` or `crate = path`";
+const OPTIONS: &str = "`also_creates = [..]`, `name = \"…\"`, `when = <condition>`, `on = [..]`, `debounce`, `stale`, \
+                       `key = <key>`, `join(P, key = ..)`, `absent(P, key = ..)` or `crate = path`";
 
 /// Every option's name, for "did you mean" hints.
-const OPTION_NAMES: &[&str] = &["also_creates", "name", "when", "on", "debounce", "stale", "crate"];
+const OPTION_NAMES: &[&str] = &[
+    "also_creates",
+    "name",
+    "when",
+    "on",
+    "debounce",
+    "stale",
+    "key",
+    "join",
+    "absent",
+    "crate",
+];
 
 /// The event kinds `on = [..]` accepts, with the `EventKind` variant each names.
 const EVENT_KINDS: &[(&str, &str)] = &[("created", "Created"), ("updated", "Updated"), ("deleted", "Deleted")];
@@ -63,6 +78,9 @@ pub(crate) fn validate(input: ProduceInput) -> Result<ProduceModel, Box<Invalid>
     };
     let krate = options.krate.unwrap_or_else(|| parse_quote!(::reactifact_core));
     let trigger = check_signature(&function, &mut errors);
+    if let Some((trigger, _)) = &trigger {
+        check_parts(&options.joins, trigger, &function.sig.ident, &mut errors);
+    }
 
     match (errors.into_error(), trigger) {
         (None, Some((trigger, declared_call))) => Ok(ProduceModel {
@@ -75,6 +93,12 @@ pub(crate) fn validate(input: ProduceInput) -> Result<ProduceModel, Box<Invalid>
             on: options.on,
             debounce: options.debounce,
             stale: options.stale,
+            key: options.key.map(|(_, key)| key),
+            parts: options
+                .joins
+                .into_iter()
+                .map(|(keyword, part, function)| (keyword == "absent", part, function))
+                .collect(),
             krate,
         }),
         (error, _) => Err(Box::new(Invalid {
@@ -94,6 +118,10 @@ struct Options {
     on: Option<Vec<Ident>>,
     debounce: bool,
     stale: bool,
+    /// `key = …`, with its keyword.
+    key: Option<(Ident, Expr)>,
+    /// `join(..)` and `absent(..)`, with their keywords.
+    joins: Vec<(Ident, Type, Expr)>,
     krate: Option<syn::Path>,
 }
 
@@ -143,7 +171,14 @@ fn check_args(args: RawArgs, produce: &Ident, errors: &mut Errors) -> Options {
             | RawArg::Crate { key, .. }
             | RawArg::On { key, .. }
             | RawArg::Flag { key }
+            | RawArg::Key { key, .. }
             | RawArg::Unknown { key } => key.clone(),
+            RawArg::Join { key, part, function } => {
+                // One per part: repeated, unlike the other options.
+                saw_option = true;
+                options.joins.push((key.clone(), part.clone(), function.clone()));
+                continue;
+            }
         };
         saw_option = true;
         if let RawArg::Unknown { key } = &arg {
@@ -179,10 +214,73 @@ fn check_args(args: RawArgs, produce: &Ident, errors: &mut Errors) -> Options {
                 other => unreachable!("`{other}` is not a flag"),
             },
             RawArg::Crate { path, .. } => options.krate = Some(path),
-            RawArg::Output(_) | RawArg::Unknown { .. } => unreachable!("handled above"),
+            RawArg::Key { key, function } => options.key = Some((key, function)),
+            RawArg::Output(_) | RawArg::Unknown { .. } | RawArg::Join { .. } => unreachable!("handled above"),
         }
     }
+    check_join(&options, produce, errors);
     options
+}
+
+/// Checks that a join has both its key and a part, and reacts to no deletion.
+fn check_join(options: &Options, produce: &Ident, errors: &mut Errors) {
+    match (&options.key, options.joins.first()) {
+        (None, Some((keyword, part, _))) => errors.spanned(
+            keyword,
+            format_args!(
+                "produce `{produce}` joins `{}` but declares no key for its trigger; add `key = |t| ..`, the key \
+                 the part's key is compared with",
+                display(part)
+            ),
+        ),
+        (Some((keyword, _)), None) => errors.spanned(
+            keyword,
+            format_args!(
+                "produce `{produce}` declares a join key but no part to join; add `join(P, key = |p| ..)` or \
+                 `absent(P, key = |p| ..)`, or remove `key`"
+            ),
+        ),
+        _ => {}
+    }
+    if options.joins.is_empty() {
+        return;
+    }
+    for kind in options.on.iter().flatten() {
+        if kind == "Deleted" {
+            errors.spanned(
+                kind,
+                format_args!(
+                    "produce `{produce}` is a join, so it cannot react to `deleted`: a join runs on creations and \
+                     updates of its parts"
+                ),
+            );
+        }
+    }
+}
+
+/// Checks the join parts against each other and the trigger: each type once, never the
+/// trigger's.
+fn check_parts(joins: &[(Ident, Type, Expr)], trigger: &Type, produce: &Ident, errors: &mut Errors) {
+    let trigger = display(trigger);
+    let mut seen: Vec<String> = Vec::new();
+    for (_, part, _) in joins {
+        let text = display(part);
+        if text == trigger {
+            errors.spanned(
+                part,
+                format_args!(
+                    "produce `{produce}` cannot join its trigger type `{text}` with itself; join another type"
+                ),
+            );
+        } else if seen.contains(&text) {
+            errors.spanned(
+                part,
+                format_args!("`{text}` is a join part of produce `{produce}` twice; remove this one"),
+            );
+        } else {
+            seen.push(text);
+        }
+    }
 }
 
 /// The word, if `ty` is a single lowercase name: what a misspelt flag parses as.
