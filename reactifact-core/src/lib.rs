@@ -42,8 +42,8 @@ pub use audit::verify::{verify_log, TimeTravelError, VerifyReport};
 pub use model::action::{ActionKey, Intent, Origin, PendingAction};
 pub use model::artifact::{Artifact, ArtifactId, Generation, Kind, ReadError, Record, Version};
 pub use model::delivery::{
-    reclaimed_error, Attempt, AttemptOutcome, Delivery, DeliveryParts, DeliveryStatus, FenceToken, Lease, NewIntent,
-    ATTEMPTS_KEPT, FAR_FUTURE, MIN_LEASE,
+    reclaimed_error, Attempt, AttemptOutcome, Decision, Delivery, DeliveryParts, DeliveryStatus, FenceToken, Lease,
+    NewIntent, Verdict, ATTEMPTS_KEPT, FAR_FUTURE, MIN_LEASE,
 };
 pub use model::event::{Event, EventKind};
 pub use model::field_diff::FieldDiff;
@@ -73,8 +73,8 @@ pub use store::ledger::Ledger;
 pub use store::log_store::{Act, Append, CheckpointRow, ClaimOrder, CommitRow, LogStore, OutboxCheck, SessionRow};
 pub use store::memory::MemoryOutbox;
 pub use store::outbox::{
-    BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome, Page, PurgeFilter,
-    Recorded, Recording, RetryError, Scope, StatusCounts, Wakeups,
+    ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome,
+    Page, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts, Wakeups,
 };
 pub use store::{list_sessions, SessionInfo};
 pub use store::{
