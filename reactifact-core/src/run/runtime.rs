@@ -19,7 +19,7 @@ use crate::outbox::drain::{
 use crate::run::generation::{self, Slot};
 use crate::run::produce::{Agent, ProduceFailure};
 use crate::state::context::Context;
-use crate::store::outbox::{CancelError, RetryError, Scope};
+use crate::store::outbox::{ApprovalError, CancelError, RetryError, Scope};
 use crate::store::StoreError;
 
 /// A turn ([`Runtime::run`](crate::Runtime::run)) failed. The failure is already recorded: a
@@ -700,6 +700,27 @@ impl Runtime {
     /// if the store could not record it (the intent then stays as it was).
     pub async fn cancel(&self, key: &str, reason: &str) -> Result<Delivery, CancelError> {
         self.context.outbox().cancel(key, reason, self.clock.now()).await
+    }
+
+    /// Approves an intent a produce acted with
+    /// [`act_with_approval`](crate::Effects::act_with_approval): it becomes pending, due now,
+    /// and the next drain delivers it once, like any other. The ledger records who approved
+    /// it (`by`) and when ([`Delivery::decision`]); the store keeps it across a restart.
+    /// Approving an approved intent again changes nothing.
+    ///
+    /// # Errors
+    /// See [`OutboxStore::approve`](crate::OutboxStore::approve).
+    pub async fn approve(&self, key: &str, by: &str) -> Result<Delivery, ApprovalError> {
+        self.context.outbox().approve(key, by, self.clock.now()).await
+    }
+
+    /// Rejects an intent awaiting approval: it is final and never handed to a dispatcher; the
+    /// ledger records who rejected it, when and why.
+    ///
+    /// # Errors
+    /// See [`OutboxStore::reject`](crate::OutboxStore::reject).
+    pub async fn reject(&self, key: &str, by: &str, reason: &str) -> Result<Delivery, ApprovalError> {
+        self.context.outbox().reject(key, by, reason, self.clock.now()).await
     }
 
     /// How many due intents of the session a generation's commit claims for the turn's drain

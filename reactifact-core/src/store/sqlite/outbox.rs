@@ -1287,11 +1287,13 @@ mod tests {
         let conn = Connection::open_in_memory().unwrap();
         conn.execute_batch(schema::V2_TABLES).unwrap();
         conn.execute_batch(schema::V4_CHANGES).unwrap();
+        conn.execute_batch(schema::V5_CHANGES).unwrap();
         let params = [Value::Integer(10), Value::Integer(1000)];
         for (filter, index) in [
             (PurgeFilter::Final, "outbox_final"),
             (PurgeFilter::Delivered, "outbox_final"),
             (PurgeFilter::Cancelled, "outbox_cancelled"),
+            (PurgeFilter::Rejected, "outbox_rejected"),
         ] {
             let steps = plan(&conn, purge_sql(filter), &params);
             assert!(steps.iter().any(|s| s.contains(index)), "{filter:?}: {steps:#?}");
@@ -1307,6 +1309,7 @@ mod tests {
     fn the_read_before_a_claim_reads_the_partial_indexes() {
         let conn = Connection::open_in_memory().unwrap();
         conn.execute_batch(schema::V2_TABLES).unwrap();
+        conn.execute_batch(schema::V5_CHANGES).unwrap();
         let (sql, params) = work_sql(&Scope::all(), 0, false);
         let leases = plan(&conn, &sql, &params);
         assert!(leases.iter().any(|s| s.contains("INDEX outbox_leases")), "{leases:#?}");
