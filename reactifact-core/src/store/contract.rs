@@ -1529,6 +1529,10 @@ struct Model {
     claim: Option<(String, u64, u64)>,
     /// The attempts that ended other than delivered.
     history: Vec<Attempt>,
+    /// Registered awaiting approval.
+    approval: bool,
+    /// The operator's decision: verdict, by, at, reason.
+    decision: Option<(Verdict, String, u64, Option<String>)>,
 }
 
 impl Model {
@@ -1599,6 +1603,12 @@ fn check_entry(d: &Delivery, m: &Model, step: usize) {
     assert_eq!(d.expired_leases(), m.expired, "{what}: expired_leases");
     assert_eq!(d.interrupted_attempts(), m.interrupted, "{what}: interrupted");
     assert_eq!(d.cancel_reason(), m.cancel.as_deref(), "{what}: cancel_reason");
+    assert_eq!(
+        d.decision()
+            .map(|x| (x.verdict, x.by.clone(), ms(x.at), x.reason.clone())),
+        m.decision,
+        "{what}: decision"
+    );
     let lease = d.lease().map(|l| (l.owner.to_string(), ms(l.expires_at), l.token));
     assert_eq!(
         lease,
@@ -1668,13 +1678,18 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
     ];
     for step in 0..steps {
         now += rng.below(4);
-        match rng.below(10) {
+        match rng.below(12) {
             0 | 1 => {
                 let session = sessions[rng.below(3) as usize];
                 let n = 1 + rng.below(4) as usize;
                 let picked: Vec<usize> = (0..n).map(|_| rng.below(key_names.len() as u64) as usize).collect();
                 let reg: Vec<(&str, &str)> = picked.iter().map(|&i| (key_names[i].as_str(), kind_of(i))).collect();
-                s.register(session, &reg, at(now)).await;
+                let approval = rng.below(3) == 0;
+                if approval {
+                    s.register_awaiting(session, &reg, at(now)).await;
+                } else {
+                    s.register(session, &reg, at(now)).await;
+                }
                 for &(key, kind) in &reg {
                     match model.iter_mut().find(|m| m.key == key) {
                         Some(m) => {
@@ -1691,7 +1706,11 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                             kind: kind.to_owned(),
                             owner: session.to_owned(),
                             members: Vec::new(),
-                            status: DeliveryStatus::Pending,
+                            status: if approval {
+                                DeliveryStatus::AwaitingApproval
+                            } else {
+                                DeliveryStatus::Pending
+                            },
                             attempts: 0,
                             last_error: None,
                             reclaimed_from: None,
@@ -1704,10 +1723,12 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                             next: None,
                             token: 0,
                             cancel: None,
-                            due: Some(now),
+                            due: (!approval).then_some(now),
                             purged: false,
                             claim: None,
                             history: Vec::new(),
+                            approval,
+                            decision: None,
                         }),
                     }
                 }
@@ -1879,7 +1900,15 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                         ) =>
                     {
                         m.next = None;
-                        m.set(DeliveryStatus::Pending, now);
+                        let unapproved = m.approval && m.decision.is_none();
+                        m.set(
+                            if unapproved {
+                                DeliveryStatus::AwaitingApproval
+                            } else {
+                                DeliveryStatus::Pending
+                            },
+                            now,
+                        );
                         check_entry(
                             &got.unwrap_or_else(|e| panic!("differential step {step}: retry {key}: {e}")),
                             m,
@@ -1910,6 +1939,7 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                                 | DeliveryStatus::Failed
                                 | DeliveryStatus::Dead
                                 | DeliveryStatus::Held
+                                | DeliveryStatus::AwaitingApproval
                         ) =>
                     {
                         m.next = None;
@@ -1927,11 +1957,64 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                     },
                 }
             }
+            10 => {
+                let key = key_names[rng.below(key_names.len() as u64) as usize].as_str();
+                let verdict = if rng.below(2) == 0 {
+                    Verdict::Approved
+                } else {
+                    Verdict::Rejected
+                };
+                let by = ["ada", "bob", ""][rng.below(3) as usize];
+                let got = match verdict {
+                    Verdict::Approved => o.approve(key, by, at(now)).await,
+                    _ => o.reject(key, by, "no", at(now)).await,
+                };
+                let what = format!("differential step {step}: {verdict:?} {key} by {by:?}");
+                match model.iter_mut().find(|m| m.key == key && !m.purged) {
+                    None => assert!(matches!(got, Err(ApprovalError::UnknownKey(_))), "{what}: {got:?}"),
+                    Some(m) => match &m.decision {
+                        Some((v, _, _, _)) if *v == verdict => {
+                            check_entry(&got.unwrap_or_else(|e| panic!("{what}: {e}")), m, step)
+                        }
+                        Some((v, first, _, _)) => match got {
+                            Err(ApprovalError::AlreadyDecided {
+                                verdict: got_verdict,
+                                by: got_by,
+                                ..
+                            }) if got_verdict == *v && got_by == *first => {}
+                            other => panic!("{what}: already decided, got {other:?}"),
+                        },
+                        None if m.status != DeliveryStatus::AwaitingApproval => match got {
+                            Err(ApprovalError::NotAwaiting { status, .. }) if status == m.status => {}
+                            other => panic!("{what}: not awaiting ({}), got {other:?}", m.status),
+                        },
+                        None if by.is_empty() => {
+                            assert!(matches!(got, Err(ApprovalError::NoDecider { .. })), "{what}: {got:?}")
+                        }
+                        None => {
+                            let reason = (verdict == Verdict::Rejected).then(|| "no".to_owned());
+                            m.decision = Some((verdict, by.to_owned(), now, reason));
+                            m.set(
+                                match verdict {
+                                    Verdict::Approved => DeliveryStatus::Pending,
+                                    _ => DeliveryStatus::Rejected,
+                                },
+                                now,
+                            );
+                            check_entry(&got.unwrap_or_else(|e| panic!("{what}: {e}")), m, step);
+                        }
+                    },
+                }
+            }
             _ => {
                 let before = now.saturating_sub(rng.below(20));
                 let limit = rng.below(4) as usize;
-                let filter =
-                    [PurgeFilter::Final, PurgeFilter::Delivered, PurgeFilter::Cancelled][rng.below(3) as usize];
+                let filter = [
+                    PurgeFilter::Final,
+                    PurgeFilter::Delivered,
+                    PurgeFilter::Cancelled,
+                    PurgeFilter::Rejected,
+                ][rng.below(4) as usize];
                 let got = o.purge(filter, at(before), limit).await.expect("purge");
                 let mut finals: Vec<(u64, usize)> = model
                     .iter()
