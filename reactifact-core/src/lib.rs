@@ -49,12 +49,14 @@ pub use model::event::{Event, EventKind};
 pub use model::field_diff::FieldDiff;
 pub use model::hash::{CommitHash, ContentHash, StateHash};
 pub use model::patch::{EffectError, Op, PutMode};
+pub use model::question::Question;
 pub use model::relation::Relation;
 pub use outbox::dispatcher::{BoxError, DispatchError, Dispatcher, MAX_RETRY_AFTER};
 pub use outbox::drain::{DeliveryErrors, DeliveryFailure, DrainReport, RetryPolicy};
 pub use outbox::drainer::{Drainer, DrainerBuilder};
 pub use outbox::router::{ActionCall, Router};
 pub use reactifact_macros::{produce, Artifact};
+pub use run::ask::AnswerError;
 pub use run::effects::{DeclaredOutput, Dynamic, Effects};
 pub use run::produce::{
     Agent, IntoProduce, IntoProduceResult, Produce, ProduceCall, ProduceError, ProduceFailure, RunFailure,
