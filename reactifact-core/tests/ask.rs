@@ -132,3 +132,30 @@ async fn an_answer_is_a_committed_write_that_wakes_the_produces_waiting_on_it() 
     rt.run().await.unwrap();
     assert_eq!(recorder.sent().len(), 1, "no second delivery");
 }
+
+/// Declared with the macro, like an intent: `also_creates = [Question]` types `ask`.
+#[reactifact_core::produce(also_creates = [Question])]
+async fn ask_by_macro(call: ProduceCall<Order>) {
+    call.effects.ask(format!("question:{}", call.trigger.id), "ship it?");
+}
+
+#[tokio::test]
+async fn a_produce_declares_its_questions_like_its_intents() {
+    let ctx = seeded([("order:1".to_owned(), order("ada", 1200))]);
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("support").produce(ask_by_macro))
+        .build()
+        .unwrap();
+    rt.run().await.unwrap();
+    let q = rt.context().get::<Question>("question:order:1").unwrap().unwrap();
+    assert_eq!((q.data.text.as_str(), q.data.answer.as_deref()), ("ship it?", None));
+    rt.context_mut().answer("question:order:1", "yes", "").unwrap_err();
+    rt.context_mut().answer("question:order:1", "yes", "ada").unwrap();
+    assert!(rt
+        .context()
+        .get::<Question>("question:order:1")
+        .unwrap()
+        .unwrap()
+        .data
+        .is_answered());
+}
