@@ -143,16 +143,7 @@ impl fmt::Display for Provenance<'_> {
         }
         if self.requires_approval {
             match self.decision() {
-                Some(decision) => write!(
-                    f,
-                    "; it required approval: {} by {} at {} ms after the epoch",
-                    decision.verdict,
-                    decision.by,
-                    decision
-                        .at
-                        .duration_since(std::time::SystemTime::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_millis())
-                )?,
+                Some(decision) => write!(f, "; it required approval: {} by {}", decision.verdict, decision.by)?,
                 None => f.write_str("; it requires approval, not given yet")?,
             }
             if let Some(reason) = self.decision().and_then(|d| d.reason.as_deref()) {
