@@ -160,10 +160,31 @@ pub enum OutboxCommand {
         #[arg(long, default_value = "cancelled with the reactifact CLI")]
         reason: String,
     },
-    /// Delete final entries (delivered, cancelled, or both) last changed longer ago than a
-    /// duration, with their attempt histories (the store's `purge`). Their keys are
-    /// remembered: never registered again.
-    #[command(group = clap::ArgGroup::new("which").required(true).multiple(true).args(["delivered", "cancelled"]))]
+    /// Approve an intent awaiting approval (the store's `approve`): pending, due now; the
+    /// ledger records who approved it and when.
+    Approve {
+        /// The intent's idempotency key.
+        key: String,
+        /// Who approves, kept with the entry.
+        #[arg(long, value_name = "NAME")]
+        by: String,
+    },
+    /// Reject an intent awaiting approval (the store's `reject`): final, never delivered; the
+    /// ledger records who rejected it, when and why.
+    Reject {
+        /// The intent's idempotency key.
+        key: String,
+        /// Who rejects, kept with the entry.
+        #[arg(long, value_name = "NAME")]
+        by: String,
+        /// Why, kept with the entry.
+        #[arg(long, default_value = "rejected with the reactifact CLI")]
+        reason: String,
+    },
+    /// Delete final entries (delivered, cancelled, rejected, or any of them) last changed
+    /// longer ago than a duration, with their attempt histories (the store's `purge`). Their
+    /// keys are remembered: never registered again.
+    #[command(group = clap::ArgGroup::new("which").required(true).multiple(true).args(["delivered", "cancelled", "rejected"]))]
     Purge {
         /// Delete delivered entries.
         #[arg(long)]
@@ -171,6 +192,9 @@ pub enum OutboxCommand {
         /// Delete cancelled entries.
         #[arg(long)]
         cancelled: bool,
+        /// Delete rejected entries.
+        #[arg(long)]
+        rejected: bool,
         /// Only entries last changed longer ago than this, e.g. `30d`, `12h`, `1h 30m`.
         #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
         older_than: std::time::Duration,
@@ -208,6 +232,10 @@ pub enum StatusArg {
     Cancelled,
     /// Delivered.
     Delivered,
+    /// Awaiting an operator's approval.
+    AwaitingApproval,
+    /// Rejected by an operator.
+    Rejected,
 }
 
 impl StatusArg {
@@ -221,6 +249,8 @@ impl StatusArg {
             StatusArg::Held => DeliveryStatus::Held,
             StatusArg::Cancelled => DeliveryStatus::Cancelled,
             StatusArg::Delivered => DeliveryStatus::Delivered,
+            StatusArg::AwaitingApproval => DeliveryStatus::AwaitingApproval,
+            StatusArg::Rejected => DeliveryStatus::Rejected,
         }
     }
 }

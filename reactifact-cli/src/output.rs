@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::time::{Duration, SystemTime};
 
-use reactifact_core::{Attempt, AttemptOutcome, Delivery, DeliveryStatus};
+use reactifact_core::{Attempt, AttemptOutcome, Decision, Delivery, DeliveryStatus};
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -133,6 +133,8 @@ pub fn status(status: DeliveryStatus) -> &'static str {
         DeliveryStatus::Dead => "dead",
         DeliveryStatus::Held => "held",
         DeliveryStatus::Cancelled => "cancelled",
+        DeliveryStatus::AwaitingApproval => "awaiting-approval",
+        DeliveryStatus::Rejected => "rejected",
         _ => "unknown",
     }
 }
@@ -181,6 +183,29 @@ pub fn attempt_json(a: &Attempt) -> Value {
     })
 }
 
+/// An operator's approval or rejection as JSON (`null` for none): `verdict` (`approved` or
+/// `rejected`), `by`, `at`, `reason`.
+pub fn decision_json(decision: Option<&Decision>) -> Value {
+    decision.map_or(Value::Null, |d| {
+        json!({
+            "verdict": d.verdict.to_string(),
+            "by": d.by,
+            "at": time(d.at),
+            "reason": d.reason,
+        })
+    })
+}
+
+/// An operator's decision in one line: `approved by ada at …`, `rejected by bob at …: why`.
+pub fn decision_line(d: &Decision) -> String {
+    let mut line = format!("{} by {} at {}", d.verdict, d.by, time(d.at));
+    if let Some(reason) = &d.reason {
+        line.push_str(": ");
+        line.push_str(reason);
+    }
+    line
+}
+
 /// A ledger entry as JSON: the schema of `outbox list` entries, `outbox show`, and the entries
 /// that `retry` and `cancel` return.
 pub fn delivery_json(d: &Delivery) -> Value {
@@ -195,6 +220,7 @@ pub fn delivery_json(d: &Delivery) -> Value {
         "interrupted_attempts": d.interrupted_attempts(),
         "last_error": d.last_error(),
         "cancel_reason": d.cancel_reason(),
+        "decision": decision_json(d.decision()),
         "token": d.token().0,
         "lease": d.lease().map(|lease| json!({
             "owner": &*lease.owner,

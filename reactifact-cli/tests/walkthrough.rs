@@ -32,9 +32,9 @@ fn json(store: &str, args: &[&str]) -> Value {
     run(store, &all).ok().json()
 }
 
-/// What the walkthrough leaves, as the CLI reads it: its three sessions, the five
-/// notifications delivered once each (with the attempts of cases 6 and 7), a log that
-/// verifies, provenance, the audit trail and the replay.
+/// What the walkthrough leaves, as the CLI reads it: its four sessions, the six
+/// notifications delivered once each (with the attempts of cases 6 and 7), the one case 8
+/// rejected, a log that verifies, provenance, the audit trail and the replay.
 fn check_the_walkthrough_store(store: &str) {
     let sessions = json(store, &["sessions"]);
     let names: Vec<&str> = sessions["sessions"]
@@ -43,15 +43,39 @@ fn check_the_walkthrough_store(store: &str) {
         .iter()
         .map(|s| s["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["shop", "shop-with-support", "two-agents"], "{sessions}");
-    assert_eq!(sessions["sessions"][1]["forked_from"]["session"], "shop");
+    assert_eq!(
+        names,
+        ["approvals", "shop", "shop-with-support", "two-agents"],
+        "{sessions}"
+    );
+    assert_eq!(sessions["sessions"][2]["forked_from"]["session"], "shop");
 
     let verify = json(store, &["verify"]);
     assert_eq!(verify["ok"], true, "{verify}");
 
     let stats = json(store, &["outbox", "stats"]);
-    assert_eq!(stats["counts"]["delivered"], 5, "{stats}");
-    assert_eq!(stats["counts"]["total"], 5, "{stats}");
+    assert_eq!(stats["counts"]["delivered"], 6, "{stats}");
+    assert_eq!(stats["counts"]["rejected"], 1, "{stats}");
+    assert_eq!(stats["counts"]["total"], 7, "{stats}");
+    // Case 8: who approved and who rejected, in the ledger, provenance and the audit trail.
+    let approved = json(store, &["outbox", "show", "notify:order:8"]);
+    assert_eq!(approved["status"], "delivered", "{approved}");
+    assert_eq!(approved["decision"]["verdict"], "approved", "{approved}");
+    assert_eq!(approved["decision"]["by"], "ops:carol", "{approved}");
+    let rejected = json(store, &["outbox", "list", "--status", "rejected"]);
+    assert_eq!(rejected["entries"][0]["key"], "notify:order:9", "{rejected}");
+    assert_eq!(rejected["entries"][0]["decision"]["by"], "ops:dan", "{rejected}");
+    assert_eq!(
+        rejected["entries"][0]["decision"]["reason"], "the refund was already paid by hand",
+        "{rejected}"
+    );
+    assert_eq!(rejected["entries"][0]["attempts"], 0, "{rejected}");
+    let why = json(store, &["why", "notify:order:9"]);
+    assert_eq!(why["requires_approval"], true, "{why}");
+    assert_eq!(why["decision"]["verdict"], "rejected", "{why}");
+    let audit = run(store, &["export-audit", "--session", "approvals"]).ok().stdout;
+    assert!(audit.contains(r#""requires_approval":true"#), "{audit}");
+    assert!(audit.contains(r#""by":"ops:dan""#), "{audit}");
     let list = json(store, &["outbox", "list", "--session", "shop"]);
     let keys: Vec<&str> = list["entries"]
         .as_array()

@@ -42,13 +42,14 @@ pub use audit::verify::{verify_log, TimeTravelError, VerifyReport};
 pub use model::action::{ActionKey, Intent, Origin, PendingAction};
 pub use model::artifact::{Artifact, ArtifactId, Generation, Kind, ReadError, Record, Version};
 pub use model::delivery::{
-    reclaimed_error, Attempt, AttemptOutcome, Delivery, DeliveryParts, DeliveryStatus, FenceToken, Lease, NewIntent,
-    ATTEMPTS_KEPT, FAR_FUTURE, MIN_LEASE,
+    reclaimed_error, Attempt, AttemptOutcome, Decision, Delivery, DeliveryParts, DeliveryStatus, FenceToken, Lease,
+    NewIntent, Verdict, ATTEMPTS_KEPT, FAR_FUTURE, MIN_LEASE,
 };
 pub use model::event::{Event, EventKind};
 pub use model::field_diff::FieldDiff;
 pub use model::hash::{CommitHash, ContentHash, StateHash};
 pub use model::patch::{EffectError, Op, PutMode};
+pub use model::question::Question;
 pub use model::relation::Relation;
 pub use model::timer::Timer;
 pub use outbox::dispatcher::{BoxError, DispatchError, Dispatcher, MAX_RETRY_AFTER};
@@ -56,6 +57,7 @@ pub use outbox::drain::{DeliveryErrors, DeliveryFailure, DrainReport, RetryPolic
 pub use outbox::drainer::{Drainer, DrainerBuilder};
 pub use outbox::router::{ActionCall, Router};
 pub use reactifact_macros::{produce, Artifact};
+pub use run::ask::AnswerError;
 pub use run::effects::{DeclaredOutput, Dynamic, Effects};
 pub use run::produce::{
     Agent, IntoProduce, IntoProduceResult, Produce, ProduceCall, ProduceError, ProduceFailure, RunFailure,
@@ -75,8 +77,8 @@ pub use store::ledger::Ledger;
 pub use store::log_store::{Act, Append, CheckpointRow, ClaimOrder, CommitRow, LogStore, OutboxCheck, SessionRow};
 pub use store::memory::MemoryOutbox;
 pub use store::outbox::{
-    BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome, Page, PurgeFilter,
-    Recorded, Recording, RetryError, Scope, StatusCounts, Wakeups,
+    ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome,
+    Page, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts, Wakeups,
 };
 pub use store::{list_sessions, SessionInfo};
 pub use store::{

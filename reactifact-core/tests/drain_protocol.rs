@@ -96,6 +96,23 @@ impl OutboxStore for Watched {
         self.inner.cancel(key, reason, now)
     }
 
+    fn approve<'a>(
+        &'a self,
+        key: &'a str,
+        by: &'a str,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Delivery, reactifact_core::ApprovalError>> {
+        self.inner.approve(key, by, now)
+    }
+    fn reject<'a>(
+        &'a self,
+        key: &'a str,
+        by: &'a str,
+        reason: &'a str,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Delivery, reactifact_core::ApprovalError>> {
+        self.inner.reject(key, by, reason, now)
+    }
     fn purge(&self, filter: PurgeFilter, before: SystemTime, limit: usize) -> BoxFuture<'_, Result<u64, StoreError>> {
         self.inner.purge(filter, before, limit)
     }

@@ -110,6 +110,26 @@ fn a_type_claiming_the_pending_action_kind_is_refused() {
     assert_names_both_and_the_fix(&error, std::any::type_name::<PendingAction>(), "kinds::MyAction");
 }
 
+/// A type of the user's that claims the kind of the runtime's questions.
+#[derive(Serialize, Deserialize)]
+struct MyQuestion {
+    text: String,
+}
+
+impl Artifact for MyQuestion {
+    const KIND: &'static str = "question";
+}
+
+#[test]
+fn a_type_claiming_the_question_kind_is_refused() {
+    let error = build(vec![Agent::new("a").produce(on::<MyQuestion>("mine"))]).unwrap_err();
+    assert_names_both_and_the_fix(
+        &error,
+        std::any::type_name::<reactifact_core::Question>(),
+        "kinds::MyQuestion",
+    );
+}
+
 #[test]
 fn one_type_shared_by_many_produces_is_not_a_collision() {
     let rt = build(vec![

@@ -294,6 +294,7 @@ async fn pending_actions_cannot_be_written_directly() {
                 kind: "notify".into(),
                 key: "x".into(),
                 payload: vec![],
+                requires_approval: false,
             },
         )
         .unwrap_err();

@@ -34,6 +34,9 @@ memory_checks!(
     reclaim_only_after_expiry,
     retry_at_not_before,
     retry_cancel_legality,
+    approval_awaits_and_is_never_claimed,
+    approve_reject_legality,
+    rejected_is_final_and_purged,
     purge_rules,
     purge_by_status,
     attempt_history,
@@ -111,6 +114,19 @@ impl ContractStore for SqliteContractStore {
         let registered = self.outbox.register_for_contract(session, self.generation, keys, now);
         Box::pin(async move { registered.await.expect("registration commits") })
     }
+
+    fn register_awaiting<'a>(
+        &'a mut self,
+        session: &'a str,
+        keys: &'a [(&'a str, &'a str)],
+        now: SystemTime,
+    ) -> BoxFuture<'a, ()> {
+        self.generation += 1;
+        let registered = self
+            .outbox
+            .register_awaiting_for_contract(session, self.generation, keys, now);
+        Box::pin(async move { registered.await.expect("registration commits") })
+    }
 }
 
 macro_rules! sqlite_checks {
@@ -140,6 +156,9 @@ sqlite_checks!(
     reclaim_only_after_expiry,
     retry_at_not_before,
     retry_cancel_legality,
+    approval_awaits_and_is_never_claimed,
+    approve_reject_legality,
+    rejected_is_final_and_purged,
     purge_rules,
     purge_by_status,
     attempt_history,

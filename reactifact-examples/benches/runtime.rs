@@ -104,6 +104,7 @@ mod content_hash {
             kind: "notify".to_owned(),
             key: "notify:order:12345".to_owned(),
             payload,
+            requires_approval: false,
         };
         bencher.bench_local(|| encode_and_hash(divan::black_box(&action)));
     }
@@ -126,6 +127,7 @@ mod content_hash {
                 kind: "notify".to_owned(),
                 key: "notify:order:12345".to_owned(),
                 payload,
+                requires_approval: false,
             };
             (r, encode_and_hash(&action))
         });

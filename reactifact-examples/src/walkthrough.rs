@@ -11,7 +11,7 @@
 //! intent together, and only then hands the intent to a dispatcher — here a stand-in mail
 //! service that counts what it is asked to send.
 //!
-//! The walkthrough runs seven cases twice, once in memory and once on the embedded SQLite
+//! The walkthrough runs eight cases twice, once in memory and once on the embedded SQLite
 //! store — and a third time on PostgreSQL when given `--postgres URL`, in a new schema of its
 //! own (`walkthrough_<pid>_<time>`, left in place so that the `reactifact` tool can inspect it). Each case checks what it claims and prints one line; the program exits non-zero if
 //! any check fails. See `docs/walkthrough.md` for the cases in prose.
@@ -89,6 +89,18 @@ async fn process_order(call: ProduceCall<Order>) {
 async fn confirm_order(call: ProduceCall<Order>) {
     call.effects
         .act("notify", notify_key(&call.trigger.id), &notify(&call.trigger));
+}
+
+/// Case 8's rule: a refund of a large order needs a human's approval before the customer is
+/// told. The intent is committed like any other, but the outbox holds it until an operator
+/// approves it (or never sends it, once rejected).
+#[produce(also_creates = [PendingAction])]
+async fn refund_large_order(call: ProduceCall<Order>) {
+    let order = &call.trigger;
+    if order.data.total_cents >= 10_000 {
+        call.effects
+            .act_with_approval("notify", notify_key(&order.id), &notify(order));
+    }
 }
 
 fn order(customer: &str, total_cents: u64) -> Order {
@@ -259,6 +271,7 @@ impl Walkthrough {
         say(5, "replay", self.replay(&shop).await)?;
         say(6, "failure → retry", self.failure_then_retry(&mut shop).await)?;
         say(7, "transient outage", self.transient_outage(&mut shop).await)?;
+        say(8, "human approval", self.human_approval().await)?;
         if !matches!(self.store, Store::Memory) {
             let (hash, commits) = (shop.context().state_hash(), shop.context().log()?.len());
             drop(shop);
@@ -433,6 +446,66 @@ impl Walkthrough {
         ))
     }
 
+    /// Case 8: a decision that needs a human: committed, held until approved, never sent once
+    /// rejected; who decided and when is kept in the ledger (and survives a reopen).
+    async fn human_approval(&self) -> Outcome<String> {
+        let (approved, rejected) = ("notify:order:8", "notify:order:9");
+        let agents = || [Agent::new("refunds").produce(refund_large_order)];
+        let mut rt = self.runtime(self.store.open("approvals").await?, agents())?;
+        rt.context_mut().create("order:8", order("gus", 25_000))?;
+        rt.context_mut().create("order:9", order("hal", 30_000))?;
+        rt.run().await?;
+        rt.settle().await?;
+        for key in [approved, rejected] {
+            check_eq(
+                delivery(&rt, key).await?.status(),
+                DeliveryStatus::AwaitingApproval,
+                "ledger status before a decision",
+            )?;
+            check_eq(self.mailer.calls(key), 0, "calls before a decision")?;
+        }
+        rt.approve(approved, "ops:carol").await?;
+        rt.reject(rejected, "ops:dan", "the refund was already paid by hand")
+            .await?;
+        let flushed = rt.flush().await?;
+        check_eq(flushed.delivered, 1, "delivered by the flush")?;
+        check_eq(self.mailer.sent(approved), 1, "sends of the approved intent")?;
+        check_eq(self.mailer.calls(rejected), 0, "calls for the rejected intent")?;
+        // The decisions are the store's: a new runtime (on a durable store, over the session
+        // opened again, as after a restart) sees them, and sends nothing more.
+        let context = match self.store {
+            Store::Memory => rt.into_context(),
+            _ => {
+                drop(rt);
+                self.store.open("approvals").await?
+            }
+        };
+        let mut rt = self.runtime(context, agents())?;
+        rt.settle().await?;
+        let yes = delivery(&rt, approved).await?;
+        let no = delivery(&rt, rejected).await?;
+        let by = |d: &Delivery| d.decision().map(|d| d.by.clone()).unwrap_or_default();
+        check_eq(yes.status(), DeliveryStatus::Delivered, "approved: ledger status")?;
+        check_eq(no.status(), DeliveryStatus::Rejected, "rejected: ledger status")?;
+        check_eq(by(&yes).as_str(), "ops:carol", "who approved")?;
+        check_eq(by(&no).as_str(), "ops:dan", "who rejected")?;
+        check_eq(
+            self.mailer.calls(rejected),
+            0,
+            "calls for the rejected intent after a reopen",
+        )?;
+        check_eq(
+            self.mailer.sent(approved),
+            1,
+            "sends of the approved intent after a reopen",
+        )?;
+        Ok(format!(
+            "2 refunds awaited approval (0 sends); approved by {} → 1 send; rejected by {} → never sent; both decisions kept",
+            by(&yes),
+            by(&no)
+        ))
+    }
+
     /// Case 7: a retry policy rides out a short outage; the ledger counts the attempts.
     async fn transient_outage(&self, shop: &mut Runtime) -> Outcome<String> {
         let key = "notify:order:7";
@@ -511,7 +584,7 @@ pub fn sqlite_path(path: Option<PathBuf>) -> Outcome<PathBuf> {
     Ok(dir.join("shop.db"))
 }
 
-/// Runs the seven cases on `store`, printing one line per case; whether every case held.
+/// Runs the eight cases on `store`, printing one line per case; whether every case held.
 /// A durable store keeps what the walkthrough wrote (the `reactifact` tool can inspect it).
 pub async fn walk(store: Store) -> bool {
     let place = match &store {

@@ -20,9 +20,9 @@ use std::time::{Duration, SystemTime};
 
 use deadpool_postgres::{Object, Pool, PoolError};
 use reactifact_core::{
-    reclaimed_error, ActionKey, Attempt, AttemptOutcome, BoxFuture, CancelError, ClaimRequest, Claimed, Delivery,
-    DeliveryStatus, FailedAttempt, FenceToken, LedgerQuery, NewIntent, OutboxStore, Outcome, Page, PurgeFilter,
-    Recorded, Recording, RetryError, Scope, StatusCounts, StoreError, Wakeups, ATTEMPTS_KEPT,
+    reclaimed_error, ActionKey, ApprovalError, Attempt, AttemptOutcome, BoxFuture, CancelError, ClaimRequest, Claimed,
+    Delivery, DeliveryStatus, FailedAttempt, FenceToken, LedgerQuery, NewIntent, OutboxStore, Outcome, Page,
+    PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts, StoreError, Verdict, Wakeups, ATTEMPTS_KEPT,
 };
 use tokio::sync::{oneshot, watch};
 use tokio_postgres::types::ToSql;
@@ -71,13 +71,14 @@ struct Statements {
     by_key_for_update: String,
     rearm: String,
     cancel: String,
+    decide: String,
     register: String,
     attach: String,
     /// After an insert: deletes what it inserted of a key a concurrent prune tombstoned, and
     /// notifies.
     unprune_and_notify: String,
     /// The purge (and prune) batch statements of [`PurgeFilter::Final`], `Delivered` and `Cancelled`.
-    purge: [String; 3],
+    purge: [String; 4],
 }
 
 impl std::fmt::Debug for PostgresOutbox {
@@ -333,11 +334,31 @@ impl Statements {
                 s,
                 "o",
                 &[
-                    ("status", "0::bigint"),
-                    ("due_at", "$2::bigint"),
+                    // Awaiting approval again ($3) for an intent that requires it and never
+                    // had it.
+                    ("status", "CASE WHEN $3::bool THEN 7 ELSE 0 END::bigint"),
+                    ("due_at", "CASE WHEN $3::bool THEN NULL ELSE $2::bigint END::bigint"),
                     ("owner", "NULL::text"),
                     ("lease_until", "NULL::bigint"),
                     ("next_attempt_at", "NULL::bigint"),
+                    ("updated_at", "$2::bigint"),
+                ],
+            ),
+        );
+        // An operator's decision: $3 the verdict's code (1 approved: pending, due at $2; 2
+        // rejected), $4 who, $5 why.
+        let decide = format!(
+            "UPDATE {s}.outbox o SET {set} WHERE o.seq = $1 AND o.status = 7 RETURNING {cols}",
+            set = set_with_digest(
+                s,
+                "o",
+                &[
+                    ("status", "CASE WHEN $3::bigint = 1 THEN 0 ELSE 8 END::bigint"),
+                    ("due_at", "CASE WHEN $3::bigint = 1 THEN $2::bigint END::bigint"),
+                    ("decision", "$3::bigint"),
+                    ("decided_by", "$4::text"),
+                    ("decided_at", "$2::bigint"),
+                    ("decision_reason", "$5::text"),
                     ("updated_at", "$2::bigint"),
                 ],
             ),
@@ -358,18 +379,23 @@ impl Statements {
                 ],
             ),
         );
+        // An intent that requires approval ($10) is registered awaiting it (7), not due.
         let fresh = "n.key, n.kind, n.session, n.origin_commit, n.origin_gen, n.origin_run, n.action_hash, n.bytes, \
-             $9::bigint, 0::bigint, $9::bigint, 0::bigint, NULL::text, NULL::bigint, 0::bigint, 0::bigint, 0::bigint, \
-             NULL::text, NULL::text, $9::bigint, NULL::bigint, NULL::bigint";
+             $9::bigint, CASE WHEN n.awaiting THEN 7 ELSE 0 END::bigint, \
+             CASE WHEN n.awaiting THEN NULL ELSE $9::bigint END::bigint, 0::bigint, NULL::text, NULL::bigint, 0::bigint, \
+             0::bigint, 0::bigint, NULL::text, NULL::text, $9::bigint, NULL::bigint, NULL::bigint, NULL::bigint, \
+             NULL::text, NULL::bigint, NULL::text";
         let register = format!(
             "WITH n AS (
                  SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bigint[], $6::bigint[],
-                                      $7::bytea[], $8::bytea[])
-                     WITH ORDINALITY AS n(key, kind, session, origin_commit, origin_gen, origin_run, action_hash, bytes, ord)
+                                      $7::bytea[], $8::bytea[], $10::bool[])
+                     WITH ORDINALITY AS n(key, kind, session, origin_commit, origin_gen, origin_run, action_hash, bytes,
+                                          awaiting, ord)
              ), ins AS (
                  INSERT INTO {s}.outbox (key, kind, session, origin_commit, origin_gen, origin_run, action_hash, bytes,
                      recorded_at, status, due_at, token, owner, lease_until, attempts, expired, interrupted,
-                     last_error, cancel_reason, updated_at, delivered_at, next_attempt_at, digest)
+                     last_error, cancel_reason, updated_at, delivered_at, next_attempt_at, decision, decided_by,
+                     decided_at, decision_reason, digest)
                  SELECT {fresh}, {s}.outbox_digest({fresh})
                    FROM n WHERE NOT EXISTS (SELECT 1 FROM {s}.outbox_purged p WHERE p.key = n.key)
                   ORDER BY n.ord
@@ -382,7 +408,7 @@ impl Statements {
             "INSERT INTO {s}.outbox_members (session, key)
              SELECT n.session, o.key FROM unnest($1::text[], $2::text[]) AS n(session, key)
                JOIN {s}.outbox o ON o.key = n.key
-              WHERE o.session <> n.session AND o.status NOT IN (2, 6)
+              WHERE o.session <> n.session AND o.status NOT IN (2, 6, 8)
              ON CONFLICT DO NOTHING"
         );
         // A registration whose insert waited for a concurrent prune of the same key (the old
@@ -399,8 +425,13 @@ impl Statements {
         );
         Statements {
             attempts,
-            purge: [PurgeFilter::Final, PurgeFilter::Delivered, PurgeFilter::Cancelled]
-                .map(|filter| crate::prune::statement(s, filter)),
+            purge: [
+                PurgeFilter::Final,
+                PurgeFilter::Delivered,
+                PurgeFilter::Cancelled,
+                PurgeFilter::Rejected,
+            ]
+            .map(|filter| crate::prune::statement(s, filter)),
             unprune_and_notify,
             reclaim,
             record,
@@ -410,6 +441,7 @@ impl Statements {
             by_key_for_update,
             rearm,
             cancel,
+            decide,
             register,
             attach,
         }
@@ -545,6 +577,7 @@ impl PostgresOutbox {
             .collect();
         let hashes: Vec<&[u8]> = intents.iter().map(|n| &n.action_hash.0[..]).collect();
         let bytes: Vec<&[u8]> = intents.iter().map(|n| &n.bytes[..]).collect();
+        let awaiting: Vec<bool> = intents.iter().map(NewIntent::requires_approval).collect();
         let now = ms(now);
         let one = |rows: Vec<tokio_postgres::Row>| {
             rows.into_iter()
@@ -562,6 +595,7 @@ impl PostgresOutbox {
             &hashes,
             &bytes,
             &now,
+            &awaiting,
         ];
         let inserted: i64 = one(client.rows(&register, params).await.map_err(err)?)?.get(0);
         let mut distinct = keys.clone();
@@ -652,6 +686,7 @@ impl PostgresOutbox {
         &self.inner.sql.purge[match filter {
             PurgeFilter::Delivered => 1,
             PurgeFilter::Cancelled => 2,
+            PurgeFilter::Rejected => 3,
             _ => 0,
         }]
     }
@@ -1047,6 +1082,57 @@ impl Inner {
         Ok(Some(row))
     }
 
+    /// An operator's approval or rejection of `key`, in one transaction, the row locked.
+    async fn decide(
+        &self,
+        key: &str,
+        verdict: Verdict,
+        by: &str,
+        reason: Option<&str>,
+        now: SystemTime,
+    ) -> Result<Delivery, ApprovalError> {
+        let mut client = self.client().await?;
+        let err = self.err();
+        let tx = client.transaction().await.map_err(&err)?;
+        let Some(row) = self.lock_intact(&tx, key).await? else {
+            return Err(ApprovalError::UnknownKey(ActionKey::from(key)));
+        };
+        if let Some(decision) = row.decision() {
+            return if decision.verdict == verdict {
+                Ok(row.view())
+            } else {
+                Err(ApprovalError::AlreadyDecided {
+                    key: ActionKey::from(key),
+                    verdict: decision.verdict,
+                    by: decision.by,
+                })
+            };
+        }
+        if row.status != row::AWAITING_APPROVAL {
+            return Err(ApprovalError::NotAwaiting {
+                key: ActionKey::from(key),
+                status: row.status().unwrap_or(DeliveryStatus::Held),
+            });
+        }
+        if by.is_empty() {
+            return Err(ApprovalError::NoDecider {
+                key: ActionKey::from(key),
+            });
+        }
+        let at = ms(now);
+        let code = i64::from(verdict.code());
+        let updated = tx
+            .query_one(&self.sql.decide, &[&row.seq, &at, &code, &by, &reason])
+            .await
+            .map_err(&err)?;
+        let row = Row::read(&updated, 0).map_err(&err)?;
+        if verdict == Verdict::Approved {
+            tx.execute(self.notify_sql(), &[&self.channel]).await.map_err(&err)?;
+        }
+        tx.commit().await.map_err(&err)?;
+        Ok(row.view())
+    }
+
     fn damaged(&self, row: &Row) -> StoreError {
         StoreError::integrity(self.name.clone(), row.key.clone(), row::CHANGED)
     }
@@ -1171,7 +1257,11 @@ impl OutboxStore for PostgresOutbox {
             match row.status {
                 row::FAILED | row::DEAD | row::HELD => {
                     let at = ms(now);
-                    let updated = tx.query_one(&inner.sql.rearm, &[&row.seq, &at]).await.map_err(&err)?;
+                    let unapproved = row.requires_approval() && row.decision.is_none();
+                    let updated = tx
+                        .query_one(&inner.sql.rearm, &[&row.seq, &at, &unapproved])
+                        .await
+                        .map_err(&err)?;
                     let row = Row::read(&updated, 0).map_err(&err)?;
                     tx.execute(inner.notify_sql(), &[&inner.channel]).await.map_err(&err)?;
                     tx.commit().await.map_err(&err)?;
@@ -1201,7 +1291,7 @@ impl OutboxStore for PostgresOutbox {
             };
             match row.status {
                 row::CANCELLED => Ok(row.view()),
-                row::PENDING | row::FAILED | row::DEAD | row::HELD => {
+                row::PENDING | row::FAILED | row::DEAD | row::HELD | row::AWAITING_APPROVAL => {
                     let at = ms(now);
                     let updated = tx
                         .query_one(&inner.sql.cancel, &[&row.seq, &at, &reason])
@@ -1217,6 +1307,25 @@ impl OutboxStore for PostgresOutbox {
                 }),
             }
         })
+    }
+
+    fn approve<'a>(
+        &'a self,
+        key: &'a str,
+        by: &'a str,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Delivery, ApprovalError>> {
+        Box::pin(self.inner.decide(key, Verdict::Approved, by, None, now))
+    }
+
+    fn reject<'a>(
+        &'a self,
+        key: &'a str,
+        by: &'a str,
+        reason: &'a str,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Delivery, ApprovalError>> {
+        Box::pin(self.inner.decide(key, Verdict::Rejected, by, Some(reason), now))
     }
 
     fn purge(&self, filter: PurgeFilter, before: SystemTime, limit: usize) -> BoxFuture<'_, Result<u64, StoreError>> {
@@ -1329,6 +1438,8 @@ impl OutboxStore for PostgresOutbox {
                     }
                     row::DEAD => counts.dead += n,
                     row::CANCELLED => counts.cancelled += n,
+                    row::AWAITING_APPROVAL => counts.awaiting_approval += n,
+                    row::REJECTED => counts.rejected += n,
                     // Held, and (in a damaged row) an unknown code: not delivered until an
                     // operator acts.
                     _ => counts.held += n,

@@ -3,10 +3,10 @@
 //!
 //! A batch is one statement, in a transaction of its own: it locks up to `batch` final rows
 //! last changed before the cut-off, oldest first, from the partial index `outbox_final`
-//! (`(updated_at, seq) WHERE status IN (delivered, cancelled)`) with `FOR UPDATE SKIP
+//! (`(updated_at, seq) WHERE status IN (delivered, cancelled, rejected)`) with `FOR UPDATE SKIP
 //! LOCKED`, writes a tombstone for each key into `outbox_purged` (as
 //! [`OutboxStore::purge`](reactifact_core::OutboxStore::purge) does), deletes the keys'
-//! attachments and deletes the rows. Rows pending, in flight, failed, dead or held are never
+//! attachments and deletes the rows. Rows pending, in flight, failed, dead, held or awaiting approval are never
 //! touched; a row another transaction holds locked is skipped (the next pass takes it). Each
 //! batch commits before the next begins, so no lock is held longer than one batch, and
 //! several pruners (in several processes) share the work instead of waiting for each other.

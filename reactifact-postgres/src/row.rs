@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use reactifact_core::{
-    ActionKey, CommitHash, Delivery, DeliveryParts, DeliveryStatus, FenceToken, Generation, Intent, Lease, Origin,
-    PendingAction,
+    ActionKey, CommitHash, Decision, Delivery, DeliveryParts, DeliveryStatus, FenceToken, Generation, Intent, Lease,
+    Origin, PendingAction, Verdict,
 };
 
 use crate::schema::DIGESTED;
@@ -18,6 +18,8 @@ pub(crate) const FAILED: i64 = 3;
 pub(crate) const DEAD: i64 = 4;
 pub(crate) const HELD: i64 = 5;
 pub(crate) const CANCELLED: i64 = 6;
+pub(crate) const AWAITING_APPROVAL: i64 = 7;
+pub(crate) const REJECTED: i64 = 8;
 
 /// Why a row that does not match its digest is held.
 pub(crate) const CHANGED: &str = "the row does not match its digest (it was changed outside reactifact)";
@@ -125,6 +127,12 @@ pub(crate) struct Row {
     pub(crate) updated_at: i64,
     pub(crate) delivered_at: Option<i64>,
     pub(crate) next_attempt_at: Option<i64>,
+    /// An operator's verdict ([`Verdict::code`]) on an intent that awaited approval, who, when
+    /// and why.
+    pub(crate) decision: Option<i64>,
+    pub(crate) decided_by: Option<String>,
+    pub(crate) decided_at: Option<i64>,
+    pub(crate) decision_reason: Option<String>,
     /// Whether the row matched its digest when read.
     pub(crate) intact: bool,
 }
@@ -155,7 +163,11 @@ impl Row {
             updated_at: row.try_get(at + 20)?,
             delivered_at: row.try_get(at + 21)?,
             next_attempt_at: row.try_get(at + 22)?,
-            intact: row.try_get::<_, Option<bool>>(at + 23)?.unwrap_or(false),
+            decision: row.try_get(at + 23)?,
+            decided_by: row.try_get(at + 24)?,
+            decided_at: row.try_get(at + 25)?,
+            decision_reason: row.try_get(at + 26)?,
+            intact: row.try_get::<_, Option<bool>>(at + 27)?.unwrap_or(false),
         })
     }
 
@@ -186,7 +198,27 @@ impl Row {
                 action.kind, self.kind
             ));
         }
+        if action.requires_approval && self.decision != Some(i64::from(Verdict::Approved.code())) {
+            return Err("its pending action requires approval, and the row records none".into());
+        }
         Ok(action.payload)
+    }
+
+    /// The decision the row records, if it records one that reads.
+    pub(crate) fn decision(&self) -> Option<Decision> {
+        let verdict = Verdict::from_code(self.decision?)?;
+        Some(Decision::new(
+            verdict,
+            self.decided_by.clone().unwrap_or_default(),
+            time(self.decided_at.unwrap_or(0)),
+            self.decision_reason.clone(),
+        ))
+    }
+
+    /// Whether the row's `PendingAction` asks for approval (`false` if its bytes do not
+    /// decode).
+    pub(crate) fn requires_approval(&self) -> bool {
+        rmp_serde::from_slice::<PendingAction>(&self.bytes).is_ok_and(|a| a.requires_approval)
     }
 
     /// The ledger entry of the row, with this payload.
@@ -228,6 +260,7 @@ impl Row {
             next_attempt_at: self.next_attempt_at.map(time),
             token,
             cancel_reason: self.cancel_reason.clone(),
+            decision: self.decision(),
         })
     }
 

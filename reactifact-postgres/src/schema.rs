@@ -14,20 +14,27 @@
 //! digest of tagged fields built from SQL helper functions cost 27 times as much per row).
 //! Every statement that writes a row writes its digest with it; every read that hands a row
 //! out checks it.
+//!
+//! Version 4 adds the operator's decision on an intent that awaited approval (four columns)
+//! and the digest function's overload over 26 columns: a row whose decision columns are all
+//! NULL digests exactly as before (the 22-column function), so no row is rewritten by the
+//! migration; a row with a decision digests a row value of all 26 columns, whose text form
+//! (with four more fields) is never that of a row without one.
 
 use tokio_postgres::Client;
 
 use crate::connect::{store_error, OpenError};
 
 /// The schema version this build writes and reads.
-pub(crate) const SCHEMA_VERSION: i32 = 3;
+pub(crate) const SCHEMA_VERSION: i32 = 4;
 
 /// The first key of the advisory lock migrations take (the second is the schema's hash):
 /// `0x52_46_50_47`, "RFPG".
 const LOCK_CLASS: i32 = 0x5246_5047;
 
-/// The digested columns of `outbox`, in digest order (all but `seq` and `digest`).
-pub(crate) const DIGESTED: [&str; 22] = [
+/// The digested columns of `outbox`, in digest order (all but `seq` and `digest`): the 22 of
+/// version 1, then the decision columns of version 4.
+pub(crate) const DIGESTED: [&str; 26] = [
     "key",
     "kind",
     "session",
@@ -50,6 +57,10 @@ pub(crate) const DIGESTED: [&str; 22] = [
     "updated_at",
     "delivered_at",
     "next_attempt_at",
+    "decision",
+    "decided_by",
+    "decided_at",
+    "decision_reason",
 ];
 
 /// Version 1: the outbox, its attachments, its tombstones, and the digest functions. `{s}`
@@ -178,9 +189,45 @@ CREATE TABLE {s}.outbox_attempts (
 );
 "#;
 
+/// Version 4: human approval. The operator's decision on an intent that awaited approval
+/// (`decision`: 1 approved, 2 rejected; who, when, why), digested whenever one is set by the
+/// 26-column overload of `outbox_digest` (which is the 22-column digest for a row without
+/// one, so no row changes); the status codes 7 (awaiting approval) and 8 (rejected, final);
+/// `outbox_final` covers rejected rows too, and `outbox_rejected` serves a purge of them.
+const V4: &str = r#"
+ALTER TABLE {s}.outbox ADD COLUMN decision bigint, ADD COLUMN decided_by text, ADD COLUMN decided_at bigint,
+    ADD COLUMN decision_reason text;
+CREATE FUNCTION {s}.outbox_digest(
+        key text, kind text, session text, origin_commit bytea, origin_gen bigint, origin_run bigint,
+        action_hash bytea, bytes bytea, recorded_at bigint, status bigint, due_at bigint, token bigint,
+        owner text, lease_until bigint, attempts bigint, expired bigint, interrupted bigint,
+        last_error text, cancel_reason text, updated_at bigint, delivered_at bigint, next_attempt_at bigint,
+        decision bigint, decided_by text, decided_at bigint, decision_reason text)
+    RETURNS bytea
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$ SELECT CASE
+        WHEN decision IS NULL AND decided_by IS NULL AND decided_at IS NULL AND decision_reason IS NULL
+        THEN {s}.outbox_digest(key, kind, session, origin_commit, origin_gen, origin_run, action_hash, bytes,
+            recorded_at, status, due_at, token, owner, lease_until, attempts, expired, interrupted, last_error,
+            cancel_reason, updated_at, delivered_at, next_attempt_at)
+        ELSE sha256(convert_to(ROW('reactifact/postgres/outbox/row/v1', key, kind, session,
+            encode(origin_commit, 'hex'), origin_gen, origin_run, encode(action_hash, 'hex'), encode(bytes, 'hex'),
+            recorded_at, status, due_at, token, owner, lease_until, attempts, expired, interrupted, last_error,
+            cancel_reason, updated_at, delivered_at, next_attempt_at, decision, decided_by, decided_at,
+            decision_reason)::text, 'UTF8'))
+        END $$;
+DROP INDEX {s}.outbox_final;
+CREATE INDEX outbox_final ON {s}.outbox (updated_at, seq) WHERE status IN (2, 6, 8);
+CREATE INDEX outbox_rejected ON {s}.outbox (updated_at, seq) WHERE status = 8;
+"#;
+
 /// The migrations, in order: `MIGRATIONS[v - 1]` takes the schema from version `v - 1` to `v`.
-const MIGRATIONS: [(&str, &str); SCHEMA_VERSION as usize] =
-    [("the outbox", V1), ("sessions' logs", V2), ("the attempt history", V3)];
+const MIGRATIONS: [(&str, &str); SCHEMA_VERSION as usize] = [
+    ("the outbox", V1),
+    ("sessions' logs", V2),
+    ("the attempt history", V3),
+    ("human approval", V4),
+];
 
 /// `"schema"`: the schema's name as an identifier (a name [`valid_schema`] accepts needs no
 /// escaping inside the quotes).

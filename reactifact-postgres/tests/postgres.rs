@@ -40,6 +40,131 @@ fn chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+/// Takes a store of this build back to schema 3, as a build before approvals left it: no
+/// decision columns, no 26-column digest, the old final index.
+async fn downgrade_to_3(client: &tokio_postgres::Client, schema: &str) {
+    client
+        .batch_execute(&format!(
+            "ALTER TABLE \"{schema}\".outbox DROP COLUMN decision, DROP COLUMN decided_by, DROP COLUMN decided_at,
+                 DROP COLUMN decision_reason;
+             DROP FUNCTION \"{schema}\".outbox_digest(text, text, text, bytea, bigint, bigint, bytea, bytea, bigint,
+                 bigint, bigint, bigint, text, bigint, bigint, bigint, bigint, text, text, bigint, bigint, bigint,
+                 bigint, text, bigint, text);
+             DROP INDEX \"{schema}\".outbox_rejected;
+             DROP INDEX \"{schema}\".outbox_final;
+             CREATE INDEX outbox_final ON \"{schema}\".outbox (updated_at, seq) WHERE status IN (2, 6);
+             DELETE FROM \"{schema}\".schema_version WHERE version = 4"
+        ))
+        .await
+        .unwrap();
+}
+
+/// Every row's key and digest, in key order.
+async fn digests(client: &tokio_postgres::Client, schema: &str) -> Vec<(String, Vec<u8>)> {
+    let sql = format!("SELECT key, digest FROM \"{schema}\".outbox ORDER BY key");
+    client
+        .query(&sql, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get::<_, String>(0), r.get::<_, Vec<u8>>(1)))
+        .collect()
+}
+
+/// A schema-3 store (before approvals) upgrades in place: no row is rewritten, and every row
+/// still passes its digest (the 26-column digest of a row without a decision is the old one);
+/// an intent registered afterwards awaits approval, its decision is digested, and a decision
+/// changed outside reactifact is caught.
+#[tokio::test]
+async fn a_schema_3_store_upgrades_to_approvals_keeping_every_digest() {
+    let Some(url) = common::url("a_schema_3_store_upgrades_to_approvals_keeping_every_digest") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "approve");
+    let schema = schemas.name();
+    let options = || PostgresOptions::new(&url).schema(&schema).pool_size(2);
+    let o = PostgresOutbox::open(options()).await.unwrap();
+    o.register_alone(&new_intents("a", 1, &[("old", "x"), ("done", "x")]), at(0))
+        .await
+        .unwrap();
+    drop(o);
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    downgrade_to_3(&client, &schema).await;
+    let before = digests(&client, &schema).await;
+    let refused = PostgresOutbox::open(options().allow_migration(false))
+        .await
+        .expect_err("older");
+    assert!(
+        matches!(
+            refused,
+            OpenError::OlderSchema {
+                found: 3,
+                supported: 4,
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+
+    let o = PostgresOutbox::open(options()).await.unwrap();
+    assert_eq!(digests(&client, &schema).await, before, "the migration rewrites no row");
+    assert_eq!(o.get("old").await.unwrap().unwrap().status(), DeliveryStatus::Pending);
+    let owner: Arc<str> = Arc::from("drainer");
+    let taken = o
+        .claim(ClaimRequest {
+            scope: &Scope::all(),
+            limit: 10,
+            owner: &owner,
+            lease: Duration::from_secs(60),
+            now: at(1),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        taken.claims.len(),
+        2,
+        "rows of schema 3 are claimed: {:?}",
+        taken.integrity
+    );
+    assert!(taken.integrity.is_empty());
+    o.register_alone(
+        &reactifact_core::store_contract::approval_intents("a", 2, &[("ask", "x"), ("ask2", "x")]),
+        at(2),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        o.get("ask").await.unwrap().unwrap().status(),
+        DeliveryStatus::AwaitingApproval
+    );
+    o.reject("ask", "bob", "no", at(3)).await.unwrap();
+    o.approve("ask2", "ada", at(3)).await.unwrap();
+    // A rejection turned into an approval outside reactifact is caught.
+    client
+        .execute(
+            &format!("UPDATE \"{schema}\".outbox SET decision = 1, status = 0, due_at = 0 WHERE key = 'ask'"),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(o.get("ask").await.is_err(), "the changed row fails its digest");
+    let taken = o
+        .claim(ClaimRequest {
+            scope: &Scope::all(),
+            limit: 10,
+            owner: &owner,
+            lease: Duration::from_secs(60),
+            now: at(4),
+        })
+        .await
+        .unwrap();
+    let keys: Vec<&str> = taken.claims.iter().map(|d| d.key().as_str()).collect();
+    assert_eq!(keys, ["ask2"], "only the approved intent is handed out");
+    assert_eq!(taken.integrity, [ActionKey::from("ask")]);
+    assert_eq!(o.get("ask").await.unwrap().unwrap().status(), DeliveryStatus::Held);
+}
+
 #[tokio::test]
 async fn an_unreachable_server_names_host_port_and_database() {
     // No server needed: nothing listens on the port.
@@ -118,6 +243,7 @@ async fn a_schema_2_store_upgrades_to_the_attempt_history_unless_told_not_to() {
     // Back to schema 2, as that build left it.
     let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
     tokio::spawn(connection);
+    downgrade_to_3(&client, &schema).await;
     client
         .batch_execute(&format!(
             "ALTER TABLE \"{schema}\".outbox DROP COLUMN claim_owner, DROP COLUMN claimed_at, DROP COLUMN claim_until,
@@ -137,7 +263,7 @@ async fn a_schema_2_store_upgrades_to_the_attempt_history_unless_told_not_to() {
             refused,
             OpenError::OlderSchema {
                 found: 2,
-                supported: 3,
+                supported: 4,
                 ..
             }
         ),
@@ -229,7 +355,7 @@ async fn concurrent_first_opens_migrate_once() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, [1, 2, 3], "one migration row per version");
+    assert_eq!(versions, [1, 2, 3, 4], "one migration row per version");
     // And the store works from every one of them.
     outboxes[3]
         .register_alone(&new_intents("a", 1, &[("k1", "x")]), at(0))
@@ -261,7 +387,7 @@ async fn a_newer_or_foreign_schema_is_refused() {
     match PostgresOutbox::open(PostgresOptions::new(&url).schema(&newer)).await {
         Err(
             e @ OpenError::NewerSchema {
-                found: 7, supported: 3, ..
+                found: 7, supported: 4, ..
             },
         ) => {
             let message = e.to_string();

@@ -41,7 +41,13 @@ pub fn run(cli: Cli) -> Outcome {
     // read-only.
     let writes = matches!(
         cli.command,
-        Command::Outbox(OutboxCommand::Retry(_) | OutboxCommand::Cancel { .. } | OutboxCommand::Purge { .. })
+        Command::Outbox(
+            OutboxCommand::Retry(_)
+                | OutboxCommand::Cancel { .. }
+                | OutboxCommand::Approve { .. }
+                | OutboxCommand::Reject { .. }
+                | OutboxCommand::Purge { .. }
+        )
     );
     let env = Env {
         store: Store::open(location, writes)?,

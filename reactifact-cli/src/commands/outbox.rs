@@ -1,12 +1,12 @@
 //! `outbox …`: the delivery ledger. `list`, `show` and `stats` read it through a read-only
-//! connection; `retry`, `cancel` and `purge` are the store's own operations
+//! connection; `retry`, `cancel`, `approve`, `reject` and `purge` are the store's own operations
 //! ([`OutboxStore`]), so fencing applies and they are safe while drainers run.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use reactifact_core::{
-    AttemptOutcome, CancelError, Delivery, DeliveryStatus, LedgerQuery, PurgeFilter, RetryError, Scope,
+    ApprovalError, AttemptOutcome, CancelError, Delivery, DeliveryStatus, LedgerQuery, PurgeFilter, RetryError, Scope,
 };
 use serde_json::{json, Value};
 
@@ -15,7 +15,8 @@ use crate::cli::{OutboxCommand, RetryArgs, StatusArg};
 use crate::failure::{Failure, Outcome};
 use crate::json_value;
 use crate::output::{
-    age, attempt_json, attempt_outcome, cut, delivery_json, print_fields, print_json, status, time, time_or_dash, Table,
+    age, attempt_json, attempt_outcome, cut, decision_line, delivery_json, print_fields, print_json, status, time,
+    time_or_dash, Table,
 };
 
 /// How many final entries one purge operation deletes (it runs until none is left).
@@ -35,11 +36,14 @@ pub fn outbox(env: &Env, command: OutboxCommand) -> Outcome {
         OutboxCommand::Stats { session } => stats(env, session),
         OutboxCommand::Retry(args) => retry(env, args),
         OutboxCommand::Cancel { key, reason } => cancel(env, &key, &reason),
+        OutboxCommand::Approve { key, by } => decide(env, &key, &by, None),
+        OutboxCommand::Reject { key, by, reason } => decide(env, &key, &by, Some(&reason)),
         OutboxCommand::Purge {
             delivered,
             cancelled,
+            rejected,
             older_than,
-        } => purge(env, purge_filter(delivered, cancelled), older_than),
+        } => purge(env, &purge_filters(delivered, cancelled, rejected), older_than),
     }
 }
 
@@ -170,6 +174,9 @@ fn show(env: &Env, key: &str) -> Outcome {
     ];
     if let Some(reason) = d.cancel_reason() {
         fields.push(("cancelled", reason.to_owned()));
+    }
+    if let Some(decision) = d.decision() {
+        fields.push(("decision", decision_line(decision)));
     }
     fields.push((
         "origin",
@@ -397,6 +404,30 @@ fn cancel(env: &Env, key: &str, reason: &str) -> Outcome {
     report_changed(env, "cancelled", &[entry], &[])
 }
 
+/// `outbox approve` (no `reason`) and `outbox reject`.
+fn decide(env: &Env, key: &str, by: &str, reason: Option<&str>) -> Outcome {
+    let outbox = env.store.outbox()?;
+    let now = SystemTime::now();
+    let decided = match reason {
+        None => env.wait(outbox.approve(key, by, now)),
+        Some(reason) => env.wait(outbox.reject(key, by, reason, now)),
+    };
+    let entry = decided.map_err(|e| match e {
+        ApprovalError::UnknownKey(_) => unknown_key(env, key),
+        ApprovalError::NotAwaiting { status: s, .. } => Failure::input(format!(
+            "intent `{key}` is {}, not awaiting approval; only an intent acted with approval can be approved or rejected",
+            status(s)
+        )),
+        e => Failure::input(e.to_string()),
+    })?;
+    report_changed(
+        env,
+        if reason.is_none() { "approved" } else { "rejected" },
+        &[entry],
+        &[],
+    )
+}
+
 fn report_changed(env: &Env, what: &str, entries: &[Delivery], skipped: &[(String, String)]) -> Outcome {
     if env.json {
         print_json(&json!({
@@ -417,42 +448,46 @@ fn report_changed(env: &Env, what: &str, entries: &[Delivery], skipped: &[(Strin
     Ok(())
 }
 
-/// What `--delivered` and `--cancelled` ask to purge (clap requires at least one).
-fn purge_filter(delivered: bool, cancelled: bool) -> PurgeFilter {
-    match (delivered, cancelled) {
-        (true, false) => PurgeFilter::Delivered,
-        (false, true) => PurgeFilter::Cancelled,
-        _ => PurgeFilter::Final,
+/// What `--delivered`, `--cancelled` and `--rejected` ask to purge (clap requires at least
+/// one): the store's filters, one per status asked for, or all final entries for all three.
+fn purge_filters(delivered: bool, cancelled: bool, rejected: bool) -> Vec<PurgeFilter> {
+    if delivered && cancelled && rejected {
+        return vec![PurgeFilter::Final];
     }
+    [
+        (delivered, PurgeFilter::Delivered),
+        (cancelled, PurgeFilter::Cancelled),
+        (rejected, PurgeFilter::Rejected),
+    ]
+    .into_iter()
+    .filter_map(|(asked, filter)| asked.then_some(filter))
+    .collect()
 }
 
-fn purge(env: &Env, filter: PurgeFilter, older_than: Duration) -> Outcome {
+fn purge(env: &Env, filters: &[PurgeFilter], older_than: Duration) -> Outcome {
     let now = SystemTime::now();
     let before = now.checked_sub(older_than).unwrap_or(SystemTime::UNIX_EPOCH);
     let outbox = env.store.outbox()?;
     let mut purged = 0u64;
-    loop {
-        let n = env
-            .wait(outbox.purge(filter, before, PURGE_BATCH))
-            .map_err(Failure::store)?;
-        purged += n;
-        if n < PURGE_BATCH as u64 {
-            break;
+    for &filter in filters {
+        loop {
+            let n = env
+                .wait(outbox.purge(filter, before, PURGE_BATCH))
+                .map_err(Failure::store)?;
+            purged += n;
+            if n < PURGE_BATCH as u64 {
+                break;
+            }
         }
     }
-    let which = match filter {
-        PurgeFilter::Delivered => "delivered",
-        PurgeFilter::Cancelled => "cancelled",
-        _ => "delivered or cancelled",
-    };
+    let statuses: Vec<&str> = DeliveryStatus::ALL
+        .into_iter()
+        .filter(|s| filters.iter().any(|f| f.admits(*s)))
+        .map(status)
+        .collect();
+    let which = statuses.join(" or ");
     if env.json {
-        print_json(
-            &json!({"purged": purged, "before": time(before), "statuses": match filter {
-                PurgeFilter::Delivered => vec!["delivered"],
-                PurgeFilter::Cancelled => vec!["cancelled"],
-                _ => vec!["delivered", "cancelled"],
-            }}),
-        );
+        print_json(&json!({"purged": purged, "before": time(before), "statuses": statuses}));
     } else {
         print_fields(&[
             ("purged", format!("{purged} final entries ({which})")),

@@ -7,7 +7,7 @@ use serde_json::json;
 use super::Env;
 use crate::cli::GraphFormat;
 use crate::failure::{Failure, Outcome};
-use crate::output::{delivery_json, print_fields, print_json, status};
+use crate::output::{decision_json, decision_line, delivery_json, print_fields, print_json, status};
 
 /// Opens the session to look for `key` in: the one named, or the one whose commit recorded
 /// the intent (from the ledger). Returns it with the ledger entry, if the ledger has one.
@@ -59,6 +59,8 @@ pub fn why(env: &Env, key: &str, session: Option<&str>) -> Outcome {
             "trigger": p.trigger().map(|t| json!({"id": t.id.as_str(), "version": t.version.0, "hash": t.hash.to_string()})),
             "reads": p.reads().iter().map(|r| json!({"id": r.id.as_str(), "version": r.version.map(|v| v.0)})).collect::<Vec<_>>(),
             "delivery": p.delivery.as_ref().map(delivery_json),
+            "requires_approval": p.requires_approval,
+            "decision": decision_json(p.decision()),
         }));
         return Ok(());
     }
@@ -91,6 +93,14 @@ pub fn why(env: &Env, key: &str, session: Option<&str>) -> Outcome {
             ),
         ),
         ("reads", reads),
+        (
+            "approval",
+            match (p.requires_approval, p.decision()) {
+                (false, _) => "not required".to_owned(),
+                (true, None) => "required, not given yet".to_owned(),
+                (true, Some(d)) => decision_line(d),
+            },
+        ),
         (
             "delivery",
             p.delivery.as_ref().map_or_else(

@@ -31,6 +31,12 @@ fn delivery_json(delivery: &Delivery) -> Value {
         "recorded_at": seconds(delivery.recorded_at()),
         "updated_at": seconds(delivery.updated_at()),
         "delivered_at": delivery.delivered_at().map(seconds),
+        "decision": delivery.decision().map(|d| json!({
+            "verdict": d.verdict.to_string(),
+            "by": d.by,
+            "at": seconds(d.at),
+            "reason": d.reason,
+        })),
     })
 }
 
@@ -40,9 +46,12 @@ impl Context {
     /// `events_consumed`, and its `runs`. Each run lists its `agent`, `produce`, `trigger`
     /// (`id`, `version`, `hash`), `reads` (`id`, `version`), `writes` (`op`, `id`, `kind`,
     /// content `hash`; relations with `from`, `name`, `to`) and `intents` (`key`, `kind`,
-    /// `id`, `hash`, whether this run `created` it, and for the run that created it the
-    /// `delivery` from the ledger: `status`, `attempts`, `last_error` and timestamps in
-    /// seconds since the Unix epoch). Hashes are lowercase hex. Returns the number of lines.
+    /// `id`, `hash`, whether this run `created` it, whether it `requires_approval`, and for
+    /// the run that created it the `delivery` from the ledger: `status`, `attempts`,
+    /// `last_error`, timestamps in seconds since the Unix epoch, and the operator's
+    /// `decision` on an intent that required approval (`verdict` `approved` or `rejected`,
+    /// `by`, `at` in seconds, `reason`; `null` for none). Hashes are lowercase hex. Returns the
+    /// number of lines.
     ///
     /// ```
     /// # use reactifact_core::{Artifact, Context};
@@ -115,7 +124,12 @@ impl Context {
                             "from": r.from.as_str(), "name": &*r.name, "to": r.to.as_str(),
                         })),
                         Op::Act {
-                            key, action, id, hash, ..
+                            key,
+                            action,
+                            id,
+                            hash,
+                            bytes,
+                            ..
                         } => {
                             let created = acted.insert(key.as_str());
                             let delivery = created
@@ -125,6 +139,7 @@ impl Context {
                             intents.push(json!({
                                 "key": key.as_str(), "kind": &**action, "id": id.as_str(), "hash": hash.to_string(),
                                 "created": created, "delivery": delivery,
+                                "requires_approval": crate::model::action::requires_approval(bytes),
                             }));
                         }
                     }

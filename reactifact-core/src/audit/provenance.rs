@@ -6,7 +6,7 @@ use sha2::{Digest, Sha256};
 
 use crate::model::action::{ActionKey, Origin};
 use crate::model::artifact::{ArtifactId, Generation, Record};
-use crate::model::delivery::Delivery;
+use crate::model::delivery::{Decision, Delivery};
 use crate::model::hash::{self, CommitHash, ContentHash};
 use crate::model::patch::Op;
 use crate::state::commit::{Commit, Read, RunRecord, TriggerRef};
@@ -73,6 +73,10 @@ pub struct Provenance<'a> {
     pub record: &'a RunRecord,
     /// The intent's delivery in the ledger, if this store's ledger has it.
     pub delivery: Option<Delivery>,
+    /// Whether the produce acted it with approval
+    /// ([`Effects::act_with_approval`](crate::Effects::act_with_approval)), as the hashed
+    /// `PendingAction` of the commit says.
+    pub requires_approval: bool,
 }
 
 impl Provenance<'_> {
@@ -94,6 +98,12 @@ impl Provenance<'_> {
     /// The ids and versions the run read through its snapshot.
     pub fn reads(&self) -> &[Read] {
         &self.record.reads
+    }
+
+    /// The operator's approval or rejection of the intent, as the ledger keeps it (`None` if
+    /// it needed none, still awaits one, or the ledger does not hold it).
+    pub fn decision(&self) -> Option<&Decision> {
+        self.delivery.as_ref().and_then(Delivery::decision)
     }
 }
 
@@ -129,6 +139,15 @@ impl fmt::Display for Provenance<'_> {
                     Some(v) => write!(f, "`{}` version {}", read.id, v.0)?,
                     None => write!(f, "`{}` (absent)", read.id)?,
                 }
+            }
+        }
+        if self.requires_approval {
+            match self.decision() {
+                Some(decision) => write!(f, "; it required approval: {} by {}", decision.verdict, decision.by)?,
+                None => f.write_str("; it requires approval, not given yet")?,
+            }
+            if let Some(reason) = self.decision().and_then(|d| d.reason.as_deref()) {
+                write!(f, " ({reason})")?;
             }
         }
         if let Some(delivery) = &self.delivery {
@@ -213,13 +232,19 @@ impl Context {
         let Some(commit) = usize::try_from(generation.0 - 1).ok().and_then(|at| log.get(at)) else {
             return Ok(None);
         };
+        let record = &commit.runs[run];
+        let requires_approval = record.ops.iter().any(|op| {
+            matches!(op, Op::Act { key: k, bytes, .. }
+                if k.as_str() == key && crate::model::action::requires_approval(bytes))
+        });
         Ok(Some(Provenance {
             key: ActionKey::from(key),
             generation,
             commit: commit.hash,
             run,
-            record: &commit.runs[run],
+            record,
             delivery: self.ledger().get(key).await?,
+            requires_approval,
         }))
     }
 }

@@ -80,6 +80,24 @@ pub struct PendingAction {
     /// The payload, encoded with rmp-serde (named fields).
     #[serde(with = "serde_bytes")]
     pub payload: Vec<u8>,
+    /// Whether the intent waits for an operator's approval before it is delivered
+    /// ([`Effects::act_with_approval`](crate::Effects::act_with_approval)). Part of the
+    /// hashed decision; encoded only when set, so the bytes (and hashes) of every intent that
+    /// does not ask for approval are what they were before this field existed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub requires_approval: bool,
+}
+
+/// Whether the `PendingAction` encoded in `bytes` asks for approval (`false` for bytes that
+/// do not decode as one).
+pub(crate) fn requires_approval(bytes: &[u8]) -> bool {
+    /// Reads the one field, skipping the others (the payload is not copied).
+    #[derive(Deserialize)]
+    struct Flag {
+        #[serde(default)]
+        requires_approval: bool,
+    }
+    rmp_serde::from_slice::<Flag>(bytes).is_ok_and(|f| f.requires_approval)
 }
 
 impl Artifact for PendingAction {

@@ -34,11 +34,20 @@ pub enum DeliveryStatus {
     /// Cancelled by an operator before it was delivered: never handed to a dispatcher again
     /// ([`Delivery::cancel_reason`] says why). Final, like `Delivered`.
     Cancelled,
+    /// Committed by a produce that asked for approval
+    /// ([`Effects::act_with_approval`](crate::Effects::act_with_approval)): never claimed, never
+    /// handed to a dispatcher, not final, until an operator approves it (pending, due at once)
+    /// or rejects it ([`Rejected`](DeliveryStatus::Rejected)).
+    AwaitingApproval,
+    /// Rejected by an operator while it awaited approval ([`Delivery::decision`] says who,
+    /// when and why): never handed to a dispatcher. Final, like `Cancelled`, and purged like
+    /// it.
+    Rejected,
 }
 
 impl DeliveryStatus {
     /// Every status, in the order of their codes.
-    pub const ALL: [DeliveryStatus; 7] = [
+    pub const ALL: [DeliveryStatus; 9] = [
         DeliveryStatus::Pending,
         DeliveryStatus::InFlight,
         DeliveryStatus::Delivered,
@@ -46,15 +55,20 @@ impl DeliveryStatus {
         DeliveryStatus::Dead,
         DeliveryStatus::Held,
         DeliveryStatus::Cancelled,
+        DeliveryStatus::AwaitingApproval,
+        DeliveryStatus::Rejected,
     ];
 
-    /// Whether no transition leaves this status: delivered or cancelled.
+    /// Whether no transition leaves this status: delivered, cancelled or rejected.
     pub fn is_final(self) -> bool {
-        matches!(self, DeliveryStatus::Delivered | DeliveryStatus::Cancelled)
+        matches!(
+            self,
+            DeliveryStatus::Delivered | DeliveryStatus::Cancelled | DeliveryStatus::Rejected
+        )
     }
 
-    /// The status's stable code in a store (0 pending … 6 cancelled), the same in every
-    /// store.
+    /// The status's stable code in a store (0 pending … 6 cancelled, 7 awaiting approval, 8
+    /// rejected), the same in every store.
     pub fn code(self) -> u8 {
         match self {
             DeliveryStatus::Pending => 0,
@@ -64,6 +78,8 @@ impl DeliveryStatus {
             DeliveryStatus::Dead => 4,
             DeliveryStatus::Held => 5,
             DeliveryStatus::Cancelled => 6,
+            DeliveryStatus::AwaitingApproval => 7,
+            DeliveryStatus::Rejected => 8,
         }
     }
 
@@ -83,6 +99,8 @@ impl fmt::Display for DeliveryStatus {
             DeliveryStatus::Dead => "dead",
             DeliveryStatus::Held => "held",
             DeliveryStatus::Cancelled => "cancelled",
+            DeliveryStatus::AwaitingApproval => "awaiting approval",
+            DeliveryStatus::Rejected => "rejected",
         })
     }
 }
@@ -114,6 +132,86 @@ pub struct Lease {
     pub token: FenceToken,
 }
 
+/// What an operator decided about an intent that awaited approval.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Verdict {
+    /// Approved: the intent became pending, and is delivered like any other.
+    Approved,
+    /// Rejected: the intent is final, never handed to a dispatcher.
+    Rejected,
+}
+
+impl Verdict {
+    /// The verdict's stable code in a store (1 approved, 2 rejected). For the stores'
+    /// encodings.
+    #[doc(hidden)]
+    pub fn code(self) -> u8 {
+        match self {
+            Verdict::Approved => 1,
+            Verdict::Rejected => 2,
+        }
+    }
+
+    /// The verdict of a stored code. For the stores' encodings.
+    #[doc(hidden)]
+    pub fn from_code(code: i64) -> Option<Verdict> {
+        match code {
+            1 => Some(Verdict::Approved),
+            2 => Some(Verdict::Rejected),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Verdict::Approved => "approved",
+            Verdict::Rejected => "rejected",
+        })
+    }
+}
+
+/// The decision on an intent that required approval, as the ledger keeps it
+/// ([`Delivery::decision`]): the verdict, who made it, when, and (for a rejection) why. It is
+/// part of the entry's integrity digest in every durable store, so a changed byte never turns
+/// a rejection into an approval unnoticed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Decision {
+    /// Approved or rejected.
+    pub verdict: Verdict,
+    /// Who decided, as the operator named themselves.
+    pub by: String,
+    /// When (whole milliseconds).
+    pub at: SystemTime,
+    /// Why, for a rejection (`None` for an approval).
+    pub reason: Option<String>,
+}
+
+impl Decision {
+    /// A decision from its parts, as a store reads it.
+    pub fn new(verdict: Verdict, by: impl Into<String>, at: SystemTime, reason: Option<String>) -> Self {
+        Decision {
+            verdict,
+            by: by.into(),
+            at,
+            reason,
+        }
+    }
+}
+
+impl fmt::Display for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} by {}", self.verdict, self.by)?;
+        if let Some(reason) = &self.reason {
+            write!(f, ": {reason}")?;
+        }
+        Ok(())
+    }
+}
+
 /// The ledger entry of one intent. Kept out of the `PendingAction`'s content, so delivery
 /// never changes a content hash.
 #[derive(Clone, Debug)]
@@ -132,6 +230,7 @@ pub struct Delivery {
     /// The token of the last claim (0 before the first).
     pub(crate) token: FenceToken,
     pub(crate) cancel_reason: Option<String>,
+    pub(crate) decision: Option<Decision>,
 }
 
 impl Delivery {
@@ -226,6 +325,14 @@ impl Delivery {
         self.cancel_reason.as_deref()
     }
 
+    /// The operator's decision, for an intent that required approval and was approved or
+    /// rejected ([`OutboxStore::approve`](crate::OutboxStore::approve),
+    /// [`reject`](crate::OutboxStore::reject)); `None` for every other intent, and for one
+    /// still awaiting approval.
+    pub fn decision(&self) -> Option<&Decision> {
+        self.decision.as_ref()
+    }
+
     /// How many attempts ended with an expired lease: the holder died (or stalled past its
     /// lease) after claiming the intent and before recording the outcome, so the receiver may
     /// have seen the intent. Each such attempt was followed by a delivery with the same
@@ -279,6 +386,7 @@ impl Delivery {
             next_attempt_at,
             token,
             cancel_reason,
+            decision,
         } = parts;
         Delivery {
             intent,
@@ -294,14 +402,20 @@ impl Delivery {
             next_attempt_at,
             token,
             cancel_reason,
+            decision,
         }
     }
 
-    /// A new entry, pending and due at `now`.
-    pub(crate) fn new(intent: Intent, now: SystemTime) -> Self {
+    /// A new entry, pending and due at `now` (awaiting approval, not due, if
+    /// `requires_approval`).
+    pub(crate) fn new(intent: Intent, now: SystemTime, requires_approval: bool) -> Self {
         Delivery {
             intent,
-            status: DeliveryStatus::Pending,
+            status: if requires_approval {
+                DeliveryStatus::AwaitingApproval
+            } else {
+                DeliveryStatus::Pending
+            },
             attempts: 0,
             last_error: None,
             recorded_at: now,
@@ -313,6 +427,7 @@ impl Delivery {
             next_attempt_at: None,
             token: FenceToken(0),
             cancel_reason: None,
+            decision: None,
         }
     }
 }
@@ -348,6 +463,8 @@ pub struct DeliveryParts {
     pub token: FenceToken,
     /// Why an operator cancelled it ([`Delivery::cancel_reason`]).
     pub cancel_reason: Option<String>,
+    /// The operator's approval or rejection ([`Delivery::decision`]).
+    pub decision: Option<Decision>,
 }
 
 /// The default lease of a claim: long enough for a slow dispatch between two renewals (every
@@ -414,6 +531,15 @@ pub struct NewIntent {
     pub bytes: Arc<[u8]>,
     /// Its content hash, as the commit hashed it.
     pub action_hash: ContentHash,
+}
+
+impl NewIntent {
+    /// Whether the committed `PendingAction` asks for approval before delivery
+    /// ([`PendingAction::requires_approval`](crate::PendingAction::requires_approval)): read
+    /// from the committed bytes, so that nothing but the hashed decision says so.
+    pub fn requires_approval(&self) -> bool {
+        crate::model::action::requires_approval(&self.bytes)
+    }
 }
 
 /// An identity for this process's leases: unique per process start (its pid and start time).

@@ -10,6 +10,7 @@ pub(crate) mod event;
 pub(crate) mod field_diff;
 pub(crate) mod hash;
 pub(crate) mod patch;
+pub(crate) mod question;
 pub(crate) mod relation;
 pub(crate) mod time;
 pub(crate) mod timer;

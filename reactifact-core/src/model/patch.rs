@@ -170,11 +170,23 @@ impl Op {
     }
 
     /// An intent of kind `action` under `key`, stored at `id` (`key.artifact_id()`).
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn act<P: Serialize + ?Sized>(
         action: &str,
         key: ActionKey,
         id: ArtifactId,
         payload: &P,
+    ) -> Result<Op, EffectError> {
+        Op::act_as(action, key, id, payload, false)
+    }
+
+    /// [`Op::act`], for an intent that waits for approval if `requires_approval`.
+    pub(crate) fn act_as<P: Serialize + ?Sized>(
+        action: &str,
+        key: ActionKey,
+        id: ArtifactId,
+        payload: &P,
+        requires_approval: bool,
     ) -> Result<Op, EffectError> {
         /// Encodes exactly like [`PendingAction`], without copying its fields first.
         #[derive(Serialize)]
@@ -183,6 +195,8 @@ impl Op {
             key: &'a str,
             #[serde(with = "serde_bytes")]
             payload: &'a [u8],
+            #[serde(skip_serializing_if = "std::ops::Not::not")]
+            requires_approval: bool,
         }
         let payload = artifact::encode(payload).map_err(|source| EffectError::EncodePayload {
             key: key.clone(),
@@ -193,6 +207,7 @@ impl Op {
             kind: action,
             key: key.as_str(),
             payload: &payload,
+            requires_approval,
         };
         let bytes = artifact::encode(&record).map_err(|source| EffectError::Encode {
             id: id.clone(),
@@ -226,5 +241,31 @@ mod tests {
         assert_eq!((action.kind.as_str(), action.key.as_str()), ("notify", "k1"));
         assert_eq!(&action.payload[..], &payload[..]);
         assert_eq!(action.payload::<(String, u32)>().unwrap(), ("ada".to_owned(), 42));
+        assert!(!action.requires_approval);
+        assert!(!crate::model::action::requires_approval(bytes));
+    }
+
+    #[test]
+    fn an_act_that_requires_approval_says_so_in_its_hashed_bytes_and_no_other_act_changes() {
+        let key = ActionKey::from("k1");
+        let plain = Op::act("notify", key.clone(), key.artifact_id(), &"p").unwrap();
+        let approval = Op::act_as("notify", key.clone(), key.artifact_id(), &"p", true).unwrap();
+        let (Op::Act { bytes: a, hash: ha, .. }, Op::Act { bytes: b, hash: hb, .. }) = (&plain, &approval) else {
+            panic!("not acts");
+        };
+        assert_ne!(ha, hb, "the approval is part of the hashed decision");
+        assert!(crate::model::action::requires_approval(b));
+        assert!(!crate::model::action::requires_approval(a));
+        // The bytes of an act without approval are those of the three-field record.
+        let three = rmp_serde::to_vec_named(&PendingAction {
+            kind: "notify".into(),
+            key: "k1".into(),
+            payload: rmp_serde::to_vec_named(&"p").unwrap(),
+            requires_approval: false,
+        })
+        .unwrap();
+        assert_eq!(&a[..], &three[..]);
+        let decoded: PendingAction = rmp_serde::from_slice(b).unwrap();
+        assert!(decoded.requires_approval);
     }
 }

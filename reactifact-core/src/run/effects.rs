@@ -183,7 +183,39 @@ impl<D> Effects<D> {
     where
         PendingAction: DeclaredOutput<D>,
     {
-        let key = key.into();
+        self.act_as(kind, key.into(), payload, false)
+    }
+
+    /// Records an intent, like [`act`](Effects::act), that an operator must approve before it
+    /// is delivered: it is committed with the state that justified it, and registered in the
+    /// delivery ledger as [`AwaitingApproval`](crate::DeliveryStatus::AwaitingApproval) —
+    /// never claimed, never handed to a dispatcher — until
+    /// [`Runtime::approve`](crate::Runtime::approve) (or `reactifact outbox approve`) makes it
+    /// pending; after [`Runtime::reject`](crate::Runtime::reject) it is never delivered.
+    ///
+    /// That it needs approval is part of the hashed `PendingAction`
+    /// ([`PendingAction::requires_approval`]), so a retry, a replay or another branch
+    /// re-derives the same decision. A key already acted (with or without approval) is not
+    /// acted again: the first decision stands.
+    pub fn act_with_approval<P: Serialize + ?Sized>(
+        &self,
+        kind: &str,
+        key: impl Into<ActionKey>,
+        payload: &P,
+    ) -> Option<ActionKey>
+    where
+        PendingAction: DeclaredOutput<D>,
+    {
+        self.act_as(kind, key.into(), payload, true)
+    }
+
+    fn act_as<P: Serialize + ?Sized>(
+        &self,
+        kind: &str,
+        key: ActionKey,
+        payload: &P,
+        requires_approval: bool,
+    ) -> Option<ActionKey> {
         let id = key.artifact_id();
         // Checked before anything is encoded: on a re-run the intent usually exists.
         if let Some((kind, _, _)) = self.snapshot.meta(id.as_str()) {
@@ -198,7 +230,7 @@ impl<D> Effects<D> {
                 return None;
             }
         }
-        self.push(Op::act(kind, key.clone(), id, payload));
+        self.push(Op::act_as(kind, key.clone(), id, payload, requires_approval));
         Some(key)
     }
 

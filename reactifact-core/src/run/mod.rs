@@ -2,6 +2,7 @@
 //! (match, run, validate, commit), and the runtime that repeats generations and drains the
 //! outbox, and the timers a turn fires.
 
+pub(crate) mod ask;
 pub(crate) mod effects;
 pub(crate) mod generation;
 pub(crate) mod join;

@@ -21,7 +21,7 @@ use crate::run::generation::{self, Slot};
 use crate::run::join::Joins;
 use crate::run::produce::{Agent, ProduceFailure};
 use crate::state::context::{Context, WriteError};
-use crate::store::outbox::{CancelError, RetryError, Scope};
+use crate::store::outbox::{ApprovalError, CancelError, RetryError, Scope};
 use crate::store::StoreError;
 
 /// A turn ([`Runtime::run`](crate::Runtime::run)) failed. The failure is already recorded: a
@@ -347,7 +347,7 @@ impl RuntimeBuilder {
     ///
     /// # Errors
     /// [`BuildError::KindCollision`] when two distinct Rust types among the produces' triggers
-    /// and declared outputs (and [`PendingAction`] and [`Timer`]) claim one kind;
+    /// and declared outputs (and the runtime's own [`PendingAction`], [`Timer`] and [`Question`](crate::Question)) claim one kind;
     /// [`BuildError::DuplicateAgent`] when two agents share a name;
     /// [`BuildError::DuplicateProduce`] when an agent registers two produces under one name;
     /// [`BuildError::Join`] when a produce declares join parts without a key, or a key without
@@ -445,8 +445,14 @@ fn check_registrations(agents: &[Agent]) -> Result<(), BuildError> {
     let mut kinds: HashMap<Kind, ArtifactType> = HashMap::new();
     let pending = ArtifactType::of::<PendingAction>();
     kinds.insert(pending.kind, pending);
-    let timer = ArtifactType::of::<Timer>();
-    kinds.insert(timer.kind, timer);
+    // The runtime's own artifact types: a type of the user's with one of their kinds would
+    // be taken for them.
+    for builtin in [
+        ArtifactType::of::<Timer>(),
+        ArtifactType::of::<crate::model::question::Question>(),
+    ] {
+        kinds.insert(builtin.kind, builtin);
+    }
     for agent in agents {
         if !agent_names.insert(agent.name()) {
             return Err(BuildError::DuplicateAgent {
@@ -749,6 +755,27 @@ impl Runtime {
     /// if the store could not record it (the intent then stays as it was).
     pub async fn cancel(&self, key: &str, reason: &str) -> Result<Delivery, CancelError> {
         self.context.outbox().cancel(key, reason, self.clock.now()).await
+    }
+
+    /// Approves an intent a produce acted with
+    /// [`act_with_approval`](crate::Effects::act_with_approval): it becomes pending, due now,
+    /// and the next drain delivers it once, like any other. The ledger records who approved
+    /// it (`by`) and when ([`Delivery::decision`]); the store keeps it across a restart.
+    /// Approving an approved intent again changes nothing.
+    ///
+    /// # Errors
+    /// See [`OutboxStore::approve`](crate::OutboxStore::approve).
+    pub async fn approve(&self, key: &str, by: &str) -> Result<Delivery, ApprovalError> {
+        self.context.outbox().approve(key, by, self.clock.now()).await
+    }
+
+    /// Rejects an intent awaiting approval: it is final and never handed to a dispatcher; the
+    /// ledger records who rejected it, when and why.
+    ///
+    /// # Errors
+    /// See [`OutboxStore::reject`](crate::OutboxStore::reject).
+    pub async fn reject(&self, key: &str, by: &str, reason: &str) -> Result<Delivery, ApprovalError> {
+        self.context.outbox().reject(key, by, reason, self.clock.now()).await
     }
 
     /// How many due intents of the session a generation's commit claims for the turn's drain

@@ -16,12 +16,13 @@ use std::time::{Duration, SystemTime};
 
 use crate::model::action::{ActionKey, Intent, Origin, PendingAction};
 use crate::model::artifact::Generation;
+use crate::model::delivery::Verdict;
 use crate::model::delivery::{Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken, NewIntent};
 use crate::model::hash::{content_hash, CommitHash};
 use crate::store::memory::MemoryOutbox;
 use crate::store::outbox::{
-    BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome, PurgeFilter,
-    Recorded, Recording, RetryError, Scope, StatusCounts,
+    ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome,
+    PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts,
 };
 
 /// Creates fresh stores for the checks.
@@ -40,6 +41,15 @@ pub trait ContractStore: Send {
     /// attached to `session` unless final or purged. The store must take `now` as the commit
     /// time (whole milliseconds).
     fn register<'a>(
+        &'a mut self,
+        session: &'a str,
+        keys: &'a [(&'a str, &'a str)],
+        now: SystemTime,
+    ) -> BoxFuture<'a, ()>;
+
+    /// [`register`](ContractStore::register) for intents that require approval
+    /// ([`approval_intents`]): new keys awaiting approval, not due.
+    fn register_awaiting<'a>(
         &'a mut self,
         session: &'a str,
         keys: &'a [(&'a str, &'a str)],
@@ -83,11 +93,33 @@ impl ContractStore for MemoryStore {
         self.outbox.register(&intents, now);
         Box::pin(std::future::ready(()))
     }
+
+    fn register_awaiting<'a>(
+        &'a mut self,
+        session: &'a str,
+        keys: &'a [(&'a str, &'a str)],
+        now: SystemTime,
+    ) -> BoxFuture<'a, ()> {
+        self.generation += 1;
+        let intents = approval_intents(session, self.generation, keys);
+        self.outbox.register(&intents, now);
+        Box::pin(std::future::ready(()))
+    }
 }
 
 /// The intents a commit of `session` at `generation` would hand its store for `keys`: the
 /// payload is the key's bytes, encoded. (A harness of another crate's store registers these.)
 pub fn new_intents(session: &str, generation: u64, keys: &[(&str, &str)]) -> Vec<NewIntent> {
+    intents_of(session, generation, keys, false)
+}
+
+/// [`new_intents`] for intents that require approval
+/// ([`Effects::act_with_approval`](crate::Effects::act_with_approval)).
+pub fn approval_intents(session: &str, generation: u64, keys: &[(&str, &str)]) -> Vec<NewIntent> {
+    intents_of(session, generation, keys, true)
+}
+
+fn intents_of(session: &str, generation: u64, keys: &[(&str, &str)], requires_approval: bool) -> Vec<NewIntent> {
     let session: Arc<str> = Arc::from(session);
     keys.iter()
         .enumerate()
@@ -97,6 +129,7 @@ pub fn new_intents(session: &str, generation: u64, keys: &[(&str, &str)]) -> Vec
                 kind: kind.to_owned(),
                 key: key.to_owned(),
                 payload: payload.clone(),
+                requires_approval,
             };
             let bytes = rmp_serde::to_vec_named(&action).expect("a PendingAction encodes");
             NewIntent {
@@ -147,6 +180,9 @@ pub async fn run_all(harness: &dyn ContractHarness) {
     reclaim_only_after_expiry(harness).await;
     retry_at_not_before(harness).await;
     retry_cancel_legality(harness).await;
+    approval_awaits_and_is_never_claimed(harness).await;
+    approve_reject_legality(harness).await;
+    rejected_is_final_and_purged(harness).await;
     purge_rules(harness).await;
     purge_by_status(harness).await;
     attempt_history(harness).await;
@@ -691,6 +727,284 @@ pub async fn retry_at_not_before(h: &dyn ContractHarness) {
     );
 }
 
+/// An intent that requires approval is registered awaiting it: not due, never claimed (by any
+/// scope, at any time), not counted as waiting, and no lease expiry or reclaim touches it.
+/// Approved, it is pending and due at once, claimed once, delivered once.
+pub async fn approval_awaits_and_is_never_claimed(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    s.register_awaiting("a", &[("ask", "x"), ("ask2", "y")], at(0)).await;
+    s.register("a", &[("plain", "x")], at(0)).await;
+    let d = get(&*o, "ask").await;
+    assert_eq!(
+        (d.status(), d.attempts(), d.token(), d.decision(), d.lease().is_none()),
+        (DeliveryStatus::AwaitingApproval, 0, FenceToken(0), None, true),
+        "approval: registered awaiting approval"
+    );
+    assert!(!d.status().is_final(), "approval: awaiting approval is not final");
+    let c = counts(&*o, &Scope::all()).await;
+    assert_eq!(
+        (c.awaiting_approval, c.pending, c.waiting(), c.total()),
+        (2, 1, 1, 3),
+        "approval: counts"
+    );
+    assert_eq!(
+        o.next_due(&Scope::session("a").kinds(["y"])).await.expect("next_due"),
+        None,
+        "approval: an awaiting intent is never due"
+    );
+    for scope in [Scope::all(), Scope::session("a"), Scope::all().kinds(["x", "y"])] {
+        let got = claim_with(&*o, &scope, 10, OWNER, LEASE, at(u64::from(u32::MAX))).await;
+        assert!(
+            got.claims.iter().all(|d| d.key().as_str() == "plain"),
+            "approval: an awaiting intent is never claimed ({scope:?}): {:?}",
+            keys(&got)
+        );
+    }
+    // Re-registering (a retry, another branch) attaches, never re-arms.
+    s.register_awaiting("b", &[("ask", "x")], at(5)).await;
+    s.register("b", &[("ask2", "y")], at(5)).await;
+    assert_eq!(get(&*o, "ask").await.status(), DeliveryStatus::AwaitingApproval);
+    assert_eq!(get(&*o, "ask2").await.status(), DeliveryStatus::AwaitingApproval);
+    assert_eq!(
+        counts(&*o, &Scope::session("b")).await.awaiting_approval,
+        2,
+        "approval: a re-registering session is attached"
+    );
+    assert!(claim(&*o, 10, at(10_000_000)).await.claims.is_empty());
+    let approved = o.approve("ask", "ada", at(20)).await.expect("approve");
+    assert_eq!(
+        (approved.status(), approved.updated_at(), approved.attempts()),
+        (DeliveryStatus::Pending, at(20), 0),
+        "approve: pending, due at once"
+    );
+    let decision = approved.decision().expect("approve: the decision is kept");
+    assert_eq!(
+        (
+            decision.verdict,
+            decision.by.as_str(),
+            decision.at,
+            decision.reason.as_deref()
+        ),
+        (Verdict::Approved, "ada", at(20), None),
+        "approve: who and when"
+    );
+    assert_eq!(
+        o.next_due(&Scope::all()).await.expect("next_due"),
+        Some(at(20)),
+        "approve: due at the approval"
+    );
+    let c = claim(&*o, 10, at(20)).await;
+    assert_eq!(keys(&c), ["ask"], "approve: claimed once approved");
+    assert_eq!(c.claims[0].decision().map(|d| d.verdict), Some(Verdict::Approved));
+    record(&*o, "ask", FenceToken(1), Outcome::Delivered, at(21)).await;
+    let d = get(&*o, "ask").await;
+    assert_eq!(d.status(), DeliveryStatus::Delivered);
+    assert_eq!(
+        d.decision().map(|d| (d.verdict, d.by.clone())),
+        Some((Verdict::Approved, "ada".to_owned())),
+        "approve: the decision outlives the delivery"
+    );
+    assert!(claim(&*o, 10, at(100_000)).await.claims.is_empty(), "delivered once");
+}
+
+/// What approve and reject accept and refuse.
+pub async fn approve_reject_legality(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    s.register_awaiting("a", &[("yes", "x"), ("no", "x"), ("gone", "x"), ("anon", "x")], at(0))
+        .await;
+    s.register("a", &[("plain", "x")], at(0)).await;
+    assert!(
+        matches!(o.approve("nope", "ada", at(1)).await, Err(ApprovalError::UnknownKey(_))),
+        "approve: unknown key"
+    );
+    assert!(
+        matches!(
+            o.reject("nope", "ada", "r", at(1)).await,
+            Err(ApprovalError::UnknownKey(_))
+        ),
+        "reject: unknown key"
+    );
+    match o.approve("plain", "ada", at(1)).await {
+        Err(ApprovalError::NotAwaiting {
+            status: DeliveryStatus::Pending,
+            ..
+        }) => {}
+        other => panic!("approve: an intent that asked for no approval must be NotAwaiting, got {other:?}"),
+    }
+    match o.reject("plain", "ada", "r", at(1)).await {
+        Err(ApprovalError::NotAwaiting { .. }) => {}
+        other => panic!("reject: an intent that asked for no approval must be NotAwaiting, got {other:?}"),
+    }
+    assert!(
+        matches!(o.approve("anon", "", at(1)).await, Err(ApprovalError::NoDecider { .. })),
+        "approve: an empty name is refused"
+    );
+    assert_eq!(get(&*o, "anon").await.status(), DeliveryStatus::AwaitingApproval);
+    // Retry does not approve.
+    match o.retry("anon", at(1)).await {
+        Err(RetryError::NotFailed {
+            status: DeliveryStatus::AwaitingApproval,
+            ..
+        }) => {}
+        other => panic!("retry: an awaiting intent must be NotFailed, got {other:?}"),
+    }
+    o.approve("yes", "ada", at(2)).await.expect("approve");
+    let again = o.approve("yes", "bob", at(3)).await.expect("approve again is Ok");
+    assert_eq!(
+        (again.decision().map(|d| d.by.as_str()), again.updated_at()),
+        (Some("ada"), at(2)),
+        "approve: approving again changes nothing"
+    );
+    match o.reject("yes", "bob", "late", at(3)).await {
+        Err(ApprovalError::AlreadyDecided {
+            verdict: Verdict::Approved,
+            by,
+            ..
+        }) => assert_eq!(by, "ada"),
+        other => panic!("reject: an approved intent must be AlreadyDecided, got {other:?}"),
+    }
+    let rejected = o.reject("no", "bob", "too risky", at(4)).await.expect("reject");
+    assert_eq!(
+        (rejected.status(), rejected.updated_at()),
+        (DeliveryStatus::Rejected, at(4)),
+        "reject: rejected"
+    );
+    assert_eq!(
+        rejected
+            .decision()
+            .map(|d| (d.verdict, d.by.as_str(), d.at, d.reason.as_deref())),
+        Some((Verdict::Rejected, "bob", at(4), Some("too risky"))),
+        "reject: who, when and why"
+    );
+    let again = o
+        .reject("no", "carol", "other", at(5))
+        .await
+        .expect("reject again is Ok");
+    assert_eq!(
+        again.decision().map(|d| (d.by.as_str(), d.reason.as_deref())),
+        Some(("bob", Some("too risky"))),
+        "reject: rejecting again changes nothing"
+    );
+    match o.approve("no", "carol", at(5)).await {
+        Err(ApprovalError::AlreadyDecided {
+            verdict: Verdict::Rejected,
+            ..
+        }) => {}
+        other => panic!("approve: a rejected intent must be AlreadyDecided, got {other:?}"),
+    }
+    match o.retry("no", at(5)).await {
+        Err(RetryError::NotFailed {
+            status: DeliveryStatus::Rejected,
+            ..
+        }) => {}
+        other => panic!("retry: a rejected intent must be NotFailed, got {other:?}"),
+    }
+    match o.cancel("no", "why", at(5)).await {
+        Err(CancelError::NotCancellable {
+            status: DeliveryStatus::Rejected,
+            ..
+        }) => {}
+        other => panic!("cancel: a rejected intent must be NotCancellable, got {other:?}"),
+    }
+    // An awaiting intent can be cancelled; then it is neither approved nor rejected.
+    let cancelled = o
+        .cancel("gone", "withdrawn", at(6))
+        .await
+        .expect("cancel an awaiting intent");
+    assert_eq!(cancelled.status(), DeliveryStatus::Cancelled);
+    match o.approve("gone", "ada", at(7)).await {
+        Err(ApprovalError::NotAwaiting {
+            status: DeliveryStatus::Cancelled,
+            ..
+        }) => {}
+        other => panic!("approve: a cancelled intent must be NotAwaiting, got {other:?}"),
+    }
+    let c = claim(&*o, 10, at(1_000_000)).await;
+    assert_eq!(
+        keys(&c),
+        ["plain", "yes"],
+        "only approved and plain intents are claimed (in due order)"
+    );
+    let counts = counts(&*o, &Scope::all()).await;
+    assert_eq!(
+        (
+            counts.rejected,
+            counts.awaiting_approval,
+            counts.cancelled,
+            counts.in_flight
+        ),
+        (1, 1, 1, 2),
+        "counts after decisions"
+    );
+    let page = o
+        .list(&LedgerQuery {
+            status: Some(DeliveryStatus::AwaitingApproval),
+            ..LedgerQuery::default()
+        })
+        .await
+        .expect("list");
+    assert_eq!(
+        page.entries.iter().map(|d| d.key().as_str()).collect::<Vec<_>>(),
+        ["anon"],
+        "list by awaiting approval"
+    );
+    let page = o
+        .list(&LedgerQuery {
+            status: Some(DeliveryStatus::Rejected),
+            ..LedgerQuery::default()
+        })
+        .await
+        .expect("list");
+    assert_eq!(
+        page.entries.iter().map(|d| d.key().as_str()).collect::<Vec<_>>(),
+        ["no"],
+        "list by rejected"
+    );
+}
+
+/// A rejected intent is final: never claimed, re-registering it changes nothing, and a purge
+/// of final (or of rejected) entries deletes it and remembers the key.
+pub async fn rejected_is_final_and_purged(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    s.register_awaiting("a", &[("r1", "x"), ("r2", "x")], at(0)).await;
+    s.register("a", &[("c", "x"), ("d", "x")], at(0)).await;
+    o.reject("r1", "ada", "no", at(1)).await.expect("reject");
+    o.reject("r2", "ada", "no", at(5)).await.expect("reject");
+    o.cancel("c", "why", at(2)).await.expect("cancel");
+    let c = claim(&*o, 10, at(3)).await;
+    assert_eq!(keys(&c), ["d"]);
+    record(&*o, "d", FenceToken(1), Outcome::Delivered, at(3)).await;
+    s.register("b", &[("r1", "x")], at(4)).await;
+    assert_eq!(
+        counts(&*o, &Scope::session("b")).await.total(),
+        0,
+        "a rejected key is never attached again"
+    );
+    assert!(claim(&*o, 10, at(1_000_000)).await.claims.is_empty());
+    assert_eq!(
+        o.purge(PurgeFilter::Cancelled, at(100), 10).await.expect("purge"),
+        1,
+        "a purge of cancelled rows leaves rejected ones"
+    );
+    assert_eq!(
+        o.purge(PurgeFilter::Rejected, at(3), 10).await.expect("purge"),
+        1,
+        "a purge of rejected rows: only those old enough"
+    );
+    assert!(o.get("r1").await.expect("get").is_none());
+    assert_eq!(get(&*o, "d").await.status(), DeliveryStatus::Delivered);
+    assert_eq!(
+        o.purge(PurgeFilter::Final, at(100), 10).await.expect("purge"),
+        2,
+        "a purge of final rows takes rejected and delivered ones"
+    );
+    s.register_awaiting("a", &[("r2", "x")], at(200)).await;
+    assert!(
+        o.get("r2").await.expect("get").is_none(),
+        "a purged key is never registered again"
+    );
+}
+
 /// What an operator's retry and cancel accept and refuse.
 pub async fn retry_cancel_legality(h: &dyn ContractHarness) {
     let (mut s, o) = fresh(h).await;
@@ -1215,6 +1529,10 @@ struct Model {
     claim: Option<(String, u64, u64)>,
     /// The attempts that ended other than delivered.
     history: Vec<Attempt>,
+    /// Registered awaiting approval.
+    approval: bool,
+    /// The operator's decision: verdict, by, at, reason.
+    decision: Option<(Verdict, String, u64, Option<String>)>,
 }
 
 impl Model {
@@ -1285,6 +1603,12 @@ fn check_entry(d: &Delivery, m: &Model, step: usize) {
     assert_eq!(d.expired_leases(), m.expired, "{what}: expired_leases");
     assert_eq!(d.interrupted_attempts(), m.interrupted, "{what}: interrupted");
     assert_eq!(d.cancel_reason(), m.cancel.as_deref(), "{what}: cancel_reason");
+    assert_eq!(
+        d.decision()
+            .map(|x| (x.verdict, x.by.clone(), ms(x.at), x.reason.clone())),
+        m.decision,
+        "{what}: decision"
+    );
     let lease = d.lease().map(|l| (l.owner.to_string(), ms(l.expires_at), l.token));
     assert_eq!(
         lease,
@@ -1317,6 +1641,8 @@ fn model_counts(model: &[Model], scope: &Scope) -> StatusCounts {
             DeliveryStatus::Dead => c.dead += 1,
             DeliveryStatus::Held => c.held += 1,
             DeliveryStatus::Cancelled => c.cancelled += 1,
+            DeliveryStatus::AwaitingApproval => c.awaiting_approval += 1,
+            DeliveryStatus::Rejected => c.rejected += 1,
         }
     }
     c
@@ -1352,13 +1678,18 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
     ];
     for step in 0..steps {
         now += rng.below(4);
-        match rng.below(10) {
+        match rng.below(12) {
             0 | 1 => {
                 let session = sessions[rng.below(3) as usize];
                 let n = 1 + rng.below(4) as usize;
                 let picked: Vec<usize> = (0..n).map(|_| rng.below(key_names.len() as u64) as usize).collect();
                 let reg: Vec<(&str, &str)> = picked.iter().map(|&i| (key_names[i].as_str(), kind_of(i))).collect();
-                s.register(session, &reg, at(now)).await;
+                let approval = rng.below(3) == 0;
+                if approval {
+                    s.register_awaiting(session, &reg, at(now)).await;
+                } else {
+                    s.register(session, &reg, at(now)).await;
+                }
                 for &(key, kind) in &reg {
                     match model.iter_mut().find(|m| m.key == key) {
                         Some(m) => {
@@ -1375,7 +1706,11 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                             kind: kind.to_owned(),
                             owner: session.to_owned(),
                             members: Vec::new(),
-                            status: DeliveryStatus::Pending,
+                            status: if approval {
+                                DeliveryStatus::AwaitingApproval
+                            } else {
+                                DeliveryStatus::Pending
+                            },
                             attempts: 0,
                             last_error: None,
                             reclaimed_from: None,
@@ -1388,10 +1723,12 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                             next: None,
                             token: 0,
                             cancel: None,
-                            due: Some(now),
+                            due: (!approval).then_some(now),
                             purged: false,
                             claim: None,
                             history: Vec::new(),
+                            approval,
+                            decision: None,
                         }),
                     }
                 }
@@ -1563,7 +1900,15 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                         ) =>
                     {
                         m.next = None;
-                        m.set(DeliveryStatus::Pending, now);
+                        let unapproved = m.approval && m.decision.is_none();
+                        m.set(
+                            if unapproved {
+                                DeliveryStatus::AwaitingApproval
+                            } else {
+                                DeliveryStatus::Pending
+                            },
+                            now,
+                        );
                         check_entry(
                             &got.unwrap_or_else(|e| panic!("differential step {step}: retry {key}: {e}")),
                             m,
@@ -1594,6 +1939,7 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                                 | DeliveryStatus::Failed
                                 | DeliveryStatus::Dead
                                 | DeliveryStatus::Held
+                                | DeliveryStatus::AwaitingApproval
                         ) =>
                     {
                         m.next = None;
@@ -1611,11 +1957,64 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                     },
                 }
             }
+            10 => {
+                let key = key_names[rng.below(key_names.len() as u64) as usize].as_str();
+                let verdict = if rng.below(2) == 0 {
+                    Verdict::Approved
+                } else {
+                    Verdict::Rejected
+                };
+                let by = ["ada", "bob", ""][rng.below(3) as usize];
+                let got = match verdict {
+                    Verdict::Approved => o.approve(key, by, at(now)).await,
+                    _ => o.reject(key, by, "no", at(now)).await,
+                };
+                let what = format!("differential step {step}: {verdict:?} {key} by {by:?}");
+                match model.iter_mut().find(|m| m.key == key && !m.purged) {
+                    None => assert!(matches!(got, Err(ApprovalError::UnknownKey(_))), "{what}: {got:?}"),
+                    Some(m) => match &m.decision {
+                        Some((v, _, _, _)) if *v == verdict => {
+                            check_entry(&got.unwrap_or_else(|e| panic!("{what}: {e}")), m, step)
+                        }
+                        Some((v, first, _, _)) => match got {
+                            Err(ApprovalError::AlreadyDecided {
+                                verdict: got_verdict,
+                                by: got_by,
+                                ..
+                            }) if got_verdict == *v && got_by == *first => {}
+                            other => panic!("{what}: already decided, got {other:?}"),
+                        },
+                        None if m.status != DeliveryStatus::AwaitingApproval => match got {
+                            Err(ApprovalError::NotAwaiting { status, .. }) if status == m.status => {}
+                            other => panic!("{what}: not awaiting ({}), got {other:?}", m.status),
+                        },
+                        None if by.is_empty() => {
+                            assert!(matches!(got, Err(ApprovalError::NoDecider { .. })), "{what}: {got:?}")
+                        }
+                        None => {
+                            let reason = (verdict == Verdict::Rejected).then(|| "no".to_owned());
+                            m.decision = Some((verdict, by.to_owned(), now, reason));
+                            m.set(
+                                match verdict {
+                                    Verdict::Approved => DeliveryStatus::Pending,
+                                    _ => DeliveryStatus::Rejected,
+                                },
+                                now,
+                            );
+                            check_entry(&got.unwrap_or_else(|e| panic!("{what}: {e}")), m, step);
+                        }
+                    },
+                }
+            }
             _ => {
                 let before = now.saturating_sub(rng.below(20));
                 let limit = rng.below(4) as usize;
-                let filter =
-                    [PurgeFilter::Final, PurgeFilter::Delivered, PurgeFilter::Cancelled][rng.below(3) as usize];
+                let filter = [
+                    PurgeFilter::Final,
+                    PurgeFilter::Delivered,
+                    PurgeFilter::Cancelled,
+                    PurgeFilter::Rejected,
+                ][rng.below(4) as usize];
                 let got = o.purge(filter, at(before), limit).await.expect("purge");
                 let mut finals: Vec<(u64, usize)> = model
                     .iter()

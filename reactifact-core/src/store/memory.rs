@@ -5,7 +5,8 @@
 //! await: the futures the [`OutboxStore`] methods return do all their work in their first
 //! poll. The costs, with `n` the entries of the ledger:
 //!
-//! - *register*, *record*, *renew*, *retry*, *cancel*: O(1) amortised per intent (plus one
+//! - *register*, *record*, *renew*, *retry*, *cancel*, *approve*, *reject*: O(1) amortised
+//!   per intent (plus one
 //!   step per session an intent is attached to);
 //! - *claim*: O(1) amortised per claimed intent, plus one step per expired lease it reclaims
 //!   and per stale queue item it skips. Due intents wait in one queue per (session, kind) pair
@@ -15,7 +16,7 @@
 //!   walks other sessions' due entries. A scope naming several sessions or kinds merges their
 //!   queues: O(sessions × kinds) per claimed intent;
 //! - *purge*: O(log n) per purged entry (final entries wait in order of their last change,
-//!   delivered and cancelled ones apart);
+//!   delivered, cancelled and rejected ones apart);
 //! - *attempts*: O(attempts of the key);
 //! - *counts*: O(1) for the whole ledger, one session, or a set of kinds (per-status counters
 //!   are kept for each); O(n) for any other scope;
@@ -47,13 +48,13 @@ use foldhash::HashMap;
 
 use crate::model::action::ActionKey;
 use crate::model::delivery::{
-    ceil_millis, from_unix_millis, later, unix_millis, Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken,
-    Lease, NewIntent, ATTEMPTS_KEPT,
+    ceil_millis, from_unix_millis, later, unix_millis, Attempt, AttemptOutcome, Decision, Delivery, DeliveryStatus,
+    FenceToken, Lease, NewIntent, Verdict, ATTEMPTS_KEPT,
 };
 use crate::model::hash::ContentHash;
 use crate::store::outbox::{
-    BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome, Page, PurgeFilter,
-    Recorded, Recording, RetryError, Scope, StatusCounts,
+    ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome,
+    Page, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts,
 };
 use crate::store::StoreError;
 
@@ -136,6 +137,8 @@ struct Entry {
     members: Vec<u32>,
     /// The kind's id.
     kind: u32,
+    /// Whether the committed `PendingAction` asks for approval.
+    requires_approval: bool,
     /// When the entry is due, in Unix milliseconds, while it is claimable (pending, or failed
     /// with a retry scheduled); `None` otherwise.
     due: Option<u64>,
@@ -158,7 +161,7 @@ impl Entry {
 
 /// Per-status counters; index by [`class`].
 #[derive(Clone, Copy, Default, Debug)]
-struct Counts([u64; 8]);
+struct Counts([u64; 10]);
 
 impl Counts {
     fn add(&mut self, other: &Counts) {
@@ -178,6 +181,8 @@ impl Counts {
             dead: c[5],
             held: c[6],
             cancelled: c[7],
+            awaiting_approval: c[8],
+            rejected: c[9],
         }
     }
 }
@@ -194,6 +199,8 @@ fn class(d: &Delivery) -> usize {
         DeliveryStatus::Dead => 5,
         DeliveryStatus::Held => 6,
         DeliveryStatus::Cancelled => 7,
+        DeliveryStatus::AwaitingApproval => 8,
+        DeliveryStatus::Rejected => 9,
     }
 }
 
@@ -408,9 +415,9 @@ struct Inner {
     /// renewed a lease expiring then. An entry that left flight, or moved to a renewed lease,
     /// is skipped when its old expiry comes.
     leases: BTreeMap<u64, Vec<Pos>>,
-    /// Final entries by the time they became final, for purge: delivered ones, then
-    /// cancelled ones.
-    finals: [OrderedQueue; 2],
+    /// Final entries by the time they became final, for purge: delivered ones, cancelled
+    /// ones, rejected ones.
+    finals: [OrderedQueue; 3],
     tally: Tally,
     /// The queue keys of the scope being claimed (kept to reuse its allocation).
     scratch: Vec<(u32, u32)>,
@@ -470,22 +477,26 @@ impl Inner {
             let pos = Pos::try_from(self.slots.len()).expect("fewer than 2^32 intents");
             let mut intent = new.intent.clone();
             intent.attempt = 0;
+            let requires_approval = new.requires_approval();
             let entry = Entry {
-                delivery: Delivery::new(intent, now),
+                delivery: Delivery::new(intent, now, requires_approval),
                 bytes: new.bytes.clone(),
                 action_hash: new.action_hash,
                 session,
                 members: Vec::new(),
                 kind,
-                due: Some(now_ms),
+                requires_approval,
+                due: (!requires_approval).then_some(now_ms),
                 stamp: 1,
                 last_claim: None,
                 history: Vec::new(),
             };
-            self.tally.moved(&entry, None, Some(0));
+            self.tally.moved(&entry, None, Some(class(&entry.delivery)));
             self.index.insert(new.intent.key.clone(), pos);
             self.slots.push(Some(entry));
-            enqueue(&mut self.queues, &self.slots, pos, (now_ms, pos, 1));
+            if !requires_approval {
+                enqueue(&mut self.queues, &self.slots, pos, (now_ms, pos, 1));
+            }
         }
     }
 
@@ -513,7 +524,11 @@ impl Inner {
             let item = (due, pos, e.stamp);
             enqueue(&mut self.queues, &self.slots, pos, item);
         } else if status.is_final() {
-            let queue = usize::from(status == DeliveryStatus::Cancelled);
+            let queue = match status {
+                DeliveryStatus::Cancelled => 1,
+                DeliveryStatus::Rejected => 2,
+                _ => 0,
+            };
             self.finals[queue].push((now_ms, pos, 0));
         }
         status
@@ -786,9 +801,59 @@ impl Inner {
                 status,
             });
         }
+        // An intent that needs approval and never had one goes back to waiting for it.
+        let unapproved = e.requires_approval && e.delivery.decision.is_none();
         self.transition(pos, now, |d| {
-            d.status = DeliveryStatus::Pending;
+            d.status = if unapproved {
+                DeliveryStatus::AwaitingApproval
+            } else {
+                DeliveryStatus::Pending
+            };
             d.next_attempt_at = None;
+        });
+        Ok(self.slots[pos as usize].as_ref().expect("live").delivery.clone())
+    }
+
+    fn decide(
+        &mut self,
+        key: &str,
+        verdict: Verdict,
+        by: &str,
+        reason: Option<&str>,
+        now: SystemTime,
+    ) -> Result<Delivery, ApprovalError> {
+        let Some((pos, e)) = self.entry(key) else {
+            return Err(ApprovalError::UnknownKey(ActionKey::from(key)));
+        };
+        let d = &e.delivery;
+        if let Some(decision) = &d.decision {
+            if decision.verdict == verdict {
+                return Ok(d.clone());
+            }
+            return Err(ApprovalError::AlreadyDecided {
+                key: d.intent.key.clone(),
+                verdict: decision.verdict,
+                by: decision.by.clone(),
+            });
+        }
+        if d.status != DeliveryStatus::AwaitingApproval {
+            return Err(ApprovalError::NotAwaiting {
+                key: d.intent.key.clone(),
+                status: d.status,
+            });
+        }
+        if by.is_empty() {
+            return Err(ApprovalError::NoDecider {
+                key: d.intent.key.clone(),
+            });
+        }
+        let (_, at) = millis(now);
+        self.transition(pos, now, |d| {
+            d.status = match verdict {
+                Verdict::Approved => DeliveryStatus::Pending,
+                Verdict::Rejected => DeliveryStatus::Rejected,
+            };
+            d.decision = Some(Decision::new(verdict, by, at, reason.map(str::to_owned)));
         });
         Ok(self.slots[pos as usize].as_ref().expect("live").delivery.clone())
     }
@@ -799,7 +864,11 @@ impl Inner {
         };
         match e.delivery.status {
             DeliveryStatus::Cancelled => return Ok(e.delivery.clone()),
-            DeliveryStatus::Pending | DeliveryStatus::Failed | DeliveryStatus::Dead | DeliveryStatus::Held => {}
+            DeliveryStatus::Pending
+            | DeliveryStatus::Failed
+            | DeliveryStatus::Dead
+            | DeliveryStatus::Held
+            | DeliveryStatus::AwaitingApproval => {}
             status => {
                 return Err(CancelError::NotCancellable {
                     key: e.delivery.intent.key.clone(),
@@ -819,7 +888,8 @@ impl Inner {
         let queues: &[usize] = match filter {
             PurgeFilter::Delivered => &[0],
             PurgeFilter::Cancelled => &[1],
-            _ => &[0, 1],
+            PurgeFilter::Rejected => &[2],
+            _ => &[0, 1, 2],
         };
         let mut purged = 0;
         while purged < limit as u64 {
@@ -983,6 +1053,37 @@ impl OutboxStore for MemoryOutbox {
         now: SystemTime,
     ) -> BoxFuture<'a, Result<Delivery, CancelError>> {
         Box::pin(async move { self.lock().cancel(key, reason, now) })
+    }
+
+    fn approve<'a>(
+        &'a self,
+        key: &'a str,
+        by: &'a str,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Delivery, ApprovalError>> {
+        Box::pin(std::future::ready(self.lock().decide(
+            key,
+            Verdict::Approved,
+            by,
+            None,
+            now,
+        )))
+    }
+
+    fn reject<'a>(
+        &'a self,
+        key: &'a str,
+        by: &'a str,
+        reason: &'a str,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Delivery, ApprovalError>> {
+        Box::pin(std::future::ready(self.lock().decide(
+            key,
+            Verdict::Rejected,
+            by,
+            Some(reason),
+            now,
+        )))
     }
 
     fn purge(&self, filter: PurgeFilter, before: SystemTime, limit: usize) -> BoxFuture<'_, Result<u64, StoreError>> {

@@ -16,7 +16,12 @@
 //!   intent is in flight under the token of the claim: a stale holder's late outcome is
 //!   rejected ([`Recorded::Stale`]) and changes nothing;
 //! - **renew** ([`OutboxStore::renew`]) — a live holder extends the lease of a long dispatch;
-//! - **retry**, **cancel** and **purge** — the operator's.
+//! - **retry**, **cancel** and **purge** — the operator's;
+//! - **approve** and **reject** ([`OutboxStore::approve`], [`OutboxStore::reject`]) — the
+//!   operator's decision on an intent registered
+//!   [awaiting approval](DeliveryStatus::AwaitingApproval): approved, it is pending and due at
+//!   once; rejected, it is final and never handed to a dispatcher. Who decided and when are
+//!   kept in the entry ([`Delivery::decision`]).
 //!
 //! Reads ([`get`](OutboxStore::get), [`list`](OutboxStore::list),
 //! [`counts`](OutboxStore::counts), [`next_due`](OutboxStore::next_due)) are store queries.
@@ -27,7 +32,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::model::action::ActionKey;
-use crate::model::delivery::{ceil_millis, later, Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken};
+use crate::model::delivery::{
+    ceil_millis, later, Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken, Verdict,
+};
 use crate::store::StoreError;
 
 /// The future of a store operation: boxed, so that [`OutboxStore`] is object-safe, and `Send`,
@@ -254,19 +261,31 @@ pub struct StatusCounts {
     pub held: u64,
     /// Cancelled (not counting purged ones).
     pub cancelled: u64,
+    /// Awaiting an operator's approval: never claimed until approved.
+    pub awaiting_approval: u64,
+    /// Rejected by an operator (not counting purged ones).
+    pub rejected: u64,
 }
 
 impl StatusCounts {
     /// Intents a drain will still act on without an operator: pending ones, failed ones with
     /// a retry scheduled, and those in flight (each finishes, or comes back when its lease
-    /// expires).
+    /// expires). Intents awaiting approval wait for an operator, and are not counted.
     pub fn waiting(&self) -> u64 {
         self.pending + self.retrying + self.in_flight
     }
 
     /// Every intent counted.
     pub fn total(&self) -> u64 {
-        self.pending + self.in_flight + self.delivered + self.failed + self.dead + self.held + self.cancelled
+        self.pending
+            + self.in_flight
+            + self.delivered
+            + self.failed
+            + self.dead
+            + self.held
+            + self.cancelled
+            + self.awaiting_approval
+            + self.rejected
     }
 
     /// The count for one status.
@@ -279,6 +298,8 @@ impl StatusCounts {
             DeliveryStatus::Dead => self.dead,
             DeliveryStatus::Held => self.held,
             DeliveryStatus::Cancelled => self.cancelled,
+            DeliveryStatus::AwaitingApproval => self.awaiting_approval,
+            DeliveryStatus::Rejected => self.rejected,
         }
     }
 }
@@ -323,13 +344,15 @@ pub struct Page {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum PurgeFilter {
-    /// Delivered and cancelled ones.
+    /// Delivered, cancelled and rejected ones.
     #[default]
     Final,
     /// Delivered ones only.
     Delivered,
     /// Cancelled ones only.
     Cancelled,
+    /// Rejected ones only.
+    Rejected,
 }
 
 impl PurgeFilter {
@@ -339,6 +362,7 @@ impl PurgeFilter {
             PurgeFilter::Final => status.is_final(),
             PurgeFilter::Delivered => status == DeliveryStatus::Delivered,
             PurgeFilter::Cancelled => status == DeliveryStatus::Cancelled,
+            PurgeFilter::Rejected => status == DeliveryStatus::Rejected,
         }
     }
 
@@ -346,9 +370,10 @@ impl PurgeFilter {
     #[doc(hidden)]
     pub fn codes(self) -> &'static [u8] {
         match self {
-            PurgeFilter::Final => &[2, 6],
+            PurgeFilter::Final => &[2, 6, 8],
             PurgeFilter::Delivered => &[2],
             PurgeFilter::Cancelled => &[6],
+            PurgeFilter::Rejected => &[8],
         }
     }
 }
@@ -369,6 +394,55 @@ pub enum RetryError {
         status: DeliveryStatus,
     },
     /// The store could not record the re-arming; the intent is as it was.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// An operator's [`approve`](OutboxStore::approve) or [`reject`](OutboxStore::reject) refused
+/// to decide on an intent.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ApprovalError {
+    /// The ledger has no intent with this key.
+    #[error("no intent with key `{0}` in the delivery ledger")]
+    UnknownKey(ActionKey),
+    /// The intent does not await approval: it was acted without asking for one (or is held,
+    /// cancelled, …). Only an intent awaiting approval can be approved or rejected.
+    #[error("intent `{key}` is {status}, not awaiting approval; only an intent awaiting approval can be approved or rejected")]
+    NotAwaiting {
+        /// The key.
+        key: ActionKey,
+        /// Its current status.
+        status: DeliveryStatus,
+    },
+    /// The intent was already decided the other way: an approved intent cannot be rejected,
+    /// nor a rejected one approved.
+    #[error("intent `{key}` was already {verdict} by {by}")]
+    AlreadyDecided {
+        /// The key.
+        key: ActionKey,
+        /// The decision that stands.
+        verdict: Verdict,
+        /// Who made it.
+        by: String,
+    },
+    /// The store does not implement approvals (an [`OutboxStore`] of another crate written
+    /// before they existed, which keeps the default [`OutboxStore::approve`]): nothing
+    /// changed.
+    #[error("the outbox of {store} does not support approving or rejecting intents (`{key}`)")]
+    Unsupported {
+        /// The store ([`OutboxStore::describe`]).
+        store: String,
+        /// The key.
+        key: ActionKey,
+    },
+    /// The name of the operator is empty.
+    #[error("intent `{key}`: an approval or rejection must name who decided")]
+    NoDecider {
+        /// The key.
+        key: ActionKey,
+    },
+    /// The store could not record the decision; the intent is as it was.
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -454,11 +528,14 @@ pub trait OutboxStore: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>>;
 
     /// Re-arms a failed, dead or held intent: pending, due at `now`, `next_attempt_at`
-    /// cleared. Returns the entry as it is now.
+    /// cleared — or, for an intent that requires approval and was never approved (held
+    /// because its row was lost or damaged), awaiting approval again. Returns the entry as it
+    /// is now.
     fn retry<'a>(&'a self, key: &'a str, now: SystemTime) -> BoxFuture<'a, Result<Delivery, RetryError>>;
 
-    /// Cancels a pending, failed, dead or held intent: cancelled, final, with `reason`.
-    /// Cancelling a cancelled intent again changes nothing. Returns the entry as it is now.
+    /// Cancels a pending, failed, dead, held or awaiting intent: cancelled, final, with
+    /// `reason`. Cancelling a cancelled intent again changes nothing. Returns the entry as it
+    /// is now.
     fn cancel<'a>(
         &'a self,
         key: &'a str,
@@ -466,8 +543,64 @@ pub trait OutboxStore: Send + Sync + 'static {
         now: SystemTime,
     ) -> BoxFuture<'a, Result<Delivery, CancelError>>;
 
-    /// Deletes up to `limit` final entries that `filter` admits (delivered, cancelled, or
-    /// both) last changed before `before`, oldest first, with their attempt histories;
+    /// Approves an intent awaiting approval: pending, due at `now`, its
+    /// [`decision`](Delivery::decision) approved `by` at `now`. Approving an approved intent
+    /// again changes nothing (the first approval stands, whoever asks). Returns the entry as
+    /// it is now.
+    ///
+    /// # Errors
+    /// [`ApprovalError::NotAwaiting`] for an intent that does not await approval (and was
+    /// never approved), [`ApprovalError::AlreadyDecided`] for a rejected one,
+    /// [`ApprovalError::NoDecider`] for an empty `by`.
+    ///
+    /// The default, for a store of another crate written before approvals, refuses with
+    /// [`ApprovalError::Unsupported`]; a store that registers intents awaiting approval
+    /// (every store of this workspace) implements it. A wrapper around a store must forward
+    /// it.
+    fn approve<'a>(
+        &'a self,
+        key: &'a str,
+        by: &'a str,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Delivery, ApprovalError>> {
+        let _ = (by, now);
+        let store = self.describe();
+        Box::pin(async move {
+            Err(ApprovalError::Unsupported {
+                store,
+                key: ActionKey::from(key),
+            })
+        })
+    }
+
+    /// Rejects an intent awaiting approval: [rejected](DeliveryStatus::Rejected), final,
+    /// never handed to a dispatcher, its [`decision`](Delivery::decision) rejected `by` at
+    /// `now` for `reason`. Rejecting a rejected intent again changes nothing. Returns the
+    /// entry as it is now.
+    ///
+    /// # Errors
+    /// As [`approve`](OutboxStore::approve); an approved intent cannot be rejected
+    /// ([`ApprovalError::AlreadyDecided`]): cancel it instead, if it is not delivered yet.
+    /// The default refuses, like [`approve`](OutboxStore::approve)'s.
+    fn reject<'a>(
+        &'a self,
+        key: &'a str,
+        by: &'a str,
+        reason: &'a str,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Delivery, ApprovalError>> {
+        let _ = (by, reason, now);
+        let store = self.describe();
+        Box::pin(async move {
+            Err(ApprovalError::Unsupported {
+                store,
+                key: ActionKey::from(key),
+            })
+        })
+    }
+
+    /// Deletes up to `limit` final entries that `filter` admits (delivered, cancelled,
+    /// rejected, or all) last changed before `before`, oldest first, with their attempt histories;
     /// returns how many. A purged key is remembered: committing it again never registers it
     /// again.
     fn purge(&self, filter: PurgeFilter, before: SystemTime, limit: usize) -> BoxFuture<'_, Result<u64, StoreError>>;

@@ -161,4 +161,20 @@ impl ContractStore for PgStore {
                 .unwrap_or_else(|e| panic!("registration commits: {e}"))
         })
     }
+
+    fn register_awaiting<'a>(
+        &'a mut self,
+        session: &'a str,
+        keys: &'a [(&'a str, &'a str)],
+        now: SystemTime,
+    ) -> BoxFuture<'a, ()> {
+        self.generation += 1;
+        let intents = contract::approval_intents(session, self.generation, keys);
+        Box::pin(async move {
+            self.outbox
+                .register_alone(&intents, now)
+                .await
+                .unwrap_or_else(|e| panic!("registration commits: {e}"))
+        })
+    }
 }

@@ -623,7 +623,14 @@ fn open_read_only(path: &Path) -> Result<Connection, OpenError> {
     } else {
         Connection::open_with_flags(immutable_uri(path), flags | OpenFlags::SQLITE_OPEN_URI)
     };
-    opened.map_err(|e| open_error(path, e))
+    let conn = opened.map_err(|e| open_error(path, e))?;
+    // A file of an older version, read as it is: its outbox seen with the decision columns
+    // of the current version (none), through a temporary view.
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |row| row.get(0)).unwrap_or(0);
+    if (schema::READS_FROM..5).contains(&version) && !schema::has_decisions(version) {
+        schema::view_older_outbox(&conn).map_err(|e| open_error(path, e))?;
+    }
+    Ok(conn)
 }
 
 /// `file:{path}?immutable=1`, the path percent-encoded.
@@ -1312,6 +1319,7 @@ mod tests {
             kind: "notify".into(),
             key: "k".into(),
             payload: Vec::new(),
+            requires_approval: false,
         })
         .unwrap();
         let forged = row::Row::register(

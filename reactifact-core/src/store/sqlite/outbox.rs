@@ -22,11 +22,12 @@ use super::row::{self, ms, Read, Row, COLUMNS};
 use super::{check_header, open_error, open_read_only, schema, store_error, store_name, BUSY_TIMEOUT};
 use crate::model::action::ActionKey;
 use crate::model::delivery::{
-    ceil_millis, later, Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken, NewIntent, ATTEMPTS_KEPT,
+    ceil_millis, later, Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken, NewIntent, Verdict,
+    ATTEMPTS_KEPT,
 };
 use crate::store::outbox::{
-    BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome, Page, PurgeFilter,
-    Recorded, Recording, RetryError, Scope, StatusCounts,
+    ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome,
+    Page, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts,
 };
 use crate::store::{OpenError, StoreError, Synchronous};
 
@@ -189,6 +190,42 @@ impl SqliteOutbox {
         self.run(move |conn| actor::write(conn, |tx| register(tx, &intents, now)))
     }
 
+    fn decide(
+        &self,
+        key: &str,
+        verdict: Verdict,
+        by: &str,
+        reason: Option<&str>,
+        now: SystemTime,
+    ) -> BoxFuture<'static, Result<Delivery, ApprovalError>> {
+        if let Err(e) = self.check_writable() {
+            return Box::pin(async move { Err(ApprovalError::Store(e)) });
+        }
+        let (key, by, reason) = (key.to_owned(), by.to_owned(), reason.map(str::to_owned));
+        let name = self.name.clone();
+        let answer = self.run(move |conn| decide(conn, &name, &key, verdict, &by, reason.as_deref(), now));
+        Box::pin(async move { answer.await.map_err(ApprovalError::Store)? })
+    }
+
+    /// [`register_for_contract`](Self::register_for_contract) for intents that require
+    /// approval. For the store contract suite only; not public API.
+    #[cfg(feature = "store-contract")]
+    #[doc(hidden)]
+    pub fn register_awaiting_for_contract(
+        &self,
+        session: &str,
+        generation: u64,
+        keys: &[(&str, &str)],
+        now: SystemTime,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        if let Err(e) = self.check_writable() {
+            return Box::pin(async move { Err(e) });
+        }
+        let intents = crate::store::contract::approval_intents(session, generation, keys);
+        let now = ms(now);
+        self.run(move |conn| actor::write(conn, |tx| register(tx, &intents, now)))
+    }
+
     fn check_writable(&self) -> Result<(), StoreError> {
         match &self.read_only {
             Some(session) => Err(StoreError::read_only(self.name.clone(), session.clone())),
@@ -236,7 +273,7 @@ pub(super) fn register(tx: &Connection, intents: &[NewIntent], now: i64) -> rusq
         tx.prepare_cached(
             "INSERT OR IGNORE INTO outbox_members (session, key)
              SELECT ?1, ?2 WHERE EXISTS
-                 (SELECT 1 FROM outbox WHERE key = ?2 AND session <> ?1 AND status NOT IN (2, 6))",
+                 (SELECT 1 FROM outbox WHERE key = ?2 AND session <> ?1 AND status NOT IN (2, 6, 8))",
         )?
         .execute(params![&*new.intent.origin.session, key])?;
     }
@@ -266,16 +303,20 @@ fn hold_damaged(tx: &Connection, seq: i64, key: &str, detail: &str, now: i64) ->
     )?
     .execute(params![seq, format!("integrity: {detail}"), now])?;
     // The new digest, over the columns as they are now.
-    let digest = tx
+    let (values, decision) = tx
         .prepare_cached(&format!("SELECT {COLUMNS} FROM outbox WHERE seq = ?1"))?
         .query_row([seq], |row| {
             let mut values = Vec::new();
             for at in 1..=22 {
                 values.push(Value::from(row.get_ref(at)?));
             }
-            Ok(values)
+            let mut decision = Vec::new();
+            for at in 24..=27 {
+                decision.push(Value::from(row.get_ref(at)?));
+            }
+            Ok((values, decision))
         })?;
-    let digest = row::digest_values(digest.iter());
+    let digest = row::digest_values(&values, &decision);
     tx.prepare_cached("UPDATE outbox SET digest = ?2 WHERE seq = ?1")?
         .execute(params![seq, &digest[..]])?;
     Ok(())
@@ -588,22 +629,82 @@ fn record(conn: &mut Connection, outcomes: &[Recording], now: SystemTime) -> rus
 
 /// The rows a purge batch of `filter` deletes, oldest first (`?1` the cut-off, `?2` the batch
 /// size). The literal statuses let SQLite prove the predicate of a partial index: the final
-/// rows' `outbox_final`, or `outbox_cancelled`, so that a purge of cancelled rows never walks
-/// the (many) old delivered ones.
+/// rows' `outbox_final`, or `outbox_cancelled` / `outbox_rejected`, so that a purge of
+/// cancelled or rejected rows never walks the (many) old delivered ones.
 pub(super) fn purge_sql(filter: PurgeFilter) -> &'static str {
     match filter {
         PurgeFilter::Delivered => {
-            "SELECT seq, key FROM outbox WHERE status IN (2, 6) AND status = 2 AND updated_at < ?1
+            "SELECT seq, key FROM outbox WHERE status IN (2, 6, 8) AND status = 2 AND updated_at < ?1
              ORDER BY updated_at, seq LIMIT ?2"
         }
         PurgeFilter::Cancelled => {
             "SELECT seq, key FROM outbox WHERE status = 6 AND updated_at < ?1 ORDER BY updated_at, seq LIMIT ?2"
         }
+        PurgeFilter::Rejected => {
+            "SELECT seq, key FROM outbox WHERE status = 8 AND updated_at < ?1 ORDER BY updated_at, seq LIMIT ?2"
+        }
         _ => {
-            "SELECT seq, key FROM outbox WHERE status IN (2, 6) AND updated_at < ?1
+            "SELECT seq, key FROM outbox WHERE status IN (2, 6, 8) AND updated_at < ?1
              ORDER BY updated_at, seq LIMIT ?2"
         }
     }
+}
+
+/// An operator's approval or rejection of the intent `key`, in one write transaction.
+fn decide(
+    conn: &mut Connection,
+    name: &str,
+    key: &str,
+    verdict: Verdict,
+    by: &str,
+    reason: Option<&str>,
+    now: SystemTime,
+) -> rusqlite::Result<Result<Delivery, ApprovalError>> {
+    actor::write(conn, |tx| {
+        let mut row = match by_key(tx, key)? {
+            None => return Ok(Err(ApprovalError::UnknownKey(ActionKey::from(key)))),
+            Some(Read::Damaged { key, detail, .. }) => {
+                return Ok(Err(ApprovalError::Store(StoreError::integrity(name, key, detail))))
+            }
+            Some(Read::Intact(row)) => row,
+        };
+        if let Some(decision) = row.decision() {
+            return Ok(if decision.verdict == verdict {
+                Ok(row.view())
+            } else {
+                Err(ApprovalError::AlreadyDecided {
+                    key: ActionKey::from(key),
+                    verdict: decision.verdict,
+                    by: decision.by,
+                })
+            });
+        }
+        if row.status != row::AWAITING_APPROVAL {
+            return Ok(Err(ApprovalError::NotAwaiting {
+                key: ActionKey::from(key),
+                status: row.status().unwrap_or(DeliveryStatus::Held),
+            }));
+        }
+        if by.is_empty() {
+            return Ok(Err(ApprovalError::NoDecider {
+                key: ActionKey::from(key),
+            }));
+        }
+        let at = ms(now);
+        row.decision = Some(i64::from(verdict.code()));
+        row.decided_by = Some(by.to_owned());
+        row.decided_at = Some(at);
+        row.decision_reason = reason.map(str::to_owned);
+        row.settle(
+            match verdict {
+                Verdict::Approved => row::PENDING,
+                _ => row::REJECTED,
+            },
+            at,
+        );
+        row.update(tx)?;
+        Ok(Ok(row.view()))
+    })
 }
 
 /// Adds the attempt in flight in `row` (before its outcome is applied) to the history, ended
@@ -912,7 +1013,17 @@ impl OutboxStore for SqliteOutbox {
                     Some(Read::Intact(mut row)) => match row.status {
                         row::FAILED | row::DEAD | row::HELD => {
                             row.next_attempt_at = None;
-                            row.settle(row::PENDING, ms(now));
+                            // An intent that needs approval and never had one goes back to
+                            // waiting for it.
+                            let unapproved = row.requires_approval() && row.decision.is_none();
+                            row.settle(
+                                if unapproved {
+                                    row::AWAITING_APPROVAL
+                                } else {
+                                    row::PENDING
+                                },
+                                ms(now),
+                            );
                             row.update(tx)?;
                             Ok(row.view())
                         }
@@ -947,7 +1058,7 @@ impl OutboxStore for SqliteOutbox {
                     }
                     Some(Read::Intact(mut row)) => match row.status {
                         row::CANCELLED => Ok(row.view()),
-                        row::PENDING | row::FAILED | row::DEAD | row::HELD => {
+                        row::PENDING | row::FAILED | row::DEAD | row::HELD | row::AWAITING_APPROVAL => {
                             row.next_attempt_at = None;
                             row.cancel_reason = Some(reason.clone());
                             row.settle(row::CANCELLED, ms(now));
@@ -963,6 +1074,25 @@ impl OutboxStore for SqliteOutbox {
             })
         });
         Box::pin(async move { answer.await.map_err(CancelError::Store)? })
+    }
+
+    fn approve<'a>(
+        &'a self,
+        key: &'a str,
+        by: &'a str,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Delivery, ApprovalError>> {
+        self.decide(key, Verdict::Approved, by, None, now)
+    }
+
+    fn reject<'a>(
+        &'a self,
+        key: &'a str,
+        by: &'a str,
+        reason: &'a str,
+        now: SystemTime,
+    ) -> BoxFuture<'a, Result<Delivery, ApprovalError>> {
+        self.decide(key, Verdict::Rejected, by, Some(reason), now)
     }
 
     fn purge(&self, filter: PurgeFilter, before: SystemTime, limit: usize) -> BoxFuture<'_, Result<u64, StoreError>> {
@@ -1066,6 +1196,8 @@ impl OutboxStore for SqliteOutbox {
                     }
                     row::DEAD => counts.dead += n,
                     row::CANCELLED => counts.cancelled += n,
+                    row::AWAITING_APPROVAL => counts.awaiting_approval += n,
+                    row::REJECTED => counts.rejected += n,
                     // Held, and (in a damaged row) an unknown code: not delivered until an
                     // operator acts.
                     _ => counts.held += n,
@@ -1156,11 +1288,13 @@ mod tests {
         let conn = Connection::open_in_memory().unwrap();
         conn.execute_batch(schema::V2_TABLES).unwrap();
         conn.execute_batch(schema::V4_CHANGES).unwrap();
+        conn.execute_batch(schema::V5_CHANGES).unwrap();
         let params = [Value::Integer(10), Value::Integer(1000)];
         for (filter, index) in [
             (PurgeFilter::Final, "outbox_final"),
             (PurgeFilter::Delivered, "outbox_final"),
             (PurgeFilter::Cancelled, "outbox_cancelled"),
+            (PurgeFilter::Rejected, "outbox_rejected"),
         ] {
             let steps = plan(&conn, purge_sql(filter), &params);
             assert!(steps.iter().any(|s| s.contains(index)), "{filter:?}: {steps:#?}");
@@ -1176,6 +1310,7 @@ mod tests {
     fn the_read_before_a_claim_reads_the_partial_indexes() {
         let conn = Connection::open_in_memory().unwrap();
         conn.execute_batch(schema::V2_TABLES).unwrap();
+        conn.execute_batch(schema::V5_CHANGES).unwrap();
         let (sql, params) = work_sql(&Scope::all(), 0, false);
         let leases = plan(&conn, &sql, &params);
         assert!(leases.iter().any(|s| s.contains("INDEX outbox_leases")), "{leases:#?}");

@@ -6,6 +6,13 @@
 //! Every transition rewrites it; every read for a claim, a record, a renewal or a `get`
 //! checks it. (`seq` is left out so that a row's digest can be computed before SQLite
 //! numbers it; a changed `seq` only reorders claims.)
+//!
+//! The four decision columns of schema 5 (`decision`, `decided_by`, `decided_at`,
+//! `decision_reason`: an operator's approval or rejection) are digested after the others,
+//! whenever any of them is set. A row without a decision — every row an older build wrote —
+//! keeps the digest it had, so the migration to schema 5 rewrites no row; a row with one can
+//! neither lose it nor have it changed without failing its check (the encoding of each value
+//! is self-delimiting, so a row with a decision never digests like one without).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -15,13 +22,14 @@ use sha2::{Digest, Sha256};
 
 use crate::model::action::{ActionKey, Intent, Origin, PendingAction};
 use crate::model::artifact::Generation;
-use crate::model::delivery::{Delivery, DeliveryStatus, FenceToken, Lease, NewIntent};
+use crate::model::delivery::{Decision, Delivery, DeliveryStatus, FenceToken, Lease, NewIntent, Verdict};
 use crate::model::hash::{self, CommitHash};
 
 /// The columns of a row, in the order [`Row::read`] reads them.
 pub(super) const COLUMNS: &str = "seq, key, kind, session, origin_commit, origin_gen, origin_run, action_hash, bytes, \
      recorded_at, status, due_at, token, owner, lease_until, attempts, expired, interrupted, last_error, \
-     cancel_reason, updated_at, delivered_at, next_attempt_at, digest";
+     cancel_reason, updated_at, delivered_at, next_attempt_at, digest, decision, decided_by, decided_at, \
+     decision_reason";
 
 /// The digested columns: all but `seq` (first) and `digest` (last).
 const FIELDS: usize = 22;
@@ -37,6 +45,8 @@ pub(super) const FAILED: i64 = 3;
 pub(super) const DEAD: i64 = 4;
 pub(super) const HELD: i64 = 5;
 pub(super) const CANCELLED: i64 = 6;
+pub(super) const AWAITING_APPROVAL: i64 = 7;
+pub(super) const REJECTED: i64 = 8;
 
 /// Milliseconds since the Unix epoch, as the file keeps times.
 pub(super) fn ms(t: SystemTime) -> i64 {
@@ -48,6 +58,22 @@ pub(super) fn ms(t: SystemTime) -> i64 {
 /// [`FAR_FUTURE`](crate::FAR_FUTURE) (a damaged value never yields an unprintable time).
 pub(super) fn time(ms: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0)).min(crate::FAR_FUTURE)
+}
+
+fn decision_int(v: ValueRef<'_>) -> Option<Option<i64>> {
+    match v {
+        ValueRef::Null => Some(None),
+        ValueRef::Integer(i) => Some(Some(i)),
+        _ => None,
+    }
+}
+
+fn decision_text(v: ValueRef<'_>) -> Option<Option<String>> {
+    match v {
+        ValueRef::Null => Some(None),
+        ValueRef::Text(t) => std::str::from_utf8(t).ok().map(|t| Some(t.to_owned())),
+        _ => None,
+    }
 }
 
 /// One outbox row, as stored.
@@ -79,6 +105,11 @@ pub(super) struct Row {
     pub(super) updated_at: i64,
     pub(super) delivered_at: Option<i64>,
     pub(super) next_attempt_at: Option<i64>,
+    /// An operator's verdict ([`Verdict::code`]) on an intent that awaited approval.
+    pub(super) decision: Option<i64>,
+    pub(super) decided_by: Option<String>,
+    pub(super) decided_at: Option<i64>,
+    pub(super) decision_reason: Option<String>,
 }
 
 /// A row as read: whole and intact, or failing its integrity check.
@@ -132,16 +163,29 @@ fn digest<'a>(values: impl Iterator<Item = ValueRef<'a>>) -> [u8; 32] {
     h.finalize().into()
 }
 
-/// The digest of a row's digested columns as read (for a row that failed its check and is
-/// being held as it is).
-pub(super) fn digest_values<'a>(values: impl Iterator<Item = &'a rusqlite::types::Value>) -> [u8; 32] {
-    digest(values.map(ValueRef::from))
+/// The digest of a row's digested columns and its decision columns as read (for a row that
+/// failed its check and is being held as it is).
+pub(super) fn digest_values(values: &[rusqlite::types::Value], decision: &[rusqlite::types::Value]) -> [u8; 32] {
+    row_digest(values.iter().map(ValueRef::from), decision.iter().map(ValueRef::from))
+}
+
+/// The digest of a row: its digested columns, then its decision columns if any is set.
+fn row_digest<'a>(
+    values: impl Iterator<Item = ValueRef<'a>>,
+    decision: impl Iterator<Item = ValueRef<'a>> + Clone,
+) -> [u8; 32] {
+    if decision.clone().all(|v| v == ValueRef::Null) {
+        digest(values)
+    } else {
+        digest(values.chain(decision))
+    }
 }
 
 impl Row {
     /// A new row for an intent a commit registers: pending, due at `now`.
     pub(super) fn register(new: &NewIntent, now: i64) -> Row {
         let intent = &new.intent;
+        let awaiting = new.requires_approval();
         Row {
             seq: 0,
             key: intent.key.as_str().to_owned(),
@@ -153,8 +197,8 @@ impl Row {
             action_hash: new.action_hash.as_bytes().to_vec(),
             bytes: new.bytes.to_vec(),
             recorded_at: now,
-            status: PENDING,
-            due_at: Some(now),
+            status: if awaiting { AWAITING_APPROVAL } else { PENDING },
+            due_at: (!awaiting).then_some(now),
             token: 0,
             owner: None,
             lease_until: None,
@@ -166,7 +210,21 @@ impl Row {
             updated_at: now,
             delivered_at: None,
             next_attempt_at: None,
+            decision: None,
+            decided_by: None,
+            decided_at: None,
+            decision_reason: None,
         }
+    }
+
+    /// The decision columns, in [`COLUMNS`] order.
+    pub(super) fn decision_fields(&self) -> [ValueRef<'_>; 4] {
+        [
+            opt_int(self.decision),
+            opt_text(&self.decided_by),
+            opt_int(self.decided_at),
+            opt_text(&self.decision_reason),
+        ]
     }
 
     /// The digested columns, in [`COLUMNS`] order.
@@ -199,7 +257,7 @@ impl Row {
 
     /// The row's digest, as stored beside it.
     pub(super) fn digest(&self) -> [u8; 32] {
-        digest(self.fields().into_iter())
+        row_digest(self.fields().into_iter(), self.decision_fields().into_iter())
     }
 
     /// Inserts the row unless its key is there already; returns whether it was inserted.
@@ -210,14 +268,16 @@ impl Row {
             .iter()
             .copied()
             .chain([ValueRef::Blob(&digest)])
+            .chain(self.decision_fields())
             .map(ToSqlOutput::Borrowed);
         let changed = conn
             .prepare_cached(
                 "INSERT INTO outbox (key, kind, session, origin_commit, origin_gen, origin_run, action_hash, bytes,
                      recorded_at, status, due_at, token, owner, lease_until, attempts, expired, interrupted,
-                     last_error, cancel_reason, updated_at, delivered_at, next_attempt_at, digest)
+                     last_error, cancel_reason, updated_at, delivered_at, next_attempt_at, digest,
+                     decision, decided_by, decided_at, decision_reason)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
-                     ?20, ?21, ?22, ?23)
+                     ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27)
                  ON CONFLICT (key) DO NOTHING",
             )?
             .execute(rusqlite::params_from_iter(params))?;
@@ -230,7 +290,8 @@ impl Row {
             conn,
             "UPDATE outbox SET status = ?1, due_at = ?2, token = ?3, owner = ?4, lease_until = ?5, attempts = ?6,
                  expired = ?7, interrupted = ?8, last_error = ?9, cancel_reason = ?10, updated_at = ?11,
-                 delivered_at = ?12, next_attempt_at = ?13, digest = ?14
+                 delivered_at = ?12, next_attempt_at = ?13, digest = ?14,
+                 decision = ?16, decided_by = ?17, decided_at = ?18, decision_reason = ?19
              WHERE seq = ?15",
         )
     }
@@ -245,6 +306,7 @@ impl Row {
             "UPDATE outbox SET status = ?1, due_at = ?2, token = ?3, owner = ?4, lease_until = ?5, attempts = ?6,
                  expired = ?7, interrupted = ?8, last_error = ?9, cancel_reason = ?10, updated_at = ?11,
                  delivered_at = ?12, next_attempt_at = ?13, digest = ?14,
+                 decision = ?16, decided_by = ?17, decided_at = ?18, decision_reason = ?19,
                  claim_owner = ?4, claimed_at = ?11, claim_until = ?5, claim_token = ?3
              WHERE seq = ?15",
         )
@@ -252,7 +314,7 @@ impl Row {
 
     /// Runs `sql`, an update of the row by its `seq` (`?15`) with the columns a transition
     /// changes (`?1`–`?13`: the first nine never change after the insert, so SQLite leaves the
-    /// indexes of the others alone) and the new digest (`?14`).
+    /// indexes of the others alone), the new digest (`?14`) and the decision (`?16`–`?19`).
     fn write(&self, conn: &rusqlite::Connection, sql: &str) -> rusqlite::Result<()> {
         let digest = self.digest();
         let fields = self.fields();
@@ -260,6 +322,7 @@ impl Row {
             .iter()
             .copied()
             .chain([ValueRef::Blob(&digest), ValueRef::Integer(self.seq)])
+            .chain(self.decision_fields())
             .map(ToSqlOutput::Borrowed);
         conn.prepare_cached(sql)?.execute(rusqlite::params_from_iter(params))?;
         Ok(())
@@ -281,24 +344,28 @@ impl Row {
             values.push(row.get_ref(at)?);
         }
         let stored = row.get_ref(FIELDS + 1)?;
+        let mut decision = Vec::with_capacity(4);
+        for at in FIELDS + 2..FIELDS + 6 {
+            decision.push(row.get_ref(at)?);
+        }
         let damaged = |detail: String| Read::Damaged {
             seq,
             key: key.clone(),
             detail,
         };
-        if !matches!(stored, ValueRef::Blob(d) if d == digest(values.iter().copied())) {
+        if !matches!(stored, ValueRef::Blob(d) if d == row_digest(values.iter().copied(), decision.iter().copied())) {
             return Ok(damaged(
                 "the row does not match its digest (it was changed outside reactifact)".into(),
             ));
         }
-        match Row::typed(seq, &values) {
+        match Row::typed(seq, &values, &decision) {
             Some(row) => Ok(Read::Intact(row)),
             None => Ok(damaged("a column of the row has the wrong type".into())),
         }
     }
 
     /// The row from its digested columns, if each has the type it should.
-    fn typed(seq: i64, v: &[ValueRef<'_>]) -> Option<Row> {
+    fn typed(seq: i64, v: &[ValueRef<'_>], d: &[ValueRef<'_>]) -> Option<Row> {
         let text = |at: usize| match v[at] {
             ValueRef::Text(t) => std::str::from_utf8(t).ok().map(str::to_owned),
             _ => None,
@@ -344,7 +411,27 @@ impl Row {
             updated_at: int(19)?,
             delivered_at: opt_int(20)?,
             next_attempt_at: opt_int(21)?,
+            decision: decision_int(d[0])?,
+            decided_by: decision_text(d[1])?,
+            decided_at: decision_int(d[2])?,
+            decision_reason: decision_text(d[3])?,
         })
+    }
+
+    /// The decision the row records, if it records one that reads.
+    pub(super) fn decision(&self) -> Option<Decision> {
+        let verdict = Verdict::from_code(self.decision?)?;
+        Some(Decision::new(
+            verdict,
+            self.decided_by.clone().unwrap_or_default(),
+            time(self.decided_at.unwrap_or(0)),
+            self.decision_reason.clone(),
+        ))
+    }
+
+    /// Whether the row's `PendingAction` asks for approval.
+    pub(super) fn requires_approval(&self) -> bool {
+        crate::model::action::requires_approval(&self.bytes)
     }
 
     /// The status, if the code is one.
@@ -375,6 +462,9 @@ impl Row {
                 "its pending action is of kind `{}`, not `{}`",
                 action.kind, self.kind
             ));
+        }
+        if action.requires_approval && self.decision != Some(i64::from(Verdict::Approved.code())) {
+            return Err("its pending action requires approval, and the row records none".into());
         }
         Ok(action.payload)
     }
@@ -417,6 +507,7 @@ impl Row {
             next_attempt_at: self.next_attempt_at.map(time),
             token,
             cancel_reason: self.cancel_reason.clone(),
+            decision: self.decision(),
         }
     }
 

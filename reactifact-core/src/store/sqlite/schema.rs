@@ -20,6 +20,14 @@
 //!   `outbox_cancelled`, a partial index of cancelled rows for a purge of cancelled ones. None of it is in the row digest:
 //!   the history is diagnostic, and no transition reads it. Version 2 and 3 files read as
 //!   version-4 files without a history; a standalone outbox, or a writable open, migrates them.
+//! - Version 5: human approval. Four columns of `outbox` hold an operator's decision on an
+//!   intent that awaited approval (`decision`: 1 approved, 2 rejected; `decided_by`,
+//!   `decided_at`, `decision_reason`), digested with the row whenever one is set (a row
+//!   without a decision keeps its digest, so no row is rewritten); the status codes 7
+//!   (awaiting approval) and 8 (rejected, final); `outbox_final` covers rejected rows too, and
+//!   `outbox_rejected` is a partial index of them for a purge of rejected ones. Files of
+//!   versions 2 to 4 read as version-5 files without decisions (a read-only connection sees
+//!   the four columns as NULL through a temporary view); a writable open migrates them.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -36,7 +44,7 @@ use crate::store::codec;
 use crate::store::{OpenError, Synchronous};
 
 /// The schema version this build writes.
-pub(crate) const SCHEMA_VERSION: i64 = 4;
+pub(crate) const SCHEMA_VERSION: i64 = 5;
 
 /// The oldest schema version this build reads without migrating it, in a read-only open:
 /// version 3 only adds the checkpoints table, version 4 the attempt history.
@@ -155,6 +163,36 @@ pub(super) const V4_CHANGES: &str = "
         PRIMARY KEY (key, token)
     ) WITHOUT ROWID;
 ";
+
+/// The columns and indexes of version 5: the operator's decision on an intent that awaited
+/// approval.
+pub(super) const V5_CHANGES: &str = "
+    ALTER TABLE outbox ADD COLUMN decision INTEGER;
+    ALTER TABLE outbox ADD COLUMN decided_by TEXT;
+    ALTER TABLE outbox ADD COLUMN decided_at INTEGER;
+    ALTER TABLE outbox ADD COLUMN decision_reason TEXT;
+    DROP INDEX outbox_final;
+    CREATE INDEX outbox_final ON outbox (updated_at, seq) WHERE status IN (2, 6, 8);
+    CREATE INDEX outbox_rejected ON outbox (updated_at, seq) WHERE status = 8;
+";
+
+/// Whether a file of this version keeps decisions (an older one is read through a view that
+/// shows none).
+pub(super) fn has_decisions(version: i64) -> bool {
+    version >= 5
+}
+
+/// On a read-only connection to a file of versions 2 to 4: a temporary view named `outbox`
+/// (temporary objects come first in name resolution) that adds the decision columns of
+/// version 5, all NULL, so that every read of this build works on the file as it is. Nothing
+/// is written to the file.
+pub(super) fn view_older_outbox(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(
+        "CREATE TEMP VIEW IF NOT EXISTS outbox AS
+             SELECT *, NULL AS decision, NULL AS decided_by, NULL AS decided_at, NULL AS decision_reason
+             FROM main.outbox",
+    )
+}
 
 /// The tables of each version, by which a file of that version is recognised as ours.
 fn tables_of(version: i64) -> &'static [&'static str] {
@@ -299,6 +337,8 @@ pub(super) fn migrate(conn: &mut Connection, from: i64) -> Result<i64, LoadError
             tx.execute_batch(V3_TABLES)?;
             tx.execute_batch(V4_CHANGES)?;
         }
+        // (Version 1 → 2 creates the outbox with the decision columns of version 5, which
+        // its rows are written with.)
         1 => {
             migrate_1_to_2(&tx)?;
             tx.execute_batch(V3_TABLES)?;
@@ -309,10 +349,17 @@ pub(super) fn migrate(conn: &mut Connection, from: i64) -> Result<i64, LoadError
         2 => {
             tx.execute_batch(V3_TABLES)?;
             tx.execute_batch(V4_CHANGES)?;
+            tx.execute_batch(V5_CHANGES)?;
         }
         // Version 3 → 4: the attempt history, empty (attempts that ended before it are not in
         // it), and the last-claim columns, NULL until the next claim.
-        3 => tx.execute_batch(V4_CHANGES)?,
+        3 => {
+            tx.execute_batch(V4_CHANGES)?;
+            tx.execute_batch(V5_CHANGES)?;
+        }
+        // Version 4 → 5: the decision columns, NULL in every row (whose digest does not
+        // change), and the indexes of rejected rows.
+        4 => tx.execute_batch(V5_CHANGES)?,
         _ => return Ok(current),
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
@@ -367,6 +414,7 @@ struct DeliveryRow<'a> {
 /// back once it expired. Then `commits.intents` is cleared and `deliveries` dropped.
 fn migrate_1_to_2(tx: &Transaction<'_>) -> Result<(), LoadError> {
     tx.execute_batch(V2_TABLES)?;
+    tx.execute_batch(V5_CHANGES)?;
     let now = row::ms(std::time::SystemTime::now());
     let mut rows: Vec<Row> = Vec::new();
     let mut index: HashMap<String, usize> = HashMap::new();
@@ -439,6 +487,10 @@ fn migrate_1_to_2(tx: &Transaction<'_>) -> Result<(), LoadError> {
                         updated_at: at,
                         delivered_at: None,
                         next_attempt_at: None,
+                        decision: None,
+                        decided_by: None,
+                        decided_at: None,
+                        decision_reason: None,
                     });
                 }
             }
