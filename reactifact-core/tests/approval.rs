@@ -337,3 +337,39 @@ async fn a_schema_4_file_reads_as_it_is_and_migrates_to_schema_5_keeping_every_d
     let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
     assert_eq!(version, 5);
 }
+
+/// A rejection changed in the file into an approval (with the row made due) is held at the
+/// next claim; the operator's retry of the hold, as for any integrity hold, must not deliver
+/// it: the held row's decision is dropped, so it awaits a decision again.
+#[tokio::test]
+async fn a_retry_of_a_held_tampered_rejection_awaits_a_decision_and_never_delivers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let recorder = Recorder::default();
+    store_with_two_refunds(&path, &recorder).await;
+    {
+        let rt = runtime(Context::open(&path, "main").unwrap(), &recorder);
+        rt.reject("refund:order:1", "bob@ops", "no").await.unwrap();
+    }
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute(
+        "UPDATE outbox SET decision = 1, status = 0, due_at = 0 WHERE key = 'refund:order:1'",
+        [],
+    )
+    .unwrap();
+    drop(conn);
+    let mut rt = runtime(Context::open(&path, "main").unwrap(), &recorder);
+    rt.settle().await.unwrap();
+    assert!(recorder.sent().is_empty());
+    let held = rt.context().ledger().get("refund:order:1").await.unwrap().unwrap();
+    assert_eq!(held.status(), DeliveryStatus::Held);
+    assert!(held.decision().is_none(), "the untrusted decision is dropped: {held:?}");
+    assert!(
+        held.last_error().unwrap().contains("decision it held is not trusted"),
+        "{held:?}"
+    );
+    let d = rt.retry("refund:order:1").await.unwrap();
+    assert_eq!(d.status(), DeliveryStatus::AwaitingApproval, "{d:?}");
+    rt.settle().await.unwrap();
+    assert!(recorder.sent().is_empty(), "a rejected intent was delivered");
+}

@@ -82,10 +82,15 @@ pub(crate) fn set_with_digest(s: &str, alias: &str, replaced: &[(&str, &str)]) -
     set.join(", ")
 }
 
-/// The columns a hold of a damaged row `alias` sets at `$now` (a parameter).
+/// The columns a hold of a damaged row `alias` sets at `$now` (a parameter). The row's
+/// decision cannot be trusted: it is dropped (and named in the error), so that a retry of the
+/// hold puts an intent that requires approval back to awaiting it — a changed rejection never
+/// comes back approved.
 pub(crate) fn hold_set(s: &str, alias: &str, now: &str) -> String {
     let error = format!(
-        "'integrity: ' || CASE WHEN NOT {} THEN '{CHANGED}' ELSE '{REHASHED}' END",
+        "'integrity: ' || CASE WHEN NOT {} THEN '{CHANGED}' ELSE '{REHASHED}' END
+         || CASE WHEN {alias}.decision IS NULL AND {alias}.decided_by IS NULL THEN '' ELSE
+             '; the decision it held is not trusted and was dropped: approve or reject it again' END",
         intact(s, alias)
     );
     set_with_digest(
@@ -99,6 +104,10 @@ pub(crate) fn hold_set(s: &str, alias: &str, now: &str) -> String {
             ("next_attempt_at", "NULL::bigint"),
             ("last_error", &error),
             ("updated_at", now),
+            ("decision", "NULL::bigint"),
+            ("decided_by", "NULL::text"),
+            ("decided_at", "NULL::bigint"),
+            ("decision_reason", "NULL::text"),
         ],
     )
 }

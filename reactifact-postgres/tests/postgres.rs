@@ -162,7 +162,24 @@ async fn a_schema_3_store_upgrades_to_approvals_keeping_every_digest() {
     let keys: Vec<&str> = taken.claims.iter().map(|d| d.key().as_str()).collect();
     assert_eq!(keys, ["ask2"], "only the approved intent is handed out");
     assert_eq!(taken.integrity, [ActionKey::from("ask")]);
-    assert_eq!(o.get("ask").await.unwrap().unwrap().status(), DeliveryStatus::Held);
+    let held = o.get("ask").await.unwrap().unwrap();
+    assert_eq!(held.status(), DeliveryStatus::Held);
+    assert!(held.decision().is_none(), "the untrusted decision is dropped: {held:?}");
+    // The operator's retry of the hold asks for a decision again: the changed rejection never
+    // comes back approved.
+    let retried = o.retry("ask", at(5)).await.unwrap();
+    assert_eq!(retried.status(), DeliveryStatus::AwaitingApproval, "{retried:?}");
+    let taken = o
+        .claim(ClaimRequest {
+            scope: &Scope::all(),
+            limit: 10,
+            owner: &owner,
+            lease: Duration::from_secs(60),
+            now: at(6),
+        })
+        .await
+        .unwrap();
+    assert!(taken.claims.is_empty(), "{:?}", taken.claims);
 }
 
 #[tokio::test]

@@ -745,7 +745,7 @@ impl Runtime {
         self.context.outbox().retry(key, self.clock.now()).await
     }
 
-    /// Cancels a pending, failed, dead or held intent for good: it is never handed to a
+    /// Cancels a pending, failed, dead, held or awaiting-approval intent for good: it is never handed to a
     /// dispatcher again, and the ledger records `reason`. Cancelling a cancelled intent again
     /// changes nothing.
     ///

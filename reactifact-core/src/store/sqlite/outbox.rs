@@ -297,9 +297,15 @@ fn by_seq(conn: &Connection, seq: i64) -> rusqlite::Result<Option<Read>> {
 /// it is (an operator's `retry` re-arms it, and its claim checks it again).
 fn hold_damaged(tx: &Connection, seq: i64, key: &str, detail: &str, now: i64) -> rusqlite::Result<()> {
     tracing::warn!(action_key = %key, detail, "an outbox row failed its integrity check; it is held, not delivered");
+    // The row's decision cannot be trusted: it is dropped (and named in the error), so that a
+    // retry of the hold puts an intent that requires approval back to awaiting it — a changed
+    // rejection never comes back approved.
     tx.prepare_cached(
         "UPDATE outbox SET status = 5, due_at = NULL, owner = NULL, lease_until = NULL, next_attempt_at = NULL,
-             last_error = ?2, updated_at = ?3 WHERE seq = ?1",
+             last_error = ?2 || CASE WHEN decision IS NULL AND decided_by IS NULL THEN '' ELSE
+                 '; the decision it held is not trusted and was dropped: approve or reject it again' END,
+             decision = NULL, decided_by = NULL, decided_at = NULL, decision_reason = NULL,
+             updated_at = ?3 WHERE seq = ?1",
     )?
     .execute(params![seq, format!("integrity: {detail}"), now])?;
     // The new digest, over the columns as they are now.
