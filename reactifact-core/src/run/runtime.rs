@@ -745,9 +745,9 @@ impl Runtime {
         self.context.outbox().retry(key, self.clock.now()).await
     }
 
-    /// Cancels a pending, failed, dead, held or awaiting-approval intent for good: it is never handed to a
-    /// dispatcher again, and the ledger records `reason`. Cancelling a cancelled intent again
-    /// changes nothing.
+    /// Cancels a pending, failed, dead, held or awaiting-approval intent for good: it is never
+    /// handed to a dispatcher again, and the ledger records `reason`. Cancelling a cancelled
+    /// intent again changes nothing.
     ///
     /// # Errors
     /// [`CancelError::UnknownKey`] for a key the ledger does not hold,
