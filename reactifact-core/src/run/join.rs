@@ -333,6 +333,8 @@ pub(crate) struct Joins {
     /// [`Joins::already_ran`]). Derived from the log: the commits applied, and on a rebuild the
     /// held commits after the oldest queued event.
     last_run: HashMap<(usize, ArtifactId), Generation>,
+    /// The size of `last_run` after it was last pruned ([`Joins::forget_answered`]).
+    last_run_pruned: usize,
     by_slot: HashMap<(usize, usize), usize>,
     /// The commit the indexes are in step with: its generation and hash (`None` before the
     /// first); `None` before the first synchronisation.
@@ -407,7 +409,24 @@ impl Joins {
                 }
             }
         }
+        self.forget_answered(ctx.queued().next().map(|q| q.event.generation));
         self.synced = Some(now);
+    }
+
+    /// Drops the runs no queued or later event can be one that a run already answered: those
+    /// no newer than the oldest queued event (`already_ran` needs a run newer than the event's
+    /// own version), or every one when nothing is queued (later events come from later
+    /// commits). Without it `last_run` would keep an entry per trigger ever run. Runs when the
+    /// map has doubled since the last pruning: amortised O(1) per entry.
+    fn forget_answered(&mut self, oldest_queued: Option<Generation>) {
+        if self.last_run.len() < (2 * self.last_run_pruned).max(1024) {
+            return;
+        }
+        match oldest_queued {
+            Some(oldest) => self.last_run.retain(|_, ran| *ran > oldest),
+            None => self.last_run.clear(),
+        }
+        self.last_run_pruned = self.last_run.len();
     }
 
     /// Rebuilds every index from `state`: O(artifacts of the joined kinds).
