@@ -922,3 +922,40 @@ async fn a_part_merged_from_a_branch_completes_the_set_once() {
     rt.context().verify().unwrap();
     reactifact_core::testing::assert_replays(rt.context(), &[Agent::new("shop").produce(ship(&Runs::default()))]).await;
 }
+
+#[tokio::test]
+async fn a_set_split_by_a_run_budget_runs_once_while_the_record_of_runs_is_pruned() {
+    // Order 5000's set runs first (budget 1); 1,100 other sets run before its payment's event
+    // is taken (budget 1,100, which stops before order 9999's), so the runtime's record of join
+    // runs passes the size at which it forgets the runs no queued event can have been answered
+    // by: order 5000's run must survive that, and its payment must not run it again.
+    let runs = Runs::default();
+    let mut rt = runtime(Context::new("main"), ship(&runs));
+    let mut tx = rt.context_mut().transaction();
+    tx.create("order:5000", order(5_000));
+    for i in 1..=1_100 {
+        tx.create(format!("order:{i}"), order(i));
+        tx.create(format!("payment:{i}"), payment(i, i));
+    }
+    tx.create("order:9999", order(9_999))
+        .create("payment:9999", payment(9_999, 1))
+        .create("payment:x", payment(5_000, 1));
+    tx.commit().unwrap();
+    let budget = |runs| reactifact_core::Budget::default().max_runs(runs);
+    rt.run_with(budget(1)).await.unwrap();
+    assert_eq!(taken(&runs), [run_of(EventKind::Created, "order:5000", &["payment:x"])]);
+    rt.run_with(budget(1_100)).await.unwrap();
+    assert_eq!(taken(&runs).len(), 1_100);
+    rt.run().await.unwrap();
+    assert_eq!(
+        taken(&runs),
+        [run_of(EventKind::Created, "order:9999", &["payment:9999"])],
+        "payment x's event finds the set order 5000 already ran on"
+    );
+    rt.run().await.unwrap();
+    assert_eq!(taken(&runs), []);
+    // A change still runs a set again.
+    rt.context_mut().update("payment:7", payment(7, 70)).unwrap();
+    rt.run().await.unwrap();
+    assert_eq!(taken(&runs), [run_of(EventKind::Updated, "order:7", &["payment:7"])]);
+}
