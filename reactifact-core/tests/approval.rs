@@ -373,3 +373,49 @@ async fn a_retry_of_a_held_tampered_rejection_awaits_a_decision_and_never_delive
     rt.settle().await.unwrap();
     assert!(recorder.sent().is_empty(), "a rejected intent was delivered");
 }
+
+/// A serving runtime (a day between polls, on the paused clock) delivers an intent at once when
+/// a handle approves it, and never one a handle rejects.
+#[tokio::test(start_paused = true)]
+async fn a_handle_s_approval_wakes_a_serving_runtime_and_its_rejection_is_never_delivered() {
+    let recorder = Recorder::default();
+    let mut ctx = Context::new("main");
+    ctx.create("order:1", order("ada", 1200)).unwrap();
+    ctx.create("order:2", order("bob", 800)).unwrap();
+    let mut rt = runtime(ctx, &recorder);
+    let handle = rt.handle();
+    let serving = tokio::spawn(async move {
+        let report = rt.serve(std::time::Duration::from_secs(24 * 3600)).await;
+        (rt, report)
+    });
+    // Let the first turn commit both intents, awaiting approval.
+    while handle.approve("refund:order:1", "ada@ops").await.is_err() {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        handle
+            .reject("refund:order:2", "bob@ops", "duplicate")
+            .await
+            .unwrap()
+            .status(),
+        DeliveryStatus::Rejected
+    );
+    // Well before the next poll: the approval woke the runtime, which delivered it.
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert_eq!(recorder.sent(), ["refund:order:1"]);
+    assert!(matches!(
+        handle.approve("refund:order:2", "ada@ops").await,
+        Err(ApprovalError::AlreadyDecided { .. })
+    ));
+    handle.stop();
+    let (rt, report) = serving.await.unwrap();
+    report.unwrap();
+    assert_eq!(
+        recorder.sent(),
+        ["refund:order:1"],
+        "the rejected intent is never delivered"
+    );
+    let approved = rt.context().ledger().get("refund:order:1").await.unwrap().unwrap();
+    assert_eq!(approved.status(), DeliveryStatus::Delivered);
+    assert_eq!(approved.decision().map(|d| d.by.as_str()), Some("ada@ops"));
+}

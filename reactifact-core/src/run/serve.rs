@@ -1,18 +1,21 @@
 //! The runtime's long-running mode: turns run when writes arrive through a handle, when
 //! retries fall due and when leases expire, until a stop.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::model::artifact::{Artifact, ArtifactId};
+use crate::model::delivery::Delivery;
 use crate::model::patch::{Op, PutMode};
 use crate::model::relation::Relation;
-use crate::outbox::drain::instant_after;
+use crate::outbox::drain::{instant_after, Clock};
 use crate::run::runtime::{RunError, Runtime, StopHandle, TurnOutcome, MAX_CONFLICT_RETRIES};
 use crate::state::context::WriteError;
+use crate::store::outbox::{ApprovalError, CancelError, OutboxStore, RetryError};
 use crate::store::StoreError;
 
 /// A batch of writes sent to a serving runtime, and where to answer.
@@ -26,12 +29,19 @@ pub(crate) struct Submitted {
 pub(crate) struct Inbox {
     pub(crate) tx: mpsc::UnboundedSender<Submitted>,
     pub(crate) rx: mpsc::UnboundedReceiver<Submitted>,
+    /// Wakes a serving runtime for a turn: a handle changed the ledger (an approval, a retry).
+    /// A wake-up sent while it is not waiting is kept for its next wait.
+    pub(crate) wake: Arc<Notify>,
 }
 
 impl Default for Inbox {
     fn default() -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        Inbox { tx, rx }
+        Inbox {
+            tx,
+            rx,
+            wake: Arc::new(Notify::new()),
+        }
     }
 }
 
@@ -54,10 +64,25 @@ pub enum SubmitError {
 /// runtime. Cheap to clone; get one from [`Runtime::handle`].
 ///
 /// Writes sent while the runtime is not serving wait until it serves (or runs a turn).
-#[derive(Clone, Debug)]
+///
+/// It also carries the operator's decisions on the runtime's ledger — [`approve`](Self::approve),
+/// [`reject`](Self::reject), [`retry`](Self::retry), [`cancel`](Self::cancel) — which are the
+/// store's own operations (fenced, safe while any drain runs), and wake a serving runtime for
+/// a turn, so that an approved or re-armed intent goes out at once rather than at its next poll.
+#[derive(Clone)]
 pub struct RuntimeHandle {
     tx: mpsc::UnboundedSender<Submitted>,
     stop: StopHandle,
+    outbox: Arc<dyn OutboxStore>,
+    wake: Arc<Notify>,
+}
+
+impl std::fmt::Debug for RuntimeHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeHandle")
+            .field("outbox", &self.outbox.describe())
+            .finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for Submitted {
@@ -67,8 +92,55 @@ impl std::fmt::Debug for Submitted {
 }
 
 impl RuntimeHandle {
-    pub(crate) fn new(tx: mpsc::UnboundedSender<Submitted>, stop: StopHandle) -> Self {
-        RuntimeHandle { tx, stop }
+    pub(crate) fn new(
+        tx: mpsc::UnboundedSender<Submitted>,
+        stop: StopHandle,
+        outbox: Arc<dyn OutboxStore>,
+        wake: Arc<Notify>,
+    ) -> Self {
+        RuntimeHandle { tx, stop, outbox, wake }
+    }
+
+    /// Wakes the runtime for a turn once `changed` succeeded.
+    fn woken<T, E>(&self, changed: Result<T, E>) -> Result<T, E> {
+        if changed.is_ok() {
+            self.wake.notify_one();
+        }
+        changed
+    }
+
+    /// Approves an intent awaiting approval, as [`Runtime::approve`] does, and wakes a serving
+    /// runtime so that its next turn delivers it.
+    ///
+    /// # Errors
+    /// See [`OutboxStore::approve`].
+    pub async fn approve(&self, key: &str, by: &str) -> Result<Delivery, ApprovalError> {
+        self.woken(self.outbox.approve(key, by, Clock::new().now()).await)
+    }
+
+    /// Rejects an intent awaiting approval, as [`Runtime::reject`] does: it is never delivered.
+    ///
+    /// # Errors
+    /// See [`OutboxStore::reject`].
+    pub async fn reject(&self, key: &str, by: &str, reason: &str) -> Result<Delivery, ApprovalError> {
+        self.outbox.reject(key, by, reason, Clock::new().now()).await
+    }
+
+    /// Re-arms a failed, dead or held intent, as [`Runtime::retry`] does, and wakes a serving
+    /// runtime so that its next turn delivers it.
+    ///
+    /// # Errors
+    /// See [`OutboxStore::retry`].
+    pub async fn retry(&self, key: &str) -> Result<Delivery, RetryError> {
+        self.woken(self.outbox.retry(key, Clock::new().now()).await)
+    }
+
+    /// Cancels an intent for good, as [`Runtime::cancel`] does.
+    ///
+    /// # Errors
+    /// See [`OutboxStore::cancel`].
+    pub async fn cancel(&self, key: &str, reason: &str) -> Result<Delivery, CancelError> {
+        self.outbox.cancel(key, reason, Clock::new().now()).await
     }
 
     async fn submit(&self, ops: Result<Vec<Op>, crate::model::patch::EffectError>) -> Result<(), SubmitError> {
@@ -152,7 +224,12 @@ pub struct ServeReport {
 impl Runtime {
     /// A handle for other tasks to write to this runtime's context and to stop it.
     pub fn handle(&self) -> RuntimeHandle {
-        RuntimeHandle::new(self.inbox.tx.clone(), self.stop.clone())
+        RuntimeHandle::new(
+            self.inbox.tx.clone(),
+            self.stop.clone(),
+            self.context.outbox(),
+            self.inbox.wake.clone(),
+        )
     }
 
     /// Applies the writes that handles sent, each as one commit.
@@ -246,12 +323,14 @@ impl Runtime {
                 wake = wake.min(at);
             }
             let stop = self.stop.clone();
+            let woken = self.inbox.wake.clone();
             tokio::select! {
                 submitted = self.inbox.rx.recv() => {
                     if let Some(submitted) = submitted {
                         self.apply_one(submitted, &mut report).await;
                     }
                 }
+                () = woken.notified() => {}
                 () = tokio::time::sleep_until(wake) => {}
                 () = stop.requested() => {
                     stop.clear();
