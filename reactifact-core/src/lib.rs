@@ -77,8 +77,8 @@ pub use store::ledger::Ledger;
 pub use store::log_store::{Act, Append, CheckpointRow, ClaimOrder, CommitRow, LogStore, OutboxCheck, SessionRow};
 pub use store::memory::MemoryOutbox;
 pub use store::outbox::{
-    ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome,
-    Page, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts, Wakeups,
+    check_decision, ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery,
+    OutboxStore, Outcome, Page, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts, Wakeups,
 };
 pub use store::{list_sessions, SessionInfo};
 pub use store::{

@@ -20,9 +20,10 @@ use std::time::{Duration, SystemTime};
 
 use deadpool_postgres::{Object, Pool, PoolError};
 use reactifact_core::{
-    reclaimed_error, ActionKey, ApprovalError, Attempt, AttemptOutcome, BoxFuture, CancelError, ClaimRequest, Claimed,
-    Delivery, DeliveryStatus, FailedAttempt, FenceToken, LedgerQuery, NewIntent, OutboxStore, Outcome, Page,
-    PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts, StoreError, Verdict, Wakeups, ATTEMPTS_KEPT,
+    check_decision, reclaimed_error, ActionKey, ApprovalError, Attempt, AttemptOutcome, BoxFuture, CancelError,
+    ClaimRequest, Claimed, Delivery, DeliveryStatus, FailedAttempt, FenceToken, LedgerQuery, NewIntent, OutboxStore,
+    Outcome, Page, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts, StoreError, Verdict, Wakeups,
+    ATTEMPTS_KEPT,
 };
 use tokio::sync::{oneshot, watch};
 use tokio_postgres::types::ToSql;
@@ -1097,27 +1098,10 @@ impl Inner {
         let Some(row) = self.lock_intact(&tx, key).await? else {
             return Err(ApprovalError::UnknownKey(ActionKey::from(key)));
         };
-        if let Some(decision) = row.decision() {
-            return if decision.verdict == verdict {
-                Ok(row.view())
-            } else {
-                Err(ApprovalError::AlreadyDecided {
-                    key: ActionKey::from(key),
-                    verdict: decision.verdict,
-                    by: decision.by,
-                })
-            };
-        }
-        if row.status != row::AWAITING_APPROVAL {
-            return Err(ApprovalError::NotAwaiting {
-                key: ActionKey::from(key),
-                status: row.status().unwrap_or(DeliveryStatus::Held),
-            });
-        }
-        if by.is_empty() {
-            return Err(ApprovalError::NoDecider {
-                key: ActionKey::from(key),
-            });
+        // An unknown status code (only in a row that failed its check) reads as held.
+        let status = row.status().unwrap_or(DeliveryStatus::Held);
+        if !check_decision(key, status, row.decision().as_ref(), verdict, by)? {
+            return Ok(row.view());
         }
         let at = ms(now);
         let code = i64::from(verdict.code());

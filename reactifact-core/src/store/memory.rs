@@ -53,8 +53,8 @@ use crate::model::delivery::{
 };
 use crate::model::hash::ContentHash;
 use crate::store::outbox::{
-    ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome,
-    Page, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts,
+    check_decision, ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery,
+    OutboxStore, Outcome, Page, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts,
 };
 use crate::store::StoreError;
 
@@ -826,26 +826,8 @@ impl Inner {
             return Err(ApprovalError::UnknownKey(ActionKey::from(key)));
         };
         let d = &e.delivery;
-        if let Some(decision) = &d.decision {
-            if decision.verdict == verdict {
-                return Ok(d.clone());
-            }
-            return Err(ApprovalError::AlreadyDecided {
-                key: d.intent.key.clone(),
-                verdict: decision.verdict,
-                by: decision.by.clone(),
-            });
-        }
-        if d.status != DeliveryStatus::AwaitingApproval {
-            return Err(ApprovalError::NotAwaiting {
-                key: d.intent.key.clone(),
-                status: d.status,
-            });
-        }
-        if by.is_empty() {
-            return Err(ApprovalError::NoDecider {
-                key: d.intent.key.clone(),
-            });
+        if !check_decision(key, d.status, d.decision.as_ref(), verdict, by)? {
+            return Ok(d.clone());
         }
         let (_, at) = millis(now);
         self.transition(pos, now, |d| {

@@ -33,7 +33,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::model::action::ActionKey;
 use crate::model::delivery::{
-    ceil_millis, later, Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken, Verdict,
+    ceil_millis, later, Attempt, AttemptOutcome, Decision, Delivery, DeliveryStatus, FenceToken, Verdict,
 };
 use crate::store::StoreError;
 
@@ -445,6 +445,43 @@ pub enum ApprovalError {
     /// The store could not record the decision; the intent is as it was.
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// Whether an approval or rejection (`verdict`, by `by`) may be recorded on the entry of `key`,
+/// which is in `status` with `decision`: `Ok(true)` to record it; `Ok(false)` when that decision
+/// is already recorded (deciding the same way again changes nothing: the first stands); or why
+/// not. The one rule every store's [`approve`](OutboxStore::approve) and
+/// [`reject`](OutboxStore::reject) follow; for the stores, not needed to use one.
+#[doc(hidden)]
+pub fn check_decision(
+    key: &str,
+    status: DeliveryStatus,
+    decision: Option<&Decision>,
+    verdict: Verdict,
+    by: &str,
+) -> Result<bool, ApprovalError> {
+    if let Some(decision) = decision {
+        if decision.verdict == verdict {
+            return Ok(false);
+        }
+        return Err(ApprovalError::AlreadyDecided {
+            key: ActionKey::from(key),
+            verdict: decision.verdict,
+            by: decision.by.clone(),
+        });
+    }
+    if status != DeliveryStatus::AwaitingApproval {
+        return Err(ApprovalError::NotAwaiting {
+            key: ActionKey::from(key),
+            status,
+        });
+    }
+    if by.is_empty() {
+        return Err(ApprovalError::NoDecider {
+            key: ActionKey::from(key),
+        });
+    }
+    Ok(true)
 }
 
 /// An operator's [`cancel`](OutboxStore::cancel) refused to cancel an intent.

@@ -26,8 +26,8 @@ use crate::model::delivery::{
     ATTEMPTS_KEPT,
 };
 use crate::store::outbox::{
-    ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome,
-    Page, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts,
+    check_decision, ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery,
+    OutboxStore, Outcome, Page, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts,
 };
 use crate::store::{OpenError, StoreError, Synchronous};
 
@@ -674,27 +674,12 @@ fn decide(
             }
             Some(Read::Intact(row)) => row,
         };
-        if let Some(decision) = row.decision() {
-            return Ok(if decision.verdict == verdict {
-                Ok(row.view())
-            } else {
-                Err(ApprovalError::AlreadyDecided {
-                    key: ActionKey::from(key),
-                    verdict: decision.verdict,
-                    by: decision.by,
-                })
-            });
-        }
-        if row.status != row::AWAITING_APPROVAL {
-            return Ok(Err(ApprovalError::NotAwaiting {
-                key: ActionKey::from(key),
-                status: row.status().unwrap_or(DeliveryStatus::Held),
-            }));
-        }
-        if by.is_empty() {
-            return Ok(Err(ApprovalError::NoDecider {
-                key: ActionKey::from(key),
-            }));
+        // An unknown status code (only in a row that failed its check) reads as held.
+        let status = row.status().unwrap_or(DeliveryStatus::Held);
+        match check_decision(key, status, row.decision().as_ref(), verdict, by) {
+            Err(e) => return Ok(Err(e)),
+            Ok(false) => return Ok(Ok(row.view())),
+            Ok(true) => {}
         }
         let at = ms(now);
         row.decision = Some(i64::from(verdict.code()));
