@@ -40,6 +40,7 @@ pub use audit::provenance::{content_key, Provenance};
 pub use audit::replay::{testing, Difference, Divergence, ReplayError, ReplayReport};
 pub use audit::verify::{verify_log, TimeTravelError, VerifyReport};
 pub use model::action::{ActionKey, Intent, Origin, PendingAction};
+pub use model::call::{CallOutcome, RecordedCall, Usage};
 pub use model::artifact::{Artifact, ArtifactId, Generation, Kind, ReadError, Record, Version};
 pub use model::delivery::{
     reclaimed_error, Attempt, AttemptOutcome, Decision, Delivery, DeliveryParts, DeliveryStatus, FenceToken, Lease,
@@ -58,7 +59,9 @@ pub use outbox::drainer::{Drainer, DrainerBuilder};
 pub use outbox::router::{ActionCall, Router};
 pub use reactifact_macros::{produce, Artifact};
 pub use run::ask::AnswerError;
+pub use run::calls::{CallError, MissKind, ReplayMiss};
 pub use run::effects::{DeclaredOutput, Dynamic, Effects};
+pub use run::resources::{DeclaredResource, Resources};
 pub use run::produce::{
     Agent, IntoProduce, IntoProduceResult, Produce, ProduceCall, ProduceError, ProduceFailure, RunFailure,
 };
@@ -110,6 +113,6 @@ pub mod __private {
     pub use ::std::vec::Vec;
 
     pub use crate::{
-        Artifact, DeclaredOutput, EventKind, IntoProduce, IntoProduceResult, Kind, Produce, ProduceCall, ProduceError,
+        Artifact, DeclaredOutput, DeclaredResource, EventKind, IntoProduce, IntoProduceResult, Kind, Produce, ProduceCall, ProduceError,
     };
 }

@@ -11,7 +11,9 @@ use crate::model::event::EventKind;
 use crate::model::field_diff::{diff_bytes, FieldDiff};
 use crate::model::hash::ContentHash;
 use crate::model::patch::Op;
-use crate::run::generation::start_run;
+use crate::run::calls::{CallLog, Meter, ReplayMiss, Source};
+use crate::run::generation::{start_run, Run};
+use crate::run::resources::Resources;
 use crate::run::join::Joins;
 use crate::run::produce::{Agent, Produce};
 use crate::run::runtime::Runtime;
@@ -76,6 +78,10 @@ pub enum Difference {
         /// The version the run recorded.
         version: Version,
     },
+    /// A recorded call does not replay: the replayed run asked for a call the record does not
+    /// have, with another request, or did not ask for one it has (the produce, the call and
+    /// the difference are named). The replay calls nothing: it answers only from the record.
+    Call(ReplayMiss),
 }
 
 impl fmt::Display for Divergence {
@@ -118,6 +124,11 @@ impl fmt::Display for Divergence {
                 f,
                 ": the trigger is not at version {} in the snapshot the run saw",
                 version.0
+            ),
+            Difference::Call(miss) => write!(
+                f,
+                ": recorded call `{}` (#{} of that name): {}",
+                miss.call, miss.index, miss.kind
             ),
         }
     }
@@ -162,6 +173,19 @@ impl Context {
     /// generation, the artifact id and, for structured content, the differing fields;
     /// [`ReplayError::Log`] if the log does not refold.
     pub async fn replay(&self, agents: &[Agent]) -> Result<ReplayReport, ReplayError> {
+        self.replay_with(agents, &Resources::new()).await
+    }
+
+    /// [`replay`](Context::replay) with the resources the produces use
+    /// ([`ProduceCall::resource`](crate::ProduceCall::resource)). Recorded calls
+    /// ([`ProduceCall::record`](crate::ProduceCall::record)) are answered from the log only —
+    /// their closures are never called — so a resource that reaches the world (a model client)
+    /// is not used; a produce that asks for a call the log does not have, or with another
+    /// request, diverges with [`Difference::Call`].
+    ///
+    /// # Errors
+    /// As [`replay`](Context::replay).
+    pub async fn replay_with(&self, agents: &[Agent], resources: &Resources) -> Result<ReplayReport, ReplayError> {
         let mut refold = Refold::new(Checks::STATE);
         let mut report = ReplayReport { commits: 0, runs: 0 };
         let mut deleted = Deleted::default();
@@ -178,7 +202,7 @@ impl Context {
             if !produced.is_empty() {
                 let snapshot = Snapshot::new(refold.state().clone());
                 for (index, run) in produced {
-                    replay_run(agents, commit, index, run, &snapshot, &deleted, &joins).await?;
+                    replay_run(agents, resources, commit, index, run, &snapshot, &deleted, &joins).await?;
                     report.runs += 1;
                 }
                 report.commits += 1;
@@ -202,7 +226,7 @@ impl Runtime {
     /// # Errors
     /// As [`Context::replay`].
     pub async fn replay(&self) -> Result<ReplayReport, ReplayError> {
-        self.context.replay(&self.agents).await
+        self.context.replay_with(&self.agents, &self.resources).await
     }
 }
 
@@ -218,8 +242,10 @@ fn find<'a>(agents: &'a [Agent], agent: &str, produce: &str) -> Option<&'a Produ
         .find(|p| p.name() == produce)
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn replay_run(
     agents: &[Agent],
+    resources: &Resources,
     commit: &Commit,
     index: usize,
     run: &RunRecord,
@@ -279,9 +305,27 @@ async fn replay_run(
             }
         }
     };
-    let output = start_run(produce, stored, trigger.event, joined, snapshot, commit.generation)
-        .await
-        .map_err(|e| diverged(None, Difference::Failed { error: e.to_string() }))?;
+    let calls = CallLog::new(
+        produce.name_arc().clone(),
+        Source::Replay {
+            recorded: run.calls.clone(),
+        },
+        Arc::new(Meter::default()),
+    );
+    let run_input = Run {
+        trigger: stored,
+        event: trigger.event,
+        joined,
+        generation: commit.generation,
+        resources: resources.clone(),
+        calls: calls.clone(),
+    };
+    let output = start_run(produce, run_input, snapshot).await;
+    // A call that does not replay explains whatever else differs.
+    if let Some(miss) = calls.harvest().miss {
+        return Err(diverged(None, Difference::Call(miss)));
+    }
+    let output = output.map_err(|e| diverged(None, Difference::Failed { error: e.to_string() }))?;
     let recorded = &run.ops;
     let replayed = &output.ops;
     for i in 0..recorded.len().max(replayed.len()) {

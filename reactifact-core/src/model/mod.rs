@@ -5,6 +5,7 @@
 
 pub(crate) mod action;
 pub(crate) mod artifact;
+pub(crate) mod call;
 pub(crate) mod delivery;
 pub(crate) mod event;
 pub(crate) mod field_diff;

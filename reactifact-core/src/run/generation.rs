@@ -15,7 +15,10 @@ use crate::model::artifact::{Generation, Stored};
 use crate::model::event::{Event, EventKind};
 use crate::model::patch::Op;
 use crate::outbox::drain::Preclaimed;
+use crate::model::call::RecordedCall;
+use crate::run::calls::{CallLog, Exhausted, Meter, RunKey, Source};
 use crate::run::effects::Buffer;
+use crate::run::resources::Resources;
 use crate::run::join::Parts;
 use crate::run::matching::{self, Work};
 use crate::run::produce::{Produce, ProduceFailure, RunFailure, RunInput};
@@ -43,11 +46,12 @@ pub(crate) enum Step {
     Interrupted(TurnOutcome),
 }
 
-/// Runs one generation of the turn.
+/// Runs one generation of the turn; `meter` counts what the turn's calls use.
 pub(crate) async fn run(
     rt: &mut Runtime,
     remaining_runs: Option<u64>,
     deadline: Option<Instant>,
+    meter: &Arc<Meter>,
     report: &mut TurnReport,
 ) -> Result<Step, RunError> {
     let snapshot = rt.context.snapshot();
@@ -68,8 +72,19 @@ pub(crate) async fn run(
         runs = batch.work.len(),
         events = batch.events
     );
+    // Each run's calls, answered first from what an earlier attempt of the same run recorded
+    // in a generation that did not commit.
+    let logs: Vec<Arc<CallLog>> = batch
+        .work
+        .iter()
+        .map(|work| {
+            let produce = &rt.agents[work.slot.agent].produces[work.slot.produce];
+            let prior = rt.calls.take(&run_key(work));
+            CallLog::new(produce.name_arc().clone(), Source::Live { prior }, meter.clone())
+        })
+        .collect();
     let executed = {
-        let execution = execute(rt, &batch.work, &snapshot, generation).instrument(span.clone());
+        let execution = execute(rt, &batch.work, &logs, &snapshot, generation).instrument(span.clone());
         let deadline_passed = async {
             match deadline {
                 Some(d) => tokio::time::sleep_until(d).await,
@@ -84,14 +99,24 @@ pub(crate) async fn run(
         }
     };
     drop(snapshot);
+    let mut calls = Calls::harvest(rt, &batch.work, &logs, report);
     let results = match executed {
         Ok(results) => results,
         Err(outcome) => {
             tracing::info!(parent: &span, outcome = ?outcome, "generation cancelled; its events stay queued");
+            calls.keep_uncommitted(rt, &batch.work);
             return Ok(Step::Interrupted(outcome));
         }
     };
     let _entered = span.enter();
+    if let Some(exhausted) = calls.deferred {
+        tracing::info!(limit = ?exhausted, "a call found the turn's budget spent; the generation is not committed and its events stay queued");
+        calls.keep_uncommitted(rt, &batch.work);
+        return Ok(Step::Interrupted(match exhausted {
+            Exhausted::Tokens => TurnOutcome::TokensExhausted,
+            Exhausted::Cost => TurnOutcome::CostExhausted,
+        }));
+    }
 
     let isolate = rt.produce_errors == ProduceErrors::Isolate;
     let mut records = Vec::with_capacity(batch.work.len());
@@ -126,6 +151,7 @@ pub(crate) async fn run(
                     ops,
                     reads,
                     watches_reads: produce.reacts_to(EventKind::Stale),
+                    calls: calls.recorded(i),
                 });
                 record_work.push(i);
             }
@@ -133,6 +159,7 @@ pub(crate) async fn run(
         }
     }
     if !failures.is_empty() && !isolate {
+        calls.keep_uncommitted(rt, &batch.work);
         let others = failures.len() - 1;
         let first = failures.swap_remove(0);
         return Err(RunError::Produce {
@@ -157,19 +184,28 @@ pub(crate) async fn run(
                 .zip(claim)
                 .map(|(claimed, asked)| Preclaimed::new(rt.context.outbox(), claimed, asked));
             runs -= rejected.len() as u64;
+            for &i in &record_work {
+                calls.committed[i] = true;
+            }
             for (r, error) in rejected {
                 let work = &batch.work[record_work[r]];
+                calls.committed[record_work[r]] = false;
                 failures.push(failure_at(rt, work, RunFailure::Commit(error)));
             }
+            calls.keep_uncommitted(rt, &batch.work);
         }
         Err(CommitFailure::Patch(r, error)) => {
+            calls.keep_uncommitted(rt, &batch.work);
             let work = &batch.work[record_work[r]];
             return Err(RunError::Produce {
                 first: Box::new(failure_at(rt, work, RunFailure::Commit(error))),
                 others: 0,
             });
         }
-        Err(CommitFailure::Store(e)) => return Err(RunError::Store(e)),
+        Err(CommitFailure::Store(e)) => {
+            calls.keep_uncommitted(rt, &batch.work);
+            return Err(RunError::Store(e));
+        }
     }
     for failure in &failures {
         tracing::warn!(agent = %failure.agent, produce = %failure.produce, artifact_id = %failure.trigger, error = %failure.failure, "produce run isolated; its patch was dropped");
@@ -178,6 +214,66 @@ pub(crate) async fn run(
     report.runs += runs;
     report.failed_runs.extend(failures);
     Ok(Step::Committed(preclaimed))
+}
+
+/// The key of a run's answers in the runtime's [`CallCache`](crate::run::calls::CallCache).
+fn run_key(work: &Work) -> RunKey {
+    (
+        work.slot.agent,
+        work.slot.produce,
+        work.trigger.id.clone(),
+        work.trigger.version,
+        work.trigger.hash,
+        work.event,
+    )
+}
+
+/// What the runs of a generation recorded in their calls, until the generation commits or
+/// gives up.
+struct Calls {
+    /// Per work item, its calls.
+    calls: Vec<Vec<RecordedCall>>,
+    /// Per work item, whether its run was committed.
+    committed: Vec<bool>,
+    /// A call found the turn's budget spent.
+    deferred: Option<Exhausted>,
+}
+
+impl Calls {
+    /// Ends the runs' calls and counts what they used in the turn's report.
+    fn harvest(rt: &Runtime, work: &[Work], logs: &[Arc<CallLog>], report: &mut TurnReport) -> Calls {
+        let mut calls = Vec::with_capacity(logs.len());
+        let mut deferred = None;
+        for (work, log) in work.iter().zip(logs) {
+            let harvest = log.harvest();
+            if harvest.made > 0 || harvest.reused > 0 {
+                let agent = &rt.agents[work.slot.agent];
+                let produce = &agent.produces[work.slot.produce];
+                report.count_usage(&agent.name, produce.name(), harvest.spent, harvest.made, harvest.reused);
+            }
+            deferred = deferred.or(harvest.deferred);
+            calls.push(harvest.calls);
+        }
+        Calls {
+            committed: vec![false; calls.len()],
+            calls,
+            deferred,
+        }
+    }
+
+    /// Work item `i`'s calls, for its run's record.
+    fn recorded(&self, i: usize) -> Vec<RecordedCall> {
+        self.calls[i].clone()
+    }
+
+    /// Keeps the answers of the runs that did not commit, for their next attempt.
+    fn keep_uncommitted(&mut self, rt: &mut Runtime, work: &[Work]) {
+        for (i, calls) in self.calls.iter_mut().enumerate() {
+            if !self.committed[i] && !calls.is_empty() {
+                rt.calls.keep(run_key(&work[i]), std::mem::take(calls));
+            }
+        }
+    }
 }
 
 fn failure_at(rt: &Runtime, work: &Work, failure: RunFailure) -> ProduceFailure {
@@ -195,6 +291,7 @@ fn failure_at(rt: &Runtime, work: &Work, failure: RunFailure) -> ProduceFailure 
 async fn execute(
     rt: &Runtime,
     work: &[Work],
+    logs: &[Arc<CallLog>],
     snapshot: &Snapshot,
     generation: Generation,
 ) -> Vec<Result<RunOutput, RunFailure>> {
@@ -213,7 +310,7 @@ async fn execute(
                 waiting[agent].push_back(next);
             } else {
                 active[agent] += 1;
-                running.push(run_one(rt, next, &work[next], snapshot, generation));
+                running.push(run_one(rt, next, &work[next], &logs[next], snapshot, generation));
             }
             next += 1;
         }
@@ -225,7 +322,7 @@ async fn execute(
         active[agent] -= 1;
         if let Some(queued) = waiting[agent].pop_front() {
             active[agent] += 1;
-            running.push(run_one(rt, queued, &work[queued], snapshot, generation));
+            running.push(run_one(rt, queued, &work[queued], &logs[queued], snapshot, generation));
         }
     }
     results.into_iter().map(|r| r.expect("every work item ran")).collect()
@@ -235,6 +332,7 @@ fn run_one(
     rt: &Runtime,
     index: usize,
     work: &Work,
+    log: &Arc<CallLog>,
     snapshot: &Snapshot,
     generation: Generation,
 ) -> impl Future<Output = (usize, Result<RunOutput, RunFailure>)> + Send + 'static {
@@ -248,11 +346,15 @@ fn run_one(
     let run = match failed {
         None => Some(start_run(
             produce,
-            work.trigger.clone(),
-            work.event,
-            work.joined.clone(),
+            Run {
+                trigger: work.trigger.clone(),
+                event: work.event,
+                joined: work.joined.clone(),
+                generation,
+                resources: rt.resources.clone(),
+                calls: log.clone(),
+            },
             snapshot,
-            generation,
         )),
         Some(_) => None,
     };
@@ -273,24 +375,35 @@ pub(crate) struct RunOutput {
     pub(crate) reads: Vec<Read>,
 }
 
-/// Starts one run of `produce` on `trigger` against `snapshot`, catching panics; the future
-/// yields the run's patch and reads. Used by the generation loop and by the replay oracle.
+/// What one run is given, besides its produce and snapshot.
+pub(crate) struct Run {
+    pub(crate) trigger: Arc<Stored>,
+    pub(crate) event: EventKind,
+    pub(crate) joined: Option<Parts>,
+    pub(crate) generation: Generation,
+    pub(crate) resources: Resources,
+    /// Where its calls are recorded and answered from; the caller harvests it afterwards.
+    pub(crate) calls: Arc<CallLog>,
+}
+
+/// Starts one run of `produce` against `snapshot`, catching panics; the future yields the
+/// run's patch and reads. Used by the generation loop, the replay oracle and the produce test
+/// harness.
 pub(crate) fn start_run(
     produce: &Produce,
-    trigger: Arc<Stored>,
-    event: EventKind,
-    joined: Option<Parts>,
+    run: Run,
     snapshot: &Snapshot,
-    generation: Generation,
 ) -> impl Future<Output = Result<RunOutput, RunFailure>> + Send + 'static {
     let buffer = Arc::new(Mutex::new(Buffer::default()));
     let input = RunInput {
-        trigger,
-        event,
+        trigger: run.trigger,
+        event: run.event,
         snapshot: snapshot.clone(),
         buffer: buffer.clone(),
-        generation,
-        joined,
+        generation: run.generation,
+        joined: run.joined,
+        resources: run.resources,
+        calls: run.calls,
     };
     let started = std::panic::catch_unwind(AssertUnwindSafe(|| produce.start(input)));
     async move {

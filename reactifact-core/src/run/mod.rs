@@ -3,11 +3,13 @@
 //! outbox, and the timers a turn fires.
 
 pub(crate) mod ask;
+pub(crate) mod calls;
 pub(crate) mod effects;
 pub(crate) mod generation;
 pub(crate) mod join;
 pub(crate) mod matching;
 pub(crate) mod produce;
+pub(crate) mod resources;
 pub(crate) mod runtime;
 pub(crate) mod serve;
 pub(crate) mod timers;

@@ -9,8 +9,10 @@ use crate::model::artifact::{Artifact, ArtifactId, ArtifactType, Generation, Kin
 use crate::model::event::{EventKind, EventKinds};
 use crate::model::patch::EffectError;
 use crate::outbox::dispatcher::BoxError;
+use crate::run::calls::CallLog;
 use crate::run::effects::{Buffer, Dynamic, Effects};
 use crate::run::join::{JoinSpec, Parts};
+use crate::run::resources::{DeclaredResource, ResourceType, Resources};
 use crate::state::commit::CommitError;
 use crate::state::snapshot::Snapshot;
 
@@ -122,6 +124,38 @@ pub struct ProduceCall<T, D = Dynamic> {
     pub generation: Generation,
     /// For a join run, the parts it joins (see [`ProduceCall::joined`]).
     pub(crate) joined: Option<Parts>,
+    /// The runtime's resources.
+    pub(crate) resources: Resources,
+    /// The run's recorded calls.
+    pub(crate) calls: Arc<CallLog>,
+}
+
+impl<T, D> ProduceCall<T, D> {
+    /// The resource of type `R` registered on the runtime
+    /// ([`RuntimeBuilder::resource`](crate::RuntimeBuilder::resource)): a model client, its
+    /// configuration, reference data. The produce declares it
+    /// (`#[produce(.., uses = [R])]`, or [`Produce::uses`] for one built by hand), and the
+    /// runtime's builder refuses a produce whose resource nobody registered, so for a
+    /// declared resource this never fails.
+    ///
+    /// # Panics
+    /// If no `R` was registered — possible only for a produce built with [`Produce::new`] that
+    /// did not declare `R` with [`Produce::uses`]; the run then fails with the panic's message,
+    /// which names the type. [`try_resource`](ProduceCall::try_resource) does not panic.
+    pub fn resource<R: DeclaredResource<D>>(&self) -> &R {
+        match self.resources.get::<R>() {
+            Some(resource) => resource,
+            None => panic!(
+                "no resource of type `{}` is registered; register it with RuntimeBuilder::resource and declare it on the produce (`uses = [..]`)",
+                std::any::type_name::<R>()
+            ),
+        }
+    }
+
+    /// The resource of type `R`, or `None` if none was registered.
+    pub fn try_resource<R: DeclaredResource<D>>(&self) -> Option<&R> {
+        self.resources.get::<R>()
+    }
 }
 
 /// Turns what a produce function returns into the runtime's result: `()` or any
@@ -159,6 +193,8 @@ pub(crate) struct RunInput {
     pub(crate) generation: Generation,
     /// For a join run, the parts it was matched with.
     pub(crate) joined: Option<Parts>,
+    pub(crate) resources: Resources,
+    pub(crate) calls: Arc<CallLog>,
 }
 
 type Handler = dyn Fn(RunInput) -> RunFuture + Send + Sync;
@@ -204,6 +240,8 @@ pub struct Produce {
     debounce: bool,
     /// The join it declares, if any (see [`Produce::join`]).
     pub(crate) join: JoinSpec,
+    /// The resources it declares it uses.
+    uses: Vec<ResourceType>,
     handler: Arc<Handler>,
 }
 
@@ -244,6 +282,8 @@ impl Produce {
                 effects: Effects::new(input.buffer, input.snapshot),
                 generation: input.generation,
                 joined: input.joined,
+                resources: input.resources,
+                calls: input.calls,
             };
             // A join run read its parts: they are its provenance, whether it reads them again
             // or not.
@@ -262,6 +302,7 @@ impl Produce {
             events: EventKinds::DEFAULT,
             debounce: false,
             join: JoinSpec::default(),
+            uses: Vec::new(),
             handler: Arc::new(handler),
         }
     }
@@ -277,6 +318,27 @@ impl Produce {
             self.output_types.push(output);
         }
         self
+    }
+
+    /// Declares that the produce uses the resource `R` ([`ProduceCall::resource`]): the
+    /// runtime's builder refuses it unless an `R` is registered
+    /// ([`BuildError::MissingResource`](crate::BuildError::MissingResource)), naming the
+    /// produce and the type. `#[produce(.., uses = [R])]` expands to it.
+    pub fn uses<R: Send + Sync + 'static>(mut self) -> Self {
+        let ty = ResourceType::of::<R>();
+        if !self.uses.iter().any(|u| u.type_id == ty.type_id) {
+            self.uses.push(ty);
+        }
+        self
+    }
+
+    /// The type names of the resources it declares it uses, in declaration order.
+    pub fn resources(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.uses.iter().map(|u| u.name)
+    }
+
+    pub(crate) fn uses_types(&self) -> &[ResourceType] {
+        &self.uses
     }
 
     /// Runs the produce only when `condition` holds for the trigger, evaluated against the
@@ -481,6 +543,7 @@ impl std::fmt::Debug for Produce {
             .field("outputs", &self.outputs)
             .field("events", &self.events.iter().collect::<Vec<_>>())
             .field("debounce", &self.debounce)
+            .field("uses", &self.resources().collect::<Vec<_>>())
             .field(
                 "join",
                 &self

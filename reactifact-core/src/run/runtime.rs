@@ -17,9 +17,12 @@ use crate::outbox::dispatcher::{Dispatcher, ErasedDispatcher};
 use crate::outbox::drain::{
     Clock, DeliveryConfig, DeliveryErrors, DeliveryFailure, Drain, DrainError, DrainReport, Preclaimed, RetryPolicy,
 };
+use crate::model::call::Usage;
+use crate::run::calls::{CallCache, Meter};
 use crate::run::generation::{self, Slot};
 use crate::run::join::Joins;
 use crate::run::produce::{Agent, ProduceFailure};
+use crate::run::resources::Resources;
 use crate::state::context::{Context, WriteError};
 use crate::store::outbox::{ApprovalError, CancelError, RetryError, Scope};
 use crate::store::StoreError;
@@ -101,6 +104,13 @@ pub struct Budget {
     /// dispatcher finishes and is recorded; no further one starts. A deadline too far away
     /// to represent (such as `Duration::MAX`) is no deadline.
     pub deadline: Option<Duration>,
+    /// At most this many tokens (in and out) spent by the turn's recorded calls
+    /// ([`ProduceCall::record_metered`](crate::ProduceCall::record_metered)); see
+    /// [`Budget::max_tokens`].
+    pub max_tokens: Option<u64>,
+    /// At most this much cost spent by the turn's recorded calls, in the unit of
+    /// [`Usage::cost`](crate::Usage::cost); see [`Budget::max_cost`].
+    pub max_cost: Option<u64>,
 }
 
 impl Budget {
@@ -109,6 +119,8 @@ impl Budget {
         max_runs: None,
         max_generations: None,
         deadline: None,
+        max_tokens: None,
+        max_cost: None,
     };
 
     /// Sets the run limit.
@@ -126,6 +138,29 @@ impl Budget {
     /// Sets the wall-clock deadline, measured from the start of the turn.
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = Some(deadline);
+        self
+    }
+
+    /// Sets the token limit: a recorded call is made only while the turn's calls have spent
+    /// fewer than `tokens` tokens (in and out, as they report them with
+    /// [`Usage`](crate::Usage)). A call that finds the limit reached is not made; its
+    /// generation is not committed (its events stay queued, the answers its runs already got
+    /// are kept for their next attempt) and the turn ends with
+    /// [`TurnOutcome::TokensExhausted`]. A call's usage is known only when it answers, so the
+    /// calls running at once when the limit is crossed all finish: with runs executing one at
+    /// a time ([`RuntimeBuilder::max_concurrency`] of 1), the turn stops at the first run whose
+    /// call finds the limit reached. Answers reused from the record cost nothing, and
+    /// generations that make no call are not held back.
+    pub fn max_tokens(mut self, tokens: u64) -> Self {
+        self.max_tokens = Some(tokens);
+        self
+    }
+
+    /// Sets the cost limit, in the unit of [`Usage::cost`](crate::Usage::cost): as
+    /// [`max_tokens`](Budget::max_tokens), ending the turn with
+    /// [`TurnOutcome::CostExhausted`].
+    pub fn max_cost(mut self, cost: u64) -> Self {
+        self.max_cost = Some(cost);
         self
     }
 }
@@ -155,6 +190,12 @@ pub enum TurnOutcome {
     DeadlineExceeded,
     /// A [`StopHandle`] asked the turn to stop.
     Stopped,
+    /// A recorded call found [`Budget::max_tokens`] reached: it was not made, and its
+    /// generation was not committed (its events stay queued for the next turn).
+    TokensExhausted,
+    /// A recorded call found [`Budget::max_cost`] reached: as
+    /// [`TokensExhausted`](TurnOutcome::TokensExhausted).
+    CostExhausted,
 }
 
 /// What a turn did.
@@ -189,6 +230,55 @@ pub struct TurnReport {
     /// When the next timer falls due, as the turn ended ([`Runtime::next_wake_at`]): a turn
     /// does not wait for a timer that is not yet due; run another turn then (`serve` does).
     pub next_wake_at: Option<std::time::SystemTime>,
+    /// What the turn's recorded calls used, per agent and produce, in the order they first
+    /// made or reused a call: the calls made in this turn — in committed generations or not,
+    /// since what a call spent is spent — and the answers reused from an earlier attempt.
+    /// Empty when no produce recorded a call.
+    pub usage: Vec<ProduceUsage>,
+}
+
+impl TurnReport {
+    /// What all the turn's recorded calls used.
+    pub fn total_usage(&self) -> Usage {
+        self.usage.iter().fold(Usage::ZERO, |sum, u| sum + u.usage)
+    }
+
+    pub(crate) fn count_usage(&mut self, agent: &str, produce: &str, spent: Usage, made: u64, reused: u64) {
+        let at = match self.usage.iter().position(|u| u.agent == agent && u.produce == produce) {
+            Some(at) => at,
+            None => {
+                self.usage.push(ProduceUsage {
+                    agent: agent.to_owned(),
+                    produce: produce.to_owned(),
+                    usage: Usage::ZERO,
+                    calls: 0,
+                    reused: 0,
+                });
+                self.usage.len() - 1
+            }
+        };
+        let entry = &mut self.usage[at];
+        entry.usage += spent;
+        entry.calls = entry.calls.saturating_add(made);
+        entry.reused = entry.reused.saturating_add(reused);
+    }
+}
+
+/// What one produce's recorded calls used in a turn ([`TurnReport::usage`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ProduceUsage {
+    /// The agent.
+    pub agent: String,
+    /// The produce.
+    pub produce: String,
+    /// What the calls it made reported (reused answers cost nothing).
+    pub usage: Usage,
+    /// Calls made: closures called.
+    pub calls: u64,
+    /// Calls answered from an earlier attempt of the same run (a generation that did not
+    /// commit), without calling.
+    pub reused: u64,
 }
 
 /// How many conflicts in a row a turn retries when the other writer's commits change nothing
@@ -261,9 +351,26 @@ pub struct RuntimeBuilder {
     delivery: DeliveryConfig,
     max_concurrency: usize,
     budget: Budget,
+    resources: Resources,
 }
 
 impl RuntimeBuilder {
+    /// Registers a resource: a typed, shared, read-only value — a model client, its
+    /// configuration — that the produces declaring it (`#[produce(.., uses = [R])]`,
+    /// [`Produce::uses`](crate::Produce::uses)) reach with
+    /// [`ProduceCall::resource`](crate::ProduceCall::resource). One value per type; registering
+    /// a type again replaces the value.
+    pub fn resource<R: Send + Sync + 'static>(mut self, resource: R) -> Self {
+        self.resources.insert(resource);
+        self
+    }
+
+    /// Registers every resource of `resources` (replacing values of the same types).
+    pub fn resources(mut self, resources: &Resources) -> Self {
+        self.resources.extend(resources);
+        self
+    }
+
     /// Registers an agent. Agents keep registration order among equal priorities.
     pub fn agent(mut self, agent: Agent) -> Self {
         self.agents.push(agent);
@@ -351,9 +458,11 @@ impl RuntimeBuilder {
     /// [`BuildError::DuplicateAgent`] when two agents share a name;
     /// [`BuildError::DuplicateProduce`] when an agent registers two produces under one name;
     /// [`BuildError::Join`] when a produce declares join parts without a key, or a key without
-    /// parts.
+    /// parts; [`BuildError::MissingResource`] when a produce uses a resource that is not
+    /// registered.
     pub fn build(self) -> Result<Runtime, BuildError> {
         check_registrations(&self.agents)?;
+        check_resources(&self.agents, &self.resources)?;
         let mut agents = self.agents;
         // Work order is (priority, event order, registration order): a stable sort by
         // descending priority keeps registration order among equals.
@@ -390,6 +499,8 @@ impl RuntimeBuilder {
             stop: StopHandle::default(),
             turns: 0,
             inbox: Default::default(),
+            resources: self.resources,
+            calls: CallCache::default(),
         })
     }
 }
@@ -436,6 +547,32 @@ pub enum BuildError {
         /// What is missing.
         problem: &'static str,
     },
+    /// A produce uses a resource no one registered with [`RuntimeBuilder::resource`].
+    #[error("produce `{produce}` (agent `{agent}`) uses resource `{resource}`, which is not registered; register one with RuntimeBuilder::resource")]
+    MissingResource {
+        /// The agent.
+        agent: String,
+        /// The produce's name.
+        produce: String,
+        /// The resource's type name.
+        resource: &'static str,
+    },
+}
+
+/// Refuses a produce that uses a resource that is not registered.
+fn check_resources(agents: &[Agent], resources: &Resources) -> Result<(), BuildError> {
+    for agent in agents {
+        for produce in &agent.produces {
+            if let Some(missing) = produce.uses_types().iter().find(|ty| !resources.contains_type(ty)) {
+                return Err(BuildError::MissingResource {
+                    agent: agent.name().to_owned(),
+                    produce: produce.name().to_owned(),
+                    resource: missing.name,
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Refuses ambiguous registrations: duplicate agent or produce names, and two distinct types
@@ -513,6 +650,10 @@ pub struct Runtime {
     turns: u64,
     /// Writes sent through handles, for `serve`.
     pub(crate) inbox: crate::run::serve::Inbox,
+    /// What every run of the runtime reads with `ProduceCall::resource`.
+    pub(crate) resources: Resources,
+    /// The answers of runs whose generation did not commit, for their next attempt.
+    pub(crate) calls: CallCache,
 }
 
 impl Runtime {
@@ -526,6 +667,7 @@ impl Runtime {
             delivery: DeliveryConfig::default(),
             max_concurrency: 1024,
             budget: Budget::default(),
+            resources: Resources::new(),
         }
     }
 
@@ -591,7 +733,9 @@ impl Runtime {
             conflicts: 0,
             timers_fired: 0,
             next_wake_at: None,
+            usage: Vec::new(),
         };
+        let meter = Arc::new(Meter::new(budget.max_tokens, budget.max_cost));
         // Intents committed before this turn (or due for a retry) go out first.
         if let Some(outcome) = self.drain(deadline, &mut report.deliveries, None).await? {
             return Ok(self.finish(report, outcome).await);
@@ -616,7 +760,7 @@ impl Runtime {
                 return Ok(self.finish(report, TurnOutcome::GenerationsExhausted).await);
             }
             let remaining_runs = budget.max_runs.map(|max| max.saturating_sub(report.runs));
-            let step = match generation::run(self, remaining_runs, deadline, &mut report).await {
+            let step = match generation::run(self, remaining_runs, deadline, &meter, &mut report).await {
                 Err(RunError::Store(StoreError::Conflict { .. })) if idle_conflicts < MAX_CONFLICT_RETRIES => {
                     // Another writer committed to the session first: nothing of this
                     // generation was written. Take the other's commits and run it again,

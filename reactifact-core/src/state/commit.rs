@@ -5,6 +5,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::model::action::{ActionKey, Intent, Origin, PendingAction};
+use crate::model::call::RecordedCall;
 use crate::model::artifact::{ArtifactId, Generation, Kind, Stored, Version};
 use crate::model::delivery::NewIntent;
 use crate::model::event::{Emitted, Event, EventKind};
@@ -108,6 +109,12 @@ pub struct RunRecord {
     /// again on the same trigger. Part of the commit hash only when set.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub watches_reads: bool,
+    /// The calls the run recorded ([`ProduceCall::record`](crate::ProduceCall::record), the
+    /// clock and the random source), in the order it asked for them: what a retry, a resume
+    /// and a replay answer them with. Part of the commit hash (each answer by its hash), only
+    /// when there are any.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub calls: Vec<RecordedCall>,
 }
 
 impl RunRecord {
@@ -120,6 +127,7 @@ impl RunRecord {
             ops,
             reads: Vec::new(),
             watches_reads: false,
+            calls: Vec::new(),
         }
     }
 }

@@ -4,7 +4,8 @@
 //! content hash stands for them), so storage uses these mirrors. Content hashes are not
 //! stored: decoding recomputes them from the bytes. A run's reads (its provenance) are stored
 //! after its operations and left out when empty, so runs that read nothing encode as before
-//! reads were recorded and older rows decode with no reads.
+//! reads were recorded and older rows decode with no reads. Its recorded calls come after the
+//! reads (then written even when empty), left out when there are none.
 //!
 //! A checkpoint's body ([`encode_checkpoint`]) is the live state as it is held (every
 //! artifact with its version, generation, creation position, content hash and bytes; the
@@ -19,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::action::ActionKey;
 use crate::model::artifact::{ArtifactId, Generation, Kind, Stored, Version};
+use crate::model::call::{CallOutcome, RecordedCall, Usage};
 use crate::model::event::{Event, EventKind, QueuedEvent};
 use crate::model::hash::{self, CommitHash, ContentHash, StateHash};
 use crate::model::patch::{Op, PutMode};
@@ -36,8 +38,66 @@ struct RunRepr<'a> {
     trigger: Option<TriggerRepr>,
     #[serde(borrow)]
     ops: Vec<OpRepr<'a>>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    reads: Vec<(ArtifactId, Option<Version>)>,
+    /// Left out when the run read nothing and recorded no call; present (perhaps empty)
+    /// before `calls`, which is positional.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reads: Option<Vec<(ArtifactId, Option<Version>)>>,
+    #[serde(borrow, default, skip_serializing_if = "Vec::is_empty")]
+    calls: Vec<CallRepr<'a>>,
+}
+
+/// A recorded call: its name, request hash, answer (its bytes, or the error it failed with)
+/// and usage `(tokens in, tokens out, cost)`. The answer's hash is recomputed from its bytes.
+#[derive(Serialize, Deserialize)]
+struct CallRepr<'a> {
+    #[serde(borrow)]
+    name: Cow<'a, str>,
+    request: ContentHash,
+    #[serde(borrow)]
+    outcome: OutcomeRepr<'a>,
+    usage: (u64, u64, u64),
+}
+
+#[derive(Serialize, Deserialize)]
+enum OutcomeRepr<'a> {
+    Answered(#[serde(with = "serde_bytes", borrow)] Cow<'a, [u8]>),
+    Failed(#[serde(borrow)] Cow<'a, str>),
+}
+
+impl<'a> CallRepr<'a> {
+    fn of(call: &'a RecordedCall) -> Self {
+        CallRepr {
+            name: Cow::Borrowed(&call.name),
+            request: call.request,
+            outcome: match &call.outcome {
+                CallOutcome::Answered { bytes, .. } => OutcomeRepr::Answered(Cow::Borrowed(bytes)),
+                CallOutcome::Failed { error } => OutcomeRepr::Failed(Cow::Borrowed(error)),
+            },
+            usage: (call.usage.tokens_in, call.usage.tokens_out, call.usage.cost),
+        }
+    }
+
+    fn into_call(self) -> RecordedCall {
+        let (tokens_in, tokens_out, cost) = self.usage;
+        RecordedCall {
+            name: Arc::from(&*self.name),
+            request: self.request,
+            outcome: match self.outcome {
+                OutcomeRepr::Answered(bytes) => CallOutcome::Answered {
+                    hash: hash::content_hash(&bytes),
+                    bytes: Arc::from(&*bytes),
+                },
+                OutcomeRepr::Failed(error) => CallOutcome::Failed {
+                    error: error.into_owned(),
+                },
+            },
+            usage: Usage {
+                tokens_in,
+                tokens_out,
+                cost,
+            },
+        }
+    }
 }
 
 /// A run's trigger: `[id, version, hash]` as before event kinds were recorded, with a fourth
@@ -125,11 +185,18 @@ pub(crate) fn encode_runs(runs: &[RunRecord]) -> Vec<u8> {
             produce: run.produce.as_deref().map(Cow::Borrowed),
             trigger: TriggerRepr::of(run),
             ops: run.ops.iter().map(op_repr).collect(),
-            reads: run.reads.iter().map(|r| (r.id.clone(), r.version)).collect(),
+            reads: (!run.reads.is_empty() || !run.calls.is_empty())
+                .then(|| run.reads.iter().map(|r| (r.id.clone(), r.version)).collect()),
+            calls: run.calls.iter().map(CallRepr::of).collect(),
         })
         .collect();
     // The bytes dominate: start with room for them, so the buffer is not regrown and copied.
-    let bytes: usize = runs.iter().flat_map(|r| &r.ops).map(op_bytes).sum();
+    let bytes: usize = runs.iter().flat_map(|r| &r.ops).map(op_bytes).sum::<usize>()
+        + runs
+            .iter()
+            .flat_map(|r| &r.calls)
+            .map(|c| c.name.len() + c.answer_bytes().map_or(64, <[u8]>::len) + 56)
+            .sum::<usize>();
     let mut out = Vec::with_capacity(bytes + 96 * runs.len() + 64);
     rmp_serde::encode::write(&mut out, &repr).expect("runs always encode");
     out
@@ -189,10 +256,12 @@ pub(crate) fn decode_runs(bytes: &[u8]) -> Result<Vec<RunRecord>, rmp_serde::dec
                 ops: run.ops.into_iter().map(op_from).collect(),
                 reads: run
                     .reads
+                    .unwrap_or_default()
                     .into_iter()
                     .map(|(id, version)| Read { id, version })
                     .collect(),
                 watches_reads,
+                calls: run.calls.into_iter().map(CallRepr::into_call).collect(),
             }
         })
         .collect())
@@ -539,6 +608,7 @@ mod tests {
                 },
             ],
             watches_reads: false,
+            calls: Vec::new(),
         }];
         let decoded = decode_runs(&encode_runs(&runs)).unwrap();
         assert_eq!(format!("{runs:?}"), format!("{decoded:?}"));
