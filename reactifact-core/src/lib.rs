@@ -40,8 +40,8 @@ pub use audit::provenance::{content_key, Provenance};
 pub use audit::replay::{testing, Difference, Divergence, ReplayError, ReplayReport};
 pub use audit::verify::{verify_log, TimeTravelError, VerifyReport};
 pub use model::action::{ActionKey, Intent, Origin, PendingAction};
-pub use model::call::{CallOutcome, RecordedCall, Usage};
 pub use model::artifact::{Artifact, ArtifactId, Generation, Kind, ReadError, Record, Version};
+pub use model::call::{CallOutcome, RecordedCall, Usage};
 pub use model::delivery::{
     reclaimed_error, Attempt, AttemptOutcome, Decision, Delivery, DeliveryParts, DeliveryStatus, FenceToken, Lease,
     NewIntent, Verdict, ATTEMPTS_KEPT, FAR_FUTURE, MIN_LEASE,
@@ -61,10 +61,10 @@ pub use reactifact_macros::{produce, Artifact};
 pub use run::ask::AnswerError;
 pub use run::calls::{CallError, MissKind, ReplayMiss};
 pub use run::effects::{DeclaredOutput, Dynamic, Effects};
-pub use run::resources::{DeclaredResource, Resources};
 pub use run::produce::{
     Agent, IntoProduce, IntoProduceResult, Produce, ProduceCall, ProduceError, ProduceFailure, RunFailure,
 };
+pub use run::resources::{DeclaredResource, Resources};
 pub use run::runtime::{
     Budget, BuildError, FlushError, ProduceErrors, RunError, Runtime, RuntimeBuilder, StopHandle, TurnOutcome,
     TurnReport, MAX_CONFLICT_RETRIES,
@@ -113,6 +113,7 @@ pub mod __private {
     pub use ::std::vec::Vec;
 
     pub use crate::{
-        Artifact, DeclaredOutput, DeclaredResource, EventKind, IntoProduce, IntoProduceResult, Kind, Produce, ProduceCall, ProduceError,
+        Artifact, DeclaredOutput, DeclaredResource, EventKind, IntoProduce, IntoProduceResult, Kind, Produce,
+        ProduceCall, ProduceError,
     };
 }

@@ -68,7 +68,8 @@ fn draft(calls: Arc<AtomicU64>) -> Produce {
             let at_secs = call.now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
             let roll = call.rng().u64(1..=6);
             let id = call.trigger.id.to_string();
-            call.effects.upsert(format!("reply:{id}"), Reply { text, at_secs, roll });
+            call.effects
+                .upsert(format!("reply:{id}"), Reply { text, at_secs, roll });
             call.effects.act("email", format!("email:{id}"), &category);
             Ok::<(), ProduceError>(())
         }
@@ -106,9 +107,15 @@ async fn a_run_gets_its_scripted_answers_and_returns_its_effects() {
         .unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 0, "scripted answers call nothing");
     let reply = effects.get::<Reply>("reply:ticket:1").unwrap();
-    assert_eq!((reply.text.as_str(), reply.at_secs), ("We are fixing it.", 1_700_000_000));
+    assert_eq!(
+        (reply.text.as_str(), reply.at_secs),
+        ("We are fixing it.", 1_700_000_000)
+    );
     let intent = effects.intent("email:ticket:1").unwrap();
-    assert_eq!((intent.kind.as_str(), intent.payload::<String>().unwrap()), ("email", "billing".into()));
+    assert_eq!(
+        (intent.kind.as_str(), intent.payload::<String>().unwrap()),
+        ("email", "billing".into())
+    );
     assert_eq!(effects.intents().len(), 1);
     assert_eq!(effects.written::<Reply>().len(), 1);
     // The request shows what the produce sent: the snapshot and the resource went into it.
@@ -184,11 +191,14 @@ async fn a_deletion_runs_on_the_last_version_against_a_snapshot_without_it() {
     .on([EventKind::Deleted]);
     let effects = ProduceTest::new(produce)
         .trigger("ticket:1", ticket())
-        .with("reply:ticket:1", Reply {
-            text: "x".into(),
-            at_secs: 0,
-            roll: 1,
-        })
+        .with(
+            "reply:ticket:1",
+            Reply {
+                text: "x".into(),
+                at_secs: 0,
+                roll: 1,
+            },
+        )
         .event(EventKind::Deleted)
         .run()
         .await
@@ -200,8 +210,5 @@ async fn a_deletion_runs_on_the_last_version_against_a_snapshot_without_it() {
 #[should_panic(expected = "uses resource")]
 async fn a_resource_the_test_does_not_provide_is_a_mistake_in_the_test() {
     let calls = Arc::new(AtomicU64::new(0));
-    let _ = ProduceTest::new(draft(calls))
-        .trigger("ticket:1", ticket())
-        .run()
-        .await;
+    let _ = ProduceTest::new(draft(calls)).trigger("ticket:1", ticket()).run().await;
 }

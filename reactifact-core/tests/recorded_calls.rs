@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use reactifact_core::{
-    Agent, Artifact, BuildError, Budget, CallError, Context, Difference, MissKind, PendingAction, Produce, ProduceCall,
+    Agent, Artifact, Budget, BuildError, CallError, Context, Difference, MissKind, PendingAction, Produce, ProduceCall,
     ProduceError, ReplayError, Runtime, TurnOutcome, Usage,
 };
 use serde::{Deserialize, Serialize};
@@ -193,7 +193,11 @@ async fn a_retried_generation_calls_the_model_once_in_all() {
     let mut rt = runtime(tickets(3), &model, Some(Agent::new("other").produce(flaky)));
     rt.run().await.unwrap_err();
     assert_eq!(calls(&model), 3, "each triage run asked once");
-    assert_eq!(rt.context().generation().0, 3, "the failed generation was not committed");
+    assert_eq!(
+        rt.context().generation().0,
+        3,
+        "the failed generation was not committed"
+    );
 
     let report = rt.run().await.unwrap();
     assert_eq!(report.outcome, TurnOutcome::Completed);
@@ -247,7 +251,11 @@ async fn a_generation_cut_by_the_deadline_keeps_the_answers_it_got() {
         .unwrap();
     assert_eq!(report.outcome, TurnOutcome::DeadlineExceeded);
     assert_eq!(calls(&model), 2, "the second call started and was cut");
-    assert_eq!(report.total_usage().total_tokens(), 100, "the first call's usage is spent");
+    assert_eq!(
+        report.total_usage().total_tokens(),
+        100,
+        "the first call's usage is spent"
+    );
 
     let report = rt.run().await.unwrap();
     assert_eq!(report.outcome, TurnOutcome::Completed);
@@ -309,13 +317,19 @@ async fn a_changed_request_under_the_same_name_is_a_replay_miss_naming_the_call(
     assert_eq!(divergence.produce, "triage");
     match &divergence.difference {
         Difference::Call(miss) => {
-            assert_eq!((miss.produce.as_str(), miss.call.as_str(), miss.index), ("triage", "llm", 0));
+            assert_eq!(
+                (miss.produce.as_str(), miss.call.as_str(), miss.index),
+                ("triage", "llm", 0)
+            );
             assert!(matches!(miss.kind, MissKind::RequestDiffers { .. }), "{:?}", miss.kind);
         }
         other => panic!("expected a call difference, got {other:?}"),
     }
     let message = err.to_string();
-    assert!(message.contains("`llm`") && message.contains("request differs"), "{message}");
+    assert!(
+        message.contains("`llm`") && message.contains("request differs"),
+        "{message}"
+    );
     assert_eq!(calls(&model), 1, "the replay made no call");
 }
 
@@ -372,7 +386,8 @@ async fn the_recorded_answers_survive_a_reopen_of_the_sqlite_store() {
     let head = {
         let mut ctx = Context::open(&path, "support").unwrap();
         for i in 1..=3 {
-            ctx.create(format!("ticket:{i}"), Ticket { text: "refund".into() }).unwrap();
+            ctx.create(format!("ticket:{i}"), Ticket { text: "refund".into() })
+                .unwrap();
         }
         let mut rt = runtime(ctx, &model, None);
         rt.run().await.unwrap();

@@ -447,3 +447,73 @@ async fn a_refused_log_connection_is_an_error_not_a_panic() {
         .execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
         .await;
 }
+
+/// A run's recorded call is stored with its commit: a runtime on another store handle replays
+/// it from PostgreSQL without calling again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recorded_calls_are_stored_with_the_commit_and_replay_from_postgres() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let Some(url) = common::url("recorded_calls_are_stored_with_the_commit_and_replay_from_postgres") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "log_calls");
+    let schema = schemas.name();
+    let calls = Arc::new(AtomicU64::new(0));
+    let stamp = |calls: Arc<AtomicU64>| {
+        Produce::new("stamp", move |call: ProduceCall<Order>| {
+            let calls = calls.clone();
+            async move {
+                let quote: u64 = call
+                    .record("quote", &call.trigger.data.total_cents, || async {
+                        Ok::<u64, std::io::Error>(calls.fetch_add(1, Ordering::SeqCst) + 100)
+                    })
+                    .await?;
+                let at = call.now();
+                let secs = at.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
+                call.effects.upsert(
+                    format!("receipt:{}", call.trigger.id),
+                    Receipt {
+                        order: format!("{quote}@{secs}"),
+                        total_cents: call.trigger.data.total_cents,
+                    },
+                );
+                Ok::<(), ProduceError>(())
+            }
+        })
+        .creates::<Receipt>()
+    };
+    let store = open_store(&url, &schema).await;
+    let mut ctx = Context::open_store(store, "orders").await.unwrap();
+    for i in 0..3 {
+        ctx.create(format!("order:{i}"), order(i)).unwrap();
+    }
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("billing").produce(stamp(calls.clone())))
+        .build()
+        .unwrap();
+    rt.run().await.unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    drop(rt);
+
+    let again = open_store(&url, &schema).await;
+    let ctx = Context::open_store(again, "orders").await.unwrap();
+    ctx.verify().unwrap();
+    let recorded: Vec<u64> = ctx
+        .log()
+        .unwrap()
+        .iter()
+        .flat_map(|c| &c.runs)
+        .flat_map(|r| &r.calls)
+        .filter(|c| &*c.name == "quote")
+        .map(|c| c.answer::<u64>().unwrap().unwrap())
+        .collect();
+    assert_eq!(recorded.len(), 3);
+    ctx.replay(&[Agent::new("billing").produce(stamp(calls.clone()))])
+        .await
+        .unwrap();
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "the replay answered from the stored log"
+    );
+}

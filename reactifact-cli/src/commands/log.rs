@@ -1,6 +1,6 @@
 //! `log`: a session's commits, newest first.
 
-use reactifact_core::{Commit, Op, RunRecord};
+use reactifact_core::{CallOutcome, Commit, Op, RecordedCall, RunRecord};
 use serde_json::{json, Value};
 
 use super::Env;
@@ -82,6 +82,23 @@ fn summary(runs: &[RunRecord]) -> String {
         .join(", ")
 }
 
+/// A recorded call as JSON, as `Context::export_audit` writes it: its name, request hash, the
+/// answer's hash and size (never the answer) or the error it failed with, and its usage.
+fn call_json(call: &RecordedCall) -> Value {
+    let (answer, failed) = match &call.outcome {
+        CallOutcome::Answered { hash, bytes } => (Some(json!({"hash": hash.to_string(), "bytes": bytes.len()})), None),
+        CallOutcome::Failed { error } => (None, Some(error.as_str())),
+        _ => (None, None),
+    };
+    json!({
+        "name": &*call.name,
+        "request": call.request.to_string(),
+        "answer": answer,
+        "failed": failed,
+        "usage": {"tokens_in": call.usage.tokens_in, "tokens_out": call.usage.tokens_out, "cost": call.usage.cost},
+    })
+}
+
 /// One operation as JSON.
 pub fn op_json(op: &Op) -> Value {
     match op {
@@ -114,6 +131,7 @@ fn commit_json(c: &Commit) -> Value {
                 "trigger": r.trigger.as_ref().map(|t| json!({"id": t.id.as_str(), "version": t.version.0, "hash": t.hash.to_string()})),
                 "ops": r.ops.iter().map(op_json).collect::<Vec<_>>(),
                 "reads": r.reads.iter().map(|read| json!({"id": read.id.as_str(), "version": read.version.map(|v| v.0)})).collect::<Vec<_>>(),
+                "calls": r.calls.iter().map(call_json).collect::<Vec<_>>(),
             })
         })
         .collect();

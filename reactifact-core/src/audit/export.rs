@@ -5,6 +5,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
+use crate::model::call::{CallOutcome, RecordedCall};
 use crate::model::delivery::Delivery;
 use crate::model::patch::{Op, PutMode};
 use crate::state::commit::Commit;
@@ -50,8 +51,10 @@ impl Context {
     /// the run that created it the `delivery` from the ledger: `status`, `attempts`,
     /// `last_error`, timestamps in seconds since the Unix epoch, and the operator's
     /// `decision` on an intent that required approval (`verdict` `approved` or `rejected`,
-    /// `by`, `at` in seconds, `reason`; `null` for none). Hashes are lowercase hex. Returns the
-    /// number of lines.
+    /// `by`, `at` in seconds, `reason`; `null` for none), and `calls`, its recorded calls
+    /// (`name`, `request` hash, `answer` with its `hash` and size in `bytes` — never the answer
+    /// itself — or the error it `failed` with, and its `usage`: `tokens_in`, `tokens_out`,
+    /// `cost`). Hashes are lowercase hex. Returns the number of lines.
     ///
     /// ```
     /// # use reactifact_core::{Artifact, Context};
@@ -155,6 +158,7 @@ impl Context {
                     })).collect::<Vec<_>>(),
                     "writes": writes,
                     "intents": intents,
+                    "calls": run.calls.iter().map(call_json).collect::<Vec<_>>(),
                 })
             })
             .collect();
@@ -167,4 +171,20 @@ impl Context {
             "runs": runs,
         })
     }
+}
+
+/// A recorded call as exported: its name, request hash, answer hash and size (never the
+/// answer), or its error, and its usage.
+fn call_json(call: &RecordedCall) -> Value {
+    let (answer, failed) = match &call.outcome {
+        CallOutcome::Answered { hash, bytes } => (Some(json!({"hash": hash.to_string(), "bytes": bytes.len()})), None),
+        CallOutcome::Failed { error } => (None, Some(error.as_str())),
+    };
+    json!({
+        "name": &*call.name,
+        "request": call.request.to_string(),
+        "answer": answer,
+        "failed": failed,
+        "usage": {"tokens_in": call.usage.tokens_in, "tokens_out": call.usage.tokens_out, "cost": call.usage.cost},
+    })
 }

@@ -199,9 +199,15 @@ impl Meter {
 
     /// The limit that is reached, if one is: a call starts only while neither is.
     pub(crate) fn exhausted(&self) -> Option<Exhausted> {
-        if self.max_tokens.is_some_and(|max| self.tokens.load(Ordering::Relaxed) >= max) {
+        if self
+            .max_tokens
+            .is_some_and(|max| self.tokens.load(Ordering::Relaxed) >= max)
+        {
             Some(Exhausted::Tokens)
-        } else if self.max_cost.is_some_and(|max| self.cost.load(Ordering::Relaxed) >= max) {
+        } else if self
+            .max_cost
+            .is_some_and(|max| self.cost.load(Ordering::Relaxed) >= max)
+        {
             Some(Exhausted::Cost)
         } else {
             None
@@ -705,7 +711,9 @@ impl<T, D> ProduceCall<T, D> {
         Fut: Future<Output = Result<A, E>>,
     {
         self.calls
-            .call(name, request, || async move { call().await.map(|answer| (answer, Usage::ZERO)) })
+            .call(name, request, || async move {
+                call().await.map(|answer| (answer, Usage::ZERO))
+            })
             .await
     }
 

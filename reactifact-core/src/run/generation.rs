@@ -12,16 +12,16 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::model::artifact::{Generation, Stored};
+use crate::model::call::RecordedCall;
 use crate::model::event::{Event, EventKind};
 use crate::model::patch::Op;
 use crate::outbox::drain::Preclaimed;
-use crate::model::call::RecordedCall;
 use crate::run::calls::{CallLog, Exhausted, Meter, RunKey, Source};
 use crate::run::effects::Buffer;
-use crate::run::resources::Resources;
 use crate::run::join::Parts;
 use crate::run::matching::{self, Work};
 use crate::run::produce::{Produce, ProduceFailure, RunFailure, RunInput};
+use crate::run::resources::Resources;
 use crate::run::runtime::{ProduceErrors, RunError, Runtime, TurnOutcome, TurnReport};
 use crate::state::commit::{Read, RunRecord, TriggerRef};
 use crate::state::context::{CommitFailure, GenerationCommit};
@@ -355,10 +355,7 @@ fn run_one(
 }
 
 /// Refuses a run's output that creates a kind its produce does not declare.
-pub(crate) fn check_outputs(
-    produce: &Produce,
-    result: Result<RunOutput, RunFailure>,
-) -> Result<RunOutput, RunFailure> {
+pub(crate) fn check_outputs(produce: &Produce, result: Result<RunOutput, RunFailure>) -> Result<RunOutput, RunFailure> {
     let output = result?;
     match output
         .ops

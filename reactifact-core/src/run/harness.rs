@@ -299,9 +299,9 @@ impl RunEffects {
     /// If the bytes written do not decode as `T` (its kind matched).
     pub fn get<T: Artifact>(&self, id: &str) -> Option<T> {
         self.ops.iter().rev().find_map(|op| match op {
-            Op::Put { id: at, kind, bytes, .. } if at.as_str() == id && *kind == Kind::of::<T>() => {
-                Some(decode_written(at, bytes))
-            }
+            Op::Put {
+                id: at, kind, bytes, ..
+            } if at.as_str() == id && *kind == Kind::of::<T>() => Some(decode_written(at, bytes)),
             _ => None,
         })
     }
@@ -314,7 +314,9 @@ impl RunEffects {
         self.ops
             .iter()
             .filter_map(|op| match op {
-                Op::Put { id, kind, bytes, .. } if *kind == Kind::of::<T>() => Some((id.clone(), decode_written(id, bytes))),
+                Op::Put { id, kind, bytes, .. } if *kind == Kind::of::<T>() => {
+                    Some((id.clone(), decode_written(id, bytes)))
+                }
                 _ => None,
             })
             .collect()

@@ -11,13 +11,13 @@ use tracing::Instrument;
 
 use crate::model::action::PendingAction;
 use crate::model::artifact::{ArtifactType, Kind};
+use crate::model::call::Usage;
 use crate::model::delivery::Delivery;
 use crate::model::timer::Timer;
 use crate::outbox::dispatcher::{Dispatcher, ErasedDispatcher};
 use crate::outbox::drain::{
     Clock, DeliveryConfig, DeliveryErrors, DeliveryFailure, Drain, DrainError, DrainReport, Preclaimed, RetryPolicy,
 };
-use crate::model::call::Usage;
 use crate::run::calls::{CallCache, Meter};
 use crate::run::generation::{self, Slot};
 use crate::run::join::Joins;

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::model::action::{ActionKey, Intent, Origin, PendingAction};
-use crate::model::call::RecordedCall;
 use crate::model::artifact::{ArtifactId, Generation, Kind, Stored, Version};
+use crate::model::call::RecordedCall;
 use crate::model::delivery::NewIntent;
 use crate::model::event::{Emitted, Event, EventKind};
 use crate::model::hash::{CommitHash, ContentHash, HashWriter, StateHash};
