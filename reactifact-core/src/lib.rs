@@ -88,6 +88,10 @@ pub use store::{
     BackendError, OpenError, OpenOptions, SqliteOutbox, StoreError, Synchronous, DEFAULT_CHECKPOINT_EVERY,
 };
 
+/// The random number generator [`ProduceCall::rng`] returns is `fastrand`'s, re-exported so
+/// that you can name its type without depending on the crate yourself.
+pub use fastrand;
+
 /// The store contract suite: checks every [`OutboxStore`] must pass, written once and run
 /// against each store (memory, SQLite, and stores of other crates). Not public API; enabled by
 /// the `store-contract` feature.

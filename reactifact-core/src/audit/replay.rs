@@ -438,6 +438,7 @@ fn describe(op: Option<&Op>) -> String {
 pub mod testing {
     pub use crate::run::harness::{ProduceTest, RunEffects};
     use crate::run::produce::Agent;
+    use crate::run::resources::Resources;
     use crate::state::context::Context;
 
     /// Replays `ctx`'s log with `agents` ([`Context::replay`]) and panics with the first
@@ -457,6 +458,17 @@ pub mod testing {
     /// On the first divergence, or if the log does not refold.
     pub async fn assert_replays(ctx: &Context, agents: &[Agent]) {
         if let Err(e) = ctx.replay(agents).await {
+            panic!("{e}");
+        }
+    }
+
+    /// [`assert_replays`] with the resources the produces use
+    /// ([`Context::replay_with`]).
+    ///
+    /// # Panics
+    /// As [`assert_replays`].
+    pub async fn assert_replays_with(ctx: &Context, agents: &[Agent], resources: &Resources) {
+        if let Err(e) = ctx.replay_with(agents, resources).await {
             panic!("{e}");
         }
     }

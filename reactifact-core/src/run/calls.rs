@@ -50,7 +50,7 @@ pub enum CallError {
     /// answer no longer decodes as the type asked for; the replay oracle reports it as a
     /// divergence ([`Difference::Call`](crate::Difference::Call)).
     #[error(transparent)]
-    Miss(#[from] ReplayMiss),
+    Miss(Box<ReplayMiss>),
     /// The turn's [`Budget::max_tokens`](crate::Budget::max_tokens) or
     /// [`Budget::max_cost`](crate::Budget::max_cost) is spent, so the call was not made. The
     /// generation is not committed (whatever the produce does with this error): the turn ends
@@ -96,6 +96,12 @@ pub enum CallError {
         /// The name asked for.
         call: String,
     },
+}
+
+impl From<ReplayMiss> for CallError {
+    fn from(miss: ReplayMiss) -> Self {
+        CallError::Miss(Box::new(miss))
+    }
 }
 
 /// A call a replay (or a test script) could not answer from its record.
@@ -153,10 +159,13 @@ pub(crate) enum Source {
     Script(Script),
 }
 
+/// The answers scripted for one call name, in order: their encodings and usage.
+pub(crate) type Scripted = VecDeque<(Arc<[u8]>, Usage)>;
+
 /// What the produce test harness answers calls with.
 #[derive(Clone, Default)]
 pub(crate) struct Script {
-    pub(crate) answers: HashMap<Arc<str>, VecDeque<(Arc<[u8]>, Usage)>>,
+    pub(crate) answers: HashMap<Arc<str>, Scripted>,
     /// Calls without a scripted answer call their closure instead of missing.
     pub(crate) call_through: bool,
     pub(crate) now: Option<SystemTime>,
@@ -516,7 +525,7 @@ impl CallLog {
 impl Inner {
     fn missed(&mut self, miss: ReplayMiss) -> Asked {
         self.miss.get_or_insert_with(|| miss.clone());
-        Asked::Refused(CallError::Miss(miss))
+        Asked::Refused(miss.into())
     }
 }
 
@@ -568,7 +577,7 @@ impl CallLog {
         let slot = match self.ask(name, request, &request_bytes, metered) {
             Asked::Answered(bytes) => {
                 return rmp_serde::from_slice(&bytes).map_err(|e| match self.replaying() {
-                    true => CallError::Miss(self.undecodable(name, e.to_string())),
+                    true => self.undecodable(name, e.to_string()).into(),
                     // A reused answer that no longer decodes (the type changed between two
                     // attempts in one process): reported, not called again.
                     false => CallError::Answer {

@@ -1,7 +1,6 @@
 //! The produce test harness: one produce run against a given trigger, snapshot and
 //! resources, with scripted answers to its recorded calls — no runtime, store or dispatcher.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -153,7 +152,7 @@ impl ProduceTest {
         self.script
             .answers
             .entry(Arc::from(name))
-            .or_insert_with(VecDeque::new)
+            .or_default()
             .push_back((bytes.into(), usage));
         self
     }
