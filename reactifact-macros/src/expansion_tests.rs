@@ -257,7 +257,7 @@ fn a_value_that_is_not_a_type_in_uses_is_reported() {
     let errors = compile_errors(&file);
     assert_eq!(errors.len(), 1, "{errors:?}");
     assert!(
-        errors[0].starts_with("`uses` lists the resource types the produce reads: `uses = [Model, Config]`"),
+        errors[0].starts_with("expected a resource type: `uses` lists the types the produce reads"),
         "{errors:?}"
     );
     assert!(text(&file).contains("async fn run"));

@@ -121,12 +121,12 @@ impl Parse for RawArg {
             "uses" => {
                 let content;
                 bracketed!(content in input);
+                // syn's own message lists every token a type may start with; say what belongs here.
                 let types = Punctuated::parse_terminated(&content).map_err(|e| {
                     syn::Error::new(
                         e.span(),
-                        format_args!(
-                            "`uses` lists the resource types the produce reads: `uses = [Model, Config]`; {e}"
-                        ),
+                        "expected a resource type: `uses` lists the types the produce reads, separated by commas, \
+                         e.g. `uses = [ModelConfig, Prompt]`",
                     )
                 })?;
                 RawArg::Uses { key, types }
