@@ -202,6 +202,7 @@ use proc_macro2::TokenStream as TokenStream2;
 /// | ``resource `Config` is declared twice on produce `p` `` | a type listed twice in `uses` |
 /// | `expected a resource type: …` | something other than a type in `uses = [..]` |
 /// | ``name the resource type of produce `p` without `&` …`` | `uses = [&Config]`; `call.resource` already lends it |
+/// | ``` `Cell<u64>` cannot be shared between threads safely ``` | a resource that is not `Send + Sync`: every run shares it |
 /// | `the primary output comes first` | a bare type after an option |
 /// | ``the trait bound `Refund: Artifact` is not satisfied`` | a trigger or output type without `#[derive(Artifact)]` |
 #[proc_macro_attribute]
