@@ -51,7 +51,7 @@ pub(crate) struct Invalid {
 /// The options `#[produce]` accepts, for messages.
 const OPTIONS: &str =
     "`also_creates = [..]`, `uses = [..]`, `name = \"…\"`, `when = <condition>`, `on = [..]`, `debounce`, `stale`, \
-                       `key = <key>`, `join(P, key = ..)`, `absent(P, key = ..)` or `crate = path`";
+     `key = <key>`, `join(P, key = ..)`, `absent(P, key = ..)` or `crate = path`";
 
 /// Every option's name, for "did you mean" hints.
 const OPTION_NAMES: &[&str] = &[
