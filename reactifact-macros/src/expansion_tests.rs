@@ -123,12 +123,13 @@ fn flat_tokens(tokens: TokenStream, out: &mut Vec<String>) {
 
 #[test]
 fn generated_code_names_the_runtime_only_through_private() {
-    let file = order_produce();
     let mut tokens = Vec::new();
-    // Everything but the user's own function, which is item 1.
-    for (i, item) in file.items.iter().enumerate() {
-        if i != 1 {
-            flat_tokens(item.to_token_stream(), &mut tokens);
+    for file in [order_produce(), model_produce()] {
+        // Everything but the user's own function, which is item 1.
+        for (i, item) in file.items.iter().enumerate() {
+            if i != 1 {
+                flat_tokens(item.to_token_stream(), &mut tokens);
+            }
         }
     }
     let runtime_names = [
@@ -142,6 +143,7 @@ fn generated_code_names_the_runtime_only_through_private() {
         "Kind",
         "IntoProduce",
         "DeclaredOutput",
+        "DeclaredResource",
     ];
     for (at, token) in tokens.iter().enumerate() {
         if runtime_names.contains(&token.as_str()) {
@@ -149,6 +151,116 @@ fn generated_code_names_the_runtime_only_through_private() {
             assert_eq!(path, ["__private", ":", ":"], "`{token}` is named without `__private`");
         }
     }
+}
+
+/// A produce that uses two resources.
+fn model_produce() -> syn::File {
+    produce(
+        quote!(Summary, uses = [Model, config::Config]),
+        quote! {
+            async fn summarise(call: ProduceCall<Order>) {
+                let _ = call.resource::<Model>();
+            }
+        },
+    )
+}
+
+#[test]
+fn uses_declares_each_resource_on_the_registration_and_as_an_impl() {
+    let file = model_produce();
+    assert!(compile_errors(&file).is_empty());
+    let registration = text(&file.items[2]);
+    assert!(
+        registration.contains(
+            "summarise :: run) . creates :: < Summary > () . uses :: < Model > () . uses :: < config :: Config > ()"
+        ),
+        "{registration}"
+    );
+    let declarations: Vec<String> = file.items[3..].iter().map(text).collect();
+    assert_eq!(
+        declarations,
+        [
+            "impl :: reactifact_core :: __private :: DeclaredOutput < summarise > for Summary { }",
+            "impl :: reactifact_core :: __private :: DeclaredResource < summarise > for Model { }",
+            "impl :: reactifact_core :: __private :: DeclaredResource < summarise > for config :: Config { }",
+        ]
+    );
+
+    // Without `uses`, or with an empty list, the produce declares no resource.
+    for file in [
+        order_produce(),
+        produce(
+            quote!(Summary, uses = []),
+            quote!(
+                async fn summarise(call: ProduceCall<Order>) {}
+            ),
+        ),
+    ] {
+        assert!(compile_errors(&file).is_empty());
+        let all = text(&file);
+        assert!(!all.contains(". uses") && !all.contains("DeclaredResource"), "{all}");
+    }
+}
+
+#[test]
+fn uses_carries_the_produces_cfg_to_each_resource_impl() {
+    let file = produce(
+        quote!(uses = [Model]),
+        quote! {
+            #[cfg(feature = "models")]
+            async fn summarise(call: ProduceCall<Order>) {}
+        },
+    );
+    let resource = file
+        .items
+        .iter()
+        .find(|item| text(item).contains("DeclaredResource"))
+        .expect("the resource impl");
+    assert!(
+        text(resource).starts_with("# [cfg (feature = \"models\")] impl"),
+        "{}",
+        text(resource)
+    );
+}
+
+#[test]
+fn bad_resources_are_each_reported() {
+    let file = produce(
+        quote!(uses = [Model, &Config, _, Model], uses = [Config]),
+        quote!(
+            async fn summarise(call: ProduceCall<Order>) {}
+        ),
+    );
+    assert_eq!(
+        compile_errors(&file),
+        [
+            "name the resource type of produce `summarise` without `&`: `uses = [Config]`; `call.resource` already lends it",
+            "name the resource type of produce `summarise`: `uses = [ModelConfig]`, not `_`",
+            "resource `Model` is declared twice on produce `summarise`; remove this one",
+            "duplicate option `uses`; give it once",
+        ]
+    );
+    // The resources that could be read are still declared, so the body's uses type-check.
+    let all = text(&file);
+    assert!(all.contains("DeclaredResource < summarise > for Model"), "{all}");
+    assert!(!all.contains("for & Config") && !all.contains("for _"), "{all}");
+}
+
+#[test]
+fn a_value_that_is_not_a_type_in_uses_is_reported() {
+    let file = produce(
+        quote!(uses = [Model, "config"]),
+        quote!(
+            async fn summarise(call: ProduceCall<Order>) {}
+        ),
+    );
+    let errors = compile_errors(&file);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].starts_with("expected a resource type: `uses` lists the types the produce reads"),
+        "{errors:?}"
+    );
+    assert!(text(&file).contains("async fn run"));
 }
 
 #[test]
@@ -277,6 +389,17 @@ fn on_error_the_function_is_still_emitted_under_its_names() {
     assert!(all.contains("fn process_order () -> :: reactifact_core :: __private :: Produce"));
     // The declared types are still named, so their imports stay used.
     assert!(all.contains("DeclaredOutput < process_order > for Receipt"));
+
+    // So are its resources: the body's `call.resource::<Model>()` still type-checks them.
+    let file = produce(
+        quote!(Receipt, uses = [Model]),
+        quote!(
+            fn process_order(call: ProduceCall<Order>) {}
+        ),
+    );
+    assert_eq!(compile_errors(&file).len(), 1);
+    assert!(text(&file)
+        .contains("impl :: reactifact_core :: __private :: DeclaredResource < process_order > for Model { }"));
 }
 
 #[test]

@@ -57,20 +57,25 @@ use proc_macro2::TokenStream as TokenStream2;
 /// - an implementation of `DeclaredOutput<process_order>` for each declared type. The
 ///   parameter's `effects` is typed by these declarations, so `create`, `upsert` and
 ///   `create_once` of any other type — or `act` without `PendingAction` declared — is a compile
-///   error. `update`, `delete`, `link` and `unlink` need no declaration.
+///   error. `update`, `delete`, `link` and `unlink` need no declaration;
+/// - with `uses = [Model]`, an implementation of `DeclaredResource<process_order>` for each
+///   resource, and `.uses::<Model>()` on the registration: `call.resource::<Model>()` compiles
+///   for these types only, and the runtime's builder refuses the produce unless a `Model` is
+///   registered (`RuntimeBuilder::resource`).
 ///
 /// The body stays reachable as `process_order::run`, with its parameter typed
 /// `ProduceCall<Order, process_order>`.
 ///
 /// # Options
 ///
-/// `#[produce(Primary, also_creates = [A, B], name = "…", when = condition, crate = path)]`,
+/// `#[produce(Primary, also_creates = [A, B], uses = [R], name = "…", when = condition, crate = path)]`,
 /// every part optional, the primary output first:
 ///
 /// | option | meaning |
 /// | --- | --- |
 /// | `Primary` | the main output type, e.g. `Receipt` |
 /// | `also_creates = [A, B]` | further output types; `PendingAction` to record intents with `act` |
+/// | `uses = [R, S]` | the resources the produce reads with `call.resource::<R>()`: any `Send + Sync + 'static` types registered on the runtime (`[]` declares none) |
 /// | `name = "…"` | the registered name (default: the function's name); it appears in logs, errors and the commit log |
 /// | `when = condition` | runs the produce only when `condition(&Snapshot, &Record<T>) -> bool` holds: a closure or a function path |
 /// | `crate = path` | where `reactifact-core` is, for crates that re-export it (default `::reactifact_core`) |
@@ -120,6 +125,38 @@ use proc_macro2::TokenStream as TokenStream2;
 /// # let _ = agent;
 /// ```
 ///
+/// A produce that reads a resource registered on the runtime; without one, the runtime is not
+/// built:
+///
+/// ```
+/// use reactifact_core::{produce, Agent, Artifact, BuildError, Context, ProduceCall, Runtime};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize, Artifact)]
+/// struct Ticket { text: String }
+/// #[derive(Serialize, Deserialize, Artifact)]
+/// struct Triage { queue: String }
+///
+/// struct Routing { default_queue: String }
+///
+/// #[produce(Triage, uses = [Routing])]
+/// async fn triage(call: ProduceCall<Ticket>) {
+///     let queue = call.resource::<Routing>().default_queue.clone();
+///     call.effects.create(format!("triage:{}", call.trigger.id), Triage { queue });
+/// }
+///
+/// let refused = Runtime::builder(Context::new("support"))
+///     .agent(Agent::new("support").produce(triage))
+///     .build();
+/// assert!(matches!(refused, Err(BuildError::MissingResource { .. })));
+///
+/// let built = Runtime::builder(Context::new("support"))
+///     .resource(Routing { default_queue: "general".into() })
+///     .agent(Agent::new("support").produce(triage))
+///     .build();
+/// assert!(built.is_ok());
+/// ```
+///
 /// # Errors you may see
 ///
 /// Writing a type the produce did not declare:
@@ -134,7 +171,18 @@ use proc_macro2::TokenStream as TokenStream2;
 ///
 /// The fix is in the note: add the type to the declaration, e.g.
 /// `#[produce(Receipt, also_creates = [Invoice])]`. `act` without `PendingAction` declared
-/// reports `PendingAction` the same way.
+/// reports `PendingAction` the same way. Reading a resource the produce did not declare reads
+/// alike:
+///
+/// ```text
+/// error[E0277]: `Prompt` is not a declared resource of produce `summarise`
+///   --> src/writer.rs:25:34
+///    |
+/// 25 |     let prompt = call.resource::<Prompt>().text;
+///    |                       --------   ^^^^^^ produce `summarise` does not declare it uses `Prompt`
+///    |
+///    = note: declare it on the produce: `#[produce(.., uses = [Prompt])]`
+/// ```
 ///
 /// Each of these is reported on the offending token, all in one build, and the function is
 /// still emitted so that the rest of the crate keeps compiling:
@@ -151,6 +199,10 @@ use proc_macro2::TokenStream as TokenStream2;
 /// | ``unknown option `also_create` (did you mean `also_creates`?)`` | a misspelt option |
 /// | ``duplicate option `name` `` | an option given twice |
 /// | ``` `Receipt` is declared twice on produce `p` ``` | a type listed twice among the outputs |
+/// | ``resource `Config` is declared twice on produce `p` `` | a type listed twice in `uses` |
+/// | `expected a resource type: …` | something other than a type in `uses = [..]` |
+/// | ``name the resource type of produce `p` without `&` …`` | `uses = [&Config]`; `call.resource` already lends it |
+/// | ``` `Cell<u64>` cannot be shared between threads safely ``` | a resource that is not `Send + Sync`: every run shares it |
 /// | `the primary output comes first` | a bare type after an option |
 /// | ``the trait bound `Refund: Artifact` is not satisfied`` | a trigger or output type without `#[derive(Artifact)]` |
 #[proc_macro_attribute]

@@ -15,6 +15,11 @@ pub(crate) enum RawArg {
         key: Ident,
         types: Punctuated<Type, Token![,]>,
     },
+    /// `uses = [Model, Config]`: the resources the produce reads with `call.resource`.
+    Uses {
+        key: Ident,
+        types: Punctuated<Type, Token![,]>,
+    },
     /// `name = "…"`.
     Name { key: Ident, value: LitStr },
     /// `when = <expr>`: a condition `Fn(&Snapshot, &Record<T>) -> bool`.
@@ -112,6 +117,19 @@ impl Parse for RawArg {
                 bracketed!(content in input);
                 let types = Punctuated::parse_terminated(&content)?;
                 RawArg::AlsoCreates { key, types }
+            }
+            "uses" => {
+                let content;
+                bracketed!(content in input);
+                // syn's own message lists every token a type may start with; say what belongs here.
+                let types = Punctuated::parse_terminated(&content).map_err(|e| {
+                    syn::Error::new(
+                        e.span(),
+                        "expected a resource type: `uses` lists the types the produce reads, separated by commas, \
+                         e.g. `uses = [ModelConfig, Prompt]`",
+                    )
+                })?;
+                RawArg::Uses { key, types }
             }
             "name" => RawArg::Name {
                 key,

@@ -18,6 +18,8 @@ pub(crate) struct ProduceModel {
     pub(crate) declared_call: Type,
     /// The declared outputs, primary first, without duplicates.
     pub(crate) outputs: Vec<Type>,
+    /// The `uses = [..]` resources, in order, without duplicates.
+    pub(crate) resources: Vec<Type>,
     /// The `when = …` condition.
     pub(crate) condition: Option<Expr>,
     /// The `on = [..]` event kinds, as the names of `EventKind` variants, spanned on each.
@@ -39,17 +41,22 @@ pub(crate) struct Invalid {
     pub(crate) function: ItemFn,
     /// The outputs that could be read, still declared so that their imports stay used.
     pub(crate) outputs: Vec<Type>,
+    /// The resources that could be read, still declared so that their uses in the body are
+    /// checked and their imports stay used.
+    pub(crate) resources: Vec<Type>,
     pub(crate) krate: syn::Path,
     pub(crate) error: syn::Error,
 }
 
 /// The options `#[produce]` accepts, for messages.
-const OPTIONS: &str = "`also_creates = [..]`, `name = \"…\"`, `when = <condition>`, `on = [..]`, `debounce`, `stale`, \
-                       `key = <key>`, `join(P, key = ..)`, `absent(P, key = ..)` or `crate = path`";
+const OPTIONS: &str =
+    "`also_creates = [..]`, `uses = [..]`, `name = \"…\"`, `when = <condition>`, `on = [..]`, `debounce`, `stale`, \
+     `key = <key>`, `join(P, key = ..)`, `absent(P, key = ..)` or `crate = path`";
 
 /// Every option's name, for "did you mean" hints.
 const OPTION_NAMES: &[&str] = &[
     "also_creates",
+    "uses",
     "name",
     "when",
     "on",
@@ -89,6 +96,7 @@ pub(crate) fn validate(input: ProduceInput) -> Result<ProduceModel, Box<Invalid>
             trigger,
             declared_call,
             outputs: options.outputs,
+            resources: options.resources,
             condition: options.condition,
             on: options.on,
             debounce: options.debounce,
@@ -104,6 +112,7 @@ pub(crate) fn validate(input: ProduceInput) -> Result<ProduceModel, Box<Invalid>
         (error, _) => Err(Box::new(Invalid {
             function,
             outputs: options.outputs,
+            resources: options.resources,
             krate,
             error: error.unwrap_or_else(|| syn::Error::new(proc_macro2::Span::call_site(), "invalid produce")),
         })),
@@ -113,6 +122,7 @@ pub(crate) fn validate(input: ProduceInput) -> Result<ProduceModel, Box<Invalid>
 #[derive(Default)]
 struct Options {
     outputs: Vec<Type>,
+    resources: Vec<Type>,
     name: Option<String>,
     condition: Option<Expr>,
     on: Option<Vec<Ident>>,
@@ -166,6 +176,7 @@ fn check_args(args: RawArgs, produce: &Ident, errors: &mut Errors) -> Options {
                 continue;
             }
             RawArg::AlsoCreates { key, .. }
+            | RawArg::Uses { key, .. }
             | RawArg::Name { key, .. }
             | RawArg::When { key, .. }
             | RawArg::Crate { key, .. }
@@ -197,6 +208,11 @@ fn check_args(args: RawArgs, produce: &Ident, errors: &mut Errors) -> Options {
             RawArg::AlsoCreates { types, .. } => {
                 for ty in types {
                     push_output(&mut options.outputs, ty, produce, errors);
+                }
+            }
+            RawArg::Uses { types, .. } => {
+                for ty in types {
+                    push_resource(&mut options.resources, ty, produce, errors);
                 }
             }
             RawArg::Name { value, .. } => {
@@ -350,6 +366,41 @@ fn push_output(outputs: &mut Vec<Type>, ty: Type, produce: &Ident, errors: &mut 
         );
     } else {
         outputs.push(ty);
+    }
+}
+
+/// Adds a resource of `uses = [..]`, refusing one listed already and what cannot name a
+/// resource type.
+fn push_resource(resources: &mut Vec<Type>, ty: Type, produce: &Ident, errors: &mut Errors) {
+    let text = display(&ty);
+    match &ty {
+        Type::Reference(reference) => {
+            errors.spanned(
+                &ty,
+                format_args!(
+                    "name the resource type of produce `{produce}` without `&`: `uses = [{}]`; `call.resource` \
+                     already lends it",
+                    display(&reference.elem)
+                ),
+            );
+            return;
+        }
+        Type::Infer(_) | Type::ImplTrait(_) => {
+            errors.spanned(
+                &ty,
+                format_args!("name the resource type of produce `{produce}`: `uses = [ModelConfig]`, not `{text}`"),
+            );
+            return;
+        }
+        _ => {}
+    }
+    if resources.iter().any(|r| display(r) == text) {
+        errors.spanned(
+            &ty,
+            format_args!("resource `{text}` is declared twice on produce `{produce}`; remove this one"),
+        );
+    } else {
+        resources.push(ty);
     }
 }
 

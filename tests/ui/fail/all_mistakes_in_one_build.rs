@@ -12,7 +12,7 @@ struct Receipt {
 }
 
 // The exception to one mistake per file: every mistake of one produce is reported together.
-#[produce(Receipt, Order, colour = "blue", name = "a", name = "b")]
+#[produce(Receipt, Order, colour = "blue", name = "a", name = "b", uses = [Receipt, Receipt])]
 fn process_order(call: ProduceCall<Order>, extra: u8) -> u64 {
     let _ = (call, extra);
     0

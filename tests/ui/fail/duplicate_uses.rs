@@ -1,0 +1,20 @@
+use reactifact_core::{produce, Agent, Artifact, ProduceCall};
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, Artifact)]
+struct Order {
+    total_cents: u64,
+}
+
+struct ModelConfig;
+
+struct Prompt;
+
+#[produce(uses = [ModelConfig, Prompt, ModelConfig])]
+async fn summarise(call: ProduceCall<Order>) {
+    let _ = (call.resource::<ModelConfig>(), call.resource::<Prompt>());
+}
+
+fn main() {
+    let _ = Agent::new("writer").produce(summarise);
+}
