@@ -11,7 +11,8 @@ use crate::model::event::EventKind;
 use crate::model::field_diff::{diff_bytes, FieldDiff};
 use crate::model::hash::ContentHash;
 use crate::model::patch::Op;
-use crate::run::calls::{CallLog, Meter, ReplayMiss, Source};
+use crate::run::calls::{CallLog, ReplayMiss, Source};
+use crate::run::effects::Buffer;
 use crate::run::generation::{start_run, Run};
 use crate::run::join::Joins;
 use crate::run::produce::{Agent, Produce};
@@ -305,24 +306,24 @@ async fn replay_run(
             }
         }
     };
-    let calls = CallLog::new(
+    let buffer = Buffer::new(CallLog::answering(
         produce.name_arc().clone(),
         Source::Replay {
             recorded: run.calls.clone(),
         },
-        Arc::new(Meter::default()),
-    );
+    ));
     let run_input = Run {
         trigger: stored,
         event: trigger.event,
         joined,
         generation: commit.generation,
         resources: resources.clone(),
-        calls: calls.clone(),
+        buffer: buffer.clone(),
     };
     let output = start_run(produce, run_input, snapshot).await;
     // A call that does not replay explains whatever else differs.
-    if let Some(miss) = calls.harvest().miss {
+    let miss = buffer.lock().unwrap_or_else(|e| e.into_inner()).calls.harvest().miss;
+    if let Some(miss) = miss {
         return Err(diverged(None, Difference::Call(miss)));
     }
     let output = output.map_err(|e| diverged(None, Difference::Failed { error: e.to_string() }))?;

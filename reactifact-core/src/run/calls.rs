@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use foldhash::{HashMap, HashMapExt};
+use foldhash::HashMap;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -23,6 +23,7 @@ use crate::model::call::{CallOutcome, RecordedCall, Usage};
 use crate::model::event::EventKind;
 use crate::model::hash::{content_hash, ContentHash};
 use crate::outbox::dispatcher::BoxError;
+use crate::run::effects::Buffer;
 use crate::run::produce::ProduceCall;
 
 /// The name [`ProduceCall::now`] records its reading under.
@@ -156,7 +157,7 @@ pub(crate) enum Source {
     /// A replay: the run's record only.
     Replay { recorded: Vec<RecordedCall> },
     /// A test script: answers by name, in order; the clock and the seed are fixed.
-    Script(Script),
+    Script(Box<Script>),
 }
 
 /// The answers scripted for one call name, in order: their encodings and usage.
@@ -233,19 +234,18 @@ impl Meter {
     }
 }
 
-/// The calls of one produce run.
+/// The calls of one produce run: kept in its effects [`Buffer`], beside its operations and
+/// reads, so a run costs no allocation of its own for them.
 pub(crate) struct CallLog {
-    produce: Arc<str>,
-    inner: Mutex<Inner>,
-}
-
-struct Inner {
+    /// The produce's name, for the misses it reports (replays and scripts only).
+    produce: Option<Arc<str>>,
     source: Source,
-    meter: Arc<Meter>,
+    /// The turn's budget, when it limits usage.
+    meter: Option<Arc<Meter>>,
     /// One slot per call asked for, in the order asked.
     asked: Vec<Slot>,
-    /// How many calls of each name were asked for.
-    counts: HashMap<Arc<str>, u32>,
+    /// How many calls of each name were asked for (a run asks for few names).
+    counts: Vec<(Arc<str>, u32)>,
     /// Which recorded (or prior) calls were used, by position.
     used: Vec<bool>,
     /// What the calls made by this run used (reused answers use nothing).
@@ -254,7 +254,7 @@ struct Inner {
     made: u64,
     /// Answers reused from an earlier attempt (the runtime's own calls not counted).
     reused: u64,
-    miss: Option<ReplayMiss>,
+    miss: Option<Box<ReplayMiss>>,
     deferred: Option<Exhausted>,
     /// Requests as encoded, for the test harness.
     requests: Option<Vec<(Arc<str>, Vec<u8>)>>,
@@ -291,60 +291,92 @@ enum Asked {
     Refused(CallError),
 }
 
+impl Default for CallLog {
+    /// A live run with nothing to reuse and no budget.
+    fn default() -> Self {
+        CallLog::live(Vec::new(), None)
+    }
+}
+
 impl CallLog {
-    pub(crate) fn new(produce: Arc<str>, source: Source, meter: Arc<Meter>) -> Arc<Self> {
+    /// A live run's: answers reused from `prior` (an earlier, uncommitted attempt), calls
+    /// checked against `meter`.
+    pub(crate) fn live(prior: Vec<RecordedCall>, meter: Option<Arc<Meter>>) -> Self {
+        Self::new(None, Source::Live { prior }, meter)
+    }
+
+    /// A replay's or a script's, whose misses name `produce`.
+    pub(crate) fn answering(produce: Arc<str>, source: Source) -> Self {
+        Self::new(Some(produce), source, None)
+    }
+
+    fn new(produce: Option<Arc<str>>, source: Source, meter: Option<Arc<Meter>>) -> Self {
         let recorded = match &source {
             Source::Live { prior } => prior.len(),
             Source::Replay { recorded } => recorded.len(),
             Source::Script(_) => 0,
         };
         let requests = matches!(source, Source::Script(_)).then(Vec::new);
-        Arc::new(CallLog {
+        CallLog {
             produce,
-            inner: Mutex::new(Inner {
-                source,
-                meter,
-                asked: Vec::new(),
-                counts: HashMap::new(),
-                used: vec![false; recorded],
-                spent: Usage::ZERO,
-                made: 0,
-                reused: 0,
-                miss: None,
-                deferred: None,
-                requests,
-                sealed: false,
-            }),
-        })
+            source,
+            meter,
+            asked: Vec::new(),
+            counts: Vec::new(),
+            used: vec![false; recorded],
+            spent: Usage::ZERO,
+            made: 0,
+            reused: 0,
+            miss: None,
+            deferred: None,
+            requests,
+            sealed: false,
+        }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    fn produce(&self) -> String {
+        self.produce.as_deref().unwrap_or_default().to_owned()
+    }
+}
+
+/// The calls of one run, reached through its effects buffer.
+struct RunCalls<'a>(&'a Mutex<Buffer>);
+
+impl RunCalls<'_> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Buffer> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Looks the call up; `metered` calls are the ones a spent budget refuses.
     fn ask(&self, name: &str, request: ContentHash, request_bytes: &[u8], metered: bool) -> Asked {
-        let mut inner = self.lock();
-        if inner.sealed {
+        let mut buffer = self.lock();
+        let sealed = buffer.is_sealed();
+        let inner = &mut buffer.calls;
+        if sealed || inner.sealed {
             return Asked::Refused(CallError::RunFinished { call: name.to_owned() });
         }
         let name: Arc<str> = Arc::from(name);
-        let index = {
-            let count = inner.counts.entry(name.clone()).or_insert(0);
-            let index = *count;
-            *count = count.saturating_add(1);
-            index
+        let index = match inner.counts.iter_mut().find(|(n, _)| **n == *name) {
+            Some((_, count)) => {
+                let index = *count;
+                *count = count.saturating_add(1);
+                index
+            }
+            None => {
+                inner.counts.push((name.clone(), 1));
+                0
+            }
         };
         if let Some(requests) = &mut inner.requests {
             requests.push((name.clone(), request_bytes.to_vec()));
         }
+        let produce = inner.produce();
         let miss = |kind| ReplayMiss {
-            produce: self.produce.to_string(),
+            produce: produce.clone(),
             call: name.to_string(),
             index,
             kind,
         };
-        let inner = &mut *inner;
         match &mut inner.source {
             Source::Replay { recorded } => {
                 let Some(at) = nth_named(recorded, &name, index) else {
@@ -380,7 +412,7 @@ impl CallLog {
                     return Asked::Answered(bytes);
                 }
                 if metered {
-                    if let Some(limit) = inner.meter.exhausted() {
+                    if let Some(limit) = inner.meter.as_ref().and_then(|m| m.exhausted()) {
                         inner.deferred.get_or_insert(limit);
                         return Asked::Refused(CallError::BudgetExhausted {
                             call: name.to_string(),
@@ -439,14 +471,17 @@ impl CallLog {
 
     /// Records how the call in `slot` ended.
     fn answer(&self, slot: usize, outcome: CallOutcome, usage: Usage) {
-        let mut inner = self.lock();
+        let mut buffer = self.lock();
+        let inner = &mut buffer.calls;
         if let Some(Slot::Waiting { name, .. }) = inner.asked.get(slot) {
             if !name.starts_with(RESERVED) {
                 inner.made += 1;
             }
         }
         inner.spent += usage;
-        inner.meter.add(usage);
+        if let Some(meter) = &inner.meter {
+            meter.add(usage);
+        }
         if let Some(entry) = inner.asked.get_mut(slot) {
             if let Slot::Waiting { name, request } = entry {
                 *entry = Slot::Done(RecordedCall {
@@ -461,24 +496,31 @@ impl CallLog {
 
     /// Records a miss of the call of `name` asked for last (its answer does not decode).
     fn undecodable(&self, name: &str, error: String) -> ReplayMiss {
-        let mut inner = self.lock();
+        let mut buffer = self.lock();
+        let inner = &mut buffer.calls;
         let miss = ReplayMiss {
-            produce: self.produce.to_string(),
+            produce: inner.produce(),
             call: name.to_owned(),
-            index: inner.counts.get(name).map_or(0, |n| n.saturating_sub(1)),
+            index: inner
+                .counts
+                .iter()
+                .find(|(n, _)| &**n == name)
+                .map_or(0, |(_, count)| count.saturating_sub(1)),
             kind: MissKind::Undecodable { error },
         };
-        inner.miss.get_or_insert_with(|| miss.clone());
+        inner.miss.get_or_insert_with(|| Box::new(miss.clone()));
         miss
     }
 
     fn replaying(&self) -> bool {
-        matches!(self.lock().source, Source::Replay { .. } | Source::Script(_))
+        matches!(self.lock().calls.source, Source::Replay { .. } | Source::Script(_))
     }
+}
 
+impl CallLog {
     /// Ends the run's calls: later ones are refused. What they came to.
-    pub(crate) fn harvest(&self) -> Harvest {
-        let mut inner = self.lock();
+    pub(crate) fn harvest(&mut self) -> Harvest {
+        let inner = self;
         inner.sealed = true;
         let asked = std::mem::take(&mut inner.asked);
         // In a replay, a recorded call the run never asked for is a divergence too.
@@ -487,12 +529,12 @@ impl CallLog {
                 if let Some(at) = inner.used.iter().position(|used| !used) {
                     let call = &recorded[at];
                     let index = recorded[..at].iter().filter(|c| c.name == call.name).count();
-                    inner.miss = Some(ReplayMiss {
-                        produce: self.produce.to_string(),
+                    inner.miss = Some(Box::new(ReplayMiss {
+                        produce: inner.produce(),
                         call: call.name.to_string(),
                         index: u32::try_from(index).unwrap_or(u32::MAX),
                         kind: MissKind::NotAsked,
-                    });
+                    }));
                 }
             }
         }
@@ -515,16 +557,16 @@ impl CallLog {
             spent: inner.spent,
             made: inner.made,
             reused: inner.reused,
-            miss: inner.miss.take(),
+            miss: inner.miss.take().map(|miss| *miss),
             deferred: inner.deferred,
             requests,
         }
     }
 }
 
-impl Inner {
+impl CallLog {
     fn missed(&mut self, miss: ReplayMiss) -> Asked {
-        self.miss.get_or_insert_with(|| miss.clone());
+        self.miss.get_or_insert_with(|| Box::new(miss.clone()));
         Asked::Refused(miss.into())
     }
 }
@@ -549,7 +591,7 @@ fn request_of<Q: Serialize + ?Sized>(name: &str, request: &Q) -> Result<(Vec<u8>
     Ok((bytes, hash))
 }
 
-impl CallLog {
+impl RunCalls<'_> {
     /// One call, made or answered from the record.
     async fn call<Q, A, E, F, Fut>(&self, name: &str, request: &Q, make: F) -> Result<A, CallError>
     where
@@ -719,7 +761,7 @@ impl<T, D> ProduceCall<T, D> {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<A, E>>,
     {
-        self.calls
+        RunCalls(&self.buffer)
             .call(name, request, || async move {
                 call().await.map(|answer| (answer, Usage::ZERO))
             })
@@ -743,7 +785,7 @@ impl<T, D> ProduceCall<T, D> {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<(A, Usage), E>>,
     {
-        self.calls.call(name, request, call).await
+        RunCalls(&self.buffer).call(name, request, call).await
     }
 
     /// The time now, as a recorded call (`reactifact.now`): a retry and a replay of this run
@@ -753,7 +795,7 @@ impl<T, D> ProduceCall<T, D> {
     ///
     /// A replay whose record lacks the reading gets the clock's time and reports the miss.
     pub fn now(&self) -> SystemTime {
-        self.calls.own(NOW, crate::model::time::now)
+        RunCalls(&self.buffer).own(NOW, crate::model::time::now)
     }
 
     /// A random number generator seeded by a recorded call (`reactifact.rng`): a retry and a
@@ -771,7 +813,7 @@ impl<T, D> ProduceCall<T, D> {
     /// # let _ = produce;
     /// ```
     pub fn rng(&self) -> fastrand::Rng {
-        fastrand::Rng::with_seed(self.calls.own(RNG, || fastrand::u64(..)))
+        fastrand::Rng::with_seed(RunCalls(&self.buffer).own(RNG, || fastrand::u64(..)))
     }
 }
 
@@ -792,11 +834,13 @@ pub(crate) struct CallCache {
 const CACHED_RUNS: usize = 4096;
 
 impl CallCache {
+    /// Whether no run's answers are kept.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.runs.is_empty()
+    }
+
     /// The answers kept for `key`, taken out.
     pub(crate) fn take(&mut self, key: &RunKey) -> Vec<RecordedCall> {
-        if self.runs.is_empty() {
-            return Vec::new();
-        }
         self.runs.remove(key).unwrap_or_default()
     }
 

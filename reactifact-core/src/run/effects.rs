@@ -12,6 +12,7 @@ use crate::model::hash::content_hash;
 use crate::model::patch::{EffectError, Op, PutMode};
 use crate::model::relation::Relation;
 use crate::model::timer::Timer;
+use crate::run::calls::CallLog;
 use crate::state::commit::Read;
 use crate::state::snapshot::Snapshot;
 
@@ -46,6 +47,8 @@ pub(crate) struct Buffer {
     /// Keys acted in this run, so a second `act` of a key is found without a scan.
     acted: foldhash::HashSet<ActionKey>,
     sealed: bool,
+    /// The run's recorded calls (see `run/calls.rs`).
+    pub(crate) calls: CallLog,
 }
 
 /// What a sealed buffer hands back: the run's patch, its reads and the first effect error.
@@ -56,6 +59,19 @@ pub(crate) struct Sealed {
 }
 
 impl Buffer {
+    /// The buffer of a run whose calls are recorded in `calls`.
+    pub(crate) fn new(calls: CallLog) -> Arc<Mutex<Buffer>> {
+        Arc::new(Mutex::new(Buffer {
+            calls,
+            ..Buffer::default()
+        }))
+    }
+
+    /// Whether the run has finished: later writes, reads and calls are refused.
+    pub(crate) fn is_sealed(&self) -> bool {
+        self.sealed
+    }
+
     /// Records a read of `id` at `version` made through the run's snapshot; ignored once the
     /// run has finished.
     pub(crate) fn record_read(&mut self, id: ArtifactId, version: Option<Version>) {

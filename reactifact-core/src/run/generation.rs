@@ -16,7 +16,7 @@ use crate::model::call::RecordedCall;
 use crate::model::event::{Event, EventKind};
 use crate::model::patch::Op;
 use crate::outbox::drain::Preclaimed;
-use crate::run::calls::{CallLog, Exhausted, Meter, RunKey, Source};
+use crate::run::calls::{CallLog, Exhausted, Meter, RunKey};
 use crate::run::effects::Buffer;
 use crate::run::join::Parts;
 use crate::run::matching::{self, Work};
@@ -51,7 +51,7 @@ pub(crate) async fn run(
     rt: &mut Runtime,
     remaining_runs: Option<u64>,
     deadline: Option<Instant>,
-    meter: &Arc<Meter>,
+    meter: &Option<Arc<Meter>>,
     report: &mut TurnReport,
 ) -> Result<Step, RunError> {
     let snapshot = rt.context.snapshot();
@@ -74,17 +74,19 @@ pub(crate) async fn run(
     );
     // Each run's calls, answered first from what an earlier attempt of the same run recorded
     // in a generation that did not commit.
-    let logs: Vec<Arc<CallLog>> = batch
+    let buffers: Vec<Arc<Mutex<Buffer>>> = batch
         .work
         .iter()
         .map(|work| {
-            let produce = &rt.agents[work.slot.agent].produces[work.slot.produce];
-            let prior = rt.calls.take(&run_key(work));
-            CallLog::new(produce.name_arc().clone(), Source::Live { prior }, meter.clone())
+            let prior = match rt.calls.is_empty() {
+                true => Vec::new(),
+                false => rt.calls.take(&run_key(work)),
+            };
+            Buffer::new(CallLog::live(prior, meter.clone()))
         })
         .collect();
     let executed = {
-        let execution = execute(rt, &batch.work, &logs, &snapshot, generation).instrument(span.clone());
+        let execution = execute(rt, &batch.work, &buffers, &snapshot, generation).instrument(span.clone());
         let deadline_passed = async {
             match deadline {
                 Some(d) => tokio::time::sleep_until(d).await,
@@ -99,7 +101,7 @@ pub(crate) async fn run(
         }
     };
     drop(snapshot);
-    let mut calls = Calls::harvest(rt, &batch.work, &logs, report);
+    let mut calls = Calls::harvest(rt, &batch.work, &buffers, report);
     let results = match executed {
         Ok(results) => results,
         Err(outcome) => {
@@ -228,11 +230,11 @@ struct Calls {
 
 impl Calls {
     /// Ends the runs' calls and counts what they used in the turn's report.
-    fn harvest(rt: &Runtime, work: &[Work], logs: &[Arc<CallLog>], report: &mut TurnReport) -> Calls {
-        let mut calls = Vec::with_capacity(logs.len());
+    fn harvest(rt: &Runtime, work: &[Work], buffers: &[Arc<Mutex<Buffer>>], report: &mut TurnReport) -> Calls {
+        let mut calls = Vec::with_capacity(buffers.len());
         let mut deferred = None;
-        for (work, log) in work.iter().zip(logs) {
-            let harvest = log.harvest();
+        for (work, buffer) in work.iter().zip(buffers) {
+            let harvest = buffer.lock().unwrap_or_else(|e| e.into_inner()).calls.harvest();
             if harvest.made > 0 || harvest.reused > 0 {
                 let agent = &rt.agents[work.slot.agent];
                 let produce = &agent.produces[work.slot.produce];
@@ -278,7 +280,7 @@ fn failure_at(rt: &Runtime, work: &Work, failure: RunFailure) -> ProduceFailure 
 async fn execute(
     rt: &Runtime,
     work: &[Work],
-    logs: &[Arc<CallLog>],
+    buffers: &[Arc<Mutex<Buffer>>],
     snapshot: &Snapshot,
     generation: Generation,
 ) -> Vec<Result<RunOutput, RunFailure>> {
@@ -297,7 +299,7 @@ async fn execute(
                 waiting[agent].push_back(next);
             } else {
                 active[agent] += 1;
-                running.push(run_one(rt, next, &work[next], &logs[next], snapshot, generation));
+                running.push(run_one(rt, next, &work[next], &buffers[next], snapshot, generation));
             }
             next += 1;
         }
@@ -309,7 +311,7 @@ async fn execute(
         active[agent] -= 1;
         if let Some(queued) = waiting[agent].pop_front() {
             active[agent] += 1;
-            running.push(run_one(rt, queued, &work[queued], &logs[queued], snapshot, generation));
+            running.push(run_one(rt, queued, &work[queued], &buffers[queued], snapshot, generation));
         }
     }
     results.into_iter().map(|r| r.expect("every work item ran")).collect()
@@ -319,7 +321,7 @@ fn run_one(
     rt: &Runtime,
     index: usize,
     work: &Work,
-    log: &Arc<CallLog>,
+    buffer: &Arc<Mutex<Buffer>>,
     snapshot: &Snapshot,
     generation: Generation,
 ) -> impl Future<Output = (usize, Result<RunOutput, RunFailure>)> + Send + 'static {
@@ -339,7 +341,7 @@ fn run_one(
                 joined: work.joined.clone(),
                 generation,
                 resources: rt.resources.clone(),
-                calls: log.clone(),
+                buffer: buffer.clone(),
             },
             snapshot,
         )),
@@ -385,8 +387,9 @@ pub(crate) struct Run {
     pub(crate) joined: Option<Parts>,
     pub(crate) generation: Generation,
     pub(crate) resources: Resources,
-    /// Where its calls are recorded and answered from; the caller harvests it afterwards.
-    pub(crate) calls: Arc<CallLog>,
+    /// Its buffer (see [`Buffer::new`]), where its operations, reads and calls are recorded;
+    /// the caller takes its calls afterwards, even if the run was cancelled.
+    pub(crate) buffer: Arc<Mutex<Buffer>>,
 }
 
 /// Starts one run of `produce` against `snapshot`, catching panics; the future yields the
@@ -397,7 +400,7 @@ pub(crate) fn start_run(
     run: Run,
     snapshot: &Snapshot,
 ) -> impl Future<Output = Result<RunOutput, RunFailure>> + Send + 'static {
-    let buffer = Arc::new(Mutex::new(Buffer::default()));
+    let buffer = run.buffer;
     let input = RunInput {
         trigger: run.trigger,
         event: run.event,
@@ -406,7 +409,6 @@ pub(crate) fn start_run(
         generation: run.generation,
         joined: run.joined,
         resources: run.resources,
-        calls: run.calls,
     };
     let started = std::panic::catch_unwind(AssertUnwindSafe(|| produce.start(input)));
     async move {

@@ -12,7 +12,8 @@ use crate::model::artifact::{self, Artifact, ArtifactId, Generation, Kind};
 use crate::model::call::{RecordedCall, Usage};
 use crate::model::event::EventKind;
 use crate::model::patch::Op;
-use crate::run::calls::{CallLog, Meter, Script, Source};
+use crate::run::calls::{CallLog, Script, Source};
+use crate::run::effects::Buffer;
 use crate::run::generation::{check_outputs, start_run, Run, Slot};
 use crate::run::join::Joins;
 use crate::run::produce::{Agent, IntoProduce, Produce, RunFailure};
@@ -238,21 +239,20 @@ impl ProduceTest {
                 joins.parts(Slot { agent: 0, produce: 0 }, &stored, &snapshot)
             }
         };
-        let calls = CallLog::new(
+        let buffer = Buffer::new(CallLog::answering(
             self.produce.name_arc().clone(),
-            Source::Script(self.script),
-            Arc::new(Meter::default()),
-        );
+            Source::Script(Box::new(self.script)),
+        ));
         let run = Run {
             trigger: stored,
             event,
             joined,
             generation: self.generation,
             resources: self.resources,
-            calls: calls.clone(),
+            buffer: buffer.clone(),
         };
         let output = start_run(&self.produce, run, &snapshot).await;
-        let harvest = calls.harvest();
+        let harvest = buffer.lock().unwrap_or_else(|e| e.into_inner()).calls.harvest();
         let output = check_outputs(&self.produce, output)?;
         Ok(RunEffects {
             ops: output.ops,

@@ -9,7 +9,6 @@ use crate::model::artifact::{Artifact, ArtifactId, ArtifactType, Generation, Kin
 use crate::model::event::{EventKind, EventKinds};
 use crate::model::patch::EffectError;
 use crate::outbox::dispatcher::BoxError;
-use crate::run::calls::CallLog;
 use crate::run::effects::{Buffer, Dynamic, Effects};
 use crate::run::join::{JoinSpec, Parts};
 use crate::run::resources::{DeclaredResource, ResourceType, Resources};
@@ -126,8 +125,8 @@ pub struct ProduceCall<T, D = Dynamic> {
     pub(crate) joined: Option<Parts>,
     /// The runtime's resources.
     pub(crate) resources: Resources,
-    /// The run's recorded calls.
-    pub(crate) calls: Arc<CallLog>,
+    /// The run's buffer, where its recorded calls are kept.
+    pub(crate) buffer: Arc<Mutex<Buffer>>,
 }
 
 impl<T, D> ProduceCall<T, D> {
@@ -194,7 +193,6 @@ pub(crate) struct RunInput {
     /// For a join run, the parts it was matched with.
     pub(crate) joined: Option<Parts>,
     pub(crate) resources: Resources,
-    pub(crate) calls: Arc<CallLog>,
 }
 
 type Handler = dyn Fn(RunInput) -> RunFuture + Send + Sync;
@@ -275,6 +273,7 @@ impl Produce {
             };
             // The produce's snapshot records its reads; the one behind `effects` does not (its
             // existence check for `act` is the runtime's, not the produce's).
+            let buffer = input.buffer.clone();
             let call = ProduceCall {
                 trigger,
                 event: input.event,
@@ -283,7 +282,7 @@ impl Produce {
                 generation: input.generation,
                 joined: input.joined,
                 resources: input.resources,
-                calls: input.calls,
+                buffer,
             };
             // A join run read its parts: they are its provenance, whether it reads them again
             // or not.

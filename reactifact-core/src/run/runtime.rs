@@ -736,7 +736,9 @@ impl Runtime {
             next_wake_at: None,
             usage: Vec::new(),
         };
-        let meter = Arc::new(Meter::new(budget.max_tokens, budget.max_cost));
+        // Only a budget that limits usage is checked by calls.
+        let meter = (budget.max_tokens.is_some() || budget.max_cost.is_some())
+            .then(|| Arc::new(Meter::new(budget.max_tokens, budget.max_cost)));
         // Intents committed before this turn (or due for a retry) go out first.
         if let Some(outcome) = self.drain(deadline, &mut report.deliveries, None).await? {
             return Ok(self.finish(report, outcome).await);
