@@ -87,7 +87,8 @@ fn summary(runs: &[RunRecord]) -> String {
 fn call_json(call: &RecordedCall) -> Value {
     let (answer, failed) = match &call.outcome {
         CallOutcome::Answered { hash, bytes } => (Some(json!({"hash": hash.to_string(), "bytes": bytes.len()})), None),
-        CallOutcome::Failed { error } => (None, Some(error.as_str())),
+        CallOutcome::Failed { error } | CallOutcome::Unrecordable { error } => (None, Some(error.as_str())),
+        CallOutcome::Abandoned => (None, Some("abandoned")),
         _ => (None, None),
     };
     json!({

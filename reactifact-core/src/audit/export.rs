@@ -178,7 +178,8 @@ impl Context {
 fn call_json(call: &RecordedCall) -> Value {
     let (answer, failed) = match &call.outcome {
         CallOutcome::Answered { hash, bytes } => (Some(json!({"hash": hash.to_string(), "bytes": bytes.len()})), None),
-        CallOutcome::Failed { error } => (None, Some(error.as_str())),
+        CallOutcome::Failed { error } | CallOutcome::Unrecordable { error } => (None, Some(error.as_str())),
+        CallOutcome::Abandoned => (None, Some("abandoned")),
     };
     json!({
         "name": &*call.name,

@@ -306,12 +306,12 @@ async fn replay_run(
             }
         }
     };
-    let buffer = Buffer::new(CallLog::answering(
+    let buffer = Buffer::new(Some(CallLog::answering(
         produce.name_arc().clone(),
         Source::Replay {
             recorded: run.calls.clone(),
         },
-    ));
+    )));
     let run_input = Run {
         trigger: stored,
         event: trigger.event,
@@ -322,7 +322,7 @@ async fn replay_run(
     };
     let output = start_run(produce, run_input, snapshot).await;
     // A call that does not replay explains whatever else differs.
-    let miss = buffer.lock().unwrap_or_else(|e| e.into_inner()).calls.harvest().miss;
+    let miss = buffer.lock().unwrap_or_else(|e| e.into_inner()).take_calls().miss;
     if let Some(miss) = miss {
         return Err(diverged(None, Difference::Call(miss)));
     }

@@ -113,12 +113,22 @@ pub enum CallOutcome {
         /// The answer's encoding.
         bytes: Arc<[u8]>,
     },
-    /// It failed with this error (displayed), or its future was dropped before it answered
-    /// (`abandoned`). A replay gets the same error back.
+    /// Its closure failed with this error (displayed). A replay gets the error back; a retry
+    /// calls again.
     Failed {
         /// The error, as displayed.
         error: String,
     },
+    /// It answered, and the answer could not be recorded: it does not encode, or not decode
+    /// back as its type (the message names the type, never the answer). A replay gets
+    /// [`CallError::Answer`](crate::CallError::Answer) back; a retry calls again.
+    Unrecordable {
+        /// What failed.
+        error: String,
+    },
+    /// The produce dropped its future before it answered (a timeout, a `select!`): a replay
+    /// never answers it, so the produce takes the same way again.
+    Abandoned,
 }
 
 impl RecordedCall {
@@ -126,7 +136,7 @@ impl RecordedCall {
     pub fn answer_bytes(&self) -> Option<&[u8]> {
         match &self.outcome {
             CallOutcome::Answered { bytes, .. } => Some(bytes),
-            CallOutcome::Failed { .. } => None,
+            _ => None,
         }
     }
 
@@ -158,6 +168,8 @@ impl fmt::Debug for CallOutcome {
                 write!(f, "Answered({} bytes, {})", bytes.len(), hash.short())
             }
             CallOutcome::Failed { error } => f.debug_struct("Failed").field("error", error).finish(),
+            CallOutcome::Unrecordable { error } => f.debug_struct("Unrecordable").field("error", error).finish(),
+            CallOutcome::Abandoned => f.write_str("Abandoned"),
         }
     }
 }
@@ -173,20 +185,28 @@ impl Serialize for RecordedCall {
             answer: Option<&'a ContentHash>,
             #[serde(skip_serializing_if = "Option::is_none")]
             failed: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            unrecordable: Option<&'a str>,
+            #[serde(skip_serializing_if = "std::ops::Not::not")]
+            abandoned: bool,
             #[serde(skip_serializing_if = "Usage::is_zero")]
             usage: Usage,
         }
-        let (answer, failed) = match &self.outcome {
-            CallOutcome::Answered { hash, .. } => (Some(hash), None),
-            CallOutcome::Failed { error } => (None, Some(error.as_str())),
-        };
-        Hashed {
+        let mut hashed = Hashed {
             name: &self.name,
             request: &self.request,
-            answer,
-            failed,
+            answer: None,
+            failed: None,
+            unrecordable: None,
+            abandoned: false,
             usage: self.usage,
+        };
+        match &self.outcome {
+            CallOutcome::Answered { hash, .. } => hashed.answer = Some(hash),
+            CallOutcome::Failed { error } => hashed.failed = Some(error),
+            CallOutcome::Unrecordable { error } => hashed.unrecordable = Some(error),
+            CallOutcome::Abandoned => hashed.abandoned = true,
         }
-        .serialize(serializer)
+        hashed.serialize(serializer)
     }
 }

@@ -74,13 +74,14 @@ pub enum CallError {
         #[source]
         source: rmp_serde::encode::Error,
     },
-    /// The answer could not be encoded or decoded back (rmp-serde), so it cannot be recorded
-    /// or replayed; the call is recorded as failed.
+    /// The answer could not be encoded, or not decoded back as the type asked for (rmp-serde),
+    /// so it cannot be replayed; the call is recorded as unrecordable and a replay gets this
+    /// error again. The message names the type, never the answer.
     #[error("call `{call}`: the answer cannot be recorded: {error}")]
     Answer {
         /// The call's name.
         call: String,
-        /// What failed.
+        /// What failed, naming the answer's type.
         error: String,
     },
     /// The call was asked for after the produce's run had finished (from a task the produce
@@ -114,7 +115,7 @@ pub struct ReplayMiss {
     pub produce: String,
     /// The call's name.
     pub call: String,
-    /// Which call of that name in the run, from 0.
+    /// Which call of that name the replayed run was asking for, from 0, in the order it asked.
     pub index: u32,
     /// What is missing or different.
     pub kind: MissKind,
@@ -127,8 +128,9 @@ pub enum MissKind {
     /// The record has no such call: the replayed run asked for more calls of this name.
     #[error("the record has no such call")]
     NotRecorded,
-    /// The record's call of that name and position was made with another request.
-    #[error("the request differs from the recorded one (recorded {recorded}, replayed {replayed})")]
+    /// The record has no call of that name with this request; `recorded` is the request of
+    /// the first of its calls of that name the replay has not asked for.
+    #[error("the request differs from the recorded one (recorded {}, replayed {})", recorded.short(), replayed.short())]
     RequestDiffers {
         /// The recorded request's hash.
         recorded: ContentHash,
@@ -136,16 +138,16 @@ pub enum MissKind {
         replayed: ContentHash,
     },
     /// The recorded answer does not decode as the type the replayed run asked for.
-    #[error("the recorded answer does not decode as the type asked for: {error}")]
+    #[error("the recorded answer does not decode as `{type_name}`")]
     Undecodable {
-        /// The decoder's error.
-        error: String,
+        /// The type asked for.
+        type_name: &'static str,
     },
     /// The record has the call and the replayed run never asked for it.
     #[error("the run recorded this call and the replay did not ask for it")]
     NotAsked,
     /// A test script ([`ProduceTest`](crate::testing::ProduceTest)) has no answer left for it.
-    #[error("the test scripts no answer for it")]
+    #[error("the test scripted no answer for it")]
     NotScripted,
 }
 
@@ -234,8 +236,9 @@ impl Meter {
     }
 }
 
-/// The calls of one produce run: kept in its effects [`Buffer`], beside its operations and
-/// reads, so a run costs no allocation of its own for them.
+/// The calls of one produce run, kept in its effects [`Buffer`] beside its operations and
+/// reads (boxed, and only once there is something to keep: a run that records no call costs
+/// nothing for them).
 pub(crate) struct CallLog {
     /// The produce's name, for the misses it reports (replays and scripts only).
     produce: Option<Arc<str>>,
@@ -244,8 +247,6 @@ pub(crate) struct CallLog {
     meter: Option<Arc<Meter>>,
     /// One slot per call asked for, in the order asked.
     asked: Vec<Slot>,
-    /// How many calls of each name were asked for (a run asks for few names).
-    counts: Vec<(Arc<str>, u32)>,
     /// Which recorded (or prior) calls were used, by position.
     used: Vec<bool>,
     /// What the calls made by this run used (reused answers use nothing).
@@ -258,23 +259,34 @@ pub(crate) struct CallLog {
     deferred: Option<Exhausted>,
     /// Requests as encoded, for the test harness.
     requests: Option<Vec<(Arc<str>, Vec<u8>)>>,
-    sealed: bool,
 }
 
-/// A call asked for: answered, or waiting for its closure.
+/// A call asked for: waiting for its closure, or ended.
 enum Slot {
     Waiting { name: Arc<str>, request: ContentHash },
     Done(RecordedCall),
 }
 
+impl Slot {
+    fn is(&self, name: &str, request: Option<&ContentHash>) -> bool {
+        let (n, r) = match self {
+            Slot::Waiting { name, request } => (name, request),
+            Slot::Done(call) => (&call.name, &call.request),
+        };
+        &**n == name && request.is_none_or(|request| r == request)
+    }
+}
+
 /// What a run's calls came to, once it finished.
+#[derive(Default)]
 pub(crate) struct Harvest {
-    /// Every call asked for, in order; one that never answered is failed, `abandoned`.
+    /// Every call asked for, in order; one that never answered is `Abandoned`.
     pub(crate) calls: Vec<RecordedCall>,
     pub(crate) spent: Usage,
     pub(crate) made: u64,
     pub(crate) reused: u64,
     pub(crate) miss: Option<ReplayMiss>,
+    /// A call found the turn's budget spent and was not made.
     pub(crate) deferred: Option<Exhausted>,
     pub(crate) requests: Vec<(Arc<str>, Vec<u8>)>,
 }
@@ -283,26 +295,22 @@ pub(crate) struct Harvest {
 enum Asked {
     /// Answered from the record (or a prior attempt, or the script): the bytes.
     Answered(Arc<[u8]>),
-    /// Recorded as failed (replay): the error.
-    Failed(String),
+    /// Recorded as ended otherwise (replay): how.
+    Ended(CallOutcome),
     /// To be made: the slot its outcome goes in.
     Make(usize),
     /// Refused.
     Refused(CallError),
 }
 
-impl Default for CallLog {
-    /// A live run with nothing to reuse and no budget.
-    fn default() -> Self {
-        CallLog::live(Vec::new(), None)
-    }
-}
-
 impl CallLog {
     /// A live run's: answers reused from `prior` (an earlier, uncommitted attempt), calls
-    /// checked against `meter`.
-    pub(crate) fn live(prior: Vec<RecordedCall>, meter: Option<Arc<Meter>>) -> Self {
-        Self::new(None, Source::Live { prior }, meter)
+    /// checked against `meter`. `None` when there is neither: nothing to keep until a call.
+    pub(crate) fn live(prior: Vec<RecordedCall>, meter: Option<Arc<Meter>>) -> Option<Self> {
+        match prior.is_empty() && meter.is_none() {
+            true => None,
+            false => Some(Self::new(None, Source::Live { prior }, meter)),
+        }
     }
 
     /// A replay's or a script's, whose misses name `produce`.
@@ -322,7 +330,6 @@ impl CallLog {
             source,
             meter,
             asked: Vec::new(),
-            counts: Vec::new(),
             used: vec![false; recorded],
             spent: Usage::ZERO,
             made: 0,
@@ -330,103 +337,110 @@ impl CallLog {
             miss: None,
             deferred: None,
             requests,
-            sealed: false,
         }
     }
 
     fn produce(&self) -> String {
         self.produce.as_deref().unwrap_or_default().to_owned()
     }
-}
 
-/// The calls of one run, reached through its effects buffer.
-struct RunCalls<'a>(&'a Mutex<Buffer>);
-
-impl RunCalls<'_> {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Buffer> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    fn replaying(&self) -> bool {
+        matches!(self.source, Source::Replay { .. } | Source::Script(_))
     }
 
-    /// Looks the call up; `metered` calls are the ones a spent budget refuses.
-    fn ask(&self, name: &str, request: ContentHash, request_bytes: &[u8], metered: bool) -> Asked {
-        let mut buffer = self.lock();
-        let sealed = buffer.is_sealed();
-        let inner = &mut buffer.calls;
-        if sealed || inner.sealed {
-            return Asked::Refused(CallError::RunFinished { call: name.to_owned() });
-        }
+    /// Records a miss (the first is kept) and refuses the call with it.
+    fn missed(&mut self, miss: ReplayMiss) -> Asked {
+        self.miss.get_or_insert_with(|| Box::new(miss.clone()));
+        Asked::Refused(miss.into())
+    }
+
+    /// Looks the call up. A call is matched with the record by its name and request: the
+    /// `k`-th call a run asks for with one name and request is the `k`-th recorded with them,
+    /// whatever order calls of other names or requests were asked or answered in (concurrent
+    /// calls inside one produce answer in any order). `metered` calls are the ones a spent
+    /// budget refuses.
+    fn ask(&mut self, name: &str, request: ContentHash, request_bytes: &[u8], metered: bool) -> Asked {
         let name: Arc<str> = Arc::from(name);
-        let index = match inner.counts.iter_mut().find(|(n, _)| **n == *name) {
-            Some((_, count)) => {
-                let index = *count;
-                *count = count.saturating_add(1);
-                index
-            }
-            None => {
-                inner.counts.push((name.clone(), 1));
-                0
-            }
-        };
-        if let Some(requests) = &mut inner.requests {
+        // Its position among the calls of its name, and among those of its name and request.
+        let index = self.asked.iter().filter(|s| s.is(&name, None)).count();
+        let occurrence = self.asked.iter().filter(|s| s.is(&name, Some(&request))).count();
+        let index = u32::try_from(index).unwrap_or(u32::MAX);
+        if let Some(requests) = &mut self.requests {
             requests.push((name.clone(), request_bytes.to_vec()));
         }
-        let produce = inner.produce();
+        let produce = self.produce();
         let miss = |kind| ReplayMiss {
             produce: produce.clone(),
             call: name.to_string(),
             index,
             kind,
         };
-        match &mut inner.source {
+        match &mut self.source {
             Source::Replay { recorded } => {
-                let Some(at) = nth_named(recorded, &name, index) else {
-                    return inner.missed(miss(MissKind::NotRecorded));
-                };
-                inner.used[at] = true;
-                let call = &recorded[at];
-                if call.request != request {
-                    let kind = MissKind::RequestDiffers {
-                        recorded: call.request,
-                        replayed: request,
+                let Some(at) = nth_matching(recorded, &name, &request, occurrence) else {
+                    // Another request under that name, not yet asked for: the request changed.
+                    let other = recorded
+                        .iter()
+                        .zip(&self.used)
+                        .find(|(call, used)| !**used && call.name == name)
+                        .map(|(call, _)| call.request);
+                    let kind = match other {
+                        Some(recorded) => MissKind::RequestDiffers {
+                            recorded,
+                            replayed: request,
+                        },
+                        None => MissKind::NotRecorded,
                     };
-                    return inner.missed(miss(kind));
-                }
-                inner.asked.push(Slot::Done(call.clone()));
-                match &call.outcome {
+                    return self.missed(miss(kind));
+                };
+                self.used[at] = true;
+                let call = recorded[at].clone();
+                let asked = match &call.outcome {
                     CallOutcome::Answered { bytes, .. } => Asked::Answered(bytes.clone()),
-                    CallOutcome::Failed { error } => Asked::Failed(error.clone()),
-                }
+                    other => Asked::Ended(other.clone()),
+                };
+                self.asked.push(Slot::Done(call));
+                asked
             }
             Source::Live { prior } => {
-                let reuse = nth_named(prior, &name, index).filter(|&at| {
-                    prior[at].request == request && matches!(prior[at].outcome, CallOutcome::Answered { .. })
-                });
+                let reuse = nth_matching(prior, &name, &request, occurrence)
+                    .filter(|&at| matches!(prior[at].outcome, CallOutcome::Answered { .. }));
                 if let Some(at) = reuse {
-                    inner.used[at] = true;
+                    self.used[at] = true;
                     let call = prior[at].clone();
                     let bytes = call.answer_bytes().map(Arc::from).expect("an answered call");
-                    inner.asked.push(Slot::Done(call));
+                    self.asked.push(Slot::Done(call));
                     if !name.starts_with(RESERVED) {
-                        inner.reused += 1;
+                        self.reused += 1;
                     }
                     return Asked::Answered(bytes);
                 }
                 if metered {
-                    if let Some(limit) = inner.meter.as_ref().and_then(|m| m.exhausted()) {
-                        inner.deferred.get_or_insert(limit);
+                    if let Some(limit) = self.meter.as_ref().and_then(|m| m.exhausted()) {
+                        self.deferred.get_or_insert(limit);
                         return Asked::Refused(CallError::BudgetExhausted {
                             call: name.to_string(),
                             limit: limit.limit(),
                         });
                     }
                 }
-                inner.asked.push(Slot::Waiting { name, request });
-                Asked::Make(inner.asked.len() - 1)
+                self.asked.push(Slot::Waiting { name, request });
+                Asked::Make(self.asked.len() - 1)
             }
             Source::Script(script) => {
-                if let Some((bytes, usage)) = script.answers.get_mut(&name).and_then(VecDeque::pop_front) {
-                    inner.asked.push(Slot::Done(RecordedCall {
-                        name: name.clone(),
+                let scripted = script.answers.get_mut(&name).and_then(VecDeque::pop_front);
+                let fixed = match (&*name, scripted) {
+                    (_, Some(answer)) => Some(answer),
+                    (NOW, None) => script
+                        .now
+                        .and_then(|t| artifact::encode(&t).ok())
+                        .map(|b| (b.into(), Usage::ZERO)),
+                    (RNG, None) => artifact::encode(&script.seed).ok().map(|b| (b.into(), Usage::ZERO)),
+                    _ => None,
+                };
+                if let Some((bytes, usage)) = fixed {
+                    self.asked.push(Slot::Done(RecordedCall {
+                        name,
                         request,
                         outcome: CallOutcome::Answered {
                             hash: content_hash(&bytes),
@@ -434,103 +448,73 @@ impl RunCalls<'_> {
                         },
                         usage,
                     }));
-                    inner.spent += usage;
+                    self.spent += usage;
                     return Asked::Answered(bytes);
                 }
-                let fixed = match &*name {
-                    NOW => script.now.map(|t| artifact::encode(&t)),
-                    RNG => Some(artifact::encode(&script.seed)),
-                    _ => None,
-                };
-                match fixed {
-                    Some(Ok(bytes)) => {
-                        let bytes: Arc<[u8]> = bytes.into();
-                        inner.asked.push(Slot::Done(RecordedCall {
-                            name: name.clone(),
-                            request,
-                            outcome: CallOutcome::Answered {
-                                hash: content_hash(&bytes),
-                                bytes: bytes.clone(),
-                            },
-                            usage: Usage::ZERO,
-                        }));
-                        Asked::Answered(bytes)
-                    }
-                    _ if script.call_through || &*name == NOW => {
-                        inner.asked.push(Slot::Waiting {
-                            name: name.clone(),
-                            request,
-                        });
-                        Asked::Make(inner.asked.len() - 1)
-                    }
-                    _ => inner.missed(miss(MissKind::NotScripted)),
+                if script.call_through || &*name == NOW {
+                    self.asked.push(Slot::Waiting { name, request });
+                    return Asked::Make(self.asked.len() - 1);
                 }
+                self.missed(miss(MissKind::NotScripted))
             }
         }
     }
 
     /// Records how the call in `slot` ended.
-    fn answer(&self, slot: usize, outcome: CallOutcome, usage: Usage) {
-        let mut buffer = self.lock();
-        let inner = &mut buffer.calls;
-        if let Some(Slot::Waiting { name, .. }) = inner.asked.get(slot) {
-            if !name.starts_with(RESERVED) {
-                inner.made += 1;
-            }
+    fn answer(&mut self, slot: usize, outcome: CallOutcome, usage: Usage) {
+        let Some(entry) = self.asked.get_mut(slot) else {
+            return;
+        };
+        let Slot::Waiting { name, request } = entry else {
+            return;
+        };
+        if !name.starts_with(RESERVED) {
+            self.made += 1;
         }
-        inner.spent += usage;
-        if let Some(meter) = &inner.meter {
+        self.spent += usage;
+        if let Some(meter) = &self.meter {
             meter.add(usage);
         }
-        if let Some(entry) = inner.asked.get_mut(slot) {
-            if let Slot::Waiting { name, request } = entry {
-                *entry = Slot::Done(RecordedCall {
-                    name: name.clone(),
-                    request: *request,
-                    outcome,
-                    usage,
-                });
-            }
+        *entry = Slot::Done(RecordedCall {
+            name: name.clone(),
+            request: *request,
+            outcome,
+            usage,
+        });
+    }
+
+    /// Records that the answer to the call of `name` asked for last does not decode as
+    /// `type_name`: in a replay, a miss.
+    fn undecodable(&mut self, name: &str, type_name: &'static str) -> CallError {
+        if !self.replaying() {
+            // A reused answer that no longer decodes (the type changed between two attempts
+            // in one process): reported, not called again.
+            return CallError::Answer {
+                call: name.to_owned(),
+                error: format!("the recorded answer does not decode as `{type_name}`"),
+            };
         }
-    }
-
-    /// Records a miss of the call of `name` asked for last (its answer does not decode).
-    fn undecodable(&self, name: &str, error: String) -> ReplayMiss {
-        let mut buffer = self.lock();
-        let inner = &mut buffer.calls;
+        let index = self.asked.iter().filter(|s| s.is(name, None)).count().saturating_sub(1);
         let miss = ReplayMiss {
-            produce: inner.produce(),
+            produce: self.produce(),
             call: name.to_owned(),
-            index: inner
-                .counts
-                .iter()
-                .find(|(n, _)| &**n == name)
-                .map_or(0, |(_, count)| count.saturating_sub(1)),
-            kind: MissKind::Undecodable { error },
+            index: u32::try_from(index).unwrap_or(u32::MAX),
+            kind: MissKind::Undecodable { type_name },
         };
-        inner.miss.get_or_insert_with(|| Box::new(miss.clone()));
-        miss
+        self.miss.get_or_insert_with(|| Box::new(miss.clone()));
+        miss.into()
     }
 
-    fn replaying(&self) -> bool {
-        matches!(self.lock().calls.source, Source::Replay { .. } | Source::Script(_))
-    }
-}
-
-impl CallLog {
-    /// Ends the run's calls: later ones are refused. What they came to.
-    pub(crate) fn harvest(&mut self) -> Harvest {
-        let inner = self;
-        inner.sealed = true;
-        let asked = std::mem::take(&mut inner.asked);
+    /// What the run's calls came to.
+    fn harvest(mut self) -> Harvest {
         // In a replay, a recorded call the run never asked for is a divergence too.
-        if inner.miss.is_none() {
-            if let Source::Replay { recorded } = &inner.source {
-                if let Some(at) = inner.used.iter().position(|used| !used) {
+        if self.miss.is_none() {
+            if let Source::Replay { recorded } = &self.source {
+                if let Some(at) = self.used.iter().position(|used| !used) {
                     let call = &recorded[at];
                     let index = recorded[..at].iter().filter(|c| c.name == call.name).count();
-                    inner.miss = Some(Box::new(ReplayMiss {
-                        produce: inner.produce(),
+                    self.miss = Some(Box::new(ReplayMiss {
+                        produce: self.produce(),
                         call: call.name.to_string(),
                         index: u32::try_from(index).unwrap_or(u32::MAX),
                         kind: MissKind::NotAsked,
@@ -538,47 +522,54 @@ impl CallLog {
                 }
             }
         }
-        let requests = inner.requests.take().unwrap_or_default();
         Harvest {
-            calls: asked
+            calls: self
+                .asked
                 .into_iter()
                 .map(|slot| match slot {
                     Slot::Done(call) => call,
                     Slot::Waiting { name, request } => RecordedCall {
                         name,
                         request,
-                        outcome: CallOutcome::Failed {
-                            error: "abandoned".to_owned(),
-                        },
+                        outcome: CallOutcome::Abandoned,
                         usage: Usage::ZERO,
                     },
                 })
                 .collect(),
-            spent: inner.spent,
-            made: inner.made,
-            reused: inner.reused,
-            miss: inner.miss.take().map(|miss| *miss),
-            deferred: inner.deferred,
-            requests,
+            spent: self.spent,
+            made: self.made,
+            reused: self.reused,
+            miss: self.miss.map(|miss| *miss),
+            deferred: self.deferred,
+            requests: self.requests.unwrap_or_default(),
         }
     }
 }
 
-impl CallLog {
-    fn missed(&mut self, miss: ReplayMiss) -> Asked {
-        self.miss.get_or_insert_with(|| Box::new(miss.clone()));
-        Asked::Refused(miss.into())
+impl Buffer {
+    /// Ends the run's calls (later ones are refused) and says what they came to.
+    pub(crate) fn take_calls(&mut self) -> Harvest {
+        self.calls_taken = true;
+        self.calls.take().map(|log| log.harvest()).unwrap_or_default()
     }
 }
 
-/// The position in `calls` of the `n`-th call named `name`.
-fn nth_named(calls: &[RecordedCall], name: &str, n: u32) -> Option<usize> {
+/// The position in `calls` of the `n`-th call named `name` with `request`.
+fn nth_matching(calls: &[RecordedCall], name: &str, request: &ContentHash, n: usize) -> Option<usize> {
     calls
         .iter()
         .enumerate()
-        .filter(|(_, c)| &*c.name == name)
-        .nth(n as usize)
+        .filter(|(_, c)| &*c.name == name && c.request == *request)
+        .nth(n)
         .map(|(at, _)| at)
+}
+
+/// Refuses the runtime's own names.
+fn checked(name: &str) -> Result<(), CallError> {
+    match name.starts_with(RESERVED) {
+        true => Err(CallError::ReservedName { call: name.to_owned() }),
+        false => Ok(()),
+    }
 }
 
 /// Encodes a request and hashes it.
@@ -591,85 +582,79 @@ fn request_of<Q: Serialize + ?Sized>(name: &str, request: &Q) -> Result<(Vec<u8>
     Ok((bytes, hash))
 }
 
+/// The calls of one run, reached through its effects buffer.
+struct RunCalls<'a>(&'a Mutex<Buffer>);
+
 impl RunCalls<'_> {
-    /// One call, made or answered from the record.
-    async fn call<Q, A, E, F, Fut>(&self, name: &str, request: &Q, make: F) -> Result<A, CallError>
-    where
-        Q: Serialize + ?Sized,
-        A: Serialize + DeserializeOwned,
-        E: Into<BoxError>,
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<(A, Usage), E>>,
-    {
-        if name.starts_with(RESERVED) {
-            return Err(CallError::ReservedName { call: name.to_owned() });
+    /// Runs `f` on the run's call log (made on first use), unless the run has finished.
+    fn with<R>(&self, name: &str, f: impl FnOnce(&mut CallLog) -> R) -> Result<R, CallError> {
+        let mut buffer = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if buffer.is_sealed() || buffer.calls_taken {
+            return Err(CallError::RunFinished { call: name.to_owned() });
         }
-        self.call_named(name, request, true, make).await
+        let log = buffer
+            .calls
+            .get_or_insert_with(|| Box::new(CallLog::new(None, Source::Live { prior: Vec::new() }, None)));
+        Ok(f(log))
     }
 
-    async fn call_named<Q, A, E, F, Fut>(&self, name: &str, request: &Q, metered: bool, make: F) -> Result<A, CallError>
+    /// One call, made or answered from the record. `request` is encoded before anything is
+    /// awaited, so the future holds its hash and encoding, never the request.
+    async fn call<A, E, F, Fut>(
+        &self,
+        name: &str,
+        request: Result<(Vec<u8>, ContentHash), CallError>,
+        metered: bool,
+        make: F,
+    ) -> Result<A, CallError>
     where
-        Q: Serialize + ?Sized,
         A: Serialize + DeserializeOwned,
         E: Into<BoxError>,
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<(A, Usage), E>>,
     {
-        let (request_bytes, request) = request_of(name, request)?;
-        let slot = match self.ask(name, request, &request_bytes, metered) {
+        let (request_bytes, request) = request?;
+        let slot = match self.with(name, |log| log.ask(name, request, &request_bytes, metered))? {
             Asked::Answered(bytes) => {
-                return rmp_serde::from_slice(&bytes).map_err(|e| match self.replaying() {
-                    true => self.undecodable(name, e.to_string()).into(),
-                    // A reused answer that no longer decodes (the type changed between two
-                    // attempts in one process): reported, not called again.
-                    false => CallError::Answer {
-                        call: name.to_owned(),
-                        error: e.to_string(),
-                    },
-                });
+                return match rmp_serde::from_slice(&bytes) {
+                    Ok(answer) => Ok(answer),
+                    Err(_) => Err(self.with(name, |log| log.undecodable(name, std::any::type_name::<A>()))?),
+                };
             }
-            Asked::Failed(error) => {
-                return Err(CallError::Failed {
-                    call: name.to_owned(),
-                    source: error.into(),
-                })
-            }
+            Asked::Ended(outcome) => return ended(name, outcome).await,
             Asked::Refused(e) => return Err(e),
             Asked::Make(slot) => slot,
         };
         match make().await {
-            Ok((answer, usage)) => {
+            Ok((answer, usage)) => match round_trip(&answer) {
                 // The produce gets the answer as a replay will: decoded from what is recorded.
-                let recorded = artifact::encode(&answer).map_err(|e| e.to_string()).and_then(|bytes| {
-                    rmp_serde::from_slice::<A>(&bytes)
-                        .map(|a| (a, bytes))
-                        .map_err(|e| format!("it does not decode back: {e}"))
-                });
-                match recorded {
-                    Ok((answer, bytes)) => {
-                        let outcome = CallOutcome::Answered {
-                            hash: content_hash(&bytes),
-                            bytes: bytes.into(),
-                        };
-                        self.answer(slot, outcome, usage);
-                        Ok(answer)
-                    }
-                    Err(error) => {
-                        let outcome = CallOutcome::Failed { error: error.clone() };
-                        self.answer(slot, outcome, usage);
-                        Err(CallError::Answer {
-                            call: name.to_owned(),
-                            error,
-                        })
-                    }
+                Some((answer, bytes)) => {
+                    let outcome = CallOutcome::Answered {
+                        hash: content_hash(&bytes),
+                        bytes: bytes.into(),
+                    };
+                    let _ = self.with(name, |log| log.answer(slot, outcome, usage));
+                    Ok(answer)
                 }
-            }
+                None => {
+                    let error = format!(
+                        "the answer does not round-trip through rmp-serde as `{}`",
+                        std::any::type_name::<A>()
+                    );
+                    let outcome = CallOutcome::Unrecordable { error: error.clone() };
+                    let _ = self.with(name, |log| log.answer(slot, outcome, usage));
+                    Err(CallError::Answer {
+                        call: name.to_owned(),
+                        error,
+                    })
+                }
+            },
             Err(e) => {
                 let source: BoxError = e.into();
                 let outcome = CallOutcome::Failed {
                     error: source.to_string(),
                 };
-                self.answer(slot, outcome, Usage::ZERO);
+                let _ = self.with(name, |log| log.answer(slot, outcome, Usage::ZERO));
                 Err(CallError::Failed {
                     call: name.to_owned(),
                     source,
@@ -679,32 +664,63 @@ impl RunCalls<'_> {
     }
 
     /// A synchronous call of the runtime's own (the clock, a seed): never refused by the
-    /// budget, never failing; a replay that misses it records the miss and gets `fallback`.
+    /// budget, never failing; a replay that misses it records the miss and gets a fresh value.
     fn own<A: Serialize + DeserializeOwned>(&self, name: &'static str, make: impl FnOnce() -> A) -> A {
         let (request_bytes, request) = request_of(name, &()).expect("() always encodes");
-        match self.ask(name, request, &request_bytes, false) {
-            Asked::Answered(bytes) => match rmp_serde::from_slice(&bytes) {
+        match self.with(name, |log| log.ask(name, request, &request_bytes, false)) {
+            Ok(Asked::Answered(bytes)) => match rmp_serde::from_slice(&bytes) {
                 Ok(answer) => answer,
-                Err(e) => {
-                    self.undecodable(name, e.to_string());
+                Err(_) => {
+                    let _ = self.with(name, |log| log.undecodable(name, std::any::type_name::<A>()));
                     make()
                 }
             },
-            // A miss is recorded (the oracle reports it); the run goes on with a fresh value.
-            Asked::Failed(_) | Asked::Refused(_) => make(),
-            Asked::Make(slot) => {
+            Ok(Asked::Make(slot)) => {
                 let answer = make();
                 let outcome = match artifact::encode(&answer) {
                     Ok(bytes) => CallOutcome::Answered {
                         hash: content_hash(&bytes),
                         bytes: bytes.into(),
                     },
-                    Err(e) => CallOutcome::Failed { error: e.to_string() },
+                    Err(_) => CallOutcome::Unrecordable {
+                        error: format!("`{}` does not encode", std::any::type_name::<A>()),
+                    },
                 };
-                self.answer(slot, outcome, Usage::ZERO);
+                let _ = self.with(name, |log| log.answer(slot, outcome, Usage::ZERO));
                 answer
             }
+            // A miss is recorded (the oracle reports it); the run goes on with a fresh value.
+            Ok(Asked::Ended(_) | Asked::Refused(_)) | Err(_) => make(),
         }
+    }
+}
+
+/// The answer encoded, and decoded back from that encoding; `None` if either fails.
+fn round_trip<A: Serialize + DeserializeOwned>(answer: &A) -> Option<(A, Vec<u8>)> {
+    let bytes = artifact::encode(answer).ok()?;
+    let decoded = rmp_serde::from_slice(&bytes).ok()?;
+    Some((decoded, bytes))
+}
+
+/// What a replayed call that did not answer gives back: the error it failed with, or — for a
+/// call whose future the produce dropped before it answered — nothing, ever, so the produce
+/// takes the other way it took (its timeout elapses again, its other branch wins).
+async fn ended<A>(name: &str, outcome: CallOutcome) -> Result<A, CallError> {
+    match outcome {
+        CallOutcome::Failed { error } => Err(CallError::Failed {
+            call: name.to_owned(),
+            source: error.into(),
+        }),
+        CallOutcome::Unrecordable { error } => Err(CallError::Answer {
+            call: name.to_owned(),
+            error,
+        }),
+        CallOutcome::Abandoned => std::future::pending().await,
+        // Not given here: an answered call is answered, not ended.
+        CallOutcome::Answered { .. } => Err(CallError::Answer {
+            call: name.to_owned(),
+            error: "an answered call was replayed as ended".to_owned(),
+        }),
     }
 }
 
@@ -717,13 +733,20 @@ impl<T, D> ProduceCall<T, D> {
     /// spent budget or lost a race with another writer, and runs again), a replay and the
     /// replay oracle get the recorded answer back without calling `call` — as long as the
     /// request is the same: `request` is what identifies the call, so put in it everything the
-    /// answer depends on (the prompt, the model, its settings). The `n`-th call named `name`
-    /// in a run is matched with the `n`-th recorded under that name.
+    /// answer depends on (the prompt, the model, its settings), and nothing that changes from
+    /// one attempt to the next (a `HashMap`, whose iteration order is random, encodes
+    /// differently each time: use a `BTreeMap`). The `k`-th call a run asks for with one name
+    /// and request is matched with the `k`-th recorded with them, so concurrent calls inside
+    /// one produce match whatever order they answer in. The request is encoded before the
+    /// returned future is first polled; the future does not hold it.
     ///
     /// The produce gets the answer as a replay will: decoded from its recorded encoding
     /// (rmp-serde), so `A` must round-trip through serde. A failure of `call` is recorded as
-    /// failed and returned ([`CallError::Failed`]); it is not reused: a retry calls again.
-    /// Recorded answers are never logged. See `docs/agents.md`.
+    /// failed and returned ([`CallError::Failed`]); it is not reused: a retry calls again, and
+    /// a replay gets the error back (its message: keep secrets out of your errors, as the
+    /// message is kept in the log). A call whose future the produce drops before it answers
+    /// (a timeout) is recorded as abandoned; in a replay it never answers, so the produce takes
+    /// the same way again. Recorded answers are never logged. See `docs/agents.md`.
     ///
     /// ```
     /// use reactifact_core::{produce, Artifact, ProduceCall, ProduceError};
@@ -753,19 +776,22 @@ impl<T, D> ProduceCall<T, D> {
     /// that does not have the call; [`CallError::Request`] and [`CallError::Answer`] when the
     /// request or the answer does not encode; [`CallError::ReservedName`] for a name beginning
     /// with `reactifact.`; [`CallError::RunFinished`] after the run has finished.
-    pub async fn record<Q, A, E, F, Fut>(&self, name: &str, request: &Q, call: F) -> Result<A, CallError>
+    pub fn record<'a, Q, A, E, F, Fut>(
+        &'a self,
+        name: &'a str,
+        request: &Q,
+        call: F,
+    ) -> impl Future<Output = Result<A, CallError>> + 'a
     where
         Q: Serialize + ?Sized,
-        A: Serialize + DeserializeOwned,
-        E: Into<BoxError>,
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<A, E>>,
+        A: Serialize + DeserializeOwned + 'a,
+        E: Into<BoxError> + 'a,
+        F: FnOnce() -> Fut + 'a,
+        Fut: Future<Output = Result<A, E>> + 'a,
     {
-        RunCalls(&self.buffer)
-            .call(name, request, || async move {
-                call().await.map(|answer| (answer, Usage::ZERO))
-            })
-            .await
+        let request = checked(name).and_then(|()| request_of(name, request));
+        let make = || async move { call().await.map(|answer| (answer, Usage::ZERO)) };
+        async move { RunCalls(&self.buffer).call(name, request, true, make).await }
     }
 
     /// A recorded call, like [`record`](ProduceCall::record), whose closure also reports what it
@@ -777,15 +803,21 @@ impl<T, D> ProduceCall<T, D> {
     ///
     /// # Errors
     /// As [`record`](ProduceCall::record).
-    pub async fn record_metered<Q, A, E, F, Fut>(&self, name: &str, request: &Q, call: F) -> Result<A, CallError>
+    pub fn record_metered<'a, Q, A, E, F, Fut>(
+        &'a self,
+        name: &'a str,
+        request: &Q,
+        call: F,
+    ) -> impl Future<Output = Result<A, CallError>> + 'a
     where
         Q: Serialize + ?Sized,
-        A: Serialize + DeserializeOwned,
-        E: Into<BoxError>,
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<(A, Usage), E>>,
+        A: Serialize + DeserializeOwned + 'a,
+        E: Into<BoxError> + 'a,
+        F: FnOnce() -> Fut + 'a,
+        Fut: Future<Output = Result<(A, Usage), E>> + 'a,
     {
-        RunCalls(&self.buffer).call(name, request, call).await
+        let request = checked(name).and_then(|()| request_of(name, request));
+        async move { RunCalls(&self.buffer).call(name, request, true, call).await }
     }
 
     /// The time now, as a recorded call (`reactifact.now`): a retry and a replay of this run
@@ -826,12 +858,16 @@ pub(crate) type RunKey = (usize, usize, ArtifactId, Version, ContentHash, EventK
 /// again after a restart.
 #[derive(Default)]
 pub(crate) struct CallCache {
-    runs: HashMap<RunKey, Vec<RecordedCall>>,
+    runs: HashMap<RunKey, (Vec<RecordedCall>, usize)>,
     order: VecDeque<RunKey>,
+    /// The answers' bytes kept, in all.
+    bytes: usize,
 }
 
-/// How many runs' answers the cache keeps.
+/// How many runs' answers the cache keeps, at most.
 const CACHED_RUNS: usize = 4096;
+/// How many bytes of answers the cache keeps, at most.
+const CACHED_BYTES: usize = 64 << 20;
 
 impl CallCache {
     /// Whether no run's answers are kept.
@@ -839,29 +875,39 @@ impl CallCache {
         self.runs.is_empty()
     }
 
-    /// The answers kept for `key`, taken out.
+    /// The calls kept for `key`, taken out.
     pub(crate) fn take(&mut self, key: &RunKey) -> Vec<RecordedCall> {
-        self.runs.remove(key).unwrap_or_default()
+        match self.runs.remove(key) {
+            Some((calls, bytes)) => {
+                self.bytes -= bytes;
+                calls
+            }
+            None => Vec::new(),
+        }
     }
 
-    /// Keeps the answered calls of a run that did not commit.
+    /// Keeps the calls of a run whose events stay queued, for its next attempt: all of them,
+    /// in place (only the answered ones are reused), when one answered.
     pub(crate) fn keep(&mut self, key: RunKey, calls: Vec<RecordedCall>) {
-        let answered: Vec<RecordedCall> = calls
-            .into_iter()
-            .filter(|c| matches!(c.outcome, CallOutcome::Answered { .. }))
-            .collect();
-        if answered.is_empty() {
+        if !calls.iter().any(|c| matches!(c.outcome, CallOutcome::Answered { .. })) {
             return;
         }
-        if self.runs.insert(key.clone(), answered).is_none() {
+        let bytes = calls
+            .iter()
+            .map(|c| c.answer_bytes().map_or(0, <[u8]>::len))
+            .sum::<usize>();
+        if let Some((_, old)) = self.runs.insert(key.clone(), (calls, bytes)) {
+            self.bytes -= old;
+        } else {
             self.order.push_back(key);
         }
-        while self.runs.len() > CACHED_RUNS {
-            match self.order.pop_front() {
-                Some(old) => {
-                    self.runs.remove(&old);
-                }
-                None => break,
+        self.bytes += bytes;
+        while self.runs.len() > CACHED_RUNS || self.bytes > CACHED_BYTES {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some((_, bytes)) = self.runs.remove(&old) {
+                self.bytes -= bytes;
             }
         }
         // Keys taken out since are still in `order`: drop them once it is twice the bound.

@@ -47,8 +47,10 @@ pub(crate) struct Buffer {
     /// Keys acted in this run, so a second `act` of a key is found without a scan.
     acted: foldhash::HashSet<ActionKey>,
     sealed: bool,
-    /// The run's recorded calls (see `run/calls.rs`).
-    pub(crate) calls: CallLog,
+    /// The run's recorded calls (see `run/calls.rs`), once there is something to keep.
+    pub(crate) calls: Option<Box<CallLog>>,
+    /// The calls were taken: later ones are refused.
+    pub(crate) calls_taken: bool,
 }
 
 /// What a sealed buffer hands back: the run's patch, its reads and the first effect error.
@@ -59,10 +61,10 @@ pub(crate) struct Sealed {
 }
 
 impl Buffer {
-    /// The buffer of a run whose calls are recorded in `calls`.
-    pub(crate) fn new(calls: CallLog) -> Arc<Mutex<Buffer>> {
+    /// The buffer of a run whose calls start from `calls` (see `CallLog::live`).
+    pub(crate) fn new(calls: Option<CallLog>) -> Arc<Mutex<Buffer>> {
         Arc::new(Mutex::new(Buffer {
-            calls,
+            calls: calls.map(Box::new),
             ..Buffer::default()
         }))
     }

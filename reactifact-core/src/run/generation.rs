@@ -234,7 +234,7 @@ impl Calls {
         let mut calls = Vec::with_capacity(buffers.len());
         let mut deferred = None;
         for (work, buffer) in work.iter().zip(buffers) {
-            let harvest = buffer.lock().unwrap_or_else(|e| e.into_inner()).calls.harvest();
+            let harvest = buffer.lock().unwrap_or_else(|e| e.into_inner()).take_calls();
             if harvest.made > 0 || harvest.reused > 0 {
                 let agent = &rt.agents[work.slot.agent];
                 let produce = &agent.produces[work.slot.produce];
@@ -311,7 +311,14 @@ async fn execute(
         active[agent] -= 1;
         if let Some(queued) = waiting[agent].pop_front() {
             active[agent] += 1;
-            running.push(run_one(rt, queued, &work[queued], &buffers[queued], snapshot, generation));
+            running.push(run_one(
+                rt,
+                queued,
+                &work[queued],
+                &buffers[queued],
+                snapshot,
+                generation,
+            ));
         }
     }
     results.into_iter().map(|r| r.expect("every work item ran")).collect()

@@ -239,10 +239,10 @@ impl ProduceTest {
                 joins.parts(Slot { agent: 0, produce: 0 }, &stored, &snapshot)
             }
         };
-        let buffer = Buffer::new(CallLog::answering(
+        let buffer = Buffer::new(Some(CallLog::answering(
             self.produce.name_arc().clone(),
             Source::Script(Box::new(self.script)),
-        ));
+        )));
         let run = Run {
             trigger: stored,
             event,
@@ -252,7 +252,7 @@ impl ProduceTest {
             buffer: buffer.clone(),
         };
         let output = start_run(&self.produce, run, &snapshot).await;
-        let harvest = buffer.lock().unwrap_or_else(|e| e.into_inner()).calls.harvest();
+        let harvest = buffer.lock().unwrap_or_else(|e| e.into_inner()).take_calls();
         let output = check_outputs(&self.produce, output)?;
         Ok(RunEffects {
             ops: output.ops,

@@ -46,8 +46,8 @@ struct RunRepr<'a> {
     calls: Vec<CallRepr<'a>>,
 }
 
-/// A recorded call: its name, request hash, answer (its bytes, or the error it failed with)
-/// and usage `(tokens in, tokens out, cost)`. The answer's hash is recomputed from its bytes.
+/// A recorded call: its name, request hash, outcome (the answer's bytes, the error it failed
+/// with, why it could not be recorded, or that it was abandoned) and usage `(tokens in, tokens out, cost)`. The answer's hash is recomputed from its bytes.
 #[derive(Serialize, Deserialize)]
 struct CallRepr<'a> {
     #[serde(borrow)]
@@ -62,6 +62,8 @@ struct CallRepr<'a> {
 enum OutcomeRepr<'a> {
     Answered(#[serde(with = "serde_bytes", borrow)] Cow<'a, [u8]>),
     Failed(#[serde(borrow)] Cow<'a, str>),
+    Unrecordable(#[serde(borrow)] Cow<'a, str>),
+    Abandoned,
 }
 
 impl<'a> CallRepr<'a> {
@@ -72,6 +74,8 @@ impl<'a> CallRepr<'a> {
             outcome: match &call.outcome {
                 CallOutcome::Answered { bytes, .. } => OutcomeRepr::Answered(Cow::Borrowed(bytes)),
                 CallOutcome::Failed { error } => OutcomeRepr::Failed(Cow::Borrowed(error)),
+                CallOutcome::Unrecordable { error } => OutcomeRepr::Unrecordable(Cow::Borrowed(error)),
+                CallOutcome::Abandoned => OutcomeRepr::Abandoned,
             },
             usage: (call.usage.tokens_in, call.usage.tokens_out, call.usage.cost),
         }
@@ -90,6 +94,10 @@ impl<'a> CallRepr<'a> {
                 OutcomeRepr::Failed(error) => CallOutcome::Failed {
                     error: error.into_owned(),
                 },
+                OutcomeRepr::Unrecordable(error) => CallOutcome::Unrecordable {
+                    error: error.into_owned(),
+                },
+                OutcomeRepr::Abandoned => CallOutcome::Abandoned,
             },
             usage: Usage {
                 tokens_in,
