@@ -66,8 +66,8 @@ pub use run::produce::{
 };
 pub use run::resources::{DeclaredResource, Resources};
 pub use run::runtime::{
-    Budget, BuildError, FlushError, ProduceErrors, RunError, Runtime, RuntimeBuilder, StopHandle, TurnOutcome,
-    TurnReport, MAX_CONFLICT_RETRIES,
+    Budget, BuildError, FlushError, ProduceErrors, ProduceUsage, RunError, Runtime, RuntimeBuilder, StopHandle,
+    TurnOutcome, TurnReport, MAX_CONFLICT_RETRIES,
 };
 pub use run::serve::{RuntimeHandle, ServeReport, SubmitError};
 pub use run::when;

@@ -277,16 +277,33 @@ async fn the_token_budget_stops_the_turn_at_the_run_whose_call_finds_it_spent() 
     let report = rt.run_with(budget).await.unwrap();
     assert_eq!(report.outcome, TurnOutcome::TokensExhausted);
     assert_eq!(calls(&model), 3, "the fourth run's call was not made");
-    assert_eq!(report.generations, 0, "the generation is not committed");
+    assert_eq!((report.generations, report.runs), (1, 3), "the runs before it commit");
     assert_eq!(report.total_usage().total_tokens(), 300);
-    assert_eq!(rt.context().queued_events(), 5, "its events stay queued");
+    let queued_tickets = rt
+        .context()
+        .events()
+        .filter(|e| e.id.as_str().starts_with("ticket:"))
+        .count();
+    assert_eq!(queued_tickets, 2, "the events of the other two stay queued");
+    assert!(rt
+        .context()
+        .snapshot()
+        .get::<Label>("label:ticket:3")
+        .unwrap()
+        .is_some());
+    assert!(rt
+        .context()
+        .snapshot()
+        .get::<Label>("label:ticket:4")
+        .unwrap()
+        .is_none());
 
-    // The next turn reuses the three answers and pays for the last two.
+    // The next turn runs the last two.
     let report = rt.run_with(budget).await.unwrap();
     assert_eq!(report.outcome, TurnOutcome::Completed);
     assert_eq!(calls(&model), 5);
-    assert_eq!((report.usage[0].calls, report.usage[0].reused), (2, 3));
-    assert_eq!(report.runs, 5);
+    assert_eq!((report.usage[0].calls, report.usage[0].reused), (2, 0));
+    assert_eq!(report.runs, 2);
 
     // The cost budget ends a turn the same way, with its own outcome.
     let model = Shared::default();
@@ -299,6 +316,24 @@ async fn the_token_budget_stops_the_turn_at_the_run_whose_call_finds_it_spent() 
     let report = rt.run_with(Budget::default().max_cost(3)).await.unwrap();
     assert_eq!(report.outcome, TurnOutcome::CostExhausted);
     assert_eq!(calls(&model), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn calls_running_at_once_overshoot_the_budget_together_and_the_turn_ends_on_it() {
+    // Each call takes a second: the five runs' calls all start before any answers.
+    let model = Shared(Arc::new(Model {
+        delay: Duration::from_secs(1),
+        ..Model::default()
+    }));
+    let mut rt = Runtime::builder(tickets(5))
+        .resource(model.clone())
+        .agent(Agent::new("support").produce(triage(false)))
+        .build()
+        .unwrap();
+    let report = rt.run_with(Budget::default().max_tokens(250)).await.unwrap();
+    assert_eq!((report.outcome, report.runs), (TurnOutcome::TokensExhausted, 5));
+    assert_eq!(report.total_usage().total_tokens(), 500);
+    assert_eq!(calls(&model), 5);
 }
 
 #[tokio::test]

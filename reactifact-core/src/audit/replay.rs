@@ -11,7 +11,7 @@ use crate::model::event::EventKind;
 use crate::model::field_diff::{diff_bytes, FieldDiff};
 use crate::model::hash::ContentHash;
 use crate::model::patch::Op;
-use crate::run::calls::{CallLog, ReplayMiss, Source};
+use crate::run::calls::{CallLog, MissKind, ReplayMiss, Source};
 use crate::run::effects::Buffer;
 use crate::run::generation::{start_run, Run};
 use crate::run::join::Joins;
@@ -145,6 +145,17 @@ pub enum ReplayError {
     /// The log itself does not refold (see [`Context::verify`]).
     #[error("replay could not rebuild the recorded snapshots: {0}")]
     Log(#[from] VerifyError),
+    /// A produce given to the replay uses a resource that was not given
+    /// ([`Context::replay_with`]); nothing was replayed.
+    #[error("produce `{produce}` (agent `{agent}`) uses resource `{resource}`, which the replay was not given; pass it to Context::replay_with")]
+    MissingResource {
+        /// The agent.
+        agent: String,
+        /// The produce's name.
+        produce: String,
+        /// The resource's type name.
+        resource: &'static str,
+    },
 }
 
 /// What a passing replay checked.
@@ -172,7 +183,8 @@ impl Context {
     /// # Errors
     /// [`ReplayError::Diverged`] with the first [`Divergence`] in log order: the produce, the
     /// generation, the artifact id and, for structured content, the differing fields;
-    /// [`ReplayError::Log`] if the log does not refold.
+    /// [`ReplayError::Log`] if the log does not refold; [`ReplayError::MissingResource`] if a
+    /// produce uses a resource (give them with [`replay_with`](Context::replay_with)).
     pub async fn replay(&self, agents: &[Agent]) -> Result<ReplayReport, ReplayError> {
         self.replay_with(agents, &Resources::new()).await
     }
@@ -185,8 +197,20 @@ impl Context {
     /// request, diverges with [`Difference::Call`].
     ///
     /// # Errors
-    /// As [`replay`](Context::replay).
+    /// As [`replay`](Context::replay); [`ReplayError::MissingResource`] when a produce uses a
+    /// resource that `resources` lacks.
     pub async fn replay_with(&self, agents: &[Agent], resources: &Resources) -> Result<ReplayReport, ReplayError> {
+        for agent in agents {
+            for produce in &agent.produces {
+                if let Some(missing) = produce.uses_types().iter().find(|ty| !resources.contains_type(ty)) {
+                    return Err(ReplayError::MissingResource {
+                        agent: agent.name().to_owned(),
+                        produce: produce.name().to_owned(),
+                        resource: missing.name,
+                    });
+                }
+            }
+        }
         let mut refold = Refold::new(Checks::STATE);
         let mut report = ReplayReport { commits: 0, runs: 0 };
         let mut deleted = Deleted::default();
@@ -321,9 +345,10 @@ async fn replay_run(
         buffer: buffer.clone(),
     };
     let output = start_run(produce, run_input, snapshot).await;
-    // A call that does not replay explains whatever else differs.
+    // A call that does not replay explains whatever else differs — except a recorded call the
+    // run did not ask for because it failed first: the failure is the news.
     let miss = buffer.lock().unwrap_or_else(|e| e.into_inner()).take_calls().miss;
-    if let Some(miss) = miss {
+    if let Some(miss) = miss.filter(|miss| miss.kind != MissKind::NotAsked || output.is_ok()) {
         return Err(diverged(None, Difference::Call(miss)));
     }
     let output = output.map_err(|e| diverged(None, Difference::Failed { error: e.to_string() }))?;

@@ -54,8 +54,9 @@ pub enum CallError {
     Miss(Box<ReplayMiss>),
     /// The turn's [`Budget::max_tokens`](crate::Budget::max_tokens) or
     /// [`Budget::max_cost`](crate::Budget::max_cost) is spent, so the call was not made. The
-    /// generation is not committed (whatever the produce does with this error): the turn ends
-    /// with [`TurnOutcome::TokensExhausted`](crate::TurnOutcome::TokensExhausted) or
+    /// run is not committed (whatever the produce does with this error): its event stays
+    /// queued, the turn ends with
+    /// [`TurnOutcome::TokensExhausted`](crate::TurnOutcome::TokensExhausted) or
     /// [`CostExhausted`](crate::TurnOutcome::CostExhausted), and the next turn runs it again,
     /// reusing the answers its calls already got.
     #[error("call `{call}` was not made: the turn's {limit} budget is spent")]
@@ -183,6 +184,14 @@ pub(crate) enum Exhausted {
 }
 
 impl Exhausted {
+    /// The outcome of a turn that ends on it.
+    pub(crate) fn outcome(self) -> crate::run::runtime::TurnOutcome {
+        match self {
+            Exhausted::Tokens => crate::run::runtime::TurnOutcome::TokensExhausted,
+            Exhausted::Cost => crate::run::runtime::TurnOutcome::CostExhausted,
+        }
+    }
+
     fn limit(self) -> &'static str {
         match self {
             Exhausted::Tokens => "tokens",

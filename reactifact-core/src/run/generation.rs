@@ -111,20 +111,30 @@ pub(crate) async fn run(
         }
     };
     let _entered = span.enter();
-    if let Some(exhausted) = calls.deferred {
-        tracing::info!(limit = ?exhausted, "a call found the turn's budget spent; the generation is not committed and its events stay queued");
-        calls.keep_uncommitted(rt, &batch.work);
-        return Ok(Step::Interrupted(match exhausted {
-            Exhausted::Tokens => TurnOutcome::TokensExhausted,
-            Exhausted::Cost => TurnOutcome::CostExhausted,
-        }));
-    }
+    // A call that found the turn's budget spent was not made: the runs of its event and of
+    // every later one are not committed and those events stay queued; the runs of the events
+    // before it commit.
+    let events = match calls.cut(&batch.work) {
+        None => batch.events,
+        Some((0, exhausted)) => {
+            tracing::info!(limit = ?exhausted, "a call found the turn's budget spent before any event's work was done; nothing is committed");
+            calls.keep_uncommitted(rt, &batch.work);
+            return Ok(Step::Interrupted(exhausted.outcome()));
+        }
+        Some((cut, exhausted)) => {
+            tracing::info!(limit = ?exhausted, committed = cut, queued = batch.events - cut, "a call found the turn's budget spent; the work of the events before it commits, the rest stays queued");
+            cut
+        }
+    };
 
     let isolate = rt.produce_errors == ProduceErrors::Isolate;
     let mut records = Vec::with_capacity(batch.work.len());
     let mut record_work = Vec::with_capacity(batch.work.len());
     let mut failures = Vec::new();
     for (i, (work, result)) in batch.work.iter().zip(results).enumerate() {
+        if work.events.1 >= events {
+            continue; // cut off by the budget: it runs again
+        }
         let produce = &rt.agents[work.slot.agent].produces[work.slot.produce];
         match check_outputs(produce, result) {
             Ok(RunOutput { ops, reads }) => {
@@ -163,23 +173,20 @@ pub(crate) async fn run(
     let reacts = |event: &Event, readers: &Readers| matching::reacts(agents, triggers, &watching, event, readers);
     let turn = GenerationCommit { reacts: &reacts, claim };
     let preclaimed;
-    match rt
-        .context
-        .commit_generation(records, batch.events, isolate, &turn)
-        .await
-    {
+    match rt.context.commit_generation(records, events, isolate, &turn).await {
         Ok((rejected, claimed)) => {
             preclaimed = claimed
                 .zip(claim)
                 .map(|(claimed, asked)| Preclaimed::new(rt.context.outbox(), claimed, asked));
             runs -= rejected.len() as u64;
-            for &i in &record_work {
-                calls.committed[i] = true;
-            }
             for (r, error) in rejected {
                 let work = &batch.work[record_work[r]];
-                calls.committed[record_work[r]] = false;
                 failures.push(failure_at(rt, work, RunFailure::Commit(error)));
+            }
+            // The events taken are consumed, with the runs that failed on them (isolated or
+            // rejected): only the runs of events that stay queued run again.
+            for (i, work) in batch.work.iter().enumerate() {
+                calls.settled[i] = work.events.1 < events;
             }
             calls.keep_uncommitted(rt, &batch.work);
         }
@@ -222,9 +229,11 @@ fn run_key(work: &Work) -> RunKey {
 struct Calls {
     /// Per work item, its calls.
     calls: Vec<Vec<RecordedCall>>,
-    /// Per work item, whether its run was committed.
-    committed: Vec<bool>,
-    /// A call found the turn's budget spent.
+    /// Per work item, whether its event is consumed (its run committed, or failed for good):
+    /// its answers are not kept for another attempt.
+    settled: Vec<bool>,
+    /// The work items with a call the turn's budget refused, and the limit it found.
+    refused: Vec<usize>,
     deferred: Option<Exhausted>,
 }
 
@@ -232,22 +241,45 @@ impl Calls {
     /// Ends the runs' calls and counts what they used in the turn's report.
     fn harvest(rt: &Runtime, work: &[Work], buffers: &[Arc<Mutex<Buffer>>], report: &mut TurnReport) -> Calls {
         let mut calls = Vec::with_capacity(buffers.len());
+        let mut refused = Vec::new();
         let mut deferred = None;
-        for (work, buffer) in work.iter().zip(buffers) {
+        for (i, (work, buffer)) in work.iter().zip(buffers).enumerate() {
             let harvest = buffer.lock().unwrap_or_else(|e| e.into_inner()).take_calls();
             if harvest.made > 0 || harvest.reused > 0 {
                 let agent = &rt.agents[work.slot.agent];
                 let produce = &agent.produces[work.slot.produce];
                 report.count_usage(&agent.name, produce.name(), harvest.spent, harvest.made, harvest.reused);
             }
-            deferred = deferred.or(harvest.deferred);
+            if harvest.deferred.is_some() {
+                refused.push(i);
+                deferred = deferred.or(harvest.deferred);
+            }
             calls.push(harvest.calls);
         }
         Calls {
-            committed: vec![false; calls.len()],
+            settled: vec![false; calls.len()],
             calls,
+            refused,
             deferred,
         }
+    }
+
+    /// Where a spent budget cuts the batch, if a call found it spent: the number of events
+    /// (from the head) whose work all ran without a refused call, so that they, and only they,
+    /// are consumed. A run covers a range of events (a debounced run the events it replaced);
+    /// one that reaches past the cut is cut off with its first event.
+    fn cut(&self, work: &[Work]) -> Option<(usize, Exhausted)> {
+        let exhausted = self.deferred?;
+        let mut cut = self.refused.iter().map(|&i| work[i].events.0).min()?;
+        while let Some(lower) = work
+            .iter()
+            .filter(|w| w.events.1 >= cut && w.events.0 < cut)
+            .map(|w| w.events.0)
+            .min()
+        {
+            cut = lower;
+        }
+        Some((cut, exhausted))
     }
 
     /// Work item `i`'s calls, for its run's record.
@@ -255,10 +287,10 @@ impl Calls {
         self.calls[i].clone()
     }
 
-    /// Keeps the answers of the runs that did not commit, for their next attempt.
+    /// Keeps the calls of the runs whose events stay queued, for their next attempt.
     fn keep_uncommitted(&mut self, rt: &mut Runtime, work: &[Work]) {
         for (i, calls) in self.calls.iter_mut().enumerate() {
-            if !self.committed[i] && !calls.is_empty() {
+            if !self.settled[i] && !calls.is_empty() {
                 rt.calls.keep(run_key(&work[i]), std::mem::take(calls));
             }
         }

@@ -183,16 +183,18 @@ impl ProduceTest {
         self
     }
 
-    /// Runs the produce once and returns what it recorded. A join produce gets the parts
-    /// that share its trigger's key in the snapshot.
+    /// Runs the produce once and returns what it recorded — if its condition holds for the
+    /// trigger, as the runtime would (otherwise nothing runs: [`RunEffects::ran`] is false). A
+    /// join produce gets the parts that share its trigger's key in the snapshot.
     ///
     /// # Errors
     /// The [`RunFailure`] the run ended with: the produce's error, a panic, an undeclared
     /// output, an effect that did not encode, a trigger that does not decode.
     ///
     /// # Panics
-    /// If no trigger was given, if the produce's trigger type is not the trigger's kind, or if
-    /// the produce uses a resource the test does not provide: mistakes in the test itself.
+    /// If no trigger was given, if the produce's trigger type is not the trigger's kind, if it
+    /// does not react to the event's kind ([`Produce::on`](crate::Produce::on)), or if it uses
+    /// a resource the test does not provide: mistakes in the test itself.
     pub async fn run(mut self) -> Result<RunEffects, RunFailure> {
         let name = self.produce.name().to_owned();
         let Some(id) = self.trigger.take() else {
@@ -229,7 +231,27 @@ impl ProduceTest {
                 panic!("ProduceTest of `{name}`: the trigger `{id}` cannot be deleted: {e}");
             }
         }
+        if !self.produce.reacts_to(event) {
+            panic!(
+                "ProduceTest of `{name}`: the produce does not react to {event:?} events; set the event it reacts to with .event(..)"
+            );
+        }
         let snapshot = self.context.snapshot();
+        // The runtime runs the produce only where its condition holds (a condition that
+        // panics fails the run).
+        let applies = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.produce.applies(&snapshot, &stored)
+        }));
+        match applies {
+            Ok(true) => {}
+            Ok(false) => return Ok(RunEffects::default()),
+            Err(panic) => {
+                return Err(RunFailure::Panicked(format!(
+                    "its condition panicked: {}",
+                    crate::run::generation::panic_message(&panic)
+                )))
+            }
+        }
         let joined = match self.produce.is_join() {
             false => None,
             true => {
@@ -255,6 +277,7 @@ impl ProduceTest {
         let harvest = buffer.lock().unwrap_or_else(|e| e.into_inner()).take_calls();
         let output = check_outputs(&self.produce, output)?;
         Ok(RunEffects {
+            ran: true,
             ops: output.ops,
             reads: output.reads,
             usage: harvest.calls.iter().fold(Usage::ZERO, |sum, c| sum + c.usage),
@@ -275,9 +298,11 @@ impl std::fmt::Debug for ProduceTest {
 }
 
 /// What one run of [`ProduceTest`] recorded: its patch (operations in order), its reads and
-/// its recorded calls.
-#[derive(Debug)]
+/// its recorded calls — or nothing, when the produce's condition does not hold
+/// ([`ran`](RunEffects::ran) is then false).
+#[derive(Debug, Default)]
 pub struct RunEffects {
+    ran: bool,
     ops: Vec<Op>,
     reads: Vec<Read>,
     calls: Vec<RecordedCall>,
@@ -286,6 +311,13 @@ pub struct RunEffects {
 }
 
 impl RunEffects {
+    /// Whether the produce ran: false when its condition ([`Produce::when`](crate::Produce::when),
+    /// `#[produce(.., when = ..)]`) does not hold for the trigger, as the runtime would not
+    /// run it then.
+    pub fn ran(&self) -> bool {
+        self.ran
+    }
+
     /// The operations, in the order the produce recorded them.
     pub fn ops(&self) -> &[Op] {
         &self.ops

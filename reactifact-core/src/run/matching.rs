@@ -33,6 +33,10 @@ pub(crate) struct Work {
     pub(crate) condition_panicked: Option<String>,
     /// For a join produce, the parts the run joins (set when the set is found complete).
     pub(crate) joined: Option<Parts>,
+    /// The events of the batch the run covers, by position: the first and the last (a
+    /// debounced run replaces the runs of earlier events; a run that makes another dropped
+    /// covers its event too). A generation cut short commits the runs of a prefix of events.
+    pub(crate) events: (usize, usize),
 }
 
 /// The events a generation takes and the work they match.
@@ -82,6 +86,14 @@ impl Watching {
     }
 }
 
+/// How to put back a run of the batch an event changed.
+enum Undo {
+    /// It was replaced; this is what it was.
+    Replaced(Work),
+    /// The events it covers were extended; these are the ones it covered.
+    Extended((usize, usize)),
+}
+
 /// What a matched run does to the work of the batch so far.
 enum Place {
     /// A run of its own.
@@ -89,8 +101,9 @@ enum Place {
     /// It replaces the work at this index (a debounced produce's newer event, or an event that
     /// comes with a staleness rerun already scheduled).
     Replace(usize),
-    /// It is already covered (a staleness rerun of a produce that runs on the trigger anyway).
-    Drop,
+    /// It is already covered by the work at this index (a staleness rerun of a produce that
+    /// runs on the trigger anyway, a join's second part).
+    Drop(usize),
 }
 
 /// Matches queued events, oldest first, to produces. Takes whole events only: an event is
@@ -122,9 +135,11 @@ pub(crate) fn select(rt: &Runtime, snapshot: &Snapshot, watching: &Watching, rem
         // Applied in order with an undo log, so an event whose work exceeds the budget leaves
         // the batch as it was.
         let start = work.len();
-        let mut replaced: Vec<(usize, Work)> = Vec::new();
+        // How to put back the runs this event replaced or extended, in the order it did.
+        let mut undo: Vec<(usize, Undo)> = Vec::new();
         let mut inserted: Vec<(usize, usize, ArtifactId)> = Vec::new();
-        for w in matched.drain(..) {
+        for mut w in matched.drain(..) {
+            w.events = (events, events);
             let produce = &rt.agents[w.slot.agent].produces[w.slot.produce];
             let single = produce.is_debounced() || produce.reacts_to(EventKind::Stale) || produce.is_join();
             if !single {
@@ -134,11 +149,11 @@ pub(crate) fn select(rt: &Runtime, snapshot: &Snapshot, watching: &Watching, rem
             let key = (w.slot.agent, w.slot.produce, w.trigger.id.clone());
             let place = match placed.get(&key) {
                 None => Place::Push,
-                Some(_) if w.event == EventKind::Stale => Place::Drop,
+                Some(&i) if w.event == EventKind::Stale => Place::Drop(i),
                 Some(&i) if produce.is_debounced() || work[i].event == EventKind::Stale => Place::Replace(i),
                 // A join runs once per trigger per generation: the second part's event finds
                 // the set the first one's did.
-                Some(_) if produce.is_join() => Place::Drop,
+                Some(&i) if produce.is_join() => Place::Drop(i),
                 Some(_) => Place::Push,
             };
             match place {
@@ -149,14 +164,24 @@ pub(crate) fn select(rt: &Runtime, snapshot: &Snapshot, watching: &Watching, rem
                     }
                     work.push(w);
                 }
-                Place::Replace(i) => replaced.push((i, std::mem::replace(&mut work[i], w))),
-                Place::Drop => {}
+                Place::Replace(i) => {
+                    w.events.0 = work[i].events.0;
+                    let old = std::mem::replace(&mut work[i], w);
+                    undo.push((i, Undo::Replaced(old)));
+                }
+                Place::Drop(i) => {
+                    undo.push((i, Undo::Extended(work[i].events)));
+                    work[i].events.1 = events;
+                }
             }
         }
         if remaining_runs.is_some_and(|max| work.len() as u64 > max) {
             work.truncate(start);
-            for (i, old) in replaced.into_iter().rev() {
-                work[i] = old;
+            for (i, old) in undo.into_iter().rev().filter(|(i, _)| *i < start) {
+                match old {
+                    Undo::Replaced(old) => work[i] = old,
+                    Undo::Extended(events) => work[i].events = events,
+                }
             }
             for key in inserted {
                 placed.remove(&key);
@@ -188,6 +213,7 @@ fn rerun(rt: &Runtime, snapshot: &Snapshot, slot: Slot, key: &ReaderKey) -> Opti
         event: EventKind::Stale,
         condition_panicked,
         joined: None,
+        events: (0, 0),
     })
 }
 
@@ -254,6 +280,7 @@ fn match_event(rt: &Runtime, snapshot: &Snapshot, queued: &QueuedEvent, work: &m
                         event: event.kind,
                         condition_panicked,
                         joined: None,
+                        events: (0, 0),
                     });
                 }
             }
@@ -267,6 +294,7 @@ fn match_event(rt: &Runtime, snapshot: &Snapshot, queued: &QueuedEvent, work: &m
                 event: event.kind,
                 condition_panicked,
                 joined: None,
+                events: (0, 0),
             });
         }
     }

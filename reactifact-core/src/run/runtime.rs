@@ -143,14 +143,17 @@ impl Budget {
 
     /// Sets the token limit: a recorded call is made only while the turn's calls have spent
     /// fewer than `tokens` tokens (in and out, as they report them with
-    /// [`Usage`](crate::Usage)). A call that finds the limit reached is not made; its
-    /// generation is not committed (its events stay queued, the answers its runs already got
-    /// are kept for their next attempt) and the turn ends with
-    /// [`TurnOutcome::TokensExhausted`]. A call's usage is known only when it answers, so the
-    /// calls running at once when the limit is crossed all finish: with runs executing one at
-    /// a time ([`RuntimeBuilder::max_concurrency`] of 1), the turn stops at the first run whose
-    /// call finds the limit reached. Answers reused from the record cost nothing, and
-    /// generations that make no call are not held back.
+    /// [`Usage`](crate::Usage)), and the turn ends, with [`TurnOutcome::TokensExhausted`],
+    /// after the generation in which they reach it.
+    ///
+    /// A call that finds the limit reached is not made; the runs of its generation on the
+    /// events before that call's event commit, and the rest of the generation — that event and
+    /// the later ones — stays queued for the next turn, with the answers its runs already got
+    /// kept in memory for their next attempt. A call's usage is known only when it answers, so
+    /// calls running at once when the limit is crossed all finish (the turn overshoots by
+    /// them); with runs executing one at a time ([`RuntimeBuilder::max_concurrency`] of 1) the
+    /// turn stops at the first run whose call finds the limit reached. Answers reused from the
+    /// record cost nothing. A limit of 0 allows no call.
     pub fn max_tokens(mut self, tokens: u64) -> Self {
         self.max_tokens = Some(tokens);
         self
@@ -190,8 +193,9 @@ pub enum TurnOutcome {
     DeadlineExceeded,
     /// A [`StopHandle`] asked the turn to stop.
     Stopped,
-    /// A recorded call found [`Budget::max_tokens`] reached: it was not made, and its
-    /// generation was not committed (its events stay queued for the next turn).
+    /// The turn's recorded calls reached [`Budget::max_tokens`]: the turn ended after the
+    /// generation that reached it; a call that found it reached was not made, and its event and
+    /// the later ones of its generation stay queued for the next turn.
     TokensExhausted,
     /// A recorded call found [`Budget::max_cost`] reached: as
     /// [`TokensExhausted`](TurnOutcome::TokensExhausted).
@@ -795,6 +799,11 @@ impl Runtime {
             };
             if let Some(outcome) = self.drain(deadline, &mut report.deliveries, preclaimed).await? {
                 return Ok(self.finish(report, outcome).await);
+            }
+            // The turn's calls have spent its budget: the turn ends here, after the generation
+            // that spent it (and, if a call found it spent, the events before that call's).
+            if let Some(exhausted) = meter.as_ref().and_then(|m| m.exhausted()) {
+                return Ok(self.finish(report, exhausted.outcome()).await);
             }
         }
     }
