@@ -2,10 +2,14 @@
 //! model to classify each ticket and to draft a reply.
 //!
 //! A produce holds an `Arc<dyn` [`Model`]`>` and records each [`CompletionRequest`] with the
-//! call.
+//! call; the program chooses the client:
 //!
 //! - [`model`]: the request, the answer, the error and the [`Model`] trait.
+//! - [`stand_in`]: [`StandIn`], a deterministic model (the default of the example), the two
+//!   tasks' system prompts and the [`Category`] a triage answers.
 
 pub mod model;
+pub mod stand_in;
 
 pub use model::{Completion, CompletionFuture, CompletionRequest, Model, ModelError};
+pub use stand_in::{draft_request, triage_request, Category, StandIn, DRAFT_SYSTEM, TRIAGE_SYSTEM};
