@@ -151,6 +151,18 @@ async fn a_shared_model_is_a_model() {
 }
 
 #[test]
+fn a_request_encodes_its_fields_in_a_fixed_order() {
+    let request = triage_request("m", "hi");
+    let json = serde_json::to_string(&request).unwrap();
+    let expected = format!(
+        r#"{{"model":"m","system":{},"prompt":"hi","max_tokens":8}}"#,
+        serde_json::to_string(TRIAGE_SYSTEM).unwrap()
+    );
+    assert_eq!(json, expected);
+    assert_eq!(serde_json::from_str::<CompletionRequest>(&json).unwrap(), request);
+}
+
+#[test]
 fn categories_parse_what_a_model_answers() {
     assert_eq!(Category::parse("billing"), Some(Category::Billing));
     assert_eq!(Category::parse(" Bug.\n"), Some(Category::Bug));

@@ -1,14 +1,16 @@
-//! The model clients of the support-agent example: tickets arrive, a triage produce asks a
-//! model to classify each ticket and to draft a reply.
+//! Model clients for a support agent: a model classifies each support ticket and drafts a
+//! reply to it.
 //!
-//! A produce holds an `Arc<dyn` [`Model`]`>` and records each [`CompletionRequest`] with the
-//! call; the program chooses the client:
+//! Every client implements [`Model`], which is object safe, so a caller can hold an
+//! `Arc<dyn Model>` and choose the client at start-up. A [`CompletionRequest`] is plain data
+//! with its fields in a fixed order, so it can be recorded with a call and hashed.
 //!
 //! - [`model`]: the request, the answer, the error and the [`Model`] trait.
-//! - [`stand_in`]: [`StandIn`], a deterministic model (the default of the example), the two
-//!   tasks' system prompts and the [`Category`] a triage answers.
+//! - [`stand_in`]: [`StandIn`], a deterministic model that needs no network, the two tasks'
+//!   system prompts and requests, and the [`Category`] a triage answers.
 //! - `openai` (with the `openai` feature): `OpenAiCompatible`, a client for an
-//!   OpenAI-compatible chat completions API over HTTP.
+//!   OpenAI-compatible chat completions API over HTTP (`https` with the `openai-tls`
+//!   feature).
 
 pub mod model;
 #[cfg(feature = "openai")]

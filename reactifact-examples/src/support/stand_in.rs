@@ -1,6 +1,6 @@
-//! [`StandIn`], the deterministic model the support-agent example ships with: its answer is
-//! a pure function of the request, so runs, retries and replays see the same answers without
-//! a network or a key.
+//! [`StandIn`], a deterministic model for the support agent and its tests: its answer is a
+//! pure function of the request, so runs, retries and replays see the same answers without a
+//! network or a key.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -125,7 +125,7 @@ pub fn draft_request(model: impl Into<String>, category: Category, ticket: &str)
     }
 }
 
-/// A deterministic [`Model`] for the example and the tests. It knows the two tasks by their
+/// A deterministic [`Model`]. It knows the two tasks by their
 /// system prompts:
 ///
 /// - [`TRIAGE_SYSTEM`]: the text is exactly one category word, [`Category::classify`] of the
