@@ -433,8 +433,10 @@ fn describe(op: Option<&Op>) -> String {
     }
 }
 
-/// Helpers for tests and CI.
+/// Helpers for tests and CI: [`assert_replays`](testing::assert_replays) after a code change, and
+/// the produce test harness ([`ProduceTest`](testing::ProduceTest)) for unit tests of one produce.
 pub mod testing {
+    pub use crate::run::harness::{ProduceTest, RunEffects};
     use crate::run::produce::Agent;
     use crate::state::context::Context;
 

@@ -235,9 +235,9 @@ struct Inner {
     used: Vec<bool>,
     /// What the calls made by this run used (reused answers use nothing).
     spent: Usage,
-    /// Closures called.
+    /// Closures called (the runtime's own calls, the clock and the seed, not counted).
     made: u64,
-    /// Answers reused from an earlier attempt.
+    /// Answers reused from an earlier attempt (the runtime's own calls not counted).
     reused: u64,
     miss: Option<ReplayMiss>,
     deferred: Option<Exhausted>,
@@ -359,7 +359,9 @@ impl CallLog {
                     let call = prior[at].clone();
                     let bytes = call.answer_bytes().map(Arc::from).expect("an answered call");
                     inner.asked.push(Slot::Done(call));
-                    inner.reused += 1;
+                    if !name.starts_with(RESERVED) {
+                        inner.reused += 1;
+                    }
                     return Asked::Answered(bytes);
                 }
                 if metered {
@@ -423,7 +425,11 @@ impl CallLog {
     /// Records how the call in `slot` ended.
     fn answer(&self, slot: usize, outcome: CallOutcome, usage: Usage) {
         let mut inner = self.lock();
-        inner.made += 1;
+        if let Some(Slot::Waiting { name, .. }) = inner.asked.get(slot) {
+            if !name.starts_with(RESERVED) {
+                inner.made += 1;
+            }
+        }
         inner.spent += usage;
         inner.meter.add(usage);
         if let Some(entry) = inner.asked.get_mut(slot) {

@@ -124,20 +124,7 @@ pub(crate) async fn run(
     let mut failures = Vec::new();
     for (i, (work, result)) in batch.work.iter().zip(results).enumerate() {
         let produce = &rt.agents[work.slot.agent].produces[work.slot.produce];
-        let checked = result.and_then(|output| {
-            match output
-                .ops
-                .iter()
-                .find_map(|op| op.created_kind().filter(|k| !produce.declares(*k)).map(|k| (op, k)))
-            {
-                Some((op, kind)) => Err(RunFailure::UndeclaredOutput {
-                    id: op.id().clone(),
-                    kind,
-                }),
-                None => Ok(output),
-            }
-        });
-        match checked {
+        match check_outputs(produce, result) {
             Ok(RunOutput { ops, reads }) => {
                 records.push(RunRecord {
                     agent: Some(rt.agents[work.slot.agent].name.clone()),
@@ -365,6 +352,25 @@ fn run_one(
         }
     }
     .instrument(span)
+}
+
+/// Refuses a run's output that creates a kind its produce does not declare.
+pub(crate) fn check_outputs(
+    produce: &Produce,
+    result: Result<RunOutput, RunFailure>,
+) -> Result<RunOutput, RunFailure> {
+    let output = result?;
+    match output
+        .ops
+        .iter()
+        .find_map(|op| op.created_kind().filter(|k| !produce.declares(*k)).map(|k| (op, k)))
+    {
+        Some((op, kind)) => Err(RunFailure::UndeclaredOutput {
+            id: op.id().clone(),
+            kind,
+        }),
+        None => Ok(output),
+    }
 }
 
 /// What one produce run recorded.

@@ -6,6 +6,7 @@ pub(crate) mod ask;
 pub(crate) mod calls;
 pub(crate) mod effects;
 pub(crate) mod generation;
+pub(crate) mod harness;
 pub(crate) mod join;
 pub(crate) mod matching;
 pub(crate) mod produce;

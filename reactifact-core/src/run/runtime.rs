@@ -274,10 +274,11 @@ pub struct ProduceUsage {
     pub produce: String,
     /// What the calls it made reported (reused answers cost nothing).
     pub usage: Usage,
-    /// Calls made: closures called.
+    /// Calls made: closures called ([`ProduceCall::now`](crate::ProduceCall::now) and
+    /// [`ProduceCall::rng`](crate::ProduceCall::rng) not counted).
     pub calls: u64,
     /// Calls answered from an earlier attempt of the same run (a generation that did not
-    /// commit), without calling.
+    /// commit), without calling (the clock and the seed not counted).
     pub reused: u64,
 }
 
