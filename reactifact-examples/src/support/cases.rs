@@ -160,32 +160,47 @@ pub struct Claim {
     pub text: String,
 }
 
-/// What a case found: its claims, what it printed besides (usage, messages), and the error
-/// that stopped it, if one did.
+/// One line of a case's report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// A checked claim.
+    Claim(Claim),
+    /// Something the case shows besides: a turn's usage, an error or a divergence message.
+    Note(String),
+}
+
+/// What a case found: its claims and notes, in the order it made them, and the error that
+/// stopped it, if one did.
 #[derive(Clone, Debug)]
 pub struct CaseReport {
     /// The case.
     pub case: Case,
-    /// The claims it checked, in order.
-    pub claims: Vec<Claim>,
-    /// Lines it reports besides its claims.
-    pub notes: Vec<String>,
+    /// Its claims and notes, in order.
+    pub entries: Vec<Entry>,
     /// The error that stopped the case before it checked everything.
     pub error: Option<String>,
 }
 
 impl CaseReport {
+    /// The claims the case checked, in order.
+    pub fn claims(&self) -> impl Iterator<Item = &Claim> {
+        self.entries.iter().filter_map(|entry| match entry {
+            Entry::Claim(claim) => Some(claim),
+            Entry::Note(_) => None,
+        })
+    }
+
     /// Whether the case ran to its end and every claim held.
     pub fn passed(&self) -> bool {
-        self.error.is_none() && !self.claims.is_empty() && self.claims.iter().all(|c| c.holds)
+        self.error.is_none() && self.claims().next().is_some() && self.claims().all(|c| c.holds)
     }
 
     /// Checks a claim: `holds` and its text.
     fn check(&mut self, holds: bool, text: impl Into<String>) {
-        self.claims.push(Claim {
+        self.entries.push(Entry::Claim(Claim {
             holds,
             text: text.into(),
-        });
+        }));
     }
 
     /// Checks that `actual == expected`; the text names both when they differ.
@@ -198,19 +213,21 @@ impl CaseReport {
     }
 
     fn note(&mut self, line: impl Into<String>) {
-        self.notes.push(line.into());
+        self.entries.push(Entry::Note(line.into()));
     }
 }
 
 impl fmt::Display for CaseReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "  {}. {}", self.case.number(), self.case.title())?;
-        for claim in &self.claims {
-            let mark = if claim.holds { "PASS" } else { "FAIL" };
-            writeln!(f, "     {mark} {}", claim.text)?;
-        }
-        for note in &self.notes {
-            writeln!(f, "          {note}")?;
+        for entry in &self.entries {
+            match entry {
+                Entry::Claim(claim) => {
+                    let mark = if claim.holds { "PASS" } else { "FAIL" };
+                    writeln!(f, "     {mark} {}", claim.text)?;
+                }
+                Entry::Note(note) => writeln!(f, "          {note}")?,
+            }
         }
         if let Some(error) = &self.error {
             writeln!(f, "     FAIL the case stopped: {error}")?;
@@ -452,8 +469,7 @@ impl Cases {
     pub async fn run(&self, case: Case) -> CaseReport {
         let mut report = CaseReport {
             case,
-            claims: Vec::new(),
-            notes: Vec::new(),
+            entries: Vec::new(),
             error: None,
         };
         let outcome = match case {
@@ -839,6 +855,9 @@ impl Cases {
             first,
             format!("it reused the {first} answers the stopped turn got"),
         );
+        for line in usage_lines(&next) {
+            report.note(line);
+        }
         report.check_eq(
             fixture.model.calls(),
             CALLS_PER_TICKET * TICKETS,
@@ -848,9 +867,6 @@ impl Cases {
             once_each(&fixture.mailbox),
             format!("{TICKETS} emails delivered, once each"),
         );
-        for line in usage_lines(&next) {
-            report.note(line);
-        }
         self.check_triages(report, &rt, &fixture.mailbox)?;
         Ok(())
     }
