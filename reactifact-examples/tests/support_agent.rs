@@ -107,6 +107,16 @@ async fn every_case_holds_in_one_directory() {
     );
 }
 
+fn assert_send<T: Send>(_: &T) {}
+
+#[test]
+fn the_cases_futures_are_send() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = Cases::new(dir.path(), ModelChoice::StandIn);
+    assert_send(&cases.run(Case::FirstRun));
+    assert_send(&cases.run_all());
+}
+
 /// A model that fails every call.
 struct Down;
 

@@ -1,4 +1,4 @@
-//! The support agent: one produce, [`triage`], that asks a model to classify a [`Ticket`]
+//! The support agent: one produce, [`triage`](fn@triage), that asks a model to classify a [`Ticket`]
 //! and to draft a reply, writes a [`Triage`] and records the intent to email the reply.
 //!
 //! The produce does no I/O of its own. Its two model calls are recorded calls
@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use super::model::{Completion, CompletionRequest, Model};
 use super::stand_in::{draft_request, triage_request, Category};
 
-/// A customer's support ticket: the trigger of [`triage`].
+/// A customer's support ticket: the trigger of [`triage`](fn@triage).
 #[derive(Serialize, Deserialize, Artifact, Debug, Clone, PartialEq, Eq)]
 #[artifact(kind = "ticket")]
 pub struct Ticket {
@@ -41,7 +41,7 @@ impl Ticket {
     }
 }
 
-/// What [`triage`] writes for a ticket, at `triage:{ticket id}`.
+/// What [`triage`](fn@triage) writes for a ticket, at `triage:{ticket id}`.
 #[derive(Serialize, Deserialize, Artifact, Debug, Clone, PartialEq, Eq)]
 #[artifact(kind = "triage")]
 pub struct Triage {
@@ -84,7 +84,7 @@ pub struct ModelSettings {
     pub model: String,
 }
 
-/// The kind of the intent [`triage`] records.
+/// The kind of the intent [`triage`](fn@triage) records.
 pub const EMAIL: &str = "email";
 
 /// The idempotency key of the reply to `ticket`: `email:{ticket id}`. Derived from the ticket
@@ -93,7 +93,7 @@ pub fn email_key(ticket: &ArtifactId) -> String {
     format!("email:{ticket}")
 }
 
-/// The id [`triage`] writes the [`Triage`] of `ticket` at: `triage:{ticket id}`.
+/// The id [`triage`](fn@triage) writes the [`Triage`] of `ticket` at: `triage:{ticket id}`.
 pub fn triage_id(ticket: &ArtifactId) -> String {
     format!("triage:{ticket}")
 }
@@ -119,7 +119,7 @@ pub async fn triage(call: ProduceCall<Ticket>) -> Result<(), ProduceError> {
 /// How the draft request is built from the model's name, the category and the ticket's text.
 pub(crate) type DraftRequest = fn(&str, Category, &str) -> CompletionRequest;
 
-/// [`triage`]'s body, with the draft request built by `draft`: the program's replay case runs
+/// [`triage`](fn@triage)'s body, with the draft request built by `draft`: the program's replay case runs
 /// a produce of the same name with another drafting prompt, to show that a changed prompt is
 /// a replay miss naming the call.
 pub(crate) async fn triage_with<D>(call: &ProduceCall<Ticket, D>, draft: DraftRequest) -> Result<(), ProduceError>

@@ -6,7 +6,7 @@
 //! OPENAI_API_KEY=… cargo run -p reactifact-examples --features openai-tls --bin support-agent -- --openai
 //! ```
 //!
-//! Each case runs [`triage`](super::agent::triage) on five tickets, in a SQLite file of its
+//! Each case runs [`triage`](fn@super::agent::triage) on five tickets, in a SQLite file of its
 //! own, and checks what it claims with counts it measures itself: the calls that reached the
 //! model (a counting wrapper around it) and the emails a stand-in mail service received, by
 //! idempotency key. Every claim is printed with `PASS` or `FAIL`; the program exits non-zero
@@ -40,7 +40,7 @@ use super::model::{CompletionFuture, CompletionRequest, Model, ModelError};
 use super::stand_in::{draft_request, triage_request, Category, StandIn};
 
 /// What a case's steps return.
-type Outcome<T = ()> = Result<T, Box<dyn std::error::Error>>;
+type Outcome<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// How many tickets each case triages.
 pub const TICKETS: u64 = 5;
@@ -422,7 +422,7 @@ mod signed {
 
     use super::*;
 
-    /// [`triage`](super::triage) with another drafting system prompt.
+    /// [`triage`](fn@super::triage) with another drafting system prompt.
     #[produce(Triage, also_creates = [PendingAction], uses = [ModelClient, ModelSettings])]
     pub(super) async fn triage(call: ProduceCall<Ticket>) -> Result<(), ProduceError> {
         triage_with(&call, |model, category, ticket| {
@@ -605,12 +605,16 @@ impl Cases {
         );
         self.check_triages(report, &rt, &fixture.mailbox)?;
         let used = turn.total_usage();
+        let named = turn.usage.len() == 1
+            && turn.usage[0].agent == AGENT
+            && turn.usage[0].produce == "triage"
+            && turn.usage[0].calls == CALLS_PER_TICKET * TICKETS;
         report.check(
-            turn.usage.len() == 1 && turn.usage[0].calls == CALLS_PER_TICKET * TICKETS && used.total_tokens() > 0,
+            named,
             format!(
-                "the turn's usage names the produce: {} tokens for {} calls",
-                used.total_tokens(),
-                CALLS_PER_TICKET * TICKETS
+                "the turn's usage names the produce and its {} calls: {} tokens",
+                CALLS_PER_TICKET * TICKETS,
+                used.total_tokens()
             ),
         );
         if self.model.is_stand_in() {

@@ -6,7 +6,7 @@
 //! with its fields in a fixed order, so it can be recorded with a call and hashed.
 //!
 //! - [`agent`]: the agent itself: the [`Ticket`] and [`Triage`] artifacts, the model client
-//!   and settings it uses as resources, and the produce [`triage`](agent::triage).
+//!   and settings it uses as resources, and the produce [`triage`](fn@agent::triage).
 //! - [`cases`]: the `support-agent` program's cases: first run, retry, crash-resume, replay
 //!   and a token budget, each checking what it claims.
 //! - [`model`]: the request, the answer, the error and the [`Model`] trait.
