@@ -59,4 +59,5 @@ pub mod order_flow {
     }
 }
 
+pub mod support;
 pub mod walkthrough;
