@@ -840,24 +840,33 @@ impl Cases {
                 "the third ticket's `draft` was the call that found the budget spent",
             );
         }
+        // The runs of the tickets before the refused call's commit; the rest stay queued.
+        let committed = rt.context().list::<Triage>().count() as u64;
         report.check(
-            turn.generations == 0
-                && rt.context().list::<Triage>().count() == 0
-                && rt.context().list::<PendingAction>().count() == 0
-                && fixture.mailbox.total() == 0,
-            "nothing was committed or sent",
+            turn.runs == committed
+                && committed < TICKETS
+                && rt.context().list::<PendingAction>().count() as u64 == committed
+                && fixture.mailbox.total() as u64 == committed,
+            format!(
+                "the tickets before it committed and were emailed ({committed} of {TICKETS}); the rest stay queued"
+            ),
         );
+        if self.model.is_stand_in() {
+            report.check_eq(committed, 2, "the first two tickets' triages committed");
+        }
         for line in usage_lines(&turn) {
             report.note(line);
         }
 
+        // What the stopped turn paid for and did not commit is reused: nothing is paid twice.
+        let unreused = first - CALLS_PER_TICKET * committed;
         let next = rt.run().await?;
         let reused: u64 = next.usage.iter().map(|u| u.reused).sum();
         report.check_eq(next.outcome, TurnOutcome::Completed, "the next turn completed");
         report.check_eq(
             reused,
-            first,
-            format!("it reused the {first} answers the stopped turn got"),
+            unreused,
+            format!("it reused the {unreused} answer(s) the stopped turn got for tickets it did not commit"),
         );
         for line in usage_lines(&next) {
             report.note(line);
