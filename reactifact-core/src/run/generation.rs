@@ -106,7 +106,7 @@ pub(crate) async fn run(
         Ok(results) => results,
         Err(outcome) => {
             tracing::info!(parent: &span, outcome = ?outcome, "generation cancelled; its events stay queued");
-            calls.keep_uncommitted(rt, &batch.work);
+            calls.keep_queued(rt, &batch.work, 0);
             return Ok(Step::Interrupted(outcome));
         }
     };
@@ -118,7 +118,7 @@ pub(crate) async fn run(
         None => batch.events,
         Some((0, exhausted)) => {
             tracing::info!(limit = ?exhausted, "a call found the turn's budget spent before any event's work was done; nothing is committed");
-            calls.keep_uncommitted(rt, &batch.work);
+            calls.keep_queued(rt, &batch.work, 0);
             return Ok(Step::Interrupted(exhausted.outcome()));
         }
         Some((cut, exhausted)) => {
@@ -158,7 +158,7 @@ pub(crate) async fn run(
         }
     }
     if !failures.is_empty() && !isolate {
-        calls.keep_uncommitted(rt, &batch.work);
+        calls.keep_queued(rt, &batch.work, 0);
         let others = failures.len() - 1;
         let first = failures.swap_remove(0);
         return Err(RunError::Produce {
@@ -185,13 +185,10 @@ pub(crate) async fn run(
             }
             // The events taken are consumed, with the runs that failed on them (isolated or
             // rejected): only the runs of events that stay queued run again.
-            for (i, work) in batch.work.iter().enumerate() {
-                calls.settled[i] = work.events.1 < events;
-            }
-            calls.keep_uncommitted(rt, &batch.work);
+            calls.keep_queued(rt, &batch.work, events);
         }
         Err(CommitFailure::Patch(r, error)) => {
-            calls.keep_uncommitted(rt, &batch.work);
+            calls.keep_queued(rt, &batch.work, 0);
             let work = &batch.work[record_work[r]];
             return Err(RunError::Produce {
                 first: Box::new(failure_at(rt, work, RunFailure::Commit(error))),
@@ -199,7 +196,7 @@ pub(crate) async fn run(
             });
         }
         Err(CommitFailure::Store(e)) => {
-            calls.keep_uncommitted(rt, &batch.work);
+            calls.keep_queued(rt, &batch.work, 0);
             return Err(RunError::Store(e));
         }
     }
@@ -227,11 +224,9 @@ fn run_key(work: &Work) -> RunKey {
 /// What the runs of a generation recorded in their calls, until the generation commits or
 /// gives up.
 struct Calls {
-    /// Per work item, its calls.
-    calls: Vec<Vec<RecordedCall>>,
-    /// Per work item, whether its event is consumed (its run committed, or failed for good):
-    /// its answers are not kept for another attempt.
-    settled: Vec<bool>,
+    /// The calls of the work items that recorded any, by work index, in work order (most
+    /// generations record none, and then this costs nothing).
+    calls: Vec<(usize, Vec<RecordedCall>)>,
     /// The work items with a call the turn's budget refused, and the limit it found.
     refused: Vec<usize>,
     deferred: Option<Exhausted>,
@@ -240,7 +235,7 @@ struct Calls {
 impl Calls {
     /// Ends the runs' calls and counts what they used in the turn's report.
     fn harvest(rt: &Runtime, work: &[Work], buffers: &[Arc<Mutex<Buffer>>], report: &mut TurnReport) -> Calls {
-        let mut calls = Vec::with_capacity(buffers.len());
+        let mut calls = Vec::new();
         let mut refused = Vec::new();
         let mut deferred = None;
         for (i, (work, buffer)) in work.iter().zip(buffers).enumerate() {
@@ -254,10 +249,11 @@ impl Calls {
                 refused.push(i);
                 deferred = deferred.or(harvest.deferred);
             }
-            calls.push(harvest.calls);
+            if !harvest.calls.is_empty() {
+                calls.push((i, harvest.calls));
+            }
         }
         Calls {
-            settled: vec![false; calls.len()],
             calls,
             refused,
             deferred,
@@ -284,14 +280,18 @@ impl Calls {
 
     /// Work item `i`'s calls, for its run's record.
     fn recorded(&self, i: usize) -> Vec<RecordedCall> {
-        self.calls[i].clone()
+        match self.calls.binary_search_by_key(&i, |(at, _)| *at) {
+            Ok(at) => self.calls[at].1.clone(),
+            Err(_) => Vec::new(),
+        }
     }
 
-    /// Keeps the calls of the runs whose events stay queued, for their next attempt.
-    fn keep_uncommitted(&mut self, rt: &mut Runtime, work: &[Work]) {
-        for (i, calls) in self.calls.iter_mut().enumerate() {
-            if !self.settled[i] && !calls.is_empty() {
-                rt.calls.keep(run_key(&work[i]), std::mem::take(calls));
+    /// Keeps, for their next attempt, the calls of the runs whose events stay queued: those
+    /// not among the first `consumed` events of the batch (0 when nothing was committed).
+    fn keep_queued(&mut self, rt: &mut Runtime, work: &[Work], consumed: usize) {
+        for (i, calls) in self.calls.drain(..) {
+            if work[i].events.1 >= consumed {
+                rt.calls.keep(run_key(&work[i]), calls);
             }
         }
     }
