@@ -16,7 +16,7 @@ use crate::model::call::RecordedCall;
 use crate::model::event::{Event, EventKind};
 use crate::model::patch::Op;
 use crate::outbox::drain::Preclaimed;
-use crate::run::calls::{CallLog, Exhausted, Meter, RunKey};
+use crate::run::calls::{CallLog, Exhausted, Harvest, Meter, RunKey};
 use crate::run::effects::Buffer;
 use crate::run::join::Parts;
 use crate::run::matching::{self, Work};
@@ -74,19 +74,9 @@ pub(crate) async fn run(
     );
     // Each run's calls, answered first from what an earlier attempt of the same run recorded
     // in a generation that did not commit.
-    let buffers: Vec<Arc<Mutex<Buffer>>> = batch
-        .work
-        .iter()
-        .map(|work| {
-            let prior = match rt.calls.is_empty() {
-                true => Vec::new(),
-                false => rt.calls.take(&run_key(work)),
-            };
-            Buffer::new(CallLog::live(prior, meter.clone()))
-        })
-        .collect();
+    let mut tracker = Tracker::new(rt, &batch.work, meter);
     let executed = {
-        let execution = execute(rt, &batch.work, &buffers, &snapshot, generation).instrument(span.clone());
+        let execution = execute(rt, &batch.work, &mut tracker, &snapshot, generation).instrument(span.clone());
         let deadline_passed = async {
             match deadline {
                 Some(d) => tokio::time::sleep_until(d).await,
@@ -101,7 +91,7 @@ pub(crate) async fn run(
         }
     };
     drop(snapshot);
-    let mut calls = Calls::harvest(rt, &batch.work, &buffers, report);
+    let mut calls = Calls::of(rt, &batch.work, tracker.finish_all(), report);
     let results = match executed {
         Ok(results) => results,
         Err(outcome) => {
@@ -221,6 +211,61 @@ fn run_key(work: &Work) -> RunKey {
     )
 }
 
+/// The buffers of a generation's runs while they run, and what the calls of those that
+/// finished came to. A buffer lives as long as its run (only as many at once as run at once);
+/// one still running when the generation is cancelled gives up its calls then.
+struct Tracker {
+    meter: Option<Arc<Meter>>,
+    /// Per work item, the calls an earlier attempt of its run recorded (empty unless the
+    /// runtime's cache holds some).
+    priors: Vec<Vec<RecordedCall>>,
+    running: Vec<Option<Arc<Mutex<Buffer>>>>,
+    /// The calls of finished runs that recorded, used or were refused any.
+    finished: Vec<(usize, Harvest)>,
+}
+
+impl Tracker {
+    fn new(rt: &mut Runtime, work: &[Work], meter: &Option<Arc<Meter>>) -> Tracker {
+        let priors = match rt.calls.is_empty() {
+            true => Vec::new(),
+            false => work.iter().map(|w| rt.calls.take(&run_key(w))).collect(),
+        };
+        Tracker {
+            meter: meter.clone(),
+            priors,
+            running: std::iter::repeat_with(|| None).take(work.len()).collect(),
+            finished: Vec::new(),
+        }
+    }
+
+    /// The buffer for work item `i`'s run, as it starts.
+    fn start(&mut self, i: usize) -> Arc<Mutex<Buffer>> {
+        let prior = self.priors.get_mut(i).map(std::mem::take).unwrap_or_default();
+        let buffer = Buffer::new(CallLog::live(prior, self.meter.clone()));
+        self.running[i] = Some(buffer.clone());
+        buffer
+    }
+
+    /// Takes the calls of work item `i`'s run, which has finished (or been dropped).
+    fn finish(&mut self, i: usize) {
+        if let Some(buffer) = self.running[i].take() {
+            let harvest = buffer.lock().unwrap_or_else(|e| e.into_inner()).take_calls();
+            if !harvest.calls.is_empty() || harvest.made > 0 || harvest.reused > 0 || harvest.deferred.is_some() {
+                self.finished.push((i, harvest));
+            }
+        }
+    }
+
+    /// Takes the calls of every run, finished or not, in work order.
+    fn finish_all(mut self) -> Vec<(usize, Harvest)> {
+        for i in 0..self.running.len() {
+            self.finish(i);
+        }
+        self.finished.sort_unstable_by_key(|(i, _)| *i);
+        self.finished
+    }
+}
+
 /// What the runs of a generation recorded in their calls, until the generation commits or
 /// gives up.
 struct Calls {
@@ -233,13 +278,14 @@ struct Calls {
 }
 
 impl Calls {
-    /// Ends the runs' calls and counts what they used in the turn's report.
-    fn harvest(rt: &Runtime, work: &[Work], buffers: &[Arc<Mutex<Buffer>>], report: &mut TurnReport) -> Calls {
+    /// The runs' calls (by work index, in work order), with what they used counted in the
+    /// turn's report.
+    fn of(rt: &Runtime, work: &[Work], harvests: Vec<(usize, Harvest)>, report: &mut TurnReport) -> Calls {
         let mut calls = Vec::new();
         let mut refused = Vec::new();
         let mut deferred = None;
-        for (i, (work, buffer)) in work.iter().zip(buffers).enumerate() {
-            let harvest = buffer.lock().unwrap_or_else(|e| e.into_inner()).take_calls();
+        for (i, harvest) in harvests {
+            let work = &work[i];
             if harvest.made > 0 || harvest.reused > 0 {
                 let agent = &rt.agents[work.slot.agent];
                 let produce = &agent.produces[work.slot.produce];
@@ -312,7 +358,7 @@ fn failure_at(rt: &Runtime, work: &Work, failure: RunFailure) -> ProduceFailure 
 async fn execute(
     rt: &Runtime,
     work: &[Work],
-    buffers: &[Arc<Mutex<Buffer>>],
+    tracker: &mut Tracker,
     snapshot: &Snapshot,
     generation: Generation,
 ) -> Vec<Result<RunOutput, RunFailure>> {
@@ -331,7 +377,7 @@ async fn execute(
                 waiting[agent].push_back(next);
             } else {
                 active[agent] += 1;
-                running.push(run_one(rt, next, &work[next], &buffers[next], snapshot, generation));
+                running.push(run_one(rt, next, &work[next], tracker.start(next), snapshot, generation));
             }
             next += 1;
         }
@@ -339,18 +385,12 @@ async fn execute(
             break;
         };
         results[done] = Some(result);
+        tracker.finish(done);
         let agent = work[done].slot.agent;
         active[agent] -= 1;
         if let Some(queued) = waiting[agent].pop_front() {
             active[agent] += 1;
-            running.push(run_one(
-                rt,
-                queued,
-                &work[queued],
-                &buffers[queued],
-                snapshot,
-                generation,
-            ));
+            running.push(run_one(rt, queued, &work[queued], tracker.start(queued), snapshot, generation));
         }
     }
     results.into_iter().map(|r| r.expect("every work item ran")).collect()
@@ -360,7 +400,7 @@ fn run_one(
     rt: &Runtime,
     index: usize,
     work: &Work,
-    buffer: &Arc<Mutex<Buffer>>,
+    buffer: Arc<Mutex<Buffer>>,
     snapshot: &Snapshot,
     generation: Generation,
 ) -> impl Future<Output = (usize, Result<RunOutput, RunFailure>)> + Send + 'static {
@@ -380,7 +420,7 @@ fn run_one(
                 joined: work.joined.clone(),
                 generation,
                 resources: rt.resources.clone(),
-                buffer: buffer.clone(),
+                buffer,
             },
             snapshot,
         )),
