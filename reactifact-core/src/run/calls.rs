@@ -18,7 +18,7 @@ use foldhash::HashMap;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::model::artifact::{self, ArtifactId, Version};
+use crate::model::artifact::{self, ArtifactId, Generation, Version};
 use crate::model::call::{CallOutcome, RecordedCall, Usage};
 use crate::model::event::EventKind;
 use crate::model::hash::{content_hash, ContentHash};
@@ -254,6 +254,8 @@ pub(crate) struct CallLog {
     source: Source,
     /// The turn's budget, when it limits usage.
     meter: Option<Arc<Meter>>,
+    /// Whether a spent budget refuses its metered calls (not for the batch's head events).
+    refusable: bool,
     /// One slot per call asked for, in the order asked.
     asked: Vec<Slot>,
     /// Which recorded (or prior) calls were used, by position.
@@ -314,11 +316,16 @@ enum Asked {
 
 impl CallLog {
     /// A live run's: answers reused from `prior` (an earlier, uncommitted attempt), calls
-    /// checked against `meter`. `None` when there is neither: nothing to keep until a call.
-    pub(crate) fn live(prior: Vec<RecordedCall>, meter: Option<Arc<Meter>>) -> Option<Self> {
+    /// counted against `meter` and, if `refusable`, refused once it is spent. `None` when
+    /// there is neither prior nor meter: nothing to keep until a call.
+    pub(crate) fn live(prior: Vec<RecordedCall>, meter: Option<Arc<Meter>>, refusable: bool) -> Option<Self> {
         match prior.is_empty() && meter.is_none() {
             true => None,
-            false => Some(Self::new(None, Source::Live { prior }, meter)),
+            false => {
+                let mut log = Self::new(None, Source::Live { prior }, meter);
+                log.refusable = refusable;
+                Some(log)
+            }
         }
     }
 
@@ -338,6 +345,7 @@ impl CallLog {
             produce,
             source,
             meter,
+            refusable: true,
             asked: Vec::new(),
             used: vec![false; recorded],
             spent: Usage::ZERO,
@@ -412,8 +420,14 @@ impl CallLog {
                 asked
             }
             Source::Live { prior } => {
-                let reuse = nth_matching(prior, &name, &request, occurrence)
-                    .filter(|&at| matches!(prior[at].outcome, CallOutcome::Answered { .. }));
+                // The first answer to the same request not reused yet: a call that failed is
+                // made again, and identical requests are interchangeable.
+                let reuse = prior.iter().zip(&self.used).position(|(call, used)| {
+                    !*used
+                        && call.name == name
+                        && call.request == request
+                        && matches!(call.outcome, CallOutcome::Answered { .. })
+                });
                 if let Some(at) = reuse {
                     self.used[at] = true;
                     let call = prior[at].clone();
@@ -424,7 +438,7 @@ impl CallLog {
                     }
                     return Asked::Answered(bytes);
                 }
-                if metered {
+                if metered && self.refusable {
                     if let Some(limit) = self.meter.as_ref().and_then(|m| m.exhausted()) {
                         self.deferred.get_or_insert(limit);
                         return Asked::Refused(CallError::BudgetExhausted {
@@ -746,7 +760,9 @@ impl<T, D> ProduceCall<T, D> {
     /// one attempt to the next (a `HashMap`, whose iteration order is random, encodes
     /// differently each time: use a `BTreeMap`). The `k`-th call a run asks for with one name
     /// and request is matched with the `k`-th recorded with them, so concurrent calls inside
-    /// one produce match whatever order they answer in. The request is encoded before the
+    /// one produce match whatever order they answer in (identical requests are
+    /// interchangeable: tell concurrent ones apart in the request if their answers must not be
+    /// swapped in a replay). The request is encoded before the
     /// returned future is first polled; the future does not hold it.
     ///
     /// The produce gets the answer as a replay will: decoded from its recorded encoding
@@ -780,8 +796,7 @@ impl<T, D> ProduceCall<T, D> {
     /// ```
     ///
     /// # Errors
-    /// [`CallError::Failed`] when `call` fails; [`CallError::BudgetExhausted`] when the turn's
-    /// token or cost budget is spent (the call is not made); [`CallError::Miss`] in a replay
+    /// [`CallError::Failed`] when `call` fails; [`CallError::Miss`] in a replay
     /// that does not have the call; [`CallError::Request`] and [`CallError::Answer`] when the
     /// request or the answer does not encode; [`CallError::ReservedName`] for a name beginning
     /// with `reactifact.`; [`CallError::RunFinished`] after the run has finished.
@@ -800,7 +815,8 @@ impl<T, D> ProduceCall<T, D> {
     {
         let request = checked(name).and_then(|()| request_of(name, request));
         let make = || async move { call().await.map(|answer| (answer, Usage::ZERO)) };
-        async move { RunCalls(&self.buffer).call(name, request, true, make).await }
+        // It reports no usage, so no budget refuses it.
+        async move { RunCalls(&self.buffer).call(name, request, false, make).await }
     }
 
     /// A recorded call, like [`record`](ProduceCall::record), whose closure also reports what it
@@ -811,7 +827,8 @@ impl<T, D> ProduceCall<T, D> {
     /// retry or a replay gets back from the record costs nothing.
     ///
     /// # Errors
-    /// As [`record`](ProduceCall::record).
+    /// As [`record`](ProduceCall::record), and [`CallError::BudgetExhausted`] when the turn's
+    /// token or cost budget is spent (the call is not made).
     pub fn record_metered<'a, Q, A, E, F, Fut>(
         &'a self,
         name: &'a str,
@@ -859,8 +876,9 @@ impl<T, D> ProduceCall<T, D> {
 }
 
 /// Which run an earlier attempt's answers belong to: the produce (by slot) and the trigger
-/// version it ran on, with its event kind.
-pub(crate) type RunKey = (usize, usize, ArtifactId, Version, ContentHash, EventKind);
+/// version it ran on (with the generation that wrote it: an id created again starts at
+/// version 1 again), with its event kind.
+pub(crate) type RunKey = (usize, usize, ArtifactId, Generation, Version, ContentHash, EventKind);
 
 /// The answers of runs whose generation did not commit, for their next attempt; bounded, the
 /// oldest runs forgotten first. In memory only: a process that dies before a commit calls

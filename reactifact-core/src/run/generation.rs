@@ -199,12 +199,47 @@ pub(crate) async fn run(
     Ok(Step::Committed(preclaimed))
 }
 
+/// The spans of batch events that runs tie together, merged: a run covering events `s..=e`
+/// (a debounced run, a staleness rerun replaced by its trigger's update) makes every cut `c`
+/// with `s < c <= e` split it. Sorted and disjoint, as `(s, e)`.
+fn tied(work: &[Work]) -> Vec<(usize, usize)> {
+    let mut spans: Vec<(usize, usize)> = work.iter().map(|w| w.events).filter(|(s, e)| s < e).collect();
+    spans.sort_unstable();
+    let mut merged: Vec<(usize, usize)> = Vec::with_capacity(spans.len());
+    for (s, e) in spans {
+        match merged.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => merged.push((s, e)),
+        }
+    }
+    merged
+}
+
+/// The largest cut no greater than `cut` that splits no run's events.
+fn whole(tied: &[(usize, usize)], cut: usize) -> usize {
+    match tied.iter().find(|(s, e)| *s < cut && cut <= *e) {
+        Some((s, _)) => *s,
+        None => cut,
+    }
+}
+
+/// How many events at the head of the batch are its head: the first event, with every event
+/// a run starting there also covers. The budget does not refuse their runs' calls, so the cut
+/// of a spent budget never falls inside them and every turn commits at least the head's work.
+fn head_events(work: &[Work]) -> usize {
+    match tied(work).first() {
+        Some((0, e)) => e + 1,
+        _ => 1,
+    }
+}
+
 /// The key of a run's answers in the runtime's [`CallCache`](crate::run::calls::CallCache).
 fn run_key(work: &Work) -> RunKey {
     (
         work.slot.agent,
         work.slot.produce,
         work.trigger.id.clone(),
+        work.trigger.generation,
         work.trigger.version,
         work.trigger.hash,
         work.event,
@@ -216,6 +251,9 @@ fn run_key(work: &Work) -> RunKey {
 /// one still running when the generation is cancelled gives up its calls then.
 struct Tracker {
     meter: Option<Arc<Meter>>,
+    /// The batch's head events (see [`head_events`]): their runs' calls are made even on a
+    /// spent budget, so that every turn commits something.
+    head: usize,
     /// Per work item, the calls an earlier attempt of its run recorded (empty unless the
     /// runtime's cache holds some).
     priors: Vec<Vec<RecordedCall>>,
@@ -232,6 +270,7 @@ impl Tracker {
         };
         Tracker {
             meter: meter.clone(),
+            head: meter.as_ref().map_or(0, |_| head_events(work)),
             priors,
             running: std::iter::repeat_with(|| None).take(work.len()).collect(),
             finished: Vec::new(),
@@ -239,9 +278,10 @@ impl Tracker {
     }
 
     /// The buffer for work item `i`'s run, as it starts.
-    fn start(&mut self, i: usize) -> Arc<Mutex<Buffer>> {
+    fn start(&mut self, i: usize, work: &Work) -> Arc<Mutex<Buffer>> {
         let prior = self.priors.get_mut(i).map(std::mem::take).unwrap_or_default();
-        let buffer = Buffer::new(CallLog::live(prior, self.meter.clone()));
+        let refusable = work.events.0 >= self.head;
+        let buffer = Buffer::new(CallLog::live(prior, self.meter.clone(), refusable));
         self.running[i] = Some(buffer.clone());
         buffer
     }
@@ -312,16 +352,8 @@ impl Calls {
     /// one that reaches past the cut is cut off with its first event.
     fn cut(&self, work: &[Work]) -> Option<(usize, Exhausted)> {
         let exhausted = self.deferred?;
-        let mut cut = self.refused.iter().map(|&i| work[i].events.0).min()?;
-        while let Some(lower) = work
-            .iter()
-            .filter(|w| w.events.1 >= cut && w.events.0 < cut)
-            .map(|w| w.events.0)
-            .min()
-        {
-            cut = lower;
-        }
-        Some((cut, exhausted))
+        let first = self.refused.iter().map(|&i| work[i].events.0).min()?;
+        Some((whole(&tied(work), first), exhausted))
     }
 
     /// Work item `i`'s calls, for its run's record.
@@ -377,7 +409,14 @@ async fn execute(
                 waiting[agent].push_back(next);
             } else {
                 active[agent] += 1;
-                running.push(run_one(rt, next, &work[next], tracker.start(next), snapshot, generation));
+                running.push(run_one(
+                    rt,
+                    next,
+                    &work[next],
+                    tracker.start(next, &work[next]),
+                    snapshot,
+                    generation,
+                ));
             }
             next += 1;
         }
@@ -390,7 +429,14 @@ async fn execute(
         active[agent] -= 1;
         if let Some(queued) = waiting[agent].pop_front() {
             active[agent] += 1;
-            running.push(run_one(rt, queued, &work[queued], tracker.start(queued), snapshot, generation));
+            running.push(run_one(
+                rt,
+                queued,
+                &work[queued],
+                tracker.start(queued, &work[queued]),
+                snapshot,
+                generation,
+            ));
         }
     }
     results.into_iter().map(|r| r.expect("every work item ran")).collect()

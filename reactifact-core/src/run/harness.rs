@@ -258,7 +258,11 @@ impl ProduceTest {
                 let agents = [Agent::new("produce-test").produce(self.produce.clone())];
                 let mut joins = Joins::of(&agents);
                 joins.sync(&self.context);
-                joins.parts(Slot { agent: 0, produce: 0 }, &stored, &snapshot)
+                match joins.parts(Slot { agent: 0, produce: 0 }, &stored, &snapshot) {
+                    Some(parts) => Some(parts),
+                    // The set is not complete: the runtime would not run the join.
+                    None => return Ok(RunEffects::default()),
+                }
             }
         };
         let buffer = Buffer::new(Some(CallLog::answering(
@@ -312,8 +316,8 @@ pub struct RunEffects {
 
 impl RunEffects {
     /// Whether the produce ran: false when its condition ([`Produce::when`](crate::Produce::when),
-    /// `#[produce(.., when = ..)]`) does not hold for the trigger, as the runtime would not
-    /// run it then.
+    /// `#[produce(.., when = ..)]`) does not hold for the trigger, or when it is a join whose set
+    /// the snapshot does not complete, as the runtime would not run it then.
     pub fn ran(&self) -> bool {
         self.ran
     }

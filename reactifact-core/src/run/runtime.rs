@@ -152,8 +152,11 @@ impl Budget {
     /// kept in memory for their next attempt. A call's usage is known only when it answers, so
     /// calls running at once when the limit is crossed all finish (the turn overshoots by
     /// them); with runs executing one at a time ([`RuntimeBuilder::max_concurrency`] of 1) the
-    /// turn stops at the first run whose call finds the limit reached. Answers reused from the
-    /// record cost nothing. A limit of 0 allows no call.
+    /// turn stops at the first run whose call finds the limit reached. The calls of the runs on
+    /// the generation's first event (and the events a run starting there also covers) are never
+    /// refused, so every turn commits at least that work. Only metered calls
+    /// ([`ProduceCall::record_metered`](crate::ProduceCall::record_metered)) are refused.
+    /// Answers reused from the record cost nothing.
     pub fn max_tokens(mut self, tokens: u64) -> Self {
         self.max_tokens = Some(tokens);
         self

@@ -20,8 +20,9 @@
 //!    nothing.
 //! 4. **replay**: the replay oracle re-executes every run from the log: 0 model calls, 0
 //!    emails; a changed drafting prompt, or another model name, is a miss naming the call.
-//! 5. **token budget**: one run at a time, a token budget stops the turn partway, nothing
-//!    committed; the next turn finishes, and no call is paid for twice.
+//! 5. **token budget**: one run at a time, a token budget stops the turn partway: the tickets
+//!    before the refused call commit, the rest stay queued; the next turn finishes, and no call
+//!    is paid for twice.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -805,8 +806,8 @@ impl Cases {
         Ok(())
     }
 
-    /// Case 5: one run at a time, a token budget stops the turn partway; nothing is committed;
-    /// the next turn finishes and pays only for the calls not yet made.
+    /// Case 5: one run at a time, a token budget stops the turn partway; the tickets before
+    /// the refused call commit; the next turn finishes and pays only for the calls not yet made.
     async fn token_budget(&self, report: &mut CaseReport) -> Outcome {
         let (fixture, context) = self.fixture(Case::TokenBudget, None)?;
         // Room for the first two tickets' calls, as the stand-in counts them: the third
