@@ -300,6 +300,28 @@ pub(crate) struct Harvest {
     /// A call found the turn's budget spent and was not made.
     pub(crate) deferred: Option<Exhausted>,
     pub(crate) requests: Vec<(Arc<str>, Vec<u8>)>,
+    /// The answers of an earlier attempt this one did not reuse (it failed or stopped before
+    /// asking for them): kept with its calls if its events stay queued, never recorded.
+    pub(crate) leftover: Vec<RecordedCall>,
+}
+
+impl Harvest {
+    /// The calls of a run that did not start: only its earlier attempt's answers.
+    pub(crate) fn not_started(prior: Vec<RecordedCall>) -> Harvest {
+        Harvest {
+            leftover: prior,
+            ..Harvest::default()
+        }
+    }
+
+    /// Whether there is anything to count, record or keep.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+            && self.leftover.is_empty()
+            && self.made == 0
+            && self.reused == 0
+            && self.deferred.is_none()
+    }
 }
 
 /// What asking for a call found.
@@ -545,7 +567,17 @@ impl CallLog {
                 }
             }
         }
+        let leftover = match self.source {
+            Source::Live { prior } => prior
+                .into_iter()
+                .zip(&self.used)
+                .filter(|(call, used)| !**used && matches!(call.outcome, CallOutcome::Answered { .. }))
+                .map(|(call, _)| call)
+                .collect(),
+            _ => Vec::new(),
+        };
         Harvest {
+            leftover,
             calls: self
                 .asked
                 .into_iter()
@@ -885,10 +917,15 @@ pub(crate) type RunKey = (usize, usize, ArtifactId, Generation, Version, Content
 /// again after a restart.
 #[derive(Default)]
 pub(crate) struct CallCache {
-    runs: HashMap<RunKey, (Vec<RecordedCall>, usize)>,
-    order: VecDeque<RunKey>,
+    /// Per run, its calls, their answers' size and when they were kept.
+    runs: HashMap<RunKey, (Vec<RecordedCall>, usize, u64)>,
+    /// The runs in the order they were kept, with when: an entry whose run was taken out (or
+    /// kept again since) is stale and skipped.
+    order: VecDeque<(RunKey, u64)>,
     /// The answers' bytes kept, in all.
     bytes: usize,
+    /// How many times a run was kept.
+    stamp: u64,
 }
 
 /// How many runs' answers the cache keeps, at most.
@@ -905,7 +942,7 @@ impl CallCache {
     /// The calls kept for `key`, taken out.
     pub(crate) fn take(&mut self, key: &RunKey) -> Vec<RecordedCall> {
         match self.runs.remove(key) {
-            Some((calls, bytes)) => {
+            Some((calls, bytes, _)) => {
                 self.bytes -= bytes;
                 calls
             }
@@ -923,24 +960,97 @@ impl CallCache {
             .iter()
             .map(|c| c.answer_bytes().map_or(0, <[u8]>::len))
             .sum::<usize>();
-        if let Some((_, old)) = self.runs.insert(key.clone(), (calls, bytes)) {
+        self.stamp += 1;
+        if let Some((_, old, _)) = self.runs.insert(key.clone(), (calls, bytes, self.stamp)) {
             self.bytes -= old;
-        } else {
-            self.order.push_back(key);
         }
+        self.order.push_back((key, self.stamp));
         self.bytes += bytes;
         while self.runs.len() > CACHED_RUNS || self.bytes > CACHED_BYTES {
-            let Some(old) = self.order.pop_front() else {
+            let Some((old, stamp)) = self.order.pop_front() else {
                 break;
             };
-            if let Some((_, bytes)) = self.runs.remove(&old) {
-                self.bytes -= bytes;
+            // Only the entry kept at that stamp: a run kept again since is newer than that.
+            if self.runs.get(&old).is_some_and(|(_, _, kept)| *kept == stamp) {
+                if let Some((_, bytes, _)) = self.runs.remove(&old) {
+                    self.bytes -= bytes;
+                }
             }
         }
-        // Keys taken out since are still in `order`: drop them once it is twice the bound.
+        // Stale positions (runs taken out or kept again since) pile up in `order`: drop them
+        // once it is twice the bound.
         if self.order.len() > 2 * CACHED_RUNS {
             let runs = &self.runs;
-            self.order.retain(|k| runs.contains_key(k));
+            self.order
+                .retain(|(k, stamp)| runs.get(k).is_some_and(|(_, _, kept)| kept == stamp));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(n: usize) -> RunKey {
+        (
+            0,
+            0,
+            ArtifactId::from(format!("ticket:{n}")),
+            Generation(1),
+            Version(1),
+            content_hash(b"t"),
+            EventKind::Created,
+        )
+    }
+
+    fn answered() -> Vec<RecordedCall> {
+        let bytes: Arc<[u8]> = Arc::from(&b"\xa2ok"[..]);
+        vec![RecordedCall {
+            name: Arc::from("llm"),
+            request: content_hash(b"q"),
+            outcome: CallOutcome::Answered {
+                hash: content_hash(&bytes),
+                bytes,
+            },
+            usage: Usage::ZERO,
+        }]
+    }
+
+    #[test]
+    fn the_cache_forgets_the_oldest_run_not_one_kept_again() {
+        let mut cache = CallCache::default();
+        // A is kept, taken by its next attempt, then B, then A again: A is now the newer.
+        cache.keep(key(0), answered());
+        assert_eq!(cache.take(&key(0)).len(), 1);
+        cache.keep(key(1), answered());
+        cache.keep(key(0), answered());
+        for n in 2..=CACHED_RUNS {
+            cache.keep(key(n), answered());
+        }
+        assert_eq!(cache.runs.len(), CACHED_RUNS);
+        assert!(cache.runs.contains_key(&key(0)), "the run kept again stays");
+        assert!(!cache.runs.contains_key(&key(1)), "the oldest is forgotten");
+        assert!(cache.take(&key(1)).is_empty());
+    }
+
+    #[test]
+    fn the_cache_is_bounded_by_bytes() {
+        let mut cache = CallCache::default();
+        let big: Arc<[u8]> = vec![0u8; 40 << 20].into();
+        let call = |bytes: &Arc<[u8]>| {
+            vec![RecordedCall {
+                name: Arc::from("llm"),
+                request: content_hash(b"q"),
+                outcome: CallOutcome::Answered {
+                    hash: content_hash(bytes),
+                    bytes: bytes.clone(),
+                },
+                usage: Usage::ZERO,
+            }]
+        };
+        cache.keep(key(0), call(&big));
+        cache.keep(key(1), call(&big));
+        assert!(cache.bytes <= CACHED_BYTES);
+        assert!(!cache.runs.contains_key(&key(0)) && cache.runs.contains_key(&key(1)));
     }
 }

@@ -57,7 +57,7 @@ pub(crate) async fn run(
     let snapshot = rt.context.snapshot();
     rt.joins.sync(&rt.context);
     let watching = matching::Watching::of(rt);
-    let batch = matching::select(rt, &snapshot, &watching, remaining_runs);
+    let batch = matching::select(rt, &snapshot, &watching, remaining_runs, meter.is_some());
     if batch.events == 0 {
         return Ok(Step::Interrupted(TurnOutcome::RunsExhausted));
     }
@@ -224,8 +224,9 @@ fn whole(tied: &[(usize, usize)], cut: usize) -> usize {
 }
 
 /// How many events at the head of the batch are its head: the first event, with every event
-/// a run starting there also covers. The budget does not refuse their runs' calls, so the cut
-/// of a spent budget never falls inside them and every turn commits at least the head's work.
+/// a run starting there also covers (none, on a budgeted turn: `matching::select` ends the batch
+/// before such an event). The budget does not refuse their runs' calls, so the cut of a spent
+/// budget never falls inside them and every turn commits at least the head's work.
 fn head_events(work: &[Work]) -> usize {
     match tied(work).first() {
         Some((0, e)) => e + 1,
@@ -290,16 +291,22 @@ impl Tracker {
     fn finish(&mut self, i: usize) {
         if let Some(buffer) = self.running[i].take() {
             let harvest = buffer.lock().unwrap_or_else(|e| e.into_inner()).take_calls();
-            if !harvest.calls.is_empty() || harvest.made > 0 || harvest.reused > 0 || harvest.deferred.is_some() {
+            if !harvest.is_empty() {
                 self.finished.push((i, harvest));
             }
         }
     }
 
-    /// Takes the calls of every run, finished or not, in work order.
+    /// Takes the calls of every run, finished or not, in work order; a run that never started
+    /// (its generation was cancelled first) keeps its earlier attempt's answers.
     fn finish_all(mut self) -> Vec<(usize, Harvest)> {
         for i in 0..self.running.len() {
             self.finish(i);
+        }
+        for (i, prior) in self.priors.into_iter().enumerate() {
+            if !prior.is_empty() {
+                self.finished.push((i, Harvest::not_started(prior)));
+            }
         }
         self.finished.sort_unstable_by_key(|(i, _)| *i);
         self.finished
@@ -310,8 +317,9 @@ impl Tracker {
 /// gives up.
 struct Calls {
     /// The calls of the work items that recorded any, by work index, in work order (most
-    /// generations record none, and then this costs nothing).
-    calls: Vec<(usize, Vec<RecordedCall>)>,
+    /// generations record none, and then this costs nothing), with the earlier attempt's
+    /// answers each did not reuse.
+    calls: Vec<(usize, Vec<RecordedCall>, Vec<RecordedCall>)>,
     /// The work items with a call the turn's budget refused, and the limit it found.
     refused: Vec<usize>,
     deferred: Option<Exhausted>,
@@ -335,8 +343,8 @@ impl Calls {
                 refused.push(i);
                 deferred = deferred.or(harvest.deferred);
             }
-            if !harvest.calls.is_empty() {
-                calls.push((i, harvest.calls));
+            if !harvest.calls.is_empty() || !harvest.leftover.is_empty() {
+                calls.push((i, harvest.calls, harvest.leftover));
             }
         }
         Calls {
@@ -358,7 +366,7 @@ impl Calls {
 
     /// Work item `i`'s calls, for its run's record.
     fn recorded(&self, i: usize) -> Vec<RecordedCall> {
-        match self.calls.binary_search_by_key(&i, |(at, _)| *at) {
+        match self.calls.binary_search_by_key(&i, |(at, _, _)| *at) {
             Ok(at) => self.calls[at].1.clone(),
             Err(_) => Vec::new(),
         }
@@ -367,8 +375,9 @@ impl Calls {
     /// Keeps, for their next attempt, the calls of the runs whose events stay queued: those
     /// not among the first `consumed` events of the batch (0 when nothing was committed).
     fn keep_queued(&mut self, rt: &mut Runtime, work: &[Work], consumed: usize) {
-        for (i, calls) in self.calls.drain(..) {
+        for (i, mut calls, leftover) in self.calls.drain(..) {
             if work[i].events.1 >= consumed {
+                calls.extend(leftover);
                 rt.calls.keep(run_key(&work[i]), calls);
             }
         }

@@ -115,7 +115,17 @@ enum Place {
 /// debounced or watches its reads has at most one run per trigger in the batch: a newer event's
 /// run replaces the one scheduled, in place (a staleness rerun never replaces a run and is
 /// dropped when one is scheduled), and counts no new run.
-pub(crate) fn select(rt: &Runtime, snapshot: &Snapshot, watching: &Watching, remaining_runs: Option<u64>) -> Batch {
+///
+/// With `bounded_head` (a turn whose budget limits usage), the batch ends before an event whose
+/// work would replace or extend a run of the first event: the first event's runs, which a spent
+/// budget never refuses (see `generation.rs`), then cover that event alone.
+pub(crate) fn select(
+    rt: &Runtime,
+    snapshot: &Snapshot,
+    watching: &Watching,
+    remaining_runs: Option<u64>,
+    bounded_head: bool,
+) -> Batch {
     let mut work: Vec<Work> = Vec::new();
     let mut events = 0;
     let mut matched = Vec::new();
@@ -138,6 +148,8 @@ pub(crate) fn select(rt: &Runtime, snapshot: &Snapshot, watching: &Watching, rem
         // How to put back the runs this event replaced or extended, in the order it did.
         let mut undo: Vec<(usize, Undo)> = Vec::new();
         let mut inserted: Vec<(usize, usize, ArtifactId)> = Vec::new();
+        // The event's work would replace or extend a run of the first event (`bounded_head`).
+        let mut reaches_head = false;
         for mut w in matched.drain(..) {
             w.events = (events, events);
             let produce = &rt.agents[w.slot.agent].produces[w.slot.produce];
@@ -164,6 +176,9 @@ pub(crate) fn select(rt: &Runtime, snapshot: &Snapshot, watching: &Watching, rem
                     }
                     work.push(w);
                 }
+                Place::Replace(i) | Place::Drop(i) if bounded_head && events > 0 && work[i].events.0 == 0 => {
+                    reaches_head = true;
+                }
                 Place::Replace(i) => {
                     w.events.0 = work[i].events.0;
                     let old = std::mem::replace(&mut work[i], w);
@@ -175,7 +190,7 @@ pub(crate) fn select(rt: &Runtime, snapshot: &Snapshot, watching: &Watching, rem
                 }
             }
         }
-        if remaining_runs.is_some_and(|max| work.len() as u64 > max) {
+        if reaches_head || remaining_runs.is_some_and(|max| work.len() as u64 > max) {
             work.truncate(start);
             for (i, old) in undo.into_iter().rev().filter(|(i, _)| *i < start) {
                 match old {

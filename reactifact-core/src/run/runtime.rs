@@ -153,8 +153,9 @@ impl Budget {
     /// calls running at once when the limit is crossed all finish (the turn overshoots by
     /// them); with runs executing one at a time ([`RuntimeBuilder::max_concurrency`] of 1) the
     /// turn stops at the first run whose call finds the limit reached. The calls of the runs on
-    /// the generation's first event (and the events a run starting there also covers) are never
-    /// refused, so every turn commits at least that work. Only metered calls
+    /// the generation's first event are never refused, so every turn commits at least that
+    /// work (a budgeted turn's generation takes no event that would fold into a run of its
+    /// first event, such as a debounced produce's later event). Only metered calls
     /// ([`ProduceCall::record_metered`](crate::ProduceCall::record_metered)) are refused.
     /// Answers reused from the record cost nothing.
     pub fn max_tokens(mut self, tokens: u64) -> Self {
