@@ -14,7 +14,11 @@
 //! or `REACTIFACT_TEST_POSTGRES_URL`), in a new schema of the run's own, dropped after it.
 //!
 //! Prints one JSON line per run and exits non-zero unless every key of the timed orders was
-//! delivered exactly once. See `docs/performance.md`.
+//! delivered exactly once. Each line also has the workload's floor, measured in the same
+//! process just before the run: per order, building its receipt and its intent, rmp-serde
+//! encoding both and SHA-256 hashing both, and nothing else (`floor_us_per_order`, the fastest
+//! of three passes over N orders), and the run's cost over it (`over_floor`). See
+//! `docs/performance.md`.
 //!
 //! ```text
 //! cargo run --release -p reactifact-examples --bin outbox-bench -- 100000
@@ -34,7 +38,9 @@ use reactifact_core::{
     TurnOutcome,
 };
 
-use reactifact_examples::order_flow::{process_order, Order};
+use reactifact_core::PendingAction;
+use reactifact_examples::order_flow::{process_order, Notify, Order, Receipt};
+use sha2::{Digest, Sha256};
 use reactifact_postgres::{PostgresOptions, PostgresStore};
 
 const USAGE: &str = "\
@@ -451,6 +457,43 @@ fn measure(
     })
 }
 
+/// The floor of the workload in microseconds per order: build an order's receipt and its
+/// `notify` intent (with its payload), rmp-serde-encode both (named fields, as the runtime does)
+/// and SHA-256-hash both — what any implementation of the workload must do — and nothing else.
+/// The fastest of three passes over `n` orders.
+fn floor_us_per_order(n: u64) -> f64 {
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let started = Instant::now();
+        for i in 0..n {
+            let order = format!("order:{i}");
+            let receipt = Receipt {
+                order: order.clone(),
+                total_cents: 100 + i % 9_000,
+            };
+            let payload = rmp_serde::to_vec_named(&Notify {
+                customer: format!("customer-{}", i % 1_000),
+                order: order.clone(),
+            })
+            .expect("the payload encodes");
+            let intent = PendingAction {
+                kind: "notify".to_owned(),
+                key: format!("notify:{order}"),
+                payload,
+                requires_approval: false,
+            };
+            for bytes in [
+                rmp_serde::to_vec_named(&receipt).expect("the receipt encodes"),
+                rmp_serde::to_vec_named(&intent).expect("the intent encodes"),
+            ] {
+                std::hint::black_box(Sha256::digest(&bytes));
+            }
+        }
+        best = best.min(started.elapsed().as_secs_f64() * 1e6 / n.max(1) as f64);
+    }
+    best
+}
+
 fn main() -> ExitCode {
     let options = match parse_args() {
         Ok(options) => options,
@@ -467,6 +510,7 @@ fn main() -> ExitCode {
         }
     };
     for run in 0..options.runs {
+        let floor = floor_us_per_order(options.n);
         let result = match run_once(&options, &tokio) {
             Ok(result) => result,
             Err(e) => {
@@ -485,7 +529,7 @@ fn main() -> ExitCode {
             "{{\"bench\":\"outbox\",\"n\":{},\"store\":\"{}\",\"generations\":{},\"standing\":{},\
              \"seconds\":{:.6},\"cpu_seconds\":{:.6},\"orders_per_sec\":{:.0},\"us_per_order\":{:.4},\"seed_seconds\":{:.6},\
              \"deliveries\":{},\"committed_generations\":{},\"artifacts\":{},\"peak_rss_bytes\":{},\
-             \"bytes_per_artifact\":{},\"db_bytes\":{},\"reopen_seconds\":{}}}",
+             \"bytes_per_artifact\":{},\"db_bytes\":{},\"reopen_seconds\":{},\"floor_us_per_order\":{:.4},\"over_floor\":{:.2}}}",
             options.n,
             options.store,
             options.generations,
@@ -502,6 +546,8 @@ fn main() -> ExitCode {
             bytes_per_artifact,
             result.db_bytes.map_or("null".to_owned(), |b| b.to_string()),
             result.reopen_seconds.map_or("null".to_owned(), |s| format!("{s:.6}")),
+            floor,
+            result.seconds * 1e6 / options.n as f64 / floor,
         );
     }
     ExitCode::SUCCESS
