@@ -5,7 +5,7 @@ use reactifact_core::DeliveryStatus;
 
 /// Inspect and operate a reactifact store: its sessions, commit log, state, provenance and
 /// delivery ledger. It never dispatches anything and opens the store read-only, except for
-/// `outbox retry`, `outbox cancel` and `outbox purge`.
+/// `outbox retry`, `cancel`, `approve`, `reject` and `purge`, and `question answer`.
 #[derive(Debug, Parser)]
 #[command(
     name = "reactifact",
@@ -92,6 +92,9 @@ pub enum Command {
     /// The delivery ledger.
     #[command(subcommand)]
     Outbox(OutboxCommand),
+    /// The questions produces asked a human (`Effects::ask`), and their answers.
+    #[command(subcommand)]
+    Question(QuestionCommand),
     /// Refold the log of each session (or of one) from the empty state and check every hash,
     /// and the outbox against the log.
     Verify {
@@ -111,6 +114,36 @@ pub enum Command {
     },
     /// The audit trail of a session, one JSON object per commit and line, on stdout.
     ExportAudit {
+        /// The session (default: the store's only session).
+        #[arg(long)]
+        session: Option<String>,
+    },
+}
+
+/// The `question` commands.
+#[derive(Debug, Subcommand)]
+pub enum QuestionCommand {
+    /// The session's questions, in id order: pending and answered.
+    List {
+        /// The session (default: the store's only session).
+        #[arg(long)]
+        session: Option<String>,
+        /// Only the questions not answered yet.
+        #[arg(long)]
+        pending: bool,
+    },
+    /// Answer a pending question (`Context::answer`): one committed write to the session,
+    /// whose update event runs, on the runtime's next turn, the produces triggered by the
+    /// question. The first answer stands.
+    Answer {
+        /// The question's id, e.g. `question:refund:order:1`.
+        id: String,
+        /// The answer.
+        #[arg(long)]
+        answer: String,
+        /// Who answers, kept with the question.
+        #[arg(long, value_name = "NAME")]
+        by: String,
         /// The session (default: the store's only session).
         #[arg(long)]
         session: Option<String>,

@@ -305,6 +305,22 @@ impl Store {
         }
     }
 
+    /// A session of the store opened for writing (the store was opened for writes): for the
+    /// one command that writes to a session, `question answer`.
+    pub fn open_session_for_write(&self, session: &str) -> Outcome<Context> {
+        let options = OpenOptions::new().create(false);
+        match &self.backend {
+            Backend::Sqlite { path, .. } => {
+                Context::open_with(path, session, options).map_err(|e| Failure::open(&self.shown(), e, false))
+            }
+            Backend::Postgres { store, .. } => {
+                let store: Arc<dyn LogStore> = store.clone();
+                self.wait(Context::open_store_with(store, session, options))
+                    .map_err(|e| Failure::open(&self.shown(), e, false))
+            }
+        }
+    }
+
     /// The store's outbox: read-only unless the store was opened for writes (retry, cancel,
     /// purge), whose operations are the store's own, fenced.
     pub fn outbox(&self) -> Outcome<Arc<dyn OutboxStore>> {

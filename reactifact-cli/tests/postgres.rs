@@ -613,3 +613,59 @@ fn a_changed_row_fails_verify_with_exit_1_and_the_other_commands_with_exit_2() {
         .collect();
     assert_eq!(own, [("orders", 4, 4), ("what-if", 6, 2)]);
 }
+
+#[test]
+fn question_answer_writes_one_commit_to_a_postgres_session() {
+    let Some(url) = url("question_answer_writes_one_commit_to_a_postgres_session") else {
+        return;
+    };
+    let pg = Schema::new(&url, "question");
+    let options = PostgresOptions::new(&pg.url).schema(&pg.name).pool_size(2);
+    block_on(async {
+        let store = PostgresStore::open(options.clone())
+            .await
+            .expect("the test store opens");
+        let mut ctx = Context::open_store(store, "desk").await.unwrap();
+        ctx.create("question:refund:1", reactifact_core::Question::new("refund?"))
+            .unwrap();
+    });
+    let listed = pg.json(&["question", "list", "--pending"]);
+    assert_eq!(listed["questions"][0]["id"], "question:refund:1", "{listed}");
+    let doc = pg.json(&[
+        "question",
+        "answer",
+        "question:refund:1",
+        "--answer",
+        "yes",
+        "--by",
+        "ada@ops",
+    ]);
+    assert_eq!(
+        (doc["answered"]["answer"].as_str(), doc["generation"].as_u64()),
+        (Some("yes"), Some(2)),
+        "{doc}"
+    );
+    pg.run(&[
+        "question",
+        "answer",
+        "question:refund:1",
+        "--answer",
+        "no",
+        "--by",
+        "bob@ops",
+    ])
+    .fails(2, "already answered by ada@ops");
+    pg.run(&["verify"]).ok();
+    block_on(async {
+        let store = PostgresStore::open(options).await.unwrap();
+        let ctx = Context::open_store(store, "desk").await.unwrap();
+        let q = ctx
+            .get::<reactifact_core::Question>("question:refund:1")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (q.data.answer.as_deref(), q.data.answered_by.as_deref()),
+            (Some("yes"), Some("ada@ops"))
+        );
+    });
+}

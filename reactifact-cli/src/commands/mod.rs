@@ -6,6 +6,7 @@ mod diff;
 mod log;
 mod outbox;
 mod provenance;
+mod question;
 mod sessions;
 mod show;
 mod verify;
@@ -14,7 +15,7 @@ use std::future::Future;
 
 use reactifact_core::{Context, Generation};
 
-use crate::cli::{Cli, Command, OutboxCommand};
+use crate::cli::{Cli, Command, OutboxCommand, QuestionCommand};
 use crate::failure::{Failure, Outcome};
 use crate::store::{self, Store};
 
@@ -47,7 +48,7 @@ pub fn run(cli: Cli) -> Outcome {
                 | OutboxCommand::Approve { .. }
                 | OutboxCommand::Reject { .. }
                 | OutboxCommand::Purge { .. }
-        )
+        ) | Command::Question(QuestionCommand::Answer { .. })
     );
     let env = Env {
         store: Store::open(location, writes)?,
@@ -61,6 +62,7 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Why { key, session } => provenance::why(&env, &key, session.as_deref()),
         Command::Graph { key, session, format } => provenance::graph(&env, &key, session.as_deref(), format),
         Command::Outbox(command) => outbox::outbox(&env, command),
+        Command::Question(command) => question::question(&env, command),
         Command::Verify { session } => verify::verify(&env, session.as_deref()),
         Command::Replay { session, to } => verify::replay(&env, session.as_deref(), to.as_deref()),
         Command::ExportAudit { session } => audit::export_audit(&env, session.as_deref()),

@@ -40,8 +40,8 @@ use reactifact_core::{
 
 use reactifact_core::PendingAction;
 use reactifact_examples::order_flow::{process_order, Notify, Order, Receipt};
-use sha2::{Digest, Sha256};
 use reactifact_postgres::{PostgresOptions, PostgresStore};
+use sha2::{Digest, Sha256};
 
 const USAGE: &str = "\
 usage: outbox-bench [N] [--n N] [--store memory|sqlite|sqlite-normal|postgres] [--db DIR] [--url URL]
