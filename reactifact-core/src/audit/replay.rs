@@ -200,16 +200,12 @@ impl Context {
     /// As [`replay`](Context::replay); [`ReplayError::MissingResource`] when a produce uses a
     /// resource that `resources` lacks.
     pub async fn replay_with(&self, agents: &[Agent], resources: &Resources) -> Result<ReplayReport, ReplayError> {
-        for agent in agents {
-            for produce in &agent.produces {
-                if let Some(missing) = produce.uses_types().iter().find(|ty| !resources.contains_type(ty)) {
-                    return Err(ReplayError::MissingResource {
-                        agent: agent.name().to_owned(),
-                        produce: produce.name().to_owned(),
-                        resource: missing.name,
-                    });
-                }
-            }
+        if let Some((agent, produce, resource)) = crate::run::produce::missing_resource(agents, resources) {
+            return Err(ReplayError::MissingResource {
+                agent: agent.name().to_owned(),
+                produce: produce.name().to_owned(),
+                resource,
+            });
         }
         let mut refold = Refold::new(Checks::STATE);
         let mut report = ReplayReport { commits: 0, runs: 0 };

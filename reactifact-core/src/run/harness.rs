@@ -200,15 +200,9 @@ impl ProduceTest {
         let Some(id) = self.trigger.take() else {
             panic!("ProduceTest of `{name}`: no trigger; give one with .trigger(id, value)");
         };
-        if let Some(missing) = self
-            .produce
-            .uses_types()
-            .iter()
-            .find(|ty| !self.resources.contains_type(ty))
-        {
+        if let Some(missing) = self.produce.missing_resource(&self.resources) {
             panic!(
-                "ProduceTest of `{name}`: the produce uses resource `{}`, which the test does not provide; add it with .resource(..)",
-                missing.name
+                "ProduceTest of `{name}`: the produce uses resource `{missing}`, which the test does not provide; add it with .resource(..)"
             );
         }
         let stored = self

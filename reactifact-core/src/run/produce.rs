@@ -336,8 +336,12 @@ impl Produce {
         self.uses.iter().map(|u| u.name)
     }
 
-    pub(crate) fn uses_types(&self) -> &[ResourceType] {
-        &self.uses
+    /// The type name of the first resource the produce uses that `resources` lacks.
+    pub(crate) fn missing_resource(&self, resources: &Resources) -> Option<&'static str> {
+        self.uses
+            .iter()
+            .find(|ty| !resources.contains_type(ty))
+            .map(|ty| ty.name)
     }
 
     /// Runs the produce only when `condition` holds for the trigger, evaluated against the
@@ -622,4 +626,20 @@ impl Agent {
     pub fn name(&self) -> &str {
         &self.name
     }
+}
+
+/// The first produce of `agents` that uses a resource `resources` lacks: its agent, the
+/// produce and the resource's type name. The runtime's builder and the replay oracle refuse
+/// such a produce.
+pub(crate) fn missing_resource<'a>(
+    agents: &'a [Agent],
+    resources: &Resources,
+) -> Option<(&'a Agent, &'a Produce, &'static str)> {
+    agents.iter().find_map(|agent| {
+        agent.produces.iter().find_map(|produce| {
+            produce
+                .missing_resource(resources)
+                .map(|missing| (agent, produce, missing))
+        })
+    })
 }

@@ -570,18 +570,14 @@ pub enum BuildError {
 
 /// Refuses a produce that uses a resource that is not registered.
 fn check_resources(agents: &[Agent], resources: &Resources) -> Result<(), BuildError> {
-    for agent in agents {
-        for produce in &agent.produces {
-            if let Some(missing) = produce.uses_types().iter().find(|ty| !resources.contains_type(ty)) {
-                return Err(BuildError::MissingResource {
-                    agent: agent.name().to_owned(),
-                    produce: produce.name().to_owned(),
-                    resource: missing.name,
-                });
-            }
-        }
+    match crate::run::produce::missing_resource(agents, resources) {
+        Some((agent, produce, resource)) => Err(BuildError::MissingResource {
+            agent: agent.name().to_owned(),
+            produce: produce.name().to_owned(),
+            resource,
+        }),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Refuses ambiguous registrations: duplicate agent or produce names, and two distinct types
