@@ -223,17 +223,6 @@ fn whole(tied: &[(usize, usize)], cut: usize) -> usize {
     }
 }
 
-/// How many events at the head of the batch are its head: the first event, with every event
-/// a run starting there also covers (none, on a budgeted turn: `matching::select` ends the batch
-/// before such an event). The budget does not refuse their runs' calls, so the cut of a spent
-/// budget never falls inside them and every turn commits at least the head's work.
-fn head_events(work: &[Work]) -> usize {
-    match tied(work).first() {
-        Some((0, e)) => e + 1,
-        _ => 1,
-    }
-}
-
 /// The key of a run's answers in the runtime's [`CallCache`](crate::run::calls::CallCache).
 fn run_key(work: &Work) -> RunKey {
     (
@@ -252,9 +241,6 @@ fn run_key(work: &Work) -> RunKey {
 /// one still running when the generation is cancelled gives up its calls then.
 struct Tracker {
     meter: Option<Arc<Meter>>,
-    /// The batch's head events (see [`head_events`]): their runs' calls are made even on a
-    /// spent budget, so that every turn commits something.
-    head: usize,
     /// Per work item, the calls an earlier attempt of its run recorded (empty unless the
     /// runtime's cache holds some).
     priors: Vec<Vec<RecordedCall>>,
@@ -271,7 +257,6 @@ impl Tracker {
         };
         Tracker {
             meter: meter.clone(),
-            head: meter.as_ref().map_or(0, |_| head_events(work)),
             priors,
             running: std::iter::repeat_with(|| None).take(work.len()).collect(),
             finished: Vec::new(),
@@ -281,7 +266,10 @@ impl Tracker {
     /// The buffer for work item `i`'s run, as it starts.
     fn start(&mut self, i: usize, work: &Work) -> Arc<Mutex<Buffer>> {
         let prior = self.priors.get_mut(i).map(std::mem::take).unwrap_or_default();
-        let refusable = work.events.0 >= self.head;
+        // The runs of the batch's first event are never refused, so every turn commits
+        // something. On a budgeted turn no run reaches past that event (`matching::select`
+        // takes no event that would fold into one of them), so a cut never splits them.
+        let refusable = work.events.0 > 0;
         let buffer = Buffer::new(CallLog::live(prior, self.meter.clone(), refusable));
         self.running[i] = Some(buffer.clone());
         buffer
