@@ -181,6 +181,8 @@ fn categories_parse_what_a_model_answers() {
 
 // The OpenAI-compatible adapter, against a local mock server.
 
+// The mock HTTP server of the webhook's tests, shared rather than copied.
+#[path = "../../reactifact-webhook/tests/support/mod.rs"]
 mod support;
 
 use std::time::Duration;

@@ -3,6 +3,8 @@
 //! fails every call makes a case fail; and `triage` itself, run by the produce test harness
 //! with scripted answers.
 
+// The mock HTTP server of the webhook's tests, shared rather than copied.
+#[path = "../../reactifact-webhook/tests/support/mod.rs"]
 mod support;
 
 use std::sync::Arc;
