@@ -1,4 +1,5 @@
-//! The artifact state: persistent maps with structural sharing, so a snapshot is O(1).
+//! The artifact state: a flat map of the artifacts, written in place by the commit while nothing
+//! shares it (see [`Layered`]), and persistent indexes, so a snapshot is O(1).
 
 use std::ops::Bound;
 use std::sync::Arc;
@@ -8,6 +9,7 @@ use crate::model::artifact::{Artifact, ArtifactId, Kind, ReadError, Record, Stor
 use crate::model::hash::{self, SetDigest, StateHash};
 use crate::model::relation::Relation;
 use crate::model::timer::{self, Timer};
+use crate::state::layered::Layered;
 
 /// What merges and diffs read of a state: an artifact, a relation, an artifact's relations,
 /// the state hash. Implemented by [`State`] and by a [`Rewound`] view of one.
@@ -155,11 +157,12 @@ impl Rewind for State {
 /// SipHash showed up in profiles). Iteration order is never relied on.
 type Map<K, V> = imbl::GenericHashMap<K, V, foldhash::fast::RandomState, imbl::shared_ptr::DefaultSharedPtr>;
 
-/// Current artifacts and relations. Every field is a persistent map, so `clone` shares
-/// structure and costs O(1); writes copy only the path they touch while a clone is alive.
+/// Current artifacts and relations. `clone` costs O(1): the artifacts are a [`Layered`] map
+/// (flat, written in place unless a clone is alive) and every index is a persistent map that
+/// copies only the path a write touches while a clone is alive.
 #[derive(Clone, Default)]
 pub(crate) struct State {
-    artifacts: Map<ArtifactId, Arc<Stored>>,
+    artifacts: Layered<ArtifactId, Arc<Stored>>,
     /// Per kind, ids in creation order (keyed by `Stored::created`).
     by_kind: Map<Kind, imbl::OrdMap<u64, ArtifactId>>,
     relations: imbl::OrdSet<Relation>,
@@ -211,10 +214,7 @@ impl State {
     /// Keeps the kind index and the state digest in step.
     pub(crate) fn put(&mut self, id: &ArtifactId, value: Option<Arc<Stored>>) -> Option<Arc<Stored>> {
         let new = value.clone();
-        let old = match value {
-            Some(value) => self.artifacts.insert(id.clone(), value),
-            None => self.artifacts.remove(id.as_str()),
-        };
+        let old = self.artifacts.set(id.clone(), value);
         if let Some(new) = &new {
             self.digest
                 .add(&hash::artifact_entry(id.as_str(), new.kind.as_str(), &new.hash));
@@ -391,7 +391,7 @@ impl State {
                 other.artifacts.len()
             ));
         }
-        for (id, ours) in &self.artifacts {
+        for (id, ours) in self.artifacts.iter() {
             let Some(theirs) = other.artifacts.get(id) else {
                 return Some(format!("it holds `{id}`, which the log does not"));
             };

@@ -5,6 +5,7 @@ pub(crate) mod branch;
 pub(crate) mod commit;
 pub(crate) mod context;
 pub(crate) mod graph;
+pub(crate) mod layered;
 pub(crate) mod live;
 pub(crate) mod log;
 pub(crate) mod readers;
