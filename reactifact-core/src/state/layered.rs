@@ -178,7 +178,10 @@ mod tests {
         assert_eq!(map.get(&4), Some(&40));
         assert_eq!(map.get(&20), Some(&20));
         assert!(map.get(&3).is_none());
-        let mut expected: Vec<_> = (0..10).filter(|&i| i != 3).map(|i| (i, if i == 4 { 40 } else { i })).collect();
+        let mut expected: Vec<_> = (0..10)
+            .filter(|&i| i != 3)
+            .map(|i| (i, if i == 4 { 40 } else { i }))
+            .collect();
         expected.push((20, 20));
         assert_eq!(sorted(&map), expected);
 
