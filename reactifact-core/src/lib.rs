@@ -72,7 +72,7 @@ pub use run::runtime::{
 pub use run::serve::{RuntimeHandle, ServeReport, SubmitError};
 pub use run::when;
 pub use state::branch::{ArtifactState, Conflict, Diff, ForkError, MergeError, MergeReport, Resolution, Side, Updated};
-pub use state::commit::{Commit, CommitError, Read, RunRecord, TriggerRef};
+pub use state::commit::{Commit, CommitError, Read, RunRecord, Runs, TriggerRef};
 pub use state::context::{Context, Transaction, WriteError};
 pub use state::refold::VerifyError;
 pub use state::snapshot::Snapshot;

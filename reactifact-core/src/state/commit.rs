@@ -132,6 +132,49 @@ impl RunRecord {
     }
 }
 
+/// The runs of a commit, in work order: a shared, immutable slice of [`RunRecord`]s, so that
+/// copying a commit (a fork's log, a truncated log) never copies its patches. Reads like a
+/// slice (`runs.len()`, `runs[0]`, `runs.iter()`, `for run in &commit.runs`); writing through
+/// it copies the runs first if another commit shares them.
+#[derive(Clone, Default)]
+pub struct Runs(Arc<[RunRecord]>);
+
+impl std::ops::Deref for Runs {
+    type Target = [RunRecord];
+
+    fn deref(&self) -> &[RunRecord] {
+        &self.0
+    }
+}
+
+/// Copy-on-write: a commit whose runs are shared with another copy gets its own first.
+impl std::ops::DerefMut for Runs {
+    fn deref_mut(&mut self) -> &mut [RunRecord] {
+        Arc::make_mut(&mut self.0)
+    }
+}
+
+impl<'a> IntoIterator for &'a Runs {
+    type Item = &'a RunRecord;
+    type IntoIter = std::slice::Iter<'a, RunRecord>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl From<Vec<RunRecord>> for Runs {
+    fn from(runs: Vec<RunRecord>) -> Self {
+        Runs(runs.into())
+    }
+}
+
+impl std::fmt::Debug for Runs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.0.iter()).finish()
+    }
+}
+
 /// One entry of the commit log: everything one generation changed, applied atomically.
 #[derive(Clone, Debug)]
 pub struct Commit {
@@ -148,7 +191,7 @@ pub struct Commit {
     /// The state hash after the commit.
     pub state_hash: StateHash,
     /// The patches, in work order.
-    pub runs: Vec<RunRecord>,
+    pub runs: Runs,
     /// How many events the commit consumed: from the head of the queue as it was before the
     /// commit, then, if that left it empty, those the commit itself emitted that no produce of
     /// its runtime reacts to.

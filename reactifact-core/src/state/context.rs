@@ -868,7 +868,7 @@ impl Context {
             merged,
             hash,
             state_hash,
-            runs,
+            runs: runs.into(),
             events_consumed: consumed + own_consumed,
         };
         let now = crate::model::time::now();

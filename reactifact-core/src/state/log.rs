@@ -37,8 +37,9 @@ struct Whole {
     graph: Graph,
 }
 
-/// A context's commit log (see the module docs). Cloning it is O(held commits).
-#[derive(Clone, Default)]
+/// A context's commit log (see the module docs). Cloning it is O(held commits), a shallow
+/// copy of each (a commit's runs are shared, see [`Runs`](crate::Runs)).
+#[derive(Default)]
 pub(crate) struct Log {
     /// `None`: the log holds every commit.
     base: Option<Arc<Base>>,
@@ -46,6 +47,20 @@ pub(crate) struct Log {
     held: Vec<Commit>,
     /// The whole log, once read.
     whole: OnceLock<Arc<Whole>>,
+}
+
+impl Clone for Log {
+    /// With room for as many commits again, so the clone's next commits (a fork's) do not
+    /// copy the log a second time.
+    fn clone(&self) -> Self {
+        let mut held = Vec::with_capacity(self.held.len() * 2);
+        held.extend_from_slice(&self.held);
+        Log {
+            base: self.base.clone(),
+            held,
+            whole: self.whole.clone(),
+        }
+    }
 }
 
 impl Log {

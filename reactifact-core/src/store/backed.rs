@@ -89,7 +89,9 @@ fn decode_commit(row: &CommitRow) -> Result<Commit, String> {
         merged: optional(&row.merged, "its merged parent")?,
         state_hash: StateHash(hash32(&row.state_hash, &what("its state hash"))?),
         events_consumed: usize::try_from(row.events_consumed).map_err(|_| what("its consumed events"))?,
-        runs: codec::decode_runs(&row.runs).map_err(|e| format!("{}: {e}", what("its runs do not decode")))?,
+        runs: codec::decode_runs(&row.runs)
+            .map_err(|e| format!("{}: {e}", what("its runs do not decode")))?
+            .into(),
     })
 }
 

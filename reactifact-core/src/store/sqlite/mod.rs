@@ -772,7 +772,7 @@ fn commit_from_row(row: &rusqlite::Row<'_>) -> Result<Commit, LoadError> {
         merged: optional_hash(merged, "merged parent")?,
         state_hash: StateHash(digest(&state_hash, &what("state hash")).map_err(LoadError::Corrupt)?),
         events_consumed: row.get::<_, u64>(5)? as usize,
-        runs,
+        runs: runs.into(),
     })
 }
 
@@ -1310,7 +1310,7 @@ mod tests {
             merged: None,
             hash: CommitHash([7; 32]),
             state_hash: StateHash([0; 32]),
-            runs: Vec::new(),
+            runs: crate::Runs::default(),
             events_consumed: 0,
         };
         // A row, with a digest that checks out, claiming to come from a commit of the log
