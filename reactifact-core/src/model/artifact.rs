@@ -327,3 +327,27 @@ pub(crate) fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, rmp_se
     rmp_serde::encode::write_named(&mut bytes, value)?;
     Ok(bytes)
 }
+
+/// [`encode`], into shared bytes of exactly the encoding's size: one allocation per value
+/// (the encoding is written into a buffer the thread keeps, then copied once).
+pub(crate) fn encode_shared<T: Serialize + ?Sized>(value: &T) -> Result<Arc<[u8]>, rmp_serde::encode::Error> {
+    /// Larger buffers are not kept after use, so one large record does not pin its size.
+    const KEEP: usize = 64 * 1024;
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(1024));
+    }
+    SCRATCH.with(|scratch| {
+        // A value whose `Serialize` encodes another through this function (not done in this
+        // crate) finds the buffer taken and gets one of its own.
+        let Ok(mut scratch) = scratch.try_borrow_mut() else {
+            return encode(value).map(Arc::from);
+        };
+        scratch.clear();
+        let written = rmp_serde::encode::write_named(&mut *scratch, value);
+        let bytes = written.map(|()| Arc::from(scratch.as_slice()));
+        if scratch.capacity() > KEEP {
+            *scratch = Vec::with_capacity(1024);
+        }
+        bytes
+    })
+}

@@ -153,13 +153,13 @@ impl Op {
                 kind: Kind::of::<T>(),
             });
         }
-        match artifact::encode(value) {
+        match artifact::encode_shared(value) {
             Ok(bytes) => Ok(Op::Put {
                 mode,
                 hash: hash::content_hash(&bytes),
                 kind: Kind::of::<T>(),
                 id,
-                bytes: bytes.into(),
+                bytes,
             }),
             Err(source) => Err(EffectError::Encode {
                 id,
@@ -198,7 +198,7 @@ impl Op {
             #[serde(skip_serializing_if = "std::ops::Not::not")]
             requires_approval: bool,
         }
-        let payload = artifact::encode(payload).map_err(|source| EffectError::EncodePayload {
+        let payload = artifact::encode_shared(payload).map_err(|source| EffectError::EncodePayload {
             key: key.clone(),
             kind: action.to_owned(),
             source,
@@ -209,7 +209,7 @@ impl Op {
             payload: &payload,
             requires_approval,
         };
-        let bytes = artifact::encode(&record).map_err(|source| EffectError::Encode {
+        let bytes = artifact::encode_shared(&record).map_err(|source| EffectError::Encode {
             id: id.clone(),
             kind: Kind::of::<PendingAction>(),
             source,
@@ -219,8 +219,8 @@ impl Op {
             action: Arc::from(action),
             id,
             key,
-            bytes: bytes.into(),
-            payload: payload.into(),
+            bytes,
+            payload,
         })
     }
 }

@@ -132,12 +132,12 @@ impl RunRecord {
     }
 }
 
-/// The runs of a commit, in work order: a shared, immutable slice of [`RunRecord`]s, so that
+/// The runs of a commit, in work order: a shared, immutable list of [`RunRecord`]s, so that
 /// copying a commit (a fork's log, a truncated log) never copies its patches. Reads like a
 /// slice (`runs.len()`, `runs[0]`, `runs.iter()`, `for run in &commit.runs`); writing through
 /// it copies the runs first if another commit shares them.
 #[derive(Clone, Default)]
-pub struct Runs(Arc<[RunRecord]>);
+pub struct Runs(Arc<Vec<RunRecord>>);
 
 impl std::ops::Deref for Runs {
     type Target = [RunRecord];
@@ -150,7 +150,7 @@ impl std::ops::Deref for Runs {
 /// Copy-on-write: a commit whose runs are shared with another copy gets its own first.
 impl std::ops::DerefMut for Runs {
     fn deref_mut(&mut self) -> &mut [RunRecord] {
-        Arc::make_mut(&mut self.0)
+        Arc::make_mut(&mut self.0).as_mut_slice()
     }
 }
 
@@ -165,7 +165,7 @@ impl<'a> IntoIterator for &'a Runs {
 
 impl From<Vec<RunRecord>> for Runs {
     fn from(runs: Vec<RunRecord>) -> Self {
-        Runs(runs.into())
+        Runs(Arc::new(runs))
     }
 }
 
