@@ -67,7 +67,9 @@ pub enum WriteError {
 /// ```
 pub struct Context {
     session: Arc<str>,
-    state: State,
+    /// Shared with the snapshots taken of it: one reference count per snapshot, and the commit
+    /// writes it in place once they are gone.
+    state: Arc<State>,
     /// The commit log; from a checkpoint, only the commits after it are held (see
     /// [`Log`]).
     log: Log,
@@ -158,7 +160,7 @@ impl Context {
         let memory = MemoryOutbox::new();
         Context {
             session: Arc::from(session.into()),
-            state: State::default(),
+            state: Arc::default(),
             log: Log::default(),
             events: VecDeque::new(),
             next_event_seq: 0,
@@ -324,7 +326,7 @@ impl Context {
             detail,
         };
         let mut refold = match self.log.head() {
-            Some(head) => Refold::resuming(self.state.clone(), self.generation(), head, Checks::STATE),
+            Some(head) => Refold::resuming(State::clone(&self.state), self.generation(), head, Checks::STATE),
             None => Refold::new(Checks::STATE),
         }
         .keep_undo()
@@ -367,7 +369,7 @@ impl Context {
         for commit in caught.commits {
             self.log.push(commit);
         }
-        self.state = state;
+        self.state = Arc::new(state);
         self.next_event_seq = seq;
         self.events.extend(events);
         self.events.retain(|q| q.seq >= caught.consumed_seq);
@@ -423,7 +425,7 @@ impl Context {
         // From a checkpoint the graph knows how to undo the held commits; their merges'
         // histories are read with the older commits, when a merge or a diff needs them.
         self.graph = Graph::restored(&loaded.commits, undone, &loaded.foreign)?;
-        self.state = state;
+        self.state = Arc::new(state);
         self.next_event_seq = seq;
         Ok(base)
     }
@@ -490,7 +492,7 @@ impl Context {
             generation: self.generation(),
             hash: self.log.head()?,
             state_hash: self.state.state_hash(),
-            state: self.state.clone(),
+            state: State::clone(&self.state),
             next_event_seq: self.next_event_seq,
             events: self.events.iter().cloned().collect(),
             readers: self.readers.clone(),
@@ -543,7 +545,7 @@ impl Context {
     ) -> Context {
         Context {
             session: Arc::from(session),
-            state,
+            state: Arc::new(state),
             log,
             events: VecDeque::new(),
             next_event_seq,
@@ -579,7 +581,7 @@ impl Context {
 
     /// An O(1) read-only view of the current state, sharing structure with it.
     pub fn snapshot(&self) -> Snapshot {
-        Snapshot::new(self.state.clone())
+        Snapshot::shared(Arc::clone(&self.state))
     }
 
     /// Reads the artifact stored under `id` as a `T`; `Ok(None)` if there is none.
@@ -802,7 +804,9 @@ impl Context {
         self.check_not_cut().map_err(CommitFailure::Store)?;
         self.settle_log();
         let generation = self.generation().next();
-        let mut apply = Apply::new(&mut self.state, generation);
+        // In place unless a snapshot of the state outlived its generation; then on an O(1)
+        // copy of it (see `state::layered`).
+        let mut apply = Apply::new(Arc::make_mut(&mut self.state), generation);
         let mut rejected = Vec::new();
         for (i, run) in runs.iter().enumerate() {
             // Its position in the commit once the rejected runs before it are dropped.

@@ -21,13 +21,18 @@ use crate::state::live::State;
 /// [`RunRecord::reads`](crate::RunRecord::reads). Counts and relation queries are not recorded.
 #[derive(Clone)]
 pub struct Snapshot {
-    pub(crate) state: State,
+    pub(crate) state: Arc<State>,
     /// Where reads are recorded: the produce run's buffer, or `None` for an untracked view.
     reads: Option<Arc<Mutex<Buffer>>>,
 }
 
 impl Snapshot {
     pub(crate) fn new(state: State) -> Self {
+        Self::shared(Arc::new(state))
+    }
+
+    /// A view of a state shared with its context.
+    pub(crate) fn shared(state: Arc<State>) -> Self {
         Snapshot { state, reads: None }
     }
 
