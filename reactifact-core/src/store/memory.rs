@@ -46,7 +46,7 @@ use std::time::SystemTime;
 
 use foldhash::HashMap;
 
-use crate::model::action::ActionKey;
+use crate::model::action::{ActionKey, Intent};
 use crate::model::delivery::{
     ceil_millis, from_unix_millis, later, unix_millis, Attempt, AttemptOutcome, Decision, Delivery, DeliveryStatus,
     FenceToken, Lease, NewIntent, Verdict, ATTEMPTS_KEPT,
@@ -544,8 +544,15 @@ impl Inner {
                 _ => self.kind_id(name),
             };
             last_kind = Some((name, kind));
-            let mut intent = new.intent.clone();
-            intent.attempt = 0;
+            // The kind as interned, shared by the entries of that kind: the clones a claim and
+            // a delivery make of it touch one warm allocation, not one per intent.
+            let intent = Intent {
+                key: new.intent.key.clone(),
+                kind: self.kinds.names[kind as usize].clone(),
+                payload: new.intent.payload.clone(),
+                origin: new.intent.origin.clone(),
+                attempt: 0,
+            };
             let requires_approval = new.requires_approval();
             let entry = Entry {
                 delivery: Delivery::new(intent, now, requires_approval),
