@@ -29,8 +29,10 @@
 //! twice its live length is compacted (amortised O(1) per push).
 //!
 //! Memory: besides the entries, 16 bytes per final entry until it is purged (the purge order),
-//! and, while some intent is always in flight, 4 bytes per claim or renewal made within one
-//! lease duration (the expiry index is cleared whenever nothing is in flight). A purged entry
+//! about 16 bytes per intent in flight (their positions by key, so that a record finds its
+//! entry without probing the whole ledger's index), and, while some intent is always in
+//! flight, 4 bytes per claim or renewal made within one lease duration (the expiry index is
+//! cleared whenever nothing is in flight). A purged entry
 //! leaves its key behind (its tombstone), so that the key is never registered again. Each
 //! entry keeps the lease of its last claim (a delivered attempt is read from it: no
 //! allocation on the delivery path) and a history of the attempts that ended other than
