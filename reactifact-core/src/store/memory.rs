@@ -1189,3 +1189,116 @@ impl OutboxStore for MemoryOutbox {
         Box::pin(async move { Ok(self.lock().next_due(scope)) })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::*;
+    use crate::model::action::{Origin, PendingAction};
+    use crate::model::artifact::Generation;
+    use crate::model::hash::{content_hash, CommitHash};
+
+    fn intent(session: &Arc<str>, key: &str) -> NewIntent {
+        let bytes = rmp_serde::to_vec_named(&PendingAction {
+            kind: "notify".into(),
+            key: key.into(),
+            payload: Vec::new(),
+            requires_approval: false,
+        })
+        .unwrap();
+        NewIntent {
+            intent: Intent {
+                key: ActionKey::from(key),
+                kind: Arc::from("notify"),
+                payload: Arc::from(Vec::new()),
+                origin: Origin::new(session.clone(), CommitHash([1; 32]), Generation(1), 0),
+                attempt: 0,
+            },
+            action_hash: content_hash(&bytes),
+            bytes: Arc::from(bytes),
+        }
+    }
+
+    fn recording(key: ActionKey, claim: &Delivery) -> Recording {
+        Recording {
+            key,
+            token: claim.token,
+            outcome: Outcome::Delivered,
+        }
+    }
+
+    #[test]
+    fn a_record_finds_its_entry_by_the_claimed_key_or_by_a_key_made_apart_and_a_stale_one_stays_stale() {
+        let t0 = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let session: Arc<str> = Arc::from("s");
+        let outbox = MemoryOutbox::new();
+        outbox.register(
+            &[intent(&session, "k1"), intent(&session, "k2"), intent(&session, "k3")],
+            t0,
+        );
+        let scope = Scope::all();
+        let owner: Arc<str> = Arc::from("drain");
+        let claim = |now| {
+            outbox.lock().claim(&ClaimRequest {
+                scope: &scope,
+                limit: 10,
+                owner: &owner,
+                lease: Duration::from_secs(10),
+                now,
+            })
+        };
+        let first = claim(t0).claims;
+        assert_eq!(first.len(), 3);
+        let delivered = Recorded::Accepted(DeliveryStatus::Delivered);
+        {
+            let mut inner = outbox.lock();
+            // k1 with (a clone of) the key the claim handed out, k2 with a key made apart.
+            assert_eq!(
+                inner.record(&recording(first[0].key().clone(), &first[0]), t0),
+                delivered
+            );
+            assert_eq!(
+                inner.record(&recording(ActionKey::from("k2"), &first[1]), t0),
+                delivered
+            );
+            // Recorded again, either way: stale.
+            for key in [first[0].key().clone(), ActionKey::from("k1")] {
+                let again = inner.record(&recording(key, &first[0]), t0);
+                assert!(
+                    matches!(
+                        again,
+                        Recorded::Stale {
+                            status: Some(DeliveryStatus::Delivered),
+                            ..
+                        }
+                    ),
+                    "{again:?}"
+                );
+            }
+        }
+        // k3's lease expires and another claim takes it: the first holder's late outcome, with
+        // the key it was handed, is stale; the second holder's is recorded.
+        let second = claim(t0 + Duration::from_secs(11)).claims;
+        assert_eq!(second.len(), 1);
+        assert!(second[0].key().is_clone_of(first[2].key()));
+        let mut inner = outbox.lock();
+        let late = inner.record(&recording(first[2].key().clone(), &first[2]), t0);
+        assert!(
+            matches!(
+                late,
+                Recorded::Stale {
+                    status: Some(DeliveryStatus::InFlight),
+                    ..
+                }
+            ),
+            "{late:?}"
+        );
+        assert_eq!(
+            inner.record(&recording(second[0].key().clone(), &second[0]), t0),
+            delivered
+        );
+        assert!(inner.in_flight.is_empty(), "nothing in flight, no position kept");
+        assert_eq!(inner.tally.total.counts().delivered, 3);
+    }
+}
