@@ -28,6 +28,18 @@ impl ActionKey {
     pub fn artifact_id(&self) -> ArtifactId {
         ArtifactId::from(format!("{ACTION_ID_PREFIX}{}", self.0))
     }
+
+    /// The address of the key's shared text: the same for every clone of one key, so that a
+    /// store can recognise a key it handed out without hashing or comparing the text. (Two
+    /// equal keys made apart have different addresses.)
+    pub(crate) fn addr(&self) -> usize {
+        Arc::as_ptr(&self.0).cast::<u8>().addr()
+    }
+
+    /// Whether `other` is a clone of this key (the same shared text).
+    pub(crate) fn is_clone_of(&self, other: &ActionKey) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 impl fmt::Display for ActionKey {
@@ -97,7 +109,58 @@ pub(crate) fn requires_approval(bytes: &[u8]) -> bool {
         #[serde(default)]
         requires_approval: bool,
     }
+    // Every store asks this of every intent it registers. The bytes of an intent that does not
+    // ask for approval, as `act` encodes them, hold no flag to read: recognised without serde
+    // (a tenth of the decode's cost), they answer `false`, as the decode would.
+    if is_plain_action(bytes) {
+        return false;
+    }
     rmp_serde::from_slice::<Flag>(bytes).is_ok_and(|f| f.requires_approval)
+}
+
+/// Whether `bytes` are exactly a MessagePack map of the three entries `kind` (a string),
+/// `key` (a string) and `payload` (binary), in that order, and nothing after it: a
+/// `PendingAction` encoded without its approval field.
+fn is_plain_action(bytes: &[u8]) -> bool {
+    let Some((&0x83, mut rest)) = bytes.split_first() else {
+        return false;
+    };
+    for (name, binary) in [("kind", false), ("key", false), ("payload", true)] {
+        // A field name as rmp-serde writes it: a fixstr.
+        let named = rest.split_first().and_then(|(&marker, after)| {
+            (usize::from(marker) == 0xa0 + name.len())
+                .then_some(after)?
+                .strip_prefix(name.as_bytes())
+        });
+        match named.and_then(|after| skip_string(after, binary)) {
+            Some(after) => rest = after,
+            None => return false,
+        }
+    }
+    rest.is_empty()
+}
+
+/// What follows the MessagePack string (or, if `binary`, the binary value) at the start of
+/// `bytes`, if one is there whole.
+fn skip_string(bytes: &[u8], binary: bool) -> Option<&[u8]> {
+    let (&marker, rest) = bytes.split_first()?;
+    let (len, rest) = match (marker, binary) {
+        (0xa0..=0xbf, false) => (usize::from(marker & 0x1f), rest),
+        (0xd9, false) | (0xc4, true) => {
+            let (&len, rest) = rest.split_first()?;
+            (usize::from(len), rest)
+        }
+        (0xda, false) | (0xc5, true) => {
+            let (len, rest) = rest.split_first_chunk::<2>()?;
+            (usize::from(u16::from_be_bytes(*len)), rest)
+        }
+        (0xdb, false) | (0xc6, true) => {
+            let (len, rest) = rest.split_first_chunk::<4>()?;
+            (usize::try_from(u32::from_be_bytes(*len)).ok()?, rest)
+        }
+        _ => return None,
+    };
+    rest.get(len..)
 }
 
 impl Artifact for PendingAction {
@@ -238,5 +301,66 @@ impl Intent {
     /// Which attempt this is: 1 for the first delivery, 2 after one failure, and so on.
     pub fn attempt(&self) -> u32 {
         self.attempt
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The flag as the decode alone reads it.
+    fn decoded_flag(bytes: &[u8]) -> bool {
+        rmp_serde::from_slice::<PendingAction>(bytes).is_ok_and(|a| a.requires_approval)
+    }
+
+    fn encoded(kind: usize, key: usize, payload: usize, requires_approval: bool) -> Vec<u8> {
+        rmp_serde::to_vec_named(&PendingAction {
+            kind: "k".repeat(kind),
+            key: "x".repeat(key),
+            payload: vec![0xc3; payload],
+            requires_approval,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn the_approval_flag_of_every_string_and_binary_header_reads_as_the_decode_reads_it() {
+        // Lengths on both sides of each header's range: fix, 8-, 16- and 32-bit lengths.
+        for len in [0, 1, 31, 32, 255, 256, 65_535, 65_536] {
+            for approval in [false, true] {
+                for bytes in [
+                    encoded(len, 3, 3, approval),
+                    encoded(3, len, 3, approval),
+                    encoded(3, 3, len, approval),
+                ] {
+                    assert_eq!(requires_approval(&bytes), approval);
+                    assert_eq!(decoded_flag(&bytes), approval);
+                    assert_eq!(is_plain_action(&bytes), !approval, "{len} {approval}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bytes_not_exactly_a_plain_action_are_left_to_the_decode() {
+        let plain = encoded(6, 4, 20, false);
+        let asking = encoded(6, 4, 20, true);
+        // Every cut of either, and either with a byte after it.
+        for bytes in [&plain, &asking] {
+            for cut in 0..bytes.len() {
+                assert!(!is_plain_action(&bytes[..cut]));
+                assert_eq!(requires_approval(&bytes[..cut]), decoded_flag(&bytes[..cut]));
+            }
+            let mut longer = bytes.clone();
+            longer.push(0xc3);
+            assert!(!is_plain_action(&longer));
+        }
+        // The same three entries in another order, or a field renamed, are not recognised.
+        let mut renamed = plain.clone();
+        let at = renamed.windows(4).position(|w| w == b"kind").unwrap();
+        renamed[at] = b'm';
+        assert!(!is_plain_action(&renamed));
+        assert!(!requires_approval(&renamed));
+        assert!(!is_plain_action(&rmp_serde::to_vec(&("notify", "k", [1u8])).unwrap()));
     }
 }

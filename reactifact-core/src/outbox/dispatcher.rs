@@ -3,8 +3,10 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Duration;
 
 use crate::model::action::Intent;
+use crate::outbox::drain::{self, AttemptFuture};
 
 /// A boxed error from user code (a produce or a dispatcher).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -162,15 +164,19 @@ where
     }
 }
 
+/// A boxed dispatch, as a [`Router`](crate::Router) holds its routes'.
 pub(crate) type DispatchFuture<'a> = Pin<Box<dyn Future<Output = Result<(), DispatchError>> + Send + 'a>>;
 
 /// Object-safe form of [`Dispatcher`], so the runtime can hold any dispatcher.
 pub(crate) trait ErasedDispatcher: Send + Sync {
-    fn dispatch_boxed(&self, intent: Intent) -> DispatchFuture<'_>;
+    /// The drain's attempt to deliver `intent` ([`drain::attempt`]), for the claim held in
+    /// `slot`. Built here, where the dispatcher's future has a known type, so that the attempt
+    /// and the dispatch it wraps are one allocation.
+    fn attempt(&self, intent: Intent, timeout: Option<Duration>, slot: usize) -> AttemptFuture<'_>;
 }
 
 impl<D: Dispatcher> ErasedDispatcher for D {
-    fn dispatch_boxed(&self, intent: Intent) -> DispatchFuture<'_> {
-        Box::pin(self.dispatch(intent))
+    fn attempt(&self, intent: Intent, timeout: Option<Duration>, slot: usize) -> AttemptFuture<'_> {
+        drain::attempt(self, intent, timeout, slot)
     }
 }

@@ -1,11 +1,13 @@
 //! The delivery engine: drains the outbox with retries, backoff, a dead letter, bounded
 //! concurrency, per-attempt timeouts and a graceful stop.
 
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -16,7 +18,7 @@ use tracing::Instrument;
 
 use crate::model::action::{ActionKey, Intent};
 use crate::model::delivery::{ceil_millis, later, Delivery, DeliveryStatus, FenceToken};
-use crate::outbox::dispatcher::{DispatchError, ErasedDispatcher};
+use crate::outbox::dispatcher::{DispatchError, Dispatcher, ErasedDispatcher};
 use crate::run::runtime::{StopHandle, TurnOutcome};
 use crate::store::outbox::{
     ClaimRequest, Claimed, FailedAttempt, OutboxStore, Outcome, Recorded, Recording, Scope, Wakeups,
@@ -285,7 +287,7 @@ impl From<StoreError> for DrainError {
 }
 
 /// How one attempt ended.
-enum Attempt {
+pub(crate) enum Attempt {
     Delivered,
     Failed(DispatchError),
     TimedOut(Duration),
@@ -364,7 +366,9 @@ struct Holds<'a> {
     outbox: &'a dyn OutboxStore,
     clock: Clock,
     slots: Vec<Option<Slot>>,
-    free: Vec<usize>,
+    /// The free slots, the lowest taken first: claims fill the slots in the order they come,
+    /// so the outcomes written together (in slot order) are in claim order.
+    free: BinaryHeap<Reverse<usize>>,
     held: usize,
 }
 
@@ -372,7 +376,7 @@ impl Holds<'_> {
     fn insert(&mut self, slot: Slot) -> usize {
         self.held += 1;
         match self.free.pop() {
-            Some(at) => {
+            Some(Reverse(at)) => {
                 self.slots[at] = Some(slot);
                 at
             }
@@ -399,7 +403,7 @@ impl Holds<'_> {
 
     fn release(&mut self, at: usize) -> Slot {
         self.held -= 1;
-        self.free.push(at);
+        self.free.push(Reverse(at));
         self.slots[at].take().expect("a held slot")
     }
 
@@ -486,8 +490,9 @@ async fn woken(wakeups: Option<&mut Wakeups>) {
 
 type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// A write of outcomes: the slots written, and what the store made of each.
-type Written = (Vec<usize>, Result<Vec<Recorded>, StoreError>);
+/// A write of outcomes: the slots written, the outcomes' buffer (emptied, for the next write),
+/// and what the store made of each.
+type Written = (Vec<usize>, Vec<Recording>, Result<Vec<Recorded>, StoreError>);
 
 impl<'a> Drain<'a> {
     fn interrupted(&self) -> Option<TurnOutcome> {
@@ -642,7 +647,7 @@ impl<'a> Drain<'a> {
             outbox: self.outbox,
             clock: *self.clock,
             slots: Vec::new(),
-            free: Vec::new(),
+            free: BinaryHeap::new(),
             held: 0,
         };
         let mut running = FuturesUnordered::new();
@@ -657,6 +662,8 @@ impl<'a> Drain<'a> {
         });
         // The outcomes being written: their slots, and the store's answer.
         let mut recording: Option<StoreFuture<'_, Written>> = None;
+        // The slots and the outcomes of a write, kept from one write to the next.
+        let mut buffers: (Vec<usize>, Vec<Recording>) = Default::default();
         let mut renewing: Option<StoreFuture<'_, Result<Vec<bool>, StoreError>>> = None;
         let mut exhausted = false;
         let mut stopping: Option<TurnOutcome> = None;
@@ -692,6 +699,9 @@ impl<'a> Drain<'a> {
                 // Started and not yet acknowledged: at most `concurrency` at any instant.
                 let mut started = holds.held - queued.values().map(VecDeque::len).sum::<usize>();
                 for (kind, waiting) in queued.iter_mut() {
+                    if waiting.is_empty() {
+                        continue;
+                    }
                     let limit = config.kind_limits.get(&**kind).copied().unwrap_or(usize::MAX);
                     let count = active.entry(kind.clone()).or_default();
                     while *count < limit && started < config.concurrency {
@@ -700,7 +710,18 @@ impl<'a> Drain<'a> {
                         started += 1;
                         let slot = holds.slot(at);
                         slot.stage = Stage::Running;
-                        running.push(attempt(dispatcher, slot.claim.intent.clone(), config.timeout, at));
+                        let mut attempt = dispatcher.attempt(slot.claim.intent.clone(), config.timeout, at);
+                        // Polled once here: an attempt that ends at once (an in-process
+                        // dispatcher) is finished without joining `running`, which allocates
+                        // a task for every future it holds.
+                        match std::future::poll_fn(|cx| Poll::Ready(attempt.as_mut().poll(cx))).await {
+                            Poll::Ready((at, ended)) => {
+                                *count -= 1;
+                                let outcome = self.outcome_of(holds.slot(at), ended, &mut first_failure);
+                                holds.slot(at).stage = Stage::Finished(outcome);
+                            }
+                            Poll::Pending => running.push(attempt),
+                        }
                     }
                 }
             }
@@ -726,32 +747,35 @@ impl<'a> Drain<'a> {
             // Write what finished, as one group, while nothing else is being written.
             let record_broken = record_failures >= RECORD_TRIES;
             if recording.is_none() && !record_broken {
-                let ready: Vec<usize> = holds
-                    .held()
-                    .filter(|(_, s)| matches!(s.stage, Stage::Finished(_)))
-                    .map(|(at, _)| at)
-                    .collect();
-                if !ready.is_empty() {
-                    let outcomes: Vec<Recording> = ready
-                        .iter()
-                        .map(|&at| {
-                            let slot = holds.slot(at);
-                            let Stage::Finished(outcome) = std::mem::replace(&mut slot.stage, Stage::Queued) else {
-                                unreachable!("filtered on finished")
-                            };
-                            slot.stage = Stage::Recording(outcome.clone());
-                            Recording {
-                                key: slot.claim.intent.key.clone(),
-                                token: slot.token(),
-                                outcome,
-                            }
-                        })
-                        .collect();
+                // (The buffers of the last write, emptied.)
+                let (mut ready, mut outcomes) = std::mem::take(&mut buffers);
+                ready.extend(
+                    holds
+                        .held()
+                        .filter(|(_, s)| matches!(s.stage, Stage::Finished(_)))
+                        .map(|(at, _)| at),
+                );
+                if ready.is_empty() {
+                    buffers = (ready, outcomes);
+                } else {
+                    outcomes.extend(ready.iter().map(|&at| {
+                        let slot = holds.slot(at);
+                        let Stage::Finished(outcome) = std::mem::replace(&mut slot.stage, Stage::Queued) else {
+                            unreachable!("filtered on finished")
+                        };
+                        slot.stage = Stage::Recording(outcome.clone());
+                        Recording {
+                            key: slot.claim.intent.key.clone(),
+                            token: slot.token(),
+                            outcome,
+                        }
+                    }));
                     let outbox = self.outbox;
                     let now = self.clock.now();
                     recording = Some(Box::pin(async move {
                         let result = outbox.record(&outcomes, now).await;
-                        (ready, result)
+                        outcomes.clear();
+                        (ready, outcomes, result)
                     }));
                 }
             }
@@ -769,8 +793,7 @@ impl<'a> Drain<'a> {
                     // Every attempt finished by now joins the same write.
                     let mut done = Some(first);
                     while let Some((at, attempt)) = done {
-                        let kind = holds.slot(at).claim.intent.kind.clone();
-                        if let Some(count) = active.get_mut(&kind) {
+                        if let Some(count) = active.get_mut(holds.slot(at).claim.kind()) {
                             *count -= 1;
                         }
                         let outcome = self.outcome_of(holds.slot(at), attempt, &mut first_failure);
@@ -778,7 +801,7 @@ impl<'a> Drain<'a> {
                         done = running.next().now_or_never().flatten();
                     }
                 }
-                (ats, result) = async { recording.as_mut().expect("guarded").await }, if recording.is_some() => {
+                (mut ats, outcomes, result) = async { recording.as_mut().expect("guarded").await }, if recording.is_some() => {
                     recording = None;
                     match result {
                         Ok(recorded) if recorded.len() == ats.len() => {
@@ -788,7 +811,7 @@ impl<'a> Drain<'a> {
                             if poll.is_some() {
                                 exhausted = false;
                             }
-                            for (at, recorded) in ats.into_iter().zip(recorded) {
+                            for (&at, recorded) in ats.iter().zip(recorded) {
                                 let slot = holds.release(at);
                                 if matches!(slot.stage, Stage::Recording(Outcome::Failed { .. })) {
                                     exhausted = false;
@@ -818,6 +841,8 @@ impl<'a> Drain<'a> {
                             }
                         }
                     }
+                    ats.clear();
+                    buffers = (ats, outcomes);
                 }
                 claimed = async { claiming.as_mut().expect("guarded").1.as_mut().await }, if claiming.is_some() => {
                     let asked = claiming.take().map_or(0, |(asked, _)| asked);
@@ -834,9 +859,14 @@ impl<'a> Drain<'a> {
                             exhausted = claimed.claims.len() + claimed.integrity.len() < asked;
                             report.integrity.extend(claimed.integrity);
                             for claim in claimed.claims {
-                                let kind = claim.intent.kind.clone();
                                 let at = holds.insert(Slot { claim, stage: Stage::Queued });
-                                queued.entry(kind).or_default().push_back(at);
+                                let claim = &holds.slot(at).claim;
+                                match queued.get_mut(claim.kind()) {
+                                    Some(waiting) => waiting.push_back(at),
+                                    None => {
+                                        queued.insert(Arc::clone(&claim.intent.kind), VecDeque::from([at]));
+                                    }
+                                }
                             }
                         }
                         Err(e) => {
@@ -968,28 +998,26 @@ impl<'a> Drain<'a> {
     }
 }
 
-type AttemptFuture<'a> = Pin<Box<dyn Future<Output = (usize, Attempt)> + Send + 'a>>;
+/// An attempt being made: the slot of its claim, and how it ended.
+pub(crate) type AttemptFuture<'a> = Pin<Box<dyn Future<Output = (usize, Attempt)> + Send + 'a>>;
 
-/// One attempt: the dispatch, bounded by the timeout, with panics caught.
-fn attempt(
-    dispatcher: &dyn ErasedDispatcher,
+/// One attempt: the dispatch, bounded by the timeout, with panics caught, as one allocation.
+/// (A dispatcher may panic while building its future as well as inside it.)
+pub(crate) fn attempt<D: Dispatcher>(
+    dispatcher: &D,
     intent: Intent,
     timeout: Option<Duration>,
     index: usize,
 ) -> AttemptFuture<'_> {
     let span =
         tracing::debug_span!("delivery", action_key = %intent.key(), kind = intent.kind(), attempt = intent.attempt());
-    // A dispatcher may panic while building its future as well as inside it.
-    let built = span.in_scope(|| std::panic::catch_unwind(AssertUnwindSafe(|| dispatcher.dispatch_boxed(intent))));
-    let dispatch = match built {
-        Ok(future) => AssertUnwindSafe(future).catch_unwind(),
-        Err(panic) => {
-            let attempt = Attempt::Panicked(crate::run::generation::panic_message(&panic));
-            return Box::pin(std::future::ready((index, attempt)));
-        }
-    };
+    let built = span.in_scope(|| std::panic::catch_unwind(AssertUnwindSafe(|| dispatcher.dispatch(intent))));
     Box::pin(
         async move {
+            let dispatch = match built {
+                Ok(future) => AssertUnwindSafe(future).catch_unwind(),
+                Err(panic) => return (index, Attempt::Panicked(crate::run::generation::panic_message(&panic))),
+            };
             let result = match timeout {
                 Some(limit) => match tokio::time::timeout(limit, dispatch).await {
                     Ok(result) => result,

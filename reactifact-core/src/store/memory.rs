@@ -29,8 +29,10 @@
 //! twice its live length is compacted (amortised O(1) per push).
 //!
 //! Memory: besides the entries, 16 bytes per final entry until it is purged (the purge order),
-//! and, while some intent is always in flight, 4 bytes per claim or renewal made within one
-//! lease duration (the expiry index is cleared whenever nothing is in flight). A purged entry
+//! about 16 bytes per intent in flight (their positions by key, so that a record finds its
+//! entry without probing the whole ledger's index), and, while some intent is always in
+//! flight, 4 bytes per claim or renewal made within one lease duration (the expiry index is
+//! cleared whenever nothing is in flight). A purged entry
 //! leaves its key behind (its tombstone), so that the key is never registered again. Each
 //! entry keeps the lease of its last claim (a delivered attempt is read from it: no
 //! allocation on the delivery path) and a history of the attempts that ended other than
@@ -39,19 +41,18 @@
 //! Times are kept in whole milliseconds, like every store: a time passed in is truncated to
 //! its millisecond, except a retry time, which is rounded up (never early).
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{btree_map, hash_map, BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
 use foldhash::HashMap;
 
-use crate::model::action::ActionKey;
+use crate::model::action::{ActionKey, Intent};
 use crate::model::delivery::{
     ceil_millis, from_unix_millis, later, unix_millis, Attempt, AttemptOutcome, Decision, Delivery, DeliveryStatus,
     FenceToken, Lease, NewIntent, Verdict, ATTEMPTS_KEPT,
 };
-use crate::model::hash::ContentHash;
 use crate::store::outbox::{
     check_decision, ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery,
     OutboxStore, Outcome, Page, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts,
@@ -98,7 +99,9 @@ impl MemoryOutbox {
     /// committing session (`intent.origin.session`); a key it holds, not final and owned by
     /// another session, gets the committing session as a member (attached); a final or purged
     /// key is left as it is.
-    // Called by the in-memory context after each commit, and by the contract suite.
+    // Called by the in-memory context after each commit, and by the contract suite. Out of
+    // line (one call per commit), so that a profile names it.
+    #[inline(never)]
     pub(crate) fn register(&self, intents: &[NewIntent], now: SystemTime) {
         self.lock().register(intents, now);
     }
@@ -125,12 +128,9 @@ impl fmt::Debug for MemoryOutbox {
 /// One ledger entry and what the outbox keeps beside it.
 struct Entry {
     delivery: Delivery,
-    /// The `PendingAction` bytes as committed, and their hash (kept with the row, as a
-    /// durable store keeps them; memory cannot be tampered with, so claims do not re-check).
-    #[allow(dead_code)]
-    bytes: Arc<[u8]>,
-    #[allow(dead_code)]
-    action_hash: ContentHash,
+    // (Unlike a durable store's row, no copy of the committed `PendingAction` bytes and their
+    // hash: memory cannot be tampered with, so claims never re-check them, and the state holds
+    // the bytes.)
     /// The owning session's id.
     session: u32,
     /// The ids of the sessions the entry is attached to (usually none).
@@ -187,12 +187,15 @@ impl Counts {
     }
 }
 
+/// The counter of in-flight entries.
+const IN_FLIGHT: usize = 1;
+
 /// Which counter an entry counts in: its status, with failed ones split by whether a retry
 /// is scheduled.
 fn class(d: &Delivery) -> usize {
     match d.status {
         DeliveryStatus::Pending => 0,
-        DeliveryStatus::InFlight => 1,
+        DeliveryStatus::InFlight => IN_FLIGHT,
         DeliveryStatus::Delivered => 2,
         DeliveryStatus::Failed if d.next_attempt_at.is_some() => 4,
         DeliveryStatus::Failed => 3,
@@ -346,23 +349,56 @@ fn holds_lease(slots: &[Option<Entry>], pos: Pos, expiry: u64) -> bool {
     })
 }
 
-/// Pushes the item of the entry at `pos` onto every existing queue the entry belongs to.
-fn enqueue(queues: &mut HashMap<(u32, u32), OrderedQueue>, slots: &[Option<Entry>], pos: Pos, item: Item) {
-    if queues.is_empty() {
-        return;
+/// The due queues, by (session id or [`ANY`], kind id or [`ANY`]), built when a scope first
+/// needs one, and which shapes of key exist among them, so that queuing an entry looks up only
+/// queues that may exist (usually one: its session's, for any kind).
+#[derive(Default)]
+struct DueQueues {
+    map: HashMap<(u32, u32), OrderedQueue>,
+    /// Whether a queue of any session (`(ANY, _)`) exists.
+    any_session: bool,
+    /// Whether a queue of one kind (`(_, kind)`) exists.
+    by_kind: bool,
+}
+
+impl DueQueues {
+    fn insert(&mut self, key: (u32, u32), queue: OrderedQueue) {
+        self.any_session |= key.0 == ANY;
+        self.by_kind |= key.1 != ANY;
+        self.map.insert(key, queue);
     }
-    let Some(e) = slots[pos as usize].as_ref() else {
-        return;
-    };
-    for session in std::iter::once(ANY)
-        .chain(std::iter::once(e.session))
-        .chain(e.members.iter().copied())
-    {
-        for kind in [ANY, e.kind] {
-            if let Some(q) = queues.get_mut(&(session, kind)) {
+
+    /// Pushes `item` onto every existing queue of one of `sessions` (which may name
+    /// [`ANY`]), for any kind or for `kind`.
+    fn push(&mut self, slots: &[Option<Entry>], sessions: impl IntoIterator<Item = u32>, kind: u32, item: Item) {
+        if self.map.is_empty() {
+            return;
+        }
+        for session in sessions {
+            if session == ANY && !self.any_session {
+                continue;
+            }
+            if let Some(q) = self.map.get_mut(&(session, ANY)) {
                 q.push_live(item, slots);
             }
+            if self.by_kind {
+                if let Some(q) = self.map.get_mut(&(session, kind)) {
+                    q.push_live(item, slots);
+                }
+            }
         }
+    }
+
+    /// Pushes the item of the entry at `pos` onto every existing queue the entry belongs to.
+    fn push_entry(&mut self, slots: &[Option<Entry>], pos: Pos, item: Item) {
+        if self.map.is_empty() {
+            return;
+        }
+        let Some(e) = slots[pos as usize].as_ref() else {
+            return;
+        };
+        let sessions = [ANY, e.session].into_iter().chain(e.members.iter().copied());
+        self.push(slots, sessions, e.kind, item);
     }
 }
 
@@ -408,9 +444,13 @@ struct Inner {
     index: HashMap<ActionKey, Pos>,
     sessions: Names,
     kinds: Names,
-    /// Due queues by (session id or [`ANY`], kind id or [`ANY`]), built when a scope first
-    /// needs one.
-    queues: HashMap<(u32, u32), OrderedQueue>,
+    /// The due queues.
+    queues: DueQueues,
+    /// The positions of the entries in flight, by the address of their key's text
+    /// ([`ActionKey::addr`]): the record of a key as the claim handed it out finds its entry
+    /// here, in a table as small as what is in flight, instead of probing `index`, whose
+    /// buckets have long left the cache in a large ledger. Kept by `transition` and `claim`.
+    in_flight: HashMap<usize, Pos>,
     /// In-flight entries by lease expiry (Unix milliseconds): the positions that took or
     /// renewed a lease expiring then. An entry that left flight, or moved to a renewed lease,
     /// is skipped when its old expiry comes.
@@ -447,12 +487,43 @@ impl Inner {
         self.slots[pos as usize].as_ref().map(|e| (pos, e))
     }
 
+    /// The entry of `key`: found among those in flight if `key` is a clone of an in-flight
+    /// entry's key, through the index otherwise.
+    fn entry_of(&self, key: &ActionKey) -> Option<(Pos, &Entry)> {
+        let in_flight = self.in_flight.get(&key.addr()).and_then(|&pos| {
+            let e = self.slots[pos as usize].as_ref()?;
+            e.delivery.intent.key.is_clone_of(key).then_some((pos, e))
+        });
+        in_flight.or_else(|| self.entry(key.as_str()))
+    }
+
     #[cfg_attr(not(feature = "store-contract"), allow(dead_code))]
     fn register(&mut self, intents: &[NewIntent], now: SystemTime) {
         let (now_ms, now) = millis(now);
+        self.slots.reserve(intents.len());
+        self.index.reserve(intents.len());
+        // A commit's intents share their session, and usually their kind: the last name
+        // interned is compared (`Arc`'s equality compares the allocations first) before the
+        // interning map is asked.
+        let mut last_session: Option<(&Arc<str>, u32)> = None;
+        let mut last_kind: Option<(&Arc<str>, u32)> = None;
         for new in intents {
-            let session = self.session_id(&new.intent.origin.session);
-            if let Some(&pos) = self.index.get(new.intent.key.as_str()) {
+            let name = &new.intent.origin.session;
+            let session = match last_session {
+                Some((last, id)) if last == name => id,
+                _ => self.session_id(name),
+            };
+            last_session = Some((name, session));
+            let pos = Pos::try_from(self.slots.len()).expect("fewer than 2^32 intents");
+            // One probe of the index: the key's position if it has one, else this one.
+            let known = match self.index.entry(new.intent.key.clone()) {
+                hash_map::Entry::Occupied(held) => Some(*held.get()),
+                hash_map::Entry::Vacant(free) => {
+                    free.insert(pos);
+                    None
+                }
+            };
+            if let Some(pos) = known {
                 let Some(e) = self.slots[pos as usize].as_mut() else {
                     continue; // purged: never registered again
                 };
@@ -465,23 +536,28 @@ impl Inner {
                 if let Some(due) = e.due {
                     let item = (due, pos, e.stamp);
                     let kind = e.kind;
-                    for key in [(session, ANY), (session, kind)] {
-                        if let Some(q) = self.queues.get_mut(&key) {
-                            q.push_live(item, &self.slots);
-                        }
-                    }
+                    self.queues.push(&self.slots, [session], kind, item);
                 }
                 continue;
             }
-            let kind = self.kind_id(&new.intent.kind);
-            let pos = Pos::try_from(self.slots.len()).expect("fewer than 2^32 intents");
-            let mut intent = new.intent.clone();
-            intent.attempt = 0;
+            let name = &new.intent.kind;
+            let kind = match last_kind {
+                Some((last, id)) if last == name => id,
+                _ => self.kind_id(name),
+            };
+            last_kind = Some((name, kind));
+            // The kind as interned, shared by the entries of that kind: the clones a claim and
+            // a delivery make of it touch one warm allocation, not one per intent.
+            let intent = Intent {
+                key: new.intent.key.clone(),
+                kind: self.kinds.names[kind as usize].clone(),
+                payload: new.intent.payload.clone(),
+                origin: new.intent.origin.clone(),
+                attempt: 0,
+            };
             let requires_approval = new.requires_approval();
             let entry = Entry {
                 delivery: Delivery::new(intent, now, requires_approval),
-                bytes: new.bytes.clone(),
-                action_hash: new.action_hash,
                 session,
                 members: Vec::new(),
                 kind,
@@ -492,10 +568,10 @@ impl Inner {
                 history: Vec::new(),
             };
             self.tally.moved(&entry, None, Some(class(&entry.delivery)));
-            self.index.insert(new.intent.key.clone(), pos);
             self.slots.push(Some(entry));
             if !requires_approval {
-                enqueue(&mut self.queues, &self.slots, pos, (now_ms, pos, 1));
+                // Its session and kind as known here: the entry just written is not read back.
+                self.queues.push(&self.slots, [ANY, session], kind, (now_ms, pos, 1));
             }
         }
     }
@@ -519,10 +595,13 @@ impl Inner {
         };
         let to = class(&e.delivery);
         self.tally.moved(e, Some(from), Some(to));
+        if from == IN_FLIGHT && to != IN_FLIGHT {
+            self.in_flight.remove(&e.delivery.intent.key.addr());
+        }
         if let Some(due) = e.due {
             e.stamp = e.stamp.wrapping_add(1);
             let item = (due, pos, e.stamp);
-            enqueue(&mut self.queues, &self.slots, pos, item);
+            self.queues.push_entry(&self.slots, pos, item);
         } else if status.is_final() {
             let queue = match status {
                 DeliveryStatus::Cancelled => 1,
@@ -589,8 +668,17 @@ impl Inner {
 
     /// Drops the expiries of leases that have all ended.
     fn forget_leases_if_none_in_flight(&mut self) {
-        if self.tally.total.0[1] == 0 {
-            self.leases.clear();
+        if self.tally.total.0[IN_FLIGHT] == 0 {
+            // Emptied entry by entry, which keeps the map's node, and the largest buffer of
+            // positions kept for the next claim: a claim after the last one ended allocates
+            // nothing for its leases.
+            while let Some((_, mut positions)) = self.leases.pop_first() {
+                if positions.capacity() > self.taken.capacity() {
+                    positions.clear();
+                    self.taken = positions;
+                }
+            }
+            self.in_flight.clear();
         }
     }
 
@@ -621,7 +709,7 @@ impl Inner {
             }
         }
         for &key in &keys {
-            if !self.queues.contains_key(&key) {
+            if !self.queues.map.contains_key(&key) {
                 let mut items: Vec<Item> = self
                     .slots
                     .iter()
@@ -648,7 +736,7 @@ impl Inner {
     fn earliest(&mut self) -> Option<(Item, usize)> {
         let mut best: Option<(Item, usize)> = None;
         for (i, key) in self.scratch.iter().enumerate() {
-            let queue = self.queues.get_mut(key).expect("scope queues are built");
+            let queue = self.queues.map.get_mut(key).expect("scope queues are built");
             if let Some(item) = queue.front(&self.slots) {
                 if best.is_none_or(|(b, _)| (item.0, item.1) < (b.0, b.1)) {
                     best = Some((item, i));
@@ -677,7 +765,7 @@ impl Inner {
             if item.0 > now_ms {
                 break;
             }
-            self.queues.get_mut(&self.scratch[queue]).expect("built").pop();
+            self.queues.map.get_mut(&self.scratch[queue]).expect("built").pop();
             let pos = item.1;
             let e = self.slots[pos as usize].as_mut().expect("a live item");
             let from = class(&e.delivery);
@@ -695,12 +783,20 @@ impl Inner {
             d.next_attempt_at = None;
             d.updated_at = now;
             e.last_claim = d.lease.clone().map(|lease| (lease, now_ms));
-            self.tally.moved(e, Some(from), Some(1));
+            self.tally.moved(e, Some(from), Some(IN_FLIGHT));
+            self.in_flight.insert(e.delivery.intent.key.addr(), pos);
             claims.push(e.delivery.clone());
             taken.push(pos);
         }
         if !taken.is_empty() {
-            self.leases.entry(expiry_ms).or_default().append(&mut taken);
+            match self.leases.entry(expiry_ms) {
+                // The positions move in as they are (the buffer comes back when the leases
+                // are forgotten).
+                btree_map::Entry::Vacant(expiring) => {
+                    expiring.insert(std::mem::take(&mut taken));
+                }
+                btree_map::Entry::Occupied(mut expiring) => expiring.get_mut().append(&mut taken),
+            }
         }
         self.taken = taken;
         Claimed {
@@ -711,12 +807,13 @@ impl Inner {
     }
 
     fn record(&mut self, recording: &Recording, now: SystemTime) -> Recorded {
-        let held = self.entry(recording.key.as_str()).and_then(|(pos, e)| {
+        let found = self.entry_of(&recording.key);
+        let held = found.and_then(|(pos, e)| {
             let d = &e.delivery;
             (d.status == DeliveryStatus::InFlight && d.token == recording.token).then_some(pos)
         });
         let Some(pos) = held else {
-            let current = self.entry(recording.key.as_str()).map(|(_, e)| &e.delivery);
+            let current = found.map(|(_, e)| &e.delivery);
             return Recorded::Stale {
                 status: current.map(|d| d.status),
                 token: current.map_or(FenceToken(0), |d| d.token),
@@ -1090,5 +1187,118 @@ impl OutboxStore for MemoryOutbox {
 
     fn next_due<'a>(&'a self, scope: &'a Scope) -> BoxFuture<'a, Result<Option<SystemTime>, StoreError>> {
         Box::pin(async move { Ok(self.lock().next_due(scope)) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::*;
+    use crate::model::action::{Origin, PendingAction};
+    use crate::model::artifact::Generation;
+    use crate::model::hash::{content_hash, CommitHash};
+
+    fn intent(session: &Arc<str>, key: &str) -> NewIntent {
+        let bytes = rmp_serde::to_vec_named(&PendingAction {
+            kind: "notify".into(),
+            key: key.into(),
+            payload: Vec::new(),
+            requires_approval: false,
+        })
+        .unwrap();
+        NewIntent {
+            intent: Intent {
+                key: ActionKey::from(key),
+                kind: Arc::from("notify"),
+                payload: Arc::from(Vec::new()),
+                origin: Origin::new(session.clone(), CommitHash([1; 32]), Generation(1), 0),
+                attempt: 0,
+            },
+            action_hash: content_hash(&bytes),
+            bytes: Arc::from(bytes),
+        }
+    }
+
+    fn recording(key: ActionKey, claim: &Delivery) -> Recording {
+        Recording {
+            key,
+            token: claim.token,
+            outcome: Outcome::Delivered,
+        }
+    }
+
+    #[test]
+    fn a_record_finds_its_entry_by_the_claimed_key_or_by_a_key_made_apart_and_a_stale_one_stays_stale() {
+        let t0 = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let session: Arc<str> = Arc::from("s");
+        let outbox = MemoryOutbox::new();
+        outbox.register(
+            &[intent(&session, "k1"), intent(&session, "k2"), intent(&session, "k3")],
+            t0,
+        );
+        let scope = Scope::all();
+        let owner: Arc<str> = Arc::from("drain");
+        let claim = |now| {
+            outbox.lock().claim(&ClaimRequest {
+                scope: &scope,
+                limit: 10,
+                owner: &owner,
+                lease: Duration::from_secs(10),
+                now,
+            })
+        };
+        let first = claim(t0).claims;
+        assert_eq!(first.len(), 3);
+        let delivered = Recorded::Accepted(DeliveryStatus::Delivered);
+        {
+            let mut inner = outbox.lock();
+            // k1 with (a clone of) the key the claim handed out, k2 with a key made apart.
+            assert_eq!(
+                inner.record(&recording(first[0].key().clone(), &first[0]), t0),
+                delivered
+            );
+            assert_eq!(
+                inner.record(&recording(ActionKey::from("k2"), &first[1]), t0),
+                delivered
+            );
+            // Recorded again, either way: stale.
+            for key in [first[0].key().clone(), ActionKey::from("k1")] {
+                let again = inner.record(&recording(key, &first[0]), t0);
+                assert!(
+                    matches!(
+                        again,
+                        Recorded::Stale {
+                            status: Some(DeliveryStatus::Delivered),
+                            ..
+                        }
+                    ),
+                    "{again:?}"
+                );
+            }
+        }
+        // k3's lease expires and another claim takes it: the first holder's late outcome, with
+        // the key it was handed, is stale; the second holder's is recorded.
+        let second = claim(t0 + Duration::from_secs(11)).claims;
+        assert_eq!(second.len(), 1);
+        assert!(second[0].key().is_clone_of(first[2].key()));
+        let mut inner = outbox.lock();
+        let late = inner.record(&recording(first[2].key().clone(), &first[2]), t0);
+        assert!(
+            matches!(
+                late,
+                Recorded::Stale {
+                    status: Some(DeliveryStatus::InFlight),
+                    ..
+                }
+            ),
+            "{late:?}"
+        );
+        assert_eq!(
+            inner.record(&recording(second[0].key().clone(), &second[0]), t0),
+            delivered
+        );
+        assert!(inner.in_flight.is_empty(), "nothing in flight, no position kept");
+        assert_eq!(inner.tally.total.counts().delivered, 3);
     }
 }
