@@ -806,7 +806,10 @@ impl Context {
         let generation = self.generation().next();
         // In place unless a snapshot of the state outlived its generation; then on an O(1)
         // copy of it (see `state::layered`).
-        let mut apply = Apply::new(Arc::make_mut(&mut self.state), generation);
+        let state = Arc::make_mut(&mut self.state);
+        // Room for every artifact the commit may create (most writes are creates).
+        state.reserve(runs.iter().map(|run| run.ops.len()).sum());
+        let mut apply = Apply::new(state, generation);
         let mut rejected = Vec::new();
         for (i, run) in runs.iter().enumerate() {
             // Its position in the commit once the rejected runs before it are dropped.

@@ -103,6 +103,14 @@ impl<K: Hash + Eq + Clone, V: Clone> Layered<K, V> {
         old
     }
 
+    /// Makes room for `additional` more entries at once, if the map writes in place (a large
+    /// commit grows the table once, not once per doubling).
+    pub(crate) fn reserve(&mut self, additional: usize) {
+        if let Some(base) = Arc::get_mut(&mut self.base) {
+            base.reserve(additional);
+        }
+    }
+
     /// Every entry, in no particular order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&K, &V)> + '_ {
         let delta = &self.delta;

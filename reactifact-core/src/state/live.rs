@@ -210,6 +210,11 @@ impl State {
         self.next_created = value;
     }
 
+    /// Makes room for `additional` more artifacts (see [`Layered::reserve`]).
+    pub(crate) fn reserve(&mut self, additional: usize) {
+        self.artifacts.reserve(additional);
+    }
+
     /// Sets the artifact stored under `id` (or removes it) and returns what was there.
     /// Keeps the kind index and the state digest in step.
     pub(crate) fn put(&mut self, id: &ArtifactId, value: Option<Arc<Stored>>) -> Option<Arc<Stored>> {
