@@ -336,18 +336,28 @@ pub(crate) fn encode_shared<T: Serialize + ?Sized>(value: &T) -> Result<Arc<[u8]
     thread_local! {
         static SCRATCH: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(1024));
     }
-    SCRATCH.with(|scratch| {
+    /// The borrowed buffer; dropped — after an encoding, an error or a panic in the value's
+    /// `Serialize` — it gives back a buffer larger than `KEEP`.
+    struct Scratch<'a>(std::cell::RefMut<'a, Vec<u8>>);
+    impl Drop for Scratch<'_> {
+        fn drop(&mut self) {
+            if self.0.capacity() > KEEP {
+                *self.0 = Vec::with_capacity(1024);
+            }
+        }
+    }
+    let shared = SCRATCH.try_with(|scratch| {
         // A value whose `Serialize` encodes another through this function (not done in this
         // crate) finds the buffer taken and gets one of its own.
-        let Ok(mut scratch) = scratch.try_borrow_mut() else {
+        let Ok(scratch) = scratch.try_borrow_mut() else {
             return encode(value).map(Arc::from);
         };
-        scratch.clear();
-        let written = rmp_serde::encode::write_named(&mut *scratch, value);
-        let bytes = written.map(|()| Arc::from(scratch.as_slice()));
-        if scratch.capacity() > KEEP {
-            *scratch = Vec::with_capacity(1024);
-        }
-        bytes
-    })
+        let mut scratch = Scratch(scratch);
+        scratch.0.clear();
+        rmp_serde::encode::write_named(&mut *scratch.0, value)?;
+        Ok(Arc::from(scratch.0.as_slice()))
+    });
+    // During the thread's teardown (a write from a thread-local's destructor) the buffer is
+    // gone: a buffer of the value's own.
+    shared.unwrap_or_else(|_| encode(value).map(Arc::from))
 }

@@ -163,6 +163,19 @@ impl<'a> IntoIterator for &'a Runs {
     }
 }
 
+impl FromIterator<RunRecord> for Runs {
+    fn from_iter<I: IntoIterator<Item = RunRecord>>(runs: I) -> Self {
+        Runs(Arc::new(runs.into_iter().collect()))
+    }
+}
+
+/// As the list of runs it holds.
+impl Serialize for Runs {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
 impl From<Vec<RunRecord>> for Runs {
     fn from(runs: Vec<RunRecord>) -> Self {
         Runs(Arc::new(runs))

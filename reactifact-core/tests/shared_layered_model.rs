@@ -1,0 +1,72 @@
+//! A shared live state: the layered map against a model (many clones, writes, drops, folds and copies).
+#![allow(dead_code, unused)]
+
+#[path = "../src/state/layered.rs"]
+mod layered;
+
+use layered::Layered;
+use std::collections::HashMap;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn check(map: &Layered<u32, u32>, model: &HashMap<u32, u32>, keys: u32) {
+    assert_eq!(map.len(), model.len(), "len");
+    let mut got: Vec<_> = map.iter().map(|(k, v)| (*k, *v)).collect();
+    got.sort_unstable();
+    let mut want: Vec<_> = model.iter().map(|(k, v)| (*k, *v)).collect();
+    want.sort_unstable();
+    assert_eq!(got, want, "iter");
+    for k in 0..keys {
+        assert_eq!(map.get(&k), model.get(&k), "get {k}");
+    }
+}
+
+#[test]
+fn layered_matches_a_model_under_clones_writes_and_drops() {
+    for seed in 1..=12u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let keys = [40u32, 3000, 20_000][(seed % 3) as usize];
+        let mut maps: Vec<Layered<u32, u32>> = vec![Layered::default()];
+        let mut models: Vec<HashMap<u32, u32>> = vec![HashMap::new()];
+        for step in 0..60_000u32 {
+            let i = rng.below(maps.len() as u64) as usize;
+            match rng.below(1000) {
+                0..=5 if maps.len() < 8 => {
+                    let c = maps[i].clone();
+                    maps.push(c);
+                    let m = models[i].clone();
+                    models.push(m);
+                }
+                6..=9 if maps.len() > 1 => {
+                    maps.swap_remove(i);
+                    models.swap_remove(i);
+                }
+                10 => check(&maps[i], &models[i], keys),
+                _ => {
+                    let k = rng.below(u64::from(keys)) as u32;
+                    let v = if rng.below(4) == 0 { None } else { Some(step) };
+                    let old = maps[i].set(k, v);
+                    let model_old = match v {
+                        Some(v) => models[i].insert(k, v),
+                        None => models[i].remove(&k),
+                    };
+                    assert_eq!(old, model_old, "seed {seed} step {step}: old value");
+                }
+            }
+        }
+        for (m, model) in maps.iter().zip(&models) {
+            check(m, model, keys);
+        }
+    }
+}
