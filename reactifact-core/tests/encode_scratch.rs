@@ -25,7 +25,7 @@ impl Serialize for Bad {
         st.serialize_field("a", &"x".repeat(100_000))?;
         match self.how {
             0 => panic!("user Serialize panics mid-encoding"),
-            _ => return Err(S::Error::custom("user Serialize fails mid-encoding")),
+            _ => Err(S::Error::custom("user Serialize fails mid-encoding")),
         }
     }
 }
