@@ -1,4 +1,4 @@
-//! A shared live state: checkpoints of a state whose flat base is shared (snapshots kept, a delta over it),
+//! checkpoints of a state whose flat base is shared (snapshots kept, a delta over it),
 //! reopen from them, time travel and forks from the checkpoint base, and tampering a copy of
 //! the log (copy-on-write runs).
 #![allow(dead_code)]
@@ -11,18 +11,7 @@ use std::sync::Arc;
 use common::*;
 use reactifact_core::{verify_log, Context, Generation, Op, OpenOptions, Snapshot, Synchronous};
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use reactifact_core::fastrand::Rng;
 
 type Model = BTreeMap<String, u64>;
 
@@ -48,7 +37,7 @@ fn checkpoints_of_a_shared_state_reopen_refold_and_fork_to_the_same_state() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.db");
     let options = || OpenOptions::new().synchronous(Synchronous::Normal).checkpoint_every(7);
-    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let mut rng = Rng::with_seed(0x1234_5678_9abc_def1);
     let mut model = Model::new();
     let mut history = vec![Model::new()];
     let mut kept: Vec<(Snapshot, Model)> = Vec::new();
@@ -66,8 +55,8 @@ fn checkpoints_of_a_shared_state_reopen_refold_and_fork_to_the_same_state() {
             let writes = if g % 10 == 0 { 1500 } else { 40 };
             for _ in 0..writes {
                 n += 1;
-                let id = format!("order:{}", rng.below(4000));
-                if rng.below(5) == 0 {
+                let id = format!("order:{}", rng.u64(..4000));
+                if rng.u64(..5) == 0 {
                     tx.delete(id.clone());
                     model.remove(&id);
                 } else {

@@ -1,4 +1,4 @@
-//! A shared live state: the layered map against a model (many clones, writes, drops, folds and copies).
+//! the layered map against a model (many clones, writes, drops, folds and copies).
 #![allow(dead_code, unused)]
 
 #[path = "../src/state/layered.rs"]
@@ -7,18 +7,7 @@ mod layered;
 use layered::Layered;
 use std::collections::HashMap;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use reactifact_core::fastrand::Rng;
 
 fn check(map: &Layered<u32, u32>, model: &HashMap<u32, u32>, keys: u32) {
     assert_eq!(map.len(), model.len(), "len");
@@ -35,13 +24,13 @@ fn check(map: &Layered<u32, u32>, model: &HashMap<u32, u32>, keys: u32) {
 #[test]
 fn layered_matches_a_model_under_clones_writes_and_drops() {
     for seed in 1..=12u64 {
-        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mut rng = Rng::with_seed(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let keys = [40u32, 3000, 20_000][(seed % 3) as usize];
         let mut maps: Vec<Layered<u32, u32>> = vec![Layered::default()];
         let mut models: Vec<HashMap<u32, u32>> = vec![HashMap::new()];
         for step in 0..60_000u32 {
-            let i = rng.below(maps.len() as u64) as usize;
-            match rng.below(1000) {
+            let i = rng.u64(..maps.len() as u64) as usize;
+            match rng.u64(..1000) {
                 0..=5 if maps.len() < 8 => {
                     let c = maps[i].clone();
                     maps.push(c);
@@ -54,8 +43,8 @@ fn layered_matches_a_model_under_clones_writes_and_drops() {
                 }
                 10 => check(&maps[i], &models[i], keys),
                 _ => {
-                    let k = rng.below(u64::from(keys)) as u32;
-                    let v = if rng.below(4) == 0 { None } else { Some(step) };
+                    let k = rng.u64(..u64::from(keys)) as u32;
+                    let v = if rng.u64(..4) == 0 { None } else { Some(step) };
                     let old = maps[i].set(k, v);
                     let model_old = match v {
                         Some(v) => models[i].insert(k, v),

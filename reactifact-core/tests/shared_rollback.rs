@@ -1,4 +1,4 @@
-//! A shared live state: a failed commit whose writes cross the delta's copy threshold (the shared base is
+//! a failed commit whose writes cross the delta's copy threshold (the shared base is
 //! copied mid-commit), then rolled back in the copy; and a failed run patch in the same spot.
 #![allow(dead_code)]
 

@@ -1,4 +1,4 @@
-//! A shared live state: snapshots, forks of forks, failed transactions and time travel over many generations,
+//! snapshots, forks of forks, failed transactions and time travel over many generations,
 //! against a model (a BTreeMap of id -> total), with the state hash checked against a context
 //! built fresh from the model.
 #![allow(dead_code)]
@@ -10,18 +10,7 @@ use std::collections::BTreeMap;
 use common::*;
 use reactifact_core::{Context, Generation, Snapshot};
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use reactifact_core::fastrand::Rng;
 
 type Model = BTreeMap<String, u64>;
 
@@ -65,7 +54,7 @@ struct Branch {
 #[test]
 fn snapshots_forks_and_failed_commits_match_a_model() {
     for seed in 1..=3u64 {
-        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mut rng = Rng::with_seed(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let keys = 1500u64;
         let mut branches = vec![Branch {
             ctx: Context::new("main"),
@@ -75,8 +64,8 @@ fn snapshots_forks_and_failed_commits_match_a_model() {
         let mut kept: Vec<(Snapshot, Model, String)> = Vec::new();
         let mut step_total = 0u64;
         for step in 0..500u32 {
-            let b = rng.below(branches.len() as u64) as usize;
-            match rng.below(100) {
+            let b = rng.u64(..branches.len() as u64) as usize;
+            match rng.u64(..100) {
                 0..=2 if branches.len() < 5 => {
                     let name = format!("fork{step}");
                     let ctx = branches[b].ctx.fork(name).unwrap();
@@ -92,26 +81,26 @@ fn snapshots_forks_and_failed_commits_match_a_model() {
                         format!("seed {seed} step {step} branch {b}"),
                     ));
                     if kept.len() > 6 {
-                        let i = rng.below(kept.len() as u64) as usize;
+                        let i = rng.u64(..kept.len() as u64) as usize;
                         kept.swap_remove(i);
                     }
                 }
                 11..=13 if !kept.is_empty() => {
-                    let i = rng.below(kept.len() as u64) as usize;
+                    let i = rng.u64(..kept.len() as u64) as usize;
                     kept.swap_remove(i);
                 }
                 _ => {
                     let br = &mut branches[b];
-                    let fail = rng.below(6) == 0;
-                    let big = rng.below(20) == 0;
-                    let n = 1 + rng.below(if big { 2000 } else { 30 });
+                    let fail = rng.u64(..6) == 0;
+                    let big = rng.u64(..20) == 0;
+                    let n = 1 + rng.u64(..if big { 2000 } else { 30 });
                     let mut next = br.model.clone();
                     let before = br.ctx.generation();
                     let mut tx = br.ctx.transaction();
                     for _ in 0..n {
                         step_total += 1;
-                        let id = format!("order:{}", rng.below(keys));
-                        match rng.below(4) {
+                        let id = format!("order:{}", rng.u64(..keys));
+                        match rng.u64(..4) {
                             0 => {
                                 tx.delete(id.clone());
                                 next.remove(&id);
@@ -145,7 +134,7 @@ fn snapshots_forks_and_failed_commits_match_a_model() {
                     let what = format!("seed {seed} step {step} branch {b} live");
                     let snap = br.ctx.snapshot();
                     assert_eq!(br.ctx.len(), br.model.len(), "{what}: ctx len");
-                    if rng.below(8) == 0 {
+                    if rng.u64(..8) == 0 {
                         check_snapshot(&what, &snap, &br.model, keys);
                     }
                 }
