@@ -1,4 +1,4 @@
-//! checkpoints of a state whose flat base is shared (snapshots kept, a delta over it),
+//! Checkpoints of a state whose flat base is shared (snapshots kept, a delta over it),
 //! reopen from them, time travel and forks from the checkpoint base, and tampering a copy of
 //! the log (copy-on-write runs).
 #![allow(dead_code)]

@@ -1,4 +1,4 @@
-//! the layered map against a model (many clones, writes, drops, folds and copies).
+//! The layered map against a model (many clones, writes, drops, folds and copies).
 #![allow(dead_code, unused)]
 
 #[path = "../src/state/layered.rs"]

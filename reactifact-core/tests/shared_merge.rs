@@ -1,4 +1,4 @@
-//! merges and diffs of forks whose flat bases are shared (kept snapshots, forks of
+//! Merges and diffs of forks whose flat bases are shared (kept snapshots, forks of
 //! forks), including a refused merge (conflict) that must apply nothing.
 #![allow(dead_code)]
 

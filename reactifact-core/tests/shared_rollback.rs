@@ -1,4 +1,4 @@
-//! a failed commit whose writes cross the delta's copy threshold (the shared base is
+//! A failed commit whose writes cross the delta's copy threshold (the shared base is
 //! copied mid-commit), then rolled back in the copy; and a failed run patch in the same spot.
 #![allow(dead_code)]
 

@@ -1,4 +1,4 @@
-//! snapshots kept by produces across many generations, in isolation mode with a patch
+//! Snapshots kept by produces across many generations, in isolation mode with a patch
 //! that fails to apply every generation (rolled back while a kept snapshot shares the base).
 #![allow(dead_code)]
 

@@ -1,4 +1,4 @@
-//! snapshots, forks of forks, failed transactions and time travel over many generations,
+//! Snapshots, forks of forks, failed transactions and time travel over many generations,
 //! against a model (a BTreeMap of id -> total), with the state hash checked against a context
 //! built fresh from the model.
 #![allow(dead_code)]
