@@ -807,7 +807,7 @@ impl Context {
         // In place unless a snapshot of the state outlived its generation; then on an O(1)
         // copy of it (see `state::layered`).
         let state = Arc::make_mut(&mut self.state);
-        // Room for every artifact the commit may create (most writes are creates).
+        // Room for every artifact a large commit may create at once (see `Layered::reserve`).
         state.reserve(runs.iter().map(|run| run.ops.len()).sum());
         let mut apply = Apply::new(state, generation);
         let mut rejected = Vec::new();

@@ -103,9 +103,14 @@ impl<K: Hash + Eq + Clone, V: Clone> Layered<K, V> {
         old
     }
 
-    /// Makes room for `additional` more entries at once, if the map writes in place (a large
-    /// commit grows the table once, not once per doubling).
+    /// Makes room for up to `additional` more entries at once, if the map writes in place and
+    /// they are at least as many as it holds: a commit that large would grow the table more
+    /// than once, one growth at a time. (Smaller commits grow it as they go, so a commit of
+    /// updates never enlarges a table it does not fill.)
     pub(crate) fn reserve(&mut self, additional: usize) {
+        if additional < self.len {
+            return;
+        }
         if let Some(base) = Arc::get_mut(&mut self.base) {
             base.reserve(additional);
         }
@@ -218,6 +223,28 @@ mod tests {
         assert_eq!(kept.len(), 10);
         assert_eq!(sorted(&kept), (0..10).map(|i| (i, i)).collect::<Vec<_>>());
         assert_eq!(map.get(&(100 + writes - 1)), Some(&(writes - 1)));
+    }
+
+    #[test]
+    fn room_is_made_at_once_only_for_a_write_at_least_as_large_as_the_map() {
+        let mut map = Layered::default();
+        for i in 0..1000 {
+            map.set(i, Some(i));
+        }
+        let capacity = map.base.capacity();
+        map.reserve(999);
+        assert_eq!(
+            map.base.capacity(),
+            capacity,
+            "a smaller batch grows the table as it goes"
+        );
+        map.reserve(100_000);
+        assert!(map.base.capacity() >= 101_000);
+        let kept = map.clone();
+        let capacity = map.base.capacity();
+        map.reserve(1_000_000);
+        assert_eq!(map.base.capacity(), capacity, "a shared base is not touched");
+        drop(kept);
     }
 
     #[test]
