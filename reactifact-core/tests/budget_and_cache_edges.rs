@@ -9,37 +9,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+mod common;
+
+use common::{Note, Out, Ticket};
 use reactifact_core::{
     Agent, Artifact, Budget, Context, Produce, ProduceCall, ProduceError, ProduceErrors, Runtime, TurnOutcome, Usage,
 };
 use serde::{Deserialize, Serialize};
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-struct Ticket {
-    text: String,
-}
-
-impl Artifact for Ticket {
-    const KIND: &'static str = "ticket";
-}
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-struct Note {
-    text: String,
-}
-
-impl Artifact for Note {
-    const KIND: &'static str = "note";
-}
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-struct Out {
-    text: String,
-}
-
-impl Artifact for Out {
-    const KIND: &'static str = "out";
-}
 
 /// One metered call of 100 tokens, then `out:{name}:{trigger}` written.
 fn metered<T: Artifact + Send + Sync + 'static>(name: &'static str, made: Arc<AtomicU64>) -> Produce {

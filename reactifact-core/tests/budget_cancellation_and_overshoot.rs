@@ -6,37 +6,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+mod common;
+
+use common::{tickets, Note, Out, Ticket};
 use reactifact_core::{
-    Agent, Artifact, Budget, Context, EventKind, Produce, ProduceCall, ProduceError, Runtime, TurnOutcome, Usage,
+    Agent, Budget, Context, EventKind, Produce, ProduceCall, ProduceError, Runtime, TurnOutcome, Usage,
 };
-use serde::{Deserialize, Serialize};
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-struct Ticket {
-    text: String,
-}
-
-impl Artifact for Ticket {
-    const KIND: &'static str = "ticket";
-}
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-struct Note {
-    text: String,
-}
-
-impl Artifact for Note {
-    const KIND: &'static str = "note";
-}
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-struct Out {
-    text: String,
-}
-
-impl Artifact for Out {
-    const KIND: &'static str = "out";
-}
 
 /// Switches a test flips between turns.
 #[derive(Default)]
@@ -79,15 +54,6 @@ fn two_tickets(flags: Arc<Flags>, made: Arc<AtomicU64>) -> Produce {
         }
     })
     .creates::<Out>()
-}
-
-fn tickets(n: usize) -> Context {
-    let mut ctx = Context::new("review3");
-    for i in 1..=n {
-        ctx.create(format!("ticket:{i}"), Ticket { text: format!("t{i}") })
-            .unwrap();
-    }
-    ctx
 }
 
 /// A run's answers from an earlier, uncommitted attempt are taken out of the call cache when

@@ -7,20 +7,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+mod common;
+
+use common::Ticket;
 use reactifact_core::{
     Agent, Artifact, Budget, BuildError, CallError, Context, Difference, MissKind, PendingAction, Produce, ProduceCall,
     ProduceError, ReplayError, Runtime, TurnOutcome, Usage,
 };
 use serde::{Deserialize, Serialize};
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-struct Ticket {
-    text: String,
-}
-
-impl Artifact for Ticket {
-    const KIND: &'static str = "ticket";
-}
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 struct Label {

@@ -8,38 +8,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod common;
+
+use common::{tickets, Note, Ticket};
 use reactifact_core::{
-    Agent, Artifact, Budget, CallError, Context, Difference, Produce, ProduceCall, ProduceError, ReplayError, Runtime,
+    Agent, Budget, CallError, Context, Difference, Produce, ProduceCall, ProduceError, ReplayError, Runtime,
     TurnOutcome, Usage,
 };
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-struct Ticket {
-    text: String,
-}
-
-impl Artifact for Ticket {
-    const KIND: &'static str = "ticket";
-}
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-struct Note {
-    text: String,
-}
-
-impl Artifact for Note {
-    const KIND: &'static str = "note";
-}
-
-fn tickets(n: usize) -> Context {
-    let mut ctx = Context::new("review");
-    for i in 1..=n {
-        ctx.create(format!("ticket:{i}"), Ticket { text: format!("t{i}") })
-            .unwrap();
-    }
-    ctx
-}
 
 /// A sibling that fails its first run only: the generation is not committed (fail-loud), so
 /// the next turn retries every run of it.

@@ -44,6 +44,46 @@ pub struct Notify {
     pub order: String,
 }
 
+/// What the call and budget tests react to.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Ticket {
+    pub text: String,
+}
+
+impl Artifact for Ticket {
+    const KIND: &'static str = "ticket";
+}
+
+/// A second trigger type of the call and budget tests.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Note {
+    pub text: String,
+}
+
+impl Artifact for Note {
+    const KIND: &'static str = "note";
+}
+
+/// What the call and budget tests' produces write.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Out {
+    pub text: String,
+}
+
+impl Artifact for Out {
+    const KIND: &'static str = "out";
+}
+
+/// A context holding `ticket:1` … `ticket:{n}` (texts `t1` …), one commit each.
+pub fn tickets(n: usize) -> Context {
+    let mut ctx = Context::new("tickets");
+    for i in 1..=n {
+        ctx.create(format!("ticket:{i}"), Ticket { text: format!("t{i}") })
+            .unwrap();
+    }
+    ctx
+}
+
 /// A context whose seed orders were committed in one generation.
 pub fn seeded(orders: impl IntoIterator<Item = (String, Order)>) -> Context {
     let mut ctx = Context::new("t");
