@@ -53,6 +53,7 @@ pub use model::patch::{EffectError, Op, PutMode};
 pub use model::question::Question;
 pub use model::relation::Relation;
 pub use model::timer::Timer;
+pub use model::trace::{set_trace_propagation, TraceParent, TraceParentError, TracePropagation};
 pub use outbox::dispatcher::{BoxError, DispatchError, Dispatcher, MAX_RETRY_AFTER};
 pub use outbox::drain::{DeliveryErrors, DeliveryFailure, DrainReport, RetryPolicy};
 pub use outbox::drainer::{Drainer, DrainerBuilder};

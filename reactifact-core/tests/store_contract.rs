@@ -40,6 +40,7 @@ memory_checks!(
     purge_rules,
     purge_by_status,
     attempt_history,
+    trace_context_kept,
     queries,
 );
 
@@ -162,6 +163,7 @@ sqlite_checks!(
     purge_rules,
     purge_by_status,
     attempt_history,
+    trace_context_kept,
     queries,
 );
 

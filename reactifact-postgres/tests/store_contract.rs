@@ -39,6 +39,7 @@ pg_checks!(
     purge_rules,
     purge_by_status,
     attempt_history,
+    trace_context_kept,
     queries,
 );
 

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::artifact::{Artifact, ArtifactId, Generation};
 use crate::model::hash::CommitHash;
+use crate::model::trace::TraceParent;
 
 /// Ids starting with this prefix are reserved for intents: only `act` writes there.
 pub(crate) const ACTION_ID_PREFIX: &str = "action:";
@@ -182,6 +183,7 @@ pub struct Intent {
     pub(crate) payload: Arc<[u8]>,
     pub(crate) origin: Origin,
     pub(crate) attempt: u32,
+    pub(crate) trace: Option<TraceParent>,
 }
 
 /// Where an intent was recorded: the session, the commit and the run that acted it first.
@@ -261,7 +263,28 @@ impl Intent {
             payload: payload.into(),
             origin,
             attempt,
+            trace: None,
         }
+    }
+
+    /// The same intent with `trace` as its [`trace_parent`](Self::trace_parent), as a store
+    /// of another crate reads it from its rows.
+    pub fn with_trace_parent(mut self, trace: Option<TraceParent>) -> Self {
+        self.trace = trace;
+        self
+    }
+
+    /// The W3C trace context to continue from this intent, if one was kept
+    /// (`docs/observability.md`). On an intent handed to a dispatcher it is the delivery
+    /// attempt's own: the trace of the produce run that committed the intent, with the
+    /// attempt's `delivery` span as the parent — send it downstream as the `traceparent`
+    /// header (the webhook dispatcher does). On an intent read from the ledger it is the
+    /// producing run's, as the store kept it. Not part of the committed decision: it is kept
+    /// beside the intent, never hashed, so a replay or a retry makes the same commit whatever
+    /// trace it runs in. `None` for an intent committed outside a produce run (a direct write
+    /// of a context), or registered by a build that did not keep trace context.
+    pub fn trace_parent(&self) -> Option<&TraceParent> {
+        self.trace.as_ref()
     }
 
     /// The idempotency key; pass it to the receiver so it can deduplicate.

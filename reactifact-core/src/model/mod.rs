@@ -15,3 +15,4 @@ pub(crate) mod question;
 pub(crate) mod relation;
 pub(crate) mod time;
 pub(crate) mod timer;
+pub(crate) mod trace;

@@ -1003,14 +1003,24 @@ pub(crate) type AttemptFuture<'a> = Pin<Box<dyn Future<Output = (usize, Attempt)
 
 /// One attempt: the dispatch, bounded by the timeout, with panics caught, as one allocation.
 /// (A dispatcher may panic while building its future as well as inside it.)
+/// The dispatcher is handed the attempt's own trace context ([`Intent::trace_parent`]),
+/// continuing the one the ledger kept.
 pub(crate) fn attempt<D: Dispatcher>(
     dispatcher: &D,
-    intent: Intent,
+    mut intent: Intent,
     timeout: Option<Duration>,
     index: usize,
 ) -> AttemptFuture<'_> {
-    let span =
-        tracing::debug_span!("delivery", action_key = %intent.key(), kind = intent.kind(), attempt = intent.attempt());
+    let span = tracing::debug_span!(
+        "delivery",
+        action_key = %intent.key(),
+        kind = intent.kind(),
+        attempt = intent.attempt(),
+        trace_id = tracing::field::Empty,
+        span_id = tracing::field::Empty,
+        parent_span_id = tracing::field::Empty,
+    );
+    intent.trace = Some(crate::model::trace::delivery_context(&span, intent.trace.as_ref()));
     let built = span.in_scope(|| std::panic::catch_unwind(AssertUnwindSafe(|| dispatcher.dispatch(intent))));
     Box::pin(
         async move {

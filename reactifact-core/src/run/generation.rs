@@ -15,6 +15,7 @@ use crate::model::artifact::{Generation, Stored};
 use crate::model::call::RecordedCall;
 use crate::model::event::{Event, EventKind};
 use crate::model::patch::Op;
+use crate::model::trace::TraceParent;
 use crate::outbox::drain::Preclaimed;
 use crate::run::calls::{CallLog, Exhausted, Harvest, Meter, RunKey};
 use crate::run::effects::Buffer;
@@ -92,8 +93,8 @@ pub(crate) async fn run(
     };
     drop(snapshot);
     let mut calls = Calls::of(rt, &batch.work, tracker.finish_all(), report);
-    let results = match executed {
-        Ok(results) => results,
+    let Executed { results, traces } = match executed {
+        Ok(executed) => executed,
         Err(outcome) => {
             tracing::info!(parent: &span, outcome = ?outcome, "generation cancelled; its events stay queued");
             calls.keep_queued(rt, &batch.work, 0);
@@ -120,6 +121,7 @@ pub(crate) async fn run(
     let isolate = rt.produce_errors == ProduceErrors::Isolate;
     let mut records = Vec::with_capacity(batch.work.len());
     let mut record_work = Vec::with_capacity(batch.work.len());
+    let mut record_traces = Vec::with_capacity(batch.work.len());
     let mut failures = Vec::new();
     for (i, (work, result)) in batch.work.iter().zip(results).enumerate() {
         if work.events.1 >= events {
@@ -143,6 +145,7 @@ pub(crate) async fn run(
                     calls: calls.recorded(i),
                 });
                 record_work.push(i);
+                record_traces.push(traces[i]);
             }
             Err(failure) => failures.push(failure_at(rt, work, failure)),
         }
@@ -161,7 +164,11 @@ pub(crate) async fn run(
     let claim = rt.commit_claim();
     let (agents, triggers) = (rt.agents.as_slice(), &rt.triggers);
     let reacts = |event: &Event, readers: &Readers| matching::reacts(agents, triggers, &watching, event, readers);
-    let turn = GenerationCommit { reacts: &reacts, claim };
+    let turn = GenerationCommit {
+        reacts: &reacts,
+        claim,
+        traces: &record_traces,
+    };
     let preclaimed;
     match rt.context.commit_generation(records, events, isolate, &turn).await {
         Ok((rejected, claimed)) => {
@@ -390,9 +397,10 @@ async fn execute(
     tracker: &mut Tracker,
     snapshot: &Snapshot,
     generation: Generation,
-) -> Vec<Result<RunOutput, RunFailure>> {
+) -> Executed {
     let mut results: Vec<Option<Result<RunOutput, RunFailure>>> = Vec::with_capacity(work.len());
     results.resize_with(work.len(), || None);
+    let mut traces = vec![None; work.len()];
     let mut active = vec![0usize; rt.agents.len()];
     // Work of an agent at its limit waits here; an agent with waiting work is always at its
     // limit, because each completion of its runs starts its next waiting one.
@@ -406,14 +414,16 @@ async fn execute(
                 waiting[agent].push_back(next);
             } else {
                 active[agent] += 1;
-                running.push(run_one(
+                let (trace, run) = run_one(
                     rt,
                     next,
                     &work[next],
                     tracker.start(next, &work[next]),
                     snapshot,
                     generation,
-                ));
+                );
+                traces[next] = Some(trace);
+                running.push(run);
             }
             next += 1;
         }
@@ -426,17 +436,29 @@ async fn execute(
         active[agent] -= 1;
         if let Some(queued) = waiting[agent].pop_front() {
             active[agent] += 1;
-            running.push(run_one(
+            let (trace, run) = run_one(
                 rt,
                 queued,
                 &work[queued],
                 tracker.start(queued, &work[queued]),
                 snapshot,
                 generation,
-            ));
+            );
+            traces[queued] = Some(trace);
+            running.push(run);
         }
     }
-    results.into_iter().map(|r| r.expect("every work item ran")).collect()
+    Executed {
+        results: results.into_iter().map(|r| r.expect("every work item ran")).collect(),
+        traces,
+    }
+}
+
+/// What [`execute`] returns: each work item's result and the trace context of its run, in
+/// work order.
+struct Executed {
+    results: Vec<Result<RunOutput, RunFailure>>,
+    traces: Vec<Option<TraceParent>>,
 }
 
 fn run_one(
@@ -446,10 +468,22 @@ fn run_one(
     buffer: Arc<Mutex<Buffer>>,
     snapshot: &Snapshot,
     generation: Generation,
-) -> impl Future<Output = (usize, Result<RunOutput, RunFailure>)> + Send + 'static {
+) -> (
+    TraceParent,
+    impl Future<Output = (usize, Result<RunOutput, RunFailure>)> + Send + 'static,
+) {
     let agent = &rt.agents[work.slot.agent];
     let produce = &agent.produces[work.slot.produce];
-    let span = tracing::debug_span!("produce", agent = %agent.name, produce = produce.name(), artifact_id = %work.trigger.id, generation = generation.0);
+    let span = tracing::debug_span!(
+        "produce",
+        agent = %agent.name,
+        produce = produce.name(),
+        artifact_id = %work.trigger.id,
+        generation = generation.0,
+        trace_id = tracing::field::Empty,
+        span_id = tracing::field::Empty,
+    );
+    let trace = crate::model::trace::run_context(&span, &rt.trace);
     let failed = work
         .condition_panicked
         .as_ref()
@@ -469,13 +503,14 @@ fn run_one(
         )),
         Some(_) => None,
     };
-    async move {
+    let run = async move {
         match (run, failed) {
             (Some(run), _) => (index, run.await),
             (None, failed) => (index, Err(failed.expect("a run or its failure"))),
         }
     }
-    .instrument(span)
+    .instrument(span);
+    (trace, run)
 }
 
 /// Refuses a run's output that creates a kind its produce does not declare.

@@ -14,6 +14,7 @@ use crate::model::artifact::{ArtifactType, Kind};
 use crate::model::call::Usage;
 use crate::model::delivery::Delivery;
 use crate::model::timer::Timer;
+use crate::model::trace::TraceParent;
 use crate::outbox::dispatcher::{Dispatcher, ErasedDispatcher};
 use crate::outbox::drain::{
     Clock, DeliveryConfig, DeliveryErrors, DeliveryFailure, Drain, DrainError, DrainReport, Preclaimed, RetryPolicy,
@@ -510,6 +511,7 @@ impl RuntimeBuilder {
             inbox: Default::default(),
             resources: self.resources,
             calls: CallCache::default(),
+            trace: TraceParent::mint(),
         })
     }
 }
@@ -659,6 +661,8 @@ pub struct Runtime {
     pub(crate) resources: Resources,
     /// The answers of runs whose generation did not commit, for their next attempt.
     pub(crate) calls: CallCache,
+    /// The trace the core's own ids put this turn's runs in (`model::trace`): minted per turn.
+    pub(crate) trace: TraceParent,
 }
 
 impl Runtime {
@@ -721,7 +725,13 @@ impl Runtime {
     pub async fn run_with(&mut self, budget: Budget) -> Result<TurnReport, RunError> {
         self.turns += 1;
         let turn = self.turns;
-        let span = tracing::info_span!("turn", turn, session = %self.context.session());
+        self.trace = TraceParent::mint();
+        let span =
+            tracing::info_span!("turn", turn, session = %self.context.session(), trace_id = tracing::field::Empty);
+        if !crate::model::trace::propagating() {
+            // The runs' trace, unless a tracing backend gives them its own.
+            span.record("trace_id", tracing::field::display(self.trace.trace_id_hex()));
+        }
         self.turn(turn, budget).instrument(span).await
     }
 

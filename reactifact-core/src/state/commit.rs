@@ -12,6 +12,7 @@ use crate::model::event::{Emitted, Event, EventKind};
 use crate::model::hash::{CommitHash, ContentHash, HashWriter, StateHash};
 use crate::model::patch::{Op, PutMode};
 use crate::model::relation::Relation;
+use crate::model::trace::TraceParent;
 use crate::state::live::{Rewind, State, Undo};
 
 /// Applying an operation to the state failed. Nothing of the generation (or, in isolation
@@ -256,9 +257,9 @@ pub(crate) struct Acted {
 }
 
 impl Acted {
-    /// The intent, recorded by run `self.run` of `commit` in `session`, as its store
-    /// registers it.
-    pub(crate) fn into_new_intent(self, session: &Arc<str>, commit: &Commit) -> NewIntent {
+    /// The intent, recorded by run `self.run` of `commit` in `session` in the trace `trace`,
+    /// as its store registers it.
+    pub(crate) fn into_new_intent(self, session: &Arc<str>, commit: &Commit, trace: Option<TraceParent>) -> NewIntent {
         NewIntent {
             intent: Intent {
                 key: self.key,
@@ -271,6 +272,7 @@ impl Acted {
                     run: self.run,
                 },
                 attempt: 0,
+                trace,
             },
             bytes: self.bytes,
             action_hash: self.hash,

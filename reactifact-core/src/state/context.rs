@@ -14,6 +14,7 @@ use crate::model::event::{Event, EventKind, QueuedEvent};
 use crate::model::hash::{CommitHash, StateHash};
 use crate::model::patch::{EffectError, Op, PutMode};
 use crate::model::relation::Relation;
+use crate::model::trace::TraceParent;
 use crate::state::commit::{Apply, Commit, CommitError, RunRecord};
 use crate::state::graph::Graph;
 use crate::state::live::State;
@@ -135,6 +136,9 @@ pub(crate) struct GenerationCommit<'a> {
     /// session (the ones it registers among them) in its transaction, under the context's
     /// lease. Only a durable store claims; the memory outbox is claimed from by the drain.
     pub(crate) claim: Option<usize>,
+    /// The trace context of each run committed (in the order of the runs given), kept beside
+    /// the intents it acts (`Intent::trace_parent`), not hashed.
+    pub(crate) traces: &'a [Option<TraceParent>],
 }
 
 /// Why a commit of runs failed.
@@ -879,10 +883,23 @@ impl Context {
             events_consumed: consumed + own_consumed,
         };
         let now = crate::model::time::now();
+        // The trace of the run that acted each intent (`acted.run` counts the kept runs only).
+        let trace_of = |run: u32| {
+            let mut given = run as usize;
+            for &(r, _) in &rejected {
+                if r <= given {
+                    given += 1;
+                }
+            }
+            turn.and_then(|turn| turn.traces.get(given).copied().flatten())
+        };
         let intents: Vec<NewIntent> = apply
             .intents
             .drain(..)
-            .map(|acted| acted.into_new_intent(&self.session, &commit))
+            .map(|acted| {
+                let trace = trace_of(acted.run);
+                acted.into_new_intent(&self.session, &commit, trace)
+            })
             .collect();
         let mut claimed = None;
         if let Some(store) = &mut self.store {
@@ -964,6 +981,7 @@ impl Context {
         let direct = GenerationCommit {
             reacts: &|_, _| true,
             claim: None,
+            traces: &[],
         };
         let span = self.commit_span();
         self.commit_runs_via(vec![run], 0, false, true, None, Some(&direct))
@@ -981,7 +999,11 @@ impl Context {
         reacts: &(dyn Fn(&Event, &Readers) -> bool + Sync),
     ) -> Result<(), WriteError> {
         let run = RunRecord::direct(ops);
-        let fire = GenerationCommit { reacts, claim: None };
+        let fire = GenerationCommit {
+            reacts,
+            claim: None,
+            traces: &[],
+        };
         let span = self.commit_span();
         self.commit_runs_via(vec![run], 0, false, true, None, Some(&fire))
             .instrument(span)

@@ -19,6 +19,7 @@ use crate::model::artifact::Generation;
 use crate::model::delivery::Verdict;
 use crate::model::delivery::{Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken, NewIntent};
 use crate::model::hash::{content_hash, CommitHash};
+use crate::model::trace::TraceParent;
 use crate::store::memory::MemoryOutbox;
 use crate::store::outbox::{
     ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome,
@@ -144,12 +145,26 @@ fn intents_of(session: &str, generation: u64, keys: &[(&str, &str)], requires_ap
                         run: run as u32,
                     },
                     attempt: 0,
+                    trace: Some(trace_of(key)),
                 },
                 action_hash: content_hash(&bytes),
                 bytes: Arc::from(bytes),
             }
         })
         .collect()
+}
+
+/// The trace context [`new_intents`] gives the intent of `key` (derived from the key, so
+/// that a check knows which one each entry must carry).
+pub fn trace_of(key: &str) -> TraceParent {
+    let digest = content_hash(key.as_bytes()).0;
+    let mut trace_id = [0; 16];
+    let mut parent_id = [0; 8];
+    trace_id.copy_from_slice(&digest[..16]);
+    parent_id.copy_from_slice(&digest[16..24]);
+    trace_id[0] |= 1;
+    parent_id[0] |= 1;
+    TraceParent::new(trace_id, parent_id, digest[24] & 1).expect("ids are not zero")
 }
 
 /// The suite's clock: `ms` milliseconds after a fixed instant (2023-11-14).
@@ -186,6 +201,7 @@ pub async fn run_all(harness: &dyn ContractHarness) {
     purge_rules(harness).await;
     purge_by_status(harness).await;
     attempt_history(harness).await;
+    trace_context_kept(harness).await;
     queries(harness).await;
     differential(harness, 0x5eed, 400).await;
 }
@@ -297,6 +313,64 @@ pub async fn register_once_per_key(h: &dyn ContractHarness) {
         ["k1", "k2", "k3"],
         "register_once: list in registration order, once each"
     );
+}
+
+/// Every entry keeps the trace context its first registration gave it, beside the intent: a
+/// claim hands it over, every read returns it, and neither a failure, a reclaimed lease, a
+/// retry nor a second registration (by another session) changes it.
+pub async fn trace_context_kept(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    s.register("a", &[("t1", "x"), ("t2", "x")], at(0)).await;
+    for key in ["t1", "t2"] {
+        assert_eq!(
+            get(&*o, key).await.intent().trace_parent(),
+            Some(&trace_of(key)),
+            "trace: {key} as registered"
+        );
+    }
+    let c = claim(&*o, 1, at(10)).await;
+    assert_eq!(keys(&c), ["t1"], "trace: claim order");
+    assert_eq!(
+        c.claims[0].intent().trace_parent(),
+        Some(&trace_of("t1")),
+        "trace: a claim hands it over"
+    );
+    let failed = Outcome::Failed {
+        error: "boom".into(),
+        next: FailedAttempt::RetryAt(at(20)),
+    };
+    record(&*o, "t1", c.claims[0].token(), failed, at(15)).await;
+    // Another session commits t1 again: attached, its trace unchanged.
+    s.register("b", &[("t1", "x")], at(16)).await;
+    let c = claim(&*o, 2, at(20)).await;
+    let retried = c
+        .claims
+        .iter()
+        .find(|d| d.key().as_str() == "t1")
+        .expect("t1 due again");
+    assert_eq!(
+        retried.intent().trace_parent(),
+        Some(&trace_of("t1")),
+        "trace: kept by a retry"
+    );
+    // Both leases expire; the reclaim keeps it too.
+    let c = claim(&*o, 2, at(20) + LEASE + Duration::from_millis(1)).await;
+    assert_eq!(c.reclaimed, 2, "trace: both leases reclaimed");
+    for d in &c.claims {
+        assert_eq!(
+            d.intent().trace_parent(),
+            Some(&trace_of(d.key().as_str())),
+            "trace: kept by a reclaim"
+        );
+    }
+    let page = o.list(&LedgerQuery::default()).await.expect("list");
+    for d in &page.entries {
+        assert_eq!(
+            d.intent().trace_parent(),
+            Some(&trace_of(d.key().as_str())),
+            "trace: listed"
+        );
+    }
 }
 
 /// A key registered by `a` and committed again by `b` is in `b`'s scope too (attached), and

@@ -554,6 +554,7 @@ impl Inner {
                 payload: new.intent.payload.clone(),
                 origin: new.intent.origin.clone(),
                 attempt: 0,
+                trace: new.intent.trace,
             };
             let requires_approval = new.requires_approval();
             let entry = Entry {
@@ -1214,6 +1215,7 @@ mod tests {
                 payload: Arc::from(Vec::new()),
                 origin: Origin::new(session.clone(), CommitHash([1; 32]), Generation(1), 0),
                 attempt: 0,
+                trace: None,
             },
             action_hash: content_hash(&bytes),
             bytes: Arc::from(bytes),

@@ -486,6 +486,7 @@ impl Row {
                     run: count(self.origin_run),
                 },
                 attempt: count(self.attempts),
+                trace: None,
             },
             // An unknown code (only in a row that failed its check) shows as held.
             status: self.status().unwrap_or(DeliveryStatus::Held),
