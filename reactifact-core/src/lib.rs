@@ -52,6 +52,7 @@ pub use model::hash::{CommitHash, ContentHash, StateHash};
 pub use model::patch::{EffectError, Op, PutMode};
 pub use model::question::Question;
 pub use model::relation::Relation;
+pub use model::telemetry::metric;
 pub use model::timer::Timer;
 pub use model::trace::{set_trace_propagation, TraceParent, TraceParentError, TracePropagation};
 pub use outbox::dispatcher::{BoxError, DispatchError, Dispatcher, MAX_RETRY_AFTER};

@@ -8,7 +8,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use reqwest::{Client, StatusCode, Url};
 
 use crate::classify::Classification;
-use crate::dispatcher::{Inner, Target, ATTEMPT_HEADER, IDEMPOTENCY_KEY, KIND_HEADER};
+use crate::dispatcher::{Inner, Target, ATTEMPT_HEADER, IDEMPOTENCY_KEY, KIND_HEADER, TRACEPARENT};
 use crate::error::BuildError;
 use crate::WebhookDispatcher;
 
@@ -115,7 +115,9 @@ impl WebhookBuilder {
                 reason,
             };
             let header = HeaderName::from_bytes(name.as_bytes()).map_err(|e| invalid(e.to_string()))?;
-            if header == CONTENT_TYPE || [IDEMPOTENCY_KEY, KIND_HEADER, ATTEMPT_HEADER].contains(&header.as_str()) {
+            if header == CONTENT_TYPE
+                || [IDEMPOTENCY_KEY, KIND_HEADER, ATTEMPT_HEADER, TRACEPARENT].contains(&header.as_str())
+            {
                 return Err(BuildError::ReservedHeader { name });
             }
             let mut value = HeaderValue::from_str(&value).map_err(|e| invalid(e.to_string()))?;

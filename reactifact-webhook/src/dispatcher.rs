@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use reactifact_core::{DispatchError, Dispatcher, Intent};
+use reactifact_core::{DispatchError, Dispatcher, Intent, TraceParent};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use reqwest::{Client, StatusCode, Url};
 
@@ -20,6 +20,9 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 pub const KIND_HEADER: &str = "x-reactifact-kind";
 /// The header carrying the attempt number: 1 for the first delivery, 2 after one failure, …
 pub const ATTEMPT_HEADER: &str = "x-reactifact-attempt";
+/// The W3C trace-context header: the delivery attempt's span, in the trace of the produce run
+/// that committed the intent ([`Intent::trace_parent`]).
+pub const TRACEPARENT: &str = "traceparent";
 
 /// A [`Dispatcher`] that POSTs each intent's payload as JSON to an HTTP webhook.
 ///
@@ -60,6 +63,10 @@ pub struct Outgoing<'a> {
     pub attempt: u32,
     /// The payload's rmp-serde bytes (named fields); sent as JSON.
     pub payload: &'a [u8],
+    /// The W3C trace context, sent as `traceparent` (none sent if `None`). From an intent, the
+    /// delivery attempt's own ([`Intent::trace_parent`]): the receiver's span becomes a child
+    /// of the delivery, in the trace of the produce run that decided it.
+    pub traceparent: Option<TraceParent>,
 }
 
 /// Shows URLs as messages do and header names only: both may hold secrets.
@@ -89,6 +96,7 @@ impl<'a> From<&'a Intent> for Outgoing<'a> {
             key: intent.key().as_str(),
             attempt: intent.attempt(),
             payload: intent.payload_bytes(),
+            traceparent: intent.trace_parent().copied(),
         }
     }
 }
@@ -141,12 +149,18 @@ impl WebhookDispatcher {
             key,
             attempt,
             payload,
+            traceparent,
         } = outgoing;
         let target = self
             .target(kind)
             .ok_or_else(|| WebhookError::NoRoute { kind: kind.to_owned() })?;
         let body = to_json(kind, key, payload)?;
-        let headers = self.headers(kind, key, attempt)?;
+        let mut headers = self.headers(kind, key, attempt)?;
+        if let Some(trace) = traceparent {
+            // Formatted by `TraceParent`: always a valid header value.
+            let value = HeaderValue::from_str(&trace.to_string()).expect("a traceparent is a valid header value");
+            headers.insert(HeaderName::from_static(TRACEPARENT), value);
+        }
         let url = target.shown.as_str();
         let sent = self
             .inner

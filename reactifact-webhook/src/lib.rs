@@ -75,7 +75,7 @@ mod payload;
 
 pub use builder::{WebhookBuilder, DEFAULT_TIMEOUT};
 pub use classify::Classification;
-pub use dispatcher::{Outgoing, WebhookDispatcher, ATTEMPT_HEADER, IDEMPOTENCY_KEY, KIND_HEADER};
+pub use dispatcher::{Outgoing, WebhookDispatcher, ATTEMPT_HEADER, IDEMPOTENCY_KEY, KIND_HEADER, TRACEPARENT};
 pub use error::{BuildError, WebhookError};
 /// The HTTP client crate, re-exported for [`WebhookBuilder::client`].
 pub use reqwest;

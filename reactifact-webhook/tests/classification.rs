@@ -33,6 +33,7 @@ fn outgoing(payload: &[u8], attempt: u32) -> Outgoing<'_> {
         key: "notify:order:1",
         attempt,
         payload,
+        traceparent: None,
     }
 }
 
@@ -288,6 +289,7 @@ async fn each_kind_goes_to_its_own_url() {
             key: "k",
             attempt: 1,
             payload: &payload,
+            traceparent: None,
         };
         dispatcher.send(outgoing).await.unwrap();
     }

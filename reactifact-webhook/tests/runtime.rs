@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use reactifact_core::{
     Agent, Artifact, Context, DeliveryStatus, PendingAction, Produce, ProduceCall, ProduceError, RetryPolicy, Runtime,
+    TraceParent,
 };
 use reactifact_webhook::WebhookDispatcher;
 use serde::{Deserialize, Serialize};
@@ -204,4 +205,56 @@ async fn a_kind_without_a_url_is_held_in_the_ledger_not_dead() {
     assert_eq!((delivery.status(), delivery.attempts()), (DeliveryStatus::Held, 0));
     assert!(delivery.last_error().unwrap().contains("`notify`"));
     assert!(server.received().is_empty());
+}
+
+/// Every request carries a valid W3C `traceparent`: in the trace of the produce run that
+/// committed the intent (as the ledger kept it), with the delivery attempt's span as parent.
+#[tokio::test]
+async fn each_request_carries_the_trace_of_the_decision() {
+    let server = Server::start(vec![Reply::status(500), Reply::status(200)]).await;
+    let mut ctx = Context::new("t");
+    ctx.create(
+        "order:0",
+        Order {
+            customer: "ada".into(),
+            total_cents: 100,
+        },
+    )
+    .unwrap();
+    let webhook = WebhookDispatcher::new(server.url("/hook")).unwrap();
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("a").produce(notify_customer()))
+        .dispatcher(webhook)
+        .retry_policy(RetryPolicy::exponential(Duration::ZERO, Duration::ZERO))
+        .build()
+        .unwrap();
+    rt.run().await.unwrap();
+    // The retry, due at once (zero backoff), within one settle.
+    rt.settle().await.unwrap();
+    let received = server.received();
+    assert_eq!(received.len(), 2, "one failed attempt, one delivered");
+    let stored = *rt
+        .context()
+        .ledger()
+        .get("notify:order:0")
+        .await
+        .unwrap()
+        .unwrap()
+        .intent()
+        .trace_parent()
+        .expect("the ledger keeps the producing run's trace context");
+    let mut parents = Vec::new();
+    for request in &received {
+        let header = request.header("traceparent").expect("a traceparent header");
+        let trace: TraceParent = header.parse().expect("a valid W3C traceparent");
+        assert_eq!(trace.to_string(), header, "lowercase, version 00");
+        assert_eq!(trace.trace_id(), stored.trace_id(), "the decision's trace");
+        assert_ne!(
+            trace.parent_id(),
+            stored.parent_id(),
+            "the parent is the delivery's span, not the run's"
+        );
+        parents.push(trace.parent_id());
+    }
+    assert_ne!(parents[0], parents[1], "each attempt is a span of its own");
 }

@@ -13,6 +13,7 @@ pub(crate) mod hash;
 pub(crate) mod patch;
 pub(crate) mod question;
 pub(crate) mod relation;
+pub(crate) mod telemetry;
 pub(crate) mod time;
 pub(crate) mod timer;
 pub(crate) mod trace;

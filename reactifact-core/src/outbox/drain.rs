@@ -18,6 +18,7 @@ use tracing::Instrument;
 
 use crate::model::action::{ActionKey, Intent};
 use crate::model::delivery::{ceil_millis, later, Delivery, DeliveryStatus, FenceToken};
+use crate::model::telemetry::{Delivered, DeliveryMetrics};
 use crate::outbox::dispatcher::{DispatchError, Dispatcher, ErasedDispatcher};
 use crate::run::runtime::{StopHandle, TurnOutcome};
 use crate::store::outbox::{
@@ -670,6 +671,7 @@ impl<'a> Drain<'a> {
         let mut first_failure: Option<DeliveryFailure> = None;
         let mut store_error: Option<StoreError> = None;
         let mut record_failures = 0;
+        let mut metrics = DeliveryMetrics::default();
         // Built once: registering with the stop handle on every completion would cost a lock each.
         let interrupt = async {
             let deadline = async {
@@ -816,7 +818,7 @@ impl<'a> Drain<'a> {
                                 if matches!(slot.stage, Stage::Recording(Outcome::Failed { .. })) {
                                     exhausted = false;
                                 }
-                                self.report_recorded(slot, recorded, report);
+                                self.report_recorded(slot, recorded, report, &mut metrics);
                             }
                         }
                         Ok(recorded) => {
@@ -848,6 +850,7 @@ impl<'a> Drain<'a> {
                     let asked = claiming.take().map_or(0, |(asked, _)| asked);
                     match claimed {
                         Ok(claimed) => {
+                            DeliveryMetrics::reclaimed(claimed.reclaimed);
                             if claimed.reclaimed > 0 {
                                 tracing::warn!(reclaimed = claimed.reclaimed, "in-flight deliveries whose lease expired are pending again; they are delivered again with the same key");
                             }
@@ -964,23 +967,37 @@ impl<'a> Drain<'a> {
         }
     }
 
-    /// Lists an acknowledged outcome in `report`.
-    fn report_recorded(&self, slot: Slot, recorded: Recorded, report: &mut DrainReport) {
+    /// Lists an acknowledged outcome in `report`, and counts it in `metrics`.
+    fn report_recorded(&self, slot: Slot, recorded: Recorded, report: &mut DrainReport, metrics: &mut DeliveryMetrics) {
         let intent = &slot.claim.intent;
         let outcome = match slot.stage {
             Stage::Recording(outcome) => outcome,
             _ => return,
         };
+        if !matches!(outcome, Outcome::Released | Outcome::Held { .. }) {
+            metrics.attempt(&intent.kind);
+        }
         if let Recorded::Stale { status, token } = recorded {
             if outcome != Outcome::Released {
                 tracing::warn!(action_key = %intent.key, attempt = intent.attempt, our_token = %slot.claim.lease.as_ref().map_or(slot.claim.token, |l| l.token), their_token = %token, status = ?status, "a late outcome of a delivery whose lease had expired is rejected: another drain reclaimed the intent");
                 report.stale += 1;
+                DeliveryMetrics::stale(1);
             }
             return;
         }
+        let kind = &intent.kind;
         match outcome {
-            Outcome::Delivered => report.delivered += 1,
+            Outcome::Delivered => {
+                report.delivered += 1;
+                let latency = self
+                    .clock
+                    .now()
+                    .duration_since(slot.claim.recorded_at())
+                    .unwrap_or_default();
+                metrics.outcome(kind, Delivered::Delivered, Some(latency));
+            }
             Outcome::Held { .. } => {
+                metrics.outcome(kind, Delivered::Held, None);
                 tracing::warn!(action_key = %intent.key, kind = %intent.kind, "no route for the intent's kind; held");
                 report.held.push(intent.key.clone());
             }
@@ -988,12 +1005,15 @@ impl<'a> Drain<'a> {
                 let failure = DeliveryFailure::of(intent, error, next);
                 tracing::warn!(action_key = %failure.key, kind = %failure.kind, attempt = failure.attempt, status = %failure.status, error = %failure.error, "delivery failed");
                 if failure.status == DeliveryStatus::Dead {
+                    metrics.outcome(kind, Delivered::Dead, None);
                     report.dead.push(failure);
                 } else {
+                    metrics.outcome(kind, Delivered::Failed, None);
                     report.failed.push(failure);
                 }
             }
-            Outcome::Interrupted { .. } | Outcome::Released => {}
+            Outcome::Interrupted { .. } => metrics.outcome(kind, Delivered::Interrupted, None),
+            Outcome::Released => {}
         }
     }
 }

@@ -45,6 +45,7 @@ pub struct Drainer {
     config: DeliveryConfig,
     lease: Duration,
     poll: Duration,
+    metrics_every: Duration,
     owner: Arc<str>,
     clock: Clock,
     stop: StopHandle,
@@ -59,6 +60,7 @@ pub struct DrainerBuilder {
     config: DeliveryConfig,
     lease: Duration,
     poll: Duration,
+    metrics_every: Duration,
 }
 
 impl Drainer {
@@ -72,6 +74,7 @@ impl Drainer {
             config: DeliveryConfig::default(),
             lease: crate::model::delivery::DEFAULT_LEASE,
             poll: Duration::from_millis(250),
+            metrics_every: Duration::from_secs(15),
         }
     }
 
@@ -97,7 +100,9 @@ impl Drainer {
     /// Delivers until `stop` (or [`stop_handle`](Drainer::stop_handle)) is asked to stop, then
     /// lets running deliveries finish within the grace period and returns. Intents committed by
     /// other processes are noticed within the poll interval; retries and expired leases when
-    /// they fall due.
+    /// they fall due. Meanwhile it sets the outbox gauges of the metrics recorder every
+    /// [`metrics_interval`](DrainerBuilder::metrics_interval), from a count of its scope
+    /// ([`Ledger::record_metrics`](crate::Ledger::record_metrics)).
     ///
     /// # Errors
     /// As [`flush`](Drainer::flush).
@@ -106,9 +111,30 @@ impl Drainer {
         let mut report = DrainReport::default();
         let span = tracing::info_span!("drainer", store = %self.outbox.describe(), serve = true);
         let drain = self.drain_of(&stop);
-        let outcome = drain.serve(&mut report, Some(poll)).instrument(span).await;
+        let served = drain.serve(&mut report, Some(poll)).instrument(span.clone());
+        let gauges = self.record_gauges().instrument(span);
+        let outcome = tokio::select! {
+            outcome = served => outcome,
+            never = gauges => match never {},
+        };
         outcome.map_err(FlushError::from)?;
         Ok(report)
+    }
+
+    /// Sets the outbox gauges every `metrics_every` (never, if zero), until dropped.
+    async fn record_gauges(&self) -> std::convert::Infallible {
+        if self.metrics_every.is_zero() {
+            return std::future::pending().await;
+        }
+        let ledger = crate::Ledger::new(self.outbox.clone()).scoped(self.scope.clone());
+        let mut every = tokio::time::interval(self.metrics_every);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            if let Err(e) = ledger.record_metrics().await {
+                tracing::debug!(error = %e, "the outbox could not be counted for its gauges");
+            }
+        }
     }
 
     /// A handle that stops a running [`flush`](Drainer::flush), [`settle`](Drainer::settle)
@@ -231,8 +257,16 @@ impl DrainerBuilder {
         self
     }
 
+    /// How often [`serve`](Drainer::serve) sets the outbox gauges from a count of its scope
+    /// (default 15 s; `Duration::ZERO`: never). Each count is two queries of the store.
+    pub fn metrics_interval(mut self, every: Duration) -> Self {
+        self.metrics_every = every;
+        self
+    }
+
     /// The drainer.
     pub fn build(self) -> Drainer {
+        crate::model::telemetry::describe();
         Drainer {
             outbox: self.outbox,
             dispatcher: self.dispatcher,
@@ -240,6 +274,7 @@ impl DrainerBuilder {
             config: self.config,
             lease: self.lease,
             poll: self.poll,
+            metrics_every: self.metrics_every,
             owner: crate::model::delivery::drainer_owner(),
             clock: Clock::new(),
             stop: StopHandle::default(),

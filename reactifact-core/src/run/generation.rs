@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
@@ -15,6 +16,7 @@ use crate::model::artifact::{Generation, Stored};
 use crate::model::call::RecordedCall;
 use crate::model::event::{Event, EventKind};
 use crate::model::patch::Op;
+use crate::model::telemetry::ProduceMetrics;
 use crate::model::trace::TraceParent;
 use crate::outbox::drain::Preclaimed;
 use crate::run::calls::{CallLog, Exhausted, Harvest, Meter, RunKey};
@@ -93,7 +95,11 @@ pub(crate) async fn run(
     };
     drop(snapshot);
     let mut calls = Calls::of(rt, &batch.work, tracker.finish_all(), report);
-    let Executed { results, traces } = match executed {
+    let Executed {
+        results,
+        traces,
+        durations,
+    } = match executed {
         Ok(executed) => executed,
         Err(outcome) => {
             tracing::info!(parent: &span, outcome = ?outcome, "generation cancelled; its events stay queued");
@@ -102,6 +108,9 @@ pub(crate) async fn run(
         }
     };
     let _entered = span.enter();
+    for (work, took) in batch.work.iter().zip(&durations) {
+        produce_metrics(rt, work).duration.record(took.as_secs_f64());
+    }
     // A call that found the turn's budget spent was not made: the runs of its event and of
     // every later one are not committed and those events stay queued; the runs of the events
     // before it commit.
@@ -176,6 +185,12 @@ pub(crate) async fn run(
                 .zip(claim)
                 .map(|(claimed, asked)| Preclaimed::new(rt.context.outbox(), claimed, asked));
             runs -= rejected.len() as u64;
+            let mut dropped = rejected.iter().map(|&(r, _)| r).peekable();
+            for (r, &w) in record_work.iter().enumerate() {
+                if dropped.next_if_eq(&r).is_none() {
+                    produce_metrics(rt, &batch.work[w]).committed.increment(1);
+                }
+            }
             for (r, error) in rejected {
                 let work = &batch.work[record_work[r]];
                 failures.push(failure_at(rt, work, RunFailure::Commit(error)));
@@ -200,6 +215,7 @@ pub(crate) async fn run(
     for failure in &failures {
         tracing::warn!(agent = %failure.agent, produce = %failure.produce, artifact_id = %failure.trigger, error = %failure.failure, "produce run isolated; its patch was dropped");
     }
+    crate::model::telemetry::record_generation();
     report.generations += 1;
     report.runs += runs;
     report.failed_runs.extend(failures);
@@ -379,6 +395,15 @@ impl Calls {
     }
 }
 
+/// The metric handles of the produce of `work`.
+fn produce_metrics<'r>(rt: &'r mut Runtime, work: &Work) -> &'r ProduceMetrics {
+    let agents = &rt.agents;
+    rt.metrics.of((work.slot.agent, work.slot.produce), || {
+        let agent = &agents[work.slot.agent];
+        (agent.name.clone(), agent.produces[work.slot.produce].name_arc().clone())
+    })
+}
+
 fn failure_at(rt: &Runtime, work: &Work, failure: RunFailure) -> ProduceFailure {
     let agent = &rt.agents[work.slot.agent];
     ProduceFailure {
@@ -401,6 +426,7 @@ async fn execute(
     let mut results: Vec<Option<Result<RunOutput, RunFailure>>> = Vec::with_capacity(work.len());
     results.resize_with(work.len(), || None);
     let mut traces = vec![None; work.len()];
+    let mut durations = vec![Duration::ZERO; work.len()];
     let mut active = vec![0usize; rt.agents.len()];
     // Work of an agent at its limit waits here; an agent with waiting work is always at its
     // limit, because each completion of its runs starts its next waiting one.
@@ -427,10 +453,11 @@ async fn execute(
             }
             next += 1;
         }
-        let Some((done, result)) = running.next().await else {
+        let Some((done, result, took)) = running.next().await else {
             break;
         };
         results[done] = Some(result);
+        durations[done] = took;
         tracker.finish(done);
         let agent = work[done].slot.agent;
         active[agent] -= 1;
@@ -451,14 +478,16 @@ async fn execute(
     Executed {
         results: results.into_iter().map(|r| r.expect("every work item ran")).collect(),
         traces,
+        durations,
     }
 }
 
-/// What [`execute`] returns: each work item's result and the trace context of its run, in
-/// work order.
+/// What [`execute`] returns: each work item's result, the trace context of its run and how
+/// long it ran, in work order.
 struct Executed {
     results: Vec<Result<RunOutput, RunFailure>>,
     traces: Vec<Option<TraceParent>>,
+    durations: Vec<Duration>,
 }
 
 fn run_one(
@@ -470,7 +499,7 @@ fn run_one(
     generation: Generation,
 ) -> (
     TraceParent,
-    impl Future<Output = (usize, Result<RunOutput, RunFailure>)> + Send + 'static,
+    impl Future<Output = (usize, Result<RunOutput, RunFailure>, Duration)> + Send + 'static,
 ) {
     let agent = &rt.agents[work.slot.agent];
     let produce = &agent.produces[work.slot.produce];
@@ -504,10 +533,12 @@ fn run_one(
         Some(_) => None,
     };
     let run = async move {
-        match (run, failed) {
-            (Some(run), _) => (index, run.await),
-            (None, failed) => (index, Err(failed.expect("a run or its failure"))),
-        }
+        let started = Instant::now();
+        let result = match (run, failed) {
+            (Some(run), _) => run.await,
+            (None, failed) => Err(failed.expect("a run or its failure")),
+        };
+        (index, result, started.elapsed())
     }
     .instrument(span);
     (trace, run)

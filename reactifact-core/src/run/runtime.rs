@@ -13,6 +13,7 @@ use crate::model::action::PendingAction;
 use crate::model::artifact::{ArtifactType, Kind};
 use crate::model::call::Usage;
 use crate::model::delivery::Delivery;
+use crate::model::telemetry::RunMetrics;
 use crate::model::timer::Timer;
 use crate::model::trace::TraceParent;
 use crate::outbox::dispatcher::{Dispatcher, ErasedDispatcher};
@@ -471,6 +472,7 @@ impl RuntimeBuilder {
     /// parts; [`BuildError::MissingResource`] when a produce uses a resource that is not
     /// registered.
     pub fn build(self) -> Result<Runtime, BuildError> {
+        crate::model::telemetry::describe();
         check_registrations(&self.agents)?;
         check_resources(&self.agents, &self.resources)?;
         let mut agents = self.agents;
@@ -512,6 +514,7 @@ impl RuntimeBuilder {
             resources: self.resources,
             calls: CallCache::default(),
             trace: TraceParent::mint(),
+            metrics: RunMetrics::default(),
         })
     }
 }
@@ -663,6 +666,8 @@ pub struct Runtime {
     pub(crate) calls: CallCache,
     /// The trace the core's own ids put this turn's runs in (`model::trace`): minted per turn.
     pub(crate) trace: TraceParent,
+    /// The handles of the produces' run metrics, looked up again each turn.
+    pub(crate) metrics: RunMetrics,
 }
 
 impl Runtime {
@@ -726,6 +731,7 @@ impl Runtime {
         self.turns += 1;
         let turn = self.turns;
         self.trace = TraceParent::mint();
+        self.metrics.clear();
         let span =
             tracing::info_span!("turn", turn, session = %self.context.session(), trace_id = tracing::field::Empty);
         if !crate::model::trace::propagating() {
@@ -779,6 +785,7 @@ impl Runtime {
             let remaining_runs = budget.max_runs.map(|max| max.saturating_sub(report.runs));
             let step = match generation::run(self, remaining_runs, deadline, &meter, &mut report).await {
                 Err(RunError::Store(StoreError::Conflict { .. })) if idle_conflicts < MAX_CONFLICT_RETRIES => {
+                    crate::model::telemetry::record_conflict();
                     // Another writer committed to the session first: nothing of this
                     // generation was written. Take the other's commits and run it again,
                     // after a short, growing, jittered pause (the other writer is busy).

@@ -349,6 +349,7 @@ impl Runtime {
                 loop {
                     match self.context.commit_direct_async(ops.clone()).await {
                         Err(WriteError::Store(StoreError::Conflict { .. })) if tries < MAX_CONFLICT_RETRIES => {
+                            crate::model::telemetry::record_conflict();
                             tries += 1;
                             if let Err(e) = self.context.catch_up().await {
                                 break Err(WriteError::Store(e));

@@ -68,6 +68,7 @@ impl Runtime {
                     return Ok(fired);
                 }
                 Err(WriteError::Store(StoreError::Conflict { .. })) if conflicts < MAX_CONFLICT_RETRIES => {
+                    crate::model::telemetry::record_conflict();
                     conflicts += 1;
                     self.context.catch_up().await?;
                 }

@@ -805,6 +805,7 @@ impl Context {
         merged: Option<CommitHash>,
         turn: Option<&GenerationCommit<'_>>,
     ) -> Result<(Vec<(usize, CommitError)>, Option<Claimed>), CommitFailure> {
+        let started = tokio::time::Instant::now();
         self.check_not_cut().map_err(CommitFailure::Store)?;
         self.settle_log();
         let generation = self.generation().next();
@@ -946,6 +947,7 @@ impl Context {
         }
         self.graph.record(generation, apply.finish());
         tracing::debug!(commit = %hash.short(), events = events.len(), intents = intents.len(), "committed");
+        crate::model::telemetry::record_commit(started.elapsed(), intents.iter().map(|new| &new.intent.kind));
         if let Some(memory) = &self.memory {
             memory.register(&intents, now);
         }

@@ -164,6 +164,36 @@ impl Ledger {
         self.outbox.next_due(&self.scope).await
     }
 
+    /// Counts the intents in scope and sets the outbox gauges of the installed metrics recorder
+    /// from the counts: [`metric::OUTBOX_INTENTS`](crate::metric::OUTBOX_INTENTS) by status and
+    /// [`metric::OUTBOX_OLDEST_PENDING_AGE`](crate::metric::OUTBOX_OLDEST_PENDING_AGE) (two
+    /// queries of the store). A serving [`Drainer`](crate::Drainer) calls it every
+    /// [`metrics_interval`](crate::DrainerBuilder::metrics_interval); a program without one
+    /// calls it as often as it wants fresh gauges. The gauges have no scope label: record one
+    /// scope per process (the whole store, usually).
+    ///
+    /// # Errors
+    /// [`StoreError`] if the store cannot be read; the gauges keep their last values.
+    pub async fn record_metrics(&self) -> Result<StatusCounts, StoreError> {
+        let counts = self.counts().await?;
+        let oldest = match counts.pending {
+            0 => None,
+            _ => self
+                .page(Some(DeliveryStatus::Pending), None, 1)
+                .await?
+                .entries
+                .first()
+                .map(|d| {
+                    crate::model::time::now()
+                        .duration_since(d.recorded_at())
+                        .unwrap_or_default()
+                }),
+        };
+        let by_status = DeliveryStatus::ALL.map(|status| (status, counts.of(status)));
+        crate::model::telemetry::record_outbox(by_status, counts.retrying, oldest);
+        Ok(counts)
+    }
+
     /// Whether `self` and `other` are handles to the same store's ledger.
     pub fn same_as(&self, other: &Ledger) -> bool {
         std::ptr::addr_eq(Arc::as_ptr(&self.outbox), Arc::as_ptr(&other.outbox))
