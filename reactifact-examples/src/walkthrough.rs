@@ -81,6 +81,9 @@ async fn process_order(call: ProduceCall<Order>) {
         },
     );
     call.effects.act("notify", notify_key(&order.id), &notify(order));
+    // Under `--json-logs` this line carries the produce span's fields (agent, produce,
+    // artifact id, generation). Never log the payload: it names the customer.
+    tracing::info!(total_cents = order.data.total_cents, "receipt upserted, notification decided");
 }
 
 /// A second team's rule (case 3): every order is confirmed to the customer. It reaches the
@@ -156,11 +159,14 @@ impl Mailer {
             generation: intent.generation(),
         });
         if let Some(error) = state.failures.pop_front() {
+            // Inside the runtime's `delivery` span: the line carries its action key and attempt.
+            tracing::info!(kind = intent.kind(), error = %error, "mail service failed the call");
             return Err(error);
         }
         // A real mail service would send this, passing `key` on as the idempotency key.
         let _mail: Notify = intent.payload()?;
         state.sent.push(key);
+        tracing::info!(kind = intent.kind(), "mail service sent the notification");
         Ok(())
     }
 
