@@ -59,5 +59,6 @@ pub mod order_flow {
     }
 }
 
+pub mod logs;
 pub mod support;
 pub mod walkthrough;

@@ -81,6 +81,12 @@ async fn process_order(call: ProduceCall<Order>) {
         },
     );
     call.effects.act("notify", notify_key(&order.id), &notify(order));
+    // Under `--json-logs` this line carries the produce span's fields (agent, produce,
+    // artifact id, generation). Never log the payload: it names the customer.
+    tracing::info!(
+        total_cents = order.data.total_cents,
+        "receipt upserted, notification decided"
+    );
 }
 
 /// A second team's rule (case 3): every order is confirmed to the customer. It reaches the
@@ -156,11 +162,14 @@ impl Mailer {
             generation: intent.generation(),
         });
         if let Some(error) = state.failures.pop_front() {
+            // Inside the runtime's `delivery` span: the line carries its action key and attempt.
+            tracing::info!(kind = intent.kind(), error = %error, "mail service failed the call");
             return Err(error);
         }
         // A real mail service would send this, passing `key` on as the idempotency key.
         let _mail: Notify = intent.payload()?;
         state.sent.push(key);
+        tracing::info!(kind = intent.kind(), "mail service sent the notification");
         Ok(())
     }
 
@@ -240,13 +249,35 @@ impl Store {
 struct Walkthrough {
     store: Store,
     mailer: Mailer,
+    narration: Narration,
+}
+
+/// Where a walkthrough prints its lines (a failure is always reported on stderr).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Narration {
+    /// One line per case on stdout: the `outbox` program.
+    Stdout,
+    /// The same lines on stderr, for a program whose stdout carries something else.
+    Stderr,
+    /// No lines: a workload run over and over.
+    Silent,
+}
+
+impl Narration {
+    fn line(self, line: std::fmt::Arguments<'_>) {
+        match self {
+            Narration::Stdout => println!("{line}"),
+            Narration::Stderr => eprintln!("{line}"),
+            Narration::Silent => {}
+        }
+    }
 }
 
 /// Prints a case's line, or names the case that failed.
-fn say(case: u32, title: &str, outcome: Outcome<String>) -> Outcome {
+fn say(narration: Narration, case: u32, title: &str, outcome: Outcome<String>) -> Outcome {
     match outcome {
         Ok(line) => {
-            println!("  {case}. {title}: {line}");
+            narration.line(format_args!("  {case}. {title}: {line}"));
             Ok(())
         }
         Err(e) => Err(format!("case {case} ({title}): {e}").into()),
@@ -263,19 +294,20 @@ async fn delivery(rt: &Runtime, key: &str) -> Outcome<Delivery> {
 
 impl Walkthrough {
     async fn run(&self) -> Outcome {
+        let n = self.narration;
         let mut shop = self.shop(self.store.open("shop").await?)?;
-        say(1, "commit → dispatch", self.commit_then_dispatch(&mut shop).await)?;
-        say(2, "re-derivation", self.re_derivation(&mut shop).await)?;
-        say(3, "same generation", self.same_generation().await)?;
-        say(4, "two branches", self.two_branches(&mut shop).await)?;
-        say(5, "replay", self.replay(&shop).await)?;
-        say(6, "failure → retry", self.failure_then_retry(&mut shop).await)?;
-        say(7, "transient outage", self.transient_outage(&mut shop).await)?;
-        say(8, "human approval", self.human_approval().await)?;
+        say(n, 1, "commit → dispatch", self.commit_then_dispatch(&mut shop).await)?;
+        say(n, 2, "re-derivation", self.re_derivation(&mut shop).await)?;
+        say(n, 3, "same generation", self.same_generation().await)?;
+        say(n, 4, "two branches", self.two_branches(&mut shop).await)?;
+        say(n, 5, "replay", self.replay(&shop).await)?;
+        say(n, 6, "failure → retry", self.failure_then_retry(&mut shop).await)?;
+        say(n, 7, "transient outage", self.transient_outage(&mut shop).await)?;
+        say(n, 8, "human approval", self.human_approval().await)?;
         if !matches!(self.store, Store::Memory) {
             let (hash, commits) = (shop.context().state_hash(), shop.context().log()?.len());
             drop(shop);
-            println!("  {}", reopen(&self.store, hash, commits).await?);
+            n.line(format_args!("  {}", reopen(&self.store, hash, commits).await?));
         }
         Ok(())
     }
@@ -587,15 +619,21 @@ pub fn sqlite_path(path: Option<PathBuf>) -> Outcome<PathBuf> {
 /// Runs the eight cases on `store`, printing one line per case; whether every case held.
 /// A durable store keeps what the walkthrough wrote (the `reactifact` tool can inspect it).
 pub async fn walk(store: Store) -> bool {
+    walk_narrated(store, Narration::Stdout).await
+}
+
+/// [`walk`], printing its lines where `narration` says.
+pub async fn walk_narrated(store: Store, narration: Narration) -> bool {
     let place = match &store {
         Store::Memory => "in memory".to_owned(),
         Store::Sqlite(path) => format!("on SQLite, in {}", path.display()),
         Store::Postgres(_, name) => format!("on PostgreSQL, in {name}"),
     };
-    println!("The outbox walkthrough, {place}:");
+    narration.line(format_args!("The outbox walkthrough, {place}:"));
     let walkthrough = Walkthrough {
         store,
         mailer: Mailer::default(),
+        narration,
     };
     match walkthrough.run().await {
         Ok(()) => true,

@@ -4,6 +4,7 @@
 //! ```sh
 //! cargo run -p reactifact-examples --bin support-agent              # the stand-in model
 //! OPENAI_API_KEY=… cargo run -p reactifact-examples --features openai-tls --bin support-agent -- --openai
+//! cargo run -p reactifact-examples --bin support-agent -- --json-logs   # and the runtime's logs, as JSON on stderr
 //! ```
 //!
 //! Runs the five cases of `reactifact_examples::support::cases` (first run, retry,
@@ -13,29 +14,45 @@
 //! `--openai` (built with the `openai` feature) asks an OpenAI-compatible server instead of
 //! the stand-in: `OPENAI_BASE_URL` (default `https://api.openai.com/v1`, which needs the
 //! `openai-tls` feature), `OPENAI_API_KEY`, and `OPENAI_MODEL` (default `gpt-4o-mini`).
+//!
+//! `--json-logs` (with or without `--openai`) prints the runtime's `tracing` events to stderr,
+//! one JSON object per line with the spans they happened in; `RUST_LOG` sets the level
+//! (default `info,reactifact_core=debug`). See `reactifact_examples::logs`.
 
 use std::process::ExitCode;
 
+use reactifact_examples::logs;
 use reactifact_examples::support::cases::{Cases, ModelChoice};
 
 /// The model `--openai` asks unless `OPENAI_MODEL` names another.
 #[cfg(feature = "openai")]
 const DEFAULT_OPENAI_MODEL: &str = "gpt-4o-mini";
 
-/// The command line: `--openai`, or nothing.
-fn openai_flag() -> Result<bool, String> {
-    let mut openai = false;
+/// The command line: `--openai` and `--json-logs`, each optional.
+struct Args {
+    openai: bool,
+    json_logs: bool,
+}
+
+fn args() -> Result<Args, String> {
+    let mut parsed = Args {
+        openai: false,
+        json_logs: false,
+    };
     for arg in std::env::args_os().skip(1) {
         if arg == "--openai" {
-            openai = true;
+            parsed.openai = true;
+        } else if arg == logs::FLAG {
+            parsed.json_logs = true;
         } else {
             return Err(format!(
-                "unexpected argument {}; the only option is --openai",
-                arg.to_string_lossy()
+                "unexpected argument {}; the options are --openai and {}",
+                arg.to_string_lossy(),
+                logs::FLAG
             ));
         }
     }
-    Ok(openai)
+    Ok(parsed)
 }
 
 #[cfg(feature = "openai")]
@@ -67,8 +84,9 @@ fn openai_model() -> Result<ModelChoice, String> {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    let model = match openai_flag().and_then(|openai| {
-        if openai {
+    let model = match args().and_then(|args| {
+        logs::init(args.json_logs).map_err(|e| e.to_string())?;
+        if args.openai {
             openai_model()
         } else {
             Ok(ModelChoice::StandIn)
