@@ -192,7 +192,6 @@ fn once_exits_0_and_prints_only_prometheus_text() {
 }
 
 #[test]
-#[ignore = "needs the core's metrics (issue 19)"]
 fn once_shows_the_runtimes_commits_deliveries_and_delivery_latency() {
     let parsed = once();
     let committed: Vec<_> = parsed.family("reactifact_generations_committed_total").collect();

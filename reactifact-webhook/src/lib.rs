@@ -10,6 +10,7 @@
 //! | `Idempotency-Key` | the intent's idempotency key, identical on every attempt |
 //! | `X-Reactifact-Kind` | the action kind |
 //! | `X-Reactifact-Attempt` | the attempt number: 1, then 2 after one failure, … |
+//! | `traceparent` | the attempt's W3C trace context ([`Intent::trace_parent`](reactifact_core::Intent::trace_parent)): the trace of the produce run that decided it |
 //!
 //! plus any extra headers set with [`WebhookBuilder::header`]. Delivery is at-least-once;
 //! the effect is exactly-once where the receiver deduplicates on `Idempotency-Key`.

@@ -45,7 +45,7 @@ use sha2::{Digest, Sha256};
 
 const USAGE: &str = "\
 usage: outbox-bench [N] [--n N] [--store memory|sqlite|sqlite-normal|postgres] [--db DIR] [--url URL]
-                    [--generations G] [--standing M] [--runs R]
+                    [--generations G] [--standing M] [--runs R] [--metrics]
 
   N, --n N           orders in the timed workload (default 1000)
   --store S          `memory` (default); `sqlite`: an SQLite file, synchronous = FULL (one fsync
@@ -57,7 +57,9 @@ usage: outbox-bench [N] [--n N] [--store memory|sqlite|sqlite-normal|postgres] [
   --generations G    the orders arrive in G batches: seed N/G orders, run a turn, repeat (default 1)
   --standing M       store about M artifacts first (M/3 processed orders); time only the N new ones
   --runs R           repeat the whole run R times in this process, one JSON line each (default 1;
-                     only the first, in a fresh process, measures bytes per artifact)";
+                     only the first, in a fresh process, measures bytes per artifact)
+  --metrics          install a Prometheus recorder (metrics-exporter-prometheus) first, so the
+                     runtime's metrics are recorded; the line then counts the rendered samples";
 
 struct Options {
     n: u64,
@@ -67,6 +69,7 @@ struct Options {
     standing: u64,
     runs: u32,
     url: Option<String>,
+    metrics: bool,
 }
 
 fn parse_args() -> Result<Options, String> {
@@ -80,6 +83,7 @@ fn parse_args() -> Result<Options, String> {
         url: std::env::var("REACTIFACT_TEST_POSTGRES_URL")
             .ok()
             .filter(|u| !u.is_empty()),
+        metrics: false,
     };
     let mut args = std::env::args().skip(1);
     let mut positional = 0;
@@ -106,6 +110,7 @@ fn parse_args() -> Result<Options, String> {
             "--standing" => options.standing = number(&name, &value(&name)?)?,
             "--runs" => options.runs = number(&name, &value(&name)?)? as u32,
             "--url" => options.url = Some(value(&name)?),
+            "--metrics" => options.metrics = true,
             other if !other.starts_with('-') && positional == 0 => {
                 options.n = number("N", other)?;
                 positional += 1;
@@ -509,6 +514,16 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let recorder = match options.metrics {
+        false => None,
+        true => match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
+            Ok(handle) => Some(handle),
+            Err(e) => {
+                eprintln!("outbox-bench: cannot install the metrics recorder: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
     for run in 0..options.runs {
         let floor = floor_us_per_order(options.n);
         let result = match run_once(&options, &tokio) {
@@ -549,6 +564,15 @@ fn main() -> ExitCode {
             floor,
             result.seconds * 1e6 / options.n as f64 / floor,
         );
+    }
+    if let Some(handle) = recorder {
+        // What the runtime recorded, so that a run with metrics shows they were recorded.
+        let page = handle.render();
+        let deliveries = page
+            .lines()
+            .find(|l| l.starts_with("reactifact_deliveries_total{") && l.contains("outcome=\"delivered\""))
+            .unwrap_or("none");
+        eprintln!("outbox-bench: metrics recorded, {} lines; {deliveries}", page.lines().count());
     }
     ExitCode::SUCCESS
 }
