@@ -146,11 +146,12 @@ fn one_order_yields_exactly_the_expected_counters_and_samples() {
 }
 
 /// `samples` are `expected`, to the paused clock's resolution: tokio's timers fire on
-/// whole-millisecond ticks, so a 2 s sleep may end up to a millisecond late.
+/// whole-millisecond ticks, so a 2 s sleep may end up to a millisecond late, and the ledger
+/// keeps a retry time rounded up to a whole millisecond (a retry's wait: up to two late).
 fn assert_samples(samples: &[f64], expected: &[f64]) {
     assert_eq!(samples.len(), expected.len(), "{samples:?} for {expected:?}");
     for (got, want) in samples.iter().zip(expected) {
-        assert!((want..=&(want + 0.002)).contains(&got), "{samples:?} for {expected:?}");
+        assert!((want..=&(want + 0.005)).contains(&got), "{samples:?} for {expected:?}");
     }
 }
 
