@@ -259,8 +259,9 @@ impl SqliteOutbox {
 
 /// Registers the intents of a commit, in its transaction (decision: registration happens in
 /// the commit). A key neither held nor purged is inserted, pending and due at `now`, owned by
-/// the committing session; a key held (not final) by another session is attached to the
-/// committing one; a final or purged key is left alone.
+/// the committing session, with the intent's trace context beside it (`trace_parent`); a key
+/// held (not final) by another session is attached to the committing one, its trace context
+/// unchanged; a final or purged key is left alone.
 pub(super) fn register(tx: &Connection, intents: &[NewIntent], now: i64) -> rusqlite::Result<()> {
     for new in intents {
         let key = new.intent.key.as_str();
