@@ -92,10 +92,13 @@ async fn claim(outbox: &dyn OutboxStore, limit: usize) -> reactifact_core::Claim
         .unwrap()
 }
 
+/// A key and the trace context its intent was handed to the dispatcher with.
+type Sent = (String, Option<TraceParent>);
+
 /// A dispatcher that records the key and the trace context each intent is handed with.
 #[derive(Clone, Default)]
 struct TraceRecorder {
-    sent: Arc<Mutex<Vec<(String, Option<TraceParent>)>>>,
+    sent: Arc<Mutex<Vec<Sent>>>,
 }
 
 impl TraceRecorder {
@@ -109,7 +112,7 @@ impl TraceRecorder {
         }
     }
 
-    fn sent(&self) -> Vec<(String, Option<TraceParent>)> {
+    fn sent(&self) -> Vec<Sent> {
         let mut sent = self.sent.lock().unwrap().clone();
         sent.sort_by(|a, b| a.0.cmp(&b.0));
         sent
