@@ -1281,6 +1281,7 @@ mod tests {
         conn.execute_batch(schema::V2_TABLES).unwrap();
         conn.execute_batch(schema::V4_CHANGES).unwrap();
         conn.execute_batch(schema::V5_CHANGES).unwrap();
+        conn.execute_batch(schema::V6_CHANGES).unwrap();
         let params = [Value::Integer(10), Value::Integer(1000)];
         for (filter, index) in [
             (PurgeFilter::Final, "outbox_final"),
@@ -1303,6 +1304,7 @@ mod tests {
         let conn = Connection::open_in_memory().unwrap();
         conn.execute_batch(schema::V2_TABLES).unwrap();
         conn.execute_batch(schema::V5_CHANGES).unwrap();
+        conn.execute_batch(schema::V6_CHANGES).unwrap();
         let (sql, params) = work_sql(&Scope::all(), 0, false);
         let leases = plan(&conn, &sql, &params);
         assert!(leases.iter().any(|s| s.contains("INDEX outbox_leases")), "{leases:#?}");
