@@ -18,8 +18,8 @@
 //! committed the intent, [`TraceParent::to_bytes`]) is written at registration, never
 //! changed, and is **not** digested: it is advisory. Changed, it can only misattribute a
 //! delivery to another trace — never change what is delivered, to whom, or whether — and a
-//! value that does not decode (a flipped byte in an id's length or a zeroed id, a wrong type)
-//! reads as no trace context: never an error, never a held row. Keeping it out of the digest
+//! value that does not decode (a wrong length, an all-zero id, a value of another type) reads
+//! as no trace context: never an error, never a held row. Keeping it out of the digest
 //! also leaves every older row's digest as it was (the migration rewrites nothing).
 
 use std::sync::Arc;
