@@ -221,6 +221,7 @@ pub fn delivery_json(d: &Delivery) -> Value {
         "last_error": d.last_error(),
         "cancel_reason": d.cancel_reason(),
         "decision": decision_json(d.decision()),
+        "traceparent": d.intent().trace_parent().map(ToString::to_string),
         "token": d.token().0,
         "lease": d.lease().map(|lease| json!({
             "owner": &*lease.owner,

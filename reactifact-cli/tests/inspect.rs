@@ -394,6 +394,55 @@ fn outbox_show_gives_the_entry_its_lease_payload_and_provenance() {
         .fails(2, "no intent with key `nope:1` in the delivery ledger of");
 }
 
+/// `outbox show` (text and JSON) and `outbox list` give the trace context the store kept
+/// beside each intent, as the `traceparent` header string; a stored value that does not
+/// decode shows as none.
+#[test]
+fn outbox_show_gives_the_trace_context_the_store_kept() {
+    let store = store();
+    let kept = {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        rt.block_on(async {
+            let outbox = reactifact_core::SqliteOutbox::open_read_only(&store.path).unwrap();
+            reactifact_core::OutboxStore::get(&*outbox, support::FAILED)
+                .await
+                .unwrap()
+                .unwrap()
+        })
+    };
+    let header = kept
+        .intent()
+        .trace_parent()
+        .expect("a produce run's intent keeps its trace context")
+        .to_string();
+    assert!(header.starts_with("00-") && header.len() == 55, "{header}");
+    let doc = store.json(&["outbox", "show", support::FAILED]);
+    assert_eq!(doc["traceparent"], header.as_str());
+    let all = store.json(&["outbox", "list"]);
+    let listed = all["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .find(|e| e["key"] == support::FAILED)
+        .expect("listed");
+    assert_eq!(listed["traceparent"], header.as_str());
+    let text = store.run(&["outbox", "show", support::FAILED]).ok().stdout;
+    assert!(text.contains(&format!("traceparent   {header}")), "{text}");
+
+    let conn = rusqlite::Connection::open(&store.path).unwrap();
+    conn.execute(
+        "UPDATE outbox SET trace_parent = X'00' WHERE key = ?1",
+        [support::FAILED],
+    )
+    .unwrap();
+    drop(conn);
+    let doc = store.json(&["outbox", "show", support::FAILED]);
+    assert_eq!(doc["traceparent"], Value::Null, "{doc}");
+    assert_eq!(doc["status"], "failed", "the row is intact");
+    let text = store.run(&["outbox", "show", support::FAILED]).ok().stdout;
+    assert!(text.contains("traceparent   -"), "{text}");
+}
+
 #[test]
 fn outbox_stats_counts_by_status_and_kind() {
     let store = store();

@@ -380,7 +380,8 @@ impl Statements {
                 ],
             ),
         );
-        // An intent that requires approval ($10) is registered awaiting it (7), not due.
+        // An intent that requires approval ($10) is registered awaiting it (7), not due. Its
+        // trace context ($11, NULL for none) is kept beside it, outside the digest.
         let fresh = "n.key, n.kind, n.session, n.origin_commit, n.origin_gen, n.origin_run, n.action_hash, n.bytes, \
              $9::bigint, CASE WHEN n.awaiting THEN 7 ELSE 0 END::bigint, \
              CASE WHEN n.awaiting THEN NULL ELSE $9::bigint END::bigint, 0::bigint, NULL::text, NULL::bigint, 0::bigint, \
@@ -389,15 +390,15 @@ impl Statements {
         let register = format!(
             "WITH n AS (
                  SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bigint[], $6::bigint[],
-                                      $7::bytea[], $8::bytea[], $10::bool[])
+                                      $7::bytea[], $8::bytea[], $10::bool[], $11::bytea[])
                      WITH ORDINALITY AS n(key, kind, session, origin_commit, origin_gen, origin_run, action_hash, bytes,
-                                          awaiting, ord)
+                                          awaiting, trace_parent, ord)
              ), ins AS (
                  INSERT INTO {s}.outbox (key, kind, session, origin_commit, origin_gen, origin_run, action_hash, bytes,
                      recorded_at, status, due_at, token, owner, lease_until, attempts, expired, interrupted,
                      last_error, cancel_reason, updated_at, delivered_at, next_attempt_at, decision, decided_by,
-                     decided_at, decision_reason, digest)
-                 SELECT {fresh}, {s}.outbox_digest({fresh})
+                     decided_at, decision_reason, digest, trace_parent)
+                 SELECT {fresh}, {s}.outbox_digest({fresh}), n.trace_parent
                    FROM n WHERE NOT EXISTS (SELECT 1 FROM {s}.outbox_purged p WHERE p.key = n.key)
                   ORDER BY n.ord
                  ON CONFLICT (key) DO NOTHING
@@ -535,9 +536,10 @@ impl PostgresOutbox {
 
     /// Registers the intents of a commit, in the commit's transaction (`client` is that
     /// transaction, or any client of the store's database), made at `now`: a key neither held
-    /// nor purged is inserted, pending and due at `now`, owned by its intent's session; a key
-    /// held (not final) by another session is attached to the committing one; a final or
-    /// purged key is left alone. Notifies the store's channel when it inserted any (the
+    /// nor purged is inserted, pending and due at `now`, owned by its intent's session, with
+    /// its trace context ([`Intent::trace_parent`](reactifact_core::Intent::trace_parent),
+    /// kept beside it); a key held (not final) by another session is attached to the
+    /// committing one, its trace context unchanged; a final or purged key is left alone. Notifies the store's channel when it inserted any (the
     /// notification goes out when the transaction commits).
     ///
     /// # Errors
@@ -579,6 +581,10 @@ impl PostgresOutbox {
         let hashes: Vec<&[u8]> = intents.iter().map(|n| &n.action_hash.0[..]).collect();
         let bytes: Vec<&[u8]> = intents.iter().map(|n| &n.bytes[..]).collect();
         let awaiting: Vec<bool> = intents.iter().map(NewIntent::requires_approval).collect();
+        let traces: Vec<Option<Vec<u8>>> = intents
+            .iter()
+            .map(|n| n.intent.trace_parent().map(|t| t.to_bytes().to_vec()))
+            .collect();
         let now = ms(now);
         let one = |rows: Vec<tokio_postgres::Row>| {
             rows.into_iter()
@@ -597,6 +603,7 @@ impl PostgresOutbox {
             &bytes,
             &now,
             &awaiting,
+            &traces,
         ];
         let inserted: i64 = one(client.rows(&register, params).await.map_err(err)?)?.get(0);
         let mut distinct = keys.clone();
@@ -860,7 +867,7 @@ impl Inner {
         );
         let hold = hold_set(s, "o", &format!("{now}::bigint"));
         // The rows just written, with their digests: intact.
-        let trusted = format!("o.seq, {}, true", row::prefixed("o"));
+        let trusted = format!("o.seq, {}, true, o.trace_parent", row::prefixed("o"));
         let sql = format!(
             // Each row is checked once, as locked (a row changed since the statement began
             // is re-read when it is locked), and cannot change until the claim commits.

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use reactifact_core::{
     ActionKey, CommitHash, Decision, Delivery, DeliveryParts, DeliveryStatus, FenceToken, Generation, Intent, Lease,
-    Origin, PendingAction, Verdict,
+    Origin, PendingAction, TraceParent, Verdict,
 };
 
 use crate::schema::DIGESTED;
@@ -48,9 +48,9 @@ pub(crate) fn time(ms: i64) -> SystemTime {
 }
 
 /// The columns a read selects from `o`, in [`Row::read`]'s order: `seq`, the digested ones,
-/// and whether the row is intact (its digest matches).
+/// whether the row is intact (its digest matches), and the trace context.
 pub(crate) fn columns(s: &str) -> String {
-    format!("o.seq, {}, {}", prefixed("o"), intact(s, "o"))
+    format!("o.seq, {}, {}, o.trace_parent", prefixed("o"), intact(s, "o"))
 }
 
 /// The digested columns of alias `alias`, comma-separated.
@@ -144,11 +144,14 @@ pub(crate) struct Row {
     pub(crate) decision_reason: Option<String>,
     /// Whether the row matched its digest when read.
     pub(crate) intact: bool,
+    /// The trace context of the run that committed the intent: not digested, and `None` for
+    /// a stored value that does not decode (advisory: it can only misattribute a trace).
+    pub(crate) trace: Option<TraceParent>,
 }
 
 impl Row {
     /// Reads the [`columns`] starting at column `at` (the action hash and the due time, checked
-    /// and used by the statements, are not kept).
+    /// and used by the statements, are not kept; the trace context is read leniently).
     pub(crate) fn read(row: &tokio_postgres::Row, at: usize) -> Result<Row, tokio_postgres::Error> {
         Ok(Row {
             seq: row.try_get(at)?,
@@ -177,6 +180,12 @@ impl Row {
             decided_at: row.try_get(at + 25)?,
             decision_reason: row.try_get(at + 26)?,
             intact: row.try_get::<_, Option<bool>>(at + 27)?.unwrap_or(false),
+            // Never an error: a value of another type, or one that does not decode, is none.
+            trace: row
+                .try_get::<_, Option<&[u8]>>(at + 28)
+                .ok()
+                .flatten()
+                .and_then(TraceParent::from_bytes),
         })
     }
 
@@ -248,7 +257,8 @@ impl Row {
                 payload,
                 origin,
                 count(self.attempts),
-            ),
+            )
+            .with_trace_parent(self.trace),
             // An unknown code (only in a damaged row) shows as held.
             status: self.status().unwrap_or(DeliveryStatus::Held),
             attempts: count(self.attempts),

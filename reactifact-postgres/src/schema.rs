@@ -20,13 +20,19 @@
 //! NULL digests exactly as before (the 22-column function), so no row is rewritten by the
 //! migration; a row with a decision digests a row value of all 26 columns, whose text form
 //! (with four more fields) is never that of a row without one.
+//!
+//! Version 5 adds the trace context kept beside each intent: `trace_parent`, a nullable
+//! `bytea` (the 25 bytes of `TraceParent::to_bytes`), written at registration and never
+//! changed. It is not digested (advisory: changed, it can only misattribute a trace, never
+//! change what is delivered; a value that does not decode reads as none), so the migration
+//! adds a column and rewrites no row.
 
 use tokio_postgres::Client;
 
 use crate::connect::{store_error, OpenError};
 
 /// The schema version this build writes and reads.
-pub(crate) const SCHEMA_VERSION: i32 = 4;
+pub(crate) const SCHEMA_VERSION: i32 = 5;
 
 /// The first key of the advisory lock migrations take (the second is the schema's hash):
 /// `0x52_46_50_47`, "RFPG".
@@ -221,12 +227,20 @@ CREATE INDEX outbox_final ON {s}.outbox (updated_at, seq) WHERE status IN (2, 6,
 CREATE INDEX outbox_rejected ON {s}.outbox (updated_at, seq) WHERE status = 8;
 "#;
 
+/// Version 5: trace context. The W3C context of the produce run that committed an intent
+/// (`TraceParent::to_bytes`), kept beside it and outside the digest; NULL for the rows of
+/// earlier versions and for intents committed outside a produce run.
+const V5: &str = r#"
+ALTER TABLE {s}.outbox ADD COLUMN trace_parent bytea;
+"#;
+
 /// The migrations, in order: `MIGRATIONS[v - 1]` takes the schema from version `v - 1` to `v`.
 const MIGRATIONS: [(&str, &str); SCHEMA_VERSION as usize] = [
     ("the outbox", V1),
     ("sessions' logs", V2),
     ("the attempt history", V3),
     ("human approval", V4),
+    ("trace context", V5),
 ];
 
 /// `"schema"`: the schema's name as an identifier (a name [`valid_schema`] accepts needs no

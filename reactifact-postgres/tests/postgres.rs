@@ -40,9 +40,22 @@ fn chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+/// Takes a store of this build back to schema 4, as a build before trace context left it: no
+/// `trace_parent` column.
+async fn downgrade_to_4(client: &tokio_postgres::Client, schema: &str) {
+    client
+        .batch_execute(&format!(
+            "ALTER TABLE \"{schema}\".outbox DROP COLUMN trace_parent;
+             DELETE FROM \"{schema}\".schema_version WHERE version = 5"
+        ))
+        .await
+        .unwrap();
+}
+
 /// Takes a store of this build back to schema 3, as a build before approvals left it: no
 /// decision columns, no 26-column digest, the old final index.
 async fn downgrade_to_3(client: &tokio_postgres::Client, schema: &str) {
+    downgrade_to_4(client, schema).await;
     client
         .batch_execute(&format!(
             "ALTER TABLE \"{schema}\".outbox DROP COLUMN decision, DROP COLUMN decided_by, DROP COLUMN decided_at,
@@ -100,7 +113,7 @@ async fn a_schema_3_store_upgrades_to_approvals_keeping_every_digest() {
             refused,
             OpenError::OlderSchema {
                 found: 3,
-                supported: 4,
+                supported: 5,
                 ..
             }
         ),
@@ -280,7 +293,7 @@ async fn a_schema_2_store_upgrades_to_the_attempt_history_unless_told_not_to() {
             refused,
             OpenError::OlderSchema {
                 found: 2,
-                supported: 4,
+                supported: 5,
                 ..
             }
         ),
@@ -372,7 +385,7 @@ async fn concurrent_first_opens_migrate_once() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, [1, 2, 3, 4], "one migration row per version");
+    assert_eq!(versions, [1, 2, 3, 4, 5], "one migration row per version");
     // And the store works from every one of them.
     outboxes[3]
         .register_alone(&new_intents("a", 1, &[("k1", "x")]), at(0))
@@ -404,7 +417,7 @@ async fn a_newer_or_foreign_schema_is_refused() {
     match PostgresOutbox::open(PostgresOptions::new(&url).schema(&newer)).await {
         Err(
             e @ OpenError::NewerSchema {
-                found: 7, supported: 4, ..
+                found: 7, supported: 5, ..
             },
         ) => {
             let message = e.to_string();

@@ -179,6 +179,12 @@ fn show(env: &Env, key: &str) -> Outcome {
         fields.push(("decision", decision_line(decision)));
     }
     fields.push((
+        "traceparent",
+        d.intent()
+            .trace_parent()
+            .map_or_else(|| "-".to_owned(), ToString::to_string),
+    ));
+    fields.push((
         "origin",
         format!(
             "session {}, commit {} ({}), run {}",

@@ -625,11 +625,11 @@ fn open_read_only(path: &Path) -> Result<Connection, OpenError> {
         Connection::open_with_flags(immutable_uri(path), flags | OpenFlags::SQLITE_OPEN_URI)
     };
     let conn = opened.map_err(|e| open_error(path, e))?;
-    // A file of an older version, read as it is: its outbox seen with the decision columns
-    // of the current version (none), through a temporary view.
+    // A file of an older version, read as it is: its outbox seen with the columns of the
+    // current version it lacks (no decisions, no trace context), through a temporary view.
     let version: i64 = conn.query_row("PRAGMA user_version", [], |row| row.get(0)).unwrap_or(0);
-    if (schema::READS_FROM..5).contains(&version) && !schema::has_decisions(version) {
-        schema::view_older_outbox(&conn).map_err(|e| open_error(path, e))?;
+    if (schema::READS_FROM..SCHEMA_VERSION).contains(&version) {
+        schema::view_older_outbox(&conn, version).map_err(|e| open_error(path, e))?;
     }
     Ok(conn)
 }

@@ -259,8 +259,9 @@ impl SqliteOutbox {
 
 /// Registers the intents of a commit, in its transaction (decision: registration happens in
 /// the commit). A key neither held nor purged is inserted, pending and due at `now`, owned by
-/// the committing session; a key held (not final) by another session is attached to the
-/// committing one; a final or purged key is left alone.
+/// the committing session, with the intent's trace context beside it (`trace_parent`); a key
+/// held (not final) by another session is attached to the committing one, its trace context
+/// unchanged; a final or purged key is left alone.
 pub(super) fn register(tx: &Connection, intents: &[NewIntent], now: i64) -> rusqlite::Result<()> {
     for new in intents {
         let key = new.intent.key.as_str();
@@ -1280,6 +1281,7 @@ mod tests {
         conn.execute_batch(schema::V2_TABLES).unwrap();
         conn.execute_batch(schema::V4_CHANGES).unwrap();
         conn.execute_batch(schema::V5_CHANGES).unwrap();
+        conn.execute_batch(schema::V6_CHANGES).unwrap();
         let params = [Value::Integer(10), Value::Integer(1000)];
         for (filter, index) in [
             (PurgeFilter::Final, "outbox_final"),
@@ -1302,6 +1304,7 @@ mod tests {
         let conn = Connection::open_in_memory().unwrap();
         conn.execute_batch(schema::V2_TABLES).unwrap();
         conn.execute_batch(schema::V5_CHANGES).unwrap();
+        conn.execute_batch(schema::V6_CHANGES).unwrap();
         let (sql, params) = work_sql(&Scope::all(), 0, false);
         let leases = plan(&conn, &sql, &params);
         assert!(leases.iter().any(|s| s.contains("INDEX outbox_leases")), "{leases:#?}");

@@ -13,6 +13,14 @@
 //! keeps the digest it had, so the migration to schema 5 rewrites no row; a row with one can
 //! neither lose it nor have it changed without failing its check (the encoding of each value
 //! is self-delimiting, so a row with a decision never digests like one without).
+//!
+//! The trace context of schema 6 (`trace_parent`: the W3C context of the produce run that
+//! committed the intent, [`TraceParent::to_bytes`]) is written at registration, never
+//! changed, and is **not** digested: it is advisory. Changed, it can only misattribute a
+//! delivery to another trace — never change what is delivered, to whom, or whether — and a
+//! value that does not decode (a wrong length, an all-zero id, a value of another type) reads
+//! as no trace context: never an error, never a held row. Keeping it out of the digest
+//! also leaves every older row's digest as it was (the migration rewrites nothing).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -24,12 +32,17 @@ use crate::model::action::{ActionKey, Intent, Origin, PendingAction};
 use crate::model::artifact::Generation;
 use crate::model::delivery::{Decision, Delivery, DeliveryStatus, FenceToken, Lease, NewIntent, Verdict};
 use crate::model::hash::{self, CommitHash};
+use crate::model::trace::TraceParent;
 
 /// The columns of a row, in the order [`Row::read`] reads them.
 pub(super) const COLUMNS: &str = "seq, key, kind, session, origin_commit, origin_gen, origin_run, action_hash, bytes, \
      recorded_at, status, due_at, token, owner, lease_until, attempts, expired, interrupted, last_error, \
      cancel_reason, updated_at, delivered_at, next_attempt_at, digest, decision, decided_by, decided_at, \
-     decision_reason";
+     decision_reason, trace_parent";
+
+/// Where [`COLUMNS`] has `trace_parent` (after `seq`, the digested columns, `digest` and the
+/// four decision columns).
+const TRACE_AT: usize = FIELDS + 6;
 
 /// The digested columns: all but `seq` (first) and `digest` (last).
 const FIELDS: usize = 22;
@@ -110,6 +123,9 @@ pub(super) struct Row {
     pub(super) decided_by: Option<String>,
     pub(super) decided_at: Option<i64>,
     pub(super) decision_reason: Option<String>,
+    /// The trace context of the run that committed the intent (outside the digest; a stored
+    /// value that does not decode reads as `None`).
+    pub(super) trace: Option<TraceParent>,
 }
 
 /// A row as read: whole and intact, or failing its integrity check.
@@ -214,6 +230,7 @@ impl Row {
             decided_by: None,
             decided_at: None,
             decision_reason: None,
+            trace: intent.trace,
         }
     }
 
@@ -227,7 +244,9 @@ impl Row {
         ]
     }
 
-    /// The digested columns, in [`COLUMNS`] order.
+    /// The digested columns, in [`COLUMNS`] order. `trace_parent` is not one of them (see the
+    /// module's documentation): a damaged trace context can only misattribute a trace, and
+    /// reads as none.
     pub(super) fn fields(&self) -> [ValueRef<'_>; FIELDS] {
         [
             ValueRef::Text(self.key.as_bytes()),
@@ -264,20 +283,22 @@ impl Row {
     pub(super) fn insert(&self, conn: &rusqlite::Connection) -> rusqlite::Result<bool> {
         let digest = self.digest();
         let fields = self.fields();
+        let trace = self.trace.map(|t| t.to_bytes());
         let params = fields
             .iter()
             .copied()
             .chain([ValueRef::Blob(&digest)])
             .chain(self.decision_fields())
+            .chain([trace.as_ref().map_or(ValueRef::Null, |t| ValueRef::Blob(t))])
             .map(ToSqlOutput::Borrowed);
         let changed = conn
             .prepare_cached(
                 "INSERT INTO outbox (key, kind, session, origin_commit, origin_gen, origin_run, action_hash, bytes,
                      recorded_at, status, due_at, token, owner, lease_until, attempts, expired, interrupted,
                      last_error, cancel_reason, updated_at, delivered_at, next_attempt_at, digest,
-                     decision, decided_by, decided_at, decision_reason)
+                     decision, decided_by, decided_at, decision_reason, trace_parent)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
-                     ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27)
+                     ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28)
                  ON CONFLICT (key) DO NOTHING",
             )?
             .execute(rusqlite::params_from_iter(params))?;
@@ -328,7 +349,8 @@ impl Row {
         Ok(())
     }
 
-    /// Reads a row of [`COLUMNS`], checking its digest and its column types.
+    /// Reads a row of [`COLUMNS`], checking its digest and its column types (not the trace
+    /// context's: one that does not decode reads as none).
     pub(super) fn read(row: &rusqlite::Row<'_>) -> rusqlite::Result<Read> {
         let seq = match row.get_ref(0)? {
             ValueRef::Integer(seq) => seq,
@@ -359,7 +381,13 @@ impl Row {
             ));
         }
         match Row::typed(seq, &values, &decision) {
-            Some(row) => Ok(Read::Intact(row)),
+            Some(mut intact) => {
+                intact.trace = match row.get_ref(TRACE_AT)? {
+                    ValueRef::Blob(b) => TraceParent::from_bytes(b),
+                    _ => None,
+                };
+                Ok(Read::Intact(intact))
+            }
             None => Ok(damaged("a column of the row has the wrong type".into())),
         }
     }
@@ -415,6 +443,7 @@ impl Row {
             decided_by: decision_text(d[1])?,
             decided_at: decision_int(d[2])?,
             decision_reason: decision_text(d[3])?,
+            trace: None,
         })
     }
 
@@ -486,7 +515,7 @@ impl Row {
                     run: count(self.origin_run),
                 },
                 attempt: count(self.attempts),
-                trace: None,
+                trace: self.trace,
             },
             // An unknown code (only in a row that failed its check) shows as held.
             status: self.status().unwrap_or(DeliveryStatus::Held),

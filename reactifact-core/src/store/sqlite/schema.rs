@@ -28,6 +28,13 @@
 //!   `outbox_rejected` is a partial index of them for a purge of rejected ones. Files of
 //!   versions 2 to 4 read as version-5 files without decisions (a read-only connection sees
 //!   the four columns as NULL through a temporary view); a writable open migrates them.
+//! - Version 6: trace context. One nullable column of `outbox`, `trace_parent`: the W3C trace
+//!   context (`TraceParent::to_bytes`, 25 bytes) of the produce run that committed the
+//!   intent, written at registration and never changed. It is kept beside the intent, outside
+//!   the hashed record and outside the row digest (advisory: a value that does not decode
+//!   reads as none). Files of versions 2 to 5 read as version-6 files without trace context
+//!   (a read-only connection sees the column as NULL through the temporary view); a writable
+//!   open migrates them, adding the column (NULL in every row, whose digest does not change).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -44,10 +51,11 @@ use crate::store::codec;
 use crate::store::{OpenError, Synchronous};
 
 /// The schema version this build writes.
-pub(crate) const SCHEMA_VERSION: i64 = 5;
+pub(crate) const SCHEMA_VERSION: i64 = 6;
 
 /// The oldest schema version this build reads without migrating it, in a read-only open:
-/// version 3 only adds the checkpoints table, version 4 the attempt history.
+/// version 3 only adds the checkpoints table, version 4 the attempt history, version 5 the
+/// decision columns and version 6 the trace context.
 pub(crate) const READS_FROM: i64 = 2;
 
 /// The first schema.
@@ -176,25 +184,49 @@ pub(super) const V5_CHANGES: &str = "
     CREATE INDEX outbox_rejected ON outbox (updated_at, seq) WHERE status = 8;
 ";
 
+/// The column of version 6: the trace context kept beside each intent (outside the digest).
+pub(super) const V6_CHANGES: &str = "
+    ALTER TABLE outbox ADD COLUMN trace_parent BLOB;
+";
+
 /// Whether a file of this version keeps decisions (an older one is read through a view that
 /// shows none).
 pub(super) fn has_decisions(version: i64) -> bool {
     version >= 5
 }
 
-/// On a read-only connection to a file of versions 2 to 4: a temporary view named `outbox`
-/// (temporary objects come first in name resolution) that adds the decision columns of
-/// version 5, all NULL, so that every read of this build works on the file as it is. Nothing
-/// is written to the file.
-pub(super) fn view_older_outbox(conn: &Connection) -> rusqlite::Result<()> {
-    conn.execute_batch(
-        "CREATE TEMP VIEW IF NOT EXISTS outbox AS
-             SELECT *, NULL AS decision, NULL AS decided_by, NULL AS decided_at, NULL AS decision_reason
-             FROM main.outbox",
-    )
+/// Whether a file of this version keeps trace context (an older one is read through a view
+/// that shows none).
+pub(super) fn has_trace_context(version: i64) -> bool {
+    version >= 6
 }
 
-/// The tables of each version, by which a file of that version is recognised as ours.
+/// On a read-only connection to a file of versions 2 to 5: a temporary view named `outbox`
+/// (temporary objects come first in name resolution) that adds the columns the file lacks,
+/// all NULL — the decision columns of version 5 (for versions 2 to 4) and the trace context
+/// of version 6 — so that every read of this build works on the file as it is. Nothing is
+/// written to the file; a file of the current version gets no view.
+pub(super) fn view_older_outbox(conn: &Connection, version: i64) -> rusqlite::Result<()> {
+    let decisions = if has_decisions(version) {
+        ""
+    } else {
+        ", NULL AS decision, NULL AS decided_by, NULL AS decided_at, NULL AS decision_reason"
+    };
+    let trace = if has_trace_context(version) {
+        ""
+    } else {
+        ", NULL AS trace_parent"
+    };
+    if decisions.is_empty() && trace.is_empty() {
+        return Ok(());
+    }
+    conn.execute_batch(&format!(
+        "CREATE TEMP VIEW IF NOT EXISTS outbox AS SELECT *{decisions}{trace} FROM main.outbox"
+    ))
+}
+
+/// The tables of each version, by which a file of that version is recognised as ours
+/// (versions 5 and 6 add only columns and indexes: their tables are those of version 4).
 fn tables_of(version: i64) -> &'static [&'static str] {
     match version {
         1 => &["sessions", "commits", "deliveries"],
@@ -337,8 +369,8 @@ pub(super) fn migrate(conn: &mut Connection, from: i64) -> Result<i64, LoadError
             tx.execute_batch(V3_TABLES)?;
             tx.execute_batch(V4_CHANGES)?;
         }
-        // (Version 1 → 2 creates the outbox with the decision columns of version 5, which
-        // its rows are written with.)
+        // (Version 1 → 2 creates the outbox with the decision columns of version 5 and the
+        // trace context of version 6, which its rows are written with.)
         1 => {
             migrate_1_to_2(&tx)?;
             tx.execute_batch(V3_TABLES)?;
@@ -350,16 +382,24 @@ pub(super) fn migrate(conn: &mut Connection, from: i64) -> Result<i64, LoadError
             tx.execute_batch(V3_TABLES)?;
             tx.execute_batch(V4_CHANGES)?;
             tx.execute_batch(V5_CHANGES)?;
+            tx.execute_batch(V6_CHANGES)?;
         }
         // Version 3 → 4: the attempt history, empty (attempts that ended before it are not in
         // it), and the last-claim columns, NULL until the next claim.
         3 => {
             tx.execute_batch(V4_CHANGES)?;
             tx.execute_batch(V5_CHANGES)?;
+            tx.execute_batch(V6_CHANGES)?;
         }
         // Version 4 → 5: the decision columns, NULL in every row (whose digest does not
         // change), and the indexes of rejected rows.
-        4 => tx.execute_batch(V5_CHANGES)?,
+        4 => {
+            tx.execute_batch(V5_CHANGES)?;
+            tx.execute_batch(V6_CHANGES)?;
+        }
+        // Version 5 → 6: the trace context, NULL in every row (it is outside the digest: no
+        // row is rewritten). Intents registered before it read without one.
+        5 => tx.execute_batch(V6_CHANGES)?,
         _ => return Ok(current),
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
@@ -415,6 +455,7 @@ struct DeliveryRow<'a> {
 fn migrate_1_to_2(tx: &Transaction<'_>) -> Result<(), LoadError> {
     tx.execute_batch(V2_TABLES)?;
     tx.execute_batch(V5_CHANGES)?;
+    tx.execute_batch(V6_CHANGES)?;
     let now = row::ms(std::time::SystemTime::now());
     let mut rows: Vec<Row> = Vec::new();
     let mut index: HashMap<String, usize> = HashMap::new();
@@ -491,6 +532,8 @@ fn migrate_1_to_2(tx: &Transaction<'_>) -> Result<(), LoadError> {
                         decided_by: None,
                         decided_at: None,
                         decision_reason: None,
+                        // Version 1 kept no trace context.
+                        trace: None,
                     });
                 }
             }
