@@ -60,5 +60,6 @@ pub mod order_flow {
 }
 
 pub mod logs;
+pub mod prometheus;
 pub mod support;
 pub mod walkthrough;

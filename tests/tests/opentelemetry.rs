@@ -7,11 +7,13 @@
 
 use std::sync::{Arc, Mutex};
 
-use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, TracerProvider as _};
+use opentelemetry::trace::{
+    SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, TracerProvider as _,
+};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
 use reactifact_core::{
-    set_trace_propagation, Agent, Artifact, Context, DispatchError, Intent, PendingAction, Produce, ProduceCall, Runtime,
-    TraceParent, TracePropagation,
+    set_trace_propagation, Agent, Artifact, Context, DispatchError, Intent, PendingAction, Produce, ProduceCall,
+    Runtime, TraceParent, TracePropagation,
 };
 use serde::{Deserialize, Serialize};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -27,7 +29,11 @@ impl TracePropagation for Otel {
         if !sc.is_valid() {
             return None;
         }
-        TraceParent::new(sc.trace_id().to_bytes(), sc.span_id().to_bytes(), sc.trace_flags().to_u8())
+        TraceParent::new(
+            sc.trace_id().to_bytes(),
+            sc.span_id().to_bytes(),
+            sc.trace_flags().to_u8(),
+        )
     }
 
     fn continue_from(&self, span: &tracing::Span, parent: &TraceParent) {
@@ -54,7 +60,9 @@ impl Artifact for Order {
 #[test]
 fn the_core_spans_join_one_opentelemetry_trace() {
     let exporter = InMemorySpanExporter::default();
-    let provider = SdkTracerProvider::builder().with_simple_exporter(exporter.clone()).build();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .build();
     let subscriber =
         tracing_subscriber::registry().with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
     tracing::subscriber::set_global_default(subscriber).unwrap();
@@ -71,7 +79,11 @@ fn the_core_spans_join_one_opentelemetry_trace() {
             let mut ctx = Context::new("shop");
             ctx.create("order:1", Order { customer: "ada".into() }).unwrap();
             let notify = Produce::new("notify", |call: ProduceCall<Order>| async move {
-                call.effects.act("notify", format!("notify:{}", call.trigger.id), &call.trigger.data.customer);
+                call.effects.act(
+                    "notify",
+                    format!("notify:{}", call.trigger.id),
+                    &call.trigger.data.customer,
+                );
             })
             .creates::<PendingAction>();
             let mut rt = Runtime::builder(ctx)
@@ -84,15 +96,20 @@ fn the_core_spans_join_one_opentelemetry_trace() {
                 .unwrap();
             assert_eq!(rt.run().await.unwrap().deliveries.delivered, 1);
             let entry = rt.context().ledger().get("notify:order:1").await.unwrap().unwrap();
-            *entry.intent().trace_parent().expect("the ledger keeps the run's context")
+            *entry
+                .intent()
+                .trace_parent()
+                .expect("the ledger keeps the run's context")
         });
     provider.force_flush().unwrap();
     let spans = exporter.get_finished_spans().unwrap();
     let span = |name: &str| {
-        spans
-            .iter()
-            .find(|s| s.name == name)
-            .unwrap_or_else(|| panic!("no {name} span among {:?}", spans.iter().map(|s| &s.name).collect::<Vec<_>>()))
+        spans.iter().find(|s| s.name == name).unwrap_or_else(|| {
+            panic!(
+                "no {name} span among {:?}",
+                spans.iter().map(|s| &s.name).collect::<Vec<_>>()
+            )
+        })
     };
     let (produce, delivery) = (span("produce"), span("delivery"));
     // The ledger kept the produce span's OpenTelemetry context.

@@ -134,23 +134,31 @@ fn nonzero_id<const N: usize>() -> [u8; N] {
 }
 
 fn hex(bytes: &[u8]) -> String {
-    use fmt::Write as _;
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(out, "{b:02x}");
+    Hex(bytes).to_string()
+}
+
+/// Bytes shown as lowercase hex, formatted where they are written.
+struct Hex<'a>(&'a [u8]);
+
+impl fmt::Display for Hex<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut buf = [0u8; 32];
+        for chunk in self.0.chunks(16) {
+            for (pair, b) in buf.chunks_exact_mut(2).zip(chunk) {
+                pair[0] = DIGITS[usize::from(b >> 4)];
+                pair[1] = DIGITS[usize::from(b & 0xf)];
+            }
+            f.write_str(std::str::from_utf8(&buf[..chunk.len() * 2]).expect("hex digits are ASCII"))?;
+        }
+        Ok(())
     }
-    out
 }
 
 impl fmt::Display for TraceParent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "00-{}-{}-{:02x}",
-            hex(&self.trace_id),
-            hex(&self.parent_id),
-            self.flags
-        )
+        let (trace, parent, flags) = (Hex(&self.trace_id), Hex(&self.parent_id), Hex(&[self.flags]));
+        write!(f, "00-{trace}-{parent}-{flags}")
     }
 }
 
@@ -289,16 +297,18 @@ pub(crate) fn delivery_context(span: &tracing::Span, stored: Option<&TraceParent
         .and_then(|p| p.context_of(span))
         .unwrap_or_else(|| stored.map_or_else(TraceParent::mint, TraceParent::mint_child));
     record(span, &context);
-    if let Some(stored) = stored {
-        span.record("parent_span_id", tracing::field::display(stored.parent_id_hex()));
+    if let Some(stored) = stored.filter(|_| !span.is_disabled()) {
+        span.record("parent_span_id", tracing::field::display(Hex(&stored.parent_id)));
     }
     context
 }
 
+/// Records `context` on the span's `trace_id` and `span_id` fields, if the span is enabled
+/// (formatted only then: a disabled span costs no formatting).
 fn record(span: &tracing::Span, context: &TraceParent) {
     if !span.is_disabled() {
-        span.record("trace_id", tracing::field::display(context.trace_id_hex()));
-        span.record("span_id", tracing::field::display(context.parent_id_hex()));
+        span.record("trace_id", tracing::field::display(Hex(&context.trace_id)));
+        span.record("span_id", tracing::field::display(Hex(&context.parent_id)));
     }
 }
 

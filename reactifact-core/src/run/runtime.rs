@@ -734,7 +734,7 @@ impl Runtime {
         self.metrics.clear();
         let span =
             tracing::info_span!("turn", turn, session = %self.context.session(), trace_id = tracing::field::Empty);
-        if !crate::model::trace::propagating() {
+        if !crate::model::trace::propagating() && !span.is_disabled() {
             // The runs' trace, unless a tracing backend gives them its own.
             span.record("trace_id", tracing::field::display(self.trace.trace_id_hex()));
         }

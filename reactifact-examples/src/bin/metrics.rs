@@ -20,7 +20,7 @@
 //! While it serves, it runs the walkthrough (`reactifact_examples::walkthrough`) in memory and
 //! on SQLite in a new temporary directory, one round a second, and prints one line per round;
 //! `--rounds N` stops after N rounds and serves on until interrupted. The histograms (every
-//! metric whose name ends in `_seconds`) have the buckets of [`BUCKETS`]. The program's own
+//! metric whose name ends in `_seconds`) have the buckets of `reactifact_examples::prometheus::BUCKETS`. The program's own
 //! counter `reactifact_example_rounds_total{outcome="passed"|"failed"}` counts the rounds.
 //!
 //! `--once` runs one round, prints the rendered metrics to stdout (the walkthrough's lines go
@@ -33,9 +33,9 @@ use std::net::Ipv4Addr;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
-use reactifact_examples::logs;
+use metrics_exporter_prometheus::PrometheusHandle;
 use reactifact_examples::walkthrough::{walk_narrated, Narration, Store};
+use reactifact_examples::{logs, prometheus};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -44,12 +44,6 @@ const DEFAULT_PORT: u16 = 9464;
 
 /// The content type of the Prometheus text exposition format.
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4";
-
-/// The bucket bounds, in seconds, of every histogram whose name ends in `_seconds`: from half
-/// a millisecond (a commit in memory) to ten seconds (a delivery that waited out retries).
-const BUCKETS: &[f64] = &[
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
 
 /// The most a request's head (its request line and headers) may take.
 const MAX_HEAD: usize = 8 * 1024;
@@ -116,13 +110,6 @@ fn args() -> Result<Args, String> {
     Ok(parsed)
 }
 
-/// Installs the Prometheus recorder as the process's `metrics` recorder.
-fn recorder() -> Result<PrometheusHandle, BuildError> {
-    PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), BUCKETS)?
-        .install_recorder()
-}
-
 /// One round of the workload: the walkthrough in memory, then on SQLite in a new temporary
 /// directory (removed after the round); whether every case held.
 async fn round(narration: Narration) -> bool {
@@ -152,7 +139,7 @@ async fn main() -> ExitCode {
         eprintln!("metrics: {e}");
         return ExitCode::from(2);
     }
-    let handle = match recorder() {
+    let handle = match prometheus::install() {
         Ok(handle) => handle,
         Err(e) => {
             eprintln!("metrics: {e}");

@@ -516,7 +516,7 @@ fn main() -> ExitCode {
     };
     let recorder = match options.metrics {
         false => None,
-        true => match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
+        true => match reactifact_examples::prometheus::install() {
             Ok(handle) => Some(handle),
             Err(e) => {
                 eprintln!("outbox-bench: cannot install the metrics recorder: {e}");
@@ -566,13 +566,19 @@ fn main() -> ExitCode {
         );
     }
     if let Some(handle) = recorder {
-        // What the runtime recorded, so that a run with metrics shows they were recorded.
+        // What the runtime recorded, so that a run with metrics shows they were recorded; and
+        // what rendering costs (the exporter buckets the buffered samples then).
+        let started = Instant::now();
         let page = handle.render();
+        let render_seconds = started.elapsed().as_secs_f64();
         let deliveries = page
             .lines()
             .find(|l| l.starts_with("reactifact_deliveries_total{") && l.contains("outcome=\"delivered\""))
             .unwrap_or("none");
-        eprintln!("outbox-bench: metrics recorded, {} lines; {deliveries}", page.lines().count());
+        eprintln!(
+            "outbox-bench: metrics recorded, {} lines, rendered in {render_seconds:.6} s; {deliveries}",
+            page.lines().count()
+        );
     }
     ExitCode::SUCCESS
 }
