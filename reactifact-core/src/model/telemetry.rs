@@ -168,7 +168,7 @@ pub(crate) fn record_conflict() {
 
 /// How a recorded delivery outcome is counted.
 #[derive(Clone, Copy)]
-pub(crate) enum Delivered {
+pub(crate) enum Counted {
     Delivered,
     Failed,
     Dead,
@@ -226,7 +226,7 @@ impl DeliveryMetrics {
     }
 
     /// An outcome of `kind` recorded; for a delivery, `latency` since its commit.
-    pub(crate) fn outcome(&mut self, kind: &Arc<str>, outcome: Delivered, latency: Option<Duration>) {
+    pub(crate) fn outcome(&mut self, kind: &Arc<str>, outcome: Counted, latency: Option<Duration>) {
         let handles = self.of(kind);
         handles.outcomes[outcome as usize].increment(1);
         if let Some(latency) = latency {

@@ -274,12 +274,25 @@ pub(crate) fn propagating() -> bool {
     PROPAGATION.get().is_some()
 }
 
+/// The installed propagation's context of `span`; `None` if there is none, or if the adapter
+/// panicked (a tracing adapter never takes a turn down with it).
+fn context_of(p: &dyn TracePropagation, span: &tracing::Span) -> Option<TraceParent> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.context_of(span))).unwrap_or(None)
+}
+
 /// The context of a produce run's `span` in the trace `turn`: the installed propagation's, or
 /// a new span id of `turn`. Records it on the span's `trace_id` and `span_id` fields.
+///
+/// With a propagation installed but the run's span filtered out (the `produce` span is a
+/// debug span), the run still joins the backend's trace: a new span id in the trace of the
+/// innermost span the filter kept (the `turn`, usually), so that the stored context names a
+/// trace the backend has.
 pub(crate) fn run_context(span: &tracing::Span, turn: &TraceParent) -> TraceParent {
     let context = PROPAGATION
         .get()
-        .and_then(|p| p.context_of(span))
+        .and_then(|p| {
+            context_of(&**p, span).or_else(|| context_of(&**p, &tracing::Span::current()).map(|c| c.mint_child()))
+        })
         .unwrap_or_else(|| turn.mint_child());
     record(span, &context);
     context
@@ -291,10 +304,11 @@ pub(crate) fn run_context(span: &tracing::Span, turn: &TraceParent) -> TracePare
 pub(crate) fn delivery_context(span: &tracing::Span, stored: Option<&TraceParent>) -> TraceParent {
     let propagation = PROPAGATION.get();
     if let (Some(p), Some(stored)) = (propagation, stored) {
-        p.continue_from(span, stored);
+        // A panicking adapter leaves the span as it was; the ids are minted below.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.continue_from(span, stored)));
     }
     let context = propagation
-        .and_then(|p| p.context_of(span))
+        .and_then(|p| context_of(&**p, span))
         .unwrap_or_else(|| stored.map_or_else(TraceParent::mint, TraceParent::mint_child));
     record(span, &context);
     if let Some(stored) = stored.filter(|_| !span.is_disabled()) {

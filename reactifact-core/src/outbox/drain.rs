@@ -18,7 +18,7 @@ use tracing::Instrument;
 
 use crate::model::action::{ActionKey, Intent};
 use crate::model::delivery::{ceil_millis, later, Delivery, DeliveryStatus, FenceToken};
-use crate::model::telemetry::{Delivered, DeliveryMetrics};
+use crate::model::telemetry::{Counted, DeliveryMetrics};
 use crate::outbox::dispatcher::{DispatchError, Dispatcher, ErasedDispatcher};
 use crate::run::runtime::{StopHandle, TurnOutcome};
 use crate::store::outbox::{
@@ -994,10 +994,10 @@ impl<'a> Drain<'a> {
                     .now()
                     .duration_since(slot.claim.recorded_at())
                     .unwrap_or_default();
-                metrics.outcome(kind, Delivered::Delivered, Some(latency));
+                metrics.outcome(kind, Counted::Delivered, Some(latency));
             }
             Outcome::Held { .. } => {
-                metrics.outcome(kind, Delivered::Held, None);
+                metrics.outcome(kind, Counted::Held, None);
                 tracing::warn!(action_key = %intent.key, kind = %intent.kind, "no route for the intent's kind; held");
                 report.held.push(intent.key.clone());
             }
@@ -1005,14 +1005,14 @@ impl<'a> Drain<'a> {
                 let failure = DeliveryFailure::of(intent, error, next);
                 tracing::warn!(action_key = %failure.key, kind = %failure.kind, attempt = failure.attempt, status = %failure.status, error = %failure.error, "delivery failed");
                 if failure.status == DeliveryStatus::Dead {
-                    metrics.outcome(kind, Delivered::Dead, None);
+                    metrics.outcome(kind, Counted::Dead, None);
                     report.dead.push(failure);
                 } else {
-                    metrics.outcome(kind, Delivered::Failed, None);
+                    metrics.outcome(kind, Counted::Failed, None);
                     report.failed.push(failure);
                 }
             }
-            Outcome::Interrupted { .. } => metrics.outcome(kind, Delivered::Interrupted, None),
+            Outcome::Interrupted { .. } => metrics.outcome(kind, Counted::Interrupted, None),
             Outcome::Released => {}
         }
     }

@@ -74,7 +74,7 @@ impl Drainer {
             config: DeliveryConfig::default(),
             lease: crate::model::delivery::DEFAULT_LEASE,
             poll: Duration::from_millis(250),
-            metrics_every: Duration::from_secs(15),
+            metrics_every: Duration::ZERO,
         }
     }
 
@@ -100,8 +100,8 @@ impl Drainer {
     /// Delivers until `stop` (or [`stop_handle`](Drainer::stop_handle)) is asked to stop, then
     /// lets running deliveries finish within the grace period and returns. Intents committed by
     /// other processes are noticed within the poll interval; retries and expired leases when
-    /// they fall due. Meanwhile it sets the outbox gauges of the metrics recorder every
-    /// [`metrics_interval`](DrainerBuilder::metrics_interval), from a count of its scope
+    /// they fall due. With a [`metrics_interval`](DrainerBuilder::metrics_interval), it also
+    /// sets the outbox gauges of the metrics recorder that often, from a count of its scope
     /// ([`Ledger::record_metrics`](crate::Ledger::record_metrics)).
     ///
     /// # Errors
@@ -258,7 +258,11 @@ impl DrainerBuilder {
     }
 
     /// How often [`serve`](Drainer::serve) sets the outbox gauges from a count of its scope
-    /// (default 15 s; `Duration::ZERO`: never). Each count is two queries of the store.
+    /// (default `Duration::ZERO`: never). Each count is two queries of the store, and the
+    /// count of statuses reads the whole outbox table (delivered rows included, until purged):
+    /// on SQLite it runs on the store's one outbox thread, between claims and outcome writes,
+    /// so keep it to one drainer per store (the gauges have no scope label) and to an interval
+    /// of tens of seconds on a large outbox.
     pub fn metrics_interval(mut self, every: Duration) -> Self {
         self.metrics_every = every;
         self

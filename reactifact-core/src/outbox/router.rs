@@ -7,6 +7,7 @@ use serde::de::DeserializeOwned;
 
 use crate::model::action::{ActionKey, Intent, Origin};
 use crate::model::artifact::Generation;
+use crate::model::trace::TraceParent;
 use crate::outbox::dispatcher::{DispatchError, DispatchFuture, Dispatcher};
 
 /// What a [`Router`] handler receives: the intent with its payload decoded.
@@ -26,6 +27,9 @@ pub struct ActionCall<P> {
     pub generation: Generation,
     /// The decoded payload.
     pub payload: P,
+    /// The delivery attempt's W3C trace context, to send downstream
+    /// ([`Intent::trace_parent`]).
+    pub trace_parent: Option<TraceParent>,
 }
 
 type Route = dyn Fn(Intent) -> DispatchFuture<'static> + Send + Sync;
@@ -79,6 +83,7 @@ impl Router {
                     origin: intent.origin().clone(),
                     generation: intent.generation(),
                     payload,
+                    trace_parent: intent.trace_parent().copied(),
                 })),
                 Err(e) => {
                     let error = DispatchError::permanent(format!(

@@ -167,10 +167,11 @@ impl Ledger {
     /// Counts the intents in scope and sets the outbox gauges of the installed metrics recorder
     /// from the counts: [`metric::OUTBOX_INTENTS`](crate::metric::OUTBOX_INTENTS) by status and
     /// [`metric::OUTBOX_OLDEST_PENDING_AGE`](crate::metric::OUTBOX_OLDEST_PENDING_AGE) (two
-    /// queries of the store). A serving [`Drainer`](crate::Drainer) calls it every
-    /// [`metrics_interval`](crate::DrainerBuilder::metrics_interval); a program without one
-    /// calls it as often as it wants fresh gauges. The gauges have no scope label: record one
-    /// scope per process (the whole store, usually).
+    /// queries of the store; the count of statuses reads the whole outbox). A serving
+    /// [`Drainer`](crate::Drainer) given a
+    /// [`metrics_interval`](crate::DrainerBuilder::metrics_interval) calls it that often; any
+    /// program may call it as often as it wants fresh gauges. The gauges have no scope label:
+    /// record one scope, from one process per store (the whole store, usually).
     ///
     /// # Errors
     /// [`StoreError`] if the store cannot be read; the gauges keep their last values.
