@@ -4,58 +4,16 @@
 //! that no exported span has. One test per binary: the subscriber and the propagation are
 //! process-wide. (Adopted from the issue-19 review.)
 
+mod otel;
+
 use std::sync::{Arc, Mutex};
 
-use opentelemetry::trace::{
-    SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, TracerProvider as _,
-};
+use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
-use reactifact_core::{
-    set_trace_propagation, Agent, Artifact, Context, DispatchError, Intent, PendingAction, Produce, ProduceCall,
-    Runtime, TraceParent, TracePropagation,
-};
-use serde::{Deserialize, Serialize};
-use tracing_opentelemetry::OpenTelemetrySpanExt;
+use otel::{deliver_one_order, Otel};
+use reactifact_core::{set_trace_propagation, TraceParent};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::Layer as _;
-
-/// The adapter of `docs/observability.md`.
-struct Otel;
-
-impl TracePropagation for Otel {
-    fn context_of(&self, span: &tracing::Span) -> Option<TraceParent> {
-        let cx = span.context();
-        let sc = cx.span().span_context().clone();
-        if !sc.is_valid() {
-            return None;
-        }
-        TraceParent::new(
-            sc.trace_id().to_bytes(),
-            sc.span_id().to_bytes(),
-            sc.trace_flags().to_u8(),
-        )
-    }
-
-    fn continue_from(&self, span: &tracing::Span, parent: &TraceParent) {
-        let remote = SpanContext::new(
-            TraceId::from_bytes(parent.trace_id()),
-            SpanId::from_bytes(parent.parent_id()),
-            TraceFlags::new(parent.flags()),
-            true,
-            TraceState::default(),
-        );
-        let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(remote));
-    }
-}
-
-#[derive(Serialize, Deserialize, Debug, Clone)]
-struct Order {
-    customer: String,
-}
-
-impl Artifact for Order {
-    const KIND: &'static str = "order";
-}
 
 #[test]
 fn with_debug_spans_filtered_out_the_intent_stays_in_the_turn_s_trace() {
@@ -73,37 +31,7 @@ fn with_debug_spans_filtered_out_the_intent_stays_in_the_turn_s_trace() {
     assert!(set_trace_propagation(Otel).is_err(), "installed once");
 
     let handed: Arc<Mutex<Vec<TraceParent>>> = Arc::default();
-    let seen = handed.clone();
-    let stored = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(async move {
-            let mut ctx = Context::new("shop");
-            ctx.create("order:1", Order { customer: "ada".into() }).unwrap();
-            let notify = Produce::new("notify", |call: ProduceCall<Order>| async move {
-                call.effects.act(
-                    "notify",
-                    format!("notify:{}", call.trigger.id),
-                    &call.trigger.data.customer,
-                );
-            })
-            .creates::<PendingAction>();
-            let mut rt = Runtime::builder(ctx)
-                .agent(Agent::new("mailer").produce(notify))
-                .dispatcher(move |intent: Intent| {
-                    seen.lock().unwrap().extend(intent.trace_parent().copied());
-                    async { Ok::<(), DispatchError>(()) }
-                })
-                .build()
-                .unwrap();
-            assert_eq!(rt.run().await.unwrap().deliveries.delivered, 1);
-            let entry = rt.context().ledger().get("notify:order:1").await.unwrap().unwrap();
-            *entry
-                .intent()
-                .trace_parent()
-                .expect("the ledger keeps the run's context")
-        });
+    let stored = deliver_one_order(handed.clone());
     provider.force_flush().unwrap();
     let spans = exporter.get_finished_spans().unwrap();
     let span = |name: &str| {

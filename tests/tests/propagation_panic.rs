@@ -2,61 +2,35 @@
 //! instead, and the intent is delivered. One test per binary: the propagation is process-wide.
 //! (Adopted from the issue-19 review: the panic unwound through the drain and the turn.)
 
-use reactifact_core::{
-    set_trace_propagation, Agent, Artifact, Context, DispatchError, Intent, PendingAction, Produce, ProduceCall,
-    Runtime, TraceParent, TracePropagation,
-};
-use serde::{Deserialize, Serialize};
+mod otel;
+
+use std::sync::{Arc, Mutex};
+
+use otel::deliver_one_order;
+use reactifact_core::{set_trace_propagation, TraceParent, TracePropagation};
 
 struct Panicky;
 
 impl TracePropagation for Panicky {
+    fn context_of(&self, _span: &tracing::Span) -> Option<TraceParent> {
+        panic!("the tracing backend's adapter panicked");
+    }
+
     fn continue_from(&self, _span: &tracing::Span, _parent: &TraceParent) {
         panic!("the tracing backend's adapter panicked");
     }
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone)]
-struct Order {
-    customer: String,
-}
-
-impl Artifact for Order {
-    const KIND: &'static str = "order";
-}
-
 #[test]
-fn a_panicking_propagation_fails_the_attempt_not_the_turn() {
+fn a_panicking_propagation_fails_neither_the_turn_nor_the_delivery() {
     assert!(set_trace_propagation(Panicky).is_ok());
-    let turn = std::panic::catch_unwind(|| {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(async {
-                let mut ctx = Context::new("shop");
-                ctx.create("order:1", Order { customer: "ada".into() }).unwrap();
-                let notify = Produce::new("notify", |call: ProduceCall<Order>| async move {
-                    call.effects.act(
-                        "notify",
-                        format!("notify:{}", call.trigger.id),
-                        &call.trigger.data.customer,
-                    );
-                })
-                .creates::<PendingAction>();
-                let mut rt = Runtime::builder(ctx)
-                    .agent(Agent::new("mailer").produce(notify))
-                    .dispatcher(|_: Intent| async { Ok::<(), DispatchError>(()) })
-                    .build()
-                    .unwrap();
-                rt.run()
-                    .await
-                    .map(|r| r.deliveries.delivered)
-                    .map_err(|e| e.to_string())
-            })
-    });
-    assert!(
-        turn.is_ok(),
-        "the turn panicked: a propagation adapter's panic is not caught as a dispatcher's is"
-    );
+    let handed: Arc<Mutex<Vec<TraceParent>>> = Arc::default();
+    let seen = handed.clone();
+    let stored = std::panic::catch_unwind(move || deliver_one_order(seen))
+        .expect("the turn panicked: a propagation adapter's panic is not caught");
+    // The ids were minted: the delivery continues the stored trace.
+    let handed = handed.lock().unwrap();
+    assert_eq!(handed.len(), 1);
+    assert_eq!(handed[0].trace_id(), stored.trace_id());
+    assert_ne!(handed[0].parent_id(), stored.parent_id());
 }
