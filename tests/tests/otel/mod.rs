@@ -6,13 +6,19 @@
 
 use std::sync::{Arc, Mutex};
 
-use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
+use opentelemetry::trace::{
+    SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, TracerProvider as _,
+};
+use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use reactifact_core::{
-    Agent, Artifact, Context, DispatchError, Intent, PendingAction, Produce, ProduceCall, Runtime, TraceParent,
-    TracePropagation,
+    set_trace_propagation, Agent, Artifact, Context, DispatchError, Intent, PendingAction, Produce, ProduceCall,
+    Runtime, TraceParent, TracePropagation,
 };
 use serde::{Deserialize, Serialize};
+use tracing::level_filters::LevelFilter;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::Layer as _;
 
 /// The adapter of `docs/observability.md`.
 pub struct Otel;
@@ -86,4 +92,48 @@ pub fn deliver_one_order(handed: Arc<Mutex<Vec<TraceParent>>>) -> TraceParent {
                 .trace_parent()
                 .expect("the ledger keeps the run's context")
         })
+}
+
+/// What [`traced_order`] saw: the run's context as the ledger kept it, the contexts the
+/// dispatcher was handed, and every span the OpenTelemetry layer exported.
+pub struct Traced {
+    pub stored: TraceParent,
+    pub handed: Vec<TraceParent>,
+    pub spans: Vec<SpanData>,
+}
+
+impl Traced {
+    /// The exported span named `name`.
+    pub fn span(&self, name: &str) -> &SpanData {
+        self.spans.iter().find(|s| s.name == name).unwrap_or_else(|| {
+            panic!(
+                "no {name} span among {:?}",
+                self.spans.iter().map(|s| &s.name).collect::<Vec<_>>()
+            )
+        })
+    }
+}
+
+/// Installs tracing-opentelemetry (an in-memory exporter, the layer filtered at `level`) as the
+/// process's subscriber and [`Otel`] as its propagation, then [`deliver_one_order`]s.
+pub fn traced_order(level: LevelFilter) -> Traced {
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .build();
+    let layer = tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer("test"))
+        .with_filter(level);
+    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer)).unwrap();
+    assert!(set_trace_propagation(Otel).is_ok());
+    assert!(set_trace_propagation(Otel).is_err(), "installed once");
+    let handed: Arc<Mutex<Vec<TraceParent>>> = Arc::default();
+    let stored = deliver_one_order(handed.clone());
+    provider.force_flush().unwrap();
+    let handed = handed.lock().unwrap().clone();
+    Traced {
+        stored,
+        handed,
+        spans: exporter.get_finished_spans().unwrap(),
+    }
 }
