@@ -25,7 +25,8 @@ pub mod metric {
     /// or whose generation did not commit, is not counted).
     pub const RUNS_COMMITTED: &str = "reactifact_runs_committed_total";
     /// Histogram (seconds), labels `agent`, `produce`: how long each produce run took, from its
-    /// start to its end, whatever came of it (on the runtime's clock: tokio's, paused in tests).
+    /// start to its end, whether it succeeded or failed (on the runtime's clock: tokio's, paused
+    /// in tests); the runs of a generation cut off by a stop or a deadline are not recorded.
     pub const RUN_DURATION: &str = "reactifact_run_duration_seconds";
     /// Histogram (seconds): how long each commit of a context took, its store write included.
     pub const COMMIT_DURATION: &str = "reactifact_commit_duration_seconds";
