@@ -10,25 +10,15 @@ use std::time::{Duration, SystemTime};
 
 use common::*;
 use reactifact_core::{
-    Agent, AttemptOutcome, ClaimRequest, Claimed, Context, FailedAttempt, FenceToken, OutboxStore, Outcome, Recording,
-    Runtime, Scope, SqliteOutbox,
+    AttemptOutcome, ClaimRequest, Claimed, FailedAttempt, FenceToken, OutboxStore, Outcome, Recording, Scope,
+    SqliteOutbox,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
 
 async fn store_with(dir: &Path, count: u64) -> PathBuf {
     let path = dir.join("state.db");
-    let mut ctx = Context::open(&path, "orders").unwrap();
-    let mut tx = ctx.transaction();
-    for i in 1..=count {
-        tx.create(format!("order:{i}"), order("ada", i));
-    }
-    tx.commit().unwrap();
-    let mut rt = Runtime::builder(ctx)
-        .agent(Agent::new("billing").produce(process_order()))
-        .build()
-        .unwrap();
-    rt.run().await.unwrap();
+    commit_orders(&path, "orders", 1..=count).await;
     path
 }
 

@@ -13,28 +13,11 @@ use std::time::{Duration, SystemTime};
 
 use common::*;
 use reactifact_core::{
-    Agent, CancelError, ClaimRequest, Claimed, Context, DeliveryStatus, FailedAttempt, FenceToken, LedgerQuery,
-    OpenError, OpenOptions, OutboxStore, Outcome, PurgeFilter, Recorded, Recording, RetryError, Runtime, Scope,
-    SqliteOutbox, VerifyError,
+    CancelError, ClaimRequest, Claimed, Context, DeliveryStatus, FailedAttempt, FenceToken, LedgerQuery, OpenError,
+    OpenOptions, OutboxStore, Outcome, PurgeFilter, Recorded, Recording, RetryError, Scope, SqliteOutbox, VerifyError,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
-
-/// Commits `count` orders of `session` and the `notify:order:{i}` intents their produce acts
-/// (no dispatcher: they stay pending).
-async fn commit_orders(path: &Path, session: &str, orders: impl IntoIterator<Item = u64>) {
-    let mut ctx = Context::open(path, session).unwrap();
-    let mut tx = ctx.transaction();
-    for i in orders {
-        tx.create(format!("order:{i}"), order("ada", i));
-    }
-    tx.commit().unwrap();
-    let mut rt = Runtime::builder(ctx)
-        .agent(Agent::new("billing").produce(process_order()))
-        .build()
-        .unwrap();
-    rt.run().await.unwrap();
-}
 
 async fn store_with(dir: &Path, count: u64) -> PathBuf {
     let path = dir.join("state.db");

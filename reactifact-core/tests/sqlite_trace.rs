@@ -21,17 +21,7 @@ use reactifact_core::{
 /// produce acts in one turn (no dispatcher: they stay pending).
 async fn store_with(dir: &Path, count: u64) -> PathBuf {
     let path = dir.join("state.db");
-    let mut ctx = Context::open(&path, "main").unwrap();
-    let mut tx = ctx.transaction();
-    for i in 1..=count {
-        tx.create(format!("order:{i}"), order("ada", i));
-    }
-    tx.commit().unwrap();
-    let mut rt = Runtime::builder(ctx)
-        .agent(Agent::new("billing").produce(process_order()))
-        .build()
-        .unwrap();
-    rt.run().await.unwrap();
+    commit_orders(&path, "main", 1..=count).await;
     path
 }
 

@@ -1,11 +1,12 @@
 //! Types and helpers shared by the runtime tests.
 #![allow(dead_code)]
 
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use reactifact_core::{
-    Artifact, Context, DispatchError, Intent, PendingAction, Produce, ProduceCall, ProduceError, Runtime,
+    Agent, Artifact, Context, DispatchError, Intent, PendingAction, Produce, ProduceCall, ProduceError, Runtime,
 };
 use serde::{Deserialize, Serialize};
 
@@ -166,4 +167,20 @@ pub async fn crash_mid_turn(rt: &mut Runtime) {
         .await
         .is_err());
     std::mem::forget(turn);
+}
+
+/// Commits `orders` of `session` in the SQLite file at `path`, then the `notify:order:{i}`
+/// intents their produce acts, in one turn (no dispatcher: they stay pending).
+pub async fn commit_orders(path: &Path, session: &str, orders: impl IntoIterator<Item = u64>) {
+    let mut ctx = Context::open(path, session).unwrap();
+    let mut tx = ctx.transaction();
+    for i in orders {
+        tx.create(format!("order:{i}"), order("ada", i));
+    }
+    tx.commit().unwrap();
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("billing").produce(process_order()))
+        .build()
+        .unwrap();
+    rt.run().await.unwrap();
 }
