@@ -90,6 +90,16 @@ fn process_order() -> Produce {
     .creates::<PendingAction>()
 }
 
+/// A runtime over session `shop` holding `order:1` … `order:{orders}`, its agent `orders`
+/// running [`process_order`].
+fn shop(orders: u32) -> reactifact_core::RuntimeBuilder {
+    let mut ctx = Context::new("shop");
+    for i in 1..=orders {
+        ctx.create(format!("order:{i}"), order()).unwrap();
+    }
+    Runtime::builder(ctx).agent(Agent::new("orders").produce(process_order()))
+}
+
 fn order() -> Order {
     Order {
         customer: "ada@example.com".into(),
@@ -102,10 +112,7 @@ fn one_order_yields_exactly_the_expected_counters_and_samples() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     with_recorder(&recorder, || async {
-        let mut ctx = Context::new("shop");
-        ctx.create("order:1", order()).unwrap();
-        let mut rt = Runtime::builder(ctx)
-            .agent(Agent::new("orders").produce(process_order()))
+        let mut rt = shop(1)
             // The receiver takes 3 s: the delivery is recorded 3 s after the commit.
             .dispatcher(|_intent: Intent| async move {
                 tokio::time::sleep(Duration::from_secs(3)).await;
@@ -188,13 +195,9 @@ fn failures_retries_and_dead_letters_are_counted_by_outcome() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     with_recorder(&recorder, || async {
-        let mut ctx = Context::new("shop");
-        ctx.create("order:1", order()).unwrap();
-        ctx.create("order:2", order()).unwrap();
         let calls = Arc::new(AtomicU32::new(0));
         let counted = calls.clone();
-        let mut rt = Runtime::builder(ctx)
-            .agent(Agent::new("orders").produce(process_order()))
+        let mut rt = shop(2)
             // order:1 fails once, then goes through; order:2 always fails permanently.
             .dispatcher(move |intent: Intent| {
                 let n = counted.fetch_add(1, Ordering::SeqCst);
@@ -240,14 +243,8 @@ fn an_expired_lease_reclaimed_and_the_outbox_gauges() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     with_recorder(&recorder, || async {
-        let mut ctx = Context::new("shop");
-        ctx.create("order:1", order()).unwrap();
-        ctx.create("order:2", order()).unwrap();
         // No dispatcher: the two intents stay pending.
-        let mut rt = Runtime::builder(ctx)
-            .agent(Agent::new("orders").produce(process_order()))
-            .build()
-            .unwrap();
+        let mut rt = shop(2).build().unwrap();
         rt.run().await.unwrap();
         let ledger = rt.context().ledger();
         tokio::time::advance(Duration::from_secs(5)).await;
@@ -296,10 +293,7 @@ fn without_a_recorder_nothing_is_recorded_and_nothing_breaks() {
         .start_paused(true)
         .build()
         .unwrap();
-    let mut ctx = Context::new("shop");
-    ctx.create("order:1", order()).unwrap();
-    let mut rt = Runtime::builder(ctx)
-        .agent(Agent::new("orders").produce(process_order()))
+    let mut rt = shop(1)
         .dispatcher(|_: Intent| async { Ok::<(), DispatchError>(()) })
         .build()
         .unwrap();
