@@ -219,18 +219,28 @@ pub struct Delivery {
     pub(crate) intent: Intent,
     pub(crate) status: DeliveryStatus,
     pub(crate) attempts: u32,
-    pub(crate) last_error: Option<String>,
     pub(crate) recorded_at: SystemTime,
     pub(crate) updated_at: SystemTime,
     pub(crate) delivered_at: Option<SystemTime>,
     pub(crate) lease: Option<Lease>,
-    pub(crate) expired_leases: u32,
-    pub(crate) interrupted: u32,
     pub(crate) next_attempt_at: Option<SystemTime>,
     /// The token of the last claim (0 before the first).
     pub(crate) token: FenceToken,
-    pub(crate) cancel_reason: Option<String>,
-    pub(crate) decision: Option<Decision>,
+    /// What most entries never have (an error, a cancel, a decision, an attempt of unknown
+    /// outcome), behind one pointer: `None` while all of it is empty, so an entry that was
+    /// delivered at the first attempt costs one word for it (the in-memory ledger keeps an
+    /// entry per intent for the life of the store).
+    remarks: Option<Box<Remarks>>,
+}
+
+/// The rarely set part of a [`Delivery`] (see `Delivery::remarks`).
+#[derive(Clone, Debug, Default)]
+struct Remarks {
+    last_error: Option<String>,
+    cancel_reason: Option<String>,
+    decision: Option<Decision>,
+    expired_leases: u32,
+    interrupted: u32,
 }
 
 impl Delivery {
@@ -285,7 +295,7 @@ impl Delivery {
     /// The error of the last failed attempt, if the last attempt failed (or why the intent is
     /// held, or pending again after an attempt of unknown outcome).
     pub fn last_error(&self) -> Option<&str> {
-        self.last_error.as_deref()
+        self.remarks.as_ref()?.last_error.as_deref()
     }
 
     /// When the intent was committed.
@@ -322,7 +332,7 @@ impl Delivery {
 
     /// Why an operator cancelled the intent, if one did.
     pub fn cancel_reason(&self) -> Option<&str> {
-        self.cancel_reason.as_deref()
+        self.remarks.as_ref()?.cancel_reason.as_deref()
     }
 
     /// The operator's decision, for an intent that required approval and was approved or
@@ -330,7 +340,7 @@ impl Delivery {
     /// [`reject`](crate::OutboxStore::reject)); `None` for every other intent, and for one
     /// still awaiting approval.
     pub fn decision(&self) -> Option<&Decision> {
-        self.decision.as_ref()
+        self.remarks.as_ref()?.decision.as_ref()
     }
 
     /// How many attempts ended with an expired lease: the holder died (or stalled past its
@@ -338,7 +348,7 @@ impl Delivery {
     /// have seen the intent. Each such attempt was followed by a delivery with the same
     /// idempotency key.
     pub fn expired_leases(&self) -> u32 {
-        self.expired_leases
+        self.remarks.as_ref().map_or(0, |r| r.expired_leases)
     }
 
     /// How many attempts were cut off before their outcome was known: still running when a
@@ -347,7 +357,7 @@ impl Delivery {
     /// the same idempotency key, due at once; none counts as a failure against the retry
     /// policy.
     pub fn interrupted_attempts(&self) -> u32 {
-        self.interrupted
+        self.remarks.as_ref().map_or(0, |r| r.interrupted)
     }
 
     /// The failed attempts the retry policy counts: those that ended with an error, a panic
@@ -366,8 +376,40 @@ impl Delivery {
     /// attempt that just failed.
     pub(crate) fn counted_attempts(&self) -> u32 {
         self.attempts
-            .saturating_sub(self.interrupted)
-            .saturating_sub(self.expired_leases)
+            .saturating_sub(self.interrupted_attempts())
+            .saturating_sub(self.expired_leases())
+    }
+
+    /// The rarely set fields, made present.
+    fn remarks_mut(&mut self) -> &mut Remarks {
+        self.remarks.get_or_insert_with(Box::default)
+    }
+
+    /// Sets (or clears) the error of the last attempt.
+    pub(crate) fn set_last_error(&mut self, error: Option<String>) {
+        if error.is_some() || self.remarks.is_some() {
+            self.remarks_mut().last_error = error;
+        }
+    }
+
+    /// Records an operator's cancel.
+    pub(crate) fn set_cancel_reason(&mut self, reason: String) {
+        self.remarks_mut().cancel_reason = Some(reason);
+    }
+
+    /// Records an operator's decision.
+    pub(crate) fn set_decision(&mut self, decision: Decision) {
+        self.remarks_mut().decision = Some(decision);
+    }
+
+    /// Counts an attempt whose lease expired.
+    pub(crate) fn count_expired_lease(&mut self) {
+        self.remarks_mut().expired_leases += 1;
+    }
+
+    /// Counts an attempt cut off before its outcome was known.
+    pub(crate) fn count_interrupted(&mut self) {
+        self.remarks_mut().interrupted += 1;
     }
 
     /// An entry from its parts, as a store of another crate reads it from its rows.
@@ -388,21 +430,29 @@ impl Delivery {
             cancel_reason,
             decision,
         } = parts;
+        let remarks = Remarks {
+            last_error,
+            cancel_reason,
+            decision,
+            expired_leases,
+            interrupted,
+        };
+        let empty = remarks.last_error.is_none()
+            && remarks.cancel_reason.is_none()
+            && remarks.decision.is_none()
+            && remarks.expired_leases == 0
+            && remarks.interrupted == 0;
         Delivery {
             intent,
             status,
             attempts,
-            last_error,
             recorded_at,
             updated_at,
             delivered_at,
             lease,
-            expired_leases,
-            interrupted,
             next_attempt_at,
             token,
-            cancel_reason,
-            decision,
+            remarks: (!empty).then(|| Box::new(remarks)),
         }
     }
 
@@ -417,17 +467,13 @@ impl Delivery {
                 DeliveryStatus::Pending
             },
             attempts: 0,
-            last_error: None,
             recorded_at: now,
             updated_at: now,
             delivered_at: None,
             lease: None,
-            expired_leases: 0,
-            interrupted: 0,
             next_attempt_at: None,
             token: FenceToken(0),
-            cancel_reason: None,
-            decision: None,
+            remarks: None,
         }
     }
 }
@@ -710,5 +756,87 @@ impl AttemptOutcome {
     /// others.
     pub fn error(&self) -> Option<&str> {
         self.code().1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::hash::CommitHash;
+
+    fn fresh() -> Delivery {
+        let origin = Origin::new("main", CommitHash([7; 32]), Generation(1), 0);
+        let intent = Intent::new(ActionKey::from("k"), "notify", Vec::new(), origin, 0);
+        Delivery::new(intent, SystemTime::UNIX_EPOCH, false)
+    }
+
+    #[test]
+    fn an_entry_without_remarks_allocates_none_and_reads_empty() {
+        let mut d = fresh();
+        d.set_last_error(None);
+        assert!(d.remarks.is_none(), "clearing an absent error allocates nothing");
+        assert_eq!(
+            (
+                d.last_error(),
+                d.cancel_reason(),
+                d.decision(),
+                d.expired_leases(),
+                d.interrupted_attempts()
+            ),
+            (None, None, None, 0, 0)
+        );
+    }
+
+    #[test]
+    fn remarks_read_back_and_an_error_clears() {
+        let mut d = fresh();
+        d.attempts = 4;
+        d.count_expired_lease();
+        d.count_interrupted();
+        d.set_last_error(Some("boom".into()));
+        d.set_cancel_reason("stop".into());
+        let decision = Decision::new(Verdict::Rejected, "ops", SystemTime::UNIX_EPOCH, Some("no".into()));
+        d.set_decision(decision.clone());
+        assert_eq!(
+            (
+                d.last_error(),
+                d.cancel_reason(),
+                d.decision(),
+                d.expired_leases(),
+                d.interrupted_attempts()
+            ),
+            (Some("boom"), Some("stop"), Some(&decision), 1, 1)
+        );
+        assert_eq!(
+            d.counted_attempts(),
+            2,
+            "the expired and the interrupted attempt are not counted"
+        );
+        d.set_last_error(None);
+        assert_eq!((d.last_error(), d.cancel_reason()), (None, Some("stop")));
+    }
+
+    #[test]
+    fn from_parts_keeps_every_remark_and_boxes_only_when_one_is_set() {
+        let d = fresh();
+        let parts = |d: &Delivery, expired| DeliveryParts {
+            intent: d.intent.clone(),
+            status: DeliveryStatus::Pending,
+            attempts: 3,
+            last_error: None,
+            recorded_at: d.recorded_at,
+            updated_at: d.updated_at,
+            delivered_at: None,
+            lease: None,
+            expired_leases: expired,
+            interrupted: 0,
+            next_attempt_at: None,
+            token: FenceToken(3),
+            cancel_reason: None,
+            decision: None,
+        };
+        assert!(Delivery::from_parts(parts(&d, 0)).remarks.is_none());
+        let read = Delivery::from_parts(parts(&d, 2));
+        assert_eq!((read.expired_leases(), read.counted_attempts()), (2, 1));
     }
 }

@@ -133,8 +133,6 @@ struct Entry {
     // the bytes.)
     /// The owning session's id.
     session: u32,
-    /// The ids of the sessions the entry is attached to (usually none).
-    members: Vec<u32>,
     /// The kind's id.
     kind: u32,
     /// Whether the committed `PendingAction` asks for approval.
@@ -147,15 +145,38 @@ struct Entry {
     /// The lease of the last claim (kept after it ended, for the attempt history: a delivered
     /// attempt is read from it) and when the claim was made, in Unix milliseconds.
     last_claim: Option<(Lease, u64)>,
-    /// The attempts that ended other than delivered, oldest first (usually none; at most
+    /// What most entries never have, behind one pointer (`None` while empty).
+    rare: Option<Box<Rare>>,
+}
+
+/// The rarely set part of an [`Entry`].
+#[derive(Default)]
+struct Rare {
+    /// The ids of the sessions the entry is attached to besides its owner's.
+    members: Vec<u32>,
+    /// The attempts that ended other than delivered, oldest first (at most
     /// [`ATTEMPTS_KEPT`], the latest).
     history: Vec<Attempt>,
 }
 
 impl Entry {
     fn in_queue(&self, (session, kind): (u32, u32)) -> bool {
-        (session == ANY || self.session == session || self.members.contains(&session))
+        (session == ANY || self.session == session || self.members().contains(&session))
             && (kind == ANY || self.kind == kind)
+    }
+
+    /// The ids of the sessions the entry is attached to besides its owner's (usually none).
+    fn members(&self) -> &[u32] {
+        self.rare.as_ref().map_or(&[], |r| &r.members)
+    }
+
+    /// The attempts that ended other than delivered, oldest first (usually none).
+    fn history(&self) -> &[Attempt] {
+        self.rare.as_ref().map_or(&[], |r| &r.history)
+    }
+
+    fn rare_mut(&mut self) -> &mut Rare {
+        self.rare.get_or_insert_with(Box::default)
     }
 }
 
@@ -222,7 +243,7 @@ impl Tally {
         if from == to {
             return;
         }
-        let sessions = std::iter::once(e.session).chain(e.members.iter().copied());
+        let sessions = std::iter::once(e.session).chain(e.members().iter().copied());
         let kind = &mut self.by_kind[e.kind as usize];
         for counts in [&mut self.total, kind] {
             shift(counts, from, to);
@@ -397,7 +418,7 @@ impl DueQueues {
         let Some(e) = slots[pos as usize].as_ref() else {
             return;
         };
-        let sessions = [ANY, e.session].into_iter().chain(e.members.iter().copied());
+        let sessions = [ANY, e.session].into_iter().chain(e.members().iter().copied());
         self.push(slots, sessions, e.kind, item);
     }
 }
@@ -417,8 +438,8 @@ fn reclaim(entry: &mut Delivery) {
         .take()
         .map_or_else(|| "an unknown drainer".to_owned(), |l| l.owner.to_string());
     entry.status = DeliveryStatus::Pending;
-    entry.expired_leases += 1;
-    entry.last_error = Some(crate::model::delivery::reclaimed_error(entry.attempts, &owner));
+    entry.count_expired_lease();
+    entry.set_last_error(Some(crate::model::delivery::reclaimed_error(entry.attempts, &owner)));
 }
 
 /// The attempt of the entry's last claim, as if still in flight (its lease as last renewed).
@@ -527,10 +548,10 @@ impl Inner {
                 let Some(e) = self.slots[pos as usize].as_mut() else {
                     continue; // purged: never registered again
                 };
-                if e.delivery.status.is_final() || e.session == session || e.members.contains(&session) {
+                if e.delivery.status.is_final() || e.session == session || e.members().contains(&session) {
                     continue;
                 }
-                e.members.push(session);
+                e.rare_mut().members.push(session);
                 let class = class(&e.delivery);
                 shift(&mut self.tally.by_session[session as usize], None, Some(class));
                 if let Some(due) = e.due {
@@ -560,13 +581,12 @@ impl Inner {
             let entry = Entry {
                 delivery: Delivery::new(intent, now, requires_approval),
                 session,
-                members: Vec::new(),
                 kind,
                 requires_approval,
                 due: (!requires_approval).then_some(now_ms),
                 stamp: 1,
                 last_claim: None,
-                history: Vec::new(),
+                rare: None,
             };
             self.tally.moved(&entry, None, Some(class(&entry.delivery)));
             self.slots.push(Some(entry));
@@ -639,10 +659,11 @@ impl Inner {
     fn end_attempt(&mut self, pos: Pos, now: SystemTime, outcome: AttemptOutcome) {
         let e = self.slots[pos as usize].as_mut().expect("a live entry");
         if let Some(attempt) = in_flight(e) {
-            if e.history.len() >= ATTEMPTS_KEPT {
-                e.history.remove(0);
+            let history = &mut e.rare_mut().history;
+            if history.len() >= ATTEMPTS_KEPT {
+                history.remove(0);
             }
-            e.history.push(Attempt {
+            history.push(Attempt {
                 ended_at: Some(millis(now).1),
                 outcome,
                 ..attempt
@@ -652,7 +673,7 @@ impl Inner {
 
     fn attempts(&self, key: &str) -> Option<Vec<Attempt>> {
         let (_, e) = self.entry(key)?;
-        let mut attempts = e.history.clone();
+        let mut attempts = e.history().to_vec();
         let d = &e.delivery;
         let last = match d.status {
             DeliveryStatus::InFlight => in_flight(e),
@@ -829,11 +850,11 @@ impl Inner {
             match &recording.outcome {
                 Outcome::Delivered => {
                     d.status = DeliveryStatus::Delivered;
-                    d.last_error = None;
+                    d.set_last_error(None);
                     d.delivered_at = Some(now_t);
                 }
                 Outcome::Failed { error, next } => {
-                    d.last_error = Some(error.clone());
+                    d.set_last_error(Some(error.clone()));
                     match *next {
                         FailedAttempt::RetryAt(at) => {
                             d.status = DeliveryStatus::Failed;
@@ -846,12 +867,12 @@ impl Inner {
                 Outcome::Held { reason } => {
                     d.status = DeliveryStatus::Held;
                     d.attempts = d.attempts.saturating_sub(1);
-                    d.last_error = Some(reason.clone());
+                    d.set_last_error(Some(reason.clone()));
                 }
                 Outcome::Interrupted { reason } => {
                     d.status = DeliveryStatus::Pending;
-                    d.interrupted += 1;
-                    d.last_error = Some(reason.clone());
+                    d.count_interrupted();
+                    d.set_last_error(Some(reason.clone()));
                 }
                 Outcome::Released => {
                     d.status = DeliveryStatus::Pending;
@@ -900,7 +921,7 @@ impl Inner {
             });
         }
         // An intent that needs approval and never had one goes back to waiting for it.
-        let unapproved = e.requires_approval && e.delivery.decision.is_none();
+        let unapproved = e.requires_approval && e.delivery.decision().is_none();
         self.transition(pos, now, |d| {
             d.status = if unapproved {
                 DeliveryStatus::AwaitingApproval
@@ -924,7 +945,7 @@ impl Inner {
             return Err(ApprovalError::UnknownKey(ActionKey::from(key)));
         };
         let d = &e.delivery;
-        if !check_decision(key, d.status, d.decision.as_ref(), verdict, by)? {
+        if !check_decision(key, d.status, d.decision(), verdict, by)? {
             return Ok(d.clone());
         }
         let (_, at) = millis(now);
@@ -933,7 +954,7 @@ impl Inner {
                 Verdict::Approved => DeliveryStatus::Pending,
                 Verdict::Rejected => DeliveryStatus::Rejected,
             };
-            d.decision = Some(Decision::new(verdict, by, at, reason.map(str::to_owned)));
+            d.set_decision(Decision::new(verdict, by, at, reason.map(str::to_owned)));
         });
         Ok(self.slots[pos as usize].as_ref().expect("live").delivery.clone())
     }
@@ -959,7 +980,7 @@ impl Inner {
         self.transition(pos, now, |d| {
             d.status = DeliveryStatus::Cancelled;
             d.next_attempt_at = None;
-            d.cancel_reason = Some(reason.to_owned());
+            d.set_cancel_reason(reason.to_owned());
         });
         Ok(self.slots[pos as usize].as_ref().expect("live").delivery.clone())
     }
@@ -995,7 +1016,7 @@ impl Inner {
 
     fn admits(&self, e: &Entry, scope: &Scope) -> bool {
         let sessions = std::iter::once(e.session)
-            .chain(e.members.iter().copied())
+            .chain(e.members().iter().copied())
             .map(|s| &*self.sessions.names[s as usize]);
         scope.admits(&self.kinds.names[e.kind as usize], sessions)
     }

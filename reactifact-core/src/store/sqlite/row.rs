@@ -30,7 +30,9 @@ use sha2::{Digest, Sha256};
 
 use crate::model::action::{ActionKey, Intent, Origin, PendingAction};
 use crate::model::artifact::Generation;
-use crate::model::delivery::{Decision, Delivery, DeliveryStatus, FenceToken, Lease, NewIntent, Verdict};
+use crate::model::delivery::{
+    Decision, Delivery, DeliveryParts, DeliveryStatus, FenceToken, Lease, NewIntent, Verdict,
+};
 use crate::model::hash::{self, CommitHash};
 use crate::model::trace::TraceParent;
 
@@ -503,7 +505,7 @@ impl Row {
         let commit: [u8; 32] = self.origin_commit.as_slice().try_into().unwrap_or([0; 32]);
         let count = |n: i64| u32::try_from(n.max(0)).unwrap_or(u32::MAX);
         let token = FenceToken(u64::try_from(self.token).unwrap_or(0));
-        Delivery {
+        Delivery::from_parts(DeliveryParts {
             intent: Intent {
                 key: ActionKey::from(self.key.as_str()),
                 kind: Arc::from(self.kind.as_str()),
@@ -538,7 +540,7 @@ impl Row {
             token,
             cancel_reason: self.cancel_reason.clone(),
             decision: self.decision(),
-        }
+        })
     }
 
     /// The entry for a read that does not hand the intent out: the payload if the bytes
