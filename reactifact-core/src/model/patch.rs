@@ -121,6 +121,27 @@ pub enum Op {
     },
 }
 
+/// The action kind as a shared string: the kinds this thread used last are kept (a program
+/// has a handful), so an intent of a known kind allocates no copy of its name.
+fn interned(kind: &str) -> Arc<str> {
+    /// How many kinds a thread keeps.
+    const KEPT: usize = 8;
+    thread_local! {
+        static KINDS: std::cell::RefCell<Vec<Arc<str>>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    KINDS.with_borrow_mut(|kinds| {
+        if let Some(at) = kinds.iter().position(|k| **k == *kind) {
+            return kinds[at].clone();
+        }
+        let new: Arc<str> = Arc::from(kind);
+        if kinds.len() == KEPT {
+            kinds.remove(0);
+        }
+        kinds.push(new.clone());
+        new
+    })
+}
+
 impl Op {
     /// The artifact this operation writes or deletes (the source, for relations).
     pub fn id(&self) -> &ArtifactId {
@@ -216,7 +237,7 @@ impl Op {
         })?;
         Ok(Op::Act {
             hash: hash::content_hash(&bytes),
-            action: Arc::from(action),
+            action: interned(action),
             id,
             key,
             bytes,

@@ -120,7 +120,10 @@ pub struct RunRecord {
 
 impl RunRecord {
     /// The run of a direct write: no agent, produce or trigger.
-    pub(crate) fn direct(ops: Vec<Op>) -> RunRecord {
+    pub(crate) fn direct(mut ops: Vec<Op>) -> RunRecord {
+        // The log keeps the record for the life of the context: not the spare room a
+        // transaction's buffer grew by doubling (up to half again its size, for a bulk load).
+        ops.shrink_to_fit();
         RunRecord {
             agent: None,
             produce: None,

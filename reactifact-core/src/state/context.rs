@@ -28,6 +28,9 @@ use crate::store::memory::MemoryOutbox;
 use crate::store::outbox::{ClaimRequest, Claimed, OutboxStore, Scope};
 use crate::store::{Backed, Checkpoint, CommitDelta, Loaded, OpenError, OpenOptions, SqliteStore, Store, StoreError};
 
+/// The room the event queue keeps whatever its length (a few pages of events).
+const SPARE_EVENTS: usize = 1024;
+
 /// A direct write to a context (seeding, [`Context::create`](crate::Context::create) and
 /// friends) failed; nothing was written.
 #[derive(Debug, thiserror::Error)]
@@ -955,6 +958,11 @@ impl Context {
         self.readers = readers;
         self.events.drain(..consumed);
         self.events.extend(events.into_iter().skip(own_consumed));
+        // A burst (a bulk load's events) leaves its room behind once consumed: give the bulk
+        // of it back (amortised: the queue must grow fourfold again before the next shrink).
+        if self.events.capacity() > SPARE_EVENTS && self.events.len() < self.events.capacity() / 4 {
+            self.events.shrink_to(self.events.len() * 2);
+        }
         self.next_event_seq = next_seq;
         self.checkpoint_if_due();
         Ok((rejected, claimed))
