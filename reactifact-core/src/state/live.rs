@@ -10,6 +10,7 @@ use crate::model::hash::{self, SetDigest, StateHash};
 use crate::model::relation::Relation;
 use crate::model::timer::{self, Timer};
 use crate::state::layered::Layered;
+use crate::state::order::CreationOrder;
 
 /// What merges and diffs read of a state: an artifact, a relation, an artifact's relations,
 /// the state hash. Implemented by [`State`] and by a [`Rewound`] view of one.
@@ -158,13 +159,14 @@ impl Rewind for State {
 type Map<K, V> = imbl::GenericHashMap<K, V, foldhash::fast::RandomState, imbl::shared_ptr::DefaultSharedPtr>;
 
 /// Current artifacts and relations. `clone` costs O(1): the artifacts are a [`Layered`] map
-/// (flat, written in place unless a clone is alive) and every index is a persistent map that
-/// copies only the path a write touches while a clone is alive.
+/// (flat, written in place unless a clone is alive) and every index is persistent (a map, or
+/// for the kinds a [`CreationOrder`]), copying only the path or chunk a write touches while a
+/// clone is alive.
 #[derive(Clone, Default)]
 pub(crate) struct State {
     artifacts: Layered<ArtifactId, Arc<Stored>>,
     /// Per kind, ids in creation order (keyed by `Stored::created`).
-    by_kind: Map<Kind, imbl::OrdMap<u64, ArtifactId>>,
+    by_kind: Map<Kind, CreationOrder>,
     relations: imbl::OrdSet<Relation>,
     /// Relations with `from` and `to` swapped, to find and drop a deleted artifact's incoming
     /// relations without a scan.
@@ -259,7 +261,7 @@ impl State {
 
     fn unindex(&mut self, old: &Stored) {
         if let Some(ids) = self.by_kind.get_mut(&old.kind) {
-            ids.remove(&old.created);
+            ids.remove(old.created);
         }
     }
 
@@ -326,7 +328,7 @@ impl State {
     }
 
     pub(crate) fn ids_of_kind(&self, kind: Kind) -> impl Iterator<Item = &ArtifactId> + '_ {
-        self.by_kind.get(&kind).into_iter().flat_map(|ids| ids.values())
+        self.by_kind.get(&kind).into_iter().flat_map(CreationOrder::ids)
     }
 
     pub(crate) fn list<T: Artifact>(&self) -> impl Iterator<Item = Result<Record<T>, ReadError>> + '_ {

@@ -8,6 +8,7 @@ pub(crate) mod graph;
 pub(crate) mod layered;
 pub(crate) mod live;
 pub(crate) mod log;
+pub(crate) mod order;
 pub(crate) mod readers;
 pub(crate) mod refold;
 pub(crate) mod snapshot;
