@@ -109,30 +109,13 @@ pub struct Event {
     pub generation: Generation,
 }
 
-/// An event as a commit emits it: for a deletion, with the version deleted (the trigger of the
-/// produces that react to deletions).
-#[derive(Clone, Debug)]
-pub(crate) struct Emitted {
-    pub(crate) event: Event,
-    /// For a deletion, the artifact as it was before it; `None` otherwise.
-    pub(crate) deleted: Option<Arc<Stored>>,
-}
-
-/// An event in the queue, with its position.
+/// An event as a commit emits it and the queue keeps it, with its position in the session's
+/// sequence; for a deletion, with the artifact deleted (the trigger of the produces that react
+/// to deletions).
 #[derive(Clone, Debug)]
 pub(crate) struct QueuedEvent {
     pub(crate) seq: u64,
     pub(crate) event: Event,
     /// For a deletion, the artifact as it was before it; `None` otherwise.
     pub(crate) deleted: Option<Arc<Stored>>,
-}
-
-impl QueuedEvent {
-    pub(crate) fn new(seq: u64, emitted: Emitted) -> Self {
-        QueuedEvent {
-            seq,
-            event: emitted.event,
-            deleted: emitted.deleted,
-        }
-    }
 }

@@ -8,7 +8,7 @@ use crate::model::action::{ActionKey, Intent, Origin, PendingAction};
 use crate::model::artifact::{ArtifactId, Generation, Kind, Stored, Version};
 use crate::model::call::RecordedCall;
 use crate::model::delivery::NewIntent;
-use crate::model::event::{Emitted, Event, EventKind};
+use crate::model::event::{Event, EventKind, QueuedEvent};
 use crate::model::hash::{CommitHash, ContentHash, HashWriter, StateHash};
 use crate::model::patch::{Op, PutMode};
 use crate::model::relation::Relation;
@@ -299,7 +299,10 @@ pub(crate) struct Apply<'a> {
     generation: Generation,
     created_counter: u64,
     undo: Vec<Undo>,
-    pub(crate) events: Vec<Emitted>,
+    /// The events the changes emit, numbered from `first_event` (the caller's queue hands the
+    /// vector on as it is: a large commit's events are not copied into another).
+    pub(crate) events: Vec<QueuedEvent>,
+    first_event: u64,
     pub(crate) intents: Vec<Acted>,
     /// The position in the commit of the run being applied, recorded in its intents.
     pub(crate) run: usize,
@@ -314,9 +317,16 @@ impl<'a> Apply<'a> {
             created_counter,
             undo: Vec::new(),
             events: Vec::new(),
+            first_event: 0,
             intents: Vec::new(),
             run: 0,
         }
+    }
+
+    /// Numbers the events emitted from `seq` (from 0 otherwise).
+    pub(crate) fn events_from(mut self, seq: u64) -> Self {
+        self.first_event = seq;
+        self
     }
 
     pub(crate) fn savepoint(&self) -> Savepoint {
@@ -521,7 +531,8 @@ impl<'a> Apply<'a> {
         version: Version,
         deleted: Option<Arc<Stored>>,
     ) {
-        self.events.push(Emitted {
+        self.events.push(QueuedEvent {
+            seq: self.first_event + self.events.len() as u64,
             event: Event {
                 kind,
                 id: id.clone(),

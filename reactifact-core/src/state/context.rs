@@ -351,8 +351,9 @@ impl Context {
             }
             match refold.step(commit) {
                 Ok(emitted) => {
-                    for emitted in emitted {
-                        events.push(QueuedEvent::new(seq, emitted));
+                    for mut event in emitted {
+                        event.seq = seq;
+                        events.push(event);
                         seq += 1;
                     }
                 }
@@ -420,9 +421,10 @@ impl Context {
             ),
         };
         for commit in &loaded.commits {
-            for emitted in refold.step(commit)? {
+            for mut event in refold.step(commit)? {
                 if seq >= loaded.consumed_seq {
-                    self.events.push_back(QueuedEvent::new(seq, emitted));
+                    event.seq = seq;
+                    self.events.push_back(event);
                 }
                 seq += 1;
             }
@@ -817,7 +819,7 @@ impl Context {
         let state = Arc::make_mut(&mut self.state);
         // Room for every artifact a large commit may create at once (see `Layered::reserve`).
         state.reserve(runs.iter().map(|run| run.ops.len()).sum());
-        let mut apply = Apply::new(state, generation);
+        let mut apply = Apply::new(state, generation).events_from(self.next_event_seq);
         let mut rejected = Vec::new();
         for (i, run) in runs.iter().enumerate() {
             // Its position in the commit once the rejected runs before it are dropped.
@@ -853,15 +855,8 @@ impl Context {
                 .map(|(_, run)| run)
                 .collect();
         }
-        let mut next_seq = self.next_event_seq;
-        let events: Vec<QueuedEvent> = apply
-            .events
-            .drain(..)
-            .map(|emitted| {
-                next_seq += 1;
-                QueuedEvent::new(next_seq - 1, emitted)
-            })
-            .collect();
+        let events = std::mem::take(&mut apply.events);
+        let next_seq = self.next_event_seq + events.len() as u64;
         // The readers index after the commit (an O(1) clone, then what its runs change).
         let mut readers = self.readers.clone();
         let deleted = events.iter().filter(|q| q.event.kind == EventKind::Deleted);

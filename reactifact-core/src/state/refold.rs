@@ -9,7 +9,7 @@
 
 use crate::model::action::{ActionKey, PendingAction};
 use crate::model::artifact::{ArtifactId, Generation, Kind};
-use crate::model::event::{Emitted, EventKind};
+use crate::model::event::{EventKind, QueuedEvent};
 use crate::model::hash::{self, CommitHash, StateHash};
 use crate::model::patch::Op;
 use crate::state::commit::{Apply, Commit, CommitError, Undone};
@@ -274,7 +274,7 @@ impl Refold {
 
     /// Checks and applies the next commit; returns the events it emits (each deletion with the
     /// version deleted). On error the state is as it was before the commit.
-    pub(crate) fn step(&mut self, commit: &Commit) -> Result<Vec<Emitted>, VerifyError> {
+    pub(crate) fn step(&mut self, commit: &Commit) -> Result<Vec<QueuedEvent>, VerifyError> {
         let generation = commit.generation;
         if generation != self.next {
             return Err(VerifyError::Numbering {
