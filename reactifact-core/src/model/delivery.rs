@@ -770,21 +770,23 @@ mod tests {
         Delivery::new(intent, SystemTime::UNIX_EPOCH, false)
     }
 
+    /// The rarely set fields, as a reader sees them.
+    fn remarks(d: &Delivery) -> (Option<&str>, Option<&str>, Option<&Decision>, u32, u32) {
+        (
+            d.last_error(),
+            d.cancel_reason(),
+            d.decision(),
+            d.expired_leases(),
+            d.interrupted_attempts(),
+        )
+    }
+
     #[test]
     fn an_entry_without_remarks_allocates_none_and_reads_empty() {
         let mut d = fresh();
         d.set_last_error(None);
         assert!(d.remarks.is_none(), "clearing an absent error allocates nothing");
-        assert_eq!(
-            (
-                d.last_error(),
-                d.cancel_reason(),
-                d.decision(),
-                d.expired_leases(),
-                d.interrupted_attempts()
-            ),
-            (None, None, None, 0, 0)
-        );
+        assert_eq!(remarks(&d), (None, None, None, 0, 0));
     }
 
     #[test]
@@ -797,16 +799,7 @@ mod tests {
         d.set_cancel_reason("stop".into());
         let decision = Decision::new(Verdict::Rejected, "ops", SystemTime::UNIX_EPOCH, Some("no".into()));
         d.set_decision(decision.clone());
-        assert_eq!(
-            (
-                d.last_error(),
-                d.cancel_reason(),
-                d.decision(),
-                d.expired_leases(),
-                d.interrupted_attempts()
-            ),
-            (Some("boom"), Some("stop"), Some(&decision), 1, 1)
-        );
+        assert_eq!(remarks(&d), (Some("boom"), Some("stop"), Some(&decision), 1, 1));
         assert_eq!(
             d.counted_attempts(),
             2,
