@@ -234,7 +234,7 @@ pub struct Delivery {
 }
 
 /// The rarely set part of a [`Delivery`] (see `Delivery::remarks`).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 struct Remarks {
     last_error: Option<String>,
     cancel_reason: Option<String>,
@@ -437,11 +437,6 @@ impl Delivery {
             expired_leases,
             interrupted,
         };
-        let empty = remarks.last_error.is_none()
-            && remarks.cancel_reason.is_none()
-            && remarks.decision.is_none()
-            && remarks.expired_leases == 0
-            && remarks.interrupted == 0;
         Delivery {
             intent,
             status,
@@ -452,7 +447,7 @@ impl Delivery {
             lease,
             next_attempt_at,
             token,
-            remarks: (!empty).then(|| Box::new(remarks)),
+            remarks: (remarks != Remarks::default()).then(|| Box::new(remarks)),
         }
     }
 

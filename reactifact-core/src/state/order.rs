@@ -48,10 +48,12 @@ impl CreationOrder {
 
     /// Puts `id` at position `created` (replacing the id there, if any).
     pub(crate) fn insert(&mut self, created: u64, id: ArtifactId) {
+        // (No chunk is ever empty: `remove` drops a chunk it empties.)
         let appends = self
             .chunks
             .back()
-            .is_none_or(|c| c.last().is_none_or(|&(last, _)| last < created));
+            .and_then(|c| c.last())
+            .is_none_or(|&(last, _)| last < created);
         if appends {
             match self.chunks.back_mut() {
                 Some(last) if last.len() < CHUNK => Arc::make_mut(last).push((created, id)),
