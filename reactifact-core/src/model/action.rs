@@ -15,19 +15,24 @@ pub(crate) const ACTION_ID_PREFIX: &str = "action:";
 
 /// The idempotency key of an intent. The intent is stored at id `action:{key}`, the ledger is
 /// keyed by it, and the dispatcher should pass it on so the receiver can deduplicate.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct ActionKey(Arc<str>);
+///
+/// Cheap to clone. The key shares one allocation with the id of its `PendingAction`:
+/// [`ActionKey::artifact_id`] allocates nothing.
+#[derive(Clone)]
+pub struct ActionKey(
+    /// `action:{key}`: the text of [`ActionKey::artifact_id`], of which the key is the tail.
+    Arc<str>,
+);
 
 impl ActionKey {
     /// The key as a string slice.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.0[ACTION_ID_PREFIX.len()..]
     }
 
     /// The id of the `PendingAction` artifact recorded for this key: `action:{key}`.
     pub fn artifact_id(&self) -> ArtifactId {
-        ArtifactId::from(format!("{ACTION_ID_PREFIX}{}", self.0))
+        ArtifactId::from_shared(self.0.clone())
     }
 
     /// The address of the key's shared text: the same for every clone of one key, so that a
@@ -43,39 +48,101 @@ impl ActionKey {
     }
 }
 
+// Equality, order and hash are those of the key's text (as `Borrow<str>` requires), not of
+// the shared `action:` prefix.
+impl PartialEq for ActionKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for ActionKey {}
+
+impl PartialOrd for ActionKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ActionKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
+
+impl std::hash::Hash for ActionKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
+impl Serialize for ActionKey {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for ActionKey {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl serde::de::Visitor<'_> for KeyVisitor {
+            type Value = ActionKey;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an idempotency key (a string)")
+            }
+            fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<ActionKey, E> {
+                Ok(ActionKey::from(key))
+            }
+        }
+        deserializer.deserialize_str(KeyVisitor)
+    }
+}
+
 impl fmt::Display for ActionKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
     }
 }
 
 impl fmt::Debug for ActionKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
+        fmt::Debug::fmt(self.as_str(), f)
     }
 }
 
 impl From<&str> for ActionKey {
-    fn from(s: &str) -> Self {
-        ActionKey(Arc::from(s))
+    fn from(key: &str) -> Self {
+        // One allocation, the shared text: the usual key is assembled on the stack.
+        const ON_STACK: usize = 128;
+        let prefix = ACTION_ID_PREFIX.len();
+        let len = prefix + key.len();
+        if len <= ON_STACK {
+            let mut text = [0u8; ON_STACK];
+            text[..prefix].copy_from_slice(ACTION_ID_PREFIX.as_bytes());
+            text[prefix..len].copy_from_slice(key.as_bytes());
+            if let Ok(text) = std::str::from_utf8(&text[..len]) {
+                return ActionKey(Arc::from(text));
+            }
+        }
+        ActionKey(Arc::from([ACTION_ID_PREFIX, key].concat()))
     }
 }
 
 impl From<String> for ActionKey {
-    fn from(s: String) -> Self {
-        ActionKey(Arc::from(s))
+    fn from(key: String) -> Self {
+        ActionKey::from(key.as_str())
     }
 }
 
 impl From<&String> for ActionKey {
-    fn from(s: &String) -> Self {
-        ActionKey(Arc::from(s.as_str()))
+    fn from(key: &String) -> Self {
+        ActionKey::from(key.as_str())
     }
 }
 
 impl std::borrow::Borrow<str> for ActionKey {
     fn borrow(&self) -> &str {
-        &self.0
+        self.as_str()
     }
 }
 
@@ -191,39 +258,62 @@ pub struct Intent {
 /// The delivery ledger is shared by every session of a store, and generations are numbered
 /// per session, so a generation alone does not name a commit: the commit hash does. Find the
 /// commit with [`Context::commit_of`](crate::Context::commit_of), which checks the hash.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+///
+/// Cheap to clone: the intents of one commit share its session, hash and generation.
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Origin {
-    pub(crate) session: Arc<str>,
-    pub(crate) commit: CommitHash,
-    pub(crate) generation: Generation,
+    commit: Arc<CommitOrigin>,
     pub(crate) run: u32,
+}
+
+/// The part of an [`Origin`] every intent of one commit has in common.
+#[derive(PartialEq, Eq, Hash)]
+struct CommitOrigin {
+    session: Arc<str>,
+    commit: CommitHash,
+    generation: Generation,
 }
 
 impl Origin {
     /// An origin from its parts, as a store of another crate reads it from its rows.
     pub fn new(session: impl Into<Arc<str>>, commit: CommitHash, generation: Generation, run: u32) -> Self {
         Origin {
-            session: session.into(),
-            commit,
-            generation,
+            commit: Arc::new(CommitOrigin {
+                session: session.into(),
+                commit,
+                generation,
+            }),
             run,
         }
     }
 
+    /// The origin of run `run` of the same commit, sharing its parts.
+    pub(crate) fn with_run(&self, run: u32) -> Origin {
+        Origin {
+            commit: self.commit.clone(),
+            run,
+        }
+    }
+
+    /// The session, shared.
+    pub(crate) fn session_name(&self) -> &Arc<str> {
+        &self.commit.session
+    }
+
     /// The session (branch) whose commit recorded the intent.
     pub fn session(&self) -> &str {
-        &self.session
+        &self.commit.session
     }
 
     /// The hash of the commit that recorded the intent: what identifies it in any session.
     pub fn commit(&self) -> CommitHash {
-        self.commit
+        self.commit.commit
     }
 
     /// The commit's generation in [`session`](Origin::session) (a convenience: in another
     /// session, the same generation may be another commit).
     pub fn generation(&self) -> Generation {
-        self.generation
+        self.commit.generation
     }
 
     /// The position of the recording run among the commit's runs
@@ -233,14 +323,25 @@ impl Origin {
     }
 }
 
+impl fmt::Debug for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Origin")
+            .field("session", &self.session())
+            .field("commit", &self.commit())
+            .field("generation", &self.generation())
+            .field("run", &self.run)
+            .finish()
+    }
+}
+
 impl fmt::Display for Origin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
             "session `{}` commit {} ({}) run {}",
-            self.session,
-            self.generation.0,
-            self.commit.short(),
+            self.session(),
+            self.generation().0,
+            self.commit().short(),
             self.run
         )
     }
@@ -310,7 +411,7 @@ impl Intent {
     /// The generation, in [`Origin::session`], of the commit that recorded the intent (a
     /// convenience for `origin().generation()`).
     pub fn generation(&self) -> Generation {
-        self.origin.generation
+        self.origin.generation()
     }
 
     /// Where the intent comes from: the session, the commit (by hash) and the run that
@@ -330,6 +431,45 @@ impl Intent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_is_its_text_and_shares_it_with_its_artifact_id() {
+        for text in [
+            "k",
+            "",
+            "notify:order:42",
+            "ключ·ü",
+            &"x".repeat(121),
+            &"y".repeat(122),
+            &"é".repeat(200),
+        ] {
+            let key = ActionKey::from(text);
+            assert_eq!(key.as_str(), text);
+            assert_eq!(key.to_string(), text);
+            assert_eq!(format!("{key:?}"), format!("{text:?}"));
+            assert_eq!(key.artifact_id().as_str(), format!("action:{text}"));
+            assert_eq!(key, ActionKey::from(text.to_owned()));
+        }
+        let key = ActionKey::from("notify:1");
+        let (a, b) = (key.artifact_id(), key.artifact_id());
+        assert!(std::ptr::eq(a.as_str().as_ptr(), b.as_str().as_ptr()), "no copy per id");
+    }
+
+    #[test]
+    fn keys_compare_hash_and_encode_as_their_text() {
+        use std::collections::{BTreeSet, HashMap};
+        let keys: BTreeSet<ActionKey> = ["b", "a", "ab"].into_iter().map(ActionKey::from).collect();
+        assert_eq!(keys.iter().map(ActionKey::as_str).collect::<Vec<_>>(), ["a", "ab", "b"]);
+        let by_key: HashMap<ActionKey, u32> = [(ActionKey::from("k1"), 1)].into_iter().collect();
+        assert_eq!(by_key.get("k1"), Some(&1), "Borrow<str> agrees with Hash and Eq");
+        let key = ActionKey::from("notify:7");
+        let bytes = rmp_serde::to_vec_named(&key).unwrap();
+        assert_eq!(bytes, rmp_serde::to_vec_named("notify:7").unwrap());
+        assert_eq!(rmp_serde::from_slice::<ActionKey>(&bytes).unwrap(), key);
+        assert_eq!(serde_json::to_string(&key).unwrap(), "\"notify:7\"");
+        assert_eq!(serde_json::from_str::<ActionKey>("\"notify:7\"").unwrap(), key);
+        assert!(serde_json::from_str::<ActionKey>("7").is_err());
+    }
 
     /// The flag as the decode alone reads it.
     fn decoded_flag(bytes: &[u8]) -> bool {

@@ -84,6 +84,11 @@ impl ArtifactId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The id whose text is `text`, sharing it.
+    pub(crate) fn from_shared(text: Arc<str>) -> ArtifactId {
+        ArtifactId(text)
+    }
 }
 
 impl fmt::Display for ArtifactId {

@@ -268,7 +268,7 @@ impl Delivery {
     /// The generation, in [`Origin::session`], of the commit that recorded the intent (a
     /// convenience for `origin().generation()`).
     pub fn generation(&self) -> Generation {
-        self.intent.origin.generation
+        self.intent.origin.generation()
     }
 
     /// Where the intent was recorded: session, commit hash and run.

@@ -260,20 +260,15 @@ pub(crate) struct Acted {
 }
 
 impl Acted {
-    /// The intent, recorded by run `self.run` of `commit` in `session` in the trace `trace`,
-    /// as its store registers it.
-    pub(crate) fn into_new_intent(self, session: &Arc<str>, commit: &Commit, trace: Option<TraceParent>) -> NewIntent {
+    /// The intent, recorded by run `self.run` of the commit `origin` names (its run aside) in
+    /// the trace `trace`, as its store registers it.
+    pub(crate) fn into_new_intent(self, origin: &Origin, trace: Option<TraceParent>) -> NewIntent {
         NewIntent {
             intent: Intent {
                 key: self.key,
                 kind: self.kind,
                 payload: self.payload,
-                origin: Origin {
-                    session: session.clone(),
-                    commit: commit.hash,
-                    generation: commit.generation,
-                    run: self.run,
-                },
+                origin: origin.with_run(self.run),
                 attempt: 0,
                 trace,
             },

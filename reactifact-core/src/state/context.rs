@@ -8,6 +8,7 @@ use futures_util::FutureExt;
 use std::time::Duration;
 use tracing::Instrument;
 
+use crate::model::action::Origin;
 use crate::model::artifact::{Artifact, ArtifactId, Generation, ReadError, Record};
 use crate::model::delivery::NewIntent;
 use crate::model::event::{Event, EventKind, QueuedEvent};
@@ -892,12 +893,14 @@ impl Context {
             }
             turn.and_then(|turn| turn.traces.get(given).copied().flatten())
         };
+        // One origin for the commit, shared by its intents.
+        let origin = Origin::new(self.session.clone(), commit.hash, commit.generation, 0);
         let intents: Vec<NewIntent> = apply
             .intents
             .drain(..)
             .map(|acted| {
                 let trace = trace_of(acted.run);
-                acted.into_new_intent(&self.session, &commit, trace)
+                acted.into_new_intent(&origin, trace)
             })
             .collect();
         let mut claimed = None;

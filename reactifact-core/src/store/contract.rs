@@ -138,12 +138,12 @@ fn intents_of(session: &str, generation: u64, keys: &[(&str, &str)], requires_ap
                     key: ActionKey::from(key),
                     kind: Arc::from(kind),
                     payload: Arc::from(payload),
-                    origin: Origin {
-                        session: session.clone(),
-                        commit: CommitHash([generation as u8; 32]),
-                        generation: Generation(generation),
-                        run: run as u32,
-                    },
+                    origin: Origin::new(
+                        session.clone(),
+                        CommitHash([generation as u8; 32]),
+                        Generation(generation),
+                        run as u32,
+                    ),
                     attempt: 0,
                     trace: Some(trace_of(key)),
                 },

@@ -529,7 +529,7 @@ impl Inner {
         let mut last_session: Option<(&Arc<str>, u32)> = None;
         let mut last_kind: Option<(&Arc<str>, u32)> = None;
         for new in intents {
-            let name = &new.intent.origin.session;
+            let name = new.intent.origin.session_name();
             let session = match last_session {
                 Some((last, id)) if last == name => id,
                 _ => self.session_id(name),

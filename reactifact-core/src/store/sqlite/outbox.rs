@@ -276,7 +276,7 @@ pub(super) fn register(tx: &Connection, intents: &[NewIntent], now: i64) -> rusq
              SELECT ?1, ?2 WHERE EXISTS
                  (SELECT 1 FROM outbox WHERE key = ?2 AND session <> ?1 AND status NOT IN (2, 6, 8))",
         )?
-        .execute(params![&*new.intent.origin.session, key])?;
+        .execute(params![new.intent.origin.session(), key])?;
     }
     Ok(())
 }
