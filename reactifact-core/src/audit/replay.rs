@@ -326,12 +326,15 @@ async fn replay_run(
             }
         }
     };
-    let buffer = Buffer::new(Some(CallLog::answering(
-        produce.name_arc().clone(),
-        Source::Replay {
-            recorded: run.calls.clone(),
-        },
-    )));
+    let buffer = Buffer::new(
+        Some(CallLog::answering(
+            produce.name_arc().clone(),
+            Source::Replay {
+                recorded: run.calls.clone(),
+            },
+        )),
+        run.ops.len(),
+    );
     let run_input = Run {
         trigger: stored,
         event: trigger.event,

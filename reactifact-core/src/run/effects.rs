@@ -45,12 +45,37 @@ pub(crate) struct Buffer {
     /// What the run read through its snapshot, in read order (repeats removed at seal).
     reads: Vec<Read>,
     /// Keys acted in this run, so a second `act` of a key is found without a scan.
-    acted: foldhash::HashSet<ActionKey>,
+    acted: ActedKeys,
     sealed: bool,
     /// The run's recorded calls (see `run/calls.rs`), once there is something to keep.
     pub(crate) calls: Option<Box<CallLog>>,
     /// The calls were taken: later ones are refused.
     pub(crate) calls_taken: bool,
+}
+
+/// The keys a run acted: the first two in place (most runs act once or twice, and allocate
+/// nothing for them), the rest in a set.
+#[derive(Default)]
+struct ActedKeys {
+    first: [Option<ActionKey>; 2],
+    more: foldhash::HashSet<ActionKey>,
+}
+
+impl ActedKeys {
+    /// Adds `key`; false if it was there already.
+    fn insert(&mut self, key: &ActionKey) -> bool {
+        for slot in &mut self.first {
+            match slot {
+                Some(acted) if acted == key => return false,
+                Some(_) => {}
+                None => {
+                    *slot = Some(key.clone());
+                    return true;
+                }
+            }
+        }
+        self.more.insert(key.clone())
+    }
 }
 
 /// What a sealed buffer hands back: the run's patch, its reads and the first effect error.
@@ -61,9 +86,11 @@ pub(crate) struct Sealed {
 }
 
 impl Buffer {
-    /// The buffer of a run whose calls start from `calls` (see `CallLog::live`).
-    pub(crate) fn new(calls: Option<CallLog>) -> Arc<Mutex<Buffer>> {
+    /// The buffer of a run whose calls start from `calls` (see `CallLog::live`), with room
+    /// for `ops` operations.
+    pub(crate) fn new(calls: Option<CallLog>, ops: usize) -> Arc<Mutex<Buffer>> {
         Arc::new(Mutex::new(Buffer {
+            ops: Vec::with_capacity(ops),
             calls: calls.map(Box::new),
             ..Buffer::default()
         }))
@@ -244,7 +271,7 @@ impl<D> Effects<D> {
         }
         {
             let mut buffer = self.buffer.lock().unwrap_or_else(|e| e.into_inner());
-            if !buffer.sealed && !buffer.acted.insert(key.clone()) {
+            if !buffer.sealed && !buffer.acted.insert(&key) {
                 return None;
             }
         }
@@ -328,5 +355,23 @@ impl<D> std::fmt::Debug for Effects<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let buffer = self.buffer.lock().unwrap_or_else(|e| e.into_inner());
         f.debug_struct("Effects").field("ops", &buffer.ops.len()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acted_keys_find_a_repeat_in_place_and_in_the_set() {
+        let mut acted = ActedKeys::default();
+        let keys: Vec<ActionKey> = (0..5).map(|i| ActionKey::from(format!("k{i}"))).collect();
+        for key in &keys {
+            assert!(acted.insert(key), "{key} is new");
+        }
+        assert_eq!(acted.more.len(), 3, "the first two stay in place");
+        for key in keys.iter().rev() {
+            assert!(!acted.insert(&ActionKey::from(key.as_str())), "{key} again");
+        }
     }
 }

@@ -4,6 +4,7 @@ use std::any::Any;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -286,14 +287,14 @@ impl Tracker {
         }
     }
 
-    /// The buffer for work item `i`'s run, as it starts.
-    fn start(&mut self, i: usize, work: &Work) -> Arc<Mutex<Buffer>> {
+    /// The buffer for work item `i`'s run, as it starts, with room for `ops` operations.
+    fn start(&mut self, i: usize, work: &Work, ops: usize) -> Arc<Mutex<Buffer>> {
         let prior = self.priors.get_mut(i).map(std::mem::take).unwrap_or_default();
         // The runs of the batch's first event are never refused, so every turn commits
         // something. On a budgeted turn no run reaches past that event (`matching::select`
         // takes no event that would fold into one of them), so a cut never splits them.
         let refusable = work.events.0 > 0;
-        let buffer = Buffer::new(CallLog::live(prior, self.meter.clone(), refusable));
+        let buffer = Buffer::new(CallLog::live(prior, self.meter.clone(), refusable), ops);
         self.running[i] = Some(buffer.clone());
         buffer
     }
@@ -444,7 +445,7 @@ async fn execute(
                     rt,
                     next,
                     &work[next],
-                    tracker.start(next, &work[next]),
+                    tracker.start(next, &work[next], ops_hint(rt, &work[next])),
                     snapshot,
                     generation,
                 );
@@ -467,7 +468,7 @@ async fn execute(
                 rt,
                 queued,
                 &work[queued],
-                tracker.start(queued, &work[queued]),
+                tracker.start(queued, &work[queued], ops_hint(rt, &work[queued])),
                 snapshot,
                 generation,
             );
@@ -599,6 +600,7 @@ pub(crate) fn start_run(
         resources: run.resources,
     };
     let started = std::panic::catch_unwind(AssertUnwindSafe(|| produce.start(input)));
+    let ops_hint = produce.ops_recorder();
     async move {
         let outcome = match started {
             Ok(future) => AssertUnwindSafe(future)
@@ -608,6 +610,7 @@ pub(crate) fn start_run(
             Err(panic) => Err(RunFailure::Panicked(panic_message(&panic))),
         };
         let sealed = buffer.lock().unwrap_or_else(|e| e.into_inner()).seal();
+        ops_hint.store(u32::try_from(sealed.ops.len()).unwrap_or(u32::MAX), Ordering::Relaxed);
         outcome.and_then(|()| match sealed.error {
             Some(e) => Err(RunFailure::Effect(e)),
             None => Ok(RunOutput {
@@ -616,6 +619,11 @@ pub(crate) fn start_run(
             }),
         })
     }
+}
+
+/// Room for the operations of `work`'s run (see [`Produce::ops_hint`]).
+fn ops_hint(rt: &Runtime, work: &Work) -> usize {
+    rt.agents[work.slot.agent].produces[work.slot.produce].ops_hint()
 }
 
 pub(crate) fn panic_message(panic: &Box<dyn Any + Send>) -> String {

@@ -259,10 +259,13 @@ impl ProduceTest {
                 }
             }
         };
-        let buffer = Buffer::new(Some(CallLog::answering(
-            self.produce.name_arc().clone(),
-            Source::Script(Box::new(self.script)),
-        )));
+        let buffer = Buffer::new(
+            Some(CallLog::answering(
+                self.produce.name_arc().clone(),
+                Source::Script(Box::new(self.script)),
+            )),
+            self.produce.ops_hint(),
+        );
         let run = Run {
             trigger: stored,
             event,

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::model::artifact::{Artifact, ArtifactId, ArtifactType, Generation, Kind, ReadError, Record, Stored};
@@ -241,6 +242,9 @@ pub struct Produce {
     /// The resources it declares it uses.
     uses: Vec<ResourceType>,
     handler: Arc<Handler>,
+    /// How many operations its last run recorded: the next run's buffer is made with room for
+    /// as many, so a produce that writes the same number each time grows and trims nothing.
+    ops_hint: Arc<AtomicU32>,
 }
 
 impl Produce {
@@ -303,6 +307,7 @@ impl Produce {
             join: JoinSpec::default(),
             uses: Vec::new(),
             handler: Arc::new(handler),
+            ops_hint: Arc::default(),
         }
     }
 
@@ -531,6 +536,18 @@ impl Produce {
 
     pub(crate) fn start(&self, input: RunInput) -> RunFuture {
         (self.handler)(input)
+    }
+
+    /// Room for the operations of a run: as many as its last run recorded, up to 64 (a run
+    /// that writes more grows its buffer as it goes; one bulk run does not make every later
+    /// run reserve its size).
+    pub(crate) fn ops_hint(&self) -> usize {
+        (self.ops_hint.load(Ordering::Relaxed) as usize).min(64)
+    }
+
+    /// What a finished run records for [`Produce::ops_hint`]; shared by its future.
+    pub(crate) fn ops_recorder(&self) -> Arc<AtomicU32> {
+        self.ops_hint.clone()
     }
 
     pub(crate) fn declares(&self, kind: Kind) -> bool {
