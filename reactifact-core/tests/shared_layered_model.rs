@@ -4,20 +4,38 @@
 #[path = "../src/state/layered.rs"]
 mod layered;
 
-use layered::Layered;
+use layered::{Keyed, Layered};
 use std::collections::HashMap;
 
 use reactifact_core::fastrand::Rng;
 
-fn check(map: &Layered<u32, u32>, model: &HashMap<u32, u32>, keys: u32) {
+/// A value stored with its key, as the live state stores an artifact with its id.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Pair(u32, u32);
+
+impl Keyed for Pair {
+    type Key = u32;
+    fn key(&self) -> &u32 {
+        &self.0
+    }
+}
+
+fn check(map: &Layered<u32, Pair>, model: &HashMap<u32, u32>, keys: u32) {
     assert_eq!(map.len(), model.len(), "len");
-    let mut got: Vec<_> = map.iter().map(|(k, v)| (*k, *v)).collect();
+    for (k, v) in map.iter() {
+        assert_eq!(*k, v.0, "an entry's key is its value's");
+    }
+    let mut got: Vec<_> = map.iter().map(|(k, v)| (*k, v.1)).collect();
     got.sort_unstable();
     let mut want: Vec<_> = model.iter().map(|(k, v)| (*k, *v)).collect();
     want.sort_unstable();
     assert_eq!(got, want, "iter");
     for k in 0..keys {
-        assert_eq!(map.get(&k), model.get(&k), "get {k}");
+        assert_eq!(
+            map.get(&k).map(|p| (p.0, p.1)),
+            model.get(&k).map(|&v| (k, v)),
+            "get {k}"
+        );
     }
 }
 
@@ -26,7 +44,7 @@ fn layered_matches_a_model_under_clones_writes_and_drops() {
     for seed in 1..=12u64 {
         let mut rng = Rng::with_seed(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let keys = [40u32, 3000, 20_000][(seed % 3) as usize];
-        let mut maps: Vec<Layered<u32, u32>> = vec![Layered::default()];
+        let mut maps: Vec<Layered<u32, Pair>> = vec![Layered::default()];
         let mut models: Vec<HashMap<u32, u32>> = vec![HashMap::new()];
         for step in 0..60_000u32 {
             let i = rng.u64(..maps.len() as u64) as usize;
@@ -45,7 +63,7 @@ fn layered_matches_a_model_under_clones_writes_and_drops() {
                 _ => {
                     let k = rng.u64(..u64::from(keys)) as u32;
                     let v = if rng.u64(..4) == 0 { None } else { Some(step) };
-                    let old = maps[i].set(k, v);
+                    let old = maps[i].set(k, v.map(|v| Pair(k, v))).map(|p| p.1);
                     let model_old = match v {
                         Some(v) => models[i].insert(k, v),
                         None => models[i].remove(&k),

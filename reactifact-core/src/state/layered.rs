@@ -13,14 +13,86 @@
 //! writes at most, so a write's amortised cost stays O(1).
 
 use std::borrow::Borrow;
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 
 /// The hasher of both layers: fast and seeded per process (ids are short strings and SipHash
 /// showed up in profiles). Iteration order is never relied on.
 type Hasher = foldhash::fast::RandomState;
 
-type Flat<K, V> = std::collections::HashMap<K, V, Hasher>;
+/// A value that carries its own key, so the flat table stores the value alone (for the
+/// artifacts, an 8-byte `Arc<Stored>` a slot, not a 24-byte id-and-value pair).
+pub(crate) trait Keyed {
+    /// The key type.
+    type Key;
+    /// The value's key.
+    fn key(&self) -> &Self::Key;
+}
+
+/// The flat layer: the values in a table hashed by their keys.
+#[derive(Clone)]
+struct Flat<V> {
+    table: hashbrown::HashTable<V>,
+    hasher: Hasher,
+}
+
+impl<V> Default for Flat<V> {
+    fn default() -> Self {
+        Flat {
+            table: hashbrown::HashTable::new(),
+            hasher: Hasher::default(),
+        }
+    }
+}
+
+impl<V: Keyed> Flat<V>
+where
+    V::Key: Hash + Eq,
+{
+    fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    fn get<Q>(&self, key: &Q) -> Option<&V>
+    where
+        V::Key: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.table.find(self.hash(key), |v| v.key().borrow() == key)
+    }
+
+    /// Puts `value` under its key; returns the value it replaces.
+    fn insert(&mut self, value: V) -> Option<V> {
+        let hash = self.hash(value.key());
+        let hasher = &self.hasher;
+        match self
+            .table
+            .entry(hash, |v| v.key() == value.key(), |v| hasher.hash_one(v.key()))
+        {
+            hashbrown::hash_table::Entry::Occupied(mut entry) => Some(std::mem::replace(entry.get_mut(), value)),
+            hashbrown::hash_table::Entry::Vacant(entry) => {
+                entry.insert(value);
+                None
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &V::Key) -> Option<V> {
+        match self.table.find_entry(self.hash(key), |v| v.key() == key) {
+            Ok(entry) => Some(entry.remove().0),
+            Err(_) => None,
+        }
+    }
+
+    fn reserve(&mut self, additional: usize) {
+        let hasher = &self.hasher;
+        self.table.reserve(additional, |v| hasher.hash_one(v.key()));
+    }
+
+    fn len(&self) -> usize {
+        self.table.len()
+    }
+}
 
 /// Changes over the base: `Some` sets a value, `None` removes the base's.
 type Delta<K, V> = imbl::GenericHashMap<K, Option<V>, Hasher, imbl::shared_ptr::DefaultSharedPtr>;
@@ -32,7 +104,7 @@ fn fold_at(base: usize) -> usize {
 
 /// A hash map with O(1) clones that writes in place while it is not shared (see the module).
 pub(crate) struct Layered<K, V> {
-    base: Arc<Flat<K, V>>,
+    base: Arc<Flat<V>>,
     delta: Delta<K, V>,
     len: usize,
 }
@@ -58,7 +130,7 @@ impl<K: Clone, V: Clone> Clone for Layered<K, V> {
     }
 }
 
-impl<K: Hash + Eq + Clone, V: Clone> Layered<K, V> {
+impl<K: Hash + Eq + Clone, V: Clone + Keyed<Key = K>> Layered<K, V> {
     /// The value under `key`.
     #[inline]
     pub(crate) fn get<Q>(&self, key: &Q) -> Option<&V>
@@ -79,14 +151,19 @@ impl<K: Hash + Eq + Clone, V: Clone> Layered<K, V> {
         self.len
     }
 
-    /// Sets the value under `key` (`None` removes it) and returns the one it replaces.
+    /// Sets the value under `key` (`None` removes it) and returns the one it replaces. A
+    /// value's own key is `key`.
     pub(crate) fn set(&mut self, key: K, value: Option<V>) -> Option<V> {
+        debug_assert!(
+            value.as_ref().is_none_or(|v| *v.key() == key),
+            "a value under another key"
+        );
         if let Some(base) = Arc::get_mut(&mut self.base) {
             if !self.delta.is_empty() {
                 fold(base, std::mem::take(&mut self.delta));
             }
             let old = match value {
-                Some(value) => base.insert(key, value),
+                Some(value) => base.insert(value),
                 None => base.remove(&key),
             };
             self.len = base.len();
@@ -121,7 +198,9 @@ impl<K: Hash + Eq + Clone, V: Clone> Layered<K, V> {
         let delta = &self.delta;
         let kept = self
             .base
+            .table
             .iter()
+            .map(|value| (value.key(), value))
             .filter(move |(key, _)| delta.is_empty() || !delta.contains_key(*key));
         let changed = delta.iter().filter_map(|(key, value)| Some((key, value.as_ref()?)));
         kept.chain(changed)
@@ -139,11 +218,11 @@ impl<K: Hash + Eq + Clone, V: Clone> Layered<K, V> {
     }
 }
 
-fn fold<K: Hash + Eq + Clone, V: Clone>(base: &mut Flat<K, V>, delta: Delta<K, V>) {
+fn fold<K: Hash + Eq + Clone, V: Clone + Keyed<Key = K>>(base: &mut Flat<V>, delta: Delta<K, V>) {
     base.reserve(delta.len());
     for (key, value) in delta {
         match value {
-            Some(value) => base.insert(key, value),
+            Some(value) => base.insert(value),
             None => base.remove(&key),
         };
     }
@@ -153,8 +232,31 @@ fn fold<K: Hash + Eq + Clone, V: Clone>(base: &mut Flat<K, V>, delta: Delta<K, V
 mod tests {
     use super::*;
 
-    fn sorted(map: &Layered<u32, u32>) -> Vec<(u32, u32)> {
-        let mut entries: Vec<_> = map.iter().map(|(k, v)| (*k, *v)).collect();
+    /// A value with its key.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    struct Pair(u32, u32);
+
+    impl Keyed for Pair {
+        type Key = u32;
+        fn key(&self) -> &u32 {
+            &self.0
+        }
+    }
+
+    /// `map.set(key, value)` for a value stored with its key.
+    fn set(map: &mut Layered<u32, Pair>, key: u32, value: Option<u32>) -> Option<u32> {
+        map.set(key, value.map(|v| Pair(key, v))).map(|p| p.1)
+    }
+
+    fn get(map: &Layered<u32, Pair>, key: u32) -> Option<u32> {
+        map.get(&key).map(|p| {
+            assert_eq!(p.0, key);
+            p.1
+        })
+    }
+
+    fn sorted(map: &Layered<u32, Pair>) -> Vec<(u32, u32)> {
+        let mut entries: Vec<_> = map.iter().map(|(k, v)| (*k, v.1)).collect();
         entries.sort_unstable();
         entries
     }
@@ -163,34 +265,34 @@ mod tests {
     fn an_unshared_map_writes_in_place() {
         let mut map = Layered::default();
         for i in 0..100 {
-            assert_eq!(map.set(i, Some(i)), None);
+            assert_eq!(set(&mut map, i, Some(i)), None);
         }
-        assert_eq!(map.set(7, None), Some(7));
-        assert_eq!(map.set(8, Some(80)), Some(8));
+        assert_eq!(set(&mut map, 7, None), Some(7));
+        assert_eq!(set(&mut map, 8, Some(80)), Some(8));
         assert!(map.is_flat());
         assert_eq!(map.len(), 99);
-        assert_eq!(map.get(&8), Some(&80));
-        assert_eq!(map.get(&7), None);
+        assert_eq!(get(&map, 8), Some(80));
+        assert_eq!(get(&map, 7), None);
     }
 
     #[test]
     fn a_clone_keeps_what_it_saw_while_the_original_changes() {
         let mut map = Layered::default();
         for i in 0..10 {
-            map.set(i, Some(i));
+            set(&mut map, i, Some(i));
         }
         let kept = map.clone();
-        map.set(3, None);
-        map.set(4, Some(40));
-        map.set(20, Some(20));
+        set(&mut map, 3, None);
+        set(&mut map, 4, Some(40));
+        set(&mut map, 20, Some(20));
         assert!(!map.is_flat(), "the base is shared: the writes went to the delta");
         assert_eq!(sorted(&kept), (0..10).map(|i| (i, i)).collect::<Vec<_>>());
         assert_eq!(kept.len(), 10);
         assert_eq!(map.len(), 10);
-        assert_eq!(map.get(&3), None);
-        assert_eq!(map.get(&4), Some(&40));
-        assert_eq!(map.get(&20), Some(&20));
-        assert!(map.get(&3).is_none());
+        assert_eq!(get(&map, 3), None);
+        assert_eq!(get(&map, 4), Some(40));
+        assert_eq!(get(&map, 20), Some(20));
+        assert!(get(&map, 3).is_none());
         let mut expected: Vec<_> = (0..10)
             .filter(|&i| i != 3)
             .map(|i| (i, if i == 4 { 40 } else { i }))
@@ -200,7 +302,7 @@ mod tests {
 
         // Once the clone is gone, the next write folds the delta into the base in place.
         drop(kept);
-        map.set(21, Some(21));
+        set(&mut map, 21, Some(21));
         assert!(map.is_flat());
         expected.push((21, 21));
         assert_eq!(sorted(&map), expected);
@@ -211,51 +313,51 @@ mod tests {
     fn a_delta_over_a_base_that_stays_shared_is_folded_into_a_copy() {
         let mut map = Layered::default();
         for i in 0..10 {
-            map.set(i, Some(i));
+            set(&mut map, i, Some(i));
         }
         let kept = map.clone();
         let writes = fold_at(10) as u32 + 1;
         for i in 0..writes {
-            map.set(100 + i, Some(i));
+            set(&mut map, 100 + i, Some(i));
         }
         assert!(map.is_flat(), "the delta was folded into a copy of the base");
         assert_eq!(map.len(), 10 + writes as usize);
         assert_eq!(kept.len(), 10);
         assert_eq!(sorted(&kept), (0..10).map(|i| (i, i)).collect::<Vec<_>>());
-        assert_eq!(map.get(&(100 + writes - 1)), Some(&(writes - 1)));
+        assert_eq!(get(&map, 100 + writes - 1), Some(writes - 1));
     }
 
     #[test]
     fn room_is_made_at_once_only_for_a_write_at_least_as_large_as_the_map() {
         let mut map = Layered::default();
         for i in 0..1000 {
-            map.set(i, Some(i));
+            set(&mut map, i, Some(i));
         }
-        let capacity = map.base.capacity();
+        let capacity = map.base.table.capacity();
         map.reserve(999);
         assert_eq!(
-            map.base.capacity(),
+            map.base.table.capacity(),
             capacity,
             "a smaller batch grows the table as it goes"
         );
         map.reserve(100_000);
-        assert!(map.base.capacity() >= 101_000);
+        assert!(map.base.table.capacity() >= 101_000);
         let kept = map.clone();
-        let capacity = map.base.capacity();
+        let capacity = map.base.table.capacity();
         map.reserve(1_000_000);
-        assert_eq!(map.base.capacity(), capacity, "a shared base is not touched");
+        assert_eq!(map.base.table.capacity(), capacity, "a shared base is not touched");
         drop(kept);
     }
 
     #[test]
     fn clones_of_clones_each_see_their_own_writes() {
         let mut a = Layered::default();
-        a.set(1, Some(1));
+        set(&mut a, 1, Some(1));
         let mut b = a.clone();
-        b.set(2, Some(2));
+        set(&mut b, 2, Some(2));
         let mut c = b.clone();
-        c.set(1, None);
-        a.set(3, Some(3));
+        set(&mut c, 1, None);
+        set(&mut a, 3, Some(3));
         assert_eq!(sorted(&a), vec![(1, 1), (3, 3)]);
         assert_eq!(sorted(&b), vec![(1, 1), (2, 2)]);
         assert_eq!(sorted(&c), vec![(2, 2)]);

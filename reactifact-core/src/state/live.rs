@@ -9,7 +9,7 @@ use crate::model::artifact::{Artifact, ArtifactId, Kind, ReadError, Record, Stor
 use crate::model::hash::{self, SetDigest, StateHash};
 use crate::model::relation::Relation;
 use crate::model::timer::{self, Timer};
-use crate::state::layered::Layered;
+use crate::state::layered::{Keyed, Layered};
 use crate::state::order::CreationOrder;
 
 /// What merges and diffs read of a state: an artifact, a relation, an artifact's relations,
@@ -176,6 +176,13 @@ pub(crate) struct State {
     /// The unfired timers (artifacts of kind `timer`) by due time, kept in step by
     /// [`put`](State::put): the runtime finds the due ones and the next one without a scan.
     timers: imbl::OrdSet<(SystemTime, ArtifactId)>,
+}
+
+impl Keyed for Arc<Stored> {
+    type Key = ArtifactId;
+    fn key(&self) -> &ArtifactId {
+        &self.id
+    }
 }
 
 /// How to undo one change to the state.
