@@ -4,21 +4,11 @@
 #[path = "../src/state/layered.rs"]
 mod layered;
 
-use layered::{Keyed, Layered};
+use layered::tests::Pair;
+use layered::Layered;
 use std::collections::HashMap;
 
 use reactifact_core::fastrand::Rng;
-
-/// A value stored with its key, as the live state stores an artifact with its id.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Pair(u32, u32);
-
-impl Keyed for Pair {
-    type Key = u32;
-    fn key(&self) -> &u32 {
-        &self.0
-    }
-}
 
 fn check(map: &Layered<u32, Pair>, model: &HashMap<u32, u32>, keys: u32) {
     assert_eq!(map.len(), model.len(), "len");

@@ -229,12 +229,13 @@ fn fold<K: Hash + Eq + Clone, V: Clone + Keyed<Key = K>>(base: &mut Flat<V>, del
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    /// A value with its key.
+    /// A value stored with its key, as the live state stores an artifact with its id (also
+    /// used by the model test, `tests/shared_layered_model.rs`).
     #[derive(Clone, Copy, Debug, PartialEq)]
-    struct Pair(u32, u32);
+    pub(crate) struct Pair(pub(crate) u32, pub(crate) u32);
 
     impl Keyed for Pair {
         type Key = u32;
