@@ -138,15 +138,28 @@ struct Entry {
     /// Whether the committed `PendingAction` asks for approval.
     requires_approval: bool,
     /// When the entry is due, in Unix milliseconds, while it is claimable (pending, or failed
-    /// with a retry scheduled); `None` otherwise.
-    due: Option<u64>,
+    /// with a retry scheduled); [`NOT_DUE`] otherwise (read through [`Entry::due`]).
+    due_ms: u64,
     /// Bumped every time the entry is queued: queue items with an older stamp are stale.
     stamp: u32,
-    /// The lease of the last claim (kept after it ended, for the attempt history: a delivered
-    /// attempt is read from it) and when the claim was made, in Unix milliseconds.
-    last_claim: Option<(Lease, u64)>,
+    /// The last claim (kept after it ended, for the attempt history: a delivered attempt is
+    /// read from it).
+    last_claim: Option<LastClaim>,
     /// What most entries never have, behind one pointer (`None` while empty).
     rare: Option<Box<Rare>>,
+}
+
+/// [`Entry::due_ms`] of an entry that is not claimable. (A due time of `u64::MAX` itself, a
+/// retry time saturated past the year 500,000,000, is kept one millisecond earlier.)
+const NOT_DUE: u64 = u64::MAX;
+
+/// An entry's last claim, as its attempt history reports it. Its fencing token is the entry's
+/// (only a claim changes that), and a memory ledger keeps its times in whole milliseconds.
+struct LastClaim {
+    owner: Arc<str>,
+    claimed_ms: u64,
+    /// When its lease expires (or expired), as last renewed.
+    expires_ms: u64,
 }
 
 /// The rarely set part of an [`Entry`].
@@ -160,6 +173,15 @@ struct Rare {
 }
 
 impl Entry {
+    /// When the entry is due, in Unix milliseconds, while it is claimable.
+    fn due(&self) -> Option<u64> {
+        (self.due_ms != NOT_DUE).then_some(self.due_ms)
+    }
+
+    fn set_due(&mut self, due: Option<u64>) {
+        self.due_ms = due.map_or(NOT_DUE, |ms| ms.min(NOT_DUE - 1));
+    }
+
     fn in_queue(&self, (session, kind): (u32, u32)) -> bool {
         (session == ANY || self.session == session || self.members().contains(&session))
             && (kind == ANY || self.kind == kind)
@@ -356,7 +378,7 @@ fn live(slots: &[Option<Entry>], (due, pos, stamp): Item) -> bool {
     slots
         .get(pos as usize)
         .and_then(Option::as_ref)
-        .is_some_and(|e| e.due == Some(due) && e.stamp == stamp)
+        .is_some_and(|e| e.due() == Some(due) && e.stamp == stamp)
 }
 
 /// Whether the entry at `pos` is in flight under a lease expiring at `expiry` (Unix ms).
@@ -444,13 +466,13 @@ fn reclaim(entry: &mut Delivery) {
 
 /// The attempt of the entry's last claim, as if still in flight (its lease as last renewed).
 fn in_flight(e: &Entry) -> Option<Attempt> {
-    let (lease, claimed) = e.last_claim.as_ref()?;
+    let claim = e.last_claim.as_ref()?;
     Some(Attempt {
-        token: lease.token,
+        token: e.delivery.token,
         number: e.delivery.attempts,
-        owner: lease.owner.clone(),
-        claimed_at: from_unix_millis(*claimed),
-        lease_expires_at: lease.expires_at,
+        owner: claim.owner.clone(),
+        claimed_at: from_unix_millis(claim.claimed_ms),
+        lease_expires_at: from_unix_millis(claim.expires_ms),
         ended_at: None,
         outcome: AttemptOutcome::InFlight,
     })
@@ -554,7 +576,7 @@ impl Inner {
                 e.rare_mut().members.push(session);
                 let class = class(&e.delivery);
                 shift(&mut self.tally.by_session[session as usize], None, Some(class));
-                if let Some(due) = e.due {
+                if let Some(due) = e.due() {
                     let item = (due, pos, e.stamp);
                     let kind = e.kind;
                     self.queues.push(&self.slots, [session], kind, item);
@@ -583,7 +605,11 @@ impl Inner {
                 session,
                 kind,
                 requires_approval,
-                due: (!requires_approval).then_some(now_ms),
+                due_ms: if requires_approval {
+                    NOT_DUE
+                } else {
+                    now_ms.min(NOT_DUE - 1)
+                },
                 stamp: 1,
                 last_claim: None,
                 rare: None,
@@ -609,17 +635,18 @@ impl Inner {
         d.updated_at = now;
         d.intent.attempt = d.attempts;
         let status = d.status;
-        e.due = match status {
+        let due = match status {
             DeliveryStatus::Pending => Some(now_ms),
             DeliveryStatus::Failed => d.next_attempt_at.map(unix_millis),
             _ => None,
         };
+        e.set_due(due);
         let to = class(&e.delivery);
         self.tally.moved(e, Some(from), Some(to));
         if from == IN_FLIGHT && to != IN_FLIGHT {
             self.in_flight.remove(&e.delivery.intent.key.addr());
         }
-        if let Some(due) = e.due {
+        if let Some(due) = e.due() {
             e.stamp = e.stamp.wrapping_add(1);
             let item = (due, pos, e.stamp);
             self.queues.push_entry(&self.slots, pos, item);
@@ -738,7 +765,7 @@ impl Inner {
                     .enumerate()
                     .filter_map(|(pos, e)| {
                         let e = e.as_ref()?;
-                        let due = e.due?;
+                        let due = e.due()?;
                         e.in_queue(key).then_some((due, pos as Pos, e.stamp))
                     })
                     .collect();
@@ -791,7 +818,7 @@ impl Inner {
             let pos = item.1;
             let e = self.slots[pos as usize].as_mut().expect("a live item");
             let from = class(&e.delivery);
-            e.due = None;
+            e.set_due(None);
             let d = &mut e.delivery;
             d.status = DeliveryStatus::InFlight;
             d.attempts = d.attempts.saturating_add(1);
@@ -804,7 +831,11 @@ impl Inner {
             });
             d.next_attempt_at = None;
             d.updated_at = now;
-            e.last_claim = d.lease.clone().map(|lease| (lease, now_ms));
+            e.last_claim = Some(LastClaim {
+                owner: request.owner.clone(),
+                claimed_ms: now_ms,
+                expires_ms: expiry_ms,
+            });
             self.tally.moved(e, Some(from), Some(IN_FLIGHT));
             self.in_flight.insert(e.delivery.intent.key.addr(), pos);
             claims.push(e.delivery.clone());
@@ -896,8 +927,8 @@ impl Inner {
         match &mut d.lease {
             Some(lease) if d.status == DeliveryStatus::InFlight && d.token == token => {
                 lease.expires_at = until;
-                if let Some((last, _)) = &mut e.last_claim {
-                    last.expires_at = until;
+                if let Some(last) = &mut e.last_claim {
+                    last.expires_ms = until_ms;
                 }
                 self.leases.entry(until_ms).or_default().push(pos);
                 true
