@@ -600,20 +600,17 @@ impl Inner {
                 trace: new.intent.trace,
             };
             let requires_approval = new.requires_approval();
-            let entry = Entry {
+            let mut entry = Entry {
                 delivery: Delivery::new(intent, now, requires_approval),
                 session,
                 kind,
                 requires_approval,
-                due_ms: if requires_approval {
-                    NOT_DUE
-                } else {
-                    now_ms.min(NOT_DUE - 1)
-                },
+                due_ms: NOT_DUE,
                 stamp: 1,
                 last_claim: None,
                 rare: None,
             };
+            entry.set_due((!requires_approval).then_some(now_ms));
             self.tally.moved(&entry, None, Some(class(&entry.delivery)));
             self.slots.push(Some(entry));
             if !requires_approval {
