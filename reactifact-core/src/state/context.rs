@@ -893,16 +893,20 @@ impl Context {
             }
             turn.and_then(|turn| turn.traces.get(given).copied().flatten())
         };
-        // One origin for the commit, shared by its intents.
-        let origin = Origin::new(self.session.clone(), commit.hash, commit.generation, 0);
-        let intents: Vec<NewIntent> = apply
-            .intents
-            .drain(..)
-            .map(|acted| {
-                let trace = trace_of(acted.run);
-                acted.into_new_intent(&origin, trace)
-            })
-            .collect();
+        let intents: Vec<NewIntent> = if apply.intents.is_empty() {
+            Vec::new()
+        } else {
+            // One origin for the commit, shared by its intents.
+            let origin = Origin::new(self.session.clone(), commit.hash, commit.generation, 0);
+            apply
+                .intents
+                .drain(..)
+                .map(|acted| {
+                    let trace = trace_of(acted.run);
+                    acted.into_new_intent(&origin, trace)
+                })
+                .collect()
+        };
         let mut claimed = None;
         if let Some(store) = &mut self.store {
             let scope = Scope::session(&*self.session);
