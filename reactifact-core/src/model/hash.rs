@@ -100,6 +100,16 @@ impl HashWriter {
         }
     }
 
+    /// Appends what `write` writes to the bytes hashed: straight into the buffer, without a
+    /// call through `io::Write` per piece.
+    pub(crate) fn append(&mut self, write: impl FnOnce(&mut Vec<u8>)) {
+        write(&mut self.buffer);
+        if self.buffer.len() >= Self::CHUNK {
+            self.hasher.update(&self.buffer);
+            self.buffer.clear();
+        }
+    }
+
     pub(crate) fn finish(mut self) -> [u8; 32] {
         self.hasher.update(&self.buffer);
         self.hasher.finalize().into()

@@ -818,9 +818,12 @@ impl Context {
         // In place unless a snapshot of the state outlived its generation; then on an O(1)
         // copy of it (see `state::layered`).
         let state = Arc::make_mut(&mut self.state);
+        let ops = runs.iter().map(|run| run.ops.len()).sum();
         // Room for every artifact a large commit may create at once (see `Layered::reserve`).
-        state.reserve(runs.iter().map(|run| run.ops.len()).sum());
-        let mut apply = Apply::new(state, generation).events_from(self.next_event_seq);
+        state.reserve(ops);
+        let mut apply = Apply::new(state, generation)
+            .events_from(self.next_event_seq)
+            .with_room(ops);
         let mut rejected = Vec::new();
         for (i, run) in runs.iter().enumerate() {
             // Its position in the commit once the rejected runs before it are dropped.

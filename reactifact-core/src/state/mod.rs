@@ -3,6 +3,7 @@
 
 pub(crate) mod branch;
 pub(crate) mod commit;
+pub(crate) mod commit_hash;
 pub(crate) mod context;
 pub(crate) mod graph;
 pub(crate) mod layered;
