@@ -351,7 +351,7 @@ impl OrderedQueue {
     }
 
     /// The first live item, dropping the stale ones before it.
-    fn front(&mut self, slots: &[Option<Entry>]) -> Option<Item> {
+    fn front(&mut self, slots: &Slots) -> Option<Item> {
         while let Some((item, _)) = self.peek() {
             if live(slots, item) {
                 return Some(item);
@@ -362,7 +362,7 @@ impl OrderedQueue {
     }
 
     /// Pushes `item`, compacting the queue when stale items make up more than half of it.
-    fn push_live(&mut self, item: Item, slots: &[Option<Entry>]) {
+    fn push_live(&mut self, item: Item, slots: &Slots) {
         self.push(item);
         if self.len() > 2 * self.compacted + 64 {
             self.fifo.retain(|&it| live(slots, it));
@@ -372,9 +372,80 @@ impl OrderedQueue {
     }
 }
 
+/// The ledger's entries by position; `None` once purged.
+type Slots = Chunked<Option<Entry>>;
+
+/// A vector in chunks of a fixed size: growing never moves an element. (In one `Vec`, the
+/// registration that crosses its capacity would copy every ledger entry so far — 100 MB at a
+/// third of a million — inside the commit that registers it.)
+struct Chunked<T> {
+    chunks: Vec<Vec<T>>,
+    len: usize,
+}
+
+impl<T> Default for Chunked<T> {
+    fn default() -> Self {
+        Chunked {
+            chunks: Vec::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<T> Chunked<T> {
+    /// Elements a chunk holds (about 1.2 MB of ledger entries).
+    const CHUNK: usize = 4096;
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn push(&mut self, value: T) {
+        if self.len % Self::CHUNK == 0 {
+            // It grows by doubling to exactly `CHUNK`: a push copies at most one chunk.
+            self.chunks.push(Vec::new());
+        }
+        self.chunks.last_mut().expect("a chunk with room").push(value);
+        self.len += 1;
+    }
+
+    fn get(&self, pos: usize) -> Option<&T> {
+        self.chunks.get(pos / Self::CHUNK)?.get(pos % Self::CHUNK)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &T> {
+        self.chunks.iter().flatten()
+    }
+
+    /// The elements from position `start` on, with their positions.
+    fn enumerate_from(&self, start: usize) -> impl Iterator<Item = (usize, &T)> {
+        let first = (start / Self::CHUNK).min(self.chunks.len());
+        self.chunks[first..]
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(move |(i, value)| (first * Self::CHUNK + i, value))
+            .skip(start - first * Self::CHUNK)
+    }
+}
+
+impl<T> std::ops::Index<usize> for Chunked<T> {
+    type Output = T;
+
+    fn index(&self, pos: usize) -> &T {
+        &self.chunks[pos / Self::CHUNK][pos % Self::CHUNK]
+    }
+}
+
+impl<T> std::ops::IndexMut<usize> for Chunked<T> {
+    fn index_mut(&mut self, pos: usize) -> &mut T {
+        &mut self.chunks[pos / Self::CHUNK][pos % Self::CHUNK]
+    }
+}
+
 /// Whether a queue item still stands for its entry: the entry is due then, and was queued
 /// with this stamp.
-fn live(slots: &[Option<Entry>], (due, pos, stamp): Item) -> bool {
+fn live(slots: &Slots, (due, pos, stamp): Item) -> bool {
     slots
         .get(pos as usize)
         .and_then(Option::as_ref)
@@ -382,7 +453,7 @@ fn live(slots: &[Option<Entry>], (due, pos, stamp): Item) -> bool {
 }
 
 /// Whether the entry at `pos` is in flight under a lease expiring at `expiry` (Unix ms).
-fn holds_lease(slots: &[Option<Entry>], pos: Pos, expiry: u64) -> bool {
+fn holds_lease(slots: &Slots, pos: Pos, expiry: u64) -> bool {
     slots[pos as usize].as_ref().is_some_and(|e| {
         e.delivery.status == DeliveryStatus::InFlight
             && e.delivery
@@ -413,7 +484,7 @@ impl DueQueues {
 
     /// Pushes `item` onto every existing queue of one of `sessions` (which may name
     /// [`ANY`]), for any kind or for `kind`.
-    fn push(&mut self, slots: &[Option<Entry>], sessions: impl IntoIterator<Item = u32>, kind: u32, item: Item) {
+    fn push(&mut self, slots: &Slots, sessions: impl IntoIterator<Item = u32>, kind: u32, item: Item) {
         if self.map.is_empty() {
             return;
         }
@@ -433,7 +504,7 @@ impl DueQueues {
     }
 
     /// Pushes the item of the entry at `pos` onto every existing queue the entry belongs to.
-    fn push_entry(&mut self, slots: &[Option<Entry>], pos: Pos, item: Item) {
+    fn push_entry(&mut self, slots: &Slots, pos: Pos, item: Item) {
         if self.map.is_empty() {
             return;
         }
@@ -481,8 +552,8 @@ fn in_flight(e: &Entry) -> Option<Attempt> {
 /// The ledger, behind the outbox's lock.
 #[derive(Default)]
 struct Inner {
-    /// Entries in registration order; `None` once purged.
-    slots: Vec<Option<Entry>>,
+    /// Entries in registration order.
+    slots: Slots,
     /// Every key ever registered (purged ones too: their tombstone).
     index: HashMap<ActionKey, Pos>,
     sessions: Names,
@@ -543,7 +614,6 @@ impl Inner {
     #[cfg_attr(not(feature = "store-contract"), allow(dead_code))]
     fn register(&mut self, intents: &[NewIntent], now: SystemTime) {
         let (now_ms, now) = millis(now);
-        self.slots.reserve(intents.len());
         self.index.reserve(intents.len());
         // A commit's intents share their session, and usually their kind: the last name
         // interned is compared (`Arc`'s equality compares the allocations first) before the
@@ -1057,7 +1127,7 @@ impl Inner {
         let mut entries = Vec::new();
         let mut last = 0;
         let mut next = None;
-        for (pos, e) in self.slots.iter().enumerate().skip(start) {
+        for (pos, e) in self.slots.enumerate_from(start) {
             let Some(e) = e else { continue };
             if query.status.is_some_and(|s| s != e.delivery.status) || !self.admits(e, &query.scope) {
                 continue;
@@ -1248,6 +1318,45 @@ mod tests {
     use crate::model::action::{Origin, PendingAction};
     use crate::model::artifact::Generation;
     use crate::model::hash::{content_hash, CommitHash};
+
+    #[test]
+    fn a_chunked_vector_keeps_every_position_across_its_chunks() {
+        let n = 3 * Chunked::<u32>::CHUNK + 5;
+        let mut v = Chunked::default();
+        for i in 0..n {
+            v.push(i as u32);
+            assert_eq!(v.len(), i + 1);
+        }
+        let first = &v[0] as *const u32;
+        v.push(0);
+        assert_eq!(&v[0] as *const u32, first, "growing moved an element");
+        let (last, full) = v.chunks.split_last().unwrap();
+        assert!(
+            full.iter().all(|c| c.capacity() == Chunked::<u32>::CHUNK),
+            "a full chunk over-allocated"
+        );
+        assert!(last.capacity() <= Chunked::<u32>::CHUNK);
+        for i in [0, 1, Chunked::<u32>::CHUNK - 1, Chunked::<u32>::CHUNK, n - 1] {
+            assert_eq!(v[i], i as u32);
+            assert_eq!(v.get(i), Some(&(i as u32)));
+        }
+        assert_eq!(v.get(n + 1), None);
+        v[Chunked::<u32>::CHUNK] = 7;
+        assert_eq!(v.iter().filter(|&&x| x == 7).count(), 2);
+        for start in [
+            0,
+            1,
+            Chunked::<u32>::CHUNK - 1,
+            Chunked::<u32>::CHUNK,
+            2 * Chunked::<u32>::CHUNK + 1,
+            n + 1,
+            usize::MAX,
+        ] {
+            let expected: Vec<(usize, u32)> = (start.min(n + 1)..n + 1).map(|i| (i, v[i])).collect();
+            let got: Vec<(usize, u32)> = v.enumerate_from(start).map(|(i, &x)| (i, x)).collect();
+            assert_eq!(got, expected, "from {start}");
+        }
+    }
 
     fn intent(session: &Arc<str>, key: &str) -> NewIntent {
         let bytes = rmp_serde::to_vec_named(&PendingAction {
