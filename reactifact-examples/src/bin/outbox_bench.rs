@@ -45,7 +45,7 @@ use sha2::{Digest, Sha256};
 
 const USAGE: &str = "\
 usage: outbox-bench [N] [--n N] [--store memory|sqlite|sqlite-normal|postgres] [--db DIR] [--url URL]
-                    [--generations G] [--standing M] [--runs R] [--metrics]
+                    [--generations G] [--standing M] [--runs R] [--metrics] [--perf-ctl CTL,ACK]
 
   N, --n N           orders in the timed workload (default 1000)
   --store S          `memory` (default); `sqlite`: an SQLite file, synchronous = FULL (one fsync
@@ -59,7 +59,10 @@ usage: outbox-bench [N] [--n N] [--store memory|sqlite|sqlite-normal|postgres] [
   --runs R           repeat the whole run R times in this process, one JSON line each (default 1;
                      only the first, in a fresh process, measures bytes per artifact)
   --metrics          install a Prometheus recorder (metrics-exporter-prometheus) first, so the
-                     runtime's metrics are recorded; the line then counts the rendered samples";
+                     runtime's metrics are recorded; the line then counts the rendered samples
+  --perf-ctl CTL,ACK switch perf on for each timed turn only: writes `enable` and `disable` to the
+                     FIFO CTL and waits for perf's answer on ACK (for `perf stat` or `perf record`
+                     with `--control fifo:CTL,ACK -D -1`)";
 
 struct Options {
     n: u64,
@@ -70,6 +73,29 @@ struct Options {
     runs: u32,
     url: Option<String>,
     metrics: bool,
+    perf: Option<PerfControl>,
+}
+
+/// perf's control FIFOs (`perf … --control fifo:CTL,ACK`): profiling switched on around
+/// each timed turn only, not the seeding, the standing state or the checks.
+struct PerfControl {
+    ctl: std::path::PathBuf,
+    ack: std::path::PathBuf,
+}
+
+impl PerfControl {
+    /// Sends `command` (`enable` or `disable`) and waits until perf has acted on it.
+    fn send(&self, command: &str) -> Result<(), String> {
+        use std::io::{BufRead, Write};
+        let fail = |e: std::io::Error| format!("perf control: {e}");
+        let mut ctl = std::fs::OpenOptions::new().write(true).open(&self.ctl).map_err(fail)?;
+        writeln!(ctl, "{command}").map_err(fail)?;
+        let mut answer = String::new();
+        std::io::BufReader::new(std::fs::File::open(&self.ack).map_err(fail)?)
+            .read_line(&mut answer)
+            .map_err(fail)?;
+        Ok(())
+    }
 }
 
 fn parse_args() -> Result<Options, String> {
@@ -84,6 +110,7 @@ fn parse_args() -> Result<Options, String> {
             .ok()
             .filter(|u| !u.is_empty()),
         metrics: false,
+        perf: None,
     };
     let mut args = std::env::args().skip(1);
     let mut positional = 0;
@@ -111,6 +138,16 @@ fn parse_args() -> Result<Options, String> {
             "--runs" => options.runs = number(&name, &value(&name)?)? as u32,
             "--url" => options.url = Some(value(&name)?),
             "--metrics" => options.metrics = true,
+            "--perf-ctl" => {
+                let fifos = value(&name)?;
+                let (ctl, ack) = fifos
+                    .split_once(',')
+                    .ok_or_else(|| format!("--perf-ctl needs two FIFOs, CTL,ACK; got `{fifos}`"))?;
+                options.perf = Some(PerfControl {
+                    ctl: ctl.into(),
+                    ack: ack.into(),
+                });
+            }
             other if !other.starts_with('-') && positional == 0 => {
                 options.n = number("N", other)?;
                 positional += 1;
@@ -387,6 +424,10 @@ fn measure(
         let end = first + options.n * (g + 1) / options.generations;
         let t0 = Instant::now();
         seed(rt.context_mut(), start..end)?;
+        seed_seconds += t0.elapsed().as_secs_f64();
+        if let Some(perf) = &options.perf {
+            perf.send("enable")?;
+        }
         let t1 = Instant::now();
         let c1 = thread_cpu_ns();
         let report = tokio
@@ -394,7 +435,9 @@ fn measure(
             .map_err(|e| format!("turn failed: {e}"))?;
         cpu_ns += thread_cpu_ns().saturating_sub(c1);
         let t2 = Instant::now();
-        seed_seconds += (t1 - t0).as_secs_f64();
+        if let Some(perf) = &options.perf {
+            perf.send("disable")?;
+        }
         seconds += (t2 - t1).as_secs_f64();
         if report.outcome != TurnOutcome::Completed {
             return Err(format!("turn ended with {:?}", report.outcome));
