@@ -376,8 +376,9 @@ impl OrderedQueue {
 type Slots = Chunked<Option<Entry>>;
 
 /// A vector in chunks of a fixed size: growing never moves an element. (In one `Vec`, the
-/// registration that crosses its capacity would copy every ledger entry so far — 100 MB at a
-/// third of a million — inside the commit that registers it.)
+/// registration that crosses its capacity reallocates the whole ledger — 100 MB at a third of a
+/// million entries — inside the commit that registers it: a copy of every entry, unless the
+/// allocator happens to remap the block, as glibc does only above its mmap threshold.)
 struct Chunked<T> {
     chunks: Vec<Vec<T>>,
     len: usize,
