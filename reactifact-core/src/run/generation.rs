@@ -160,6 +160,8 @@ pub(crate) async fn run(
             Err(failure) => failures.push(failure_at(rt, work, failure)),
         }
     }
+    // Not kept through the commit, where a large generation's memory peaks.
+    drop((traces, durations));
     if !failures.is_empty() && !isolate {
         calls.keep_queued(rt, &batch.work, 0);
         let others = failures.len() - 1;

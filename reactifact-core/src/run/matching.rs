@@ -30,7 +30,7 @@ pub(crate) struct Work {
     pub(crate) event: EventKind,
     /// The produce's condition panicked on this trigger, with this message: the run fails
     /// with it instead of running.
-    pub(crate) condition_panicked: Option<String>,
+    pub(crate) condition_panicked: Option<Box<str>>,
     /// For a join produce, the parts the run joins (set when the set is found complete).
     pub(crate) joined: Option<Parts>,
     /// The events of the batch the run covers, by position: the first and the last (a
@@ -210,6 +210,8 @@ pub(crate) fn select(
         // (priority, event order, registration order).
         work.sort_by_key(|w| w.slot.agent);
     }
+    // The batch lives through the generation's commit: no room left over from growing.
+    work.shrink_to_fit();
     Batch { events, work }
 }
 
@@ -234,12 +236,12 @@ fn rerun(rt: &Runtime, snapshot: &Snapshot, slot: Slot, key: &ReaderKey) -> Opti
 
 /// Whether the produce's condition holds on `trigger`; a condition that panics counts as
 /// holding, with its message, so the run fails with it.
-fn condition(produce: &Produce, snapshot: &Snapshot, trigger: &Arc<Stored>) -> (bool, Option<String>) {
+fn condition(produce: &Produce, snapshot: &Snapshot, trigger: &Arc<Stored>) -> (bool, Option<Box<str>>) {
     // A condition is user code: one that panics fails its run (the generation, unless runs
     // are isolated), instead of unwinding through the runtime.
     match std::panic::catch_unwind(AssertUnwindSafe(|| produce.applies(snapshot, trigger))) {
         Ok(applies) => (applies, None),
-        Err(panic) => (true, Some(panic_message(&panic))),
+        Err(panic) => (true, Some(panic_message(&panic).into())),
     }
 }
 

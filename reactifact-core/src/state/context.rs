@@ -896,22 +896,20 @@ impl Context {
             }
             turn.and_then(|turn| turn.traces.get(given).copied().flatten())
         };
-        let intents: Vec<NewIntent> = if apply.intents.is_empty() {
-            Vec::new()
-        } else {
-            // One origin for the commit, shared by its intents.
-            let origin = Origin::new(self.session.clone(), commit.hash, commit.generation, 0);
-            apply
-                .intents
-                .drain(..)
+        // One origin for the commit, shared by its intents.
+        let origin = Origin::new(self.session.clone(), commit.hash, commit.generation, 0);
+        let mut acted = std::mem::take(&mut apply.intents);
+        // Kept until the ledger has registered them: without the room left over from growing.
+        acted.shrink_to_fit();
+        let mut claimed = None;
+        if let Some(store) = &mut self.store {
+            let intents: Vec<NewIntent> = std::mem::take(&mut acted)
+                .into_iter()
                 .map(|acted| {
                     let trace = trace_of(acted.run);
                     acted.into_new_intent(&origin, trace)
                 })
-                .collect()
-        };
-        let mut claimed = None;
-        if let Some(store) = &mut self.store {
+                .collect();
             let scope = Scope::session(&*self.session);
             let delta = CommitDelta {
                 session: &self.session,
@@ -952,13 +950,10 @@ impl Context {
                     return Err(CommitFailure::Store(e));
                 }
             }
+            crate::model::telemetry::record_commit(started.elapsed(), intents.iter().map(|new| &new.intent.kind));
         }
         self.graph.record(generation, apply.finish());
-        tracing::debug!(commit = %hash.short(), events = events.len(), intents = intents.len(), "committed");
-        crate::model::telemetry::record_commit(started.elapsed(), intents.iter().map(|new| &new.intent.kind));
-        if let Some(memory) = &self.memory {
-            memory.register(&intents, now);
-        }
+        tracing::debug!(commit = %hash.short(), events = events.len(), "committed");
         self.log.push(commit);
         self.readers = readers;
         self.events.drain(..consumed);
@@ -969,6 +964,18 @@ impl Context {
             self.events.shrink_to(self.events.len() * 2);
         }
         self.next_event_seq = next_seq;
+        // In memory the ledger registers the commit's intents from the commit's own list, after
+        // the commit's temporaries above are gone (a large commit's peak memory is here).
+        if let Some(memory) = &self.memory {
+            crate::model::telemetry::record_commit(started.elapsed(), acted.iter().map(|acted| &acted.kind));
+            memory.register(
+                acted.into_iter().map(|acted| {
+                    let trace = trace_of(acted.run);
+                    acted.into_new_intent(&origin, trace)
+                }),
+                now,
+            );
+        }
         self.checkpoint_if_due();
         Ok((rejected, claimed))
     }

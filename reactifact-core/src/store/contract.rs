@@ -91,7 +91,7 @@ impl ContractStore for MemoryStore {
     ) -> BoxFuture<'a, ()> {
         self.generation += 1;
         let intents = new_intents(session, self.generation, keys);
-        self.outbox.register(&intents, now);
+        self.outbox.register(intents.into_iter(), now);
         Box::pin(std::future::ready(()))
     }
 
@@ -103,7 +103,7 @@ impl ContractStore for MemoryStore {
     ) -> BoxFuture<'a, ()> {
         self.generation += 1;
         let intents = approval_intents(session, self.generation, keys);
-        self.outbox.register(&intents, now);
+        self.outbox.register(intents.into_iter(), now);
         Box::pin(std::future::ready(()))
     }
 }

@@ -102,7 +102,7 @@ impl MemoryOutbox {
     // Called by the in-memory context after each commit, and by the contract suite. Out of
     // line (one call per commit), so that a profile names it.
     #[inline(never)]
-    pub(crate) fn register(&self, intents: &[NewIntent], now: SystemTime) {
+    pub(crate) fn register(&self, intents: impl ExactSizeIterator<Item = NewIntent>, now: SystemTime) {
         self.lock().register(intents, now);
     }
 }
@@ -613,21 +613,24 @@ impl Inner {
     }
 
     #[cfg_attr(not(feature = "store-contract"), allow(dead_code))]
-    fn register(&mut self, intents: &[NewIntent], now: SystemTime) {
+    fn register(&mut self, intents: impl ExactSizeIterator<Item = NewIntent>, now: SystemTime) {
         let (now_ms, now) = millis(now);
         self.index.reserve(intents.len());
         // A commit's intents share their session, and usually their kind: the last name
         // interned is compared (`Arc`'s equality compares the allocations first) before the
         // interning map is asked.
-        let mut last_session: Option<(&Arc<str>, u32)> = None;
-        let mut last_kind: Option<(&Arc<str>, u32)> = None;
+        let mut last_session: Option<(Arc<str>, u32)> = None;
+        let mut last_kind: Option<u32> = None;
         for new in intents {
             let name = new.intent.origin.session_name();
-            let session = match last_session {
-                Some((last, id)) if last == name => id,
-                _ => self.session_id(name),
+            let session = match &last_session {
+                Some((last, id)) if last == name => *id,
+                _ => {
+                    let id = self.session_id(name);
+                    last_session = Some((name.clone(), id));
+                    id
+                }
             };
-            last_session = Some((name, session));
             let pos = Pos::try_from(self.slots.len()).expect("fewer than 2^32 intents");
             // One probe of the index: the key's position if it has one, else this one.
             let known = match self.index.entry(new.intent.key.clone()) {
@@ -656,21 +659,18 @@ impl Inner {
             }
             let name = &new.intent.kind;
             let kind = match last_kind {
-                Some((last, id)) if last == name => id,
+                Some(id) if self.kinds.names[id as usize] == *name => id,
                 _ => self.kind_id(name),
             };
-            last_kind = Some((name, kind));
+            last_kind = Some(kind);
+            let requires_approval = new.requires_approval();
             // The kind as interned, shared by the entries of that kind: the clones a claim and
             // a delivery make of it touch one warm allocation, not one per intent.
             let intent = Intent {
-                key: new.intent.key.clone(),
                 kind: self.kinds.names[kind as usize].clone(),
-                payload: new.intent.payload.clone(),
-                origin: new.intent.origin.clone(),
                 attempt: 0,
-                trace: new.intent.trace,
+                ..new.intent
             };
-            let requires_approval = new.requires_approval();
             let mut entry = Entry {
                 delivery: Delivery::new(intent, now, requires_approval),
                 session,
@@ -1395,7 +1395,7 @@ mod tests {
         let session: Arc<str> = Arc::from("s");
         let outbox = MemoryOutbox::new();
         outbox.register(
-            &[intent(&session, "k1"), intent(&session, "k2"), intent(&session, "k3")],
+            [intent(&session, "k1"), intent(&session, "k2"), intent(&session, "k3")].into_iter(),
             t0,
         );
         let scope = Scope::all();
