@@ -298,8 +298,7 @@ impl Refold {
                 });
             }
         }
-        let ops = commit.runs.iter().map(|run| run.ops.len()).sum();
-        let mut apply = Apply::new(&mut self.state, generation).with_room(ops);
+        let mut apply = Apply::new(&mut self.state, generation).with_room(&commit.runs);
         for (run, record) in commit.runs.iter().enumerate() {
             if let Err(source) = apply.patch(&record.ops) {
                 apply.rollback();

@@ -403,8 +403,13 @@ impl<T> Chunked<T> {
 
     fn push(&mut self, value: T) {
         if self.len % Self::CHUNK == 0 {
-            // It grows by doubling to exactly `CHUNK`: a push copies at most one chunk.
-            self.chunks.push(Vec::new());
+            // The first chunk grows by doubling to exactly `CHUNK`, so that a small ledger
+            // stays small; a ledger that filled it gets every later chunk whole, never copied
+            // (its pages are touched only as entries arrive).
+            self.chunks.push(match self.len {
+                0 => Vec::new(),
+                _ => Vec::with_capacity(Self::CHUNK),
+            });
         }
         self.chunks.last_mut().expect("a chunk with room").push(value);
         self.len += 1;
