@@ -340,17 +340,12 @@ impl<'a> Apply<'a> {
         }
     }
 
-    /// Makes room for what the operations of `runs` record at most: one undo entry and one
-    /// event each (a deletion's relations aside), and one intent per act, so that a large
-    /// commit's vectors grow once, not by doubling — each doubling a copy of everything so far
-    /// into fresh pages.
-    pub(crate) fn with_room(mut self, runs: &[RunRecord]) -> Self {
-        let (ops, acts) = runs.iter().flat_map(|run| &run.ops).fold((0, 0), |(ops, acts), op| {
-            (ops + 1, acts + usize::from(matches!(op, Op::Act { .. })))
-        });
+    /// Makes room for what `ops` operations record at most: one undo entry and one event each
+    /// (a deletion's relations aside), so that a large commit's vectors grow once, not by
+    /// doubling — each doubling a copy of everything so far into fresh pages.
+    pub(crate) fn with_room(mut self, ops: usize) -> Self {
         self.undo.reserve(ops);
         self.events.reserve(ops);
-        self.intents.reserve(acts);
         self
     }
 

@@ -823,7 +823,7 @@ impl Context {
         state.reserve(ops);
         let mut apply = Apply::new(state, generation)
             .events_from(self.next_event_seq)
-            .with_room(&runs);
+            .with_room(ops);
         let mut rejected = Vec::new();
         for (i, run) in runs.iter().enumerate() {
             // Its position in the commit once the rejected runs before it are dropped.
@@ -899,6 +899,8 @@ impl Context {
         // One origin for the commit, shared by its intents.
         let origin = Origin::new(self.session.clone(), commit.hash, commit.generation, 0);
         let mut acted = std::mem::take(&mut apply.intents);
+        // Kept until the ledger has registered them: without the room left over from growing.
+        acted.shrink_to_fit();
         let mut claimed = None;
         if let Some(store) = &mut self.store {
             let intents: Vec<NewIntent> = std::mem::take(&mut acted)

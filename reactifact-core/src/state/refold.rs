@@ -298,7 +298,8 @@ impl Refold {
                 });
             }
         }
-        let mut apply = Apply::new(&mut self.state, generation).with_room(&commit.runs);
+        let ops = commit.runs.iter().map(|run| run.ops.len()).sum();
+        let mut apply = Apply::new(&mut self.state, generation).with_room(ops);
         for (run, record) in commit.runs.iter().enumerate() {
             if let Err(source) = apply.patch(&record.ops) {
                 apply.rollback();
