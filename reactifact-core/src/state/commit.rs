@@ -284,6 +284,19 @@ pub(crate) struct Acted {
 impl Acted {
     /// The intent, recorded by run `self.run` of the commit `origin` names (its run aside) in
     /// the trace `trace`, as its store registers it.
+    /// The intents `acted` as their store registers them ([`Acted::into_new_intent`]), each in
+    /// the trace `trace_of` gives for its run.
+    pub(crate) fn into_new_intents<'a>(
+        acted: Vec<Acted>,
+        origin: &'a Origin,
+        trace_of: impl Fn(u32) -> Option<TraceParent> + 'a,
+    ) -> impl ExactSizeIterator<Item = NewIntent> + 'a {
+        acted.into_iter().map(move |acted| {
+            let trace = trace_of(acted.run);
+            acted.into_new_intent(origin, trace)
+        })
+    }
+
     pub(crate) fn into_new_intent(self, origin: &Origin, trace: Option<TraceParent>) -> NewIntent {
         NewIntent {
             intent: Intent {

@@ -16,7 +16,7 @@ use crate::model::hash::{CommitHash, StateHash};
 use crate::model::patch::{EffectError, Op, PutMode};
 use crate::model::relation::Relation;
 use crate::model::trace::TraceParent;
-use crate::state::commit::{Apply, Commit, CommitError, RunRecord};
+use crate::state::commit::{Acted, Apply, Commit, CommitError, RunRecord};
 use crate::state::graph::Graph;
 use crate::state::live::State;
 use crate::state::log::{Base, Log};
@@ -896,20 +896,15 @@ impl Context {
             }
             turn.and_then(|turn| turn.traces.get(given).copied().flatten())
         };
-        // One origin for the commit, shared by its intents.
-        let origin = Origin::new(self.session.clone(), commit.hash, commit.generation, 0);
         let mut acted = std::mem::take(&mut apply.intents);
-        // Kept until the ledger has registered them: without the room left over from growing.
-        acted.shrink_to_fit();
+        // One origin for the commit, shared by its intents (none for a commit without).
+        let origin = (!acted.is_empty()).then(|| Origin::new(self.session.clone(), commit.hash, generation, 0));
         let mut claimed = None;
         if let Some(store) = &mut self.store {
-            let intents: Vec<NewIntent> = std::mem::take(&mut acted)
-                .into_iter()
-                .map(|acted| {
-                    let trace = trace_of(acted.run);
-                    acted.into_new_intent(&origin, trace)
-                })
-                .collect();
+            let intents: Vec<NewIntent> = match &origin {
+                Some(origin) => Acted::into_new_intents(std::mem::take(&mut acted), origin, trace_of).collect(),
+                None => Vec::new(),
+            };
             let scope = Scope::session(&*self.session);
             let delta = CommitDelta {
                 session: &self.session,
@@ -964,17 +959,15 @@ impl Context {
             self.events.shrink_to(self.events.len() * 2);
         }
         self.next_event_seq = next_seq;
-        // In memory the ledger registers the commit's intents from the commit's own list, after
-        // the commit's temporaries above are gone (a large commit's peak memory is here).
-        if let Some(memory) = &self.memory {
+        if self.store.is_none() {
             crate::model::telemetry::record_commit(started.elapsed(), acted.iter().map(|acted| &acted.kind));
-            memory.register(
-                acted.into_iter().map(|acted| {
-                    let trace = trace_of(acted.run);
-                    acted.into_new_intent(&origin, trace)
-                }),
-                now,
-            );
+        }
+        // In memory the ledger registers the commit's intents from the commit's own list, after
+        // the commit's temporaries above are gone (a large commit's memory peaks here), and
+        // without the room the list grew by.
+        if let (Some(memory), Some(origin)) = (&self.memory, &origin) {
+            acted.shrink_to_fit();
+            memory.register(Acted::into_new_intents(acted, origin, trace_of), now);
         }
         self.checkpoint_if_due();
         Ok((rejected, claimed))
