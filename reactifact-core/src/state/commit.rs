@@ -282,8 +282,6 @@ pub(crate) struct Acted {
 }
 
 impl Acted {
-    /// The intent, recorded by run `self.run` of the commit `origin` names (its run aside) in
-    /// the trace `trace`, as its store registers it.
     /// The intents `acted` as their store registers them ([`Acted::into_new_intent`]), each in
     /// the trace `trace_of` gives for its run.
     pub(crate) fn into_new_intents<'a>(
@@ -297,6 +295,8 @@ impl Acted {
         })
     }
 
+    /// The intent, recorded by run `self.run` of the commit `origin` names (its run aside) in
+    /// the trace `trace`, as its store registers it.
     pub(crate) fn into_new_intent(self, origin: &Origin, trace: Option<TraceParent>) -> NewIntent {
         NewIntent {
             intent: Intent {

@@ -897,6 +897,7 @@ impl Context {
             turn.and_then(|turn| turn.traces.get(given).copied().flatten())
         };
         let mut acted = std::mem::take(&mut apply.intents);
+        let intent_count = acted.len();
         // One origin for the commit, shared by its intents (none for a commit without).
         let origin = (!acted.is_empty()).then(|| Origin::new(self.session.clone(), commit.hash, generation, 0));
         let mut claimed = None;
@@ -948,7 +949,7 @@ impl Context {
             crate::model::telemetry::record_commit(started.elapsed(), intents.iter().map(|new| &new.intent.kind));
         }
         self.graph.record(generation, apply.finish());
-        tracing::debug!(commit = %hash.short(), events = events.len(), "committed");
+        tracing::debug!(commit = %hash.short(), events = events.len(), intents = intent_count, "committed");
         self.log.push(commit);
         self.readers = readers;
         self.events.drain(..consumed);
