@@ -39,7 +39,7 @@ pub use audit::inspect::StoredArtifact;
 pub use audit::provenance::{content_key, Provenance};
 pub use audit::replay::{testing, Difference, Divergence, ReplayError, ReplayReport};
 pub use audit::verify::{verify_log, TimeTravelError, VerifyReport};
-pub use model::action::{ActionKey, Intent, Origin, PendingAction};
+pub use model::action::{ActionKey, Intent, Origin, Payload, PendingAction};
 pub use model::artifact::{Artifact, ArtifactId, Generation, Kind, ReadError, Record, Version};
 pub use model::call::{CallOutcome, RecordedCall, Usage};
 pub use model::delivery::{

@@ -111,10 +111,8 @@ pub fn op_json(op: &Op) -> Value {
         Op::Delete { id } => json!({"op": "delete", "id": id.as_str()}),
         Op::Link(r) => json!({"op": "link", "from": r.from.as_str(), "name": &*r.name, "to": r.to.as_str()}),
         Op::Unlink(r) => json!({"op": "unlink", "from": r.from.as_str(), "name": &*r.name, "to": r.to.as_str()}),
-        Op::Act {
-            key, action, id, hash, ..
-        } => json!({
-            "op": "act", "key": key.as_str(), "kind": &**action, "id": id.as_str(), "hash": hash.to_string(),
+        Op::Act { key, action, hash, .. } => json!({
+            "op": "act", "key": key.as_str(), "kind": &**action, "id": op.id().as_str(), "hash": hash.to_string(),
         }),
         _ => json!({"op": "other", "id": op.id().as_str()}),
     }

@@ -129,11 +129,11 @@ impl Context {
                         Op::Act {
                             key,
                             action,
-                            id,
                             hash,
                             bytes,
                             ..
                         } => {
+                            let id = key.id();
                             let created = acted.insert(key.as_str());
                             let delivery = created
                                 .then(|| deliveries.get(key.as_str()).cloned().flatten())

@@ -20,31 +20,36 @@ pub(crate) const ACTION_ID_PREFIX: &str = "action:";
 /// [`ActionKey::artifact_id`] allocates nothing.
 #[derive(Clone)]
 pub struct ActionKey(
-    /// `action:{key}`: the text of [`ActionKey::artifact_id`], of which the key is the tail.
-    Arc<str>,
+    /// `action:{key}`: the id of the key's `PendingAction`, of which the key is the tail.
+    ArtifactId,
 );
 
 impl ActionKey {
     /// The key as a string slice.
     pub fn as_str(&self) -> &str {
-        &self.0[ACTION_ID_PREFIX.len()..]
+        &self.0.as_str()[ACTION_ID_PREFIX.len()..]
     }
 
     /// The id of the `PendingAction` artifact recorded for this key: `action:{key}`.
     pub fn artifact_id(&self) -> ArtifactId {
-        ArtifactId::from_shared(self.0.clone())
+        self.0.clone()
+    }
+
+    /// [`ActionKey::artifact_id`], borrowed.
+    pub(crate) fn id(&self) -> &ArtifactId {
+        &self.0
     }
 
     /// The address of the key's shared text: the same for every clone of one key, so that a
     /// store can recognise a key it handed out without hashing or comparing the text. (Two
     /// equal keys made apart have different addresses.)
     pub(crate) fn addr(&self) -> usize {
-        Arc::as_ptr(&self.0).cast::<u8>().addr()
+        self.0.addr()
     }
 
     /// Whether `other` is a clone of this key (the same shared text).
     pub(crate) fn is_clone_of(&self, other: &ActionKey) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
+        self.addr() == other.addr()
     }
 }
 
@@ -121,10 +126,10 @@ impl From<&str> for ActionKey {
             text[..prefix].copy_from_slice(ACTION_ID_PREFIX.as_bytes());
             text[prefix..len].copy_from_slice(key.as_bytes());
             if let Ok(text) = std::str::from_utf8(&text[..len]) {
-                return ActionKey(Arc::from(text));
+                return ActionKey(ArtifactId::from(text));
             }
         }
-        ActionKey(Arc::from([ACTION_ID_PREFIX, key].concat()))
+        ActionKey(ArtifactId::from([ACTION_ID_PREFIX, key].concat()))
     }
 }
 
@@ -180,55 +185,72 @@ pub(crate) fn requires_approval(bytes: &[u8]) -> bool {
     // Every store asks this of every intent it registers. The bytes of an intent that does not
     // ask for approval, as `act` encodes them, hold no flag to read: recognised without serde
     // (a tenth of the decode's cost), they answer `false`, as the decode would.
-    if is_plain_action(bytes) {
+    if plain_action_payload(bytes).is_some() {
         return false;
     }
     rmp_serde::from_slice::<Flag>(bytes).is_ok_and(|f| f.requires_approval)
 }
 
-/// Whether `bytes` are exactly a MessagePack map of the three entries `kind` (a string),
-/// `key` (a string) and `payload` (binary), in that order, and nothing after it: a
-/// `PendingAction` encoded without its approval field.
-fn is_plain_action(bytes: &[u8]) -> bool {
-    let Some((&0x83, mut rest)) = bytes.split_first() else {
-        return false;
-    };
-    for (name, binary) in [("kind", false), ("key", false), ("payload", true)] {
-        // A field name as rmp-serde writes it: a fixstr.
-        let named = rest.split_first().and_then(|(&marker, after)| {
-            (usize::from(marker) == 0xa0 + name.len())
-                .then_some(after)?
-                .strip_prefix(name.as_bytes())
-        });
-        match named.and_then(|after| skip_string(after, binary)) {
-            Some(after) => rest = after,
-            None => return false,
-        }
+/// Where the payload lies in the `PendingAction` encoded in `bytes` (`None` for bytes that do
+/// not decode as one).
+pub(crate) fn payload_span(bytes: &[u8]) -> Option<std::ops::Range<usize>> {
+    /// Reads the one field, borrowing it from the bytes.
+    #[derive(Deserialize)]
+    struct Borrowed<'a> {
+        #[serde(borrow, with = "serde_bytes")]
+        payload: &'a [u8],
     }
-    rest.is_empty()
+    if let Some(span) = plain_action_payload(bytes) {
+        return Some(span);
+    }
+    let payload = rmp_serde::from_slice::<Borrowed<'_>>(bytes).ok()?.payload;
+    let start = payload.as_ptr().addr().checked_sub(bytes.as_ptr().addr())?;
+    let span = start..start.checked_add(payload.len())?;
+    // (A decoder that copied the field instead of borrowing it would point elsewhere.)
+    (bytes.get(span.clone())? == payload).then_some(span)
 }
 
-/// What follows the MessagePack string (or, if `binary`, the binary value) at the start of
-/// `bytes`, if one is there whole.
-fn skip_string(bytes: &[u8], binary: bool) -> Option<&[u8]> {
+/// Where the payload lies in `bytes`, if they are exactly a MessagePack map of the three
+/// entries `kind` (a string), `key` (a string) and `payload` (binary), in that order, and
+/// nothing after it: a `PendingAction` encoded without its approval field.
+fn plain_action_payload(bytes: &[u8]) -> Option<std::ops::Range<usize>> {
+    let Some((&0x83, mut rest)) = bytes.split_first() else {
+        return None;
+    };
+    let mut payload_len = 0;
+    for (name, binary) in [("kind", false), ("key", false), ("payload", true)] {
+        // A field name as rmp-serde writes it: a fixstr.
+        let (&marker, after) = rest.split_first()?;
+        let after = (usize::from(marker) == 0xa0 + name.len())
+            .then_some(after)?
+            .strip_prefix(name.as_bytes())?;
+        let (len, after) = string_len(after, binary)?;
+        rest = after.get(len..)?;
+        payload_len = len;
+    }
+    rest.is_empty().then(|| bytes.len() - payload_len..bytes.len())
+}
+
+/// The length of the MessagePack string (or, if `binary`, the binary value) at the start of
+/// `bytes`, and what follows its header.
+fn string_len(bytes: &[u8], binary: bool) -> Option<(usize, &[u8])> {
     let (&marker, rest) = bytes.split_first()?;
-    let (len, rest) = match (marker, binary) {
-        (0xa0..=0xbf, false) => (usize::from(marker & 0x1f), rest),
+    match (marker, binary) {
+        (0xa0..=0xbf, false) => Some((usize::from(marker & 0x1f), rest)),
         (0xd9, false) | (0xc4, true) => {
             let (&len, rest) = rest.split_first()?;
-            (usize::from(len), rest)
+            Some((usize::from(len), rest))
         }
         (0xda, false) | (0xc5, true) => {
             let (len, rest) = rest.split_first_chunk::<2>()?;
-            (usize::from(u16::from_be_bytes(*len)), rest)
+            Some((usize::from(u16::from_be_bytes(*len)), rest))
         }
         (0xdb, false) | (0xc6, true) => {
             let (len, rest) = rest.split_first_chunk::<4>()?;
-            (usize::try_from(u32::from_be_bytes(*len)).ok()?, rest)
+            Some((usize::try_from(u32::from_be_bytes(*len)).ok()?, rest))
         }
-        _ => return None,
-    };
-    rest.get(len..)
+        _ => None,
+    }
 }
 
 impl Artifact for PendingAction {
@@ -242,12 +264,111 @@ impl PendingAction {
     }
 }
 
+/// An intent's payload: its rmp-serde bytes, as handed to the dispatcher. Reads as a byte
+/// slice (`&payload[..]`, `payload.len()`).
+///
+/// Cheap to clone. The payload of an intent a produce recorded is the tail of its
+/// `PendingAction` encoding, shared with it: the payload is encoded once, and holds no
+/// allocation of its own.
+#[derive(Clone)]
+pub struct Payload {
+    /// The buffer the payload is part of.
+    buffer: Arc<[u8]>,
+    /// Where it starts in `buffer`.
+    start: u32,
+    /// Its length, or [`Payload::REST`].
+    len: u32,
+}
+
+impl Payload {
+    /// [`Payload::len`] of a payload that is the rest of its buffer, whatever its length
+    /// (for a buffer longer than `u32::MAX` bytes).
+    const REST: u32 = u32::MAX;
+
+    /// The payload at `span` in `buffer`, sharing it (a copy of its own where `span` lies
+    /// beyond what 32-bit offsets address; empty where it is not a range of `buffer`).
+    pub(crate) fn within(buffer: &Arc<[u8]>, span: std::ops::Range<usize>) -> Payload {
+        match (u32::try_from(span.start), u32::try_from(span.len())) {
+            (Ok(start), Ok(len)) if len != Self::REST && span.start <= span.end && span.end <= buffer.len() => {
+                Payload {
+                    buffer: buffer.clone(),
+                    start,
+                    len,
+                }
+            }
+            _ => Payload::from(buffer.get(span).unwrap_or_default()),
+        }
+    }
+}
+
+impl std::ops::Deref for Payload {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        let rest = &self.buffer[self.start as usize..];
+        match self.len {
+            Self::REST => rest,
+            len => &rest[..len as usize],
+        }
+    }
+}
+
+impl AsRef<[u8]> for Payload {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+/// The payload whose bytes are all of `buffer`, sharing it.
+impl From<Arc<[u8]>> for Payload {
+    fn from(buffer: Arc<[u8]>) -> Self {
+        let len = u32::try_from(buffer.len()).ok().filter(|&len| len != Self::REST);
+        Payload {
+            buffer,
+            start: 0,
+            len: len.unwrap_or(Self::REST),
+        }
+    }
+}
+
+impl From<Vec<u8>> for Payload {
+    fn from(bytes: Vec<u8>) -> Self {
+        Payload::from(Arc::<[u8]>::from(bytes))
+    }
+}
+
+impl From<Box<[u8]>> for Payload {
+    fn from(bytes: Box<[u8]>) -> Self {
+        Payload::from(Arc::<[u8]>::from(bytes))
+    }
+}
+
+impl From<&[u8]> for Payload {
+    fn from(bytes: &[u8]) -> Self {
+        Payload::from(Arc::<[u8]>::from(bytes))
+    }
+}
+
+impl PartialEq for Payload {
+    fn eq(&self, other: &Self) -> bool {
+        self[..] == other[..]
+    }
+}
+
+impl Eq for Payload {}
+
+impl fmt::Debug for Payload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self[..], f)
+    }
+}
+
 /// An intent handed to a dispatcher. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Intent {
     pub(crate) key: ActionKey,
     pub(crate) kind: Arc<str>,
-    pub(crate) payload: Arc<[u8]>,
+    pub(crate) payload: Payload,
     pub(crate) origin: Origin,
     pub(crate) attempt: u32,
     pub(crate) trace: Option<TraceParent>,
@@ -354,7 +475,7 @@ impl Intent {
     pub fn new(
         key: ActionKey,
         kind: impl Into<Arc<str>>,
-        payload: impl Into<Arc<[u8]>>,
+        payload: impl Into<Payload>,
         origin: Origin,
         attempt: u32,
     ) -> Self {
@@ -476,6 +597,38 @@ mod tests {
         rmp_serde::from_slice::<PendingAction>(bytes).is_ok_and(|a| a.requires_approval)
     }
 
+    #[test]
+    fn a_payload_within_a_buffer_shares_it_and_a_bad_span_is_empty() {
+        let buffer: Arc<[u8]> = Arc::from(&b"0123456789"[..]);
+        let tail = Payload::within(&buffer, 4..10);
+        assert_eq!(&tail[..], b"456789");
+        assert!(std::ptr::eq(&tail[..], &buffer[4..]));
+        assert_eq!(tail, Payload::from(&b"456789"[..]));
+        assert_eq!(&Payload::within(&buffer, 0..0)[..], b"");
+        #[allow(clippy::reversed_empty_ranges)]
+        for bad in [4..11, 11..12, 6..4] {
+            assert_eq!(&Payload::within(&buffer, bad)[..], b"");
+        }
+        assert_eq!(&Payload::from(buffer.clone())[..], &buffer[..]);
+    }
+
+    #[derive(Serialize)]
+    struct Reordered {
+        payload: serde_bytes::ByteBuf,
+        key: String,
+        kind: String,
+    }
+
+    /// The payload as `payload_span` finds it.
+    fn spanned_payload(bytes: &[u8]) -> Option<Vec<u8>> {
+        payload_span(bytes).map(|span| bytes[span].to_vec())
+    }
+
+    /// The payload as the decode alone reads it.
+    fn decoded_payload(bytes: &[u8]) -> Option<Vec<u8>> {
+        rmp_serde::from_slice::<PendingAction>(bytes).ok().map(|a| a.payload)
+    }
+
     fn encoded(kind: usize, key: usize, payload: usize, requires_approval: bool) -> Vec<u8> {
         rmp_serde::to_vec_named(&PendingAction {
             kind: "k".repeat(kind),
@@ -498,7 +651,8 @@ mod tests {
                 ] {
                     assert_eq!(requires_approval(&bytes), approval);
                     assert_eq!(decoded_flag(&bytes), approval);
-                    assert_eq!(is_plain_action(&bytes), !approval, "{len} {approval}");
+                    assert_eq!(plain_action_payload(&bytes).is_some(), !approval, "{len} {approval}");
+                    assert_eq!(spanned_payload(&bytes), decoded_payload(&bytes), "{len} {approval}");
                 }
             }
         }
@@ -511,19 +665,29 @@ mod tests {
         // Every cut of either, and either with a byte after it.
         for bytes in [&plain, &asking] {
             for cut in 0..bytes.len() {
-                assert!(!is_plain_action(&bytes[..cut]));
+                assert!(plain_action_payload(&bytes[..cut]).is_none());
                 assert_eq!(requires_approval(&bytes[..cut]), decoded_flag(&bytes[..cut]));
+                assert_eq!(spanned_payload(&bytes[..cut]), decoded_payload(&bytes[..cut]));
             }
             let mut longer = bytes.clone();
             longer.push(0xc3);
-            assert!(!is_plain_action(&longer));
+            assert!(plain_action_payload(&longer).is_none());
         }
-        // The same three entries in another order, or a field renamed, are not recognised.
+        // The same three entries in another order, or a field renamed, are not recognised;
+        // the decode still finds the payload of the reordered record.
+        let reordered = rmp_serde::to_vec_named(&Reordered {
+            payload: serde_bytes::ByteBuf::from(vec![7u8; 5]),
+            key: "k".into(),
+            kind: "notify".into(),
+        })
+        .unwrap();
+        assert!(plain_action_payload(&reordered).is_none());
+        assert_eq!(spanned_payload(&reordered), Some(vec![7u8; 5]));
         let mut renamed = plain.clone();
         let at = renamed.windows(4).position(|w| w == b"kind").unwrap();
         renamed[at] = b'm';
-        assert!(!is_plain_action(&renamed));
+        assert!(plain_action_payload(&renamed).is_none());
         assert!(!requires_approval(&renamed));
-        assert!(!is_plain_action(&rmp_serde::to_vec(&("notify", "k", [1u8])).unwrap()));
+        assert!(plain_action_payload(&rmp_serde::to_vec(&("notify", "k", [1u8])).unwrap()).is_none());
     }
 }

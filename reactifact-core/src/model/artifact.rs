@@ -85,9 +85,9 @@ impl ArtifactId {
         &self.0
     }
 
-    /// The id whose text is `text`, sharing it.
-    pub(crate) fn from_shared(text: Arc<str>) -> ArtifactId {
-        ArtifactId(text)
+    /// The address of the shared text: the same for every clone of one id.
+    pub(crate) fn addr(&self) -> usize {
+        Arc::as_ptr(&self.0).cast::<u8>().addr()
     }
 }
 

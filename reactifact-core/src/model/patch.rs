@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::action::{ActionKey, PendingAction, ACTION_ID_PREFIX};
+use crate::model::action::{self, ActionKey, Payload, PendingAction, ACTION_ID_PREFIX};
 use crate::model::artifact::{self, Artifact, ArtifactId, Kind};
 use crate::model::hash::{self, ContentHash};
 use crate::model::relation::Relation;
@@ -102,23 +102,42 @@ pub enum Op {
     Link(Relation),
     /// Remove a relation; a missing relation is a no-op.
     Unlink(Relation),
-    /// Record an intent: a `PendingAction` at `action:{key}`, skipped if that id exists.
+    /// Record an intent: a `PendingAction` at `action:{key}` ([`ActionKey::artifact_id`],
+    /// which [`Op::id`] returns), skipped if that id exists.
+    #[serde(serialize_with = "serialize_act")]
     Act {
         /// The idempotency key.
         key: ActionKey,
         /// The action kind, e.g. `"notify"`.
         action: Arc<str>,
-        /// `action:{key}`.
-        id: ArtifactId,
         /// SHA-256 of the `PendingAction` encoding.
         hash: ContentHash,
         /// The `PendingAction` encoding.
-        #[serde(skip)]
         bytes: Arc<[u8]>,
-        /// The payload's encoding, as handed to the dispatcher.
-        #[serde(skip)]
-        payload: Arc<[u8]>,
+        /// The payload's encoding, as handed to the dispatcher: the payload inside `bytes`,
+        /// shared with them (unless a store's log held another: `Context::verify` reports
+        /// that).
+        payload: Payload,
     },
+}
+
+/// An act serializes as it did while it held its id: `key`, `action`, `id` and `hash` (not
+/// the bytes, which `hash` stands for), as the commit hash reads them.
+fn serialize_act<S: serde::Serializer>(
+    key: &ActionKey,
+    action: &Arc<str>,
+    hash: &ContentHash,
+    _bytes: &Arc<[u8]>,
+    _payload: &Payload,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeStruct;
+    let mut act = serializer.serialize_struct("Act", 4)?;
+    act.serialize_field("key", key)?;
+    act.serialize_field("action", action)?;
+    act.serialize_field("id", key.id())?;
+    act.serialize_field("hash", hash)?;
+    act.end()
 }
 
 /// The action kind as a shared string: the kinds this thread used last are kept (a program
@@ -146,7 +165,8 @@ impl Op {
     /// The artifact this operation writes or deletes (the source, for relations).
     pub fn id(&self) -> &ArtifactId {
         match self {
-            Op::Put { id, .. } | Op::Delete { id } | Op::Act { id, .. } => id,
+            Op::Put { id, .. } | Op::Delete { id } => id,
+            Op::Act { key, .. } => key.id(),
             Op::Link(r) | Op::Unlink(r) => &r.from,
         }
     }
@@ -190,22 +210,16 @@ impl Op {
         }
     }
 
-    /// An intent of kind `action` under `key`, stored at `id` (`key.artifact_id()`).
+    /// An intent of kind `action` under `key`, stored at `key.artifact_id()`.
     #[cfg_attr(not(test), allow(dead_code))]
-    pub(crate) fn act<P: Serialize + ?Sized>(
-        action: &str,
-        key: ActionKey,
-        id: ArtifactId,
-        payload: &P,
-    ) -> Result<Op, EffectError> {
-        Op::act_as(action, key, id, payload, false)
+    pub(crate) fn act<P: Serialize + ?Sized>(action: &str, key: ActionKey, payload: &P) -> Result<Op, EffectError> {
+        Op::act_as(action, key, payload, false)
     }
 
     /// [`Op::act`], for an intent that waits for approval if `requires_approval`.
     pub(crate) fn act_as<P: Serialize + ?Sized>(
         action: &str,
         key: ActionKey,
-        id: ArtifactId,
         payload: &P,
         requires_approval: bool,
     ) -> Result<Op, EffectError> {
@@ -219,7 +233,9 @@ impl Op {
             #[serde(skip_serializing_if = "std::ops::Not::not")]
             requires_approval: bool,
         }
-        let payload = artifact::encode_shared(payload).map_err(|source| EffectError::EncodePayload {
+        // Encoded once for good, inside the record: the payload the dispatcher gets is that
+        // part of the record's bytes.
+        let encoded = artifact::encode(payload).map_err(|source| EffectError::EncodePayload {
             key: key.clone(),
             kind: action.to_owned(),
             source,
@@ -227,18 +243,21 @@ impl Op {
         let record = PendingActionRef {
             kind: action,
             key: key.as_str(),
-            payload: &payload,
+            payload: &encoded,
             requires_approval,
         };
         let bytes = artifact::encode_shared(&record).map_err(|source| EffectError::Encode {
-            id: id.clone(),
+            id: key.artifact_id(),
             kind: Kind::of::<PendingAction>(),
             source,
         })?;
+        let payload = match action::payload_span(&bytes) {
+            Some(span) => Payload::within(&bytes, span),
+            None => Payload::from(encoded),
+        };
         Ok(Op::Act {
             hash: hash::content_hash(&bytes),
             action: interned(action),
-            id,
             key,
             bytes,
             payload,
@@ -253,11 +272,14 @@ mod tests {
     #[test]
     fn an_act_stores_a_pending_action_that_decodes() {
         let key = ActionKey::from("k1");
-        let op = Op::act("notify", key.clone(), key.artifact_id(), &("ada", 42u32)).unwrap();
-        let Op::Act { bytes, payload, id, .. } = &op else {
+        let op = Op::act("notify", key.clone(), &("ada", 42u32)).unwrap();
+        let Op::Act { bytes, payload, .. } = &op else {
             panic!("not an act: {op:?}");
         };
-        assert_eq!(id.as_str(), "action:k1");
+        assert_eq!(op.id().as_str(), "action:k1");
+        // The payload is the part of the record that holds it, not a copy.
+        let at = bytes.len() - payload.len();
+        assert!(std::ptr::eq(&payload[..], &bytes[at..]));
         let action: PendingAction = rmp_serde::from_slice(bytes).unwrap();
         assert_eq!((action.kind.as_str(), action.key.as_str()), ("notify", "k1"));
         assert_eq!(&action.payload[..], &payload[..]);
@@ -269,8 +291,8 @@ mod tests {
     #[test]
     fn an_act_that_requires_approval_says_so_in_its_hashed_bytes_and_no_other_act_changes() {
         let key = ActionKey::from("k1");
-        let plain = Op::act("notify", key.clone(), key.artifact_id(), &"p").unwrap();
-        let approval = Op::act_as("notify", key.clone(), key.artifact_id(), &"p", true).unwrap();
+        let plain = Op::act("notify", key.clone(), &"p").unwrap();
+        let approval = Op::act_as("notify", key.clone(), &"p", true).unwrap();
         let (Op::Act { bytes: a, hash: ha, .. }, Op::Act { bytes: b, hash: hb, .. }) = (&plain, &approval) else {
             panic!("not acts");
         };

@@ -275,7 +275,7 @@ impl<D> Effects<D> {
                 return None;
             }
         }
-        self.push(Op::act_as(kind, key.clone(), id, payload, requires_approval));
+        self.push(Op::act_as(kind, key.clone(), payload, requires_approval));
         Some(key)
     }
 

@@ -454,7 +454,7 @@ impl Joins {
         self.record_runs(commit);
         for op in commit.runs.iter().flat_map(|run| &run.ops) {
             let id = match op {
-                Op::Put { id, .. } | Op::Delete { id } | Op::Act { id, .. } => id,
+                Op::Put { .. } | Op::Delete { .. } | Op::Act { .. } => op.id(),
                 Op::Link(_) | Op::Unlink(_) => continue,
             };
             let current = state.get(id.as_str());

@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::model::action::{ActionKey, PendingAction};
+use crate::model::action::{ActionKey, Payload, PendingAction};
 use crate::model::artifact::{Artifact, ArtifactId, Generation, Kind, ReadError, Record, Stored, Version};
 use crate::model::field_diff::{diff_bytes, FieldDiff};
 use crate::model::hash::{CommitHash, ContentHash};
@@ -604,14 +604,15 @@ impl Context {
 /// The `PendingAction` of theirs as an act, so our ledger registers the intent if it does not
 /// know the key (a merge of contexts that do not share a ledger).
 fn act_op(stored: &Arc<Stored>) -> Op {
-    let (key, action, payload) = match rmp_serde::from_slice::<PendingAction>(&stored.bytes) {
-        Ok(a) => (
-            ActionKey::from(a.key),
-            Arc::<str>::from(a.kind),
-            Arc::<[u8]>::from(a.payload),
-        ),
+    let decoded = rmp_serde::from_slice::<PendingAction>(&stored.bytes)
+        .ok()
+        .map(|a| (ActionKey::from(a.key), a.kind))
+        .filter(|(key, _)| *key.id() == stored.id)
+        .zip(crate::model::action::payload_span(&stored.bytes));
+    let ((key, action), payload) = match decoded {
+        Some(((key, kind), span)) => ((key, Arc::<str>::from(kind)), Payload::within(&stored.bytes, span)),
         // Unreachable for content that verified; keep the bytes as a plain write.
-        Err(_) => {
+        None => {
             return Op::Put {
                 mode: PutMode::Upsert,
                 id: stored.id.clone(),
@@ -624,7 +625,6 @@ fn act_op(stored: &Arc<Stored>) -> Op {
     Op::Act {
         key,
         action,
-        id: stored.id.clone(),
         hash: stored.hash,
         bytes: stored.bytes.clone(),
         payload,

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::model::action::{ActionKey, Intent, Origin, PendingAction};
+use crate::model::action::{ActionKey, Intent, Origin, Payload, PendingAction};
 use crate::model::artifact::{ArtifactId, Generation, Kind, Stored, Version};
 use crate::model::call::RecordedCall;
 use crate::model::delivery::NewIntent;
@@ -272,7 +272,8 @@ impl Commit {
 pub(crate) struct Acted {
     pub(crate) key: ActionKey,
     pub(crate) kind: Arc<str>,
-    pub(crate) payload: Arc<[u8]>,
+    /// The payload, as the act recorded it (shared with `bytes`).
+    pub(crate) payload: Payload,
     /// The content hash of the `PendingAction` bytes.
     pub(crate) hash: ContentHash,
     /// The `PendingAction` encoding, as committed.
@@ -456,11 +457,11 @@ impl<'a> Apply<'a> {
             Op::Act {
                 key,
                 action,
-                id,
                 hash,
                 bytes,
                 payload,
             } => {
+                let id = key.id();
                 let pending_action = Kind::of::<PendingAction>();
                 if let Some(current) = self.state.get(id.as_str()).filter(|c| c.kind != pending_action) {
                     return Err(CommitError::ActionIdTaken {
@@ -657,7 +658,7 @@ mod tests {
         let key = ActionKey::from("k1");
         let ops = [
             raw_put("receipt:1", "receipt", &1u32),
-            Op::act("notify", key.clone(), key.artifact_id(), &"payload").unwrap(),
+            Op::act("notify", key.clone(), &"payload").unwrap(),
         ];
         let error = apply.patch(&ops).unwrap_err();
         assert!(apply.intents.is_empty() && apply.events.is_empty());
@@ -699,7 +700,7 @@ mod tests {
     fn an_act_over_an_existing_intent_is_skipped() {
         let mut state = State::default();
         let key = ActionKey::from("k1");
-        let act = Op::act("notify", key.clone(), key.artifact_id(), &"payload").unwrap();
+        let act = Op::act("notify", key.clone(), &"payload").unwrap();
         let mut apply = Apply::new(&mut state, Generation(1));
         apply.patch(std::slice::from_ref(&act)).unwrap();
         assert_eq!(apply.intents.len(), 1);

@@ -151,9 +151,7 @@ fn op(out: &mut Vec<u8>, op: &Op) {
             str(out, "hash");
             bin(out, hash.as_bytes());
         }
-        Op::Act {
-            key, action, id, hash, ..
-        } => {
+        Op::Act { key, action, hash, .. } => {
             // `bytes` and `payload` are skipped.
             map(out, 1);
             str(out, "Act");
@@ -163,7 +161,7 @@ fn op(out: &mut Vec<u8>, op: &Op) {
             str(out, "action");
             str(out, action);
             str(out, "id");
-            str(out, id.as_str());
+            str(out, key.id().as_str());
             str(out, "hash");
             bin(out, hash.as_bytes());
         }
@@ -212,12 +210,11 @@ mod tests {
     fn act(key: &str, action: &str) -> Op {
         let key = ActionKey::from(key);
         Op::Act {
-            id: key.artifact_id(),
             key,
             action: Arc::from(action),
             hash: content_hash(b"pending"),
             bytes: Arc::from(&b"\x80"[..]),
-            payload: Arc::from(&b"\xc0"[..]),
+            payload: crate::model::action::Payload::from(&b"\xc0"[..]),
         }
     }
 

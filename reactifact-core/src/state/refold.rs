@@ -365,7 +365,6 @@ fn check_content(commit: &Commit) -> Result<(), VerifyError> {
             }
             Op::Act {
                 key,
-                id,
                 hash,
                 bytes,
                 payload,
@@ -374,7 +373,7 @@ fn check_content(commit: &Commit) -> Result<(), VerifyError> {
                 if hash::content_hash(bytes) != *hash {
                     return Err(VerifyError::Content {
                         generation,
-                        id: id.clone(),
+                        id: key.artifact_id(),
                         kind: Kind::of::<PendingAction>(),
                     });
                 }

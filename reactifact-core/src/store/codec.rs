@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::action::ActionKey;
+use crate::model::action::{ActionKey, Payload};
 use crate::model::artifact::{ArtifactId, Generation, Kind, Stored, Version};
 use crate::model::call::{CallOutcome, RecordedCall, Usage};
 use crate::model::event::{Event, EventKind, QueuedEvent};
@@ -214,7 +214,9 @@ pub(crate) fn encode_runs(runs: &[RunRecord]) -> Vec<u8> {
 fn op_bytes(op: &Op) -> usize {
     match op {
         Op::Put { id, bytes, .. } => id.as_str().len() + bytes.len() + 16,
-        Op::Act { id, bytes, payload, .. } => 2 * id.as_str().len() + bytes.len() + payload.len() + 24,
+        Op::Act {
+            key, bytes, payload, ..
+        } => 2 * key.id().as_str().len() + bytes.len() + payload.len() + 24,
         Op::Delete { id } => id.as_str().len() + 8,
         Op::Link(r) | Op::Unlink(r) => r.from.as_str().len() + r.name.len() + r.to.as_str().len() + 8,
     }
@@ -292,14 +294,22 @@ fn op_from(repr: OpRepr<'_>) -> Op {
             action,
             bytes,
             payload,
-        } => Op::Act {
-            id: key.artifact_id(),
-            key,
-            action: Arc::from(&*action),
-            hash: hash::content_hash(&bytes),
-            bytes: Arc::from(&*bytes),
-            payload: Arc::from(&*payload),
-        },
+        } => {
+            let bytes = Arc::<[u8]>::from(&*bytes);
+            // The payload stored beside the bytes is the one inside them (shared with them),
+            // unless the log was changed: then it is kept as stored, for `verify` to report.
+            let payload = match crate::model::action::payload_span(&bytes) {
+                Some(span) if bytes[span.clone()] == *payload => Payload::within(&bytes, span),
+                _ => Payload::from(&*payload),
+            };
+            Op::Act {
+                key,
+                action: Arc::from(&*action),
+                hash: hash::content_hash(&bytes),
+                bytes,
+                payload,
+            }
+        }
     }
 }
 
@@ -587,7 +597,7 @@ mod tests {
     fn runs_round_trip_with_their_bytes() {
         let put = Op::put(PutMode::Upsert, ArtifactId::from("receipt:1"), &Receipt { total: 7 }).unwrap();
         let key = ActionKey::from("k");
-        let act = Op::act("notify", key.clone(), key.artifact_id(), &"payload").unwrap();
+        let act = Op::act("notify", key.clone(), &"payload").unwrap();
         let runs = vec![RunRecord {
             agent: Some(Arc::from("billing")),
             produce: Some(Arc::from("process_order")),

@@ -137,7 +137,7 @@ fn intents_of(session: &str, generation: u64, keys: &[(&str, &str)], requires_ap
                 intent: Intent {
                     key: ActionKey::from(key),
                     kind: Arc::from(kind),
-                    payload: Arc::from(payload),
+                    payload: payload.into(),
                     origin: Origin::new(
                         session.clone(),
                         CommitHash([generation as u8; 32]),

@@ -1376,7 +1376,7 @@ mod tests {
             intent: Intent {
                 key: ActionKey::from(key),
                 kind: Arc::from("notify"),
-                payload: Arc::from(Vec::new()),
+                payload: Vec::new().into(),
                 origin: Origin::new(session.clone(), CommitHash([1; 32]), Generation(1), 0),
                 attempt: 0,
                 trace: None,

@@ -1328,7 +1328,7 @@ mod tests {
                 intent: Intent {
                     key: ActionKey::from("k"),
                     kind: Arc::from("notify"),
-                    payload: Arc::from(Vec::new()),
+                    payload: Vec::new().into(),
                     origin: Origin::new("orders", commit.hash, Generation(1), 0),
                     attempt: 0,
                     trace: None,

@@ -28,7 +28,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use sha2::{Digest, Sha256};
 
-use crate::model::action::{ActionKey, Intent, Origin, PendingAction};
+use crate::model::action::{ActionKey, Intent, Origin, Payload, PendingAction};
 use crate::model::artifact::Generation;
 use crate::model::delivery::{
     Decision, Delivery, DeliveryParts, DeliveryStatus, FenceToken, Lease, NewIntent, Verdict,
@@ -509,7 +509,7 @@ impl Row {
             intent: Intent {
                 key: ActionKey::from(self.key.as_str()),
                 kind: Arc::from(self.kind.as_str()),
-                payload: Arc::from(payload),
+                payload: Payload::from(payload),
                 origin: Origin::new(
                     self.session.as_str(),
                     CommitHash(commit),
