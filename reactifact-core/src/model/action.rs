@@ -343,6 +343,12 @@ impl From<Box<[u8]>> for Payload {
     }
 }
 
+impl From<std::borrow::Cow<'_, [u8]>> for Payload {
+    fn from(bytes: std::borrow::Cow<'_, [u8]>) -> Self {
+        Payload::from(Arc::<[u8]>::from(bytes))
+    }
+}
+
 impl From<&[u8]> for Payload {
     fn from(bytes: &[u8]) -> Self {
         Payload::from(Arc::<[u8]>::from(bytes))
