@@ -267,9 +267,9 @@ impl PendingAction {
 /// An intent's payload: its rmp-serde bytes, as handed to the dispatcher. Reads as a byte
 /// slice (`&payload[..]`, `payload.len()`).
 ///
-/// Cheap to clone. The payload of an intent a produce recorded is the tail of its
-/// `PendingAction` encoding, shared with it: the payload is encoded once, and holds no
-/// allocation of its own.
+/// Cheap to clone. The payload of an intent a produce recorded is the part of its
+/// `PendingAction` encoding that holds it, shared with it: the payload is encoded once, and
+/// holds no allocation of its own. Equal when the bytes are.
 #[derive(Clone)]
 pub struct Payload {
     /// The buffer the payload is part of.
