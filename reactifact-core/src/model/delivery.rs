@@ -223,11 +223,10 @@ pub struct Delivery {
     pub(crate) updated_at: SystemTime,
     pub(crate) delivered_at: Option<SystemTime>,
     pub(crate) lease: Option<Lease>,
-    pub(crate) next_attempt_at: Option<SystemTime>,
     /// The token of the last claim (0 before the first).
     pub(crate) token: FenceToken,
     /// What most entries never have (an error, a cancel, a decision, an attempt of unknown
-    /// outcome), behind one pointer: `None` while all of it is empty, so an entry that was
+    /// outcome, a scheduled retry), behind one pointer: `None` while all of it is empty, so an entry that was
     /// delivered at the first attempt costs one word for it (the in-memory ledger keeps an
     /// entry per intent for the life of the store).
     remarks: Option<Box<Remarks>>,
@@ -241,6 +240,8 @@ struct Remarks {
     decision: Option<Decision>,
     expired_leases: u32,
     interrupted: u32,
+    /// Only a failed attempt schedules a retry, and it always sets an error too.
+    next_attempt_at: Option<SystemTime>,
 }
 
 impl Delivery {
@@ -316,7 +317,7 @@ impl Delivery {
     /// When the next automatic attempt is due, for a failed intent the retry policy will try
     /// again.
     pub fn next_attempt_at(&self) -> Option<SystemTime> {
-        self.next_attempt_at
+        self.remarks.as_ref()?.next_attempt_at
     }
 
     /// The lease of the attempt in flight, if one is.
@@ -392,6 +393,13 @@ impl Delivery {
         }
     }
 
+    /// Sets (or clears) when the next automatic attempt is due.
+    pub(crate) fn set_next_attempt_at(&mut self, at: Option<SystemTime>) {
+        if at.is_some() || self.remarks.is_some() {
+            self.remarks_mut().next_attempt_at = at;
+        }
+    }
+
     /// Records an operator's cancel.
     pub(crate) fn set_cancel_reason(&mut self, reason: String) {
         self.remarks_mut().cancel_reason = Some(reason);
@@ -436,6 +444,7 @@ impl Delivery {
             decision,
             expired_leases,
             interrupted,
+            next_attempt_at,
         };
         Delivery {
             intent,
@@ -445,7 +454,6 @@ impl Delivery {
             updated_at,
             delivered_at,
             lease,
-            next_attempt_at,
             token,
             remarks: (remarks != Remarks::default()).then(|| Box::new(remarks)),
         }
@@ -466,7 +474,6 @@ impl Delivery {
             updated_at: now,
             delivered_at: None,
             lease: None,
-            next_attempt_at: None,
             token: FenceToken(0),
             remarks: None,
         }
@@ -780,7 +787,12 @@ mod tests {
     fn an_entry_without_remarks_allocates_none_and_reads_empty() {
         let mut d = fresh();
         d.set_last_error(None);
-        assert!(d.remarks.is_none(), "clearing an absent error allocates nothing");
+        d.set_next_attempt_at(None);
+        assert!(
+            d.remarks.is_none(),
+            "clearing an absent error or retry allocates nothing"
+        );
+        assert_eq!(d.next_attempt_at(), None);
         assert_eq!(remarks(&d), (None, None, None, 0, 0));
     }
 
@@ -802,6 +814,11 @@ mod tests {
         );
         d.set_last_error(None);
         assert_eq!((d.last_error(), d.cancel_reason()), (None, Some("stop")));
+        let retry = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(60);
+        d.set_next_attempt_at(Some(retry));
+        assert_eq!(d.next_attempt_at(), Some(retry));
+        d.set_next_attempt_at(None);
+        assert_eq!((d.next_attempt_at(), d.cancel_reason()), (None, Some("stop")));
     }
 
     #[test]
@@ -824,6 +841,12 @@ mod tests {
             decision: None,
         };
         assert!(Delivery::from_parts(parts(&d, 0)).remarks.is_none());
+        let retry = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(60);
+        let failed = Delivery::from_parts(DeliveryParts {
+            next_attempt_at: Some(retry),
+            ..parts(&d, 0)
+        });
+        assert_eq!(failed.next_attempt_at(), Some(retry));
         let read = Delivery::from_parts(parts(&d, 2));
         assert_eq!((read.expired_leases(), read.counted_attempts()), (2, 1));
     }

@@ -240,7 +240,7 @@ fn class(d: &Delivery) -> usize {
         DeliveryStatus::Pending => 0,
         DeliveryStatus::InFlight => IN_FLIGHT,
         DeliveryStatus::Delivered => 2,
-        DeliveryStatus::Failed if d.next_attempt_at.is_some() => 4,
+        DeliveryStatus::Failed if d.next_attempt_at().is_some() => 4,
         DeliveryStatus::Failed => 3,
         DeliveryStatus::Dead => 5,
         DeliveryStatus::Held => 6,
@@ -710,7 +710,7 @@ impl Inner {
         let status = d.status;
         let due = match status {
             DeliveryStatus::Pending => Some(now_ms),
-            DeliveryStatus::Failed => d.next_attempt_at.map(unix_millis),
+            DeliveryStatus::Failed => d.next_attempt_at().map(unix_millis),
             _ => None,
         };
         e.set_due(due);
@@ -902,7 +902,7 @@ impl Inner {
                 expires_at,
                 token: d.token,
             });
-            d.next_attempt_at = None;
+            d.set_next_attempt_at(None);
             d.updated_at = now;
             e.last_claim = Some(LastClaim {
                 owner: request.owner.clone(),
@@ -962,7 +962,7 @@ impl Inner {
                     match *next {
                         FailedAttempt::RetryAt(at) => {
                             d.status = DeliveryStatus::Failed;
-                            d.next_attempt_at = Some(ceil_millis(at));
+                            d.set_next_attempt_at(Some(ceil_millis(at)));
                         }
                         FailedAttempt::AwaitRetry => d.status = DeliveryStatus::Failed,
                         FailedAttempt::Dead => d.status = DeliveryStatus::Dead,
@@ -1032,7 +1032,7 @@ impl Inner {
             } else {
                 DeliveryStatus::Pending
             };
-            d.next_attempt_at = None;
+            d.set_next_attempt_at(None);
         });
         Ok(self.slots[pos as usize].as_ref().expect("live").delivery.clone())
     }
@@ -1083,7 +1083,7 @@ impl Inner {
         }
         self.transition(pos, now, |d| {
             d.status = DeliveryStatus::Cancelled;
-            d.next_attempt_at = None;
+            d.set_next_attempt_at(None);
             d.set_cancel_reason(reason.to_owned());
         });
         Ok(self.slots[pos as usize].as_ref().expect("live").delivery.clone())
