@@ -333,14 +333,23 @@ pub(crate) fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, rmp_se
     Ok(bytes)
 }
 
-/// [`encode`], into shared bytes of exactly the encoding's size: one allocation per value
-/// (the encoding is written into a buffer the thread keeps, then copied once).
-pub(crate) fn encode_shared<T: Serialize + ?Sized>(value: &T) -> Result<Arc<[u8]>, rmp_serde::encode::Error> {
+thread_local! {
+    /// The buffer [`encode_shared`] writes records into.
+    static RECORDS: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(1024));
+    /// The buffer [`with_encoded`] writes values into (another, so that what it lends them to
+    /// may encode a record).
+    static VALUES: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(1024));
+}
+
+/// Lends `f` the buffer in `slot`, cleared: `None` (and `f` not called) while it is lent
+/// already (a value whose `Serialize` encodes another this way, not done in this crate) or
+/// gone (a write from a thread-local's destructor, during the thread's teardown).
+fn with_scratch<R>(
+    slot: &'static std::thread::LocalKey<std::cell::RefCell<Vec<u8>>>,
+    f: impl FnOnce(&mut Vec<u8>) -> R,
+) -> Option<R> {
     /// Larger buffers are not kept after use, so one large record does not pin its size.
     const KEEP: usize = 64 * 1024;
-    thread_local! {
-        static SCRATCH: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(1024));
-    }
     /// The borrowed buffer; dropped — after an encoding, an error or a panic in the value's
     /// `Serialize` — it gives back a buffer larger than `KEEP`.
     struct Scratch<'a>(std::cell::RefMut<'a, Vec<u8>>);
@@ -351,18 +360,36 @@ pub(crate) fn encode_shared<T: Serialize + ?Sized>(value: &T) -> Result<Arc<[u8]
             }
         }
     }
-    let shared = SCRATCH.try_with(|scratch| {
-        // A value whose `Serialize` encodes another through this function (not done in this
-        // crate) finds the buffer taken and gets one of its own.
-        let Ok(scratch) = scratch.try_borrow_mut() else {
-            return encode(value).map(Arc::from);
-        };
-        let mut scratch = Scratch(scratch);
+    slot.try_with(|scratch| {
+        let mut scratch = Scratch(scratch.try_borrow_mut().ok()?);
         scratch.0.clear();
-        rmp_serde::encode::write_named(&mut *scratch.0, value)?;
-        Ok(Arc::from(scratch.0.as_slice()))
+        Some(f(&mut scratch.0))
+    })
+    .ok()
+    .flatten()
+}
+
+/// [`encode`], into shared bytes of exactly the encoding's size: one allocation per value
+/// (the encoding is written into a buffer the thread keeps, then copied once).
+pub(crate) fn encode_shared<T: Serialize + ?Sized>(value: &T) -> Result<Arc<[u8]>, rmp_serde::encode::Error> {
+    with_scratch(&RECORDS, |buffer| {
+        rmp_serde::encode::write_named(buffer, value)?;
+        Ok(Arc::from(buffer.as_slice()))
+    })
+    // Without the buffer, a buffer of the value's own.
+    .unwrap_or_else(|| encode(value).map(Arc::from))
+}
+
+/// `f` of `value`'s encoding ([`encode`]), written into a buffer the thread keeps: no
+/// allocation of its own for an encoding that is only read. `f` may use [`encode_shared`].
+pub(crate) fn with_encoded<T: Serialize + ?Sized, R>(
+    value: &T,
+    mut f: impl FnMut(&[u8]) -> R,
+) -> Result<R, rmp_serde::encode::Error> {
+    let lent = with_scratch(&VALUES, |buffer| {
+        rmp_serde::encode::write_named(&mut *buffer, value)?;
+        Ok(f(buffer))
     });
-    // During the thread's teardown (a write from a thread-local's destructor) the buffer is
-    // gone: a buffer of the value's own.
-    shared.unwrap_or_else(|_| encode(value).map(Arc::from))
+    // Without the buffer (`f` was not called), a buffer of the value's own.
+    lent.unwrap_or_else(|| Ok(f(&encode(value)?)))
 }

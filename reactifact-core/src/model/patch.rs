@@ -233,27 +233,39 @@ impl Op {
             #[serde(skip_serializing_if = "std::ops::Not::not")]
             requires_approval: bool,
         }
-        // Encoded once for good, inside the record: the payload the dispatcher gets is that
-        // part of the record's bytes.
-        let encoded = artifact::encode(payload).map_err(|source| EffectError::EncodePayload {
-            key: key.clone(),
-            kind: action.to_owned(),
-            source,
-        })?;
-        let record = PendingActionRef {
-            kind: action,
-            key: key.as_str(),
-            payload: &encoded,
-            requires_approval,
-        };
-        let bytes = artifact::encode_shared(&record).map_err(|source| EffectError::Encode {
-            id: key.artifact_id(),
-            kind: Kind::of::<PendingAction>(),
-            source,
-        })?;
-        let payload = match action::payload_span(&bytes) {
-            Some(span) => Payload::within(&bytes, span),
-            None => Payload::from(encoded),
+        // Encoded once for good, inside the record (the payload's own encoding is written into
+        // a buffer the thread keeps): the payload the dispatcher gets is that part of the
+        // record's bytes.
+        let recorded = artifact::with_encoded(payload, |encoded| {
+            let record = PendingActionRef {
+                kind: action,
+                key: key.as_str(),
+                payload: encoded,
+                requires_approval,
+            };
+            let bytes = artifact::encode_shared(&record)?;
+            let payload = match action::payload_span(&bytes) {
+                Some(span) => Payload::within(&bytes, span),
+                None => Payload::from(encoded),
+            };
+            Ok((bytes, payload))
+        });
+        let (bytes, payload) = match recorded {
+            Ok(Ok(recorded)) => recorded,
+            Err(source) => {
+                return Err(EffectError::EncodePayload {
+                    key,
+                    kind: action.to_owned(),
+                    source,
+                })
+            }
+            Ok(Err(source)) => {
+                return Err(EffectError::Encode {
+                    id: key.artifact_id(),
+                    kind: Kind::of::<PendingAction>(),
+                    source,
+                })
+            }
         };
         Ok(Op::Act {
             hash: hash::content_hash(&bytes),
@@ -286,6 +298,52 @@ mod tests {
         assert_eq!(action.payload::<(String, u32)>().unwrap(), ("ada".to_owned(), 42));
         assert!(!action.requires_approval);
         assert!(!crate::model::action::requires_approval(bytes));
+    }
+
+    /// A payload whose `Serialize` fails, panics, or records an act of its own while its
+    /// encoding is being written.
+    struct Awkward(u8);
+
+    impl Serialize for Awkward {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::Error as _;
+            match self.0 {
+                0 => Err(S::Error::custom("fails mid-encoding")),
+                1 => panic!("panics mid-encoding"),
+                _ => {
+                    // The payload buffer is lent out: this act encodes into one of its own.
+                    let inner = Op::act("inner", ActionKey::from("in"), &"nested").unwrap();
+                    let Op::Act { payload, .. } = inner else { unreachable!() };
+                    s.serialize_bytes(&payload)
+                }
+            }
+        }
+    }
+
+    fn payload_of(op: &Op) -> Vec<u8> {
+        let Op::Act { bytes, payload, .. } = op else {
+            panic!("not an act: {op:?}");
+        };
+        let action: PendingAction = rmp_serde::from_slice(bytes).unwrap();
+        assert_eq!(action.payload, payload[..], "the payload is the record's");
+        action.payload
+    }
+
+    #[test]
+    fn an_act_whose_payload_fails_panics_or_nests_leaves_the_next_act_whole() {
+        let key = ActionKey::from("k");
+        assert!(matches!(
+            Op::act("notify", key.clone(), &Awkward(0)),
+            Err(EffectError::EncodePayload { .. })
+        ));
+        let panicked = std::panic::catch_unwind(|| Op::act("notify", ActionKey::from("k"), &Awkward(1)));
+        assert!(panicked.is_err());
+        let nested = Op::act("notify", key.clone(), &Awkward(2)).unwrap();
+        let expected =
+            rmp_serde::to_vec_named(&serde_bytes::Bytes::new(&rmp_serde::to_vec_named(&"nested").unwrap())).unwrap();
+        assert_eq!(payload_of(&nested), expected);
+        let plain = Op::act("notify", key, &("ada", 42u32)).unwrap();
+        assert_eq!(payload_of(&plain), rmp_serde::to_vec_named(&("ada", 42u32)).unwrap());
     }
 
     #[test]
