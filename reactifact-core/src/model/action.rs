@@ -193,7 +193,7 @@ pub(crate) fn requires_approval(bytes: &[u8]) -> bool {
 
 /// Where the payload lies in the `PendingAction` encoded in `bytes` (`None` for bytes that do
 /// not decode as one).
-pub(crate) fn payload_span(bytes: &[u8]) -> Option<std::ops::Range<usize>> {
+fn payload_span(bytes: &[u8]) -> Option<std::ops::Range<usize>> {
     /// Reads the one field, borrowing it from the bytes.
     #[derive(Deserialize)]
     struct Borrowed<'a> {
@@ -285,9 +285,15 @@ impl Payload {
     /// (for a buffer longer than `u32::MAX` bytes).
     const REST: u32 = u32::MAX;
 
+    /// The payload inside the `PendingAction` encoded in `record`, sharing it (`None` for
+    /// bytes that do not decode as one).
+    pub(crate) fn in_record(record: &Arc<[u8]>) -> Option<Payload> {
+        payload_span(record).map(|span| Payload::within(record, span))
+    }
+
     /// The payload at `span` in `buffer`, sharing it (a copy of its own where `span` lies
     /// beyond what 32-bit offsets address; empty where it is not a range of `buffer`).
-    pub(crate) fn within(buffer: &Arc<[u8]>, span: std::ops::Range<usize>) -> Payload {
+    fn within(buffer: &Arc<[u8]>, span: std::ops::Range<usize>) -> Payload {
         match (u32::try_from(span.start), u32::try_from(span.len())) {
             (Ok(start), Ok(len)) if len != Self::REST && span.start <= span.end && span.end <= buffer.len() => {
                 Payload {

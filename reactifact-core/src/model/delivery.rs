@@ -226,9 +226,9 @@ pub struct Delivery {
     /// The token of the last claim (0 before the first).
     pub(crate) token: FenceToken,
     /// What most entries never have (an error, a cancel, a decision, an attempt of unknown
-    /// outcome, a scheduled retry), behind one pointer: `None` while all of it is empty, so an entry that was
-    /// delivered at the first attempt costs one word for it (the in-memory ledger keeps an
-    /// entry per intent for the life of the store).
+    /// outcome, a scheduled retry), behind one pointer: `None` while all of it is empty, so an
+    /// entry that was delivered at the first attempt costs one word for it (the in-memory
+    /// ledger keeps an entry per intent for the life of the store).
     remarks: Option<Box<Remarks>>,
 }
 

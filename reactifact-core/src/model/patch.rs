@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::action::{self, ActionKey, Payload, PendingAction, ACTION_ID_PREFIX};
+use crate::model::action::{ActionKey, Payload, PendingAction, ACTION_ID_PREFIX};
 use crate::model::artifact::{self, Artifact, ArtifactId, Kind};
 use crate::model::hash::{self, ContentHash};
 use crate::model::relation::Relation;
@@ -244,10 +244,7 @@ impl Op {
                 requires_approval,
             };
             let bytes = artifact::encode_shared(&record)?;
-            let payload = match action::payload_span(&bytes) {
-                Some(span) => Payload::within(&bytes, span),
-                None => Payload::from(encoded),
-            };
+            let payload = Payload::in_record(&bytes).unwrap_or_else(|| Payload::from(encoded));
             Ok((bytes, payload))
         });
         let (bytes, payload) = match recorded {

@@ -608,9 +608,9 @@ fn act_op(stored: &Arc<Stored>) -> Op {
         .ok()
         .map(|a| (ActionKey::from(a.key), a.kind))
         .filter(|(key, _)| *key.id() == stored.id)
-        .zip(crate::model::action::payload_span(&stored.bytes));
+        .zip(Payload::in_record(&stored.bytes));
     let ((key, action), payload) = match decoded {
-        Some(((key, kind), span)) => ((key, Arc::<str>::from(kind)), Payload::within(&stored.bytes, span)),
+        Some(((key, kind), payload)) => ((key, Arc::<str>::from(kind)), payload),
         // Unreachable for content that verified; keep the bytes as a plain write.
         None => {
             return Op::Put {

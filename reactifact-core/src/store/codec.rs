@@ -298,10 +298,9 @@ fn op_from(repr: OpRepr<'_>) -> Op {
             let bytes = Arc::<[u8]>::from(&*bytes);
             // The payload stored beside the bytes is the one inside them (shared with them),
             // unless the log was changed: then it is kept as stored, for `verify` to report.
-            let payload = match crate::model::action::payload_span(&bytes) {
-                Some(span) if bytes[span.clone()] == *payload => Payload::within(&bytes, span),
-                _ => Payload::from(&*payload),
-            };
+            let payload = Payload::in_record(&bytes)
+                .filter(|inside| inside[..] == *payload)
+                .unwrap_or_else(|| Payload::from(&*payload));
             Op::Act {
                 key,
                 action: Arc::from(&*action),
