@@ -267,50 +267,60 @@ impl Commit {
     }
 }
 
-/// An intent an [`Apply`] created: the committer makes it an [`Intent`] once the commit's
-/// hash is known.
+/// An intent an [`Apply`] created, by its place in the commit: operation `op` of run `run`
+/// (counting the runs the commit keeps), an [`Op::Act`]. The committer makes it an [`Intent`]
+/// from the committed runs once the commit's hash is known, so that a large commit's list of
+/// intents is 8 bytes each, not a copy of each act's parts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Acted {
-    pub(crate) key: ActionKey,
-    pub(crate) kind: Arc<str>,
-    /// The payload, as the act recorded it (shared with `bytes`).
-    pub(crate) payload: Payload,
-    /// The content hash of the `PendingAction` bytes.
-    pub(crate) hash: ContentHash,
-    /// The `PendingAction` encoding, as committed.
-    pub(crate) bytes: Arc<[u8]>,
-    /// The position in the commit of the run that acted it.
-    pub(crate) run: u32,
+    run: u32,
+    op: u32,
 }
 
 impl Acted {
-    /// The intents `acted` as their store registers them ([`Acted::into_new_intent`]), each in
-    /// the trace `trace_of` gives for its run.
+    /// The act, in `runs`, the runs of its commit.
+    fn act(self, runs: &[RunRecord]) -> (&ActionKey, &Arc<str>, &ContentHash, &Arc<[u8]>, &Payload) {
+        match &runs[self.run as usize].ops[self.op as usize] {
+            Op::Act {
+                key,
+                action,
+                hash,
+                bytes,
+                payload,
+            } => (key, action, hash, bytes, payload),
+            _ => unreachable!("an acted position names an act of its commit"),
+        }
+    }
+
+    /// The intent's action kind, in `runs`, the runs of its commit.
+    pub(crate) fn kind(self, runs: &[RunRecord]) -> &Arc<str> {
+        self.act(runs).1
+    }
+
+    /// The intents `acted` as their store registers them: acted by `runs`, the runs of the
+    /// commit `origin` names (its run aside), each in the trace `trace_of` gives for its run.
     pub(crate) fn into_new_intents<'a>(
         acted: Vec<Acted>,
+        runs: &'a [RunRecord],
         origin: &'a Origin,
         trace_of: impl Fn(u32) -> Option<TraceParent> + 'a,
     ) -> impl ExactSizeIterator<Item = NewIntent> + 'a {
         acted.into_iter().map(move |acted| {
-            let trace = trace_of(acted.run);
-            acted.into_new_intent(origin, trace)
+            let (key, action, hash, bytes, payload) = acted.act(runs);
+            let run = acted.run;
+            NewIntent {
+                intent: Intent {
+                    key: key.clone(),
+                    kind: action.clone(),
+                    payload: payload.clone(),
+                    origin: origin.with_run(run),
+                    attempt: 0,
+                    trace: trace_of(run),
+                },
+                bytes: bytes.clone(),
+                action_hash: *hash,
+            }
         })
-    }
-
-    /// The intent, recorded by run `self.run` of the commit `origin` names (its run aside) in
-    /// the trace `trace`, as its store registers it.
-    pub(crate) fn into_new_intent(self, origin: &Origin, trace: Option<TraceParent>) -> NewIntent {
-        NewIntent {
-            intent: Intent {
-                key: self.key,
-                kind: self.kind,
-                payload: self.payload,
-                origin: origin.with_run(self.run),
-                attempt: 0,
-                trace,
-            },
-            bytes: self.bytes,
-            action_hash: self.hash,
-        }
     }
 }
 
@@ -318,6 +328,7 @@ impl Acted {
 #[derive(Clone, Copy)]
 pub(crate) struct Savepoint {
     undo: usize,
+    relations: usize,
     events: usize,
     intents: usize,
 }
@@ -330,6 +341,9 @@ pub(crate) struct Apply<'a> {
     generation: Generation,
     created_counter: u64,
     undo: Vec<Undo>,
+    /// The relations changed, each with whether it was there before (undone apart from the
+    /// artifacts: the two never depend on each other's order).
+    undo_relations: Vec<(Relation, bool)>,
     /// The events the changes emit, numbered from `first_event` (the caller's queue hands the
     /// vector on as it is: a large commit's events are not copied into another).
     pub(crate) events: Vec<QueuedEvent>,
@@ -337,6 +351,8 @@ pub(crate) struct Apply<'a> {
     pub(crate) intents: Vec<Acted>,
     /// The position in the commit of the run being applied, recorded in its intents.
     pub(crate) run: usize,
+    /// The position in its patch of the operation being applied.
+    op_index: usize,
 }
 
 impl<'a> Apply<'a> {
@@ -347,10 +363,12 @@ impl<'a> Apply<'a> {
             generation,
             created_counter,
             undo: Vec::new(),
+            undo_relations: Vec::new(),
             events: Vec::new(),
             first_event: 0,
             intents: Vec::new(),
             run: 0,
+            op_index: 0,
         }
     }
 
@@ -372,6 +390,7 @@ impl<'a> Apply<'a> {
     pub(crate) fn savepoint(&self) -> Savepoint {
         Savepoint {
             undo: self.undo.len(),
+            relations: self.undo_relations.len(),
             events: self.events.len(),
             intents: self.intents.len(),
         }
@@ -382,6 +401,10 @@ impl<'a> Apply<'a> {
             let undo = self.undo.pop().expect("length checked");
             self.state.undo(undo);
         }
+        while self.undo_relations.len() > point.relations {
+            let (relation, was) = self.undo_relations.pop().expect("length checked");
+            self.state.set_relation(&relation, was);
+        }
         self.events.truncate(point.events);
         self.intents.truncate(point.intents);
     }
@@ -390,6 +413,7 @@ impl<'a> Apply<'a> {
     pub(crate) fn rollback(mut self) {
         self.rollback_to(Savepoint {
             undo: 0,
+            relations: 0,
             events: 0,
             intents: 0,
         });
@@ -398,7 +422,7 @@ impl<'a> Apply<'a> {
 
     /// Whether anything changed.
     pub(crate) fn changed(&self) -> bool {
-        !self.undo.is_empty()
+        !self.undo.is_empty() || !self.undo_relations.is_empty()
     }
 
     pub(crate) fn state(&self) -> &State {
@@ -408,26 +432,21 @@ impl<'a> Apply<'a> {
     /// Keeps the changes (take `events` and `intents` first) and returns how to take them back
     /// off the state later, or `None` if the commit only created artifacts (see [`Undone`]).
     pub(crate) fn finish(self) -> Option<Undone> {
-        let overwrote = self
-            .undo
-            .iter()
-            .any(|u| matches!(u, Undo::Artifact(_, Some(_)) | Undo::Relation(..)));
-        if !overwrote {
+        let overwrote = self.undo.iter().any(|u| matches!(u, Undo::Replaced(_)));
+        if !overwrote && self.undo_relations.is_empty() {
             return None;
         }
-        let mut undone = Undone::default();
+        let mut undone = Undone {
+            artifacts: Vec::new(),
+            relations: self.undo_relations,
+        };
         let mut seen = std::collections::HashSet::new();
         for undo in self.undo {
-            match undo {
-                // The first change of an id in the commit holds its value before the commit.
-                Undo::Artifact(id, previous) => {
-                    if seen.insert(id.clone()) {
-                        if let Some(previous) = previous {
-                            undone.artifacts.push((id, previous));
-                        }
-                    }
+            // The first change of an id in the commit holds its value before the commit.
+            if seen.insert(undo.id().clone()) {
+                if let Undo::Replaced(previous) = undo {
+                    undone.artifacts.push((previous.id.clone(), previous));
                 }
-                Undo::Relation(relation, was) => undone.relations.push((relation, was)),
             }
         }
         Some(undone)
@@ -436,7 +455,8 @@ impl<'a> Apply<'a> {
     /// Applies every operation of a patch, or none of them.
     pub(crate) fn patch(&mut self, ops: &[Op]) -> Result<(), CommitError> {
         let point = self.savepoint();
-        for op in ops {
+        for (i, op) in ops.iter().enumerate() {
+            self.op_index = i;
             if let Err(e) = self.op(op) {
                 self.rollback_to(point);
                 return Err(e);
@@ -454,13 +474,7 @@ impl<'a> Apply<'a> {
                 hash,
                 bytes,
             } => self.put(*mode, id, *kind, hash, bytes).map(|_| ()),
-            Op::Act {
-                key,
-                action,
-                hash,
-                bytes,
-                payload,
-            } => {
+            Op::Act { key, hash, bytes, .. } => {
                 let id = key.id();
                 let pending_action = Kind::of::<PendingAction>();
                 if let Some(current) = self.state.get(id.as_str()).filter(|c| c.kind != pending_action) {
@@ -473,12 +487,8 @@ impl<'a> Apply<'a> {
                 let created = self.put(PutMode::CreateOnce, id, pending_action, hash, bytes)?;
                 if created {
                     self.intents.push(Acted {
-                        key: ActionKey::clone(key),
-                        kind: action.clone(),
-                        payload: payload.clone(),
-                        hash: *hash,
-                        bytes: bytes.clone(),
                         run: self.run as u32,
+                        op: self.op_index as u32,
                     });
                 }
                 Ok(())
@@ -487,10 +497,10 @@ impl<'a> Apply<'a> {
                 if let Some(old) = self.state.get(id.as_str()).cloned() {
                     for relation in self.state.relations_touching(id) {
                         let was = self.state.set_relation(&relation, false);
-                        self.undo.push(Undo::Relation(relation, was));
+                        self.undo_relations.push((relation, was));
                     }
-                    let previous = self.state.put(id, None);
-                    self.undo.push(Undo::Artifact(id.clone(), previous));
+                    self.state.put(id, None);
+                    self.undo.push(Undo::Replaced(old.clone()));
                     self.emit(EventKind::Deleted, id, old.kind, old.version, Some(old));
                 }
                 Ok(())
@@ -508,14 +518,14 @@ impl<'a> Apply<'a> {
                 }
                 let was = self.state.set_relation(relation, true);
                 if !was {
-                    self.undo.push(Undo::Relation(relation.clone(), was));
+                    self.undo_relations.push((relation.clone(), was));
                 }
                 Ok(())
             }
             Op::Unlink(relation) => {
                 let was = self.state.set_relation(relation, false);
                 if was {
-                    self.undo.push(Undo::Relation(relation.clone(), was));
+                    self.undo_relations.push((relation.clone(), was));
                 }
                 Ok(())
             }
@@ -557,8 +567,11 @@ impl<'a> Apply<'a> {
             created,
             bytes: bytes.clone(),
         });
-        let previous = self.state.put(id, Some(stored));
-        self.undo.push(Undo::Artifact(id.clone(), previous));
+        let previous = self.state.put(id, Some(stored.clone()));
+        self.undo.push(match previous {
+            Some(previous) => Undo::Replaced(previous),
+            None => Undo::Created(stored),
+        });
         self.emit(event, id, kind, version, None);
         Ok(event == EventKind::Created)
     }

@@ -903,7 +903,9 @@ impl Context {
         let mut claimed = None;
         if let Some(store) = &mut self.store {
             let intents: Vec<NewIntent> = match &origin {
-                Some(origin) => Acted::into_new_intents(std::mem::take(&mut acted), origin, trace_of).collect(),
+                Some(origin) => {
+                    Acted::into_new_intents(std::mem::take(&mut acted), &commit.runs, origin, trace_of).collect()
+                }
                 None => Vec::new(),
             };
             let scope = Scope::session(&*self.session);
@@ -950,6 +952,8 @@ impl Context {
         }
         self.graph.record(generation, apply.finish());
         tracing::debug!(commit = %hash.short(), events = events.len(), intents = intent_count, "committed");
+        // The committed runs, to read the intents from below (in memory; a store has them).
+        let runs = (!acted.is_empty()).then(|| commit.runs.clone());
         self.log.push(commit);
         self.readers = readers;
         self.events.drain(..consumed);
@@ -961,14 +965,13 @@ impl Context {
         }
         self.next_event_seq = next_seq;
         if self.store.is_none() {
-            crate::model::telemetry::record_commit(started.elapsed(), acted.iter().map(|acted| &acted.kind));
+            let kinds = runs.iter().flat_map(|runs| acted.iter().map(|acted| acted.kind(runs)));
+            crate::model::telemetry::record_commit(started.elapsed(), kinds);
         }
-        // In memory the ledger registers the commit's intents from the commit's own list, after
-        // the commit's temporaries above are gone (a large commit's memory peaks here), and
-        // without the room the list grew by.
-        if let (Some(memory), Some(origin)) = (&self.memory, &origin) {
-            acted.shrink_to_fit();
-            memory.register(Acted::into_new_intents(acted, origin, trace_of), now);
+        // In memory the ledger registers the commit's intents from the committed runs, after
+        // the commit's temporaries above are gone.
+        if let (Some(memory), Some(origin), Some(runs)) = (&self.memory, &origin, &runs) {
+            memory.register(Acted::into_new_intents(acted, runs, origin, trace_of), now);
         }
         self.checkpoint_if_due();
         Ok((rejected, claimed))
@@ -1147,5 +1150,100 @@ impl Transaction<'_> {
             return Ok(());
         }
         self.context.commit_direct(self.ops)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::{Deserialize, Serialize};
+
+    use super::*;
+    use crate::model::action::{ActionKey, PendingAction};
+
+    #[derive(Serialize, Deserialize)]
+    struct Note(u32);
+
+    impl Artifact for Note {
+        const KIND: &'static str = "note";
+    }
+
+    #[derive(Serialize, Deserialize)]
+    struct Other(u32);
+
+    impl Artifact for Other {
+        const KIND: &'static str = "other";
+    }
+
+    fn put<T: Artifact>(id: &str, value: &T) -> Op {
+        Op::put(PutMode::Upsert, ArtifactId::from(id), value).unwrap()
+    }
+
+    fn act(key: &str, payload: &str) -> Op {
+        Op::act("notify", ActionKey::from(key), payload).unwrap()
+    }
+
+    #[test]
+    fn a_rejected_run_takes_its_intents_and_links_back_and_the_kept_runs_intents_keep_their_own_parts() {
+        let mut ctx = Context::new("s");
+        ctx.commit_direct(vec![put("note:1", &Note(1)), put("other:1", &Other(1))])
+            .unwrap();
+        let runs = vec![
+            // Kept: its intent is its second operation.
+            RunRecord::direct(vec![put("note:2", &Note(2)), act("k-first", "one")]),
+            // Rejected whole: an act, a link and an update of note:1, then a write of the
+            // wrong kind over other:1.
+            RunRecord::direct(vec![
+                act("k-rejected", "two"),
+                Op::Link(Relation::new("note:1", "sees", "other:1")),
+                put("note:1", &Note(10)),
+                put("other:1", &Note(3)),
+            ]),
+            // Kept, after the rejected one: its intents are at positions 0 and 2.
+            RunRecord::direct(vec![
+                act("k-third", "three"),
+                put("note:3", &Note(3)),
+                act("k-fourth", "four"),
+            ]),
+        ];
+        let Ok(rejected) = ctx.commit_runs(runs, 0, true, false, None) else {
+            panic!("the kept runs commit");
+        };
+        assert_eq!(rejected.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [1]);
+
+        assert_eq!(
+            ctx.get::<Note>("note:1").unwrap().unwrap().data.0,
+            1,
+            "the update was taken back"
+        );
+        assert_eq!(
+            ctx.related(&ArtifactId::from("note:1"), "sees").count(),
+            0,
+            "the link was taken back"
+        );
+        assert!(ctx.get::<PendingAction>("action:k-rejected").unwrap().is_none());
+
+        let outbox = ctx.outbox();
+        let get = |key: &str| outbox.get(key).now_or_never().unwrap().unwrap();
+        assert!(get("k-rejected").is_none(), "a rejected run's intent is not registered");
+        for (key, payload, run) in [("k-first", "one", 0), ("k-third", "three", 1), ("k-fourth", "four", 1)] {
+            let delivery = get(key).unwrap_or_else(|| panic!("{key} is registered"));
+            let intent = delivery.intent();
+            assert_eq!(intent.key.as_str(), key);
+            assert_eq!(intent.kind.as_ref(), "notify");
+            assert_eq!(&intent.payload[..], &rmp_serde::to_vec(payload).unwrap()[..]);
+            assert_eq!(intent.origin.run(), run, "{key} names its run among the kept ones");
+            let commit = ctx
+                .commit_of(&intent.origin)
+                .unwrap()
+                .expect("the commit is in the log");
+            assert_eq!(
+                commit.runs[run]
+                    .ops
+                    .iter()
+                    .filter(|op| op.id().as_str() == format!("action:{key}"))
+                    .count(),
+                1
+            );
+        }
     }
 }

@@ -185,10 +185,22 @@ impl Keyed for Arc<Stored> {
     }
 }
 
-/// How to undo one change to the state.
+/// How to undo one change to an artifact (16 bytes: a large commit keeps one per write until
+/// it is done). A relation's change is undone from the relation and whether it was there.
 pub(crate) enum Undo {
-    Artifact(ArtifactId, Option<Arc<Stored>>),
-    Relation(Relation, bool),
+    /// The change created this artifact: take it off.
+    Created(Arc<Stored>),
+    /// The change replaced or deleted this artifact: put it back.
+    Replaced(Arc<Stored>),
+}
+
+impl Undo {
+    /// The id changed.
+    pub(crate) fn id(&self) -> &ArtifactId {
+        match self {
+            Undo::Created(stored) | Undo::Replaced(stored) => &stored.id,
+        }
+    }
 }
 
 impl State {
@@ -321,11 +333,12 @@ impl State {
 
     pub(crate) fn undo(&mut self, undo: Undo) {
         match undo {
-            Undo::Artifact(id, previous) => {
-                self.put(&id, previous);
+            Undo::Created(created) => {
+                self.put(&created.id, None);
             }
-            Undo::Relation(relation, was) => {
-                self.set_relation(&relation, was);
+            Undo::Replaced(previous) => {
+                let id = previous.id.clone();
+                self.put(&id, Some(previous));
             }
         }
     }
