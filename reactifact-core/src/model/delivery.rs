@@ -226,15 +226,20 @@ pub struct Delivery {
     /// The token of the last claim (0 before the first).
     pub(crate) token: FenceToken,
     /// What most entries never have (an error, a cancel, a decision, an attempt of unknown
-    /// outcome, a scheduled retry), behind one pointer: `None` while all of it is empty, so an
-    /// entry that was delivered at the first attempt costs one word for it (the in-memory
-    /// ledger keeps an entry per intent for the life of the store).
-    remarks: Option<Box<Remarks>>,
+    /// outcome, a scheduled retry).
+    pub(crate) remarks: Remarks,
 }
 
-/// The rarely set part of a [`Delivery`] (see `Delivery::remarks`).
+/// What most ledger entries never have (an error, a cancel, a decision, an attempt of unknown
+/// outcome, a scheduled retry), behind one pointer: `None` while all of it is empty, so an
+/// entry that was delivered at the first attempt costs one word for it (the in-memory ledger
+/// keeps an entry per intent for the life of the store, with its remarks in this form too).
 #[derive(Clone, Debug, Default, PartialEq)]
-struct Remarks {
+pub(crate) struct Remarks(Option<Box<RemarkFields>>);
+
+/// The fields of [`Remarks`].
+#[derive(Clone, Debug, Default, PartialEq)]
+struct RemarkFields {
     last_error: Option<String>,
     cancel_reason: Option<String>,
     decision: Option<Decision>,
@@ -242,6 +247,83 @@ struct Remarks {
     interrupted: u32,
     /// Only a failed attempt schedules a retry, and it always sets an error too.
     next_attempt_at: Option<SystemTime>,
+}
+
+impl Remarks {
+    /// The error of the last attempt ([`Delivery::last_error`]).
+    pub(crate) fn last_error(&self) -> Option<&str> {
+        self.0.as_ref()?.last_error.as_deref()
+    }
+
+    /// When the next automatic attempt is due ([`Delivery::next_attempt_at`]).
+    pub(crate) fn next_attempt_at(&self) -> Option<SystemTime> {
+        self.0.as_ref()?.next_attempt_at
+    }
+
+    /// Why an operator cancelled the intent ([`Delivery::cancel_reason`]).
+    pub(crate) fn cancel_reason(&self) -> Option<&str> {
+        self.0.as_ref()?.cancel_reason.as_deref()
+    }
+
+    /// The operator's decision ([`Delivery::decision`]).
+    pub(crate) fn decision(&self) -> Option<&Decision> {
+        self.0.as_ref()?.decision.as_ref()
+    }
+
+    /// The attempts that ended with an expired lease ([`Delivery::expired_leases`]).
+    pub(crate) fn expired_leases(&self) -> u32 {
+        self.0.as_ref().map_or(0, |r| r.expired_leases)
+    }
+
+    /// The attempts cut off ([`Delivery::interrupted_attempts`]).
+    pub(crate) fn interrupted(&self) -> u32 {
+        self.0.as_ref().map_or(0, |r| r.interrupted)
+    }
+
+    /// Whether none is set (nothing is allocated).
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// The fields, made present.
+    fn fields_mut(&mut self) -> &mut RemarkFields {
+        self.0.get_or_insert_with(Box::default)
+    }
+
+    /// Sets (or clears) the error of the last attempt.
+    pub(crate) fn set_last_error(&mut self, error: Option<String>) {
+        if error.is_some() || self.0.is_some() {
+            self.fields_mut().last_error = error;
+        }
+    }
+
+    /// Sets (or clears) when the next automatic attempt is due.
+    pub(crate) fn set_next_attempt_at(&mut self, at: Option<SystemTime>) {
+        if at.is_some() || self.0.is_some() {
+            self.fields_mut().next_attempt_at = at;
+        }
+    }
+
+    /// Records an operator's cancel.
+    pub(crate) fn set_cancel_reason(&mut self, reason: String) {
+        self.fields_mut().cancel_reason = Some(reason);
+    }
+
+    /// Records an operator's decision.
+    pub(crate) fn set_decision(&mut self, decision: Decision) {
+        self.fields_mut().decision = Some(decision);
+    }
+
+    /// Counts an attempt whose lease expired.
+    pub(crate) fn count_expired_lease(&mut self) {
+        self.fields_mut().expired_leases += 1;
+    }
+
+    /// Counts an attempt cut off before its outcome was known.
+    pub(crate) fn count_interrupted(&mut self) {
+        self.fields_mut().interrupted += 1;
+    }
 }
 
 impl Delivery {
@@ -296,7 +378,7 @@ impl Delivery {
     /// The error of the last failed attempt, if the last attempt failed (or why the intent is
     /// held, or pending again after an attempt of unknown outcome).
     pub fn last_error(&self) -> Option<&str> {
-        self.remarks.as_ref()?.last_error.as_deref()
+        self.remarks.last_error()
     }
 
     /// When the intent was committed.
@@ -317,7 +399,7 @@ impl Delivery {
     /// When the next automatic attempt is due, for a failed intent the retry policy will try
     /// again.
     pub fn next_attempt_at(&self) -> Option<SystemTime> {
-        self.remarks.as_ref()?.next_attempt_at
+        self.remarks.next_attempt_at()
     }
 
     /// The lease of the attempt in flight, if one is.
@@ -333,7 +415,7 @@ impl Delivery {
 
     /// Why an operator cancelled the intent, if one did.
     pub fn cancel_reason(&self) -> Option<&str> {
-        self.remarks.as_ref()?.cancel_reason.as_deref()
+        self.remarks.cancel_reason()
     }
 
     /// The operator's decision, for an intent that required approval and was approved or
@@ -341,7 +423,7 @@ impl Delivery {
     /// [`reject`](crate::OutboxStore::reject)); `None` for every other intent, and for one
     /// still awaiting approval.
     pub fn decision(&self) -> Option<&Decision> {
-        self.remarks.as_ref()?.decision.as_ref()
+        self.remarks.decision()
     }
 
     /// How many attempts ended with an expired lease: the holder died (or stalled past its
@@ -349,7 +431,7 @@ impl Delivery {
     /// have seen the intent. Each such attempt was followed by a delivery with the same
     /// idempotency key.
     pub fn expired_leases(&self) -> u32 {
-        self.remarks.as_ref().map_or(0, |r| r.expired_leases)
+        self.remarks.expired_leases()
     }
 
     /// How many attempts were cut off before their outcome was known: still running when a
@@ -358,7 +440,7 @@ impl Delivery {
     /// the same idempotency key, due at once; none counts as a failure against the retry
     /// policy.
     pub fn interrupted_attempts(&self) -> u32 {
-        self.remarks.as_ref().map_or(0, |r| r.interrupted)
+        self.remarks.interrupted()
     }
 
     /// The failed attempts the retry policy counts: those that ended with an error, a panic
@@ -381,45 +463,6 @@ impl Delivery {
             .saturating_sub(self.expired_leases())
     }
 
-    /// The rarely set fields, made present.
-    fn remarks_mut(&mut self) -> &mut Remarks {
-        self.remarks.get_or_insert_with(Box::default)
-    }
-
-    /// Sets (or clears) the error of the last attempt.
-    pub(crate) fn set_last_error(&mut self, error: Option<String>) {
-        if error.is_some() || self.remarks.is_some() {
-            self.remarks_mut().last_error = error;
-        }
-    }
-
-    /// Sets (or clears) when the next automatic attempt is due.
-    pub(crate) fn set_next_attempt_at(&mut self, at: Option<SystemTime>) {
-        if at.is_some() || self.remarks.is_some() {
-            self.remarks_mut().next_attempt_at = at;
-        }
-    }
-
-    /// Records an operator's cancel.
-    pub(crate) fn set_cancel_reason(&mut self, reason: String) {
-        self.remarks_mut().cancel_reason = Some(reason);
-    }
-
-    /// Records an operator's decision.
-    pub(crate) fn set_decision(&mut self, decision: Decision) {
-        self.remarks_mut().decision = Some(decision);
-    }
-
-    /// Counts an attempt whose lease expired.
-    pub(crate) fn count_expired_lease(&mut self) {
-        self.remarks_mut().expired_leases += 1;
-    }
-
-    /// Counts an attempt cut off before its outcome was known.
-    pub(crate) fn count_interrupted(&mut self) {
-        self.remarks_mut().interrupted += 1;
-    }
-
     /// An entry from its parts, as a store of another crate reads it from its rows.
     pub fn from_parts(parts: DeliveryParts) -> Self {
         let DeliveryParts {
@@ -438,7 +481,7 @@ impl Delivery {
             cancel_reason,
             decision,
         } = parts;
-        let remarks = Remarks {
+        let remarks = RemarkFields {
             last_error,
             cancel_reason,
             decision,
@@ -455,27 +498,7 @@ impl Delivery {
             delivered_at,
             lease,
             token,
-            remarks: (remarks != Remarks::default()).then(|| Box::new(remarks)),
-        }
-    }
-
-    /// A new entry, pending and due at `now` (awaiting approval, not due, if
-    /// `requires_approval`).
-    pub(crate) fn new(intent: Intent, now: SystemTime, requires_approval: bool) -> Self {
-        Delivery {
-            intent,
-            status: if requires_approval {
-                DeliveryStatus::AwaitingApproval
-            } else {
-                DeliveryStatus::Pending
-            },
-            attempts: 0,
-            recorded_at: now,
-            updated_at: now,
-            delivered_at: None,
-            lease: None,
-            token: FenceToken(0),
-            remarks: None,
+            remarks: Remarks((remarks != RemarkFields::default()).then(|| Box::new(remarks))),
         }
     }
 }
@@ -769,7 +792,22 @@ mod tests {
     fn fresh() -> Delivery {
         let origin = Origin::new("main", CommitHash([7; 32]), Generation(1), 0);
         let intent = Intent::new(ActionKey::from("k"), "notify", Vec::new(), origin, 0);
-        Delivery::new(intent, SystemTime::UNIX_EPOCH, false)
+        Delivery::from_parts(DeliveryParts {
+            intent,
+            status: DeliveryStatus::Pending,
+            attempts: 0,
+            last_error: None,
+            recorded_at: SystemTime::UNIX_EPOCH,
+            updated_at: SystemTime::UNIX_EPOCH,
+            delivered_at: None,
+            lease: None,
+            expired_leases: 0,
+            interrupted: 0,
+            next_attempt_at: None,
+            token: FenceToken(0),
+            cancel_reason: None,
+            decision: None,
+        })
     }
 
     /// The rarely set fields, as a reader sees them.
@@ -786,10 +824,10 @@ mod tests {
     #[test]
     fn an_entry_without_remarks_allocates_none_and_reads_empty() {
         let mut d = fresh();
-        d.set_last_error(None);
-        d.set_next_attempt_at(None);
+        d.remarks.set_last_error(None);
+        d.remarks.set_next_attempt_at(None);
         assert!(
-            d.remarks.is_none(),
+            d.remarks.is_empty(),
             "clearing an absent error or retry allocates nothing"
         );
         assert_eq!(d.next_attempt_at(), None);
@@ -800,24 +838,24 @@ mod tests {
     fn remarks_read_back_and_an_error_clears() {
         let mut d = fresh();
         d.attempts = 4;
-        d.count_expired_lease();
-        d.count_interrupted();
-        d.set_last_error(Some("boom".into()));
-        d.set_cancel_reason("stop".into());
+        d.remarks.count_expired_lease();
+        d.remarks.count_interrupted();
+        d.remarks.set_last_error(Some("boom".into()));
+        d.remarks.set_cancel_reason("stop".into());
         let decision = Decision::new(Verdict::Rejected, "ops", SystemTime::UNIX_EPOCH, Some("no".into()));
-        d.set_decision(decision.clone());
+        d.remarks.set_decision(decision.clone());
         assert_eq!(remarks(&d), (Some("boom"), Some("stop"), Some(&decision), 1, 1));
         assert_eq!(
             d.counted_attempts(),
             2,
             "the expired and the interrupted attempt are not counted"
         );
-        d.set_last_error(None);
+        d.remarks.set_last_error(None);
         assert_eq!((d.last_error(), d.cancel_reason()), (None, Some("stop")));
         let retry = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(60);
-        d.set_next_attempt_at(Some(retry));
+        d.remarks.set_next_attempt_at(Some(retry));
         assert_eq!(d.next_attempt_at(), Some(retry));
-        d.set_next_attempt_at(None);
+        d.remarks.set_next_attempt_at(None);
         assert_eq!((d.next_attempt_at(), d.cancel_reason()), (None, Some("stop")));
     }
 
@@ -840,7 +878,7 @@ mod tests {
             cancel_reason: None,
             decision: None,
         };
-        assert!(Delivery::from_parts(parts(&d, 0)).remarks.is_none());
+        assert!(Delivery::from_parts(parts(&d, 0)).remarks.is_empty());
         let retry = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(60);
         let failed = Delivery::from_parts(DeliveryParts {
             next_attempt_at: Some(retry),

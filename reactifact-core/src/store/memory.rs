@@ -50,11 +50,12 @@ use std::time::SystemTime;
 use foldhash::{HashMap, HashSet};
 use hashbrown::HashTable;
 
-use crate::model::action::{ActionKey, Intent};
+use crate::model::action::{ActionKey, Intent, Origin, Payload};
 use crate::model::delivery::{
     ceil_millis, from_unix_millis, later, unix_millis, Attempt, AttemptOutcome, Decision, Delivery, DeliveryStatus,
-    FenceToken, Lease, NewIntent, Verdict, ATTEMPTS_KEPT,
+    FenceToken, Lease, NewIntent, Remarks, Verdict, ATTEMPTS_KEPT,
 };
+use crate::model::trace::TraceParent;
 use crate::store::outbox::{
     check_decision, ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery,
     OutboxStore, Outcome, Page, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts,
@@ -133,9 +134,25 @@ impl fmt::Debug for MemoryOutbox {
     }
 }
 
-/// One ledger entry and what the outbox keeps beside it.
+/// One ledger entry and what the outbox keeps beside it: what a [`Delivery`] holds, kept
+/// compactly ([`Entry::delivery`] builds the `Delivery` a caller receives): times in whole
+/// milliseconds, the kind as its interned id, the intent's attempt number as `attempts`, the
+/// lease from the last claim while one is in flight.
 struct Entry {
-    delivery: Delivery,
+    key: ActionKey,
+    payload: Payload,
+    origin: Origin,
+    trace: Option<TraceParent>,
+    status: DeliveryStatus,
+    /// [`Delivery::attempts`], also the intent's attempt number.
+    attempts: u32,
+    /// The token of the last claim (0 before the first).
+    token: FenceToken,
+    recorded_ms: u64,
+    updated_ms: u64,
+    /// When it was delivered, [`NOT_DELIVERED`] before.
+    delivered_ms: u64,
+    remarks: Remarks,
     // (Unlike a durable store's row, no copy of the committed `PendingAction` bytes and their
     // hash: memory cannot be tampered with, so claims never re-check them, and the state holds
     // the bytes.)
@@ -151,7 +168,7 @@ struct Entry {
     /// Bumped every time the entry is queued: queue items with an older stamp are stale.
     stamp: u32,
     /// The last claim (kept after it ended, for the attempt history: a delivered attempt is
-    /// read from it).
+    /// read from it); while the entry is in flight, its lease.
     last_claim: Option<LastClaim>,
     /// What most entries never have, behind one pointer (`None` while empty).
     rare: Option<Box<Rare>>,
@@ -160,6 +177,9 @@ struct Entry {
 /// [`Entry::due_ms`] of an entry that is not claimable. (A due time of `u64::MAX` itself, a
 /// retry time saturated past the year 500,000,000, is kept one millisecond earlier.)
 const NOT_DUE: u64 = u64::MAX;
+
+/// [`Entry::delivered_ms`] of an entry not delivered.
+const NOT_DELIVERED: u64 = u64::MAX;
 
 /// An entry's last claim, as its attempt history reports it. Its fencing token is the entry's
 /// (only a claim changes that), and a memory ledger keeps its times in whole milliseconds.
@@ -181,6 +201,40 @@ struct Rare {
 }
 
 impl Entry {
+    /// The entry as a caller receives it; `kinds` are the interned kind names.
+    fn delivery(&self, kinds: &Names) -> Delivery {
+        let lease = match (self.status, &self.last_claim) {
+            (DeliveryStatus::InFlight, Some(claim)) => Some(Lease {
+                owner: claim.owner.clone(),
+                expires_at: from_unix_millis(claim.expires_ms),
+                token: self.token,
+            }),
+            _ => None,
+        };
+        Delivery {
+            intent: Intent {
+                key: self.key.clone(),
+                kind: kinds.names[self.kind as usize].clone(),
+                payload: self.payload.clone(),
+                origin: self.origin.clone(),
+                attempt: self.attempts,
+                trace: self.trace,
+            },
+            status: self.status,
+            attempts: self.attempts,
+            recorded_at: from_unix_millis(self.recorded_ms),
+            updated_at: from_unix_millis(self.updated_ms),
+            delivered_at: self.delivered_at(),
+            lease,
+            token: self.token,
+            remarks: self.remarks.clone(),
+        }
+    }
+
+    fn delivered_at(&self) -> Option<SystemTime> {
+        (self.delivered_ms != NOT_DELIVERED).then(|| from_unix_millis(self.delivered_ms))
+    }
+
     /// When the entry is due, in Unix milliseconds, while it is claimable.
     fn due(&self) -> Option<u64> {
         (self.due_ms != NOT_DUE).then_some(self.due_ms)
@@ -243,12 +297,12 @@ const IN_FLIGHT: usize = 1;
 
 /// Which counter an entry counts in: its status, with failed ones split by whether a retry
 /// is scheduled.
-fn class(d: &Delivery) -> usize {
+fn class(d: &Entry) -> usize {
     match d.status {
         DeliveryStatus::Pending => 0,
         DeliveryStatus::InFlight => IN_FLIGHT,
         DeliveryStatus::Delivered => 2,
-        DeliveryStatus::Failed if d.next_attempt_at().is_some() => 4,
+        DeliveryStatus::Failed if d.remarks.next_attempt_at().is_some() => 4,
         DeliveryStatus::Failed => 3,
         DeliveryStatus::Dead => 5,
         DeliveryStatus::Held => 6,
@@ -469,11 +523,7 @@ fn live(slots: &Slots, (due, pos, stamp): Item) -> bool {
 /// Whether the entry at `pos` is in flight under a lease expiring at `expiry` (Unix ms).
 fn holds_lease(slots: &Slots, pos: Pos, expiry: u64) -> bool {
     slots[pos as usize].as_ref().is_some_and(|e| {
-        e.delivery.status == DeliveryStatus::InFlight
-            && e.delivery
-                .lease
-                .as_ref()
-                .is_some_and(|l| unix_millis(l.expires_at) == expiry)
+        e.status == DeliveryStatus::InFlight && e.last_claim.as_ref().is_some_and(|c| c.expires_ms == expiry)
     })
 }
 
@@ -538,23 +588,24 @@ fn millis(t: SystemTime) -> (u64, SystemTime) {
 
 /// Puts this in-flight entry, whose lease expired, back to pending, counting the expired
 /// lease and saying why in `last_error`.
-fn reclaim(entry: &mut Delivery) {
+fn reclaim(entry: &mut Entry) {
     // (The history entry of the expired attempt is written by `Inner::reclaim_expired`.)
     let owner = entry
-        .lease
-        .take()
-        .map_or_else(|| "an unknown drainer".to_owned(), |l| l.owner.to_string());
+        .last_claim
+        .as_ref()
+        .map_or_else(|| "an unknown drainer".to_owned(), |c| c.owner.to_string());
     entry.status = DeliveryStatus::Pending;
-    entry.count_expired_lease();
-    entry.set_last_error(Some(crate::model::delivery::reclaimed_error(entry.attempts, &owner)));
+    entry.remarks.count_expired_lease();
+    let error = crate::model::delivery::reclaimed_error(entry.attempts, &owner);
+    entry.remarks.set_last_error(Some(error));
 }
 
 /// The attempt of the entry's last claim, as if still in flight (its lease as last renewed).
 fn in_flight(e: &Entry) -> Option<Attempt> {
     let claim = e.last_claim.as_ref()?;
     Some(Attempt {
-        token: e.delivery.token,
-        number: e.delivery.attempts,
+        token: e.token,
+        number: e.attempts,
         owner: claim.owner.clone(),
         claimed_at: from_unix_millis(claim.claimed_ms),
         lease_expires_at: from_unix_millis(claim.expires_ms),
@@ -630,10 +681,7 @@ impl Inner {
     fn position(&self, key: &str, hash: u32) -> Option<Pos> {
         let slots = &self.slots;
         let found = self.index.find(spread(hash), |&(pos, h)| {
-            h == hash
-                && slots[pos as usize]
-                    .as_ref()
-                    .is_some_and(|e| e.delivery.intent.key.as_str() == key)
+            h == hash && slots[pos as usize].as_ref().is_some_and(|e| e.key.as_str() == key)
         });
         found.map(|&(pos, _)| pos)
     }
@@ -643,14 +691,14 @@ impl Inner {
     fn entry_of(&self, key: &ActionKey) -> Option<(Pos, &Entry)> {
         let in_flight = self.in_flight.get(&key.addr()).and_then(|&pos| {
             let e = self.slots[pos as usize].as_ref()?;
-            e.delivery.intent.key.is_clone_of(key).then_some((pos, e))
+            e.key.is_clone_of(key).then_some((pos, e))
         });
         in_flight.or_else(|| self.entry(key.as_str()))
     }
 
     #[cfg_attr(not(feature = "store-contract"), allow(dead_code))]
     fn register(&mut self, intents: impl ExactSizeIterator<Item = NewIntent>, now: SystemTime) {
-        let (now_ms, now) = millis(now);
+        let now_ms = unix_millis(now);
         self.index.reserve(intents.len(), |&(_, h)| spread(h));
         // A commit's intents share their session, and usually their kind: the last name
         // interned is compared (`Arc`'s equality compares the allocations first) before the
@@ -672,11 +720,11 @@ impl Inner {
             let hash = self.key_hash(key);
             if let Some(pos) = self.position(key, hash) {
                 let e = self.slots[pos as usize].as_mut().expect("the index holds live entries");
-                if e.delivery.status.is_final() || e.session == session || e.members().contains(&session) {
+                if e.status.is_final() || e.session == session || e.members().contains(&session) {
                     continue;
                 }
                 e.rare_mut().members.push(session);
-                let class = class(&e.delivery);
+                let class = class(e);
                 shift(&mut self.tally.by_session[session as usize], None, Some(class));
                 if let Some(due) = e.due() {
                     let item = (due, pos, e.stamp);
@@ -696,15 +744,28 @@ impl Inner {
             };
             last_kind = Some(kind);
             let requires_approval = new.requires_approval();
-            // The kind as interned, shared by the entries of that kind: the clones a claim and
-            // a delivery make of it touch one warm allocation, not one per intent.
-            let intent = Intent {
-                kind: self.kinds.names[kind as usize].clone(),
-                attempt: 0,
-                ..new.intent
-            };
+            let Intent {
+                key,
+                payload,
+                origin,
+                trace,
+                ..
+            } = new.intent;
             let mut entry = Entry {
-                delivery: Delivery::new(intent, now, requires_approval),
+                key,
+                payload,
+                origin,
+                trace,
+                status: match requires_approval {
+                    true => DeliveryStatus::AwaitingApproval,
+                    false => DeliveryStatus::Pending,
+                },
+                attempts: 0,
+                token: FenceToken(0),
+                recorded_ms: now_ms,
+                updated_ms: now_ms,
+                delivered_ms: NOT_DELIVERED,
+                remarks: Remarks::default(),
                 session,
                 kind,
                 requires_approval,
@@ -714,7 +775,7 @@ impl Inner {
                 rare: None,
             };
             entry.set_due((!requires_approval).then_some(now_ms));
-            self.tally.moved(&entry, None, Some(class(&entry.delivery)));
+            self.tally.moved(&entry, None, Some(class(&entry)));
             self.slots.push(Some(entry));
             if !requires_approval {
                 // Its session and kind as known here: the entry just written is not read back.
@@ -726,25 +787,23 @@ impl Inner {
     /// Applies `change` to the live entry at `pos` at `now` (whole milliseconds), and keeps
     /// the counters, the due queues and the purge order up to date. Entries entering pending
     /// are due at `now`; failed ones with a retry at their `next_attempt_at`.
-    fn transition(&mut self, pos: Pos, now: SystemTime, change: impl FnOnce(&mut Delivery)) -> DeliveryStatus {
-        let (now_ms, now) = millis(now);
+    fn transition(&mut self, pos: Pos, now: SystemTime, change: impl FnOnce(&mut Entry)) -> DeliveryStatus {
+        let (now_ms, _) = millis(now);
         let e = self.slots[pos as usize].as_mut().expect("a live entry");
-        let from = class(&e.delivery);
-        change(&mut e.delivery);
-        let d = &mut e.delivery;
-        d.updated_at = now;
-        d.intent.attempt = d.attempts;
-        let status = d.status;
+        let from = class(e);
+        change(e);
+        e.updated_ms = now_ms;
+        let status = e.status;
         let due = match status {
             DeliveryStatus::Pending => Some(now_ms),
-            DeliveryStatus::Failed => d.next_attempt_at().map(unix_millis),
+            DeliveryStatus::Failed => e.remarks.next_attempt_at().map(unix_millis),
             _ => None,
         };
         e.set_due(due);
-        let to = class(&e.delivery);
+        let to = class(e);
         self.tally.moved(e, Some(from), Some(to));
         if from == IN_FLIGHT && to != IN_FLIGHT {
-            self.in_flight.remove(&e.delivery.intent.key.addr());
+            self.in_flight.remove(&e.key.addr());
         }
         if let Some(due) = e.due() {
             e.stamp = e.stamp.wrapping_add(1);
@@ -801,11 +860,10 @@ impl Inner {
     fn attempts(&self, key: &str) -> Option<Vec<Attempt>> {
         let (_, e) = self.entry(key)?;
         let mut attempts = e.history().to_vec();
-        let d = &e.delivery;
-        let last = match d.status {
+        let last = match e.status {
             DeliveryStatus::InFlight => in_flight(e),
             DeliveryStatus::Delivered => in_flight(e).map(|a| Attempt {
-                ended_at: d.delivered_at,
+                ended_at: e.delivered_at(),
                 outcome: AttemptOutcome::Delivered,
                 ..a
             }),
@@ -906,7 +964,7 @@ impl Inner {
             };
         }
         let (now_ms, now) = millis(request.now);
-        let (expiry_ms, expires_at) = millis(later(now, request.lease));
+        let expiry_ms = unix_millis(later(now, request.lease));
         self.scope_queues(request.scope);
         let mut taken = std::mem::take(&mut self.taken);
         while claims.len() < request.limit {
@@ -917,28 +975,21 @@ impl Inner {
             self.queues.map.get_mut(&self.scratch[queue]).expect("built").pop();
             let pos = item.1;
             let e = self.slots[pos as usize].as_mut().expect("a live item");
-            let from = class(&e.delivery);
+            let from = class(e);
             e.set_due(None);
-            let d = &mut e.delivery;
-            d.status = DeliveryStatus::InFlight;
-            d.attempts = d.attempts.saturating_add(1);
-            d.intent.attempt = d.attempts;
-            d.token = FenceToken(d.token.0 + 1);
-            d.lease = Some(Lease {
-                owner: request.owner.clone(),
-                expires_at,
-                token: d.token,
-            });
-            d.set_next_attempt_at(None);
-            d.updated_at = now;
+            e.status = DeliveryStatus::InFlight;
+            e.attempts = e.attempts.saturating_add(1);
+            e.token = FenceToken(e.token.0 + 1);
+            e.remarks.set_next_attempt_at(None);
+            e.updated_ms = now_ms;
             e.last_claim = Some(LastClaim {
                 owner: request.owner.clone(),
                 claimed_ms: now_ms,
                 expires_ms: expiry_ms,
             });
             self.tally.moved(e, Some(from), Some(IN_FLIGHT));
-            self.in_flight.insert(e.delivery.intent.key.addr(), pos);
-            claims.push(e.delivery.clone());
+            self.in_flight.insert(e.key.addr(), pos);
+            claims.push(e.delivery(&self.kinds));
             taken.push(pos);
         }
         if !taken.is_empty() {
@@ -961,54 +1012,49 @@ impl Inner {
 
     fn record(&mut self, recording: &Recording, now: SystemTime) -> Recorded {
         let found = self.entry_of(&recording.key);
-        let held = found.and_then(|(pos, e)| {
-            let d = &e.delivery;
-            (d.status == DeliveryStatus::InFlight && d.token == recording.token).then_some(pos)
-        });
+        let held = found
+            .and_then(|(pos, e)| (e.status == DeliveryStatus::InFlight && e.token == recording.token).then_some(pos));
         let Some(pos) = held else {
-            let current = found.map(|(_, e)| &e.delivery);
+            let current = found.map(|(_, e)| e);
             return Recorded::Stale {
                 status: current.map(|d| d.status),
                 token: current.map_or(FenceToken(0), |d| d.token),
             };
         };
-        let (_, now_t) = millis(now);
+        let (now_ms, _) = millis(now);
         if let Some(ended) = recording.outcome.attempt_outcome() {
             self.end_attempt(pos, now, ended);
         }
-        let status = self.transition(pos, now, |d| {
-            d.lease = None;
-            match &recording.outcome {
-                Outcome::Delivered => {
-                    d.status = DeliveryStatus::Delivered;
-                    d.set_last_error(None);
-                    d.delivered_at = Some(now_t);
-                }
-                Outcome::Failed { error, next } => {
-                    d.set_last_error(Some(error.clone()));
-                    match *next {
-                        FailedAttempt::RetryAt(at) => {
-                            d.status = DeliveryStatus::Failed;
-                            d.set_next_attempt_at(Some(ceil_millis(at)));
-                        }
-                        FailedAttempt::AwaitRetry => d.status = DeliveryStatus::Failed,
-                        FailedAttempt::Dead => d.status = DeliveryStatus::Dead,
+        let status = self.transition(pos, now, |d| match &recording.outcome {
+            Outcome::Delivered => {
+                d.status = DeliveryStatus::Delivered;
+                d.remarks.set_last_error(None);
+                d.delivered_ms = now_ms;
+            }
+            Outcome::Failed { error, next } => {
+                d.remarks.set_last_error(Some(error.clone()));
+                match *next {
+                    FailedAttempt::RetryAt(at) => {
+                        d.status = DeliveryStatus::Failed;
+                        d.remarks.set_next_attempt_at(Some(ceil_millis(at)));
                     }
+                    FailedAttempt::AwaitRetry => d.status = DeliveryStatus::Failed,
+                    FailedAttempt::Dead => d.status = DeliveryStatus::Dead,
                 }
-                Outcome::Held { reason } => {
-                    d.status = DeliveryStatus::Held;
-                    d.attempts = d.attempts.saturating_sub(1);
-                    d.set_last_error(Some(reason.clone()));
-                }
-                Outcome::Interrupted { reason } => {
-                    d.status = DeliveryStatus::Pending;
-                    d.count_interrupted();
-                    d.set_last_error(Some(reason.clone()));
-                }
-                Outcome::Released => {
-                    d.status = DeliveryStatus::Pending;
-                    d.attempts = d.attempts.saturating_sub(1);
-                }
+            }
+            Outcome::Held { reason } => {
+                d.status = DeliveryStatus::Held;
+                d.attempts = d.attempts.saturating_sub(1);
+                d.remarks.set_last_error(Some(reason.clone()));
+            }
+            Outcome::Interrupted { reason } => {
+                d.status = DeliveryStatus::Pending;
+                d.remarks.count_interrupted();
+                d.remarks.set_last_error(Some(reason.clone()));
+            }
+            Outcome::Released => {
+                d.status = DeliveryStatus::Pending;
+                d.attempts = d.attempts.saturating_sub(1);
             }
         });
         self.forget_leases_if_none_in_flight();
@@ -1016,20 +1062,16 @@ impl Inner {
     }
 
     fn renew(&mut self, key: &str, token: FenceToken, until: SystemTime) -> bool {
-        let (until_ms, until) = millis(until);
+        let (until_ms, _) = millis(until);
         let Some(pos) = self.position(key, self.key_hash(key)) else {
             return false;
         };
         let Some(e) = self.slots[pos as usize].as_mut() else {
             return false;
         };
-        let d = &mut e.delivery;
-        match &mut d.lease {
-            Some(lease) if d.status == DeliveryStatus::InFlight && d.token == token => {
-                lease.expires_at = until;
-                if let Some(last) = &mut e.last_claim {
-                    last.expires_ms = until_ms;
-                }
+        match &mut e.last_claim {
+            Some(lease) if e.status == DeliveryStatus::InFlight && e.token == token => {
+                lease.expires_ms = until_ms;
                 self.leases.entry(until_ms).or_default().push(pos);
                 true
             }
@@ -1041,27 +1083,27 @@ impl Inner {
         let Some((pos, e)) = self.entry(key) else {
             return Err(RetryError::UnknownKey(ActionKey::from(key)));
         };
-        let status = e.delivery.status;
+        let status = e.status;
         if !matches!(
             status,
             DeliveryStatus::Failed | DeliveryStatus::Dead | DeliveryStatus::Held
         ) {
             return Err(RetryError::NotFailed {
-                key: e.delivery.intent.key.clone(),
+                key: e.key.clone(),
                 status,
             });
         }
         // An intent that needs approval and never had one goes back to waiting for it.
-        let unapproved = e.requires_approval && e.delivery.decision().is_none();
+        let unapproved = e.requires_approval && e.remarks.decision().is_none();
         self.transition(pos, now, |d| {
             d.status = if unapproved {
                 DeliveryStatus::AwaitingApproval
             } else {
                 DeliveryStatus::Pending
             };
-            d.set_next_attempt_at(None);
+            d.remarks.set_next_attempt_at(None);
         });
-        Ok(self.slots[pos as usize].as_ref().expect("live").delivery.clone())
+        Ok(self.slots[pos as usize].as_ref().expect("live").delivery(&self.kinds))
     }
 
     fn decide(
@@ -1075,9 +1117,8 @@ impl Inner {
         let Some((pos, e)) = self.entry(key) else {
             return Err(ApprovalError::UnknownKey(ActionKey::from(key)));
         };
-        let d = &e.delivery;
-        if !check_decision(key, d.status, d.decision(), verdict, by)? {
-            return Ok(d.clone());
+        if !check_decision(key, e.status, e.remarks.decision(), verdict, by)? {
+            return Ok(e.delivery(&self.kinds));
         }
         let (_, at) = millis(now);
         self.transition(pos, now, |d| {
@@ -1085,17 +1126,18 @@ impl Inner {
                 Verdict::Approved => DeliveryStatus::Pending,
                 Verdict::Rejected => DeliveryStatus::Rejected,
             };
-            d.set_decision(Decision::new(verdict, by, at, reason.map(str::to_owned)));
+            d.remarks
+                .set_decision(Decision::new(verdict, by, at, reason.map(str::to_owned)));
         });
-        Ok(self.slots[pos as usize].as_ref().expect("live").delivery.clone())
+        Ok(self.slots[pos as usize].as_ref().expect("live").delivery(&self.kinds))
     }
 
     fn cancel(&mut self, key: &str, reason: &str, now: SystemTime) -> Result<Delivery, CancelError> {
         let Some((pos, e)) = self.entry(key) else {
             return Err(CancelError::UnknownKey(ActionKey::from(key)));
         };
-        match e.delivery.status {
-            DeliveryStatus::Cancelled => return Ok(e.delivery.clone()),
+        match e.status {
+            DeliveryStatus::Cancelled => return Ok(e.delivery(&self.kinds)),
             DeliveryStatus::Pending
             | DeliveryStatus::Failed
             | DeliveryStatus::Dead
@@ -1103,17 +1145,17 @@ impl Inner {
             | DeliveryStatus::AwaitingApproval => {}
             status => {
                 return Err(CancelError::NotCancellable {
-                    key: e.delivery.intent.key.clone(),
+                    key: e.key.clone(),
                     status,
                 })
             }
         }
         self.transition(pos, now, |d| {
             d.status = DeliveryStatus::Cancelled;
-            d.set_next_attempt_at(None);
-            d.set_cancel_reason(reason.to_owned());
+            d.remarks.set_next_attempt_at(None);
+            d.remarks.set_cancel_reason(reason.to_owned());
         });
-        Ok(self.slots[pos as usize].as_ref().expect("live").delivery.clone())
+        Ok(self.slots[pos as usize].as_ref().expect("live").delivery(&self.kinds))
     }
 
     fn purge(&mut self, filter: PurgeFilter, before: SystemTime, limit: usize) -> u64 {
@@ -1138,8 +1180,8 @@ impl Inner {
             }
             self.finals[queue].pop();
             if let Some(e) = self.slots[pos as usize].take() {
-                self.tally.moved(&e, Some(class(&e.delivery)), None);
-                let key = e.delivery.intent.key;
+                self.tally.moved(&e, Some(class(&e)), None);
+                let key = e.key;
                 let found = self
                     .index
                     .find_entry(spread(self.key_hash(key.as_str())), |&(p, _)| p == pos);
@@ -1168,7 +1210,7 @@ impl Inner {
         let mut next = None;
         for (pos, e) in self.slots.enumerate_from(start) {
             let Some(e) = e else { continue };
-            if query.status.is_some_and(|s| s != e.delivery.status) || !self.admits(e, &query.scope) {
+            if query.status.is_some_and(|s| s != e.status) || !self.admits(e, &query.scope) {
                 continue;
             }
             if entries.len() == limit {
@@ -1177,7 +1219,7 @@ impl Inner {
                 next = Some(last as u64 + 1);
                 break;
             }
-            entries.push(e.delivery.clone());
+            entries.push(e.delivery(&self.kinds));
             last = pos;
         }
         Page { entries, next }
@@ -1206,7 +1248,7 @@ impl Inner {
                 let mut sum = Counts::default();
                 for e in self.slots.iter().flatten() {
                     if self.admits(e, scope) {
-                        sum.0[class(&e.delivery)] += 1;
+                        sum.0[class(e)] += 1;
                     }
                 }
                 sum.counts()
@@ -1333,7 +1375,10 @@ impl OutboxStore for MemoryOutbox {
     }
 
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Delivery>, StoreError>> {
-        Box::pin(async move { Ok(self.lock().entry(key).map(|(_, e)| e.delivery.clone())) })
+        Box::pin(async move {
+            let inner = self.lock();
+            Ok(inner.entry(key).map(|(_, e)| e.delivery(&inner.kinds)))
+        })
     }
 
     fn list<'a>(&'a self, query: &'a LedgerQuery) -> BoxFuture<'a, Result<Page, StoreError>> {
