@@ -344,10 +344,9 @@ pub(crate) struct Apply<'a> {
     /// The relations changed, each with whether it was there before (undone apart from the
     /// artifacts: the two never depend on each other's order).
     undo_relations: Vec<(Relation, bool)>,
-    /// The events the changes emit, numbered from `first_event` (the caller's queue hands the
-    /// vector on as it is: a large commit's events are not copied into another).
-    pub(crate) events: Vec<QueuedEvent>,
-    first_event: u64,
+    /// The events the changes emit, in order (the committer numbers and queues the ones it
+    /// keeps).
+    pub(crate) events: Vec<Emitted>,
     pub(crate) intents: Vec<Acted>,
     /// The position in the commit of the run being applied, recorded in its intents.
     pub(crate) run: usize,
@@ -365,7 +364,6 @@ impl<'a> Apply<'a> {
             undo: Vec::new(),
             undo_relations: Vec::new(),
             events: Vec::new(),
-            first_event: 0,
             intents: Vec::new(),
             run: 0,
             op_index: 0,
@@ -378,12 +376,6 @@ impl<'a> Apply<'a> {
     pub(crate) fn with_room(mut self, ops: usize) -> Self {
         self.undo.reserve(ops);
         self.events.reserve(ops);
-        self
-    }
-
-    /// Numbers the events emitted from `seq` (from 0 otherwise).
-    pub(crate) fn events_from(mut self, seq: u64) -> Self {
-        self.first_event = seq;
         self
     }
 
@@ -500,8 +492,11 @@ impl<'a> Apply<'a> {
                         self.undo_relations.push((relation, was));
                     }
                     self.state.put(id, None);
-                    self.undo.push(Undo::Replaced(old.clone()));
-                    self.emit(EventKind::Deleted, id, old.kind, old.version, Some(old));
+                    self.events.push(Emitted {
+                        kind: EventKind::Deleted,
+                        artifact: old.clone(),
+                    });
+                    self.undo.push(Undo::Replaced(old));
                 }
                 Ok(())
             }
@@ -568,33 +563,56 @@ impl<'a> Apply<'a> {
             bytes: bytes.clone(),
         });
         let previous = self.state.put(id, Some(stored.clone()));
+        self.events.push(Emitted {
+            kind: event,
+            artifact: stored.clone(),
+        });
         self.undo.push(match previous {
             Some(previous) => Undo::Replaced(previous),
             None => Undo::Created(stored),
         });
-        self.emit(event, id, kind, version, None);
         Ok(event == EventKind::Created)
     }
+}
 
-    fn emit(
-        &mut self,
-        kind: EventKind,
-        id: &ArtifactId,
-        artifact_kind: Kind,
-        version: Version,
-        deleted: Option<Arc<Stored>>,
-    ) {
-        self.events.push(QueuedEvent {
-            seq: self.first_event + self.events.len() as u64,
-            event: Event {
-                kind,
-                id: id.clone(),
-                artifact_kind,
-                version,
-                generation: self.generation,
-            },
-            deleted,
-        });
+/// An event a change emitted, as an [`Apply`] keeps it until the commit is decided: what
+/// happened, and the artifact it happened to (the version written; for a deletion, the
+/// version deleted). 16 bytes: a large commit emits one per write, and most of them are
+/// consumed by the commit itself, never queued.
+pub(crate) struct Emitted {
+    kind: EventKind,
+    artifact: Arc<Stored>,
+}
+
+impl Emitted {
+    /// What happened.
+    pub(crate) fn kind(&self) -> EventKind {
+        self.kind
+    }
+
+    /// The id of the artifact it happened to.
+    pub(crate) fn id(&self) -> &ArtifactId {
+        &self.artifact.id
+    }
+
+    /// The event, emitted by the commit of `generation`.
+    pub(crate) fn event(&self, generation: Generation) -> Event {
+        Event {
+            kind: self.kind,
+            id: self.artifact.id.clone(),
+            artifact_kind: self.artifact.kind,
+            version: self.artifact.version,
+            generation,
+        }
+    }
+
+    /// The event as the queue keeps it, numbered `seq`, emitted by the commit of `generation`.
+    pub(crate) fn queued(self, seq: u64, generation: Generation) -> QueuedEvent {
+        QueuedEvent {
+            seq,
+            event: self.event(generation),
+            deleted: (self.kind == EventKind::Deleted).then_some(self.artifact),
+        }
     }
 }
 

@@ -16,7 +16,7 @@ use crate::model::hash::{CommitHash, StateHash};
 use crate::model::patch::{EffectError, Op, PutMode};
 use crate::model::relation::Relation;
 use crate::model::trace::TraceParent;
-use crate::state::commit::{Acted, Apply, Commit, CommitError, RunRecord};
+use crate::state::commit::{Acted, Apply, Commit, CommitError, Emitted, RunRecord};
 use crate::state::graph::Graph;
 use crate::state::live::State;
 use crate::state::log::{Base, Log};
@@ -821,9 +821,7 @@ impl Context {
         let ops = runs.iter().map(|run| run.ops.len()).sum();
         // Room for every artifact a large commit may create at once (see `Layered::reserve`).
         state.reserve(ops);
-        let mut apply = Apply::new(state, generation)
-            .events_from(self.next_event_seq)
-            .with_room(ops);
+        let mut apply = Apply::new(state, generation).with_room(ops);
         let mut rejected = Vec::new();
         for (i, run) in runs.iter().enumerate() {
             // Its position in the commit once the rejected runs before it are dropped.
@@ -863,13 +861,14 @@ impl Context {
         let next_seq = self.next_event_seq + events.len() as u64;
         // The readers index after the commit (an O(1) clone, then what its runs change).
         let mut readers = self.readers.clone();
-        let deleted = events.iter().filter(|q| q.event.kind == EventKind::Deleted);
-        readers.record(generation, &runs, deleted.map(|q| &q.event.id));
+        let deleted = events.iter().filter(|e| e.kind() == EventKind::Deleted);
+        readers.record(generation, &runs, deleted.map(|e| e.id()));
         // With nothing else left in the queue, the events this commit emits that no produce
         // reacts to are consumed by the commit itself, not by a write of their own.
         let own_consumed = match turn {
             Some(turn) if self.events.len() == consumed => {
-                events.iter().take_while(|q| !(turn.reacts)(&q.event, &readers)).count()
+                let reacts = |e: &Emitted| (turn.reacts)(&e.event(generation), &readers);
+                events.iter().take_while(|e| !reacts(e)).count()
             }
             _ => 0,
         };
@@ -914,7 +913,7 @@ impl Context {
                 commit: &commit,
                 consumed_before: match self.events.get(consumed) {
                     Some(q) => q.seq,
-                    None => events.get(own_consumed).map_or(next_seq, |q| q.seq),
+                    None => self.next_event_seq + own_consumed as u64,
                 },
                 intents: &intents,
                 now,
@@ -957,7 +956,10 @@ impl Context {
         self.log.push(commit);
         self.readers = readers;
         self.events.drain(..consumed);
-        self.events.extend(events.into_iter().skip(own_consumed));
+        let first_seq = self.next_event_seq;
+        let kept = events.into_iter().enumerate().skip(own_consumed);
+        self.events
+            .extend(kept.map(|(i, e)| e.queued(first_seq + i as u64, generation)));
         // A burst (a bulk load's events) leaves its room behind once consumed: give the bulk
         // of it back (amortised: the queue must grow fourfold again before the next shrink).
         if self.events.capacity() > SPARE_EVENTS && self.events.len() < self.events.capacity() / 4 {

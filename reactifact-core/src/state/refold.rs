@@ -339,12 +339,17 @@ impl Refold {
             list.push((generation, undone));
         }
         if let Some(readers) = &mut self.readers {
-            let deleted = events.iter().filter(|e| e.event.kind == EventKind::Deleted);
-            readers.record(generation, &commit.runs, deleted.map(|e| &e.event.id));
+            let deleted = events.iter().filter(|e| e.kind() == EventKind::Deleted);
+            readers.record(generation, &commit.runs, deleted.map(|e| e.id()));
         }
         self.parent = Some(commit.hash);
         self.next = generation.next();
-        Ok(events)
+        // Numbered within the commit: a caller that queues them numbers them in its session.
+        Ok(events
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| e.queued(i as u64, generation))
+            .collect())
     }
 }
 
