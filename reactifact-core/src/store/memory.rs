@@ -1545,4 +1545,150 @@ mod tests {
         assert!(inner.in_flight.is_empty(), "nothing in flight, no position kept");
         assert_eq!(inner.tally.total.counts().delivered, 3);
     }
+
+    #[test]
+    fn an_entry_reads_back_as_the_delivery_it_stands_for_through_claims_records_and_reclaims() {
+        let t0 = UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
+        let session: Arc<str> = Arc::from("s");
+        let outbox = MemoryOutbox::new();
+        let mut new = intent(&session, "k1");
+        let trace: TraceParent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+            .parse()
+            .unwrap();
+        new.intent.trace = Some(trace);
+        new.intent.payload = vec![1u8, 2, 3].into();
+        // Sub-millisecond times are kept to the millisecond, as every store keeps them.
+        outbox.register([new].into_iter(), t0 + Duration::from_micros(700));
+        let scope = Scope::all();
+        let owner: Arc<str> = Arc::from("drain-1");
+        let get = |inner: &Inner| {
+            let (_, e) = inner.entry("k1").expect("registered");
+            e.delivery(&inner.kinds)
+        };
+        let check_intent = |d: &Delivery| {
+            let intent = d.intent();
+            assert_eq!(intent.key().as_str(), "k1");
+            assert_eq!(intent.kind(), "notify");
+            assert_eq!(&intent.payload[..], &[1, 2, 3]);
+            assert_eq!(intent.trace_parent(), Some(&trace));
+            assert_eq!(intent.origin().session(), "s");
+            assert_eq!(intent.attempt(), d.attempts(), "the intent's attempt is the last one");
+        };
+        let mut inner = outbox.lock();
+        let d = get(&inner);
+        check_intent(&d);
+        assert_eq!(
+            (d.status(), d.attempts(), d.token()),
+            (DeliveryStatus::Pending, 0, FenceToken(0))
+        );
+        assert_eq!((d.recorded_at(), d.updated_at(), d.delivered_at()), (t0, t0, None));
+        assert!(d.lease().is_none());
+
+        let claim = |inner: &mut Inner, now| {
+            inner.claim(&ClaimRequest {
+                scope: &scope,
+                limit: 10,
+                owner: &owner,
+                lease: Duration::from_secs(10),
+                now,
+            })
+        };
+        let t1 = t0 + Duration::from_secs(1);
+        let claimed = claim(&mut inner, t1).claims;
+        assert_eq!(claimed.len(), 1);
+        let d = get(&inner);
+        check_intent(&d);
+        check_intent(&claimed[0]);
+        assert_eq!(
+            (d.status(), d.attempts(), d.token()),
+            (DeliveryStatus::InFlight, 1, FenceToken(1))
+        );
+        assert_eq!((d.recorded_at(), d.updated_at()), (t0, t1));
+        let lease = d.lease().expect("in flight under a lease");
+        assert_eq!(
+            (&*lease.owner, lease.expires_at, lease.token),
+            ("drain-1", t1 + Duration::from_secs(10), d.token())
+        );
+        assert_eq!(claimed[0].lease(), Some(lease));
+        assert!(inner.renew("k1", d.token(), t1 + Duration::from_secs(20)));
+        assert_eq!(get(&inner).lease().unwrap().expires_at, t1 + Duration::from_secs(20));
+
+        // The renewed lease expires: reclaimed, pending again, no lease, the holder named.
+        let t2 = t1 + Duration::from_secs(21);
+        let again = claim(&mut inner, t2);
+        assert_eq!(again.reclaimed, 1);
+        assert_eq!(again.claims.len(), 1);
+        let d = get(&inner);
+        check_intent(&d);
+        assert_eq!(
+            (d.status(), d.attempts(), d.token()),
+            (DeliveryStatus::InFlight, 2, FenceToken(2))
+        );
+        assert_eq!(d.expired_leases(), 1);
+        assert!(
+            d.last_error().is_some_and(|e| e.contains("drain-1")),
+            "{:?}",
+            d.last_error()
+        );
+
+        // Held: the attempt is not counted, and the intent's attempt follows.
+        let held = Recording {
+            key: ActionKey::from("k1"),
+            token: d.token(),
+            outcome: Outcome::Held {
+                reason: "no route".into(),
+            },
+        };
+        assert_eq!(inner.record(&held, t2), Recorded::Accepted(DeliveryStatus::Held));
+        let d = get(&inner);
+        check_intent(&d);
+        assert_eq!((d.status(), d.attempts()), (DeliveryStatus::Held, 1));
+        assert!(d.lease().is_none(), "no lease once the attempt ended");
+        assert_eq!(d.last_error(), Some("no route"));
+
+        inner.retry("k1", t2).unwrap();
+        let t3 = t2 + Duration::from_secs(1);
+        let d = claim(&mut inner, t3).claims.remove(0);
+        let failed = Recording {
+            key: ActionKey::from("k1"),
+            token: d.token(),
+            outcome: Outcome::Failed {
+                error: "boom".into(),
+                next: FailedAttempt::RetryAt(t3 + Duration::from_micros(1_500)),
+            },
+        };
+        assert_eq!(inner.record(&failed, t3), Recorded::Accepted(DeliveryStatus::Failed));
+        let d = get(&inner);
+        check_intent(&d);
+        assert_eq!(
+            (d.status(), d.attempts(), d.last_error()),
+            (DeliveryStatus::Failed, 2, Some("boom"))
+        );
+        // A retry time is rounded up to its millisecond (never early).
+        assert_eq!(d.next_attempt_at(), Some(t3 + Duration::from_millis(2)));
+
+        let t4 = t3 + Duration::from_secs(1);
+        let d = claim(&mut inner, t4).claims.remove(0);
+        assert_eq!(d.next_attempt_at(), None, "a claim clears the scheduled retry");
+        assert_eq!(
+            inner.record(&recording(d.key().clone(), &d), t4),
+            Recorded::Accepted(DeliveryStatus::Delivered)
+        );
+        let d = get(&inner);
+        check_intent(&d);
+        assert_eq!(
+            (d.status(), d.attempts(), d.token()),
+            (DeliveryStatus::Delivered, 3, FenceToken(4))
+        );
+        assert_eq!((d.recorded_at(), d.updated_at(), d.delivered_at()), (t0, t4, Some(t4)));
+        assert_eq!((d.last_error(), d.lease()), (None, None));
+        // The delivered attempt is read from the last claim.
+        let attempts = inner.attempts("k1").unwrap();
+        let last = attempts.last().unwrap();
+        assert_eq!(
+            (&last.outcome, last.claimed_at, last.ended_at),
+            (&AttemptOutcome::Delivered, t4, Some(t4))
+        );
+        assert_eq!(&*last.owner, "drain-1");
+    }
 }
