@@ -28,15 +28,18 @@
 //! queues; its items are skipped when they come to the front, and a queue that has grown to
 //! twice its live length is compacted (amortised O(1) per push).
 //!
-//! Memory: besides the entries, 16 bytes per final entry until it is purged (the purge order),
-//! about 16 bytes per intent in flight (their positions by key, so that a record finds its
-//! entry without probing the whole ledger's index), and, while some intent is always in
-//! flight, 4 bytes per claim or renewal made within one lease duration (the expiry index is
-//! cleared whenever nothing is in flight). A purged entry
-//! leaves its key behind (its tombstone), so that the key is never registered again. Each
-//! entry keeps the lease of its last claim (a delivered attempt is read from it: no
-//! allocation on the delivery path) and a history of the attempts that ended other than
-//! delivered (usually empty).
+//! Memory: an entry takes 192 bytes (its intent's parts and its state, not a whole
+//! [`Delivery`]: the one a caller receives is built from it) and 8 bytes in the key index,
+//! besides its key, its payload (shared with the committed `PendingAction`) and what it
+//! rarely has (an error, a decision, attached sessions, the history of attempts that ended
+//! other than delivered: one pointer while empty). Beside the entries: 16 bytes per final
+//! entry until it is purged (the purge order), about 16 bytes per intent in flight (their
+//! positions by key, so that a record finds its entry without probing the whole ledger's
+//! index), and, while some intent is always in flight, 4 bytes per claim or renewal made
+//! within one lease duration (the expiry index is cleared whenever nothing is in flight). A
+//! purged entry leaves its key behind (its tombstone), so that the key is never registered
+//! again. Each entry keeps its last claim (its lease while in flight; a delivered attempt is
+//! read from it: no allocation on the delivery path).
 //!
 //! Times are kept in whole milliseconds, like every store: a time passed in is truncated to
 //! its millisecond, except a retry time, which is rounded up (never early).
