@@ -1694,4 +1694,67 @@ mod tests {
         );
         assert_eq!(&*last.owner, "drain-1");
     }
+
+    #[test]
+    fn the_key_index_finds_every_live_key_and_never_a_purged_one_across_growth_purges_and_reregistration() {
+        let t0 = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let (s1, s2): (Arc<str>, Arc<str>) = (Arc::from("s1"), Arc::from("s2"));
+        let outbox = MemoryOutbox::new();
+        let n = 5_000;
+        let key = |i: usize| format!("key-{i}");
+        // Registered in growing batches (the index grows several times), one key twice.
+        let mut registered = 0;
+        for batch in [1, 7, 100, 1_000, n - 1_108] {
+            let mut keys: Vec<NewIntent> = (registered..registered + batch).map(|i| intent(&s1, &key(i))).collect();
+            keys.push(intent(&s1, &key(0)));
+            outbox.register(keys.into_iter(), t0);
+            registered += batch;
+        }
+        let mut inner = outbox.lock();
+        assert_eq!(inner.slots.len(), n, "a key registered again is not a new entry");
+        for i in 0..n {
+            let (pos, e) = inner.entry(&key(i)).unwrap_or_else(|| panic!("{} is found", key(i)));
+            assert_eq!((pos as usize, e.key.as_str()), (i, key(i).as_str()));
+        }
+        assert!(inner.entry("key-absent").is_none());
+        // Deliver every third key, purge those, and register every key again from another
+        // session: the purged keys stay gone, the others are attached.
+        let scope = Scope::all();
+        let owner: Arc<str> = Arc::from("drain");
+        let claimed = inner
+            .claim(&ClaimRequest {
+                scope: &scope,
+                limit: n,
+                owner: &owner,
+                lease: Duration::from_secs(60),
+                now: t0,
+            })
+            .claims;
+        assert_eq!(claimed.len(), n);
+        for d in claimed
+            .iter()
+            .filter(|d| d.key().as_str()[4..].parse::<usize>().unwrap() % 3 == 0)
+        {
+            inner.record(&recording(d.key().clone(), d), t0);
+        }
+        let purged = (0..n).filter(|i| i % 3 == 0).count() as u64;
+        assert_eq!(
+            inner.purge(PurgeFilter::Delivered, t0 + Duration::from_secs(1), usize::MAX),
+            purged
+        );
+        inner.register((0..n).map(|i| intent(&s2, &key(i))), t0);
+        assert_eq!(inner.slots.len(), n, "no key is registered twice, purged or not");
+        for i in 0..n {
+            match inner.entry(&key(i)) {
+                None => assert_eq!(i % 3, 0, "{} is live", key(i)),
+                Some((pos, e)) => {
+                    assert_ne!(i % 3, 0, "{} was purged", key(i));
+                    assert_eq!((pos as usize, e.key.as_str()), (i, key(i).as_str()));
+                    assert_eq!(e.members(), [1], "{} is attached to the second session", key(i));
+                }
+            }
+        }
+        assert_eq!(inner.index.len() as u64, n as u64 - purged);
+        assert_eq!(inner.purged.len() as u64, purged);
+    }
 }
