@@ -813,12 +813,14 @@ impl<'a> Drain<'a> {
                             if poll.is_some() {
                                 exhausted = false;
                             }
+                            // The group's outcomes were acknowledged together, now.
+                            let acknowledged = self.clock.now();
                             for (&at, recorded) in ats.iter().zip(recorded) {
                                 let slot = holds.release(at);
                                 if matches!(slot.stage, Stage::Recording(Outcome::Failed { .. })) {
                                     exhausted = false;
                                 }
-                                self.report_recorded(slot, recorded, report, &mut metrics);
+                                self.report_recorded(slot, recorded, acknowledged, report, &mut metrics);
                             }
                         }
                         Ok(recorded) => {
@@ -967,8 +969,15 @@ impl<'a> Drain<'a> {
         }
     }
 
-    /// Lists an acknowledged outcome in `report`, and counts it in `metrics`.
-    fn report_recorded(&self, slot: Slot, recorded: Recorded, report: &mut DrainReport, metrics: &mut DeliveryMetrics) {
+    /// Lists an outcome acknowledged at `acknowledged` in `report`, and counts it in `metrics`.
+    fn report_recorded(
+        &self,
+        slot: Slot,
+        recorded: Recorded,
+        acknowledged: SystemTime,
+        report: &mut DrainReport,
+        metrics: &mut DeliveryMetrics,
+    ) {
         let intent = &slot.claim.intent;
         let outcome = match slot.stage {
             Stage::Recording(outcome) => outcome,
@@ -989,9 +998,7 @@ impl<'a> Drain<'a> {
         match outcome {
             Outcome::Delivered => {
                 report.delivered += 1;
-                let latency = self
-                    .clock
-                    .now()
+                let latency = acknowledged
                     .duration_since(slot.claim.recorded_at())
                     .unwrap_or_default();
                 metrics.outcome(kind, Counted::Delivered, Some(latency));
