@@ -145,20 +145,43 @@ pub(crate) fn record_generation() {
 /// Records one commit: its duration, and its intents by kind (consecutive intents of a kind
 /// counted together).
 pub(crate) fn record_commit<'a>(took: Duration, kinds: impl Iterator<Item = &'a Arc<str>>) {
-    histogram!(metric::COMMIT_DURATION).record(took.as_secs_f64());
-    let mut run: Option<(&Arc<str>, u64)> = None;
-    for kind in kinds {
-        match &mut run {
+    let mut tally = CommitTally::new(took);
+    kinds.for_each(|kind| tally.intent(kind));
+    tally.record();
+}
+
+/// [`record_commit`] for intents counted one by one as something else walks them (the
+/// in-memory ledger registering them): no walk of its own.
+pub(crate) struct CommitTally {
+    took: Duration,
+    /// The kind of the intents counted last, and how many in a row.
+    run: Option<(Arc<str>, u64)>,
+}
+
+impl CommitTally {
+    /// A commit that took `took`, before its intents are counted.
+    pub(crate) fn new(took: Duration) -> Self {
+        CommitTally { took, run: None }
+    }
+
+    /// Counts an intent of `kind`.
+    pub(crate) fn intent(&mut self, kind: &Arc<str>) {
+        match &mut self.run {
             Some((last, n)) if Arc::ptr_eq(last, kind) || last[..] == kind[..] => *n += 1,
             _ => {
-                if let Some((last, n)) = run.replace((kind, 1)) {
-                    counter!(metric::INTENTS_COMMITTED, "kind" => last.clone()).increment(n);
+                if let Some((last, n)) = self.run.replace((kind.clone(), 1)) {
+                    counter!(metric::INTENTS_COMMITTED, "kind" => last).increment(n);
                 }
             }
         }
     }
-    if let Some((last, n)) = run {
-        counter!(metric::INTENTS_COMMITTED, "kind" => last.clone()).increment(n);
+
+    /// Records the duration and the counts.
+    pub(crate) fn record(self) {
+        histogram!(metric::COMMIT_DURATION).record(self.took.as_secs_f64());
+        if let Some((last, n)) = self.run {
+            counter!(metric::INTENTS_COMMITTED, "kind" => last).increment(n);
+        }
     }
 }
 

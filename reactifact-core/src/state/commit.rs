@@ -292,11 +292,6 @@ impl Acted {
         }
     }
 
-    /// The intent's action kind, in `runs`, the runs of its commit.
-    pub(crate) fn kind(self, runs: &[RunRecord]) -> &Arc<str> {
-        self.act(runs).1
-    }
-
     /// The intents `acted` as their store registers them: acted by `runs`, the runs of the
     /// commit `origin` names (its run aside), each in the trace `trace_of` gives for its run.
     pub(crate) fn into_new_intents<'a>(

@@ -966,14 +966,15 @@ impl Context {
             self.events.shrink_to(self.events.len() * 2);
         }
         self.next_event_seq = next_seq;
-        if self.store.is_none() {
-            let kinds = runs.iter().flat_map(|runs| acted.iter().map(|acted| acted.kind(runs)));
-            crate::model::telemetry::record_commit(started.elapsed(), kinds);
-        }
         // In memory the ledger registers the commit's intents from the committed runs, after
-        // the commit's temporaries above are gone.
-        if let (Some(memory), Some(origin), Some(runs)) = (&self.memory, &origin, &runs) {
-            memory.register(Acted::into_new_intents(acted, runs, origin, trace_of), now);
+        // the commit's temporaries above are gone, and they are counted as it does.
+        if self.store.is_none() {
+            let mut tally = crate::model::telemetry::CommitTally::new(started.elapsed());
+            if let (Some(memory), Some(origin), Some(runs)) = (&self.memory, &origin, &runs) {
+                let intents = Acted::into_new_intents(acted, runs, origin, trace_of);
+                memory.register(intents.inspect(|new| tally.intent(&new.intent.kind)), now);
+            }
+            tally.record();
         }
         self.checkpoint_if_due();
         Ok((rejected, claimed))
