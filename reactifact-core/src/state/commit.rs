@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::model::action::{ActionKey, Intent, Origin, Payload, PendingAction};
+use crate::model::action::{ActionKey, Intent, Origin, PendingAction};
 use crate::model::artifact::{ArtifactId, Generation, Kind, Stored, Version};
 use crate::model::call::RecordedCall;
 use crate::model::delivery::NewIntent;
@@ -278,20 +278,6 @@ pub(crate) struct Acted {
 }
 
 impl Acted {
-    /// The act, in `runs`, the runs of its commit.
-    fn act(self, runs: &[RunRecord]) -> (&ActionKey, &Arc<str>, &ContentHash, &Arc<[u8]>, &Payload) {
-        match &runs[self.run as usize].ops[self.op as usize] {
-            Op::Act {
-                key,
-                action,
-                hash,
-                bytes,
-                payload,
-            } => (key, action, hash, bytes, payload),
-            _ => unreachable!("an acted position names an act of its commit"),
-        }
-    }
-
     /// The intents `acted` as their store registers them: acted by `runs`, the runs of the
     /// commit `origin` names (its run aside), each in the trace `trace_of` gives for its run.
     pub(crate) fn into_new_intents<'a>(
@@ -300,9 +286,17 @@ impl Acted {
         origin: &'a Origin,
         trace_of: impl Fn(u32) -> Option<TraceParent> + 'a,
     ) -> impl ExactSizeIterator<Item = NewIntent> + 'a {
-        acted.into_iter().map(move |acted| {
-            let (key, action, hash, bytes, payload) = acted.act(runs);
-            let run = acted.run;
+        acted.into_iter().map(move |Acted { run, op }| {
+            let Op::Act {
+                key,
+                action,
+                hash,
+                bytes,
+                payload,
+            } = &runs[run as usize].ops[op as usize]
+            else {
+                unreachable!("an acted position names an act of its commit")
+            };
             NewIntent {
                 intent: Intent {
                     key: key.clone(),

@@ -791,7 +791,7 @@ impl Inner {
     /// the counters, the due queues and the purge order up to date. Entries entering pending
     /// are due at `now`; failed ones with a retry at their `next_attempt_at`.
     fn transition(&mut self, pos: Pos, now: SystemTime, change: impl FnOnce(&mut Entry)) -> DeliveryStatus {
-        let (now_ms, _) = millis(now);
+        let now_ms = unix_millis(now);
         let e = self.slots[pos as usize].as_mut().expect("a live entry");
         let from = class(e);
         change(e);
@@ -825,7 +825,7 @@ impl Inner {
 
     /// Puts every in-flight entry whose lease expired at `now` back to pending, due now.
     fn reclaim_expired(&mut self, now: SystemTime) -> usize {
-        let (now_ms, _) = millis(now);
+        let now_ms = unix_millis(now);
         let mut reclaimed = 0;
         while let Some(expiring) = self.leases.first_entry() {
             if *expiring.key() > now_ms {
@@ -1024,7 +1024,7 @@ impl Inner {
                 token: current.map_or(FenceToken(0), |d| d.token),
             };
         };
-        let (now_ms, _) = millis(now);
+        let now_ms = unix_millis(now);
         if let Some(ended) = recording.outcome.attempt_outcome() {
             self.end_attempt(pos, now, ended);
         }
@@ -1065,7 +1065,7 @@ impl Inner {
     }
 
     fn renew(&mut self, key: &str, token: FenceToken, until: SystemTime) -> bool {
-        let (until_ms, _) = millis(until);
+        let until_ms = unix_millis(until);
         let Some(pos) = self.position(key, self.key_hash(key)) else {
             return false;
         };
