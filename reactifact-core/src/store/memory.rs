@@ -181,7 +181,8 @@ struct Entry {
 /// retry time saturated past the year 500,000,000, is kept one millisecond earlier.)
 const NOT_DUE: u64 = u64::MAX;
 
-/// [`Entry::delivered_ms`] of an entry not delivered.
+/// [`Entry::delivered_ms`] of an entry not delivered. (A delivery at `u64::MAX` itself, a time
+/// saturated past the year 500,000,000, is kept one millisecond earlier.)
 const NOT_DELIVERED: u64 = u64::MAX;
 
 /// An entry's last claim, as its attempt history reports it. Its fencing token is the entry's
@@ -1032,7 +1033,7 @@ impl Inner {
             Outcome::Delivered => {
                 d.status = DeliveryStatus::Delivered;
                 d.remarks.set_last_error(None);
-                d.delivered_ms = now_ms;
+                d.delivered_ms = now_ms.min(NOT_DELIVERED - 1);
             }
             Outcome::Failed { error, next } => {
                 d.remarks.set_last_error(Some(error.clone()));
@@ -1756,5 +1757,41 @@ mod tests {
         }
         assert_eq!(inner.index.len() as u64, n as u64 - purged);
         assert_eq!(inner.purged.len() as u64, purged);
+    }
+
+    #[test]
+    fn a_delivery_at_the_end_of_time_still_reads_as_delivered() {
+        // A time from outside whose milliseconds do not fit in a u64.
+        let end = UNIX_EPOCH + Duration::from_secs(u64::MAX / 500);
+        let session: Arc<str> = Arc::from("s");
+        let outbox = MemoryOutbox::new();
+        outbox.register([intent(&session, "k1")].into_iter(), end);
+        let scope = Scope::all();
+        let owner: Arc<str> = Arc::from("drain");
+        let mut inner = outbox.lock();
+        let claimed = inner
+            .claim(&ClaimRequest {
+                scope: &scope,
+                limit: 1,
+                owner: &owner,
+                lease: Duration::MAX,
+                now: end,
+            })
+            .claims;
+        assert_eq!(claimed.len(), 1);
+        let recorded = inner.record(&recording(claimed[0].key().clone(), &claimed[0]), end);
+        assert_eq!(recorded, Recorded::Accepted(DeliveryStatus::Delivered));
+        let (_, e) = inner.entry("k1").unwrap();
+        let d = e.delivery(&inner.kinds);
+        assert_eq!(d.status(), DeliveryStatus::Delivered);
+        assert!(
+            d.delivered_at().is_some_and(|at| at > UNIX_EPOCH),
+            "{:?}",
+            d.delivered_at()
+        );
+        assert_eq!(
+            inner.attempts("k1").unwrap().last().map(|a| a.outcome.clone()),
+            Some(AttemptOutcome::Delivered)
+        );
     }
 }
