@@ -53,7 +53,7 @@ fn layered_matches_a_model_under_clones_writes_and_drops() {
                 _ => {
                     let k = rng.u64(..u64::from(keys)) as u32;
                     let v = if rng.u64(..4) == 0 { None } else { Some(step) };
-                    let old = maps[i].set(k, v.map(|v| Pair(k, v))).map(|p| p.1);
+                    let old = maps[i].set(&k, v.map(|v| Pair(k, v))).map(|p| p.1);
                     let model_old = match v {
                         Some(v) => models[i].insert(k, v),
                         None => models[i].remove(&k),

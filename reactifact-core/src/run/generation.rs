@@ -15,7 +15,7 @@ use tracing::Instrument;
 
 use crate::model::artifact::{Generation, Stored};
 use crate::model::call::RecordedCall;
-use crate::model::event::{Event, EventKind};
+use crate::model::event::EventKind;
 use crate::model::patch::Op;
 use crate::model::telemetry::ProduceMetrics;
 use crate::model::trace::TraceParent;
@@ -27,7 +27,7 @@ use crate::run::matching::{self, Work};
 use crate::run::produce::{Produce, ProduceFailure, RunFailure, RunInput};
 use crate::run::resources::Resources;
 use crate::run::runtime::{ProduceErrors, RunError, Runtime, TurnOutcome, TurnReport};
-use crate::state::commit::{Read, RunRecord, TriggerRef};
+use crate::state::commit::{Emitted, Read, RunRecord, TriggerRef};
 use crate::state::context::{CommitFailure, GenerationCommit};
 use crate::state::readers::Readers;
 use crate::state::snapshot::Snapshot;
@@ -175,7 +175,9 @@ pub(crate) async fn run(
     let mut runs = records.len() as u64;
     let claim = rt.commit_claim();
     let (agents, triggers) = (rt.agents.as_slice(), &rt.triggers);
-    let reacts = |event: &Event, readers: &Readers| matching::reacts(agents, triggers, &watching, event, readers);
+    let reacts = |event: &Emitted, generation: Generation, readers: &Readers| {
+        matching::reacts(agents, triggers, &watching, event, generation, readers)
+    };
     let turn = GenerationCommit {
         reacts: &reacts,
         claim,

@@ -14,12 +14,13 @@ use std::sync::Arc;
 
 use foldhash::HashMap;
 
-use crate::model::artifact::{ArtifactId, Kind, Stored};
-use crate::model::event::{Event, EventKind, QueuedEvent};
+use crate::model::artifact::{ArtifactId, Generation, Kind, Stored};
+use crate::model::event::{EventKind, QueuedEvent};
 use crate::run::generation::{panic_message, Slot};
 use crate::run::join::{self, Parts};
 use crate::run::produce::{Agent, Produce};
 use crate::run::runtime::Runtime;
+use crate::state::commit::Emitted;
 use crate::state::readers::{ReaderKey, Readers};
 use crate::state::snapshot::Snapshot;
 
@@ -76,12 +77,17 @@ impl Watching {
     /// event's generation or before it (they read the state before their generation, so a
     /// change committed in it or later is one they did not see) — unless the run wrote the
     /// artifact itself, in its generation.
-    fn stale<'a>(&'a self, readers: &'a Readers, event: &'a Event) -> impl Iterator<Item = (Slot, &'a ReaderKey)> + 'a {
+    fn stale<'a>(
+        &'a self,
+        readers: &'a Readers,
+        id: &'a str,
+        generation: Generation,
+    ) -> impl Iterator<Item = (Slot, &'a ReaderKey)> + 'a {
         let active = !self.0.is_empty();
         readers
-            .of(event.id.as_str())
+            .of(id)
             .take_while(move |_| active)
-            .filter(move |(_, reader)| reader.is_stale_by(event.id.as_str(), event.generation))
+            .filter(move |(_, reader)| reader.is_stale_by(id, generation))
             .filter_map(|(key, _)| self.slot(key).map(|slot| (slot, key)))
     }
 }
@@ -136,7 +142,7 @@ pub(crate) fn select(
     for queued in rt.context.queued() {
         matched.clear();
         match_event(rt, snapshot, queued, &mut matched);
-        for (slot, key) in watching.stale(readers, &queued.event) {
+        for (slot, key) in watching.stale(readers, queued.event.id.as_str(), queued.event.generation) {
             if let Some(w) = rerun(rt, snapshot, slot, key) {
                 matched.push(w);
             }
@@ -324,13 +330,18 @@ pub(crate) fn reacts(
     agents: &[Agent],
     triggers: &HashMap<Kind, Vec<Slot>>,
     watching: &Watching,
-    event: &Event,
+    event: &Emitted,
+    generation: Generation,
     readers: &Readers,
 ) -> bool {
-    let matched = triggers.get(&event.artifact_kind).is_some_and(|slots| {
+    let matched = triggers.get(&event.artifact_kind()).is_some_and(|slots| {
         slots
             .iter()
-            .any(|slot| agents[slot.agent].produces[slot.produce].reacts_to(event.kind))
+            .any(|slot| agents[slot.agent].produces[slot.produce].reacts_to(event.kind()))
     });
-    matched || watching.stale(readers, event).next().is_some()
+    matched
+        || watching
+            .stale(readers, event.id().as_str(), generation)
+            .next()
+            .is_some()
 }

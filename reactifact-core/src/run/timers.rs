@@ -4,12 +4,12 @@
 
 use std::time::SystemTime;
 
-use crate::model::artifact::{Kind, Stored};
-use crate::model::event::Event;
+use crate::model::artifact::{Generation, Kind, Stored};
 use crate::model::patch::{Op, PutMode};
 use crate::model::timer::{self, Timer};
 use crate::run::matching;
 use crate::run::runtime::{RunError, Runtime, MAX_CONFLICT_RETRIES};
+use crate::state::commit::Emitted;
 use crate::state::context::WriteError;
 use crate::state::readers::Readers;
 use crate::store::StoreError;
@@ -60,8 +60,9 @@ impl Runtime {
             // rule a generation's commit follows.
             let watching = matching::Watching::of(self);
             let (agents, triggers) = (self.agents.as_slice(), &self.triggers);
-            let reacts =
-                |event: &Event, readers: &Readers| matching::reacts(agents, triggers, &watching, event, readers);
+            let reacts = |event: &Emitted, generation: Generation, readers: &Readers| {
+                matching::reacts(agents, triggers, &watching, event, generation, readers)
+            };
             match self.context.commit_fires(ops, &reacts).await {
                 Ok(()) => {
                     tracing::debug!(fired, "timers fired");

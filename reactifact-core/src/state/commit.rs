@@ -584,6 +584,11 @@ impl Emitted {
         &self.artifact.id
     }
 
+    /// The kind of the artifact it happened to.
+    pub(crate) fn artifact_kind(&self) -> Kind {
+        self.artifact.kind
+    }
+
     /// The event, emitted by the commit of `generation`.
     pub(crate) fn event(&self, generation: Generation) -> Event {
         Event {

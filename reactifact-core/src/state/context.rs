@@ -135,7 +135,7 @@ pub(crate) struct GenerationCommit<'a> {
     /// are consumed by the commit itself (counted in its
     /// [`events_consumed`](Commit::events_consumed)), instead of by a write of their own in the
     /// next generation.
-    pub(crate) reacts: &'a (dyn Fn(&Event, &Readers) -> bool + Sync),
+    pub(crate) reacts: &'a (dyn Fn(&Emitted, Generation, &Readers) -> bool + Sync),
     /// The commit also claims, for the runtime's drain, up to this many due intents of the
     /// session (the ones it registers among them) in its transaction, under the context's
     /// lease. Only a durable store claims; the memory outbox is claimed from by the drain.
@@ -866,10 +866,10 @@ impl Context {
         // With nothing else left in the queue, the events this commit emits that no produce
         // reacts to are consumed by the commit itself, not by a write of their own.
         let own_consumed = match turn {
-            Some(turn) if self.events.len() == consumed => {
-                let reacts = |e: &Emitted| (turn.reacts)(&e.event(generation), &readers);
-                events.iter().take_while(|e| !reacts(e)).count()
-            }
+            Some(turn) if self.events.len() == consumed => events
+                .iter()
+                .take_while(|e| !(turn.reacts)(e, generation, &readers))
+                .count(),
             _ => 0,
         };
         let state_hash = apply.state().state_hash();
@@ -1001,7 +1001,7 @@ impl Context {
         let run = RunRecord::direct(ops);
         // A direct write consumes no event, its own included, and claims nothing.
         let direct = GenerationCommit {
-            reacts: &|_, _| true,
+            reacts: &|_, _, _| true,
             claim: None,
             traces: &[],
         };
@@ -1018,7 +1018,7 @@ impl Context {
     pub(crate) async fn commit_fires(
         &mut self,
         ops: Vec<Op>,
-        reacts: &(dyn Fn(&Event, &Readers) -> bool + Sync),
+        reacts: &(dyn Fn(&Emitted, Generation, &Readers) -> bool + Sync),
     ) -> Result<(), WriteError> {
         let run = RunRecord::direct(ops);
         let fire = GenerationCommit {

@@ -158,10 +158,11 @@ impl<K: Hash + Eq + Clone, V: Clone + Keyed<Key = K>> Layered<K, V> {
     }
 
     /// Sets the value under `key` (`None` removes it) and returns the one it replaces. A
-    /// value's own key is `key`.
-    pub(crate) fn set(&mut self, key: K, value: Option<V>) -> Option<V> {
+    /// value's own key is `key`. Written in place, the key is not cloned: an atomic count
+    /// update there waits for the table's cold write before it.
+    pub(crate) fn set(&mut self, key: &K, value: Option<V>) -> Option<V> {
         debug_assert!(
-            value.as_ref().is_none_or(|v| *v.key() == key),
+            value.as_ref().is_none_or(|v| v.key() == key),
             "a value under another key"
         );
         if let Some(base) = Arc::get_mut(&mut self.base) {
@@ -170,14 +171,14 @@ impl<K: Hash + Eq + Clone, V: Clone + Keyed<Key = K>> Layered<K, V> {
             }
             let old = match value {
                 Some(value) => base.insert(value),
-                None => base.remove(&key),
+                None => base.remove(key),
             };
             self.len = base.len();
             return old;
         }
-        let old = self.get(&key).cloned();
+        let old = self.get(key).cloned();
         self.len = self.len + usize::from(value.is_some()) - usize::from(old.is_some());
-        self.delta.insert(key, value);
+        self.delta.insert(key.clone(), value);
         if self.delta.len() > fold_at(self.base.len()) {
             let mut base = Flat::clone(&self.base);
             fold(&mut base, std::mem::take(&mut self.delta));
@@ -252,7 +253,7 @@ pub(crate) mod tests {
 
     /// `map.set(key, value)` for a value stored with its key.
     fn set(map: &mut Layered<u32, Pair>, key: u32, value: Option<u32>) -> Option<u32> {
-        map.set(key, value.map(|v| Pair(key, v))).map(|p| p.1)
+        map.set(&key, value.map(|v| Pair(key, v))).map(|p| p.1)
     }
 
     fn get(map: &Layered<u32, Pair>, key: u32) -> Option<u32> {

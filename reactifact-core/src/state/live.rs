@@ -239,40 +239,39 @@ impl State {
     /// Sets the artifact stored under `id` (or removes it) and returns what was there.
     /// Keeps the kind index and the state digest in step.
     pub(crate) fn put(&mut self, id: &ArtifactId, value: Option<Arc<Stored>>) -> Option<Arc<Stored>> {
-        let new = value.clone();
-        let old = self.artifacts.set(id.clone(), value);
-        if let Some(new) = &new {
-            self.digest
-                .add(&hash::artifact_entry(id.as_str(), new.kind.as_str(), &new.hash));
-        }
+        // What the indexes need of the new version is taken before it moves into the table,
+        // so the put clones no count (each atomic update waits for the table's write).
+        let timer = Kind::of::<Timer>();
+        let (new, new_timer) = match &value {
+            Some(new) => {
+                self.digest
+                    .add(&hash::artifact_entry(id.as_str(), new.kind.as_str(), &new.hash));
+                let due = (new.kind == timer).then(|| timer::pending_at(&new.bytes)).flatten();
+                (Some((new.kind, new.created)), due)
+            }
+            None => (None, None),
+        };
+        let old = self.artifacts.set(id, value);
         if let Some(old) = &old {
             self.digest
                 .remove(&hash::artifact_entry(id.as_str(), old.kind.as_str(), &old.hash));
-        }
-        let moved = match (&old, &new) {
-            (Some(old), Some(new)) => old.created != new.created || old.kind != new.kind,
-            _ => true,
-        };
-        let timer = Kind::of::<Timer>();
-        if let Some(old) = old.as_ref().filter(|old| old.kind == timer) {
-            if let Some(at) = timer::pending_at(&old.bytes) {
+            if let Some(at) = (old.kind == timer).then(|| timer::pending_at(&old.bytes)).flatten() {
                 self.timers.remove(&(at, id.clone()));
             }
         }
-        if let Some(new) = new.as_ref().filter(|new| new.kind == timer) {
-            if let Some(at) = timer::pending_at(&new.bytes) {
-                self.timers.insert((at, id.clone()));
-            }
+        if let Some(at) = new_timer {
+            self.timers.insert((at, id.clone()));
         }
+        let moved = match (&old, new) {
+            (Some(old), Some((kind, created))) => old.created != created || old.kind != kind,
+            _ => true,
+        };
         if moved {
             if let Some(old) = &old {
                 self.unindex(old);
             }
-            if let Some(new) = &new {
-                self.by_kind
-                    .entry(new.kind)
-                    .or_default()
-                    .insert(new.created, id.clone());
+            if let Some((kind, created)) = new {
+                self.by_kind.entry(kind).or_default().insert(created, id.clone());
             }
         }
         old
