@@ -460,6 +460,95 @@ async fn per_agent_and_global_concurrency_limits_hold() {
     );
 }
 
+/// A produce that counts how many of its runs are live at once, waits in the runs of every
+/// third order, panics in order 7's after its wait, and writes `receipt:last` with its order's
+/// number (so the last writer in work order wins).
+fn mixed(active: Arc<AtomicUsize>, peak: Arc<AtomicUsize>) -> Produce {
+    Produce::new("mixed", move |call: ProduceCall<Order>| {
+        let (active, peak) = (active.clone(), peak.clone());
+        async move {
+            let n = call.trigger.data.total_cents;
+            let now = active.fetch_add(1, Ordering::SeqCst) + 1;
+            peak.fetch_max(now, Ordering::SeqCst);
+            if n % 3 == 0 {
+                tokio::time::sleep(Duration::from_millis(10 * (4 - n / 3))).await;
+            }
+            active.fetch_sub(1, Ordering::SeqCst);
+            if n == 6 {
+                panic!("order 6 fails after its wait");
+            }
+            call.effects.upsert(
+                "receipt:last",
+                Receipt {
+                    order: call.trigger.id.to_string(),
+                    total_cents: n,
+                },
+            );
+        }
+    })
+    .creates::<Receipt>()
+}
+
+#[tokio::test(start_paused = true)]
+async fn runs_that_finish_at_once_and_runs_that_wait_keep_the_limits_and_the_work_order() {
+    let ctx = seeded((0..12u64).map(|i| (format!("order:{i:02}"), order("ada", i))));
+    let (active, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("a").concurrency(2).produce(mixed(active, peak.clone())))
+        .produce_errors(ProduceErrors::Isolate)
+        .build()
+        .unwrap();
+    let report = rt.run().await.unwrap();
+    assert_eq!(report.runs, 11, "every run but the panicking one commits");
+    assert_eq!(report.failed_runs.len(), 1);
+    assert!(
+        matches!(&report.failed_runs[0].failure, RunFailure::Panicked(m) if m == "order 6 fails after its wait"),
+        "{:?}",
+        report.failed_runs[0].failure
+    );
+    assert_eq!(peak.load(Ordering::SeqCst), 2, "two waiting runs hold the agent's places");
+    let commit = rt.context().log().unwrap().last().unwrap();
+    let triggers: Vec<String> = commit
+        .runs
+        .iter()
+        .map(|r| r.trigger.as_ref().unwrap().id.to_string())
+        .collect();
+    let expected: Vec<String> = (0..12).filter(|&i| i != 6).map(|i| format!("order:{i:02}")).collect();
+    assert_eq!(triggers, expected, "the log lists the runs in work order");
+    let last = rt.context().get::<Receipt>("receipt:last").unwrap().unwrap();
+    assert_eq!(last.data.total_cents, 11, "the last run in work order wrote last");
+}
+
+#[test]
+fn a_long_queue_behind_an_agent_limit_runs_on_a_small_stack() {
+    // Each run that finishes at once starts its agent's next waiting one: that must be a loop,
+    // not a recursion as deep as the queue.
+    let turn = std::thread::Builder::new()
+        .stack_size(1 << 20)
+        .spawn(|| {
+            let tokio = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            tokio.block_on(Box::pin(async {
+                let ctx = seeded((0..20_000u64).map(|i| (format!("order:{i:05}"), order("ada", i))));
+                let first_waits = Produce::new("first_waits", |call: ProduceCall<Order>| async move {
+                    if call.trigger.data.total_cents == 0 {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                });
+                let mut rt = Runtime::builder(ctx)
+                    .agent(Agent::new("a").concurrency(1).produce(first_waits))
+                    .build()
+                    .unwrap();
+                rt.run().await.unwrap().runs
+            }))
+        })
+        .unwrap();
+    assert_eq!(turn.join().expect("the turn ran to its end"), 20_000);
+}
+
 #[tokio::test]
 async fn a_condition_filters_work_against_the_current_state() {
     let mut ctx = Context::new("t");

@@ -4,12 +4,13 @@ use std::any::Any;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::Ordering;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use futures_util::FutureExt;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -24,7 +25,7 @@ use crate::run::calls::{CallLog, Exhausted, Harvest, Meter, RunKey};
 use crate::run::effects::Buffer;
 use crate::run::join::Parts;
 use crate::run::matching::{self, Work};
-use crate::run::produce::{Produce, ProduceFailure, RunFailure, RunInput};
+use crate::run::produce::{Produce, ProduceFailure, RunFailure, RunFuture, RunInput};
 use crate::run::resources::Resources;
 use crate::run::runtime::{ProduceErrors, RunError, Runtime, TurnOutcome, TurnReport};
 use crate::state::commit::{Emitted, Read, RunRecord, TriggerRef};
@@ -428,62 +429,116 @@ async fn execute(
     snapshot: &Snapshot,
     generation: Generation,
 ) -> Executed {
-    let mut results: Vec<Option<Result<RunOutput, RunFailure>>> = Vec::with_capacity(work.len());
-    results.resize_with(work.len(), || None);
-    let mut traces = vec![None; work.len()];
-    let mut durations = vec![Duration::ZERO; work.len()];
-    let mut active = vec![0usize; rt.agents.len()];
-    // Work of an agent at its limit waits here; an agent with waiting work is always at its
-    // limit, because each completion of its runs starts its next waiting one.
-    let mut waiting: Vec<VecDeque<usize>> = vec![VecDeque::new(); rt.agents.len()];
-    let mut running = FuturesUnordered::new();
-    let mut next = 0;
-    loop {
-        while running.len() < rt.max_concurrency && next < work.len() {
-            let agent = work[next].slot.agent;
-            if rt.agents[agent].concurrency.is_some_and(|limit| active[agent] >= limit) {
-                waiting[agent].push_back(next);
-            } else {
-                active[agent] += 1;
-                let (trace, run) = run_one(
-                    rt,
-                    next,
-                    &work[next],
-                    tracker.start(next, &work[next], ops_hint(rt, &work[next])),
-                    snapshot,
-                    generation,
-                );
-                traces[next] = Some(trace);
-                running.push(run);
+    let mut schedule = Schedule {
+        rt,
+        work,
+        tracker,
+        snapshot,
+        generation,
+        results: std::iter::repeat_with(|| None).take(work.len()).collect(),
+        traces: vec![None; work.len()],
+        durations: vec![Duration::ZERO; work.len()],
+        active: vec![0; rt.agents.len()],
+        waiting: vec![VecDeque::new(); rt.agents.len()],
+        running: FuturesUnordered::new(),
+        next: 0,
+    };
+    std::future::poll_fn(|cx| schedule.poll(cx)).await;
+    Executed {
+        results: schedule
+            .results
+            .into_iter()
+            .map(|r| r.expect("every work item ran"))
+            .collect(),
+        traces: schedule.traces,
+        durations: schedule.durations,
+    }
+}
+
+/// A run's work index, its result and how long it ran.
+type Done = (usize, Result<RunOutput, RunFailure>, Duration);
+
+/// The work of a generation as [`execute`] runs it. Each run is polled where it starts; only
+/// one that waits joins `running` (most finish at their first poll, and then cost no boxing or
+/// queueing).
+struct Schedule<'a> {
+    rt: &'a Runtime,
+    work: &'a [Work],
+    tracker: &'a mut Tracker,
+    snapshot: &'a Snapshot,
+    generation: Generation,
+    results: Vec<Option<Result<RunOutput, RunFailure>>>,
+    traces: Vec<Option<TraceParent>>,
+    durations: Vec<Duration>,
+    /// Per agent, its runs started and not finished.
+    active: Vec<usize>,
+    /// Work of an agent at its limit waits here; an agent with waiting work is always at its
+    /// limit, because each completion of its runs starts its next waiting one.
+    waiting: Vec<VecDeque<usize>>,
+    running: FuturesUnordered<RunTask>,
+    /// The next work item not yet started or waiting.
+    next: usize,
+}
+
+impl Schedule<'_> {
+    /// Starts what may start, in work order, and takes what finishes, until every run has
+    /// finished (`Ready`) or all that run wait (`Pending`).
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            while self.running.len() < self.rt.max_concurrency && self.next < self.work.len() {
+                let i = self.next;
+                self.next += 1;
+                let agent = self.work[i].slot.agent;
+                if self.rt.agents[agent]
+                    .concurrency
+                    .is_some_and(|limit| self.active[agent] >= limit)
+                {
+                    self.waiting[agent].push_back(i);
+                } else if let Some(done) = self.start(i, cx) {
+                    self.finish(done, cx);
+                }
             }
-            next += 1;
-        }
-        let Some((done, result, took)) = running.next().await else {
-            break;
-        };
-        results[done] = Some(result);
-        durations[done] = took;
-        tracker.finish(done);
-        let agent = work[done].slot.agent;
-        active[agent] -= 1;
-        if let Some(queued) = waiting[agent].pop_front() {
-            active[agent] += 1;
-            let (trace, run) = run_one(
-                rt,
-                queued,
-                &work[queued],
-                tracker.start(queued, &work[queued], ops_hint(rt, &work[queued])),
-                snapshot,
-                generation,
-            );
-            traces[queued] = Some(trace);
-            running.push(run);
+            // With nothing running, nothing waits either (an agent's waiting work waits for
+            // one of its runs) and every item has started: all are done.
+            match self.running.poll_next_unpin(cx) {
+                Poll::Ready(Some(done)) => self.finish(done, cx),
+                Poll::Ready(None) => return Poll::Ready(()),
+                Poll::Pending => return Poll::Pending,
+            }
         }
     }
-    Executed {
-        results: results.into_iter().map(|r| r.expect("every work item ran")).collect(),
-        traces,
-        durations,
+
+    /// Starts work item `i` and polls it once: what it yields if it finished then; otherwise
+    /// it joins `running`.
+    fn start(&mut self, i: usize, cx: &mut Context<'_>) -> Option<Done> {
+        let work = &self.work[i];
+        self.active[work.slot.agent] += 1;
+        let buffer = self.tracker.start(i, work, ops_hint(self.rt, work));
+        let (trace, mut run) = run_one(self.rt, i, work, buffer, self.snapshot, self.generation);
+        self.traces[i] = Some(trace);
+        match Pin::new(&mut run).poll(cx) {
+            Poll::Ready(done) => Some(done),
+            Poll::Pending => {
+                self.running.push(run);
+                None
+            }
+        }
+    }
+
+    /// Takes a finished run's result; its agent's next waiting work starts in its place (and
+    /// so on, while those finish at once).
+    fn finish(&mut self, done: Done, cx: &mut Context<'_>) {
+        let mut done = Some(done);
+        while let Some((i, result, took)) = done.take() {
+            self.results[i] = Some(result);
+            self.durations[i] = took;
+            self.tracker.finish(i);
+            let agent = self.work[i].slot.agent;
+            self.active[agent] -= 1;
+            if let Some(queued) = self.waiting[agent].pop_front() {
+                done = self.start(queued, cx);
+            }
+        }
     }
 }
 
@@ -502,10 +557,7 @@ fn run_one(
     buffer: Arc<Mutex<Buffer>>,
     snapshot: &Snapshot,
     generation: Generation,
-) -> (
-    TraceParent,
-    impl Future<Output = (usize, Result<RunOutput, RunFailure>, Duration)> + Send + 'static,
-) {
+) -> (TraceParent, RunTask) {
     let agent = &rt.agents[work.slot.agent];
     let produce = &agent.produces[work.slot.produce];
     let span = tracing::debug_span!(
@@ -518,12 +570,8 @@ fn run_one(
         span_id = tracing::field::Empty,
     );
     let trace = crate::model::trace::run_context(&span, &rt.trace);
-    let failed = work
-        .condition_panicked
-        .as_ref()
-        .map(|message| RunFailure::Panicked(format!("its condition panicked: {message}")));
-    let run = match failed {
-        None => Some(start_run(
+    let run = match &work.condition_panicked {
+        None => start_run(
             produce,
             Run {
                 trigger: work.trigger.clone(),
@@ -534,19 +582,43 @@ fn run_one(
                 buffer,
             },
             snapshot,
-        )),
-        Some(_) => None,
+        ),
+        Some(message) => Started {
+            state: RunState::Failed(RunFailure::Panicked(format!("its condition panicked: {message}"))),
+            buffer,
+            ops_hint: produce.ops_recorder(),
+        },
     };
-    let run = async move {
-        let started = Instant::now();
-        let result = match (run, failed) {
-            (Some(run), _) => run.await,
-            (None, failed) => Err(failed.expect("a run or its failure")),
-        };
-        (index, result, started.elapsed())
+    let task = RunTask {
+        index,
+        started: None,
+        run,
+        span,
+    };
+    (trace, task)
+}
+
+/// One run of a generation, as [`execute`] polls it: within its span, timed from its first
+/// poll; it yields its work index, its result and how long it ran.
+struct RunTask {
+    index: usize,
+    started: Option<Instant>,
+    run: Started,
+    span: tracing::Span,
+}
+
+impl Future for RunTask {
+    type Output = (usize, Result<RunOutput, RunFailure>, Duration);
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let _entered = this.span.enter();
+        let started = *this.started.get_or_insert_with(Instant::now);
+        match Pin::new(&mut this.run).poll(cx) {
+            Poll::Ready(result) => Poll::Ready((this.index, result, started.elapsed())),
+            Poll::Pending => Poll::Pending,
+        }
     }
-    .instrument(span);
-    (trace, run)
 }
 
 /// Refuses a run's output that creates a kind its produce does not declare.
@@ -588,11 +660,7 @@ pub(crate) struct Run {
 /// Starts one run of `produce` against `snapshot`, catching panics; the future yields the
 /// run's patch and reads. Used by the generation loop, the replay oracle and the produce test
 /// harness.
-pub(crate) fn start_run(
-    produce: &Produce,
-    run: Run,
-    snapshot: &Snapshot,
-) -> impl Future<Output = Result<RunOutput, RunFailure>> + Send + 'static {
+pub(crate) fn start_run(produce: &Produce, run: Run, snapshot: &Snapshot) -> Started {
     let buffer = run.buffer;
     let input = RunInput {
         trigger: run.trigger,
@@ -603,25 +671,64 @@ pub(crate) fn start_run(
         joined: run.joined,
         resources: run.resources,
     };
-    let started = std::panic::catch_unwind(AssertUnwindSafe(|| produce.start(input)));
-    let ops_hint = produce.ops_recorder();
-    async move {
-        let outcome = match started {
-            Ok(future) => AssertUnwindSafe(future)
-                .catch_unwind()
-                .await
-                .unwrap_or_else(|panic| Err(RunFailure::Panicked(panic_message(&panic)))),
-            Err(panic) => Err(RunFailure::Panicked(panic_message(&panic))),
+    let state = match std::panic::catch_unwind(AssertUnwindSafe(|| produce.start(input))) {
+        Ok(future) => RunState::Running(future),
+        Err(panic) => RunState::Failed(RunFailure::Panicked(panic_message(&panic))),
+    };
+    Started {
+        state,
+        buffer,
+        ops_hint: produce.ops_recorder(),
+    }
+}
+
+/// A started run (see [`start_run`]). `Unpin`, so the generation polls it where it is first —
+/// most runs finish at their first poll and are never boxed or queued — and moves it into its
+/// set of running futures only if it waits.
+pub(crate) struct Started {
+    state: RunState,
+    /// The run's buffer, sealed when it ends.
+    buffer: Arc<Mutex<Buffer>>,
+    /// Where its produce keeps how many operations its last run recorded.
+    ops_hint: Arc<AtomicU32>,
+}
+
+enum RunState {
+    Running(RunFuture),
+    /// It failed before it ran: its produce panicked as it started, or its condition did.
+    Failed(RunFailure),
+    Done,
+}
+
+impl Future for Started {
+    type Output = Result<RunOutput, RunFailure>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let outcome = match std::mem::replace(&mut this.state, RunState::Done) {
+            RunState::Running(mut future) => {
+                match std::panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+                    Ok(Poll::Pending) => {
+                        this.state = RunState::Running(future);
+                        return Poll::Pending;
+                    }
+                    Ok(Poll::Ready(outcome)) => outcome,
+                    Err(panic) => Err(RunFailure::Panicked(panic_message(&panic))),
+                }
+            }
+            RunState::Failed(failure) => Err(failure),
+            RunState::Done => panic!("a produce run polled after it ended"),
         };
-        let sealed = buffer.lock().unwrap_or_else(|e| e.into_inner()).seal();
-        ops_hint.store(u32::try_from(sealed.ops.len()).unwrap_or(u32::MAX), Ordering::Relaxed);
-        outcome.and_then(|()| match sealed.error {
+        let sealed = this.buffer.lock().unwrap_or_else(|e| e.into_inner()).seal();
+        this.ops_hint
+            .store(u32::try_from(sealed.ops.len()).unwrap_or(u32::MAX), Ordering::Relaxed);
+        Poll::Ready(outcome.and_then(|()| match sealed.error {
             Some(e) => Err(RunFailure::Effect(e)),
             None => Ok(RunOutput {
                 ops: sealed.ops,
                 reads: sealed.reads,
             }),
-        })
+        }))
     }
 }
 
