@@ -506,7 +506,11 @@ async fn runs_that_finish_at_once_and_runs_that_wait_keep_the_limits_and_the_wor
         "{:?}",
         report.failed_runs[0].failure
     );
-    assert_eq!(peak.load(Ordering::SeqCst), 2, "two waiting runs hold the agent's places");
+    assert_eq!(
+        peak.load(Ordering::SeqCst),
+        2,
+        "two waiting runs hold the agent's places"
+    );
     let commit = rt.context().log().unwrap().last().unwrap();
     let triggers: Vec<String> = commit
         .runs
