@@ -13,7 +13,7 @@ use crate::model::hash::ContentHash;
 use crate::model::patch::Op;
 use crate::run::calls::{CallLog, MissKind, ReplayMiss, Source};
 use crate::run::effects::Buffer;
-use crate::run::generation::{start_run, Run};
+use crate::run::generation::{start_run, Ended, Run};
 use crate::run::join::Joins;
 use crate::run::produce::{Agent, Produce};
 use crate::run::resources::Resources;
@@ -341,12 +341,12 @@ async fn replay_run(
         joined,
         generation: commit.generation,
         resources: resources.clone(),
-        buffer: buffer.clone(),
+        buffer,
     };
-    let output = start_run(produce, run_input, snapshot).await;
+    let Ended { result: output, calls } = start_run(produce, run_input, snapshot).await;
     // A call that does not replay explains whatever else differs — except a recorded call the
     // run did not ask for because it failed first: the failure is the news.
-    let miss = buffer.lock().unwrap_or_else(|e| e.into_inner()).take_calls().miss;
+    let miss = calls.miss;
     if let Some(miss) = miss.filter(|miss| miss.kind != MissKind::NotAsked || output.is_ok()) {
         return Err(diverged(None, Difference::Call(miss)));
     }

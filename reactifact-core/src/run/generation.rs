@@ -265,9 +265,9 @@ fn run_key(work: &Work) -> RunKey {
     )
 }
 
-/// The buffers of a generation's runs while they run, and what the calls of those that
-/// finished came to. A buffer lives as long as its run (only as many at once as run at once);
-/// one still running when the generation is cancelled gives up its calls then.
+/// The buffers of a generation's runs that wait, and what the calls of those that finished
+/// came to. A run that finishes at its first poll gives its calls as it ends; one still
+/// waiting when the generation is cancelled gives them up then.
 struct Tracker {
     meter: Option<Arc<Meter>>,
     /// Per work item, the calls an earlier attempt of its run recorded (empty unless the
@@ -299,26 +299,33 @@ impl Tracker {
         // something. On a budgeted turn no run reaches past that event (`matching::select`
         // takes no event that would fold into one of them), so a cut never splits them.
         let refusable = work.events.0 > 0;
-        let buffer = Buffer::new(CallLog::live(prior, self.meter.clone(), refusable), ops);
-        self.running[i] = Some(buffer.clone());
-        buffer
+        Buffer::new(CallLog::live(prior, self.meter.clone(), refusable), ops)
     }
 
-    /// Takes the calls of work item `i`'s run, which has finished (or been dropped).
-    fn finish(&mut self, i: usize) {
-        if let Some(buffer) = self.running[i].take() {
-            let harvest = buffer.lock().unwrap_or_else(|e| e.into_inner()).take_calls();
-            if !harvest.is_empty() {
-                self.finished.push((i, harvest));
-            }
+    /// Work item `i`'s run waits, with `buffer`: its calls are taken from there if the
+    /// generation is cancelled before it ends.
+    fn waits(&mut self, i: usize, buffer: &Arc<Mutex<Buffer>>) {
+        self.running[i] = Some(buffer.clone());
+    }
+
+    /// Keeps the calls of work item `i`'s run, which has finished.
+    fn finish(&mut self, i: usize, calls: Harvest) {
+        self.running[i] = None;
+        if !calls.is_empty() {
+            self.finished.push((i, calls));
         }
     }
 
     /// Takes the calls of every run, finished or not, in work order; a run that never started
     /// (its generation was cancelled first) keeps its earlier attempt's answers.
     fn finish_all(mut self) -> Vec<(usize, Harvest)> {
-        for i in 0..self.running.len() {
-            self.finish(i);
+        for (i, running) in self.running.iter_mut().enumerate() {
+            if let Some(buffer) = running.take() {
+                let calls = buffer.lock().unwrap_or_else(|e| e.into_inner()).take_calls();
+                if !calls.is_empty() {
+                    self.finished.push((i, calls));
+                }
+            }
         }
         for (i, prior) in self.priors.into_iter().enumerate() {
             if !prior.is_empty() {
@@ -455,8 +462,8 @@ async fn execute(
     }
 }
 
-/// A run's work index, its result and how long it ran.
-type Done = (usize, Result<RunOutput, RunFailure>, Duration);
+/// A run's work index, its result, what its calls came to and how long it ran.
+type Done = (usize, Ended, Duration);
 
 /// The work of a generation as [`execute`] runs it. Each run is polled where it starts; only
 /// one that waits joins `running` (most finish at their first poll, and then cost no boxing or
@@ -519,6 +526,7 @@ impl Schedule<'_> {
         match Pin::new(&mut run).poll(cx) {
             Poll::Ready(done) => Some(done),
             Poll::Pending => {
+                self.tracker.waits(i, &run.run.buffer);
                 self.running.push(run);
                 None
             }
@@ -529,10 +537,10 @@ impl Schedule<'_> {
     /// so on, while those finish at once).
     fn finish(&mut self, done: Done, cx: &mut Context<'_>) {
         let mut done = Some(done);
-        while let Some((i, result, took)) = done.take() {
-            self.results[i] = Some(result);
+        while let Some((i, ended, took)) = done.take() {
+            self.results[i] = Some(ended.result);
             self.durations[i] = took;
-            self.tracker.finish(i);
+            self.tracker.finish(i, ended.calls);
             let agent = self.work[i].slot.agent;
             self.active[agent] -= 1;
             if let Some(queued) = self.waiting[agent].pop_front() {
@@ -608,14 +616,14 @@ struct RunTask {
 }
 
 impl Future for RunTask {
-    type Output = (usize, Result<RunOutput, RunFailure>, Duration);
+    type Output = Done;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
         let _entered = this.span.enter();
         let started = *this.started.get_or_insert_with(Instant::now);
         match Pin::new(&mut this.run).poll(cx) {
-            Poll::Ready(result) => Poll::Ready((this.index, result, started.elapsed())),
+            Poll::Ready(ended) => Poll::Ready((this.index, ended, started.elapsed())),
             Poll::Pending => Poll::Pending,
         }
     }
@@ -652,8 +660,9 @@ pub(crate) struct Run {
     pub(crate) joined: Option<Parts>,
     pub(crate) generation: Generation,
     pub(crate) resources: Resources,
-    /// Its buffer (see [`Buffer::new`]), where its operations, reads and calls are recorded;
-    /// the caller takes its calls afterwards, even if the run was cancelled.
+    /// Its buffer (see [`Buffer::new`]), where its operations, reads and calls are recorded:
+    /// the run yields its calls as it ends ([`Ended`]); a caller that may cancel it keeps a
+    /// clone to take them from.
     pub(crate) buffer: Arc<Mutex<Buffer>>,
 }
 
@@ -684,7 +693,8 @@ pub(crate) fn start_run(produce: &Produce, run: Run, snapshot: &Snapshot) -> Sta
 
 /// A started run (see [`start_run`]). `Unpin`, so the generation polls it where it is first —
 /// most runs finish at their first poll and are never boxed or queued — and moves it into its
-/// set of running futures only if it waits.
+/// set of running futures only if it waits. It seals its buffer as it ends and yields what
+/// its calls came to with its result.
 pub(crate) struct Started {
     state: RunState,
     /// The run's buffer, sealed when it ends.
@@ -700,8 +710,14 @@ enum RunState {
     Done,
 }
 
+/// How a run ended: its result, and what its calls came to.
+pub(crate) struct Ended {
+    pub(crate) result: Result<RunOutput, RunFailure>,
+    pub(crate) calls: Harvest,
+}
+
 impl Future for Started {
-    type Output = Result<RunOutput, RunFailure>;
+    type Output = Ended;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
@@ -719,16 +735,20 @@ impl Future for Started {
             RunState::Failed(failure) => Err(failure),
             RunState::Done => panic!("a produce run polled after it ended"),
         };
-        let sealed = this.buffer.lock().unwrap_or_else(|e| e.into_inner()).seal();
+        let (sealed, calls) = {
+            let mut buffer = this.buffer.lock().unwrap_or_else(|e| e.into_inner());
+            (buffer.seal(), buffer.take_calls())
+        };
         this.ops_hint
             .store(u32::try_from(sealed.ops.len()).unwrap_or(u32::MAX), Ordering::Relaxed);
-        Poll::Ready(outcome.and_then(|()| match sealed.error {
+        let result = outcome.and_then(|()| match sealed.error {
             Some(e) => Err(RunFailure::Effect(e)),
             None => Ok(RunOutput {
                 ops: sealed.ops,
                 reads: sealed.reads,
             }),
-        }))
+        });
+        Poll::Ready(Ended { result, calls })
     }
 }
 

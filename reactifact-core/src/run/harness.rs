@@ -14,7 +14,7 @@ use crate::model::event::EventKind;
 use crate::model::patch::Op;
 use crate::run::calls::{CallLog, Script, Source};
 use crate::run::effects::Buffer;
-use crate::run::generation::{check_outputs, start_run, Run, Slot};
+use crate::run::generation::{check_outputs, start_run, Ended, Run, Slot};
 use crate::run::join::Joins;
 use crate::run::produce::{Agent, IntoProduce, Produce, RunFailure};
 use crate::run::resources::Resources;
@@ -272,10 +272,12 @@ impl ProduceTest {
             joined,
             generation: self.generation,
             resources: self.resources,
-            buffer: buffer.clone(),
+            buffer,
         };
-        let output = start_run(&self.produce, run, &snapshot).await;
-        let harvest = buffer.lock().unwrap_or_else(|e| e.into_inner()).take_calls();
+        let Ended {
+            result: output,
+            calls: harvest,
+        } = start_run(&self.produce, run, &snapshot).await;
         let output = check_outputs(&self.produce, output)?;
         Ok(RunEffects {
             ran: true,
