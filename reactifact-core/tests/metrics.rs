@@ -152,6 +152,40 @@ fn one_order_yields_exactly_the_expected_counters_and_samples() {
     assert_no_secret(&seen);
 }
 
+#[test]
+fn each_run_is_timed_on_its_own_whether_it_waits_or_ends_at_once() {
+    // The runs of one generation: the first waits 3 s, the second ends at its first poll, the
+    // third waits 1 s (so the runs end in another order than they start).
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    with_recorder(&recorder, || async {
+        let mut ctx = Context::new("shop");
+        for (i, seconds) in [3u64, 0, 1].into_iter().enumerate() {
+            let order = Order {
+                total_cents: seconds,
+                ..order()
+            };
+            ctx.create(format!("order:{i}"), order).unwrap();
+        }
+        let waits = Produce::new("waits", |call: ProduceCall<Order>| async move {
+            let seconds = call.trigger.data.total_cents;
+            if seconds > 0 {
+                tokio::time::sleep(Duration::from_secs(seconds)).await;
+            }
+        });
+        let mut rt = Runtime::builder(ctx)
+            .agent(Agent::new("orders").produce(waits))
+            .build()
+            .unwrap();
+        assert_eq!(rt.run().await.unwrap().runs, 3);
+    });
+    let seen = seen(&snapshotter);
+    assert_samples(
+        &seen.histograms["reactifact_run_duration_seconds{agent=orders,produce=waits}"],
+        &[3.0, 0.0, 1.0],
+    );
+}
+
 /// `samples` are `expected`, to the paused clock's resolution: tokio's timers fire on
 /// whole-millisecond ticks, so a 2 s sleep may end up to a millisecond late, and the ledger
 /// keeps a retry time rounded up to a whole millisecond (a retry's wait: up to two late).

@@ -449,6 +449,7 @@ async fn execute(
         waiting: vec![VecDeque::new(); rt.agents.len()],
         running: FuturesUnordered::new(),
         next: 0,
+        clock: Instant::now(),
     };
     std::future::poll_fn(|cx| schedule.poll(cx)).await;
     Executed {
@@ -462,8 +463,8 @@ async fn execute(
     }
 }
 
-/// A run's work index, its result, what its calls came to and how long it ran.
-type Done = (usize, Ended, Duration);
+/// A run's work index, how it ended, how long it ran and when it ended.
+type Done = (usize, Ended, Duration, Instant);
 
 /// The work of a generation as [`execute`] runs it. Each run is polled where it starts; only
 /// one that waits joins `running` (most finish at their first poll, and then cost no boxing or
@@ -485,6 +486,10 @@ struct Schedule<'a> {
     running: FuturesUnordered<RunTask>,
     /// The next work item not yet started or waiting.
     next: usize,
+    /// The last time read: when the schedule began, when a run ended, or when one first
+    /// waited. A run started now counts its duration from then — the schedule's own work since
+    /// is all that lies between — so a run that ends at its first poll reads the clock once.
+    clock: Instant,
 }
 
 impl Schedule<'_> {
@@ -521,13 +526,15 @@ impl Schedule<'_> {
         let work = &self.work[i];
         self.active[work.slot.agent] += 1;
         let buffer = self.tracker.start(i, work, ops_hint(self.rt, work));
-        let (trace, mut run) = run_one(self.rt, i, work, buffer, self.snapshot, self.generation);
+        let (trace, mut run) = run_one(self.rt, i, work, buffer, self.snapshot, self.generation, self.clock);
         self.traces[i] = Some(trace);
         match Pin::new(&mut run).poll(cx) {
             Poll::Ready(done) => Some(done),
             Poll::Pending => {
                 self.tracker.waits(i, &run.run.buffer);
                 self.running.push(run);
+                // The next run starts after this one's first poll.
+                self.clock = Instant::now();
                 None
             }
         }
@@ -537,7 +544,8 @@ impl Schedule<'_> {
     /// so on, while those finish at once).
     fn finish(&mut self, done: Done, cx: &mut Context<'_>) {
         let mut done = Some(done);
-        while let Some((i, ended, took)) = done.take() {
+        while let Some((i, ended, took, at)) = done.take() {
+            self.clock = at;
             self.results[i] = Some(ended.result);
             self.durations[i] = took;
             self.tracker.finish(i, ended.calls);
@@ -565,6 +573,7 @@ fn run_one(
     buffer: Arc<Mutex<Buffer>>,
     snapshot: &Snapshot,
     generation: Generation,
+    started: Instant,
 ) -> (TraceParent, RunTask) {
     let agent = &rt.agents[work.slot.agent];
     let produce = &agent.produces[work.slot.produce];
@@ -599,18 +608,19 @@ fn run_one(
     };
     let task = RunTask {
         index,
-        started: None,
+        started,
         run,
         span,
     };
     (trace, task)
 }
 
-/// One run of a generation, as [`execute`] polls it: within its span, timed from its first
-/// poll; it yields its work index, its result and how long it ran.
+/// One run of a generation, as [`execute`] polls it: within its span, timed from `started`
+/// (its start, trigger decoding included); it yields its work index, how it ended, how long it
+/// ran and when it ended.
 struct RunTask {
     index: usize,
-    started: Option<Instant>,
+    started: Instant,
     run: Started,
     span: tracing::Span,
 }
@@ -621,9 +631,11 @@ impl Future for RunTask {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
         let _entered = this.span.enter();
-        let started = *this.started.get_or_insert_with(Instant::now);
         match Pin::new(&mut this.run).poll(cx) {
-            Poll::Ready(ended) => Poll::Ready((this.index, ended, started.elapsed())),
+            Poll::Ready(ended) => {
+                let now = Instant::now();
+                Poll::Ready((this.index, ended, now.duration_since(this.started), now))
+            }
             Poll::Pending => Poll::Pending,
         }
     }
