@@ -83,10 +83,11 @@ impl Watching {
         id: &'a str,
         generation: Generation,
     ) -> impl Iterator<Item = (Slot, &'a ReaderKey)> + 'a {
-        let active = !self.0.is_empty();
-        readers
-            .of(id)
-            .take_while(move |_| active)
+        // Without a watching produce, the readers index is not looked at.
+        let watched = (!self.0.is_empty()).then(|| readers.of(id));
+        watched
+            .into_iter()
+            .flatten()
             .filter(move |(_, reader)| reader.is_stale_by(id, generation))
             .filter_map(|(key, _)| self.slot(key).map(|slot| (slot, key)))
     }
