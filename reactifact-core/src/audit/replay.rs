@@ -346,7 +346,7 @@ async fn replay_run(
     let Ended { result: output, calls } = start_run(produce, run_input, snapshot).await;
     // A call that does not replay explains whatever else differs — except a recorded call the
     // run did not ask for because it failed first: the failure is the news.
-    let miss = calls.miss;
+    let miss = calls.harvest().miss;
     if let Some(miss) = miss.filter(|miss| miss.kind != MissKind::NotAsked || output.is_ok()) {
         return Err(diverged(None, Difference::Call(miss)));
     }

@@ -604,8 +604,25 @@ impl CallLog {
 impl Buffer {
     /// Ends the run's calls (later ones are refused) and says what they came to.
     pub(crate) fn take_calls(&mut self) -> Harvest {
+        self.take_call_log().harvest()
+    }
+
+    /// Ends the run's calls (later ones are refused) and takes their log, unread: `None` for
+    /// a run that had nothing to keep and made no call.
+    pub(crate) fn take_call_log(&mut self) -> TakenCalls {
         self.calls_taken = true;
-        self.calls.take().map(|log| log.harvest()).unwrap_or_default()
+        TakenCalls(self.calls.take())
+    }
+}
+
+/// A finished run's calls, as [`Buffer::take_call_log`] took them (8 bytes: most runs make
+/// none, and this is handed along with every run's result).
+pub(crate) struct TakenCalls(Option<Box<CallLog>>);
+
+impl TakenCalls {
+    /// What they came to.
+    pub(crate) fn harvest(self) -> Harvest {
+        self.0.map(|log| log.harvest()).unwrap_or_default()
     }
 }
 

@@ -41,7 +41,8 @@ impl<T: Artifact> DeclaredOutput<Dynamic> for T {}
 #[derive(Default)]
 pub(crate) struct Buffer {
     pub(crate) ops: Vec<Op>,
-    pub(crate) error: Option<EffectError>,
+    /// The first effect error (boxed: a buffer is built for every run, and it is rare).
+    pub(crate) error: Option<Box<EffectError>>,
     /// What the run read through its snapshot, in read order (repeats removed at seal).
     reads: Vec<Read>,
     /// Keys acted in this run, so a second `act` of a key is found without a scan.
@@ -124,7 +125,7 @@ impl Buffer {
         Sealed {
             ops,
             reads,
-            error: self.error.take(),
+            error: self.error.take().map(|e| *e),
         }
     }
 }
@@ -167,7 +168,7 @@ impl<D> Effects<D> {
             Ok(op) => buffer.ops.push(op),
             Err(e) => {
                 if buffer.error.is_none() {
-                    buffer.error = Some(e);
+                    buffer.error = Some(Box::new(e));
                 }
             }
         }

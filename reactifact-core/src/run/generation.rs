@@ -21,7 +21,7 @@ use crate::model::patch::Op;
 use crate::model::telemetry::ProduceMetrics;
 use crate::model::trace::TraceParent;
 use crate::outbox::drain::Preclaimed;
-use crate::run::calls::{CallLog, Exhausted, Harvest, Meter, RunKey};
+use crate::run::calls::{CallLog, Exhausted, Harvest, Meter, RunKey, TakenCalls};
 use crate::run::effects::Buffer;
 use crate::run::join::Parts;
 use crate::run::matching::{self, Work};
@@ -309,8 +309,9 @@ impl Tracker {
     }
 
     /// Keeps the calls of work item `i`'s run, which has finished.
-    fn finish(&mut self, i: usize, calls: Harvest) {
+    fn finish(&mut self, i: usize, calls: TakenCalls) {
         self.running[i] = None;
+        let calls = calls.harvest();
         if !calls.is_empty() {
             self.finished.push((i, calls));
         }
@@ -725,7 +726,7 @@ enum RunState {
 /// How a run ended: its result, and what its calls came to.
 pub(crate) struct Ended {
     pub(crate) result: Result<RunOutput, RunFailure>,
-    pub(crate) calls: Harvest,
+    pub(crate) calls: TakenCalls,
 }
 
 impl Future for Started {
@@ -749,7 +750,7 @@ impl Future for Started {
         };
         let (sealed, calls) = {
             let mut buffer = this.buffer.lock().unwrap_or_else(|e| e.into_inner());
-            (buffer.seal(), buffer.take_calls())
+            (buffer.seal(), buffer.take_call_log())
         };
         this.ops_hint
             .store(u32::try_from(sealed.ops.len()).unwrap_or(u32::MAX), Ordering::Relaxed);

@@ -274,10 +274,8 @@ impl ProduceTest {
             resources: self.resources,
             buffer,
         };
-        let Ended {
-            result: output,
-            calls: harvest,
-        } = start_run(&self.produce, run, &snapshot).await;
+        let Ended { result: output, calls } = start_run(&self.produce, run, &snapshot).await;
+        let harvest = calls.harvest();
         let output = check_outputs(&self.produce, output)?;
         Ok(RunEffects {
             ran: true,
