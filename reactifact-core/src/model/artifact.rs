@@ -152,8 +152,23 @@ impl PartialEq<&str> for ArtifactId {
 }
 
 /// An artifact's kind name (see [`Artifact::KIND`]). Interned: copying and comparing is cheap.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Eq, PartialOrd, Ord)]
 pub struct Kind(&'static str);
+
+impl std::hash::Hash for Kind {
+    /// The name's hash, consistent with its equality.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
+    }
+}
+
+impl PartialEq for Kind {
+    /// The names' equality; the same name is usually the same text, and then the addresses
+    /// say it without reading the text.
+    fn eq(&self, other: &Kind) -> bool {
+        std::ptr::eq(self.0, other.0) || self.0 == other.0
+    }
+}
 
 impl Kind {
     /// The kind of artifact type `T`.
@@ -392,4 +407,25 @@ pub(crate) fn with_encoded<T: Serialize + ?Sized, R>(
     });
     // Without the buffer (`f` was not called), a buffer of the value's own.
     lent.unwrap_or_else(|| Ok(f(&encode(value)?)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::hash::BuildHasher;
+
+    use super::Kind;
+
+    #[test]
+    fn kinds_are_equal_by_name_wherever_their_text_lives() {
+        let elsewhere: &'static str = Box::leak(String::from("receipt").into_boxed_str());
+        let (here, there) = (Kind("receipt"), Kind(elsewhere));
+        assert!(!std::ptr::eq(here.as_str(), there.as_str()));
+        assert_eq!(here, there);
+        let hasher = std::collections::hash_map::RandomState::new();
+        assert_eq!(hasher.hash_one(here), hasher.hash_one(there));
+        assert_eq!(here.cmp(&there), std::cmp::Ordering::Equal);
+        assert_ne!(here, Kind("receipts"));
+        assert_ne!(here, Kind("invoice"));
+        assert_eq!(Kind::intern(elsewhere), Kind("receipt"));
+    }
 }
