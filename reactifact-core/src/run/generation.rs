@@ -139,7 +139,7 @@ pub(crate) async fn run(
             continue; // cut off by the budget: it runs again
         }
         let produce = &rt.agents[work.slot.agent].produces[work.slot.produce];
-        match check_outputs(produce, result) {
+        match result {
             Ok(RunOutput { ops, reads }) => {
                 records.push(RunRecord {
                     agent: Some(rt.agents[work.slot.agent].name.clone()),
@@ -547,7 +547,10 @@ impl Schedule<'_> {
         let mut done = Some(done);
         while let Some((i, ended, took, at)) = done.take() {
             self.clock = at;
-            self.results[i] = Some(ended.result);
+            // Checked as it ends, while its operations are in the cache.
+            let work = &self.work[i];
+            let produce = &self.rt.agents[work.slot.agent].produces[work.slot.produce];
+            self.results[i] = Some(check_outputs(produce, ended.result));
             self.durations[i] = took;
             self.tracker.finish(i, ended.calls);
             let agent = self.work[i].slot.agent;
@@ -559,8 +562,9 @@ impl Schedule<'_> {
     }
 }
 
-/// What [`execute`] returns: each work item's result, the trace context of its run and how
-/// long it ran, in work order.
+/// What [`execute`] returns: each work item's result (its outputs checked against what its
+/// produce declares, see [`check_outputs`]), the trace context of its run and how long it ran,
+/// in work order.
 struct Executed {
     results: Vec<Result<RunOutput, RunFailure>>,
     traces: Vec<Option<TraceParent>>,
