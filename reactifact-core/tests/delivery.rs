@@ -316,6 +316,46 @@ async fn an_attempt_past_its_timeout_is_a_retryable_failure() {
     assert_eq!((entry.status(), entry.attempts()), (DeliveryStatus::Delivered, 2));
 }
 
+#[tokio::test(start_paused = true)]
+async fn an_attempt_is_timed_from_its_start_across_all_its_waits() {
+    // Each wait is within the 2 s limit; the first attempt's two (1.5 s + 1 s) are not.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let dispatcher = {
+        let calls = calls.clone();
+        move |_: Intent| {
+            let first = calls.fetch_add(1, Ordering::SeqCst) == 0;
+            async move {
+                tokio::time::sleep(Duration::from_millis(1_500)).await;
+                if first {
+                    tokio::time::sleep(Duration::from_millis(1_000)).await;
+                }
+                Ok::<(), DispatchError>(())
+            }
+        }
+    };
+    let mut rt = Runtime::builder(seeded_orders(1))
+        .agent(Agent::new("billing").produce(process_order()))
+        .dispatcher(dispatcher)
+        .delivery_timeout(Some(Duration::from_secs(2)))
+        .build()
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let report = rt.run().await.unwrap();
+    assert_eq!(report.deliveries.failed[0].error, "timed out after 2s");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_millis(2_100),
+        "cut off at its deadline, not at the end of its second wait: {took:?}"
+    );
+    rt.settle().await.unwrap();
+    let entry = rt.context().ledger().get("notify:order:0").await.unwrap().unwrap();
+    assert_eq!(
+        (entry.status(), entry.attempts()),
+        (DeliveryStatus::Delivered, 2),
+        "the second attempt, 1.5 s, is within it"
+    );
+}
+
 #[derive(serde::Deserialize, Debug)]
 struct NotifyPayload {
     customer: String,
