@@ -311,7 +311,10 @@ impl Tracker {
     /// Keeps the calls of work item `i`'s run, which has finished.
     fn finish(&mut self, i: usize, calls: TakenCalls) {
         self.running[i] = None;
-        let calls = calls.harvest();
+        self.keep(i, calls.harvest());
+    }
+
+    fn keep(&mut self, i: usize, calls: Harvest) {
         if !calls.is_empty() {
             self.finished.push((i, calls));
         }
@@ -320,12 +323,10 @@ impl Tracker {
     /// Takes the calls of every run, finished or not, in work order; a run that never started
     /// (its generation was cancelled first) keeps its earlier attempt's answers.
     fn finish_all(mut self) -> Vec<(usize, Harvest)> {
-        for (i, running) in self.running.iter_mut().enumerate() {
-            if let Some(buffer) = running.take() {
+        for i in 0..self.running.len() {
+            if let Some(buffer) = self.running[i].take() {
                 let calls = buffer.lock().unwrap_or_else(|e| e.into_inner()).take_calls();
-                if !calls.is_empty() {
-                    self.finished.push((i, calls));
-                }
+                self.keep(i, calls);
             }
         }
         for (i, prior) in self.priors.into_iter().enumerate() {
@@ -547,13 +548,11 @@ impl Schedule<'_> {
         let mut done = Some(done);
         while let Some((i, ended, took, at)) = done.take() {
             self.clock = at;
+            let Slot { agent, produce } = self.work[i].slot;
             // Checked as it ends, while its operations are in the cache.
-            let work = &self.work[i];
-            let produce = &self.rt.agents[work.slot.agent].produces[work.slot.produce];
-            self.results[i] = Some(check_outputs(produce, ended.result));
+            self.results[i] = Some(check_outputs(&self.rt.agents[agent].produces[produce], ended.result));
             self.durations[i] = took;
             self.tracker.finish(i, ended.calls);
-            let agent = self.work[i].slot.agent;
             self.active[agent] -= 1;
             if let Some(queued) = self.waiting[agent].pop_front() {
                 done = self.start(queued, cx);
@@ -683,9 +682,9 @@ pub(crate) struct Run {
     pub(crate) buffer: Arc<Mutex<Buffer>>,
 }
 
-/// Starts one run of `produce` against `snapshot`, catching panics; the future yields the
-/// run's patch and reads. Used by the generation loop, the replay oracle and the produce test
-/// harness.
+/// Starts one run of `produce` against `snapshot`, catching panics; the future yields how the
+/// run ended (its patch and reads, or its failure) and its calls. Used by the generation loop,
+/// the replay oracle and the produce test harness.
 pub(crate) fn start_run(produce: &Produce, run: Run, snapshot: &Snapshot) -> Started {
     let buffer = run.buffer;
     let input = RunInput {
@@ -709,9 +708,9 @@ pub(crate) fn start_run(produce: &Produce, run: Run, snapshot: &Snapshot) -> Sta
 }
 
 /// A started run (see [`start_run`]). `Unpin`, so the generation polls it where it is first —
-/// most runs finish at their first poll and are never boxed or queued — and moves it into its
-/// set of running futures only if it waits. It seals its buffer as it ends and yields what
-/// its calls came to with its result.
+/// most runs finish at their first poll and never join its set of running futures — and moves
+/// it into that set only if it waits. It seals its buffer as it ends and yields its calls with
+/// its result.
 pub(crate) struct Started {
     state: RunState,
     /// The run's buffer, sealed when it ends.

@@ -158,8 +158,8 @@ impl<K: Hash + Eq + Clone, V: Clone + Keyed<Key = K>> Layered<K, V> {
     }
 
     /// Sets the value under `key` (`None` removes it) and returns the one it replaces. A
-    /// value's own key is `key`. Written in place, the key is not cloned: an atomic count
-    /// update there waits for the table's cold write before it.
+    /// value's own key is `key`. Written in place, the key is not cloned (the table holds the
+    /// value alone).
     pub(crate) fn set(&mut self, key: &K, value: Option<V>) -> Option<V> {
         debug_assert!(
             value.as_ref().is_none_or(|v| v.key() == key),

@@ -240,7 +240,7 @@ impl State {
     /// Keeps the kind index and the state digest in step.
     pub(crate) fn put(&mut self, id: &ArtifactId, value: Option<Arc<Stored>>) -> Option<Arc<Stored>> {
         // What the indexes need of the new version is taken before it moves into the table,
-        // so the put clones no count (each atomic update waits for the table's write).
+        // so the put clones neither it nor its id.
         let timer = Kind::of::<Timer>();
         let (new, new_timer) = match &value {
             Some(new) => {
