@@ -2,10 +2,11 @@
 
 use std::any::TypeId;
 use std::borrow::Borrow;
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, OnceLock, RwLock};
 
+use arcstr::ArcStr;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -74,10 +75,11 @@ pub trait Artifact: Serialize + DeserializeOwned + Send + Sync + 'static {
     const KIND: &'static str;
 }
 
-/// The stable id of an artifact, such as `"receipt:42"`. Cheap to clone.
+/// The stable id of an artifact, such as `"receipt:42"`. Cheap to clone: its text is shared,
+/// behind one pointer (8 bytes; the length is kept with the text).
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct ArtifactId(Arc<str>);
+pub struct ArtifactId(ArcStr);
 
 impl ArtifactId {
     /// The id as a string slice.
@@ -87,7 +89,7 @@ impl ArtifactId {
 
     /// The address of the shared text: the same for every clone of one id.
     pub(crate) fn addr(&self) -> usize {
-        Arc::as_ptr(&self.0).cast::<u8>().addr()
+        self.0.as_ptr().addr()
     }
 }
 
@@ -105,19 +107,19 @@ impl fmt::Debug for ArtifactId {
 
 impl From<&str> for ArtifactId {
     fn from(s: &str) -> Self {
-        ArtifactId(Arc::from(s))
+        ArtifactId(ArcStr::from(s))
     }
 }
 
 impl From<String> for ArtifactId {
     fn from(s: String) -> Self {
-        ArtifactId(Arc::from(s))
+        ArtifactId(ArcStr::from(s))
     }
 }
 
 impl From<&String> for ArtifactId {
     fn from(s: &String) -> Self {
-        ArtifactId(Arc::from(s.as_str()))
+        ArtifactId(ArcStr::from(s.as_str()))
     }
 }
 
@@ -152,13 +154,17 @@ impl PartialEq<&str> for ArtifactId {
 }
 
 /// An artifact's kind name (see [`Artifact::KIND`]). Interned: copying and comparing is cheap.
-#[derive(Clone, Copy, Eq, PartialOrd, Ord)]
-pub struct Kind(&'static str);
+///
+/// One pointer wide: it refers to the `&'static str` of the name (the type's `KIND`, or the one
+/// [`Kind::intern`] keeps), so that every stored version, operation and index entry that
+/// carries a kind spends 8 bytes on it rather than 16.
+#[derive(Clone, Copy, Eq)]
+pub struct Kind(&'static &'static str);
 
 impl std::hash::Hash for Kind {
     /// The name's hash, consistent with its equality.
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.0.hash(state);
+        self.as_str().hash(state);
     }
 }
 
@@ -166,30 +172,46 @@ impl PartialEq for Kind {
     /// The names' equality; the same name is usually the same text, and then the addresses
     /// say it without reading the text.
     fn eq(&self, other: &Kind) -> bool {
-        std::ptr::eq(self.0, other.0) || self.0 == other.0
+        std::ptr::eq(self.0, other.0) || self.as_str() == other.as_str()
+    }
+}
+
+/// By name.
+impl PartialOrd for Kind {
+    fn partial_cmp(&self, other: &Kind) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// By name.
+impl Ord for Kind {
+    fn cmp(&self, other: &Kind) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
     }
 }
 
 impl Kind {
     /// The kind of artifact type `T`.
     pub fn of<T: Artifact>() -> Kind {
-        Kind(T::KIND)
+        Kind(&T::KIND)
     }
 
     /// Interns a kind name read at run time (from a store or a log), so that it compares equal
     /// to [`Kind::of`] for the type that declares it. Each distinct name is allocated once.
     pub fn intern(name: &str) -> Kind {
-        static NAMES: OnceLock<RwLock<HashSet<&'static str>>> = OnceLock::new();
+        type Names = HashMap<&'static str, &'static &'static str>;
+        static NAMES: OnceLock<RwLock<Names>> = OnceLock::new();
         let names = NAMES.get_or_init(Default::default);
-        if let Some(found) = names.read().unwrap_or_else(|e| e.into_inner()).get(name) {
+        if let Some(&found) = names.read().unwrap_or_else(|e| e.into_inner()).get(name) {
             return Kind(found);
         }
         let mut names = names.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(found) = names.get(name) {
+        if let Some(&found) = names.get(name) {
             return Kind(found);
         }
-        let leaked: &'static str = Box::leak(name.to_owned().into_boxed_str());
-        names.insert(leaked);
+        let text: &'static str = Box::leak(name.to_owned().into_boxed_str());
+        let leaked: &'static &'static str = Box::leak(Box::new(text));
+        names.insert(text, leaked);
         Kind(leaked)
     }
 
@@ -207,13 +229,13 @@ impl fmt::Display for Kind {
 
 impl fmt::Debug for Kind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self.0, f)
+        fmt::Debug::fmt(*self.0, f)
     }
 }
 
 impl Serialize for Kind {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.0)
+        s.serialize_str(self.as_str())
     }
 }
 
@@ -313,6 +335,10 @@ pub(crate) struct Stored {
     pub(crate) created: u64,
     pub(crate) bytes: Arc<[u8]>,
 }
+
+// With its `Arc` counts a stored version takes 104 bytes: glibc's 112-byte chunk, one per
+// version stored. A field more would move every version to the next chunk size.
+const _: () = assert!(std::mem::size_of::<Stored>() <= 88);
 
 impl Stored {
     pub(crate) fn decode<T: Artifact>(&self) -> Result<Record<T>, ReadError> {
@@ -416,16 +442,50 @@ mod tests {
     use super::Kind;
 
     #[test]
+    fn ids_are_equal_hashed_ordered_and_encoded_by_their_text() {
+        use std::collections::{BTreeSet, HashMap};
+
+        use super::ArtifactId;
+
+        let made = ArtifactId::from(String::from("receipt:7"));
+        let apart = ArtifactId::from("receipt:7");
+        assert_eq!(made, apart);
+        assert_ne!(made.addr(), apart.addr());
+        assert_eq!(made.clone().addr(), made.addr());
+        // `Borrow<str>`: a map keyed by ids is searched with the text alone.
+        let map: HashMap<ArtifactId, u32> = [(made.clone(), 1)].into();
+        assert_eq!(map.get("receipt:7"), Some(&1));
+        assert_eq!(map.get("receipt:8"), None);
+        let hasher = std::collections::hash_map::RandomState::new();
+        assert_eq!(hasher.hash_one(&made), hasher.hash_one("receipt:7"));
+        let order: Vec<ArtifactId> = BTreeSet::from(["b".into(), "a:2".into(), "a:10".into(), "".into()])
+            .into_iter()
+            .collect();
+        assert_eq!(order, ["", "a:10", "a:2", "b"]);
+        // An id encodes as its text does (commit hashes and stored logs read it so), and reads
+        // back from it.
+        let encoded = rmp_serde::to_vec_named(&made).unwrap();
+        assert_eq!(encoded, rmp_serde::to_vec_named("receipt:7").unwrap());
+        assert_eq!(rmp_serde::from_slice::<ArtifactId>(&encoded).unwrap(), made);
+        assert_eq!(serde_json::to_string(&made).unwrap(), "\"receipt:7\"");
+        assert_eq!(format!("{made} {made:?}"), "receipt:7 \"receipt:7\"");
+        // Text that is not UTF-8 is an error, not a panic.
+        assert!(rmp_serde::from_slice::<ArtifactId>(&[0xc4, 2, 0xff, 0xfe]).is_err());
+    }
+
+    #[test]
     fn kinds_are_equal_by_name_wherever_their_text_lives() {
         let elsewhere: &'static str = Box::leak(String::from("receipt").into_boxed_str());
-        let (here, there) = (Kind("receipt"), Kind(elsewhere));
+        let elsewhere: &'static &'static str = Box::leak(Box::new(elsewhere));
+        let (here, there) = (Kind(&"receipt"), Kind(elsewhere));
         assert!(!std::ptr::eq(here.as_str(), there.as_str()));
         assert_eq!(here, there);
         let hasher = std::collections::hash_map::RandomState::new();
         assert_eq!(hasher.hash_one(here), hasher.hash_one(there));
         assert_eq!(here.cmp(&there), std::cmp::Ordering::Equal);
-        assert_ne!(here, Kind("receipts"));
-        assert_ne!(here, Kind("invoice"));
-        assert_eq!(Kind::intern(elsewhere), Kind("receipt"));
+        assert_ne!(here, Kind(&"receipts"));
+        assert_ne!(here, Kind(&"invoice"));
+        assert_eq!(Kind::intern(elsewhere), Kind(&"receipt"));
+        assert_eq!(std::mem::size_of::<Kind>(), 8);
     }
 }
