@@ -157,8 +157,8 @@ impl PartialEq<&str> for ArtifactId {
 ///
 /// One pointer wide: it refers to the `&'static str` of the name (the type's `KIND`, or the one
 /// [`Kind::intern`] keeps), so that every stored version, operation and index entry that
-/// carries a kind spends 8 bytes on it rather than 16.
-#[derive(Clone, Copy, Eq)]
+/// carries a kind spends 8 bytes on it rather than 16. Ordered by name.
+#[derive(Clone, Copy, Eq, PartialOrd, Ord)]
 pub struct Kind(&'static &'static str);
 
 impl std::hash::Hash for Kind {
@@ -173,20 +173,6 @@ impl PartialEq for Kind {
     /// say it without reading the text.
     fn eq(&self, other: &Kind) -> bool {
         std::ptr::eq(self.0, other.0) || self.as_str() == other.as_str()
-    }
-}
-
-/// By name.
-impl PartialOrd for Kind {
-    fn partial_cmp(&self, other: &Kind) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-/// By name.
-impl Ord for Kind {
-    fn cmp(&self, other: &Kind) -> std::cmp::Ordering {
-        self.as_str().cmp(other.as_str())
     }
 }
 
@@ -487,5 +473,9 @@ mod tests {
         assert_ne!(here, Kind(&"invoice"));
         assert_eq!(Kind::intern(elsewhere), Kind(&"receipt"));
         assert_eq!(std::mem::size_of::<Kind>(), 8);
+        let names = ["receipts", "invoice", "receipt", "order"].map(Kind::intern);
+        let mut sorted = names;
+        sorted.sort();
+        assert_eq!(sorted.map(|k| k.as_str()), ["invoice", "order", "receipt", "receipts"]);
     }
 }
