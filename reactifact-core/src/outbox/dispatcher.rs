@@ -3,10 +3,9 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Duration;
 
 use crate::model::action::Intent;
-use crate::outbox::drain::{self, AttemptFuture};
+use crate::outbox::drain::{self, AttemptSlot};
 
 /// A boxed error from user code (a produce or a dispatcher).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -169,14 +168,15 @@ pub(crate) type DispatchFuture<'a> = Pin<Box<dyn Future<Output = Result<(), Disp
 
 /// Object-safe form of [`Dispatcher`], so the runtime can hold any dispatcher.
 pub(crate) trait ErasedDispatcher: Send + Sync {
-    /// The drain's attempt to deliver `intent` ([`drain::attempt`]), for the claim held in
-    /// `slot`. Built here, where the dispatcher's future has a known type, so that the attempt
-    /// and the dispatch it wraps are one allocation.
-    fn attempt(&self, intent: Intent, timeout: Option<Duration>, slot: usize) -> AttemptFuture<'_>;
+    /// An empty place for the drain's attempts to deliver ([`drain::attempt`]), one at a time.
+    /// Built here, where the dispatcher's future has a known type: the attempt and the
+    /// dispatch it wraps live inside the slot, and an attempt that ends where it starts leaves
+    /// the slot for the next one, so such attempts allocate nothing.
+    fn slot(&self) -> AttemptSlot<'_>;
 }
 
 impl<D: Dispatcher> ErasedDispatcher for D {
-    fn attempt(&self, intent: Intent, timeout: Option<Duration>, slot: usize) -> AttemptFuture<'_> {
-        drain::attempt(self, intent, timeout, slot)
+    fn slot(&self) -> AttemptSlot<'_> {
+        drain::slot(self)
     }
 }

@@ -652,6 +652,8 @@ impl<'a> Drain<'a> {
             held: 0,
         };
         let mut running = FuturesUnordered::new();
+        // The slot of the last attempt that ended where it started, for the next one.
+        let mut spare: Option<AttemptSlot<'_>> = None;
         let mut active: foldhash::HashMap<Arc<str>, usize> = Default::default();
         let mut queued: foldhash::HashMap<Arc<str>, VecDeque<usize>> = Default::default();
         // The claim being made, and how many it asked for. (The guard releases the claims made
@@ -712,12 +714,14 @@ impl<'a> Drain<'a> {
                         started += 1;
                         let slot = holds.slot(at);
                         slot.stage = Stage::Running;
-                        let mut attempt = dispatcher.attempt(slot.claim.intent.clone(), config.timeout, at);
+                        let mut attempt = spare.take().unwrap_or_else(|| dispatcher.slot());
+                        attempt.as_mut().start(slot.claim.intent.clone(), config.timeout, at);
                         // Polled once here: an attempt that ends at once (an in-process
                         // dispatcher) is finished without joining `running`, which allocates
-                        // a task for every future it holds.
+                        // a task for every future it holds, and leaves its slot for the next.
                         match std::future::poll_fn(|cx| Poll::Ready(attempt.as_mut().poll(cx))).await {
                             Poll::Ready((at, ended)) => {
+                                spare = Some(attempt);
                                 *count -= 1;
                                 let outcome = self.outcome_of(holds.slot(at), ended, &mut first_failure);
                                 holds.slot(at).stage = Stage::Finished(outcome);
@@ -1025,19 +1029,74 @@ impl<'a> Drain<'a> {
     }
 }
 
-/// An attempt being made: the slot of its claim, and how it ended.
-pub(crate) type AttemptFuture<'a> = Pin<Box<dyn Future<Output = (usize, Attempt)> + Send + 'a>>;
+/// A place for one attempt at a time ([`ErasedDispatcher::slot`]): [`Attempting::start`]
+/// puts an attempt in it, polling it runs the attempt, and the slot is empty again once the
+/// attempt ended (the dispatch's future is dropped then, not when the slot is).
+pub(crate) type AttemptSlot<'a> = Pin<Box<dyn Attempting + Send + 'a>>;
 
-/// One attempt: the dispatch, bounded by the timeout, with panics caught, as one allocation.
+/// An [`AttemptSlot`]'s contents: polled, it yields the slot of the claim its attempt was
+/// made for, and how the attempt ended.
+pub(crate) trait Attempting: Future<Output = (usize, Attempt)> {
+    /// Starts an attempt to deliver `intent` for the claim held in slot `index`, in place of
+    /// the ended one (if any). Nothing is allocated: the attempt is written into the slot.
+    fn start(self: Pin<&mut Self>, intent: Intent, timeout: Option<Duration>, index: usize);
+}
+
+pin_project_lite::pin_project! {
+    /// An [`Attempting`] for attempts that `build` makes (the closure over a dispatcher of a
+    /// known type that [`slot`] passes, so that `F` is the attempt's own future type).
+    struct AttemptCell<B, F> {
+        build: B,
+        #[pin]
+        attempt: Option<F>,
+    }
+}
+
+impl<B, F: Future<Output = (usize, Attempt)>> Future for AttemptCell<B, F> {
+    type Output = (usize, Attempt);
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<(usize, Attempt)> {
+        let mut attempt = self.project().attempt;
+        let running = attempt
+            .as_mut()
+            .as_pin_mut()
+            .expect("an attempt slot is polled only between its start and the attempt's end");
+        let ended = std::task::ready!(running.poll(cx));
+        attempt.set(None);
+        Poll::Ready(ended)
+    }
+}
+
+impl<B, F> Attempting for AttemptCell<B, F>
+where
+    B: Fn(Intent, Option<Duration>, usize) -> F,
+    F: Future<Output = (usize, Attempt)>,
+{
+    fn start(self: Pin<&mut Self>, intent: Intent, timeout: Option<Duration>, index: usize) {
+        let mut this = self.project();
+        let attempt = (this.build)(intent, timeout, index);
+        this.attempt.set(Some(attempt));
+    }
+}
+
+/// An empty [`AttemptSlot`] for `dispatcher`'s attempts.
+pub(crate) fn slot<D: Dispatcher>(dispatcher: &D) -> AttemptSlot<'_> {
+    Box::pin(AttemptCell {
+        build: move |intent, timeout, index| attempt(dispatcher, intent, timeout, index),
+        attempt: None,
+    })
+}
+
+/// One attempt: the dispatch, bounded by the timeout, with panics caught.
 /// (A dispatcher may panic while building its future as well as inside it.)
 /// The dispatcher is handed the attempt's own trace context ([`Intent::trace_parent`]),
 /// continuing the one the ledger kept.
-pub(crate) fn attempt<D: Dispatcher>(
+fn attempt<D: Dispatcher>(
     dispatcher: &D,
     mut intent: Intent,
     timeout: Option<Duration>,
     index: usize,
-) -> AttemptFuture<'_> {
+) -> impl Future<Output = (usize, Attempt)> + Send + '_ {
     let span = tracing::debug_span!(
         "delivery",
         action_key = %intent.key(),
@@ -1049,26 +1108,24 @@ pub(crate) fn attempt<D: Dispatcher>(
     );
     intent.trace = Some(crate::model::trace::delivery_context(&span, intent.trace.as_ref()));
     let built = span.in_scope(|| std::panic::catch_unwind(AssertUnwindSafe(|| dispatcher.dispatch(intent))));
-    Box::pin(
-        async move {
-            let dispatch = match built {
-                Ok(future) => AssertUnwindSafe(future).catch_unwind(),
-                Err(panic) => return (index, Attempt::Panicked(crate::run::generation::panic_message(&panic))),
-            };
-            let result = match timeout {
-                Some(limit) => match tokio::time::timeout(limit, dispatch).await {
-                    Ok(result) => result,
-                    Err(_) => return (index, Attempt::TimedOut(limit)),
-                },
-                None => dispatch.await,
-            };
-            let attempt = match result {
-                Ok(Ok(())) => Attempt::Delivered,
-                Ok(Err(e)) => Attempt::Failed(e),
-                Err(panic) => Attempt::Panicked(crate::run::generation::panic_message(&panic)),
-            };
-            (index, attempt)
-        }
-        .instrument(span),
-    )
+    async move {
+        let dispatch = match built {
+            Ok(future) => AssertUnwindSafe(future).catch_unwind(),
+            Err(panic) => return (index, Attempt::Panicked(crate::run::generation::panic_message(&panic))),
+        };
+        let result = match timeout {
+            Some(limit) => match tokio::time::timeout(limit, dispatch).await {
+                Ok(result) => result,
+                Err(_) => return (index, Attempt::TimedOut(limit)),
+            },
+            None => dispatch.await,
+        };
+        let attempt = match result {
+            Ok(Ok(())) => Attempt::Delivered,
+            Ok(Err(e)) => Attempt::Failed(e),
+            Err(panic) => Attempt::Panicked(crate::run::generation::panic_message(&panic)),
+        };
+        (index, attempt)
+    }
+    .instrument(span)
 }
