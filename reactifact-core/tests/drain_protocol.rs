@@ -319,3 +319,55 @@ async fn a_lease_of_zero_is_the_shortest_lease_and_a_drain_never_reclaims_its_ow
     keys.dedup();
     assert_eq!((keys.len(), total), (100, 100), "each key sent once");
 }
+
+/// Attempts that end at once and attempts that wait, interleaved, under a concurrency of 4:
+/// a waiting attempt keeps its slot while the ones after it reuse another, and every key is
+/// delivered exactly once, whichever path its attempt took (one that panics on the way, too).
+#[tokio::test(start_paused = true)]
+async fn immediate_and_waiting_attempts_share_slots_and_each_key_is_delivered_once() {
+    use std::collections::HashMap;
+
+    use reactifact_core::DeliveryStatus;
+
+    let ctx = pending(300).await;
+    let sent: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+    let log = sent.clone();
+    let drainer = Drainer::builder(ctx.outbox(), move |intent: Intent| {
+        let key = intent.key().to_string();
+        let n: u64 = key.rsplit(':').next().unwrap().parse().unwrap();
+        *log.lock().unwrap().entry(key).or_default() += 1;
+        async move {
+            match n % 3 {
+                0 => Ok(()),
+                1 => {
+                    tokio::time::sleep(Duration::from_millis(1 + n % 7)).await;
+                    Ok(())
+                }
+                // Every thirtieth panics after waiting: a failed attempt, retried later.
+                _ if n % 30 == 2 => {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    panic!("dispatcher panics on {n}")
+                }
+                _ => Err::<(), _>(DispatchError::permanent("refused")),
+            }
+        }
+    })
+    .concurrency(4)
+    .build();
+    let report = drainer.flush().await.unwrap();
+    assert_eq!(report.delivered, 200, "the immediate and the waiting ones");
+    let sent = sent.lock().unwrap();
+    assert_eq!(sent.len(), 300, "every intent was handed to the dispatcher");
+    assert!(sent.values().all(|&n| n == 1), "no intent was attempted twice in one flush");
+    let ledger = ctx.ledger();
+    for i in 0..300u64 {
+        let entry = ledger.get(&format!("notify:order:{i}")).await.unwrap().unwrap();
+        let expected = match i % 3 {
+            0 | 1 => DeliveryStatus::Delivered,
+            _ if i % 30 == 2 => DeliveryStatus::Failed,
+            _ => DeliveryStatus::Dead,
+        };
+        assert_eq!(entry.status(), expected, "order:{i}");
+        assert_eq!(entry.attempts(), 1, "order:{i}");
+    }
+}
