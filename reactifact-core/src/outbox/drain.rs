@@ -1038,7 +1038,7 @@ pub(crate) type AttemptSlot<'a> = Pin<Box<dyn Attempting + Send + 'a>>;
 /// made for, and how the attempt ended.
 pub(crate) trait Attempting: Future<Output = (usize, Attempt)> {
     /// Starts an attempt to deliver `intent` for the claim held in slot `index`, in place of
-    /// the ended one (if any). Nothing is allocated: the attempt is written into the slot.
+    /// the ended one (if any). The attempt is written into the slot: no box is made for it.
     fn start(self: Pin<&mut Self>, intent: Intent, timeout: Option<Duration>, index: usize);
 }
 
