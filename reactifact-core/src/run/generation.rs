@@ -25,7 +25,7 @@ use crate::run::calls::{CallLog, Exhausted, Harvest, Meter, RunKey, TakenCalls};
 use crate::run::effects::Buffer;
 use crate::run::join::Parts;
 use crate::run::matching::{self, Work};
-use crate::run::produce::{Produce, ProduceFailure, RunFailure, RunFuture, RunInput};
+use crate::run::produce::{Produce, ProduceFailure, RunFailure, RunInput, RunSlot};
 use crate::run::resources::Resources;
 use crate::run::runtime::{ProduceErrors, RunError, Runtime, TurnOutcome, TurnReport};
 use crate::state::commit::{Emitted, Read, RunRecord, TriggerRef};
@@ -450,6 +450,11 @@ async fn execute(
         active: vec![0; rt.agents.len()],
         waiting: vec![VecDeque::new(); rt.agents.len()],
         running: FuturesUnordered::new(),
+        spare: rt
+            .agents
+            .iter()
+            .map(|agent| agent.produces.iter().map(|_| None).collect())
+            .collect(),
         next: 0,
         clock: Instant::now(),
     };
@@ -486,6 +491,9 @@ struct Schedule<'a> {
     /// limit, because each completion of its runs starts its next waiting one.
     waiting: Vec<VecDeque<usize>>,
     running: FuturesUnordered<RunTask>,
+    /// Per agent and produce, the slot of a run that ended, for the produce's next run (a
+    /// slot runs only its own produce's runs).
+    spare: Vec<Vec<Option<RunSlot>>>,
     /// The next work item not yet started or waiting.
     next: usize,
     /// The last time read: when the schedule began, when a run ended, or when one first
@@ -528,7 +536,8 @@ impl Schedule<'_> {
         let work = &self.work[i];
         self.active[work.slot.agent] += 1;
         let buffer = self.tracker.start(i, work, ops_hint(self.rt, work));
-        let (trace, mut run) = run_one(self.rt, i, work, buffer, self.snapshot, self.generation, self.clock);
+        let spare = self.spare[work.slot.agent][work.slot.produce].take();
+        let (trace, mut run) = run_one(self.rt, i, work, buffer, self.snapshot, self.generation, self.clock, spare);
         self.traces[i] = Some(trace);
         match Pin::new(&mut run).poll(cx) {
             Poll::Ready(done) => Some(done),
@@ -553,6 +562,9 @@ impl Schedule<'_> {
             self.results[i] = Some(check_outputs(&self.rt.agents[agent].produces[produce], ended.result));
             self.durations[i] = took;
             self.tracker.finish(i, ended.calls);
+            if let Some(slot) = ended.slot {
+                self.spare[agent][produce].get_or_insert(slot);
+            }
             self.active[agent] -= 1;
             if let Some(queued) = self.waiting[agent].pop_front() {
                 done = self.start(queued, cx);
@@ -578,6 +590,7 @@ fn run_one(
     snapshot: &Snapshot,
     generation: Generation,
     started: Instant,
+    spare: Option<RunSlot>,
 ) -> (TraceParent, RunTask) {
     let agent = &rt.agents[work.slot.agent];
     let produce = &agent.produces[work.slot.produce];
@@ -603,6 +616,7 @@ fn run_one(
                 buffer,
             },
             snapshot,
+            spare,
         ),
         Some(message) => Started {
             state: RunState::Failed(RunFailure::Panicked(format!("its condition panicked: {message}"))),
@@ -685,7 +699,7 @@ pub(crate) struct Run {
 /// Starts one run of `produce` against `snapshot`, catching panics; the future yields how the
 /// run ended (its patch and reads, or its failure) and its calls. Used by the generation loop,
 /// the replay oracle and the produce test harness.
-pub(crate) fn start_run(produce: &Produce, run: Run, snapshot: &Snapshot) -> Started {
+pub(crate) fn start_run(produce: &Produce, run: Run, snapshot: &Snapshot, spare: Option<RunSlot>) -> Started {
     let buffer = run.buffer;
     let input = RunInput {
         trigger: run.trigger,
@@ -696,8 +710,8 @@ pub(crate) fn start_run(produce: &Produce, run: Run, snapshot: &Snapshot) -> Sta
         joined: run.joined,
         resources: run.resources,
     };
-    let state = match std::panic::catch_unwind(AssertUnwindSafe(|| produce.start(input))) {
-        Ok(future) => RunState::Running(future),
+    let state = match std::panic::catch_unwind(AssertUnwindSafe(|| produce.start(spare, input))) {
+        Ok(slot) => RunState::Running(slot),
         Err(panic) => RunState::Failed(RunFailure::Panicked(panic_message(&panic))),
     };
     Started {
@@ -720,7 +734,7 @@ pub(crate) struct Started {
 }
 
 enum RunState {
-    Running(RunFuture),
+    Running(RunSlot),
     /// It failed before it ran: its produce panicked as it started, or its condition did.
     Failed(RunFailure),
     Done,
@@ -730,6 +744,9 @@ enum RunState {
 pub(crate) struct Ended {
     pub(crate) result: Result<RunOutput, RunFailure>,
     pub(crate) calls: TakenCalls,
+    /// The run's slot, empty, for its produce's next run; `None` if the run never ran or
+    /// panicked.
+    pub(crate) slot: Option<RunSlot>,
 }
 
 impl Future for Started {
@@ -737,18 +754,19 @@ impl Future for Started {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
-        let outcome = match std::mem::replace(&mut this.state, RunState::Done) {
-            RunState::Running(mut future) => {
-                match std::panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+        let (outcome, slot) = match std::mem::replace(&mut this.state, RunState::Done) {
+            RunState::Running(mut slot) => {
+                match std::panic::catch_unwind(AssertUnwindSafe(|| slot.as_mut().poll(cx))) {
                     Ok(Poll::Pending) => {
-                        this.state = RunState::Running(future);
+                        this.state = RunState::Running(slot);
                         return Poll::Pending;
                     }
-                    Ok(Poll::Ready(outcome)) => outcome,
-                    Err(panic) => Err(RunFailure::Panicked(panic_message(&panic))),
+                    Ok(Poll::Ready(outcome)) => (outcome, Some(slot)),
+                    // The slot still holds the future that panicked: dropped with it.
+                    Err(panic) => (Err(RunFailure::Panicked(panic_message(&panic))), None),
                 }
             }
-            RunState::Failed(failure) => Err(failure),
+            RunState::Failed(failure) => (Err(failure), None),
             RunState::Done => panic!("a produce run polled after it ended"),
         };
         let (sealed, calls) = {
@@ -764,7 +782,7 @@ impl Future for Started {
                 reads: sealed.reads,
             }),
         });
-        Poll::Ready(Ended { result, calls })
+        Poll::Ready(Ended { result, calls, slot })
     }
 }
 

@@ -274,7 +274,7 @@ impl ProduceTest {
             resources: self.resources,
             buffer,
         };
-        let Ended { result: output, calls } = start_run(&self.produce, run, &snapshot).await;
+        let Ended { result: output, calls, .. } = start_run(&self.produce, run, &snapshot, None).await;
         let harvest = calls.harvest();
         let output = check_outputs(&self.produce, output)?;
         Ok(RunEffects {

@@ -182,7 +182,54 @@ impl<E: Into<ProduceError>> IntoProduceResult for Result<(), E> {
     }
 }
 
-pub(crate) type RunFuture = Pin<Box<dyn Future<Output = Result<(), RunFailure>> + Send>>;
+/// A place for one run of a produce at a time ([`Produce::start`]): the run is written into
+/// it, polling it runs the run, and it is empty again once the run ended (the produce's future
+/// is dropped then, not when the slot is). A generation keeps the slot of a run that ended at
+/// its first poll for its produce's next run, so such runs box nothing.
+pub(crate) type RunSlot = Pin<Box<dyn RunCell>>;
+
+/// A [`RunSlot`]'s contents: polled, it yields how its run ended.
+pub(crate) trait RunCell: Future<Output = Result<(), RunFailure>> + Send {
+    /// Starts a run in the slot, in place of the ended one (if any).
+    fn start(self: Pin<&mut Self>, input: RunInput);
+}
+
+pin_project_lite::pin_project! {
+    /// A [`RunCell`] for the runs `build` makes (the closure over one produce's function that
+    /// [`Produce::declared`] makes, so that `F` is its runs' own future type).
+    struct RunCellOf<B, F> {
+        build: B,
+        #[pin]
+        run: Option<F>,
+    }
+}
+
+impl<B, F: Future<Output = Result<(), RunFailure>>> Future for RunCellOf<B, F> {
+    type Output = Result<(), RunFailure>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        let mut run = self.project().run;
+        let running = run
+            .as_mut()
+            .as_pin_mut()
+            .expect("a run slot is polled only between its start and the run's end");
+        let ended = std::task::ready!(running.poll(cx));
+        run.set(None);
+        std::task::Poll::Ready(ended)
+    }
+}
+
+impl<B, F> RunCell for RunCellOf<B, F>
+where
+    B: Fn(RunInput) -> F + Send,
+    F: Future<Output = Result<(), RunFailure>> + Send,
+{
+    fn start(self: Pin<&mut Self>, input: RunInput) {
+        let mut this = self.project();
+        let run = (this.build)(input);
+        this.run.set(Some(run));
+    }
+}
 
 /// Everything the runtime hands to one run.
 pub(crate) struct RunInput {
@@ -196,7 +243,8 @@ pub(crate) struct RunInput {
     pub(crate) resources: Resources,
 }
 
-type Handler = dyn Fn(RunInput) -> RunFuture + Send + Sync;
+/// Makes an empty [`RunSlot`] for the produce's runs.
+type Handler = dyn Fn() -> RunSlot + Send + Sync;
 type Condition = dyn Fn(&Snapshot, &Stored) -> bool + Send + Sync;
 
 /// A produce: an async function that reacts to one artifact type and writes only through
@@ -247,6 +295,48 @@ pub struct Produce {
     ops_hint: Arc<AtomicU32>,
 }
 
+/// One run of `f` on `input`: the trigger decoded, the call built and `f`'s future started
+/// (a trigger that does not decode fails the run without calling `f`).
+fn run_of<T, D, F, Fut>(f: &F, input: RunInput) -> impl Future<Output = Result<(), RunFailure>> + Send + 'static
+where
+    T: Artifact,
+    D: 'static,
+    F: Fn(ProduceCall<T, D>) -> Fut,
+    Fut: Future + Send + 'static,
+    Fut::Output: IntoProduceResult,
+{
+    let started = match input.trigger.decode::<T>() {
+        Err(e) => Err(RunFailure::Trigger(e)),
+        Ok(trigger) => {
+            // The produce's snapshot records its reads; the one behind `effects` does not (its
+            // existence check for `act` is the runtime's, not the produce's).
+            let buffer = input.buffer.clone();
+            let call = ProduceCall {
+                trigger,
+                event: input.event,
+                snapshot: input.snapshot.tracked(input.buffer.clone()),
+                effects: Effects::new(input.buffer, input.snapshot),
+                generation: input.generation,
+                joined: input.joined,
+                resources: input.resources,
+                buffer,
+            };
+            // A join run read its parts: they are its provenance, whether it reads them again
+            // or not.
+            for part in call.joined.iter().flat_map(|parts| parts.iter()) {
+                call.snapshot.meta(part.id.as_str());
+            }
+            Ok(f(call))
+        }
+    };
+    async move {
+        match started {
+            Ok(run) => run.await.into_produce_result().map_err(RunFailure::Returned),
+            Err(failure) => Err(failure),
+        }
+    }
+}
+
 impl Produce {
     /// A produce reacting to `T`, whose outputs are checked at run time. Declare them with
     /// [`creates`](Produce::creates).
@@ -270,31 +360,13 @@ impl Produce {
         Fut: Future + Send + 'static,
         Fut::Output: IntoProduceResult,
     {
-        let handler = move |input: RunInput| -> RunFuture {
-            let trigger = match input.trigger.decode::<T>() {
-                Ok(trigger) => trigger,
-                Err(e) => return Box::pin(std::future::ready(Err(RunFailure::Trigger(e)))),
-            };
-            // The produce's snapshot records its reads; the one behind `effects` does not (its
-            // existence check for `act` is the runtime's, not the produce's).
-            let buffer = input.buffer.clone();
-            let call = ProduceCall {
-                trigger,
-                event: input.event,
-                snapshot: input.snapshot.tracked(input.buffer.clone()),
-                effects: Effects::new(input.buffer, input.snapshot),
-                generation: input.generation,
-                joined: input.joined,
-                resources: input.resources,
-                buffer,
-            };
-            // A join run read its parts: they are its provenance, whether it reads them again
-            // or not.
-            for part in call.joined.iter().flat_map(|parts| parts.iter()) {
-                call.snapshot.meta(part.id.as_str());
-            }
-            let fut = f(call);
-            Box::pin(async move { fut.await.into_produce_result().map_err(RunFailure::Returned) })
+        let f = Arc::new(f);
+        let handler = move || -> RunSlot {
+            let f = f.clone();
+            Box::pin(RunCellOf {
+                build: move |input: RunInput| run_of::<T, D, F, Fut>(&f, input),
+                run: None,
+            })
         };
         Produce {
             name: name.into(),
@@ -534,8 +606,12 @@ impl Produce {
         self.condition.as_ref().is_none_or(|c| c(snapshot, trigger))
     }
 
-    pub(crate) fn start(&self, input: RunInput) -> RunFuture {
-        (self.handler)(input)
+    /// Starts a run with `input` in `spare` — an empty slot of this produce's runs, kept from
+    /// one that ended (see [`RunSlot`]) — or in a new slot.
+    pub(crate) fn start(&self, spare: Option<RunSlot>, input: RunInput) -> RunSlot {
+        let mut slot = spare.unwrap_or_else(|| (self.handler)());
+        slot.as_mut().start(input);
+        slot
     }
 
     /// Room for the operations of a run: as many as its last run recorded, up to 64 (a run
