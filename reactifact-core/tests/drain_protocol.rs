@@ -359,7 +359,10 @@ async fn immediate_and_waiting_attempts_share_slots_and_each_key_is_attempted_on
     assert_eq!(report.delivered, 200, "the immediate and the waiting ones");
     let sent = std::mem::take(&mut *sent.lock().unwrap());
     assert_eq!(sent.len(), 300, "every intent was handed to the dispatcher");
-    assert!(sent.values().all(|&n| n == 1), "no intent was attempted twice in one flush");
+    assert!(
+        sent.values().all(|&n| n == 1),
+        "no intent was attempted twice in one flush"
+    );
     let ledger = ctx.ledger();
     for i in 0..300u64 {
         let entry = ledger.get(&format!("notify:order:{i}")).await.unwrap().unwrap();

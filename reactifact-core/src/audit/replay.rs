@@ -343,7 +343,9 @@ async fn replay_run(
         resources: resources.clone(),
         buffer,
     };
-    let Ended { result: output, calls, .. } = start_run(produce, run_input, snapshot, None).await;
+    let Ended {
+        result: output, calls, ..
+    } = start_run(produce, run_input, snapshot, None).await;
     // A call that does not replay explains whatever else differs — except a recorded call the
     // run did not ask for because it failed first: the failure is the news.
     let miss = calls.harvest().miss;

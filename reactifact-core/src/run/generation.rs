@@ -537,7 +537,16 @@ impl Schedule<'_> {
         self.active[work.slot.agent] += 1;
         let buffer = self.tracker.start(i, work, ops_hint(self.rt, work));
         let spare = self.spare[work.slot.agent][work.slot.produce].take();
-        let (trace, mut run) = run_one(self.rt, i, work, buffer, self.snapshot, self.generation, self.clock, spare);
+        let (trace, mut run) = run_one(
+            self.rt,
+            i,
+            work,
+            buffer,
+            self.snapshot,
+            self.generation,
+            self.clock,
+            spare,
+        );
         self.traces[i] = Some(trace);
         match Pin::new(&mut run).poll(cx) {
             Poll::Ready(done) => Some(done),

@@ -274,7 +274,9 @@ impl ProduceTest {
             resources: self.resources,
             buffer,
         };
-        let Ended { result: output, calls, .. } = start_run(&self.produce, run, &snapshot, None).await;
+        let Ended {
+            result: output, calls, ..
+        } = start_run(&self.produce, run, &snapshot, None).await;
         let harvest = calls.harvest();
         let output = check_outputs(&self.produce, output)?;
         Ok(RunEffects {
