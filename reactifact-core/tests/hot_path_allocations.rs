@@ -23,7 +23,7 @@ use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 static GLOBAL: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
 
 /// Held by each test while it counts.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A context with `n` committed, undelivered `notify` intents.
 async fn pending(n: u64) -> Context {
@@ -52,7 +52,7 @@ async fn drain_allocations(n: u64) -> (u64, u64) {
 
 #[tokio::test(flavor = "current_thread")]
 async fn delivering_an_intent_in_memory_allocates_nothing_of_its_own() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = SERIAL.lock().await;
     let (small, delivered_small) = drain_allocations(1_000).await;
     let (large, delivered_large) = drain_allocations(3_000).await;
     assert_eq!((delivered_small, delivered_large), (1_000, 3_000));
@@ -86,7 +86,7 @@ async fn generation_allocations(n: u64) -> u64 {
 /// more (17.06 before): a run that ends at its first poll leaves its slot to the next.
 #[tokio::test(flavor = "current_thread")]
 async fn a_run_allocates_only_what_it_keeps_and_what_its_produce_allocates() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = SERIAL.lock().await;
     let small = generation_allocations(1_000).await;
     let large = generation_allocations(3_000).await;
     let per_run = large.saturating_sub(small) as f64 / 2_000.0;

@@ -537,16 +537,7 @@ impl Schedule<'_> {
         self.active[work.slot.agent] += 1;
         let buffer = self.tracker.start(i, work, ops_hint(self.rt, work));
         let spare = self.spare[work.slot.agent][work.slot.produce].take();
-        let (trace, mut run) = run_one(
-            self.rt,
-            i,
-            work,
-            buffer,
-            self.snapshot,
-            self.generation,
-            self.clock,
-            spare,
-        );
+        let (trace, mut run) = self.run_one(i, buffer, spare);
         self.traces[i] = Some(trace);
         match Pin::new(&mut run).poll(cx) {
             Poll::Ready(done) => Some(done),
@@ -558,6 +549,52 @@ impl Schedule<'_> {
                 None
             }
         }
+    }
+
+    /// Work item `index`'s run, started (in `spare`, an empty slot of its produce's runs, if
+    /// there is one) but not yet polled, and its trace context; its duration counts from the
+    /// schedule's last clock reading.
+    fn run_one(&self, index: usize, buffer: Arc<Mutex<Buffer>>, spare: Option<RunSlot>) -> (TraceParent, RunTask) {
+        let (rt, work, generation, started) = (self.rt, &self.work[index], self.generation, self.clock);
+        let agent = &rt.agents[work.slot.agent];
+        let produce = &agent.produces[work.slot.produce];
+        let span = tracing::debug_span!(
+            "produce",
+            agent = %agent.name,
+            produce = produce.name(),
+            artifact_id = %work.trigger.id,
+            generation = generation.0,
+            trace_id = tracing::field::Empty,
+            span_id = tracing::field::Empty,
+        );
+        let trace = crate::model::trace::run_context(&span, &rt.trace);
+        let run = match &work.condition_panicked {
+            None => start_run(
+                produce,
+                Run {
+                    trigger: work.trigger.clone(),
+                    event: work.event,
+                    joined: work.joined.clone(),
+                    generation,
+                    resources: rt.resources.clone(),
+                    buffer,
+                },
+                self.snapshot,
+                spare,
+            ),
+            Some(message) => Started {
+                state: RunState::Failed(RunFailure::Panicked(format!("its condition panicked: {message}"))),
+                buffer,
+                ops_hint: produce.ops_recorder(),
+            },
+        };
+        let task = RunTask {
+            index,
+            started,
+            run,
+            span,
+        };
+        (trace, task)
     }
 
     /// Takes a finished run's result; its agent's next waiting work starts in its place (and
@@ -589,57 +626,6 @@ struct Executed {
     results: Vec<Result<RunOutput, RunFailure>>,
     traces: Vec<Option<TraceParent>>,
     durations: Vec<Duration>,
-}
-
-fn run_one(
-    rt: &Runtime,
-    index: usize,
-    work: &Work,
-    buffer: Arc<Mutex<Buffer>>,
-    snapshot: &Snapshot,
-    generation: Generation,
-    started: Instant,
-    spare: Option<RunSlot>,
-) -> (TraceParent, RunTask) {
-    let agent = &rt.agents[work.slot.agent];
-    let produce = &agent.produces[work.slot.produce];
-    let span = tracing::debug_span!(
-        "produce",
-        agent = %agent.name,
-        produce = produce.name(),
-        artifact_id = %work.trigger.id,
-        generation = generation.0,
-        trace_id = tracing::field::Empty,
-        span_id = tracing::field::Empty,
-    );
-    let trace = crate::model::trace::run_context(&span, &rt.trace);
-    let run = match &work.condition_panicked {
-        None => start_run(
-            produce,
-            Run {
-                trigger: work.trigger.clone(),
-                event: work.event,
-                joined: work.joined.clone(),
-                generation,
-                resources: rt.resources.clone(),
-                buffer,
-            },
-            snapshot,
-            spare,
-        ),
-        Some(message) => Started {
-            state: RunState::Failed(RunFailure::Panicked(format!("its condition panicked: {message}"))),
-            buffer,
-            ops_hint: produce.ops_recorder(),
-        },
-    };
-    let task = RunTask {
-        index,
-        started,
-        run,
-        span,
-    };
-    (trace, task)
 }
 
 /// One run of a generation, as [`execute`] polls it: within its span, timed from `started`
