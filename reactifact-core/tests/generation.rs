@@ -523,6 +523,72 @@ async fn runs_that_finish_at_once_and_runs_that_wait_keep_the_limits_and_the_wor
     assert_eq!(last.data.total_cents, 11, "the last run in work order wrote last");
 }
 
+/// Two produces on the same trigger kind, in one agent and in another, interleaved in work
+/// order: a run that ends leaves its slot to its own produce's next run only, so each run
+/// writes what its produce writes (a run in another produce's slot would write an undeclared
+/// kind, and fail). Runs that panic as they start or as they run, and runs that wait, are
+/// among them; every other run still runs its own produce.
+#[tokio::test(start_paused = true)]
+async fn every_run_runs_its_own_produce_whatever_ran_before_it() {
+    let ctx = seeded((0..30u64).map(|i| (format!("order:{i:02}"), order("ada", i))));
+    let receipts = Produce::new("receipts", |call: ProduceCall<Order>| {
+        let n = call.trigger.data.total_cents;
+        if n % 10 == 4 {
+            panic!("receipts panics as run {n} starts");
+        }
+        async move {
+            if n % 5 == 0 {
+                tokio::time::sleep(Duration::from_millis(1 + n)).await;
+            }
+            if n % 10 == 7 {
+                panic!("receipts panics in run {n}");
+            }
+            call.effects.upsert(
+                format!("receipt:{}", call.trigger.id),
+                Receipt {
+                    order: call.trigger.id.to_string(),
+                    total_cents: n,
+                },
+            );
+        }
+    })
+    .creates::<Receipt>();
+    let invoices = |name: &'static str| {
+        Produce::new(name, move |call: ProduceCall<Order>| async move {
+            if call.trigger.data.total_cents % 3 == 0 {
+                tokio::task::yield_now().await;
+            }
+            call.effects.upsert(
+                format!("invoice:{name}:{}", call.trigger.id),
+                Invoice {
+                    order: call.trigger.id.to_string(),
+                },
+            );
+        })
+        .creates::<Invoice>()
+    };
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("a").produce(receipts).produce(invoices("first")))
+        .agent(Agent::new("b").produce(invoices("second")))
+        .produce_errors(ProduceErrors::Isolate)
+        .build()
+        .unwrap();
+    let report = rt.run().await.unwrap();
+    assert_eq!(report.failed_runs.len(), 6, "{:?}", report.failed_runs);
+    assert!(report.failed_runs.iter().all(|f| f.produce == "receipts"
+        && matches!(&f.failure, RunFailure::Panicked(m) if m.starts_with("receipts panics"))));
+    assert_eq!(report.runs, 90 - 6);
+    for i in 0..30u64 {
+        let id = format!("order:{i:02}");
+        let receipt = rt.context().get::<Receipt>(&format!("receipt:{id}")).unwrap();
+        assert_eq!(receipt.is_some(), i % 10 != 4 && i % 10 != 7, "{id}");
+        for name in ["first", "second"] {
+            let invoice = rt.context().get::<Invoice>(&format!("invoice:{name}:{id}")).unwrap();
+            assert_eq!(invoice.map(|r| r.data.order), Some(id.clone()), "{name} {id}");
+        }
+    }
+}
+
 #[test]
 fn a_long_queue_behind_an_agent_limit_runs_on_a_small_stack() {
     // Each run that finishes at once starts its agent's next waiting one: that must be a loop,

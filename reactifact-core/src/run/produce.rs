@@ -192,12 +192,16 @@ pub(crate) type RunSlot = Pin<Box<dyn RunCell>>;
 pub(crate) trait RunCell: Future<Output = Result<(), RunFailure>> + Send {
     /// Starts a run in the slot, in place of the ended one (if any).
     fn start(self: Pin<&mut Self>, input: RunInput);
+
+    /// The [`Produce::id`] of the produce whose runs it holds.
+    fn produce(&self) -> u64;
 }
 
 pin_project_lite::pin_project! {
     /// A [`RunCell`] for the runs `build` makes (the closure over one produce's function that
     /// [`Produce::declared`] makes, so that `F` is its runs' own future type).
     struct RunCellOf<B, F> {
+        produce: u64,
         build: B,
         #[pin]
         run: Option<F>,
@@ -228,6 +232,10 @@ where
         let mut this = self.project();
         let run = (this.build)(input);
         this.run.set(Some(run));
+    }
+
+    fn produce(&self) -> u64 {
+        self.produce
     }
 }
 
@@ -290,6 +298,8 @@ pub struct Produce {
     /// The resources it declares it uses.
     uses: Vec<ResourceType>,
     handler: Arc<Handler>,
+    /// Tells its run slots from other produces' (clones share it, and their function).
+    id: u64,
     /// How many operations its last run recorded: the next run's buffer is made with room for
     /// as many, so a produce that writes the same number each time grows and trims nothing.
     ops_hint: Arc<AtomicU32>,
@@ -361,9 +371,14 @@ impl Produce {
         Fut::Output: IntoProduceResult,
     {
         let f = Arc::new(f);
+        let id = {
+            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        };
         let handler = move || -> RunSlot {
             let f = f.clone();
             Box::pin(RunCellOf {
+                produce: id,
                 build: move |input: RunInput| run_of::<T, D, F, Fut>(&f, input),
                 run: None,
             })
@@ -379,6 +394,7 @@ impl Produce {
             join: JoinSpec::default(),
             uses: Vec::new(),
             handler: Arc::new(handler),
+            id,
             ops_hint: Arc::default(),
         }
     }
@@ -607,9 +623,12 @@ impl Produce {
     }
 
     /// Starts a run with `input` in `spare` — an empty slot of this produce's runs, kept from
-    /// one that ended (see [`RunSlot`]) — or in a new slot.
+    /// one that ended (see [`RunSlot`]) — or in a new slot (also in place of a slot of another
+    /// produce's runs, which would run the other produce).
     pub(crate) fn start(&self, spare: Option<RunSlot>, input: RunInput) -> RunSlot {
-        let mut slot = spare.unwrap_or_else(|| (self.handler)());
+        let mut slot = spare
+            .filter(|slot| slot.produce() == self.id)
+            .unwrap_or_else(|| (self.handler)());
         slot.as_mut().start(input);
         slot
     }
