@@ -34,7 +34,7 @@ use crate::state::readers::Readers;
 use crate::state::snapshot::Snapshot;
 
 /// Where a produce is registered: agent index (in priority order) and produce index.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Slot {
     pub(crate) agent: usize,
     pub(crate) produce: usize,
@@ -450,11 +450,7 @@ async fn execute(
         active: vec![0; rt.agents.len()],
         waiting: vec![VecDeque::new(); rt.agents.len()],
         running: FuturesUnordered::new(),
-        spare: rt
-            .agents
-            .iter()
-            .map(|agent| agent.produces.iter().map(|_| None).collect())
-            .collect(),
+        spare: Vec::new(),
         next: 0,
         clock: Instant::now(),
     };
@@ -491,9 +487,10 @@ struct Schedule<'a> {
     /// limit, because each completion of its runs starts its next waiting one.
     waiting: Vec<VecDeque<usize>>,
     running: FuturesUnordered<RunTask>,
-    /// Per agent and produce, the slot of a run that ended, for the produce's next run (a
-    /// slot runs only its own produce's runs).
-    spare: Vec<Vec<Option<RunSlot>>>,
+    /// The slots of runs that ended, at most one per produce, each for its produce's next run
+    /// (a slot runs only its own produce's runs). Kept only while work is left to start, so a
+    /// generation of one run keeps none (and allocates nothing for it).
+    spare: Vec<(Slot, RunSlot)>,
     /// The next work item not yet started or waiting.
     next: usize,
     /// The last time read: when the schedule began, when a run ended, or when one first
@@ -536,7 +533,11 @@ impl Schedule<'_> {
         let work = &self.work[i];
         self.active[work.slot.agent] += 1;
         let buffer = self.tracker.start(i, work, ops_hint(self.rt, work));
-        let spare = self.spare[work.slot.agent][work.slot.produce].take();
+        let spare = self
+            .spare
+            .iter()
+            .position(|(slot, _)| *slot == work.slot)
+            .map(|at| self.spare.swap_remove(at).1);
         let (trace, mut run) = self.run_one(i, buffer, spare);
         self.traces[i] = Some(trace);
         match Pin::new(&mut run).poll(cx) {
@@ -608,8 +609,12 @@ impl Schedule<'_> {
             self.results[i] = Some(check_outputs(&self.rt.agents[agent].produces[produce], ended.result));
             self.durations[i] = took;
             self.tracker.finish(i, ended.calls);
-            if let Some(slot) = ended.slot {
-                self.spare[agent][produce].get_or_insert(slot);
+            let work_left = self.next < self.work.len() || !self.waiting[agent].is_empty();
+            if let Some(spare) = ended.slot.filter(|_| work_left) {
+                let of = Slot { agent, produce };
+                if !self.spare.iter().any(|(slot, _)| *slot == of) {
+                    self.spare.push((of, spare));
+                }
             }
             self.active[agent] -= 1;
             if let Some(queued) = self.waiting[agent].pop_front() {
