@@ -61,5 +61,6 @@ pub mod order_flow {
 
 pub mod logs;
 pub mod prometheus;
+pub mod shop;
 pub mod support;
 pub mod walkthrough;

@@ -59,17 +59,40 @@ pub fn init(json: bool) -> Result<(), LogsError> {
         .json()
         .with_current_span(true)
         .with_span_list(true)
-        .with_env_filter(filter()?)
+        .with_env_filter(filter(DEFAULT_FILTER)?)
         .with_writer(std::io::stderr)
         .try_init()
         .map_err(|e| LogsError::Installed(e.to_string()))
 }
 
-/// `RUST_LOG`'s filter, or [`DEFAULT_FILTER`].
-fn filter() -> Result<EnvFilter, LogsError> {
+/// Sets up the logs of a long-running program (the `shop-service`): a global `tracing`
+/// subscriber that prints every event the filter lets through to stderr, one line each — as
+/// text, or with `json` as [`init`] prints them. The level comes from `RUST_LOG`; unset or
+/// empty, it is `default_filter` (an [`EnvFilter`] directive such as `info`).
+pub fn init_service(json: bool, default_filter: &str) -> Result<(), LogsError> {
+    let filter = filter(default_filter)?;
+    let installed = if json {
+        tracing_subscriber::fmt()
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init()
+    } else {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init()
+    };
+    installed.map_err(|e| LogsError::Installed(e.to_string()))
+}
+
+/// `RUST_LOG`'s filter, or `default`.
+fn filter(default: &str) -> Result<EnvFilter, LogsError> {
     let value = match std::env::var(EnvFilter::DEFAULT_ENV) {
         Ok(value) if !value.trim().is_empty() => value,
-        Ok(_) | Err(std::env::VarError::NotPresent) => DEFAULT_FILTER.to_owned(),
+        Ok(_) | Err(std::env::VarError::NotPresent) => default.to_owned(),
         Err(std::env::VarError::NotUnicode(_)) => return Err(LogsError::NotUnicode),
     };
     EnvFilter::try_new(&value).map_err(|e| LogsError::Filter {
