@@ -17,10 +17,10 @@
 //! The source is laid out by subsystem, imports running downward: `model/` (values with no
 //! behaviour of their own, the process clock) ← `state/` (live state, snapshots, the commit
 //! log, the context, branches) ← `store/` (durable homes, the outbox trait and its stores, the
-//! ledger handle, the contract suite) ← `outbox/` (the drain, the drainer, dispatchers, the
-//! router) ← `run/` (produces, effects, generations, the runtime, `serve`) ← `audit/`
-//! (verification, time travel, replay, provenance, export). Each error enum lives beside the
-//! operation that raises it and is re-exported here.
+//! ledger handle, store URLs and `connect`, the contract suite) ← `outbox/` (the drain, the
+//! drainer, dispatchers, the router) ← `run/` (produces, effects, generations, the runtime,
+//! `serve`) ← `audit/` (verification, time travel, replay, provenance, export). Each error
+//! enum lives beside the operation that raises it and is re-exported here.
 //!
 //! Known upward edges: `state/context.rs` holds its store and its outbox (and so imports
 //! `store/`; `WriteError` and `state/branch.rs` carry a `StoreError`); `state/snapshot.rs`
@@ -78,6 +78,7 @@ pub use state::commit::{Commit, CommitError, Read, RunRecord, Runs, TriggerRef};
 pub use state::context::{Context, Transaction, WriteError};
 pub use state::refold::VerifyError;
 pub use state::snapshot::Snapshot;
+pub use store::connect::{connect, ConnectError};
 pub use store::ledger::Ledger;
 pub use store::log_store::{Act, Append, CheckpointRow, ClaimOrder, CommitRow, LogStore, OutboxCheck, SessionRow};
 pub use store::memory::MemoryOutbox;
@@ -85,6 +86,7 @@ pub use store::outbox::{
     check_decision, ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery,
     OutboxStore, Outcome, Page, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts, Wakeups,
 };
+pub use store::store_url::{redact_url, StoreUrl, StoreUrlError};
 pub use store::{list_sessions, SessionInfo};
 pub use store::{
     BackendError, OpenError, OpenOptions, SqliteOutbox, StoreError, Synchronous, DEFAULT_CHECKPOINT_EVERY,

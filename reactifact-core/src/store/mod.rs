@@ -7,9 +7,13 @@
 //! newest one that checks out and replays only the commits after it; the older commits are
 //! read on demand ([`Store::load_before`]).
 //! The delivery ledger is the store's outbox ([`outbox::OutboxStore`]), never a copy in memory.
+//!
+//! A URL names a store ([`store_url::StoreUrl`]: `memory:`, `sqlite:PATH`, `postgres://…`), and
+//! [`connect::connect`] opens a session of it.
 
 mod backed;
 mod codec;
+pub(crate) mod connect;
 #[cfg(feature = "store-contract")]
 pub mod contract;
 pub(crate) mod ledger;
@@ -17,6 +21,7 @@ pub(crate) mod log_store;
 pub(crate) mod memory;
 pub(crate) mod outbox;
 mod sqlite;
+pub(crate) mod store_url;
 
 use std::path::PathBuf;
 use std::time::Duration;
