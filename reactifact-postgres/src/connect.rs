@@ -1,11 +1,11 @@
-//! Connecting: the options of a [`PostgresOutbox`](crate::PostgresOutbox), the URL and its
-//! redaction, the pool, and the errors of opening a store.
+//! Connecting: the options of a [`PostgresOutbox`](crate::PostgresOutbox), the URL, the pool,
+//! and the errors of opening a store.
 
 use std::str::FromStr;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use reactifact_core::{BackendError, StoreError};
+use reactifact_core::{redact_url, BackendError, StoreError};
 use tokio_postgres::config::Host;
 use tokio_postgres::NoTls;
 
@@ -206,41 +206,6 @@ pub enum OpenError {
     Store(#[from] StoreError),
 }
 
-/// `url` with its password replaced by `***`, in the URL form (`scheme://user:pw@host`, and
-/// `password=` in its query) and in libpq's `key=value` form (`password=pw`).
-pub fn redact_url(url: &str) -> String {
-    let mut out = url.to_owned();
-    // URL form: the userinfo of the authority.
-    if let Some(scheme_end) = out.find("://") {
-        let authority_start = scheme_end + 3;
-        let authority_end = out[authority_start..]
-            .find(['/', '?'])
-            .map_or(out.len(), |at| authority_start + at);
-        if let Some(at) = out[authority_start..authority_end].rfind('@') {
-            let userinfo = &out[authority_start..authority_start + at];
-            if let Some(colon) = userinfo.find(':') {
-                let from = authority_start + colon + 1;
-                out.replace_range(from..authority_start + at, "***");
-            }
-        }
-    }
-    // `password=…` (a query parameter, or a key of the key=value form).
-    let mut search = 0;
-    while let Some(found) = out[search..].to_ascii_lowercase().find("password=") {
-        let start = search + found + "password=".len();
-        let rest = &out[start..];
-        let end = if let Some(quoted) = rest.strip_prefix('\'') {
-            // Quoted: up to the closing quote.
-            quoted.find('\'').map_or(out.len(), |q| start + q + 2)
-        } else {
-            rest.find(['&', ' ']).map_or(out.len(), |e| start + e)
-        };
-        out.replace_range(start..end, "***");
-        search = start + 3;
-    }
-    out
-}
-
 /// The parsed URL and how it is named in messages.
 pub(crate) struct Target {
     pub(crate) config: tokio_postgres::Config,
@@ -387,33 +352,6 @@ pub(crate) fn pool_error(store: &str, e: deadpool_postgres::PoolError) -> StoreE
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn redaction_hides_every_form_of_the_password() {
-        for (url, expected) in [
-            (
-                "postgres://app:s3cret@db.example:5432/test",
-                "postgres://app:***@db.example:5432/test",
-            ),
-            ("postgres://app:s3cret@db.example", "postgres://app:***@db.example"),
-            ("postgresql://app:p@ss@host/db", "postgresql://app:***@host/db"),
-            ("postgres://app@host/db", "postgres://app@host/db"),
-            (
-                "postgres://host/db?user=app&password=s3cret&sslmode=disable",
-                "postgres://host/db?user=app&password=***&sslmode=disable",
-            ),
-            (
-                "host=h user=app password=s3cret dbname=test",
-                "host=h user=app password=*** dbname=test",
-            ),
-            (
-                "host=h password='s3 cret' dbname=test",
-                "host=h password=*** dbname=test",
-            ),
-        ] {
-            assert_eq!(redact_url(url), expected, "{url}");
-        }
-    }
 
     #[test]
     fn schema_names() {

@@ -1,6 +1,17 @@
 //! A PostgreSQL store for reactifact: sessions' logs and the delivery ledger in one schema of a
 //! PostgreSQL database, shared by any number of processes and drainers.
 //!
+//! [`connect`] opens a session of the store a URL names: `postgres://…?schema=NAME` here, and
+//! every URL [`reactifact_core::connect`] takes (`sqlite:PATH`, `memory:`), so one call serves
+//! a program whatever its store:
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let url = std::env::var("STORE").unwrap_or_else(|_| "postgres://app@127.0.0.1/app?schema=shop".into());
+//! let ctx = reactifact_postgres::connect(&url, "orders").await?;
+//! # Ok(()) }
+//! ```
+//!
 //! [`PostgresStore`] keeps sessions' logs (a [`reactifact_core::LogStore`]:
 //! `Context::open_store(store, "orders")` opens one); its [`PostgresOutbox`] is the outbox every
 //! commit registers its intents in and every drainer claims from.
@@ -47,10 +58,16 @@ mod prune;
 mod row;
 mod schema;
 mod sessions;
+mod url;
 
-pub use connect::{redact_url, OpenError, PostgresOptions, DEFAULT_POOL_SIZE, DEFAULT_SCHEMA};
+pub use connect::{OpenError, PostgresOptions, DEFAULT_POOL_SIZE, DEFAULT_SCHEMA};
 pub use listen::Notifications;
 pub use log::{PostgresStore, DEFAULT_LOG_CONNECTIONS};
 pub use outbox::PostgresOutbox;
 pub use prune::{PruneOptions, PruneReport, PruneSummary, DEFAULT_PRUNE_BATCH};
 pub use sessions::{PgSessionInfo, SchemaProbe};
+pub use url::{connect, ConnectError};
+
+/// `url` with its password replaced by `***` (the core's, re-exported: every message of this
+/// crate that quotes a URL shows it so).
+pub use reactifact_core::redact_url;
