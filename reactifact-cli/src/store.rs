@@ -12,8 +12,9 @@ use std::sync::Arc;
 
 use reactifact_core::{
     list_sessions, CommitHash, Context, Generation, LogStore, OpenOptions, OutboxStore, SessionInfo, SqliteOutbox,
+    StoreUrl, StoreUrlError,
 };
-use reactifact_postgres::{redact_url, PgSessionInfo, PostgresOptions, PostgresStore, DEFAULT_SCHEMA};
+use reactifact_postgres::{PgSessionInfo, PostgresOptions, PostgresStore, DEFAULT_SCHEMA};
 
 use crate::failure::{Failure, Outcome};
 
@@ -31,87 +32,51 @@ pub enum Location {
     },
 }
 
-/// Resolves `--store` (or `REACTIFACT_STORE`) and `--schema`.
+/// Resolves `--store` (or `REACTIFACT_STORE`) and `--schema`, with the library's parser
+/// ([`StoreUrl`]).
 ///
 /// A plain path, `sqlite:PATH` or `sqlite://PATH` names a SQLite file. A `postgres://` or
 /// `postgresql://` URL names a PostgreSQL server; its schema is the URL's `schema` query
 /// parameter or `--schema` (they must agree when both are given), else
-/// [`DEFAULT_SCHEMA`]. Any other URL is refused as unsupported.
+/// [`DEFAULT_SCHEMA`]. Any other URL is refused as unsupported, and so is `memory:` (a store
+/// no other process can see).
 pub fn resolve(store: Option<&str>, schema: Option<&str>) -> Outcome<Location> {
     let Some(store) = store.filter(|s| !s.is_empty()) else {
         return Err(Failure::input(
             "no store given: pass --store PATH (a SQLite file) or --store postgres://USER@HOST/DATABASE, or set REACTIFACT_STORE",
         ));
     };
-    let lower = store.to_ascii_lowercase();
-    if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
-        let (url, in_url) = split_schema(store)?;
-        let schema = match (in_url, schema) {
-            (Some(a), Some(b)) if a != b => {
-                return Err(Failure::input(format!(
-                    "the store URL names schema `{a}` and --schema names `{b}`: give one of them"
-                )))
-            }
-            (Some(a), _) => a,
-            (None, Some(b)) => b.to_owned(),
-            (None, None) => DEFAULT_SCHEMA.to_owned(),
-        };
-        return Ok(Location::Postgres { url, schema });
-    }
-    if schema.is_some() {
-        return Err(Failure::input(
-            "--schema names the schema of a PostgreSQL store; this store is a SQLite file",
-        ));
-    }
-    if let Some(path) = store
-        .strip_prefix("sqlite://")
-        .or_else(|| store.strip_prefix("sqlite:"))
-    {
-        if path.is_empty() {
-            return Err(Failure::input(format!("`{store}` names no file: write sqlite:PATH")));
-        }
-        return Ok(Location::Sqlite(PathBuf::from(path)));
-    }
-    if let Some((scheme, _)) = store.split_once("://") {
-        if !scheme.is_empty() && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) {
-            return Err(Failure::input(format!(
-                "unsupported store URL `{}` (scheme `{scheme}`): pass the path of a SQLite store file (or sqlite:PATH), \
-                 or a postgres:// URL",
-                redact_url(store)
-            )));
-        }
-    }
-    Ok(Location::Sqlite(PathBuf::from(store)))
-}
-
-/// The URL without its `schema` query parameters, and the schema they name.
-fn split_schema(url: &str) -> Outcome<(String, Option<String>)> {
-    let Some((base, query)) = url.split_once('?') else {
-        return Ok((url.to_owned(), None));
-    };
-    let mut schema: Option<&str> = None;
-    let mut kept = Vec::new();
-    for pair in query.split('&') {
-        match pair.split_once('=') {
-            Some(("schema", value)) => {
-                if schema.is_some_and(|s| s != value) {
+    let parsed = StoreUrl::parse(store).map_err(|e| match e {
+        StoreUrlError::UnsupportedScheme { url, scheme, .. } => Failure::input(format!(
+            "unsupported store URL `{url}` (scheme `{scheme}`): pass the path of a SQLite store file (or sqlite:PATH), \
+             or a postgres:// URL"
+        )),
+        e => Failure::input(e.to_string()),
+    })?;
+    match parsed {
+        StoreUrl::Postgres { url, schema: in_url } => {
+            let schema = match (in_url, schema) {
+                (Some(a), Some(b)) if a != b => {
                     return Err(Failure::input(format!(
-                        "the store URL `{}` names two schemas: give one",
-                        redact_url(url)
-                    )));
+                        "the store URL names schema `{a}` and --schema names `{b}`: give one of them"
+                    )))
                 }
-                schema = Some(value);
-            }
-            _ if pair.is_empty() => {}
-            _ => kept.push(pair),
+                (Some(a), _) => a,
+                (None, Some(b)) => b.to_owned(),
+                (None, None) => DEFAULT_SCHEMA.to_owned(),
+            };
+            Ok(Location::Postgres { url, schema })
         }
+        StoreUrl::Sqlite(_) if schema.is_some() => Err(Failure::input(
+            "--schema names the schema of a PostgreSQL store; this store is a SQLite file",
+        )),
+        StoreUrl::Sqlite(path) => Ok(Location::Sqlite(path)),
+        StoreUrl::Memory => Err(Failure::input(
+            "`memory:` names an in-memory store, which only the process that made it can see: pass --store PATH \
+             (a SQLite file) or --store postgres://USER@HOST/DATABASE",
+        )),
+        other => Err(Failure::input(format!("the CLI cannot open the store `{other}`"))),
     }
-    let url = if kept.is_empty() {
-        base.to_owned()
-    } else {
-        format!("{base}?{}", kept.join("&"))
-    };
-    Ok((url, schema.map(str::to_owned)))
 }
 
 /// The setting [`read_only_url`] adds, as it appears in the URL.
@@ -420,6 +385,15 @@ mod tests {
             .contains("postgres://u:***@h/db"));
         assert!(resolved("store.db", Some("a")).unwrap_err().contains("SQLite file"));
         assert_eq!(resolved("sqlite:x.db", None), Ok(Location::Sqlite("x.db".into())));
+        assert_eq!(resolved("sqlite://x.db", None), Ok(Location::Sqlite("x.db".into())));
+        assert_eq!(resolved("x.db", None), Ok(Location::Sqlite("x.db".into())));
+        assert!(resolved("sqlite:", None).unwrap_err().contains("names no file"));
+        assert!(resolved("memory:", None).unwrap_err().contains("in-memory store"));
+        assert_eq!(
+            resolved("mysql://u:pw@db/app", None).unwrap_err(),
+            "unsupported store URL `mysql://u:***@db/app` (scheme `mysql`): pass the path of a SQLite store file \
+             (or sqlite:PATH), or a postgres:// URL"
+        );
     }
 
     #[test]
