@@ -190,3 +190,74 @@ async fn a_runtime_drains_only_its_own_sessions_intents() {
     main_rt.flush().await.unwrap();
     assert_eq!(main_sends.sent(), vec!["notify:order:1".to_owned()]);
 }
+
+/// A serving runtime's delivery runs beside its turns: writes are acknowledged while a
+/// dispatcher hangs for an hour (on the paused clock, a write that waited for it would take the
+/// hour), and at the stop the delivery in flight finishes within the grace and is recorded.
+#[tokio::test(start_paused = true)]
+async fn intake_never_waits_for_a_delivery_and_the_stop_lets_the_one_in_flight_finish() {
+    let sent = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = sent.clone();
+    let mut rt = Runtime::builder(Context::new("orders"))
+        .agent(Agent::new("orders").produce(process_order()))
+        .dispatcher(move |intent: Intent| {
+            let seen = seen.clone();
+            async move {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                seen.lock().unwrap().push(intent.key().to_string());
+                Ok::<(), DispatchError>(())
+            }
+        })
+        .delivery_timeout(None)
+        .shutdown_grace(Duration::from_secs(2 * 3600))
+        .build()
+        .unwrap();
+    let handle = rt.handle();
+    let serving = tokio::spawn(async move {
+        let report = rt.serve(Duration::from_secs(24 * 3600)).await.unwrap();
+        (rt, report)
+    });
+    let started = tokio::time::Instant::now();
+    for i in 0..20 {
+        handle
+            .create(format!("order:{i}"), order("ada", 100 + i))
+            .await
+            .unwrap();
+        // Each order's generation runs and hands its intent to the hanging dispatcher.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "the writes waited for the deliveries: {:?}",
+        started.elapsed()
+    );
+    assert!(sent.lock().unwrap().is_empty(), "no delivery has finished yet");
+    handle.stop();
+    let (rt, report) = serving.await.unwrap();
+    assert_eq!(report.writes, 20);
+    assert_eq!(
+        report.delivered, 20,
+        "the deliveries in flight finished within the grace"
+    );
+    assert_eq!(sent.lock().unwrap().len(), 20);
+    assert_eq!(rt.context().ledger().pending().await.unwrap(), 0);
+}
+
+/// A serving runtime without a dispatcher stops at once and leaves its intents pending.
+#[tokio::test(start_paused = true)]
+async fn a_serving_runtime_without_a_dispatcher_stops_and_leaves_its_intents_pending() {
+    let mut rt = Runtime::builder(Context::new("orders"))
+        .agent(Agent::new("orders").produce(process_order()))
+        .build()
+        .unwrap();
+    let handle = rt.handle();
+    let serving = tokio::spawn(async move {
+        let report = rt.serve(Duration::from_secs(3600)).await.unwrap();
+        (rt, report)
+    });
+    handle.create("order:1", order("ada", 1)).await.unwrap();
+    handle.stop();
+    let (rt, report) = serving.await.unwrap();
+    assert_eq!(report.delivered, 0);
+    assert_eq!(rt.context().ledger().pending().await.unwrap(), 1);
+}

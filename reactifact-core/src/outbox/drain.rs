@@ -13,6 +13,7 @@ use std::time::{Duration, SystemTime};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
 use sha2::{Digest, Sha256};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -319,6 +320,10 @@ pub(crate) struct Drain<'a> {
     pub(crate) clock: &'a Clock,
     pub(crate) stop: &'a StopHandle,
     pub(crate) deadline: Option<Instant>,
+    /// Wakes a serving drain to claim again: the runtime it delivers for committed intents,
+    /// or a handle approved or re-armed one. A wake-up sent while the drain is busy is kept
+    /// for its next wait.
+    pub(crate) nudge: Option<&'a Notify>,
 }
 
 /// What a claimed intent is waiting for.
@@ -478,7 +483,7 @@ impl Drop for Preclaimed {
 }
 
 /// The next wake-up of a store's stream; never, without one or once it ended.
-async fn woken(wakeups: Option<&mut Wakeups>) {
+async fn store_woken(wakeups: Option<&mut Wakeups>) {
     match wakeups {
         Some(stream) => {
             if stream.next().await.is_none() {
@@ -486,6 +491,20 @@ async fn woken(wakeups: Option<&mut Wakeups>) {
             }
         }
         None => std::future::pending().await,
+    }
+}
+
+/// The next wake-up of a store's stream or of the drain's nudge, whichever comes first.
+async fn woken(wakeups: Option<&mut Wakeups>, nudge: Option<&Notify>) {
+    let nudged = async {
+        match nudge {
+            Some(nudge) => nudge.notified().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        () = store_woken(wakeups) => {}
+        () = nudged => {}
     }
 }
 
@@ -618,7 +637,7 @@ impl<'a> Drain<'a> {
             };
             let interrupted = tokio::select! {
                 () = tokio::time::sleep_until(wake) => None,
-                () = woken(wakeups.as_mut()) => None,
+                () = woken(wakeups.as_mut(), self.nudge) => None,
                 () = self.stop.requested() => Some(TurnOutcome::Stopped),
                 () = deadline => Some(TurnOutcome::DeadlineExceeded),
             };
@@ -907,7 +926,7 @@ impl<'a> Drain<'a> {
                     }
                     renew.as_mut().reset(instant_after(Instant::now(), renew_every));
                 }
-                () = woken(wakeups.as_deref_mut()), if poll.is_some() && exhausted && accepting => {
+                () = woken(wakeups.as_deref_mut(), self.nudge), if poll.is_some() && exhausted && accepting => {
                     exhausted = false;
                 }
                 () = &mut look_again, if poll.is_some() && exhausted && accepting => {

@@ -104,12 +104,21 @@ impl Drainer {
     /// sets the outbox gauges of the metrics recorder that often, from a count of its scope
     /// ([`Ledger::record_metrics`](crate::Ledger::record_metrics)).
     ///
+    /// As it starts, it takes over at once the claims of the lease owners of its scope that are
+    /// provably dead ([`reclaim_dead_owners`](crate::reclaim_dead_owners): a process of this
+    /// host that is gone, such as the one this drainer's process replaces), instead of waiting
+    /// out their leases; a failure to do so is logged, and those claims wait out their leases.
+    ///
     /// # Errors
     /// As [`flush`](Drainer::flush).
     pub async fn serve(&self, stop: StopHandle) -> Result<DrainReport, FlushError> {
         let poll = self.poll;
         let mut report = DrainReport::default();
         let span = tracing::info_span!("drainer", store = %self.outbox.describe(), serve = true);
+        let reclaimed = crate::outbox::owner::reclaim_dead_owners(self.outbox.as_ref(), &self.scope);
+        if let Err(e) = reclaimed.instrument(span.clone()).await {
+            tracing::warn!(parent: &span, error = %e, "the claims of dead lease owners could not be taken over; they wait out their leases");
+        }
         let drain = self.drain_of(&stop);
         let served = drain.serve(&mut report, Some(poll)).instrument(span.clone());
         let gauges = self.record_gauges().instrument(span);
@@ -185,6 +194,7 @@ impl Drainer {
             clock: &self.clock,
             stop,
             deadline: None,
+            nudge: None,
         }
     }
 }
@@ -279,7 +289,7 @@ impl DrainerBuilder {
             lease: self.lease,
             poll: self.poll,
             metrics_every: self.metrics_every,
-            owner: crate::model::delivery::drainer_owner(),
+            owner: crate::outbox::owner::drainer_owner(),
             clock: Clock::new(),
             stop: StopHandle::default(),
         }

@@ -42,9 +42,14 @@ pub(crate) struct Slot {
 
 /// How a generation step ended.
 pub(crate) enum Step {
-    /// A generation was committed; with a dispatcher, what its commit claimed for the drain
-    /// that follows.
-    Committed(Option<Preclaimed>),
+    /// A generation was committed.
+    Committed {
+        /// With a dispatcher, what its commit claimed for the drain that follows.
+        preclaimed: Option<Preclaimed>,
+        /// Whether a committed run acted an intent (the commit may still have skipped it, its
+        /// key being known already).
+        acted: bool,
+    },
     /// The events taken matched no produce; they were consumed without a commit.
     Consumed,
     /// The turn must end with this outcome; nothing was committed.
@@ -134,6 +139,7 @@ pub(crate) async fn run(
     let mut record_work = Vec::with_capacity(batch.work.len());
     let mut record_traces = Vec::with_capacity(batch.work.len());
     let mut failures = Vec::new();
+    let mut acted = false;
     for (i, (work, result)) in batch.work.iter().zip(results).enumerate() {
         if work.events.1 >= events {
             continue; // cut off by the budget: it runs again
@@ -141,6 +147,7 @@ pub(crate) async fn run(
         let produce = &rt.agents[work.slot.agent].produces[work.slot.produce];
         match result {
             Ok(RunOutput { ops, reads }) => {
+                acted |= ops.iter().any(|op| matches!(op, Op::Act { .. }));
                 records.push(RunRecord {
                     agent: Some(rt.agents[work.slot.agent].name.clone()),
                     produce: Some(produce.name_arc().clone()),
@@ -225,7 +232,7 @@ pub(crate) async fn run(
     report.generations += 1;
     report.runs += runs;
     report.failed_runs.extend(failures);
-    Ok(Step::Committed(preclaimed))
+    Ok(Step::Committed { preclaimed, acted })
 }
 
 /// The spans of batch events that runs tie together, merged: a run covering events `s..=e`

@@ -4,6 +4,7 @@
 
 pub(crate) mod ask;
 pub(crate) mod calls;
+pub(crate) mod delivery;
 pub(crate) mod effects;
 pub(crate) mod generation;
 pub(crate) mod harness;

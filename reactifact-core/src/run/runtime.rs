@@ -511,6 +511,7 @@ impl RuntimeBuilder {
             stop: StopHandle::default(),
             turns: 0,
             inbox: Default::default(),
+            serving: false,
             resources: self.resources,
             calls: CallCache::default(),
             trace: TraceParent::mint(),
@@ -650,16 +651,19 @@ pub struct Runtime {
     pub(crate) uniform_priority: bool,
     /// The join indexes of its join produces, in step with the context before each generation.
     pub(crate) joins: Joins,
-    dispatcher: Option<Arc<dyn ErasedDispatcher>>,
+    pub(crate) dispatcher: Option<Arc<dyn ErasedDispatcher>>,
     pub(crate) produce_errors: ProduceErrors,
-    delivery: DeliveryConfig,
+    pub(crate) delivery: DeliveryConfig,
     clock: Clock,
     pub(crate) max_concurrency: usize,
-    budget: Budget,
+    pub(crate) budget: Budget,
     pub(crate) stop: StopHandle,
     turns: u64,
     /// Writes sent through handles, for `serve`.
     pub(crate) inbox: crate::run::serve::Inbox,
+    /// Whether the runtime serves ([`serve`](Runtime::serve)): its delivery then runs beside
+    /// its turns, and turns neither drain nor claim in their commits.
+    pub(crate) serving: bool,
     /// What every run of the runtime reads with `ProduceCall::resource`.
     pub(crate) resources: Resources,
     /// The answers of runs whose generation did not commit, for their next attempt.
@@ -704,10 +708,6 @@ impl Runtime {
         &self.clock
     }
 
-    pub(crate) fn has_dispatcher(&self) -> bool {
-        self.dispatcher.is_some()
-    }
-
     /// A handle that stops a running turn from another task.
     pub fn stop_handle(&self) -> StopHandle {
         self.stop.clone()
@@ -728,6 +728,13 @@ impl Runtime {
     /// # Errors
     /// As [`run`](Runtime::run).
     pub async fn run_with(&mut self, budget: Budget) -> Result<TurnReport, RunError> {
+        // A turn run directly delivers in the turn, whatever a `serve` dropped midway left.
+        self.serving = false;
+        self.run_turn(budget).await
+    }
+
+    /// One turn with `budget`, delivering in the turn unless the runtime serves.
+    pub(crate) async fn run_turn(&mut self, budget: Budget) -> Result<TurnReport, RunError> {
         self.turns += 1;
         let turn = self.turns;
         self.trace = TraceParent::mint();
@@ -759,9 +766,12 @@ impl Runtime {
         // Only a budget that limits usage is checked by calls.
         let meter = (budget.max_tokens.is_some() || budget.max_cost.is_some())
             .then(|| Arc::new(Meter::new(budget.max_tokens, budget.max_cost)));
-        // Intents committed before this turn (or due for a retry) go out first.
-        if let Some(outcome) = self.drain(deadline, &mut report.deliveries, None).await? {
-            return Ok(self.finish(report, outcome).await);
+        // Intents committed before this turn (or due for a retry) go out first, unless the
+        // runtime's delivery runs beside its turns (`serve`).
+        if !self.serving {
+            if let Some(outcome) = self.drain(deadline, &mut report.deliveries, None).await? {
+                return Ok(self.finish(report, outcome).await);
+            }
         }
         // Conflicts in a row after which the other writer showed no progress, and conflicts
         // since this runtime last committed (the pause grows with them).
@@ -810,12 +820,20 @@ impl Runtime {
             };
             streak = 0;
             let preclaimed = match step {
-                generation::Step::Committed(preclaimed) => preclaimed,
+                generation::Step::Committed { preclaimed, acted } => {
+                    if acted && self.serving {
+                        // The delivery beside the turns claims what the generation acted.
+                        self.inbox.nudge.notify_one();
+                    }
+                    preclaimed
+                }
                 generation::Step::Consumed => None,
                 generation::Step::Interrupted(outcome) => return Ok(self.finish(report, outcome).await),
             };
-            if let Some(outcome) = self.drain(deadline, &mut report.deliveries, preclaimed).await? {
-                return Ok(self.finish(report, outcome).await);
+            if !self.serving {
+                if let Some(outcome) = self.drain(deadline, &mut report.deliveries, preclaimed).await? {
+                    return Ok(self.finish(report, outcome).await);
+                }
             }
             // The turn's calls have spent its budget: the turn ends here, after the generation
             // that spent it (and, if a call found it spent, the events before that call's).
@@ -954,7 +972,11 @@ impl Runtime {
     /// How many due intents of the session a generation's commit claims for the turn's drain
     /// that follows it: as many as the drain would claim first; none without a dispatcher.
     pub(crate) fn commit_claim(&self) -> Option<usize> {
-        self.dispatcher.as_ref().map(|_| self.delivery.concurrency)
+        match self.serving {
+            // The delivery beside the turns claims for itself.
+            true => None,
+            false => self.dispatcher.as_ref().map(|_| self.delivery.concurrency),
+        }
     }
 
     /// Delivers the intents due now, starting with what the generation's commit claimed; see
@@ -991,6 +1013,7 @@ impl Runtime {
             clock: &self.clock,
             stop: &self.stop,
             deadline,
+            nudge: None,
         }
     }
 }

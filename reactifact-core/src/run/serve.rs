@@ -12,7 +12,8 @@ use crate::model::artifact::{Artifact, ArtifactId};
 use crate::model::delivery::Delivery;
 use crate::model::patch::{Op, PutMode};
 use crate::model::relation::Relation;
-use crate::outbox::drain::{instant_after, Clock};
+use crate::outbox::drain::{instant_after, Clock, DrainReport};
+use crate::run::delivery::Beside;
 use crate::run::runtime::{RunError, Runtime, StopHandle, TurnOutcome, MAX_CONFLICT_RETRIES};
 use crate::state::context::WriteError;
 use crate::store::outbox::{ApprovalError, CancelError, OutboxStore, RetryError};
@@ -29,9 +30,10 @@ pub(crate) struct Submitted {
 pub(crate) struct Inbox {
     pub(crate) tx: mpsc::UnboundedSender<Submitted>,
     pub(crate) rx: mpsc::UnboundedReceiver<Submitted>,
-    /// Wakes a serving runtime for a turn: a handle changed the ledger (an approval, a retry).
-    /// A wake-up sent while it is not waiting is kept for its next wait.
-    pub(crate) wake: Arc<Notify>,
+    /// Wakes a serving runtime's delivery: its turns committed intents, or a handle changed
+    /// the ledger (an approval, a retry). A wake-up sent while it is busy is kept for its next
+    /// wait.
+    pub(crate) nudge: Arc<Notify>,
 }
 
 impl Default for Inbox {
@@ -40,7 +42,7 @@ impl Default for Inbox {
         Inbox {
             tx,
             rx,
-            wake: Arc::new(Notify::new()),
+            nudge: Arc::new(Notify::new()),
         }
     }
 }
@@ -67,14 +69,15 @@ pub enum SubmitError {
 ///
 /// It also carries the operator's decisions on the runtime's ledger — [`approve`](Self::approve),
 /// [`reject`](Self::reject), [`retry`](Self::retry), [`cancel`](Self::cancel) — which are the
-/// store's own operations (fenced, safe while any drain runs), and wake a serving runtime for
-/// a turn, so that an approved or re-armed intent goes out at once rather than at its next poll.
+/// store's own operations (fenced, safe while any drain runs), and wake a serving runtime's
+/// delivery, so that an approved or re-armed intent goes out at once rather than at its next
+/// poll.
 #[derive(Clone)]
 pub struct RuntimeHandle {
     tx: mpsc::UnboundedSender<Submitted>,
     stop: StopHandle,
     outbox: Arc<dyn OutboxStore>,
-    wake: Arc<Notify>,
+    nudge: Arc<Notify>,
 }
 
 impl std::fmt::Debug for RuntimeHandle {
@@ -96,21 +99,26 @@ impl RuntimeHandle {
         tx: mpsc::UnboundedSender<Submitted>,
         stop: StopHandle,
         outbox: Arc<dyn OutboxStore>,
-        wake: Arc<Notify>,
+        nudge: Arc<Notify>,
     ) -> Self {
-        RuntimeHandle { tx, stop, outbox, wake }
+        RuntimeHandle {
+            tx,
+            stop,
+            outbox,
+            nudge,
+        }
     }
 
-    /// Wakes the runtime for a turn once `changed` succeeded.
+    /// Wakes the runtime's delivery once `changed` succeeded.
     fn woken<T, E>(&self, changed: Result<T, E>) -> Result<T, E> {
         if changed.is_ok() {
-            self.wake.notify_one();
+            self.nudge.notify_one();
         }
         changed
     }
 
     /// Approves an intent awaiting approval, as [`Runtime::approve`] does, and wakes a serving
-    /// runtime so that its next turn delivers it.
+    /// runtime's delivery, which delivers it at once.
     ///
     /// # Errors
     /// See [`OutboxStore::approve`].
@@ -127,7 +135,7 @@ impl RuntimeHandle {
     }
 
     /// Re-arms a failed, dead or held intent, as [`Runtime::retry`] does, and wakes a serving
-    /// runtime so that its next turn delivers it.
+    /// runtime's delivery, which delivers it at once.
     ///
     /// # Errors
     /// See [`OutboxStore::retry`].
@@ -228,7 +236,7 @@ impl Runtime {
             self.inbox.tx.clone(),
             self.stop.clone(),
             self.context.outbox(),
-            self.inbox.wake.clone(),
+            self.inbox.nudge.clone(),
         )
     }
 
@@ -240,13 +248,22 @@ impl Runtime {
     }
 
     /// Serves until stopped: applies writes sent through [`handle`](Runtime::handle)s as they
-    /// arrive and runs a turn after them; runs a turn when a retry of this session's intents
-    /// falls due, a lease of one expires or a timer of the session falls due (see
-    /// [`Runtime::next_wake_at`]), and `poll` after the last turn at the latest (so that intents attached by
-    /// other processes are noticed); and returns once a stop ([`RuntimeHandle::stop`] or
-    /// [`stop_handle`](Runtime::stop_handle)) is asked, after the turn running then has shut
-    /// down gracefully (deliveries in flight get the grace period). Each turn runs with the
-    /// runtime's budget.
+    /// arrive and runs a turn after them; runs a turn when a timer of the session falls due
+    /// (see [`Runtime::next_wake_at`]), and `poll` after the last turn at the latest (so that
+    /// work committed by another process to the session is noticed); and returns once a stop
+    /// ([`RuntimeHandle::stop`] or [`stop_handle`](Runtime::stop_handle)) is asked, after the
+    /// turn running then has stopped (a generation still running is cancelled, its events stay
+    /// queued). Each turn runs with the runtime's budget.
+    ///
+    /// With a dispatcher, the runtime's delivery runs beside its turns, never inside them: a
+    /// drain of the session's intents with the same claims, leases and fencing as a
+    /// [`Drainer`](crate::Drainer)'s, woken as soon as a generation commits an intent or a
+    /// handle approves or re-arms one, when a retry falls due or a lease expires, and every
+    /// `poll` for intents committed by other processes. A slow dispatcher never delays a turn.
+    /// At the stop, deliveries already handed to the dispatcher finish within the shutdown
+    /// grace ([`RuntimeBuilder::shutdown_grace`](crate::RuntimeBuilder::shutdown_grace)) and
+    /// are recorded; the rest waits in the ledger for the next serve. A store that is briefly
+    /// away is ridden out by both.
     ///
     /// Another process writing the same session is taken into account: its commits are read
     /// before each turn, and a handle write that meets its commit is written again on the new
@@ -255,7 +272,10 @@ impl Runtime {
     /// ([`StoreError::CutOff`](crate::StoreError::CutOff)) until it is reopened.
     ///
     /// # Errors
-    /// The first error of a turn ([`RunError`]); the runtime can serve again after it.
+    /// The first error of a turn ([`RunError`]), or of the delivery (a store error that is
+    /// not retryable, or the first failure with
+    /// [`DeliveryErrors::FailLoud`](crate::DeliveryErrors::FailLoud)); the other part is
+    /// stopped first. The runtime can serve again after it.
     pub async fn serve(&mut self, poll: Duration) -> Result<ServeReport, RunError> {
         let span = tracing::info_span!("serve", session = %self.context.session());
         self.serve_until_stopped(poll.max(Duration::from_millis(1)))
@@ -265,6 +285,50 @@ impl Runtime {
 
     async fn serve_until_stopped(&mut self, poll: Duration) -> Result<ServeReport, RunError> {
         let mut report = ServeReport::default();
+        let mut drained = DrainReport::default();
+        let delivery = Beside::of(self);
+        let stop = self.stop.clone();
+        self.serving = true;
+        let (turns_ended, delivery_ended) = {
+            let turns = self.serve_turns(poll, &mut report);
+            let deliveries = async {
+                match &delivery {
+                    Some(delivery) => delivery.serve(poll, &mut drained).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::pin!(turns, deliveries);
+            let mut delivery_ended = None;
+            let turns_ended = loop {
+                tokio::select! {
+                    ended = &mut turns => break ended,
+                    // A serving drain ends before its stop only on an error: the turns stop too.
+                    ended = &mut deliveries, if delivery_ended.is_none() => {
+                        delivery_ended = Some(ended);
+                        stop.stop();
+                    }
+                }
+            };
+            let delivery_ended = match (delivery_ended, &delivery) {
+                (Some(ended), _) => ended,
+                (None, Some(delivery)) => {
+                    delivery.stop();
+                    deliveries.await
+                }
+                (None, None) => Ok(()),
+            };
+            (turns_ended, delivery_ended)
+        };
+        self.serving = false;
+        report.delivered = drained.delivered;
+        report.failed = drained.failed.len() as u64;
+        report.dead = drained.dead.len() as u64;
+        delivery_ended?;
+        turns_ended.map(|()| report)
+    }
+
+    /// The turns of a serving runtime, until a stop.
+    async fn serve_turns(&mut self, poll: Duration, report: &mut ServeReport) -> Result<(), RunError> {
         loop {
             // Another process serving the same session may have committed since: its commits
             // are taken first (and its queued work with them, should it have stopped).
@@ -277,16 +341,13 @@ impl Runtime {
                 }
                 Err(e) => return Err(e.into()),
             }
-            self.apply_submitted(&mut report).await;
-            let turn = self.run().await?;
+            self.apply_submitted(report).await;
+            let turn = self.run_turn(self.budget).await?;
             report.turns += 1;
             report.generations += turn.generations;
             report.runs += turn.runs;
-            report.delivered += turn.deliveries.delivered;
-            report.failed += turn.deliveries.failed.len() as u64;
-            report.dead += turn.deliveries.dead.len() as u64;
             if turn.outcome == TurnOutcome::Stopped {
-                return Ok(report);
+                return Ok(());
             }
             if matches!(
                 turn.outcome,
@@ -294,24 +355,7 @@ impl Runtime {
             ) {
                 continue; // more work is queued
             }
-            // Without a dispatcher, nothing of this session's ledger is this runtime's to wake
-            // for (a drainer elsewhere delivers it).
-            let next_due = match self.has_dispatcher() {
-                true => self.context.ledger().session(self.context.session()).next_due().await?,
-                false => None,
-            };
             let mut wake = instant_after(Instant::now(), poll);
-            if let Some(at) = next_due {
-                // Due already, yet the turn just run took nothing: another drain holds it or
-                // took it meanwhile. Look again shortly rather than spin.
-                let idle = turn.generations == 0 && turn.deliveries.delivered == 0 && turn.deliveries.failed.is_empty();
-                let at = if idle && at <= self.clock().now() {
-                    instant_after(Instant::now(), poll.min(Duration::from_millis(10)))
-                } else {
-                    self.clock().instant_at(at)
-                };
-                wake = wake.min(at);
-            }
             if let Some(at) = turn.next_wake_at {
                 // A timer falls due: the turn then fires it. One due already, which the turn
                 // just run did not fire (it ended on its deadline), is looked at again shortly.
@@ -323,18 +367,16 @@ impl Runtime {
                 wake = wake.min(at);
             }
             let stop = self.stop.clone();
-            let woken = self.inbox.wake.clone();
             tokio::select! {
                 submitted = self.inbox.rx.recv() => {
                     if let Some(submitted) = submitted {
-                        self.apply_one(submitted, &mut report).await;
+                        self.apply_one(submitted, report).await;
                     }
                 }
-                () = woken.notified() => {}
                 () = tokio::time::sleep_until(wake) => {}
                 () = stop.requested() => {
                     stop.clear();
-                    return Ok(report);
+                    return Ok(());
                 }
             }
         }

@@ -1,0 +1,79 @@
+//! A serving runtime's own delivery: a drain of the runtime's session that runs beside its
+//! turns, with the claims, leases and fencing of any other drain of the store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tracing::Instrument;
+
+use crate::outbox::dispatcher::ErasedDispatcher;
+use crate::outbox::drain::{Clock, DeliveryConfig, Drain, DrainError, DrainReport};
+use crate::run::runtime::{Runtime, StopHandle};
+use crate::store::outbox::{OutboxStore, Scope};
+
+/// What the drain beside a serving runtime's turns owns: its own copies of the runtime's
+/// delivery options, so that it runs while the turns hold the runtime.
+pub(crate) struct Beside {
+    outbox: Arc<dyn OutboxStore>,
+    scope: Scope,
+    owner: Arc<str>,
+    lease: Duration,
+    dispatcher: Arc<dyn ErasedDispatcher>,
+    config: DeliveryConfig,
+    clock: Clock,
+    /// Wakes the drain: the turns committed intents, or a handle approved or re-armed one.
+    nudge: Arc<Notify>,
+    /// Stops the drain once the turns have stopped.
+    stop: StopHandle,
+    span: tracing::Span,
+}
+
+impl Beside {
+    /// The delivery of `rt`'s session; `None` without a dispatcher (a drainer elsewhere
+    /// delivers it).
+    pub(crate) fn of(rt: &Runtime) -> Option<Beside> {
+        let dispatcher = rt.dispatcher.clone()?;
+        Some(Beside {
+            outbox: rt.context.outbox(),
+            scope: Scope::session(rt.context.session()),
+            owner: rt.context.lease_owner().clone(),
+            lease: rt.context.lease_duration(),
+            dispatcher,
+            config: rt.delivery.clone(),
+            clock: Clock::new(),
+            nudge: rt.inbox.nudge.clone(),
+            stop: StopHandle::default(),
+            span: tracing::info_span!("delivery", session = %rt.context.session()),
+        })
+    }
+
+    /// Delivers until [`stop`](Beside::stop): what is due, what the nudge points at, what
+    /// falls due (retries, expired leases) and, every `poll`, what other processes committed.
+    /// A store that is briefly away is ridden out; deliveries running at the stop finish within
+    /// the grace period.
+    pub(crate) async fn serve(&self, poll: Duration, report: &mut DrainReport) -> Result<(), DrainError> {
+        let drain = Drain {
+            outbox: self.outbox.as_ref(),
+            scope: &self.scope,
+            owner: &self.owner,
+            lease: self.lease,
+            dispatcher: &self.dispatcher,
+            config: &self.config,
+            clock: &self.clock,
+            stop: &self.stop,
+            deadline: None,
+            nudge: Some(&self.nudge),
+        };
+        drain
+            .serve(report, Some(poll))
+            .instrument(self.span.clone())
+            .await
+            .map(|_| ())
+    }
+
+    /// Asks [`serve`](Beside::serve) to stop.
+    pub(crate) fn stop(&self) {
+        self.stop.stop();
+    }
+}
