@@ -25,7 +25,7 @@ use crate::run::calls::{CallLog, Exhausted, Harvest, Meter, RunKey, TakenCalls};
 use crate::run::effects::Buffer;
 use crate::run::join::Parts;
 use crate::run::matching::{self, Work};
-use crate::run::produce::{Produce, ProduceFailure, RunFailure, RunInput, RunSlot};
+use crate::run::produce::{Agent, Produce, ProduceFailure, RunFailure, RunInput, RunSlot};
 use crate::run::resources::Resources;
 use crate::run::runtime::{ProduceErrors, RunError, Runtime, TurnOutcome, TurnReport};
 use crate::state::commit::{Emitted, Read, RunRecord, TriggerRef};
@@ -54,6 +54,31 @@ pub(crate) enum Step {
     Consumed,
     /// The turn must end with this outcome; nothing was committed.
     Interrupted(TurnOutcome),
+    /// Writes sent through handles were committed while the runs executed ([`Intake::Accepted`]):
+    /// nothing of the generation was committed, its answers are kept, and it runs again on
+    /// the new head with [`Intake::Rerun`] over the same `events`.
+    Overtaken {
+        /// The events the generation took.
+        events: usize,
+    },
+}
+
+/// What a generation does with the writes a serving runtime receives while its runs execute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Intake {
+    /// Not serving: writes wait until the turn is over.
+    Held,
+    /// Writes are committed as they arrive, each acknowledged at once; a generation they
+    /// overtake runs again ([`Step::Overtaken`]).
+    Accepted,
+    /// The run again of a generation that writes overtook: it takes at most `events` events
+    /// (the overtaken generation's, still at the head of the queue) and writes wait for its
+    /// commit. Its runs reuse the answers of the overtaken ones, so it rarely waits at all,
+    /// and it cannot be overtaken again: a generation always commits.
+    Rerun {
+        /// How many events the overtaken generation took.
+        events: usize,
+    },
 }
 
 /// Runs one generation of the turn; `meter` counts what the turn's calls use.
@@ -63,11 +88,16 @@ pub(crate) async fn run(
     deadline: Option<Instant>,
     meter: &Option<Arc<Meter>>,
     report: &mut TurnReport,
+    intake: Intake,
 ) -> Result<Step, RunError> {
     let snapshot = rt.context.snapshot();
     rt.joins.sync(&rt.context);
     let watching = matching::Watching::of(rt);
-    let batch = matching::select(rt, &snapshot, &watching, remaining_runs, meter.is_some());
+    let max_events = match intake {
+        Intake::Rerun { events } => events,
+        Intake::Held | Intake::Accepted => usize::MAX,
+    };
+    let batch = matching::select(rt, &snapshot, &watching, remaining_runs, meter.is_some(), max_events);
     if batch.events == 0 {
         return Ok(Step::Interrupted(TurnOutcome::RunsExhausted));
     }
@@ -85,19 +115,37 @@ pub(crate) async fn run(
     // Each run's calls, answered first from what an earlier attempt of the same run recorded
     // in a generation that did not commit.
     let mut tracker = Tracker::new(rt, &batch.work, meter);
+    // Writes committed while the runs execute (a serving runtime's intake).
+    let mut overtaken = 0u64;
     let executed = {
-        let execution = execute(rt, &batch.work, &mut tracker, &snapshot, generation).instrument(span.clone());
+        let runners = Runners {
+            agents: &rt.agents,
+            resources: &rt.resources,
+            max_concurrency: rt.max_concurrency,
+            trace: &rt.trace,
+        };
+        let execution = execute(runners, &batch.work, &mut tracker, &snapshot, generation).instrument(span.clone());
         let deadline_passed = async {
             match deadline {
                 Some(d) => tokio::time::sleep_until(d).await,
                 None => std::future::pending().await,
             }
         };
-        tokio::select! {
-            biased;
-            results = execution => Ok(results),
-            () = rt.stop.requested() => Err(TurnOutcome::Stopped),
-            () = deadline_passed => Err(TurnOutcome::DeadlineExceeded),
+        tokio::pin!(execution, deadline_passed);
+        let accepting = intake == Intake::Accepted;
+        let (stop, context, inbox) = (&rt.stop, &mut rt.context, &mut rt.inbox);
+        loop {
+            tokio::select! {
+                biased;
+                results = &mut execution => break Ok(results),
+                () = stop.requested() => break Err(TurnOutcome::Stopped),
+                () = &mut deadline_passed => break Err(TurnOutcome::DeadlineExceeded),
+                Some(submitted) = inbox.rx.recv(), if accepting => {
+                    if inbox.tally.commit(context, submitted).await {
+                        overtaken += 1;
+                    }
+                }
+            }
         }
     };
     drop(snapshot);
@@ -114,6 +162,12 @@ pub(crate) async fn run(
             return Ok(Step::Interrupted(outcome));
         }
     };
+    if overtaken > 0 {
+        // Its snapshot is no longer the head: it runs again on the head, with its answers.
+        tracing::debug!(parent: &span, writes = overtaken, "writes committed while the generation ran; it runs again on them, with its answers");
+        calls.keep_queued(rt, &batch.work, 0);
+        return Ok(Step::Overtaken { events: batch.events });
+    }
     let _entered = span.enter();
     for (work, took) in batch.work.iter().zip(&durations) {
         produce_metrics(rt, work).duration.record(took.as_secs_f64());
@@ -436,10 +490,21 @@ fn failure_at(rt: &Runtime, work: &Work, failure: RunFailure) -> ProduceFailure 
     }
 }
 
+/// What a generation's runs use of the runtime: its agents, the resources they read, the
+/// limit on runs at once and the turn's trace. Borrowed apart from the context, so that a
+/// serving runtime commits writes while the runs execute.
+#[derive(Clone, Copy)]
+pub(crate) struct Runners<'a> {
+    pub(crate) agents: &'a [Agent],
+    pub(crate) resources: &'a Resources,
+    pub(crate) max_concurrency: usize,
+    pub(crate) trace: &'a TraceParent,
+}
+
 /// Runs every work item concurrently, bounded by the global and per-agent limits, and
 /// returns the results in work order, whatever order they complete in.
 async fn execute(
-    rt: &Runtime,
+    rt: Runners<'_>,
     work: &[Work],
     tracker: &mut Tracker,
     snapshot: &Snapshot,
@@ -480,7 +545,7 @@ type Done = (usize, Ended, Duration, Instant);
 /// one that waits joins `running` (most finish at their first poll, and then cost no boxing or
 /// queueing).
 struct Schedule<'a> {
-    rt: &'a Runtime,
+    rt: Runners<'a>,
     work: &'a [Work],
     tracker: &'a mut Tracker,
     snapshot: &'a Snapshot,
@@ -539,7 +604,7 @@ impl Schedule<'_> {
     fn start(&mut self, i: usize, cx: &mut Context<'_>) -> Option<Done> {
         let work = &self.work[i];
         self.active[work.slot.agent] += 1;
-        let buffer = self.tracker.start(i, work, ops_hint(self.rt, work));
+        let buffer = self.tracker.start(i, work, ops_hint(self.rt.agents, work));
         let spare = self
             .spare
             .iter()
@@ -794,8 +859,8 @@ impl Future for Started {
 }
 
 /// Room for the operations of `work`'s run (see [`Produce::ops_hint`]).
-fn ops_hint(rt: &Runtime, work: &Work) -> usize {
-    rt.agents[work.slot.agent].produces[work.slot.produce].ops_hint()
+fn ops_hint(agents: &[Agent], work: &Work) -> usize {
+    agents[work.slot.agent].produces[work.slot.produce].ops_hint()
 }
 
 pub(crate) fn panic_message(panic: &Box<dyn Any + Send>) -> String {

@@ -126,12 +126,16 @@ enum Place {
 /// With `bounded_head` (a turn whose budget limits usage), the batch ends before an event whose
 /// work would replace or extend a run of the first event: the first event's runs, which a spent
 /// budget never refuses (see `generation.rs`), then cover that event alone.
+///
+/// It takes at most `max_events` events (a generation run again after writes overtook it
+/// takes the events it took before).
 pub(crate) fn select(
     rt: &Runtime,
     snapshot: &Snapshot,
     watching: &Watching,
     remaining_runs: Option<u64>,
     bounded_head: bool,
+    max_events: usize,
 ) -> Batch {
     let mut work: Vec<Work> = Vec::new();
     let mut events = 0;
@@ -140,7 +144,7 @@ pub(crate) fn select(
     // produce, trigger id).
     let mut placed: HashMap<(usize, usize, ArtifactId), usize> = HashMap::default();
     let readers = rt.context.readers();
-    for queued in rt.context.queued() {
+    for queued in rt.context.queued().take(max_events) {
         matched.clear();
         match_event(rt, snapshot, queued, &mut matched);
         for (slot, key) in watching.stale(readers, queued.event.id.as_str(), queued.event.generation) {

@@ -21,7 +21,7 @@ use crate::outbox::drain::{
     Clock, DeliveryConfig, DeliveryErrors, DeliveryFailure, Drain, DrainError, DrainReport, Preclaimed, RetryPolicy,
 };
 use crate::run::calls::{CallCache, Meter};
-use crate::run::generation::{self, Slot};
+use crate::run::generation::{self, Intake, Slot};
 use crate::run::join::Joins;
 use crate::run::produce::{Agent, ProduceFailure};
 use crate::run::resources::Resources;
@@ -233,6 +233,10 @@ pub struct TurnReport {
     /// are retried for as long as it does (the turn's budget and stop still apply); see
     /// [`MAX_CONFLICT_RETRIES`].
     pub conflicts: u64,
+    /// Generations of a serving runtime run again because writes sent through its handles
+    /// were committed while their runs executed: each ran again on the new head, with the
+    /// answers its recorded calls got (see [`Runtime::serve`]).
+    pub overtaken: u64,
     /// Timers the turn fired: each committed as fired (one direct write for the timers due
     /// at once, not counted in [`generations`](TurnReport::generations)) before the
     /// generation that reacts to them.
@@ -512,6 +516,7 @@ impl RuntimeBuilder {
             turns: 0,
             inbox: Default::default(),
             serving: false,
+            served: Default::default(),
             resources: self.resources,
             calls: CallCache::default(),
             trace: TraceParent::mint(),
@@ -664,6 +669,8 @@ pub struct Runtime {
     /// Whether the runtime serves ([`serve`](Runtime::serve)): its delivery then runs beside
     /// its turns, and turns neither drain nor claim in their commits.
     pub(crate) serving: bool,
+    /// What its `serve` calls did, over its life (see [`ServeReport`](crate::ServeReport)).
+    pub(crate) served: crate::run::serve::ServeReport,
     /// What every run of the runtime reads with `ProduceCall::resource`.
     pub(crate) resources: Resources,
     /// The answers of runs whose generation did not commit, for their next attempt.
@@ -759,6 +766,7 @@ impl Runtime {
             deliveries: DrainReport::default(),
             failed_runs: Vec::new(),
             conflicts: 0,
+            overtaken: 0,
             timers_fired: 0,
             next_wake_at: None,
             usage: Vec::new(),
@@ -777,6 +785,8 @@ impl Runtime {
         // since this runtime last committed (the pause grows with them).
         let mut idle_conflicts = 0;
         let mut streak = 0;
+        // The events of a generation that writes overtook, which it runs again.
+        let mut rerun = None;
         loop {
             if let Some(outcome) = self.interrupted(deadline) {
                 return Ok(self.finish(report, outcome).await);
@@ -793,7 +803,12 @@ impl Runtime {
                 return Ok(self.finish(report, TurnOutcome::GenerationsExhausted).await);
             }
             let remaining_runs = budget.max_runs.map(|max| max.saturating_sub(report.runs));
-            let step = match generation::run(self, remaining_runs, deadline, &meter, &mut report).await {
+            let intake = match (rerun.take(), self.serving) {
+                (Some(events), _) => Intake::Rerun { events },
+                (None, true) => Intake::Accepted,
+                (None, false) => Intake::Held,
+            };
+            let step = match generation::run(self, remaining_runs, deadline, &meter, &mut report, intake).await {
                 Err(RunError::Store(StoreError::Conflict { .. })) if idle_conflicts < MAX_CONFLICT_RETRIES => {
                     crate::model::telemetry::record_conflict();
                     // Another writer committed to the session first: nothing of this
@@ -829,6 +844,11 @@ impl Runtime {
                 }
                 generation::Step::Consumed => None,
                 generation::Step::Interrupted(outcome) => return Ok(self.finish(report, outcome).await),
+                generation::Step::Overtaken { events } => {
+                    report.overtaken += 1;
+                    rerun = Some(events);
+                    continue;
+                }
             };
             if !self.serving {
                 if let Some(outcome) = self.drain(deadline, &mut report.deliveries, preclaimed).await? {

@@ -9,13 +9,14 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::model::artifact::{Artifact, ArtifactId};
+use crate::model::call::Usage;
 use crate::model::delivery::Delivery;
 use crate::model::patch::{Op, PutMode};
 use crate::model::relation::Relation;
 use crate::outbox::drain::{instant_after, Clock, DrainReport};
 use crate::run::delivery::Beside;
-use crate::run::runtime::{RunError, Runtime, StopHandle, TurnOutcome, MAX_CONFLICT_RETRIES};
-use crate::state::context::WriteError;
+use crate::run::runtime::{RunError, Runtime, StopHandle, TurnOutcome, TurnReport, MAX_CONFLICT_RETRIES};
+use crate::state::context::{Context, WriteError};
 use crate::store::outbox::{ApprovalError, CancelError, OutboxStore, RetryError};
 use crate::store::StoreError;
 
@@ -34,6 +35,17 @@ pub(crate) struct Inbox {
     /// the ledger (an approval, a retry). A wake-up sent while it is busy is kept for its next
     /// wait.
     pub(crate) nudge: Arc<Notify>,
+    /// The writes received over the runtime's life.
+    pub(crate) tally: WriteTally,
+}
+
+/// The writes a runtime received through its handles, over its life.
+#[derive(Debug, Default)]
+pub(crate) struct WriteTally {
+    /// Committed.
+    pub(crate) committed: u64,
+    /// Refused.
+    pub(crate) refused: u64,
 }
 
 impl Default for Inbox {
@@ -43,6 +55,7 @@ impl Default for Inbox {
             tx,
             rx,
             nudge: Arc::new(Notify::new()),
+            tally: WriteTally::default(),
         }
     }
 }
@@ -207,7 +220,8 @@ impl RuntimeHandle {
     }
 }
 
-/// What a [`serve`](Runtime::serve) did, in all.
+/// What a runtime did while serving, over its life: every [`serve`](Runtime::serve) call adds
+/// to it, and each returns the sum so far.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ServeReport {
@@ -215,18 +229,40 @@ pub struct ServeReport {
     pub turns: u64,
     /// Generations committed.
     pub generations: u64,
-    /// Produce runs.
+    /// Produce runs committed.
     pub runs: u64,
-    /// Writes received through handles and committed.
+    /// Generations run again because writes were committed while their runs executed (see
+    /// [`TurnReport::overtaken`](crate::TurnReport::overtaken)).
+    pub overtaken: u64,
+    /// Writes received through handles and committed (also those a turn run directly took).
     pub writes: u64,
     /// Writes received and refused.
     pub refused_writes: u64,
-    /// Intents delivered.
+    /// Intents delivered by the runtime's own delivery.
     pub delivered: u64,
     /// Failed attempts (retried or waiting for `retry`).
     pub failed: u64,
     /// Intents that became dead letters.
     pub dead: u64,
+    /// What the recorded calls of its turns used (calls made, in committed generations or
+    /// not: what a call spent is spent).
+    pub usage: Usage,
+}
+
+impl ServeReport {
+    fn add_turn(&mut self, turn: &TurnReport) {
+        self.turns += 1;
+        self.generations += turn.generations;
+        self.runs += turn.runs;
+        self.overtaken += turn.overtaken;
+        self.usage += turn.total_usage();
+    }
+
+    fn add_deliveries(&mut self, drained: &DrainReport) {
+        self.delivered += drained.delivered;
+        self.failed += drained.failed.len() as u64;
+        self.dead += drained.dead.len() as u64;
+    }
 }
 
 impl Runtime {
@@ -241,9 +277,9 @@ impl Runtime {
     }
 
     /// Applies the writes that handles sent, each as one commit.
-    pub(crate) async fn apply_submitted(&mut self, report: &mut ServeReport) {
+    pub(crate) async fn apply_submitted(&mut self) {
         while let Ok(submitted) = self.inbox.rx.try_recv() {
-            self.apply_one(submitted, report).await;
+            self.inbox.tally.commit(&mut self.context, submitted).await;
         }
     }
 
@@ -284,13 +320,12 @@ impl Runtime {
     }
 
     async fn serve_until_stopped(&mut self, poll: Duration) -> Result<ServeReport, RunError> {
-        let mut report = ServeReport::default();
         let mut drained = DrainReport::default();
         let delivery = Beside::of(self);
         let stop = self.stop.clone();
         self.serving = true;
         let (turns_ended, delivery_ended) = {
-            let turns = self.serve_turns(poll, &mut report);
+            let turns = self.serve_turns(poll);
             let deliveries = async {
                 match &delivery {
                     Some(delivery) => delivery.serve(poll, &mut drained).await,
@@ -320,15 +355,23 @@ impl Runtime {
             (turns_ended, delivery_ended)
         };
         self.serving = false;
-        report.delivered = drained.delivered;
-        report.failed = drained.failed.len() as u64;
-        report.dead = drained.dead.len() as u64;
+        self.served.add_deliveries(&drained);
         delivery_ended?;
-        turns_ended.map(|()| report)
+        turns_ended?;
+        Ok(self.serve_report())
+    }
+
+    /// What the runtime did while serving, over its life so far.
+    pub fn serve_report(&self) -> ServeReport {
+        ServeReport {
+            writes: self.inbox.tally.committed,
+            refused_writes: self.inbox.tally.refused,
+            ..self.served.clone()
+        }
     }
 
     /// The turns of a serving runtime, until a stop.
-    async fn serve_turns(&mut self, poll: Duration, report: &mut ServeReport) -> Result<(), RunError> {
+    async fn serve_turns(&mut self, poll: Duration) -> Result<(), RunError> {
         loop {
             // Another process serving the same session may have committed since: its commits
             // are taken first (and its queued work with them, should it have stopped).
@@ -341,11 +384,9 @@ impl Runtime {
                 }
                 Err(e) => return Err(e.into()),
             }
-            self.apply_submitted(report).await;
+            self.apply_submitted().await;
             let turn = self.run_turn(self.budget).await?;
-            report.turns += 1;
-            report.generations += turn.generations;
-            report.runs += turn.runs;
+            self.served.add_turn(&turn);
             if turn.outcome == TurnOutcome::Stopped {
                 return Ok(());
             }
@@ -370,7 +411,7 @@ impl Runtime {
             tokio::select! {
                 submitted = self.inbox.rx.recv() => {
                     if let Some(submitted) = submitted {
-                        self.apply_one(submitted, report).await;
+                        self.inbox.tally.commit(&mut self.context, submitted).await;
                     }
                 }
                 () = tokio::time::sleep_until(wake) => {}
@@ -381,19 +422,24 @@ impl Runtime {
             }
         }
     }
+}
 
-    /// Commits one submitted write; if another writer committed to the session first, takes
-    /// its commits and writes again (at most [`MAX_CONFLICT_RETRIES`] times).
-    async fn apply_one(&mut self, submitted: Submitted, report: &mut ServeReport) {
+impl WriteTally {
+    /// Commits one submitted write to `context` and answers its sender; if another writer
+    /// committed to the session first, takes its commits and writes again (at most
+    /// [`MAX_CONFLICT_RETRIES`] times). Returns whether the context's head moved (the write
+    /// was committed, or another writer's commits were taken).
+    pub(crate) async fn commit(&mut self, context: &mut Context, submitted: Submitted) -> bool {
+        let head = context.head();
         let result = match submitted.ops {
             Ok(ops) => {
                 let mut tries = 0;
                 loop {
-                    match self.context.commit_direct_async(ops.clone()).await {
+                    match context.commit_direct_async(ops.clone()).await {
                         Err(WriteError::Store(StoreError::Conflict { .. })) if tries < MAX_CONFLICT_RETRIES => {
                             crate::model::telemetry::record_conflict();
                             tries += 1;
-                            if let Err(e) = self.context.catch_up().await {
+                            if let Err(e) = context.catch_up().await {
                                 break Err(WriteError::Store(e));
                             }
                         }
@@ -404,12 +450,13 @@ impl Runtime {
             Err(e) => Err(WriteError::from(e)),
         };
         match &result {
-            Ok(()) => report.writes += 1,
+            Ok(()) => self.committed += 1,
             Err(e) => {
                 tracing::warn!(error = %e, "a write sent to the runtime was refused");
-                report.refused_writes += 1;
+                self.refused += 1;
             }
         }
         let _ = submitted.done.send(result);
+        context.head() != head
     }
 }
