@@ -43,8 +43,8 @@ pub use model::action::{ActionKey, Intent, Origin, Payload, PendingAction};
 pub use model::artifact::{Artifact, ArtifactId, Generation, Kind, ReadError, Record, Version};
 pub use model::call::{CallOutcome, RecordedCall, Usage};
 pub use model::delivery::{
-    reclaimed_error, Attempt, AttemptOutcome, Decision, Delivery, DeliveryParts, DeliveryStatus, FenceToken, Lease,
-    NewIntent, Verdict, ATTEMPTS_KEPT, FAR_FUTURE, MIN_LEASE,
+    reclaimed_error, taken_over_error, Attempt, AttemptOutcome, Decision, Delivery, DeliveryParts, DeliveryStatus,
+    FenceToken, Lease, NewIntent, Verdict, ATTEMPTS_KEPT, FAR_FUTURE, MIN_LEASE,
 };
 pub use model::event::{Event, EventKind};
 pub use model::field_diff::FieldDiff;

@@ -20,10 +20,10 @@ use std::time::{Duration, SystemTime};
 
 use deadpool_postgres::{Object, Pool, PoolError};
 use reactifact_core::{
-    check_decision, reclaimed_error, ActionKey, ApprovalError, Attempt, AttemptOutcome, BoxFuture, CancelError,
-    ClaimRequest, Claimed, Delivery, DeliveryStatus, FailedAttempt, FenceToken, LedgerQuery, NewIntent, OutboxStore,
-    Outcome, Page, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts, StoreError, Verdict, Wakeups,
-    ATTEMPTS_KEPT,
+    check_decision, reclaimed_error, taken_over_error, ActionKey, ApprovalError, Attempt, AttemptOutcome, BoxFuture,
+    CancelError, ClaimRequest, Claimed, Delivery, DeliveryStatus, FailedAttempt, FenceToken, LedgerQuery, NewIntent,
+    OutboxStore, Outcome, Page, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts, StoreError, Verdict,
+    Wakeups, ATTEMPTS_KEPT,
 };
 use tokio::sync::{oneshot, watch};
 use tokio_postgres::types::ToSql;
@@ -64,6 +64,7 @@ struct Inner {
 /// The statements that do not depend on a scope, built once for the schema.
 struct Statements {
     reclaim: String,
+    take_over: String,
     record: String,
     renew: String,
     hold_claimed: String,
@@ -141,55 +142,76 @@ fn outcome_code(outcome: &Outcome) -> (i64, Option<String>, Option<i64>) {
     }
 }
 
+/// A statement that ends the leases of the in-flight rows `rows` selects (a `WHERE` condition
+/// and an `ORDER BY` of rows `o`) at `$1`, their holders dead or stalled past them: each
+/// attempt ended expired in the history, each row pending and due at `$1`, one more expired
+/// lease, `last_error` from the template `$2` (`chr(1)` the attempt, `chr(2)` the holder); a
+/// damaged row is held. `result` selects from `r` (the rows ended, by `seq`), `e` (the rows
+/// selected) and `h` (the keys held).
+fn end_leases_sql(s: &str, rows: &str, result: &str) -> String {
+    let ok = intact(s, "o");
+    format!(
+        "WITH e AS MATERIALIZED (
+             SELECT o.seq, o.key, o.token, o.attempts, o.owner, o.updated_at, o.lease_until
+               FROM {s}.outbox o WHERE {rows} FOR UPDATE SKIP LOCKED
+         ), r AS (
+             UPDATE {s}.outbox o SET {set} FROM e WHERE o.seq = e.seq AND o.status = 1 AND {ok} RETURNING o.seq
+         ), ended AS (
+             -- The ended attempts, in the history (an in-flight row's updated_at is its
+             -- claim's time).
+             INSERT INTO {s}.outbox_attempts
+                 (key, token, number, owner, claimed_at, lease_until, ended_at, outcome, error, retry_at)
+             SELECT e.key, e.token, e.attempts, e.owner, e.updated_at, e.lease_until, $1, {expired}, NULL, NULL
+               FROM e JOIN r ON r.seq = e.seq
+             ON CONFLICT (key, token) DO NOTHING
+         ), trimmed AS (
+             -- Only the latest attempts are kept: the statement sees the history as it was
+             -- before it, so the older ones beyond all but one make room for the new one.
+             DELETE FROM {s}.outbox_attempts a USING e JOIN r ON r.seq = e.seq
+              WHERE a.key = e.key AND a.token < (SELECT b.token FROM {s}.outbox_attempts b WHERE b.key = e.key
+                                                  ORDER BY b.token DESC LIMIT 1 OFFSET {keep_old})
+         ), h AS (
+             UPDATE {s}.outbox o SET {hold} FROM e WHERE o.seq = e.seq AND NOT {ok} RETURNING o.key
+         )
+         {result}",
+        set = set_with_digest(
+            s,
+            "o",
+            &[
+                ("status", "0::bigint"),
+                ("due_at", "$1"),
+                ("owner", "NULL::text"),
+                ("lease_until", "NULL::bigint"),
+                ("expired", "o.expired + 1"),
+                (
+                    "last_error",
+                    "replace(replace($2::text, chr(1), o.attempts::text), chr(2), o.owner)"
+                ),
+                ("next_attempt_at", "NULL::bigint"),
+                ("updated_at", "$1"),
+            ],
+        ),
+        hold = hold_set(s, "o", "$1"),
+        expired = AttemptOutcome::Expired.code().0,
+        keep_old = ATTEMPTS_KEPT - 2,
+    )
+}
+
 impl Statements {
     fn new(s: &str) -> Statements {
         let cols = columns(s);
         let ok = intact(s, "o");
-        let reclaim = format!(
-            "WITH e AS MATERIALIZED (
-                 SELECT o.seq, o.key, o.token, o.attempts, o.owner, o.updated_at, o.lease_until
-                   FROM {s}.outbox o WHERE o.lease_until <= $1
-                  ORDER BY o.lease_until, o.seq FOR UPDATE SKIP LOCKED
-             ), r AS (
-                 UPDATE {s}.outbox o SET {set} FROM e WHERE o.seq = e.seq AND o.status = 1 AND {ok} RETURNING o.seq
-             ), ended AS (
-                 -- The expired attempts, in the history (an in-flight row's updated_at is its
-                 -- claim's time).
-                 INSERT INTO {s}.outbox_attempts
-                     (key, token, number, owner, claimed_at, lease_until, ended_at, outcome, error, retry_at)
-                 SELECT e.key, e.token, e.attempts, e.owner, e.updated_at, e.lease_until, $1, {expired}, NULL, NULL
-                   FROM e JOIN r ON r.seq = e.seq
-                 ON CONFLICT (key, token) DO NOTHING
-             ), trimmed AS (
-                 -- Only the latest attempts are kept: the statement sees the history as it was
-                 -- before it, so the older ones beyond all but one make room for the new one.
-                 DELETE FROM {s}.outbox_attempts a USING e JOIN r ON r.seq = e.seq
-                  WHERE a.key = e.key AND a.token < (SELECT b.token FROM {s}.outbox_attempts b WHERE b.key = e.key
-                                                      ORDER BY b.token DESC LIMIT 1 OFFSET {keep_old})
-             ), h AS (
-                 UPDATE {s}.outbox o SET {hold} FROM e WHERE o.seq = e.seq AND NOT {ok} RETURNING o.key
-             )
-             SELECT (SELECT count(*) FROM r), (SELECT array_agg(key) FROM h)",
-            set = set_with_digest(
-                s,
-                "o",
-                &[
-                    ("status", "0::bigint"),
-                    ("due_at", "$1"),
-                    ("owner", "NULL::text"),
-                    ("lease_until", "NULL::bigint"),
-                    ("expired", "o.expired + 1"),
-                    (
-                        "last_error",
-                        "replace(replace($2::text, chr(1), o.attempts::text), chr(2), o.owner)"
-                    ),
-                    ("next_attempt_at", "NULL::bigint"),
-                    ("updated_at", "$1"),
-                ],
-            ),
-            hold = hold_set(s, "o", "$1"),
-            expired = AttemptOutcome::Expired.code().0,
-            keep_old = ATTEMPTS_KEPT - 2,
+        // The reclaim of expired leases ($1 now, $2 the `last_error` template), and the take-over
+        // of the claims of one owner ($3), proved dead: the same transition.
+        let reclaim = end_leases_sql(
+            s,
+            "o.lease_until <= $1 ORDER BY o.lease_until, o.seq",
+            "SELECT (SELECT count(*) FROM r), (SELECT array_agg(key) FROM h)",
+        );
+        let take_over = end_leases_sql(
+            s,
+            "o.lease_until IS NOT NULL AND o.owner = $3::text ORDER BY o.seq",
+            "SELECT (SELECT array_agg(e.key ORDER BY e.seq) FROM e JOIN r ON r.seq = e.seq), (SELECT array_agg(key) FROM h)",
         );
         let record = format!(
             "WITH u AS MATERIALIZED (
@@ -436,6 +458,7 @@ impl Statements {
             .map(|filter| crate::prune::statement(s, filter)),
             unprune_and_notify,
             reclaim,
+            take_over,
             record,
             renew,
             hold_claimed,
@@ -1192,6 +1215,49 @@ impl OutboxStore for PostgresOutbox {
         now: SystemTime,
     ) -> BoxFuture<'a, Result<Vec<Recorded>, StoreError>> {
         Box::pin(self.inner.record(outcomes, now))
+    }
+
+    fn lease_owners<'a>(&'a self, scope: &'a Scope) -> BoxFuture<'a, Result<Vec<Arc<str>>, StoreError>> {
+        Box::pin(async move {
+            let s = &self.inner.s;
+            let mut params = Params::default();
+            let filter = scope_sql(s, scope, &mut params);
+            let sql = format!("SELECT DISTINCT o.owner FROM {s}.outbox o WHERE o.lease_until IS NOT NULL{filter}");
+            let client = self.client().await?;
+            let err = self.err();
+            let stmt = client.prepare_cached(&sql).await.map_err(&err)?;
+            let rows = client.query(&stmt, &params.refs()).await.map_err(&err)?;
+            Ok(rows
+                .iter()
+                .filter_map(|row| row.get::<_, Option<String>>(0))
+                .map(|owner| Arc::from(owner.as_str()))
+                .collect())
+        })
+    }
+
+    fn take_over<'a>(&'a self, owner: &'a str, now: SystemTime) -> BoxFuture<'a, Result<Vec<ActionKey>, StoreError>> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            let client = inner.client().await?;
+            let err = inner.err();
+            let at = ms(now);
+            let template = taken_over_error("\u{1}", "\u{2}");
+            let stmt = client.prepare_cached(&inner.sql.take_over).await.map_err(&err)?;
+            let row = client.query_one(&stmt, &[&at, &template, &owner]).await.map_err(&err)?;
+            let held: Option<Vec<String>> = row.get(1);
+            for key in held.unwrap_or_default() {
+                tracing::warn!(store = %inner.name, action_key = %key, "an outbox row failed its integrity check; it is held, not delivered");
+            }
+            let taken: Option<Vec<String>> = row.get(0);
+            // The intents taken over are due now: a wake-up lets the serving drains of every
+            // process claim them at once.
+            let taken: Vec<ActionKey> = taken.unwrap_or_default().into_iter().map(ActionKey::from).collect();
+            if !taken.is_empty() {
+                let notify = client.prepare_cached(inner.notify_sql()).await.map_err(&err)?;
+                client.execute(&notify, &[&inner.channel]).await.map_err(&err)?;
+            }
+            Ok(taken)
+        })
     }
 
     fn submit(&self, outcomes: Vec<Recording>, now: SystemTime) {

@@ -429,7 +429,8 @@ impl Delivery {
     /// How many attempts ended with an expired lease: the holder died (or stalled past its
     /// lease) after claiming the intent and before recording the outcome, so the receiver may
     /// have seen the intent. Each such attempt was followed by a delivery with the same
-    /// idempotency key.
+    /// idempotency key. A lease taken over from a holder proved dead before it expired
+    /// ([`OutboxStore::take_over`](crate::OutboxStore::take_over)) counts here too.
     pub fn expired_leases(&self) -> u32 {
         self.remarks.expired_leases()
     }
@@ -549,6 +550,17 @@ pub fn reclaimed_error(attempt: impl fmt::Display, owner: &str) -> String {
     format!(
         "attempt {attempt} was in flight under the lease of {owner}, which expired before its outcome was recorded; \
          the receiver may have seen it, so it is delivered again with the same key"
+    )
+}
+
+/// Why an intent is pending again after a drain took over the lease of its holder, proved
+/// dead before the lease expired ([`OutboxStore::take_over`](crate::OutboxStore::take_over)):
+/// `last_error` of an intent taken over, in every store (stores of other crates use it too).
+pub fn taken_over_error(attempt: impl fmt::Display, owner: &str) -> String {
+    format!(
+        "attempt {attempt} was in flight under the lease of {owner}, which died before its outcome was recorded \
+         (a drain proved it dead and took the lease over); the receiver may have seen it, so it is delivered again \
+         with the same key"
     )
 }
 
@@ -723,7 +735,9 @@ pub enum AttemptOutcome {
         reason: String,
     },
     /// Its holder died or stalled: the lease expired before an outcome was recorded, and a
-    /// drain reclaimed it; delivered again with the same key.
+    /// drain reclaimed it; or its holder was proved dead and a drain took the lease over before
+    /// it expired ([`OutboxStore::take_over`](crate::OutboxStore::take_over)). Delivered again
+    /// with the same key.
     Expired,
 }
 

@@ -18,6 +18,8 @@
 //! - *purge*: O(log n) per purged entry (final entries wait in order of their last change,
 //!   delivered, cancelled and rejected ones apart);
 //! - *attempts*: O(attempts of the key);
+//! - *lease owners* and *take over*: O(intents in flight) (times the distinct owners, for the
+//!   list of owners), plus O(1) amortised per intent taken over;
 //! - *counts*: O(1) for the whole ledger, one session, or a set of kinds (per-status counters
 //!   are kept for each); O(n) for any other scope;
 //! - *next_due*: like a claim of one intent, plus the in-flight leases it skips until the
@@ -594,14 +596,24 @@ fn millis(t: SystemTime) -> (u64, SystemTime) {
 /// lease and saying why in `last_error`.
 fn reclaim(entry: &mut Entry) {
     // (The history entry of the expired attempt is written by `Inner::reclaim_expired`.)
+    end_lease(entry, crate::model::delivery::reclaimed_error);
+}
+
+/// Puts this in-flight entry, whose holder was proved dead, back to pending, as [`reclaim`]
+/// does, with `last_error` saying that its lease was taken over.
+fn take_over(entry: &mut Entry) {
+    // (The history entry of the attempt is written by `Inner::take_over`.)
+    end_lease(entry, crate::model::delivery::taken_over_error);
+}
+
+fn end_lease(entry: &mut Entry, error: fn(u32, &str) -> String) {
     let owner = entry
         .last_claim
         .as_ref()
         .map_or_else(|| "an unknown drainer".to_owned(), |c| c.owner.to_string());
     entry.status = DeliveryStatus::Pending;
     entry.remarks.count_expired_lease();
-    let error = crate::model::delivery::reclaimed_error(entry.attempts, &owner);
-    entry.remarks.set_last_error(Some(error));
+    entry.remarks.set_last_error(Some(error(entry.attempts, &owner)));
 }
 
 /// The attempt of the entry's last claim, as if still in flight (its lease as last renewed).
@@ -843,6 +855,47 @@ impl Inner {
         }
         self.forget_leases_if_none_in_flight();
         reclaimed
+    }
+
+    /// The distinct owners of the leases in flight in `scope`.
+    fn lease_owners(&self, scope: &Scope) -> Vec<Arc<str>> {
+        let mut owners: Vec<Arc<str>> = Vec::new();
+        for &pos in self.in_flight.values() {
+            let Some(e) = self.slots[pos as usize].as_ref() else {
+                continue;
+            };
+            let Some(claim) = e.last_claim.as_ref() else { continue };
+            if e.status == DeliveryStatus::InFlight && !owners.contains(&claim.owner) && self.admits(e, scope) {
+                owners.push(claim.owner.clone());
+            }
+        }
+        owners
+    }
+
+    /// Puts every entry in flight under a lease of `owner` back to pending, due at `now`, as an
+    /// expired lease is; returns their keys in registration order.
+    fn take_over(&mut self, owner: &str, now: SystemTime) -> Vec<ActionKey> {
+        let mut held: Vec<Pos> = self
+            .in_flight
+            .values()
+            .copied()
+            .filter(|&pos| {
+                self.slots[pos as usize].as_ref().is_some_and(|e| {
+                    e.status == DeliveryStatus::InFlight && e.last_claim.as_ref().is_some_and(|c| &*c.owner == owner)
+                })
+            })
+            .collect();
+        held.sort_unstable();
+        let mut keys = Vec::with_capacity(held.len());
+        for pos in held {
+            self.end_attempt(pos, now, AttemptOutcome::Expired);
+            self.transition(pos, now, take_over);
+            keys.extend(self.slots[pos as usize].as_ref().map(|e| e.key.clone()));
+        }
+        // (The taken leases' expiries are skipped when they come: their entries are no longer in
+        // flight under them, as after a record.)
+        self.forget_leases_if_none_in_flight();
+        keys
     }
 
     /// Adds the attempt in flight at `pos` to its history, ended at `now` with `outcome`.
@@ -1292,6 +1345,14 @@ impl OutboxStore for MemoryOutbox {
 
     fn claim<'a>(&'a self, request: ClaimRequest<'a>) -> BoxFuture<'a, Result<Claimed, StoreError>> {
         Box::pin(async move { Ok(self.lock().claim(&request)) })
+    }
+
+    fn lease_owners<'a>(&'a self, scope: &'a Scope) -> BoxFuture<'a, Result<Vec<Arc<str>>, StoreError>> {
+        Box::pin(async move { Ok(self.lock().lease_owners(scope)) })
+    }
+
+    fn take_over<'a>(&'a self, owner: &'a str, now: SystemTime) -> BoxFuture<'a, Result<Vec<ActionKey>, StoreError>> {
+        Box::pin(async move { Ok(self.lock().take_over(owner, now)) })
     }
 
     fn record<'a>(

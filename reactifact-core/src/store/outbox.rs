@@ -16,6 +16,9 @@
 //!   intent is in flight under the token of the claim: a stale holder's late outcome is
 //!   rejected ([`Recorded::Stale`]) and changes nothing;
 //! - **renew** ([`OutboxStore::renew`]) — a live holder extends the lease of a long dispatch;
+//! - **take over** ([`OutboxStore::take_over`]) — the claims of a holder proved dead go back to
+//!   pending at once, as if their leases had expired; [`OutboxStore::lease_owners`] lists the
+//!   holders to judge;
 //! - **retry**, **cancel** and **purge** — the operator's;
 //! - **approve** and **reject** ([`OutboxStore::approve`], [`OutboxStore::reject`]) — the
 //!   operator's decision on an intent registered
@@ -563,6 +566,39 @@ pub trait OutboxStore: Send + Sync + 'static {
         held: &'a [(ActionKey, FenceToken)],
         until: SystemTime,
     ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>>;
+
+    /// The owners of the leases in flight in `scope`: each distinct
+    /// [`Lease::owner`](crate::Lease::owner) of an intent of `scope` in flight, once, in no
+    /// particular order. A drain that starts asks it for the holders it might prove dead
+    /// ([`reclaim_dead_owners`](crate::reclaim_dead_owners)).
+    ///
+    /// The default, for a store of another crate written before this operation, reports none:
+    /// nothing is taken over early, and the claims of a dead holder wait out their leases, as
+    /// any claim of any store does. A wrapper around a store must forward it, and
+    /// [`take_over`](OutboxStore::take_over).
+    fn lease_owners<'a>(&'a self, scope: &'a Scope) -> BoxFuture<'a, Result<Vec<Arc<str>>, StoreError>> {
+        let _ = scope;
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    /// Takes over the claims of `owner`, a holder the caller has proved dead: every intent of
+    /// the store in flight under a lease of `owner`, whatever its expiry and its scope, is put
+    /// back to pending, due at `now`, exactly as an expired lease is reclaimed — one more
+    /// [`expired_leases`](Delivery::expired_leases), its attempt ended
+    /// [`Expired`](AttemptOutcome::Expired) in the history, its `last_error` saying so
+    /// ([`taken_over_error`](crate::taken_over_error)) — and its token is spent, so an outcome
+    /// or a renewal under it is stale. Returns the keys taken, in registration order; none if
+    /// `owner` holds nothing in flight (a second take-over takes nothing). One atomic
+    /// operation.
+    ///
+    /// Never for an owner that may be alive: its running deliveries would be handed to another
+    /// dispatcher while it still sends them (its outcomes then rejected as stale).
+    ///
+    /// The default, with [`lease_owners`](OutboxStore::lease_owners)' default, takes nothing.
+    fn take_over<'a>(&'a self, owner: &'a str, now: SystemTime) -> BoxFuture<'a, Result<Vec<ActionKey>, StoreError>> {
+        let _ = (owner, now);
+        Box::pin(async { Ok(Vec::new()) })
+    }
 
     /// Re-arms a failed, dead or held intent: pending, due at `now`, `next_attempt_at`
     /// cleared — or, for an intent that requires approval and was never approved (held

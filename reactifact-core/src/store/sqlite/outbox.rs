@@ -501,22 +501,10 @@ pub(super) fn claim_in(
         .query_map([at], |row| row.get(0))?
         .collect::<Result<_, _>>()?;
     for seq in expired {
-        match by_seq(tx, seq)? {
-            Some(Read::Intact(mut row)) if row.status == row::IN_FLIGHT => {
-                let holder = row.owner.clone().unwrap_or_else(|| "an unknown drainer".into());
-                end_attempt(tx, &row, at, &AttemptOutcome::Expired)?;
-                row.expired += 1;
-                row.last_error = Some(crate::model::delivery::reclaimed_error(row.attempts, &holder));
-                row.next_attempt_at = None;
-                row.settle(row::PENDING, at);
-                row.update(tx)?;
-                claimed.reclaimed += 1;
-            }
-            Some(Read::Intact(_)) | None => {}
-            Some(Read::Damaged { seq, key, detail }) => {
-                hold_damaged(tx, seq, &key, &detail, at)?;
-                claimed.integrity.push(ActionKey::from(key));
-            }
+        match end_lease(tx, seq, at, crate::model::delivery::reclaimed_error)? {
+            Ended::Pending(_) => claimed.reclaimed += 1,
+            Ended::Not => {}
+            Ended::Held(key) => claimed.integrity.push(key),
         }
     }
     if limit == 0 {
@@ -557,6 +545,70 @@ pub(super) fn claim_in(
         claimed.claims.push(row.delivery(&payload));
     }
     Ok(claimed)
+}
+
+/// What [`end_lease`] did with a row.
+enum Ended {
+    /// Put back to pending: its key.
+    Pending(ActionKey),
+    /// Nothing: the row is gone, or not in flight.
+    Not,
+    /// Held: the row failed its integrity check (its key).
+    Held(ActionKey),
+}
+
+/// Ends the lease of the in-flight row `seq` at `at`, its holder dead or stalled past it: the
+/// attempt ended expired in the history, the row pending and due at `at`, one more expired
+/// lease, `last_error` from `error` (of the attempt and the holder). A damaged row is held.
+fn end_lease(tx: &Connection, seq: i64, at: i64, error: fn(i64, &str) -> String) -> rusqlite::Result<Ended> {
+    Ok(match by_seq(tx, seq)? {
+        Some(Read::Intact(mut row)) if row.status == row::IN_FLIGHT => {
+            let holder = row.owner.clone().unwrap_or_else(|| "an unknown drainer".into());
+            end_attempt(tx, &row, at, &AttemptOutcome::Expired)?;
+            row.expired += 1;
+            row.last_error = Some(error(row.attempts, &holder));
+            row.next_attempt_at = None;
+            row.settle(row::PENDING, at);
+            row.update(tx)?;
+            Ended::Pending(ActionKey::from(row.key.as_str()))
+        }
+        Some(Read::Intact(_)) | None => Ended::Not,
+        Some(Read::Damaged { seq, key, detail }) => {
+            hold_damaged(tx, seq, &key, &detail, at)?;
+            Ended::Held(ActionKey::from(key))
+        }
+    })
+}
+
+/// The distinct owners of the leases in flight in `scope` (the partial index of leases).
+fn lease_owners(conn: &Connection, scope: &Scope) -> rusqlite::Result<Vec<Arc<str>>> {
+    let mut params = Vec::new();
+    let filter = scope_sql(scope, &mut params);
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT DISTINCT o.owner FROM outbox o WHERE o.lease_until IS NOT NULL AND o.owner IS NOT NULL{filter}"
+    ))?;
+    let owners = stmt.query_map(rusqlite::params_from_iter(params), |row| {
+        row.get::<_, String>(0).map(|o| Arc::from(o.as_str()))
+    })?;
+    owners.collect()
+}
+
+/// Takes over the claims of `owner` ([`OutboxStore::take_over`]), in one transaction.
+fn take_over(conn: &mut Connection, owner: &str, now: SystemTime) -> rusqlite::Result<Vec<ActionKey>> {
+    let at = ms(now);
+    actor::write(conn, |tx| {
+        let held: Vec<i64> = tx
+            .prepare_cached("SELECT seq FROM outbox WHERE lease_until IS NOT NULL AND owner = ?1 ORDER BY seq")?
+            .query_map([owner], |row| row.get(0))?
+            .collect::<Result<_, _>>()?;
+        let mut taken = Vec::with_capacity(held.len());
+        for seq in held {
+            if let Ended::Pending(key) = end_lease(tx, seq, at, crate::model::delivery::taken_over_error)? {
+                taken.push(key);
+            }
+        }
+        Ok(taken)
+    })
 }
 
 fn record(conn: &mut Connection, outcomes: &[Recording], now: SystemTime) -> rusqlite::Result<Vec<Recorded>> {
@@ -944,6 +996,19 @@ impl OutboxStore for SqliteOutbox {
         }
         let outcomes = outcomes.to_vec();
         self.run(move |conn| record(conn, &outcomes, now))
+    }
+
+    fn lease_owners<'a>(&'a self, scope: &'a Scope) -> BoxFuture<'a, Result<Vec<Arc<str>>, StoreError>> {
+        let scope = scope.clone();
+        self.run(move |conn| lease_owners(conn, &scope))
+    }
+
+    fn take_over<'a>(&'a self, owner: &'a str, now: SystemTime) -> BoxFuture<'a, Result<Vec<ActionKey>, StoreError>> {
+        if let Err(e) = self.check_writable() {
+            return Box::pin(async move { Err(e) });
+        }
+        let owner = owner.to_owned();
+        self.run(move |conn| take_over(conn, &owner, now))
     }
 
     fn submit(&self, outcomes: Vec<Recording>, now: SystemTime) {
