@@ -23,7 +23,9 @@
 //! enum lives beside the operation that raises it and is re-exported here.
 //!
 //! Known upward edges: `state/context.rs` holds its store and its outbox (and so imports
-//! `store/`; `WriteError` and `state/branch.rs` carry a `StoreError`); `state/snapshot.rs`
+//! `store/`; `WriteError` and `state/branch.rs` carry a `StoreError`), and takes its lease
+//! owner from `outbox/owner.rs` (which reads this process's identity from `/proc`: I/O that
+//! `model/` and `state/` do not do); `state/snapshot.rs`
 //! records a produce's reads into the effects `Buffer` of `run/effects.rs`; `outbox/drain.rs`
 //! and `outbox/drainer.rs` take `StopHandle`, `TurnOutcome` and `FlushError` from
 //! `run/runtime.rs` and `panic_message` from `run/generation.rs`.
@@ -58,6 +60,7 @@ pub use model::trace::{set_trace_propagation, TraceParent, TraceParentError, Tra
 pub use outbox::dispatcher::{BoxError, DispatchError, Dispatcher, MAX_RETRY_AFTER};
 pub use outbox::drain::{DeliveryErrors, DeliveryFailure, DrainReport, RetryPolicy};
 pub use outbox::drainer::{Drainer, DrainerBuilder};
+pub use outbox::owner::reclaim_dead_owners;
 pub use outbox::router::{ActionCall, Router};
 pub use reactifact_macros::{produce, Artifact};
 pub use run::ask::AnswerError;

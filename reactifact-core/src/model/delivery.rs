@@ -122,7 +122,12 @@ impl fmt::Display for FenceToken {
 /// Who holds an in-flight attempt, until when, and under which token.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
-    /// The drainer (process and drain) that claimed the intent.
+    /// The drainer (process and drain) that claimed the intent. A drain of this crate writes
+    /// `pid PID started NANOS`, then, where its process can tell, where it runs
+    /// (`on HOST boot BOOT ns PIDNS:TIMENS ticks TICKS`, and `machine MACHINE` where the host
+    /// has a machine id) and, for a standalone drainer, `drainer N`: enough for a drain starting
+    /// later on the same host to prove the holder dead and take its claims over at once
+    /// ([`reclaim_dead_owners`](crate::reclaim_dead_owners)).
     pub owner: Arc<str>,
     /// When the lease expires, unless its holder renews it. Once it has expired, any drain of
     /// the store puts the intent back to pending, and it is delivered again with the same
@@ -623,26 +628,6 @@ impl NewIntent {
     pub fn requires_approval(&self) -> bool {
         crate::model::action::requires_approval(&self.bytes)
     }
-}
-
-/// An identity for this process's leases: unique per process start (its pid and start time).
-pub(crate) fn process_owner() -> Arc<str> {
-    static OWNER: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
-    OWNER
-        .get_or_init(|| {
-            let started = SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos());
-            Arc::from(format!("pid {} started {started}", std::process::id()))
-        })
-        .clone()
-}
-
-/// An identity for the leases of one standalone drainer of this process.
-pub(crate) fn drainer_owner() -> Arc<str> {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    Arc::from(format!("{} drainer {n}", process_owner()))
 }
 
 /// One attempt to deliver an intent, as the outbox of a store keeps it

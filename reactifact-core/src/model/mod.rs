@@ -1,5 +1,6 @@
 //! The model: values with no behaviour of their own — artifacts and their ids, kinds and
-//! versions, intents and their keys, events, hashes and the operations a patch is made of.
+//! versions, intents and their keys, events, hashes, the operations a patch is made of, and
+//! lease owners with the rule that proves one dead.
 //!
 //! Nothing here imports from the rest of the crate.
 
@@ -10,6 +11,7 @@ pub(crate) mod delivery;
 pub(crate) mod event;
 pub(crate) mod field_diff;
 pub(crate) mod hash;
+pub(crate) mod owner;
 pub(crate) mod patch;
 pub(crate) mod question;
 pub(crate) mod relation;

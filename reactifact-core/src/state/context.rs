@@ -177,7 +177,7 @@ impl Context {
             graph: Graph::default(),
             store: None,
             lease: OpenOptions::default().lease,
-            owner: crate::model::delivery::process_owner(),
+            owner: crate::outbox::owner::process_owner(),
             cut: false,
             checkpoint_every: 0,
             readers: Readers::default(),
