@@ -640,7 +640,7 @@ impl Schedule<'_> {
             trace_id = tracing::field::Empty,
             span_id = tracing::field::Empty,
         );
-        let trace = crate::model::trace::run_context(&span, &rt.trace);
+        let trace = crate::model::trace::run_context(&span, rt.trace);
         let run = match &work.condition_panicked {
             None => start_run(
                 produce,
