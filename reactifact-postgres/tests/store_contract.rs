@@ -31,6 +31,8 @@ pg_checks!(
     reclaim_makes_old_token_stale,
     renew_only_for_holder,
     reclaim_only_after_expiry,
+    lease_owners_by_scope,
+    take_over_dead_owner,
     retry_at_not_before,
     retry_cancel_legality,
     approval_awaits_and_is_never_claimed,

@@ -193,6 +193,8 @@ pub async fn run_all(harness: &dyn ContractHarness) {
     reclaim_makes_old_token_stale(harness).await;
     renew_only_for_holder(harness).await;
     reclaim_only_after_expiry(harness).await;
+    lease_owners_by_scope(harness).await;
+    take_over_dead_owner(harness).await;
     retry_at_not_before(harness).await;
     retry_cancel_legality(harness).await;
     approval_awaits_and_is_never_claimed(harness).await;
@@ -756,6 +758,256 @@ pub async fn reclaim_only_after_expiry(h: &dyn ContractHarness) {
     let d = &c.claims[0];
     assert_eq!((d.token(), d.attempts(), d.expired_leases()), (FenceToken(2), 2, 1));
     assert_eq!(d.lease().map(|l| &*l.owner), Some(OWNER));
+}
+
+async fn lease_owners(o: &dyn OutboxStore, scope: &Scope) -> Vec<String> {
+    let mut owners: Vec<String> = o
+        .lease_owners(scope)
+        .await
+        .unwrap_or_else(|e| panic!("lease_owners failed: {e}"))
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    owners.sort();
+    owners
+}
+
+async fn take_over(o: &dyn OutboxStore, owner: &str, now: SystemTime) -> Vec<String> {
+    o.take_over(owner, now)
+        .await
+        .unwrap_or_else(|e| panic!("take_over({owner}) failed: {e}"))
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
+
+/// `lease_owners` lists each owner of a lease in flight in the scope once (by session, attached
+/// session and kind), and forgets an owner whose claims all ended.
+pub async fn lease_owners_by_scope(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    assert!(
+        lease_owners(&*o, &Scope::all()).await.is_empty(),
+        "owners: none in an empty store"
+    );
+    s.register("a", &[("a1", "x"), ("a2", "y"), ("a3", "x")], at(0)).await;
+    s.register("b", &[("b1", "x")], at(0)).await;
+    let by_x = Scope::session("a").kinds(["x"]);
+    assert_eq!(keys(&claim_with(&*o, &by_x, 1, "da", LEASE, at(1)).await), ["a1"]);
+    assert_eq!(
+        keys(&claim_with(&*o, &Scope::session("b"), 1, "db", LEASE, at(1)).await),
+        ["b1"]
+    );
+    let by_y = Scope::all().kinds(["y"]);
+    assert_eq!(keys(&claim_with(&*o, &by_y, 1, "dy", LEASE, at(1)).await), ["a2"]);
+    // A second claim of one owner, and a lease already expired (in flight until reclaimed).
+    let short = Duration::from_millis(100);
+    assert_eq!(keys(&claim_with(&*o, &by_x, 1, "da", short, at(2)).await), ["a3"]);
+    assert_eq!(
+        lease_owners(&*o, &Scope::all()).await,
+        ["da", "db", "dy"],
+        "owners: all"
+    );
+    assert_eq!(
+        lease_owners(&*o, &Scope::session("a")).await,
+        ["da", "dy"],
+        "owners: session a"
+    );
+    assert_eq!(
+        lease_owners(&*o, &Scope::session("b")).await,
+        ["db"],
+        "owners: session b"
+    );
+    assert_eq!(
+        lease_owners(&*o, &Scope::all().kinds(["x"])).await,
+        ["da", "db"],
+        "owners: kind x"
+    );
+    assert!(
+        lease_owners(&*o, &Scope::session("c")).await.is_empty(),
+        "owners: a session without intents"
+    );
+    // b1, committed by `c` too, is attached to it.
+    s.register("c", &[("b1", "x")], at(3)).await;
+    assert_eq!(
+        lease_owners(&*o, &Scope::session("c")).await,
+        ["db"],
+        "owners: attached"
+    );
+    // An owner whose claims all ended is no owner any more.
+    for (key, outcome) in [("a1", Outcome::Delivered), ("a3", failed(FailedAttempt::AwaitRetry))] {
+        let got = record(&*o, key, FenceToken(1), outcome, at(4)).await;
+        assert!(matches!(got, Recorded::Accepted(_)), "owners: record {key}: {got:?}");
+    }
+    assert_eq!(
+        lease_owners(&*o, &Scope::session("a")).await,
+        ["dy"],
+        "owners: da's claims ended"
+    );
+    assert_eq!(
+        lease_owners(&*o, &Scope::all()).await,
+        ["db", "dy"],
+        "owners: all, after"
+    );
+}
+
+/// `take_over` puts every claim of a dead owner back to pending at once, as an expired lease is
+/// reclaimed (whatever its lease's expiry and its scope), never a claim of another owner; a
+/// second take-over takes nothing; the dead owner's late outcome and renewal are stale.
+pub async fn take_over_dead_owner(h: &dyn ContractHarness) {
+    const DEAD: &str = "pid 41 started 1700000000000000000 on web-1 boot 8c50d1c77560491f ns 4026531836:4026531834 \
+                        ticks 208231 drainer 1";
+    const LIVE: &str = "pid 42 started 1700000000000000001 on web-1 boot 8c50d1c77560491f ns 4026531836:4026531834 \
+                        ticks 208299";
+    let hour = Duration::from_secs(3600);
+    let (mut s, o) = fresh(h).await;
+    s.register(
+        "a",
+        &[("k1", "x"), ("k2", "x"), ("k3", "x"), ("k4", "x"), ("k5", "x")],
+        at(0),
+    )
+    .await;
+    s.register("b", &[("k6", "y")], at(0)).await;
+    assert_eq!(
+        keys(&claim_with(&*o, &Scope::session("a"), 2, DEAD, hour, at(1)).await),
+        ["k1", "k2"]
+    );
+    assert_eq!(
+        keys(&claim_with(&*o, &Scope::all(), 1, LIVE, hour, at(2)).await),
+        ["k3"]
+    );
+    assert_eq!(
+        keys(&claim_with(&*o, &Scope::session("a"), 1, DEAD, hour, at(3)).await),
+        ["k4"]
+    );
+    let got = record(&*o, "k4", FenceToken(1), Outcome::Delivered, at(4)).await;
+    assert_eq!(got, Recorded::Accepted(DeliveryStatus::Delivered));
+    // Another scope's claim of the dead owner, whose lease has already expired.
+    assert_eq!(
+        keys(&claim_with(&*o, &Scope::session("b"), 1, DEAD, Duration::from_millis(2), at(5)).await),
+        ["k6"]
+    );
+    assert_eq!(
+        lease_owners(&*o, &Scope::all()).await,
+        [DEAD, LIVE],
+        "take over: owners before"
+    );
+
+    let taken = take_over(&*o, DEAD, at(10)).await;
+    assert_eq!(
+        taken,
+        ["k1", "k2", "k6"],
+        "take over: every claim of the owner, in registration order"
+    );
+    for (key, claimed) in [("k1", 1), ("k2", 1), ("k6", 5)] {
+        let d = get(&*o, key).await;
+        assert_eq!(d.status(), DeliveryStatus::Pending, "take over: {key} pending again");
+        assert_eq!(
+            (d.expired_leases(), d.token(), d.attempts(), d.failed_attempts()),
+            (1, FenceToken(1), 1, 0),
+            "take over: {key} counted as an expired lease, not a failure"
+        );
+        assert!(d.lease().is_none(), "take over: {key}'s lease cleared");
+        assert_eq!(d.updated_at(), at(10), "take over: {key}'s updated_at");
+        assert_eq!(d.next_attempt_at(), None, "take over: {key} due at once");
+        let error = d.last_error().unwrap_or_default();
+        assert!(
+            error.contains(DEAD) && error.contains('1'),
+            "take over: {key}'s last_error names the attempt and owner: {error}"
+        );
+        let history = attempts(&*o, key).await;
+        let last = history.last().expect("take over: an attempt in the history");
+        assert_eq!(
+            (last.token, &*last.owner, last.claimed_at, last.ended_at, &last.outcome),
+            (FenceToken(1), DEAD, at(claimed), Some(at(10)), &AttemptOutcome::Expired),
+            "take over: {key}'s attempt ended as expired"
+        );
+    }
+    // The live owner's claim, and what the dead owner finished, are as they were.
+    let k3 = get(&*o, "k3").await;
+    assert_eq!(
+        k3.status(),
+        DeliveryStatus::InFlight,
+        "take over: a live owner's claim is never taken"
+    );
+    assert_eq!(
+        k3.lease().map(|l| (&*l.owner, l.token, l.expires_at)),
+        Some((LIVE, FenceToken(1), at(2) + hour)),
+        "take over: the live owner's lease"
+    );
+    assert_eq!(
+        get(&*o, "k4").await.status(),
+        DeliveryStatus::Delivered,
+        "take over: delivered stays"
+    );
+    assert_eq!(
+        lease_owners(&*o, &Scope::all()).await,
+        [LIVE],
+        "take over: owners after"
+    );
+    let c = counts(&*o, &Scope::all()).await;
+    assert_eq!(
+        (c.pending, c.in_flight, c.delivered),
+        (4, 1, 1),
+        "take over: counts (k1, k2, k5, k6 pending; k3 in flight; k4 delivered)"
+    );
+
+    // A second take-over, and one of an owner holding nothing, take nothing.
+    assert!(
+        take_over(&*o, DEAD, at(11)).await.is_empty(),
+        "take over: a second takes nothing"
+    );
+    assert!(
+        take_over(&*o, "nobody", at(11)).await.is_empty(),
+        "take over: an unknown owner"
+    );
+    assert_eq!(
+        get(&*o, "k1").await.updated_at(),
+        at(10),
+        "take over: a second changed k1"
+    );
+    assert_eq!(get(&*o, "k3").await.status(), DeliveryStatus::InFlight);
+
+    // The dead owner's late outcome and renewal are stale.
+    let got = record(&*o, "k1", FenceToken(1), Outcome::Delivered, at(12)).await;
+    assert_eq!(
+        got,
+        Recorded::Stale {
+            status: Some(DeliveryStatus::Pending),
+            token: FenceToken(1)
+        },
+        "take over: the dead owner's outcome is stale"
+    );
+    let renewed = o
+        .renew(&[(ActionKey::from("k2"), FenceToken(1))], at(500))
+        .await
+        .expect("renew");
+    assert_eq!(renewed, [false], "take over: the dead owner cannot renew");
+
+    // Due at once: the next claim takes them, in due order (k5 was due first), with new tokens.
+    let c = claim_with(&*o, &Scope::all(), 10, "drainer-2", LEASE, at(13)).await;
+    assert_eq!(keys(&c), ["k5", "k1", "k2", "k6"], "take over: claimed again at once");
+    assert_eq!(c.reclaimed, 0, "take over: nothing left to reclaim");
+    let k1 = &c.claims[1];
+    assert_eq!(
+        (k1.token(), k1.attempts()),
+        (FenceToken(2), 2),
+        "take over: k1 claimed again"
+    );
+    let got = record(&*o, "k1", FenceToken(1), Outcome::Delivered, at(14)).await;
+    assert_eq!(
+        got,
+        Recorded::Stale {
+            status: Some(DeliveryStatus::InFlight),
+            token: FenceToken(2)
+        },
+        "take over: the dead owner's outcome stays stale once claimed again"
+    );
+    let got = record(&*o, "k1", FenceToken(2), Outcome::Delivered, at(15)).await;
+    assert_eq!(
+        got,
+        Recorded::Accepted(DeliveryStatus::Delivered),
+        "take over: the new holder records"
+    );
 }
 
 /// A failed intent with a retry at `t` is not claimable before `t`, and is at `t`; retry
