@@ -66,6 +66,7 @@ pub use reactifact_macros::{produce, Artifact};
 pub use run::ask::AnswerError;
 pub use run::calls::{CallError, MissKind, ReplayMiss};
 pub use run::effects::{DeclaredOutput, Dynamic, Effects};
+pub use run::handle::{RuntimeHandle, SubmitError, DEFAULT_INBOX_CAPACITY};
 pub use run::produce::{
     Agent, IntoProduce, IntoProduceResult, Produce, ProduceCall, ProduceError, ProduceFailure, RunFailure,
 };
@@ -74,13 +75,14 @@ pub use run::runtime::{
     Budget, BuildError, FlushError, ProduceErrors, ProduceUsage, RunError, Runtime, RuntimeBuilder, StopHandle,
     TurnOutcome, TurnReport, MAX_CONFLICT_RETRIES,
 };
-pub use run::serve::{RuntimeHandle, ServeReport, SubmitError};
+pub use run::serve::ServeReport;
 pub use run::when;
 pub use state::branch::{ArtifactState, Conflict, Diff, ForkError, MergeError, MergeReport, Resolution, Side, Updated};
 pub use state::commit::{Commit, CommitError, Read, RunRecord, Runs, TriggerRef};
 pub use state::context::{Context, Transaction, WriteError};
 pub use state::refold::VerifyError;
 pub use state::snapshot::Snapshot;
+pub use state::writes::Writes;
 pub use store::connect::{connect, ConnectError};
 pub use store::ledger::Ledger;
 pub use store::log_store::{Act, Append, CheckpointRow, ClaimOrder, CommitRow, LogStore, OutboxCheck, SessionRow};

@@ -96,3 +96,22 @@ fn a_turn_over_a_sqlite_context_runs_on_a_spawned_task_of_a_multi_thread_runtime
         DeliveryStatus::Delivered
     );
 }
+
+/// Every future of a runtime handle is `Send`, so a web handler can await it on any executor.
+#[test]
+fn handle_futures_are_send() {
+    fn assert_send<T: Send>(_: &T) {}
+    let rt = reactifact_core::Runtime::builder(reactifact_core::Context::new("s"))
+        .build()
+        .unwrap();
+    let handle = rt.handle();
+    assert_send(&handle.write(reactifact_core::Writes::new()));
+    assert_send(&handle.try_write(reactifact_core::Writes::new()));
+    assert_send(&handle.delete("a:1"));
+    assert_send(&handle.link("a:1", "r", "b:1"));
+    assert_send(&handle.unlink("a:1", "r", "b:1"));
+    assert_send(&handle.approve("k", "ada"));
+    assert_send(&handle.reject("k", "ada", "no"));
+    assert_send(&handle.retry("k"));
+    assert_send(&handle.cancel("k", "no"));
+}

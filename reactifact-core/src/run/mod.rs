@@ -7,6 +7,7 @@ pub(crate) mod calls;
 pub(crate) mod delivery;
 pub(crate) mod effects;
 pub(crate) mod generation;
+pub(crate) mod handle;
 pub(crate) mod harness;
 pub(crate) mod join;
 pub(crate) mod matching;

@@ -22,6 +22,7 @@ use crate::outbox::drain::{
 };
 use crate::run::calls::{CallCache, Meter};
 use crate::run::generation::{self, Intake, Slot};
+use crate::run::handle::{Inbox, DEFAULT_INBOX_CAPACITY};
 use crate::run::join::Joins;
 use crate::run::produce::{Agent, ProduceFailure};
 use crate::run::resources::Resources;
@@ -367,6 +368,7 @@ pub struct RuntimeBuilder {
     max_concurrency: usize,
     budget: Budget,
     resources: Resources,
+    inbox_capacity: usize,
 }
 
 impl RuntimeBuilder {
@@ -459,6 +461,16 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Sets how many writes sent through [`RuntimeHandle`](crate::RuntimeHandle)s the
+    /// runtime's inbox holds before a writer waits for room (default
+    /// [`DEFAULT_INBOX_CAPACITY`](crate::DEFAULT_INBOX_CAPACITY), 1,024; at least 1). Under
+    /// overload, writers wait (or [`try_write`](crate::RuntimeHandle::try_write) answers
+    /// [`Full`](crate::SubmitError::Full)) instead of the memory growing.
+    pub fn inbox_capacity(mut self, writes: usize) -> Self {
+        self.inbox_capacity = writes.max(1);
+        self
+    }
+
     /// Sets the budget [`Runtime::run`] uses (default: [`Budget::default`]).
     pub fn budget(mut self, budget: Budget) -> Self {
         self.budget = budget;
@@ -514,7 +526,7 @@ impl RuntimeBuilder {
             budget: self.budget,
             stop: StopHandle::default(),
             turns: 0,
-            inbox: Default::default(),
+            inbox: Inbox::new(self.inbox_capacity),
             serving: false,
             served: Default::default(),
             resources: self.resources,
@@ -665,7 +677,7 @@ pub struct Runtime {
     pub(crate) stop: StopHandle,
     turns: u64,
     /// Writes sent through handles, for `serve`.
-    pub(crate) inbox: crate::run::serve::Inbox,
+    pub(crate) inbox: crate::run::handle::Inbox,
     /// Whether the runtime serves ([`serve`](Runtime::serve)): its delivery then runs beside
     /// its turns, and turns neither drain nor claim in their commits.
     pub(crate) serving: bool,
@@ -693,6 +705,7 @@ impl Runtime {
             max_concurrency: 1024,
             budget: Budget::default(),
             resources: Resources::new(),
+            inbox_capacity: DEFAULT_INBOX_CAPACITY,
         }
     }
 

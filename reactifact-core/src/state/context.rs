@@ -13,8 +13,7 @@ use crate::model::artifact::{Artifact, ArtifactId, Generation, ReadError, Record
 use crate::model::delivery::NewIntent;
 use crate::model::event::{Event, EventKind, QueuedEvent};
 use crate::model::hash::{CommitHash, StateHash};
-use crate::model::patch::{EffectError, Op, PutMode};
-use crate::model::relation::Relation;
+use crate::model::patch::{EffectError, Op};
 use crate::model::trace::TraceParent;
 use crate::state::commit::{Acted, Apply, Commit, CommitError, Emitted, RunRecord};
 use crate::state::graph::Graph;
@@ -23,6 +22,7 @@ use crate::state::log::{Base, Log};
 use crate::state::readers::Readers;
 use crate::state::refold::{Checks, Refold, VerifyError};
 use crate::state::snapshot::Snapshot;
+use crate::state::writes::Writes;
 use crate::store::ledger::Ledger;
 use crate::store::log_store::LogStore;
 use crate::store::memory::MemoryOutbox;
@@ -750,8 +750,7 @@ impl Context {
     pub fn transaction(&mut self) -> Transaction<'_> {
         Transaction {
             context: self,
-            ops: Vec::new(),
-            error: None,
+            writes: Writes::new(),
         }
     }
 
@@ -1070,7 +1069,8 @@ impl std::fmt::Debug for Context {
 }
 
 /// A batch of direct writes to a [`Context`], committed as one generation by
-/// [`commit`](Transaction::commit). Dropping it writes nothing.
+/// [`commit`](Transaction::commit). Dropping it writes nothing. The writes are [`Writes`]'s
+/// (`create`, `create_once`, `update`, `delete`, `link`, `unlink`).
 ///
 /// ```
 /// # use reactifact_core::{Artifact, Context};
@@ -1090,54 +1090,25 @@ impl std::fmt::Debug for Context {
 #[must_use = "a transaction writes nothing until `commit` is called"]
 pub struct Transaction<'a> {
     context: &'a mut Context,
-    ops: Vec<Op>,
-    error: Option<EffectError>,
+    /// The writes, built with [`Writes`]'s methods (`tx.create(..)` and friends).
+    writes: Writes,
+}
+
+impl std::ops::Deref for Transaction<'_> {
+    type Target = Writes;
+
+    fn deref(&self) -> &Writes {
+        &self.writes
+    }
+}
+
+impl std::ops::DerefMut for Transaction<'_> {
+    fn deref_mut(&mut self) -> &mut Writes {
+        &mut self.writes
+    }
 }
 
 impl Transaction<'_> {
-    fn push(&mut self, op: Result<Op, EffectError>) -> &mut Self {
-        match op {
-            Ok(op) => self.ops.push(op),
-            Err(e) => {
-                self.error.get_or_insert(e);
-            }
-        }
-        self
-    }
-
-    /// Creates `value` at `id`, or refreshes it if it exists.
-    pub fn create<T: Artifact>(&mut self, id: impl Into<ArtifactId>, value: T) -> &mut Self {
-        let op = Op::put(PutMode::Create, id.into(), &value);
-        self.push(op)
-    }
-
-    /// Creates `value` at `id` only if the id does not exist.
-    pub fn create_once<T: Artifact>(&mut self, id: impl Into<ArtifactId>, value: T) -> &mut Self {
-        let op = Op::put(PutMode::CreateOnce, id.into(), &value);
-        self.push(op)
-    }
-
-    /// Replaces the artifact at `id`, which must exist.
-    pub fn update<T: Artifact>(&mut self, id: impl Into<ArtifactId>, value: T) -> &mut Self {
-        let op = Op::put(PutMode::Update, id.into(), &value);
-        self.push(op)
-    }
-
-    /// Deletes the artifact at `id` and its relations.
-    pub fn delete(&mut self, id: impl Into<ArtifactId>) -> &mut Self {
-        self.push(Ok(Op::Delete { id: id.into() }))
-    }
-
-    /// Adds the relation `from -[name]-> to`.
-    pub fn link(&mut self, from: impl Into<ArtifactId>, name: &str, to: impl Into<ArtifactId>) -> &mut Self {
-        self.push(Ok(Op::Link(Relation::new(from, name, to))))
-    }
-
-    /// Removes the relation `from -[name]-> to`.
-    pub fn unlink(&mut self, from: impl Into<ArtifactId>, name: &str, to: impl Into<ArtifactId>) -> &mut Self {
-        self.push(Ok(Op::Unlink(Relation::new(from, name, to))))
-    }
-
     /// Applies every write as one commit, or none of them. A batch that changes nothing
     /// commits nothing.
     ///
@@ -1146,13 +1117,11 @@ impl Transaction<'_> {
     /// directly; [`WriteError::Commit`] if a write does not apply (unknown id on update, a
     /// different kind under an existing id, a link to a missing artifact).
     pub fn commit(self) -> Result<(), WriteError> {
-        if let Some(e) = self.error {
-            return Err(e.into());
-        }
-        if self.ops.is_empty() {
+        let ops = self.writes.into_ops()?;
+        if ops.is_empty() {
             return Ok(());
         }
-        self.context.commit_direct(self.ops)
+        self.context.commit_direct(ops)
     }
 }
 
@@ -1162,6 +1131,8 @@ mod tests {
 
     use super::*;
     use crate::model::action::{ActionKey, PendingAction};
+    use crate::model::patch::PutMode;
+    use crate::model::relation::Relation;
 
     #[derive(Serialize, Deserialize)]
     struct Note(u32);

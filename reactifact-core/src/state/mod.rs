@@ -13,3 +13,4 @@ pub(crate) mod order;
 pub(crate) mod readers;
 pub(crate) mod refold;
 pub(crate) mod snapshot;
+pub(crate) mod writes;
