@@ -115,10 +115,9 @@ impl Drainer {
         let poll = self.poll;
         let mut report = DrainReport::default();
         let span = tracing::info_span!("drainer", store = %self.outbox.describe(), serve = true);
-        let reclaimed = crate::outbox::owner::reclaim_dead_owners(self.outbox.as_ref(), &self.scope);
-        if let Err(e) = reclaimed.instrument(span.clone()).await {
-            tracing::warn!(parent: &span, error = %e, "the claims of dead lease owners could not be taken over; they wait out their leases");
-        }
+        crate::outbox::owner::reclaim_dead_owners_or_warn(self.outbox.as_ref(), &self.scope)
+            .instrument(span.clone())
+            .await;
         let drain = self.drain_of(&stop);
         let served = drain.serve(&mut report, Some(poll)).instrument(span.clone());
         let gauges = self.record_gauges().instrument(span);

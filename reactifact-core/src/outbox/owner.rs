@@ -174,6 +174,19 @@ pub async fn reclaim_dead_owners(outbox: &dyn OutboxStore, scope: &Scope) -> Res
     Ok(taken)
 }
 
+/// [`reclaim_dead_owners`] for a drain that starts: a failure is logged at warn (the claims
+/// of dead owners then wait out their leases, as before) and counts as nothing taken.
+pub(crate) async fn reclaim_dead_owners_or_warn(outbox: &dyn OutboxStore, scope: &Scope) -> usize {
+    reclaim_dead_owners(outbox, scope).await.unwrap_or_else(|e| {
+        tracing::warn!(
+            store = %outbox.describe(),
+            error = %e,
+            "the claims of dead lease owners could not be taken over; they wait out their leases"
+        );
+        0
+    })
+}
+
 /// The first keys of a list, for a log line.
 struct Shown<'a>(&'a [ActionKey]);
 
@@ -365,6 +378,66 @@ mod tests {
         if place.machine.is_some() && place.pid_ns == owner::INIT_PID_NS {
             let rebooted = me(|o| o.place.as_mut().unwrap().0.boot = "0123456789abcdef".into());
             assert_eq!(provably_dead(&rebooted), Some(Death::Rebooted), "{rebooted}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_drain_that_starts_takes_over_the_provably_dead_owners_of_its_scope_only() {
+        use crate::model::delivery::DeliveryStatus;
+        use crate::store::outbox::ClaimRequest;
+        if !linux() {
+            return;
+        }
+        let outbox = crate::store::memory::MemoryOutbox::new();
+        let keys = [("k1", "x"), ("k2", "x"), ("k3", "x"), ("k4", "x")];
+        let now = crate::model::time::now();
+        outbox.register(crate::store::contract::new_intents("s", 1, &keys).into_iter(), now);
+        let gone = {
+            let mut child = std::process::Command::new("true").spawn().expect("spawn `true`");
+            let pid = child.id();
+            child.wait().unwrap();
+            pid
+        };
+        let dead: Arc<str> = me(|o| o.pid = gone).into();
+        let elsewhere: Arc<str> = me(|o| {
+            o.pid = gone;
+            o.place.as_mut().unwrap().0.host.push_str("-other");
+        })
+        .into();
+        let live = drainer_owner();
+        let hour = std::time::Duration::from_secs(3600);
+        for owner in [&dead, &elsewhere, &live] {
+            let claimed = outbox
+                .claim(ClaimRequest {
+                    scope: &Scope::all(),
+                    limit: 1,
+                    owner,
+                    lease: hour,
+                    now,
+                })
+                .await
+                .unwrap();
+            assert_eq!(claimed.claims.len(), 1);
+        }
+        // Not in the scope: not looked at.
+        assert_eq!(reclaim_dead_owners(&*outbox, &Scope::session("t")).await.unwrap(), 0);
+        assert_eq!(
+            outbox.get("k1").await.unwrap().unwrap().status(),
+            DeliveryStatus::InFlight
+        );
+        // In it: the dead owner's claim only, once.
+        assert_eq!(reclaim_dead_owners(&*outbox, &Scope::session("s")).await.unwrap(), 1);
+        assert_eq!(reclaim_dead_owners_or_warn(&*outbox, &Scope::all()).await, 0);
+        let k1 = outbox.get("k1").await.unwrap().unwrap();
+        assert_eq!((k1.status(), k1.expired_leases()), (DeliveryStatus::Pending, 1));
+        assert!(
+            k1.last_error().unwrap_or_default().contains(&*dead),
+            "{:?}",
+            k1.last_error()
+        );
+        for key in ["k2", "k3"] {
+            let d = outbox.get(key).await.unwrap().unwrap();
+            assert_eq!(d.status(), DeliveryStatus::InFlight, "{key}");
         }
     }
 
