@@ -51,6 +51,7 @@ pub use model::delivery::{
 pub use model::event::{Event, EventKind};
 pub use model::field_diff::FieldDiff;
 pub use model::hash::{CommitHash, ContentHash, StateHash};
+pub use model::parked::{FailedRun, Parked, PARKED_ID_PREFIX, RETRY_TIMER_PREFIX};
 pub use model::patch::{EffectError, Op, PutMode};
 pub use model::question::Question;
 pub use model::relation::Relation;
@@ -71,6 +72,7 @@ pub use run::produce::{
     Agent, IntoProduce, IntoProduceResult, Produce, ProduceCall, ProduceError, ProduceFailure, RunFailure,
 };
 pub use run::resources::{DeclaredResource, Resources};
+pub use run::retries::RearmError;
 pub use run::runtime::{
     Budget, BuildError, FlushError, ProduceErrors, ProduceUsage, RunError, Runtime, RuntimeBuilder, StopHandle,
     TurnOutcome, TurnReport, MAX_CONFLICT_RETRIES,

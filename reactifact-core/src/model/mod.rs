@@ -12,6 +12,7 @@ pub(crate) mod event;
 pub(crate) mod field_diff;
 pub(crate) mod hash;
 pub(crate) mod owner;
+pub(crate) mod parked;
 pub(crate) mod patch;
 pub(crate) mod question;
 pub(crate) mod relation;

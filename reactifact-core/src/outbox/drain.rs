@@ -128,6 +128,16 @@ impl RetryPolicy {
         self
     }
 
+    /// How many attempts it allows in all.
+    pub fn attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// Whether it retries by itself (not [`manual`](RetryPolicy::manual)).
+    pub fn is_automatic(&self) -> bool {
+        self.automatic
+    }
+
     /// Sets the growth factor between delays (at least 1; `NaN` is 1).
     pub fn multiplier(mut self, multiplier: f64) -> Self {
         self.multiplier = multiplier.max(1.0);

@@ -48,11 +48,17 @@ impl Beside {
         })
     }
 
-    /// Delivers until [`stop`](Beside::stop): what is due, what the nudge points at, what
+    /// Takes over the claims of provably dead owners of this host first (see
+    /// `outbox::owner`), then delivers until [`stop`](Beside::stop): what is due, what the nudge points at, what
     /// falls due (retries, expired leases) and, every `poll`, what other processes committed.
     /// A store that is briefly away is ridden out; deliveries running at the stop finish within
     /// the grace period.
     pub(crate) async fn serve(&self, poll: Duration, report: &mut DrainReport) -> Result<(), DrainError> {
+        // A restart takes over at once what its dead predecessor on this host held, instead of
+        // waiting out its leases.
+        crate::outbox::owner::reclaim_dead_owners_or_warn(self.outbox.as_ref(), &self.scope)
+            .instrument(self.span.clone())
+            .await;
         let drain = Drain {
             outbox: self.outbox.as_ref(),
             scope: &self.scope,

@@ -27,6 +27,7 @@ use crate::run::join::Parts;
 use crate::run::matching::{self, Work};
 use crate::run::produce::{Agent, Produce, ProduceFailure, RunFailure, RunInput, RunSlot};
 use crate::run::resources::Resources;
+use crate::run::retries::Retries;
 use crate::run::runtime::{ProduceErrors, RunError, Runtime, TurnOutcome, TurnReport};
 use crate::state::commit::{Emitted, Read, RunRecord, TriggerRef};
 use crate::state::context::{CommitFailure, GenerationCommit};
@@ -188,7 +189,11 @@ pub(crate) async fn run(
         }
     };
 
-    let isolate = rt.produce_errors == ProduceErrors::Isolate;
+    // A serving runtime never fails on a produce: a failed run is dropped and retried.
+    let isolate = rt.produce_errors == ProduceErrors::Isolate || rt.serving;
+    // The retries and parked events of the runs that failed, and the retry timers of the
+    // retried runs that succeeded (deleted), written in the generation's commit.
+    let mut retries = Retries::default();
     let mut records = Vec::with_capacity(batch.work.len());
     let mut record_work = Vec::with_capacity(batch.work.len());
     let mut record_traces = Vec::with_capacity(batch.work.len());
@@ -219,8 +224,22 @@ pub(crate) async fn run(
                 record_work.push(i);
                 record_traces.push(traces[i]);
             }
-            Err(failure) => failures.push(failure_at(rt, work, failure)),
+            Err(failure) => {
+                let failure = failure_at(rt, work, failure);
+                if rt.serving {
+                    retries.failed(rt, work, &failure.failure.to_string());
+                }
+                failures.push(failure);
+                continue;
+            }
         }
+        if work.retry.is_some() {
+            retries.succeeded(work);
+        }
+    }
+    if let Some(record) = retries.record() {
+        records.push(record);
+        record_traces.push(None);
     }
     // Not kept through the commit, where a large generation's memory peaks.
     drop((traces, durations));
@@ -236,17 +255,23 @@ pub(crate) async fn run(
 
     let mut runs = records.len() as u64;
     let claim = rt.commit_claim();
-    let (agents, triggers) = (rt.agents.as_slice(), &rt.triggers);
-    let reacts = |event: &Emitted, generation: Generation, readers: &Readers| {
-        matching::reacts(agents, triggers, &watching, event, generation, readers)
-    };
-    let turn = GenerationCommit {
-        reacts: &reacts,
-        claim,
-        traces: &record_traces,
+    let committed = {
+        let (agents, triggers) = (rt.agents.as_slice(), &rt.triggers);
+        let reacts = |event: &Emitted, generation: Generation, readers: &Readers| {
+            matching::reacts(agents, triggers, &watching, event, generation, readers)
+        };
+        let turn = GenerationCommit {
+            reacts: &reacts,
+            claim,
+            traces: &record_traces,
+        };
+        rt.context.commit_generation(records, events, isolate, &turn).await
     };
     let preclaimed;
-    match rt.context.commit_generation(records, events, isolate, &turn).await {
+    // A patch that does not apply fails its run like an error: retried when serving, in a
+    // write of its own (the only window in which a crash loses a retry).
+    let mut late = Retries::default();
+    match committed {
         Ok((rejected, claimed)) => {
             preclaimed = claimed
                 .zip(claim)
@@ -259,7 +284,14 @@ pub(crate) async fn run(
                 }
             }
             for (r, error) in rejected {
-                let work = &batch.work[record_work[r]];
+                let Some(&w) = record_work.get(r) else {
+                    tracing::error!(error = %error, "the retries of the generation's failed runs were refused");
+                    continue;
+                };
+                let work = &batch.work[w];
+                if rt.serving {
+                    late.failed(rt, work, &error.to_string());
+                }
                 failures.push(failure_at(rt, work, RunFailure::Commit(error)));
             }
             // The events taken are consumed, with the runs that failed on them (isolated or
@@ -279,6 +311,12 @@ pub(crate) async fn run(
             return Err(RunError::Store(e));
         }
     }
+    if let Some(record) = late.record() {
+        if let Err(e) = rt.context.commit_direct_async(record.ops).await {
+            tracing::error!(error = %e, "the retries of runs whose patch did not apply could not be written; those runs are not retried");
+        }
+    }
+    report.parked += retries.parked + late.parked;
     for failure in &failures {
         tracing::warn!(agent = %failure.agent, produce = %failure.produce, artifact_id = %failure.trigger, error = %failure.failure, "produce run isolated; its patch was dropped");
     }

@@ -7,8 +7,10 @@ use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::model::artifact::{Artifact, ArtifactId};
 use crate::model::delivery::Delivery;
+use crate::model::parked::Parked;
 use crate::model::patch::{Op, PutMode};
 use crate::outbox::drain::Clock;
+use crate::run::retries::RearmError;
 use crate::run::runtime::{Runtime, StopHandle, MAX_CONFLICT_RETRIES};
 use crate::state::context::{Context, WriteError};
 use crate::state::writes::Writes;
@@ -19,11 +21,25 @@ use crate::store::StoreError;
 /// ([`RuntimeBuilder::inbox_capacity`](crate::RuntimeBuilder::inbox_capacity)).
 pub const DEFAULT_INBOX_CAPACITY: usize = 1024;
 
-/// A batch of writes sent to a runtime, and where to answer: whether every `create_once` of
-/// it created its artifact.
+/// What a handle asks a runtime to commit, and where to answer: whether every `create_once`
+/// of it created its artifact.
 pub(crate) struct Submitted {
-    ops: Vec<Op>,
-    done: oneshot::Sender<Result<bool, WriteError>>,
+    request: Request,
+    done: oneshot::Sender<Result<bool, Refused>>,
+}
+
+/// What a handle asks a runtime to commit.
+enum Request {
+    /// These operations, as one commit.
+    Writes(Vec<Op>),
+    /// The re-arm of the parked event stored at this id.
+    Rearm(ArtifactId),
+}
+
+/// Why a runtime refused a request.
+enum Refused {
+    Write(WriteError),
+    NotParked(ArtifactId),
 }
 
 /// The queue of writes of a runtime: what [`RuntimeHandle`]s send, and a serving runtime
@@ -68,7 +84,17 @@ impl WriteTally {
     /// was committed, or another writer's commits were taken).
     pub(crate) async fn commit(&mut self, context: &mut Context, submitted: Submitted) -> bool {
         let head = context.head();
-        let Submitted { ops, done } = submitted;
+        let Submitted { request, done } = submitted;
+        let ops = match request {
+            Request::Writes(ops) => ops,
+            Request::Rearm(id) => match context.get::<Parked>(id.as_str()) {
+                Ok(Some(parked)) => match crate::run::retries::rearm(parked.data, crate::model::time::now()) {
+                    Ok(ops) => ops,
+                    Err(e) => return self.refuse(done, Refused::Write(e)),
+                },
+                _ => return self.refuse(done, Refused::NotParked(id)),
+            },
+        };
         let mut tries = 0;
         let result = loop {
             // A `create_once` is skipped when its id exists as it commits: said before it does.
@@ -95,15 +121,27 @@ impl WriteTally {
                 result => break result.map(|()| created),
             }
         };
-        match &result {
-            Ok(_) => self.committed += 1,
+        match result {
+            Ok(created) => {
+                self.committed += 1;
+                let _ = done.send(Ok(created));
+            }
             Err(e) => {
-                tracing::warn!(error = %e, "a write sent to the runtime was refused");
-                self.refused += 1;
+                self.refuse(done, Refused::Write(e));
             }
         }
-        let _ = done.send(result);
         context.head() != head
+    }
+
+    /// Answers a refused request; false: nothing was committed.
+    fn refuse(&mut self, done: oneshot::Sender<Result<bool, Refused>>, refused: Refused) -> bool {
+        match &refused {
+            Refused::Write(e) => tracing::warn!(error = %e, "a write sent to the runtime was refused"),
+            Refused::NotParked(id) => tracing::warn!(id = %id, "a re-arm sent to the runtime names no parked event"),
+        }
+        self.refused += 1;
+        let _ = done.send(Err(refused));
+        false
     }
 }
 
@@ -209,25 +247,50 @@ impl RuntimeHandle {
         self.outbox.cancel(key, reason, Clock::new().now()).await
     }
 
-    /// Sends `writes` once there is room in the inbox and waits for their commit.
+    /// Sends `writes` (once there is room in the inbox, or at once) and waits for their commit.
     async fn send(&self, writes: Writes, wait_for_room: bool) -> Result<bool, SubmitError> {
         let ops = writes.into_ops().map_err(WriteError::from)?;
         let (done, answer) = oneshot::channel();
-        let submitted = Submitted { ops, done };
+        let submitted = Submitted {
+            request: Request::Writes(ops),
+            done,
+        };
         match wait_for_room {
             true => self.tx.send(submitted).await.map_err(|_| SubmitError::Closed)?,
             false => self.tx.try_send(submitted).map_err(|e| match e {
-                mpsc::error::TrySendError::Full(given_back) => SubmitError::Full(Writes {
-                    ops: given_back.ops,
-                    error: None,
-                }),
-                mpsc::error::TrySendError::Closed(_) => SubmitError::Closed,
+                mpsc::error::TrySendError::Full(Submitted {
+                    request: Request::Writes(ops),
+                    ..
+                }) => SubmitError::Full(Writes { ops, error: None }),
+                _ => SubmitError::Closed,
             })?,
         }
-        answer
-            .await
-            .map_err(|_| SubmitError::Closed)?
-            .map_err(SubmitError::Write)
+        match answer.await.map_err(|_| SubmitError::Closed)? {
+            Ok(created) => Ok(created),
+            Err(Refused::Write(e)) => Err(SubmitError::Write(e)),
+            Err(Refused::NotParked(_)) => unreachable!("writes are not a re-arm"),
+        }
+    }
+
+    /// Re-arms the parked event stored at `id` (see [`Parked`]), as [`Runtime::rearm`] does:
+    /// its produce runs again on its trigger, with its retry policy's attempts anew. Resolves
+    /// once the re-arm is committed.
+    ///
+    /// # Errors
+    /// [`RearmError::NotParked`] if no parked event is stored at `id`; [`RearmError::Write`]
+    /// if the commit failed; [`RearmError::Closed`] if the runtime is gone.
+    pub async fn rearm(&self, id: impl Into<ArtifactId>) -> Result<(), RearmError> {
+        let (done, answer) = oneshot::channel();
+        let submitted = Submitted {
+            request: Request::Rearm(id.into()),
+            done,
+        };
+        self.tx.send(submitted).await.map_err(|_| RearmError::Closed)?;
+        match answer.await.map_err(|_| RearmError::Closed)? {
+            Ok(_) => Ok(()),
+            Err(Refused::Write(e)) => Err(RearmError::Write(e)),
+            Err(Refused::NotParked(id)) => Err(RearmError::NotParked { id }),
+        }
     }
 
     /// Commits `writes` as one commit, all or none, waiting for room in the runtime's inbox;
@@ -341,6 +404,24 @@ impl Runtime {
             outbox: self.context.outbox(),
             nudge: self.inbox.nudge.clone(),
         }
+    }
+
+    /// Re-arms the parked event stored at `id` (see [`Parked`]): its record is deleted and its
+    /// produce runs again on its trigger (as it is then) in the next turn, with its retry
+    /// policy's attempts anew; one commit. For a serving runtime, use
+    /// [`RuntimeHandle::rearm`].
+    ///
+    /// # Errors
+    /// [`RearmError::NotParked`] if no parked event is stored at `id`; [`RearmError::Write`]
+    /// if the commit failed (nothing was written).
+    pub async fn rearm(&mut self, id: impl Into<ArtifactId>) -> Result<(), RearmError> {
+        let id = id.into();
+        let parked = match self.context.get::<Parked>(id.as_str()) {
+            Ok(Some(parked)) => parked.data,
+            _ => return Err(RearmError::NotParked { id }),
+        };
+        let ops = crate::run::retries::rearm(parked, self.now())?;
+        Ok(self.context.commit_direct_async(ops).await?)
     }
 
     /// Commits the writes that handles sent, each as one commit.

@@ -16,9 +16,12 @@ use foldhash::HashMap;
 
 use crate::model::artifact::{ArtifactId, Generation, Kind, Stored};
 use crate::model::event::{EventKind, QueuedEvent};
+use crate::model::parked::FailedRun;
+use crate::model::timer::Timer;
 use crate::run::generation::{panic_message, Slot};
 use crate::run::join::{self, Parts};
 use crate::run::produce::{Agent, Produce};
+use crate::run::retries;
 use crate::run::runtime::Runtime;
 use crate::state::commit::Emitted;
 use crate::state::readers::{ReaderKey, Readers};
@@ -38,6 +41,9 @@ pub(crate) struct Work {
     /// debounced run replaces the runs of earlier events; a run that makes another dropped
     /// covers its event too). A generation cut short commits the runs of a prefix of events.
     pub(crate) events: (usize, usize),
+    /// For the run again of a run that failed (its retry timer fired), what failed; `None`
+    /// for a first run.
+    pub(crate) retry: Option<Box<FailedRun>>,
 }
 
 /// The events a generation takes and the work they match.
@@ -242,6 +248,7 @@ fn rerun(rt: &Runtime, snapshot: &Snapshot, slot: Slot, key: &ReaderKey) -> Opti
         condition_panicked,
         joined: None,
         events: (0, 0),
+        retry: None,
     })
 }
 
@@ -278,6 +285,35 @@ fn trigger_of(snapshot: &Snapshot, queued: &QueuedEvent) -> Option<Arc<Stored>> 
 
 fn match_event(rt: &Runtime, snapshot: &Snapshot, queued: &QueuedEvent, work: &mut Vec<Work>) {
     let event = &queued.event;
+    // A retry timer's fire runs the produce that failed again, on its trigger as it is now;
+    // produces triggered by `Timer` never see it.
+    if event.artifact_kind == Kind::of::<Timer>() && retries::is_retry_timer(event.id.as_str()) {
+        // Only its fire, an update; not its scheduling or its deletion.
+        let fire = (event.kind == EventKind::Updated)
+            .then(|| trigger_of(snapshot, queued))
+            .flatten();
+        let due = fire.and_then(|timer| retries::due_retry(rt, snapshot, &timer));
+        if let Some((slot, trigger, failed)) = due {
+            let produce = &rt.agents[slot.agent].produces[slot.produce];
+            let (applies, condition_panicked) = condition(produce, snapshot, &trigger);
+            let joined = match produce.is_join() {
+                true => rt.joins.parts(slot, &trigger, snapshot),
+                false => None,
+            };
+            if applies && (joined.is_some() || !produce.is_join()) {
+                work.push(Work {
+                    slot,
+                    trigger,
+                    event: failed.event,
+                    condition_panicked,
+                    joined,
+                    events: (0, 0),
+                    retry: Some(Box::new(failed)),
+                });
+            }
+        }
+        return;
+    }
     let Some(slots) = rt.triggers.get(&event.artifact_kind) else {
         return;
     };
@@ -309,6 +345,7 @@ fn match_event(rt: &Runtime, snapshot: &Snapshot, queued: &QueuedEvent, work: &m
                         condition_panicked,
                         joined: None,
                         events: (0, 0),
+                        retry: None,
                     });
                 }
             }
@@ -323,6 +360,7 @@ fn match_event(rt: &Runtime, snapshot: &Snapshot, queued: &QueuedEvent, work: &m
                 condition_panicked,
                 joined: None,
                 events: (0, 0),
+                retry: None,
             });
         }
     }
@@ -344,7 +382,12 @@ pub(crate) fn reacts(
             .iter()
             .any(|slot| agents[slot.agent].produces[slot.produce].reacts_to(event.kind()))
     });
+    // A retry timer's fire runs its produce again.
+    let retry = event.kind() == EventKind::Updated
+        && event.artifact_kind() == Kind::of::<Timer>()
+        && retries::is_retry_timer(event.id().as_str());
     matched
+        || retry
         || watching
             .stale(readers, event.id().as_str(), generation)
             .next()

@@ -13,6 +13,7 @@ pub(crate) mod join;
 pub(crate) mod matching;
 pub(crate) mod produce;
 pub(crate) mod resources;
+pub(crate) mod retries;
 pub(crate) mod runtime;
 pub(crate) mod serve;
 pub(crate) mod timers;

@@ -238,6 +238,10 @@ pub struct TurnReport {
     /// were committed while their runs executed: each ran again on the new head, with the
     /// answers its recorded calls got (see [`Runtime::serve`]).
     pub overtaken: u64,
+    /// Runs of a serving runtime parked: they failed on the last attempt their produce's retry
+    /// policy allowed (see [`Parked`](crate::Parked)). Every failed run is in
+    /// [`failed_runs`](TurnReport::failed_runs).
+    pub parked: u64,
     /// Timers the turn fired: each committed as fired (one direct write for the timers due
     /// at once, not counted in [`generations`](TurnReport::generations)) before the
     /// generation that reacts to them.
@@ -369,7 +373,12 @@ pub struct RuntimeBuilder {
     budget: Budget,
     resources: Resources,
     inbox_capacity: usize,
+    produce_retry: ProduceRetries,
 }
+
+/// The retry policies of produces: the default, and those of single produces by (agent,
+/// produce) name.
+type ProduceRetries = (RetryPolicy, HashMap<(String, String), RetryPolicy>);
 
 impl RuntimeBuilder {
     /// Registers a resource: a typed, shared, read-only value — a model client, its
@@ -461,6 +470,28 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Sets the retry policy of every produce without one of its own (default:
+    /// [`RetryPolicy::default`], 8 attempts from 1 s apart, doubling, at most 5 minutes apart).
+    /// It applies while the runtime [serves](Runtime::serve): a run that fails (returns an
+    /// error, panics, or writes a patch that does not apply) is retried alone, on its trigger
+    /// as it then is, after the backoff, while the rest of its generation commits; after the
+    /// last attempt its event is parked (see [`Parked`](crate::Parked)). With
+    /// [`RetryPolicy::manual`], a failed run is parked at once. A turn run directly
+    /// ([`Runtime::run`]) keeps [`ProduceErrors`]'s rule instead.
+    pub fn produce_retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.produce_retry.0 = policy;
+        self
+    }
+
+    /// Sets the retry policy of one produce, by its agent's name and its own (see
+    /// [`produce_retry_policy`](RuntimeBuilder::produce_retry_policy)).
+    pub fn produce_retry_policy_for(mut self, agent: &str, produce: &str, policy: RetryPolicy) -> Self {
+        self.produce_retry
+            .1
+            .insert((agent.to_owned(), produce.to_owned()), policy);
+        self
+    }
+
     /// Sets how many writes sent through [`RuntimeHandle`](crate::RuntimeHandle)s the
     /// runtime's inbox holds before a writer waits for room (default
     /// [`DEFAULT_INBOX_CAPACITY`](crate::DEFAULT_INBOX_CAPACITY), 1,024; at least 1). Under
@@ -529,6 +560,7 @@ impl RuntimeBuilder {
             inbox: Inbox::new(self.inbox_capacity),
             serving: false,
             served: Default::default(),
+            produce_retry: self.produce_retry,
             resources: self.resources,
             calls: CallCache::default(),
             trace: TraceParent::mint(),
@@ -615,6 +647,7 @@ fn check_registrations(agents: &[Agent]) -> Result<(), BuildError> {
     for builtin in [
         ArtifactType::of::<Timer>(),
         ArtifactType::of::<crate::model::question::Question>(),
+        ArtifactType::of::<crate::model::parked::Parked>(),
     ] {
         kinds.insert(builtin.kind, builtin);
     }
@@ -681,6 +714,8 @@ pub struct Runtime {
     /// Whether the runtime serves ([`serve`](Runtime::serve)): its delivery then runs beside
     /// its turns, and turns neither drain nor claim in their commits.
     pub(crate) serving: bool,
+    /// The produces' retry policies (see [`RuntimeBuilder::produce_retry_policy`]).
+    produce_retry: ProduceRetries,
     /// What its `serve` calls did, over its life (see [`ServeReport`](crate::ServeReport)).
     pub(crate) served: crate::run::serve::ServeReport,
     /// What every run of the runtime reads with `ProduceCall::resource`.
@@ -706,6 +741,7 @@ impl Runtime {
             budget: Budget::default(),
             resources: Resources::new(),
             inbox_capacity: DEFAULT_INBOX_CAPACITY,
+            produce_retry: (RetryPolicy::default(), HashMap::new()),
         }
     }
 
@@ -722,6 +758,12 @@ impl Runtime {
     /// Gives the context back.
     pub fn into_context(self) -> Context {
         self.context
+    }
+
+    /// The retry policy of the produce `produce` of agent `agent`.
+    pub(crate) fn produce_retry_policy(&self, agent: &str, produce: &str) -> &RetryPolicy {
+        let (default, by_name) = &self.produce_retry;
+        by_name.get(&(agent.to_owned(), produce.to_owned())).unwrap_or(default)
     }
 
     pub(crate) fn clock(&self) -> &Clock {
@@ -780,6 +822,7 @@ impl Runtime {
             failed_runs: Vec::new(),
             conflicts: 0,
             overtaken: 0,
+            parked: 0,
             timers_fired: 0,
             next_wake_at: None,
             usage: Vec::new(),

@@ -11,6 +11,11 @@ use crate::outbox::drain::{instant_after, DrainReport};
 use crate::run::delivery::Beside;
 use crate::run::runtime::{RunError, Runtime, TurnOutcome, TurnReport};
 
+/// The first pause of a serving runtime after a turn its store failed with a retryable error.
+const STORE_PAUSE: Duration = Duration::from_millis(50);
+/// The longest such pause.
+const MAX_STORE_PAUSE: Duration = Duration::from_secs(5);
+
 /// What a runtime did while serving, over its life: every [`serve`](Runtime::serve) call adds
 /// to it, and each returns the sum so far.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -29,6 +34,10 @@ pub struct ServeReport {
     pub writes: u64,
     /// Writes received and refused.
     pub refused_writes: u64,
+    /// Produce runs that failed (each retried, or parked).
+    pub failed_runs: u64,
+    /// Runs parked after their last attempt (see [`Parked`](crate::Parked)).
+    pub parked: u64,
     /// Intents delivered by the runtime's own delivery.
     pub delivered: u64,
     /// Failed attempts (retried or waiting for `retry`).
@@ -46,6 +55,8 @@ impl ServeReport {
         self.generations += turn.generations;
         self.runs += turn.runs;
         self.overtaken += turn.overtaken;
+        self.failed_runs += turn.failed_runs.len() as u64;
+        self.parked += turn.parked;
         self.usage += turn.total_usage();
     }
 
@@ -61,7 +72,7 @@ impl Runtime {
     /// arrive and runs a turn after them; runs a turn when a timer of the session falls due
     /// (see [`Runtime::next_wake_at`]), and `poll` after the last turn at the latest (so that
     /// work committed by another process to the session is noticed); and returns once a stop
-    /// ([`RuntimeHandle::stop`] or [`stop_handle`](Runtime::stop_handle)) is asked, after the
+    /// ([`RuntimeHandle::stop`](crate::RuntimeHandle::stop) or [`stop_handle`](Runtime::stop_handle)) is asked, after the
     /// turn running then has stopped (a generation still running is cancelled, its events stay
     /// queued). Each turn runs with the runtime's budget.
     ///
@@ -81,11 +92,19 @@ impl Runtime {
     /// cuts the commit off: the context then refuses writes
     /// ([`StoreError::CutOff`](crate::StoreError::CutOff)) until it is reopened.
     ///
+    /// Nothing a produce does ends the serving: a run that fails (returns an error, panics, or
+    /// writes a patch that does not apply) is dropped from its generation, which commits the
+    /// rest, and the same commit schedules it to run again after its produce's retry policy's
+    /// backoff ([`RuntimeBuilder::produce_retry_policy`](crate::RuntimeBuilder::produce_retry_policy));
+    /// after the last attempt its event is parked ([`Parked`](crate::Parked)) for an operator
+    /// to re-arm ([`RuntimeHandle::rearm`](crate::RuntimeHandle::rearm)). A store error that is
+    /// retryable is ridden out with a pause (50 ms, doubling to 5 s) and the turn runs again.
+    ///
     /// # Errors
-    /// The first error of a turn ([`RunError`]), or of the delivery (a store error that is
-    /// not retryable, or the first failure with
-    /// [`DeliveryErrors::FailLoud`](crate::DeliveryErrors::FailLoud)); the other part is
-    /// stopped first. The runtime can serve again after it.
+    /// A fatal store error (a corrupt file, a refused schema: not
+    /// [retryable](crate::StoreError::is_retryable)) of a turn or of the delivery, or the
+    /// delivery's first failure with [`DeliveryErrors::FailLoud`](crate::DeliveryErrors::FailLoud);
+    /// the other part is stopped first. The runtime can serve again after it.
     pub async fn serve(&mut self, poll: Duration) -> Result<ServeReport, RunError> {
         let span = tracing::info_span!("serve", session = %self.context.session());
         self.serve_until_stopped(poll.max(Duration::from_millis(1)))
@@ -146,6 +165,9 @@ impl Runtime {
 
     /// The turns of a serving runtime, until a stop.
     async fn serve_turns(&mut self, poll: Duration) -> Result<(), RunError> {
+        // The pause after a turn the store failed with a retryable error, doubling while it
+        // fails, up to 5 s.
+        let mut pause = STORE_PAUSE;
         loop {
             // Another process serving the same session may have committed since: its commits
             // are taken first (and its queued work with them, should it have stopped).
@@ -159,7 +181,26 @@ impl Runtime {
                 Err(e) => return Err(e.into()),
             }
             self.apply_submitted().await;
-            let turn = self.run_turn(self.budget).await?;
+            let turn = match self.run_turn(self.budget).await {
+                Ok(turn) => turn,
+                // A store that is briefly away (a dropped connection, a busy file) does not end
+                // the serving: nothing of the failed generation was written, and it runs again.
+                Err(RunError::Store(e)) if e.is_retryable() => {
+                    tracing::warn!(error = %e, retry_in = ?pause, "the store failed a turn; serving on after a pause");
+                    let stop = self.stop.clone();
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => {}
+                        () = stop.requested() => {
+                            stop.clear();
+                            return Ok(());
+                        }
+                    }
+                    pause = (pause * 2).min(MAX_STORE_PAUSE);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            pause = STORE_PAUSE;
             self.served.add_turn(&turn);
             if turn.outcome == TurnOutcome::Stopped {
                 return Ok(());

@@ -608,6 +608,12 @@ impl Context {
         self.state.list()
     }
 
+    /// The events a serving runtime parked (see [`Parked`](crate::Parked)), in the order they
+    /// were first parked.
+    pub fn parked(&self) -> impl Iterator<Item = Result<Record<crate::model::parked::Parked>, ReadError>> + '_ {
+        self.list::<crate::model::parked::Parked>()
+    }
+
     /// How many artifacts exist.
     pub fn len(&self) -> usize {
         self.state.len()
