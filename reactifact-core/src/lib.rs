@@ -72,7 +72,6 @@ pub use run::produce::{
     Agent, IntoProduce, IntoProduceResult, Produce, ProduceCall, ProduceError, ProduceFailure, RunFailure,
 };
 pub use run::resources::{DeclaredResource, Resources};
-pub use run::retries::RearmError;
 pub use run::runtime::{
     Budget, BuildError, FlushError, ProduceErrors, ProduceUsage, RunError, Runtime, RuntimeBuilder, StopHandle,
     TurnOutcome, TurnReport, MAX_CONFLICT_RETRIES,
@@ -82,6 +81,7 @@ pub use run::when;
 pub use state::branch::{ArtifactState, Conflict, Diff, ForkError, MergeError, MergeReport, Resolution, Side, Updated};
 pub use state::commit::{Commit, CommitError, Read, RunRecord, Runs, TriggerRef};
 pub use state::context::{Context, Transaction, WriteError};
+pub use state::rearm::RearmError;
 pub use state::refold::VerifyError;
 pub use state::snapshot::Snapshot;
 pub use state::writes::Writes;

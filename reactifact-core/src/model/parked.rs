@@ -5,8 +5,10 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::artifact::{Artifact, ArtifactId};
+use crate::model::artifact::{Artifact, ArtifactId, Kind};
 use crate::model::event::EventKind;
+use crate::model::patch::{EffectError, Op, PutMode};
+use crate::model::timer::Timer;
 
 /// The prefix of the id a [`Parked`] record is stored at: `parked:{agent}/{produce}/{trigger}`.
 pub const PARKED_ID_PREFIX: &str = "parked:";
@@ -74,4 +76,26 @@ pub struct Parked {
 
 impl Artifact for Parked {
     const KIND: &'static str = "parked";
+}
+
+impl Parked {
+    /// The writes that re-arm it: its record deleted and a retry due `now`, with its policy's
+    /// attempts anew.
+    pub(crate) fn rearm_ops(self, now: SystemTime) -> Result<Vec<Op>, EffectError> {
+        let failed = FailedRun {
+            attempts: 0,
+            ..self.run
+        };
+        let key = failed.retry_key();
+        let id = Timer::id_of(&key);
+        let timer = Timer::new(key.as_str(), now, &failed).map_err(|source| EffectError::Encode {
+            id: id.clone(),
+            kind: Kind::of::<Timer>(),
+            source,
+        })?;
+        Ok(vec![
+            Op::Delete { id: failed.parked_id() },
+            Op::put(PutMode::Create, id, &timer)?,
+        ])
+    }
 }

@@ -7,12 +7,11 @@ use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::model::artifact::{Artifact, ArtifactId};
 use crate::model::delivery::Delivery;
-use crate::model::parked::Parked;
 use crate::model::patch::{Op, PutMode};
 use crate::outbox::drain::Clock;
-use crate::run::retries::RearmError;
 use crate::run::runtime::{Runtime, StopHandle, MAX_CONFLICT_RETRIES};
 use crate::state::context::{Context, WriteError};
+use crate::state::rearm::RearmError;
 use crate::state::writes::Writes;
 use crate::store::outbox::{ApprovalError, CancelError, OutboxStore, RetryError};
 use crate::store::StoreError;
@@ -87,12 +86,11 @@ impl WriteTally {
         let Submitted { request, done } = submitted;
         let ops = match request {
             Request::Writes(ops) => ops,
-            Request::Rearm(id) => match context.get::<Parked>(id.as_str()) {
-                Ok(Some(parked)) => match crate::run::retries::rearm(parked.data, crate::model::time::now()) {
-                    Ok(ops) => ops,
-                    Err(e) => return self.refuse(done, Refused::Write(e)),
-                },
-                _ => return self.refuse(done, Refused::NotParked(id)),
+            Request::Rearm(id) => match context.rearm_ops(id) {
+                Ok(ops) => ops,
+                Err(RearmError::NotParked { id }) => return self.refuse(done, Refused::NotParked(id)),
+                Err(RearmError::Write(e)) => return self.refuse(done, Refused::Write(e)),
+                Err(RearmError::Closed) => unreachable!("a context's re-arm is not sent"),
             },
         };
         let mut tries = 0;
@@ -272,7 +270,7 @@ impl RuntimeHandle {
         }
     }
 
-    /// Re-arms the parked event stored at `id` (see [`Parked`]), as [`Runtime::rearm`] does:
+    /// Re-arms the parked event stored at `id` (see [`Parked`](crate::Parked)), as [`Runtime::rearm`] does:
     /// its produce runs again on its trigger, with its retry policy's attempts anew. Resolves
     /// once the re-arm is committed.
     ///
@@ -406,22 +404,13 @@ impl Runtime {
         }
     }
 
-    /// Re-arms the parked event stored at `id` (see [`Parked`]): its record is deleted and its
-    /// produce runs again on its trigger (as it is then) in the next turn, with its retry
-    /// policy's attempts anew; one commit. For a serving runtime, use
-    /// [`RuntimeHandle::rearm`].
+    /// Re-arms the parked event stored at `id`, as [`Context::rearm`] does. For a serving
+    /// runtime, use [`RuntimeHandle::rearm`].
     ///
     /// # Errors
-    /// [`RearmError::NotParked`] if no parked event is stored at `id`; [`RearmError::Write`]
-    /// if the commit failed (nothing was written).
+    /// As [`Context::rearm`].
     pub async fn rearm(&mut self, id: impl Into<ArtifactId>) -> Result<(), RearmError> {
-        let id = id.into();
-        let parked = match self.context.get::<Parked>(id.as_str()) {
-            Ok(Some(parked)) => parked.data,
-            _ => return Err(RearmError::NotParked { id }),
-        };
-        let ops = crate::run::retries::rearm(parked, self.now())?;
-        Ok(self.context.commit_direct_async(ops).await?)
+        self.context.rearm(id).await
     }
 
     /// Commits the writes that handles sent, each as one commit.

@@ -11,9 +11,9 @@
 
 use std::time::SystemTime;
 
-use crate::model::artifact::{ArtifactId, Stored};
+use crate::model::artifact::Stored;
 use crate::model::event::EventKind;
-use crate::model::parked::{FailedRun, Parked, PARKED_ID_PREFIX, RETRY_TIMER_PREFIX};
+use crate::model::parked::{FailedRun, Parked, RETRY_TIMER_PREFIX};
 use crate::model::patch::{Op, PutMode};
 use crate::model::timer::{Timer, TIMER_ID_PREFIX};
 use crate::outbox::drain::RetryPolicy;
@@ -89,46 +89,6 @@ pub(crate) fn after_failure(
         Op::put(PutMode::Create, Timer::id_of(&key), &timer)
     };
     Ok((op?, park))
-}
-
-/// The write that re-arms the parked event `parked`: its record deleted and a retry due `now`,
-/// with its policy's attempts anew.
-pub(crate) fn rearm(parked: Parked, now: SystemTime) -> Result<Vec<Op>, WriteError> {
-    let failed = FailedRun {
-        attempts: 0,
-        ..parked.run
-    };
-    let key = failed.retry_key();
-    let timer = Timer::new(key.as_str(), now, &failed).map_err(|source| crate::model::patch::EffectError::Encode {
-        id: Timer::id_of(&key),
-        kind: crate::model::artifact::Kind::of::<Timer>(),
-        source,
-    })?;
-    Ok(vec![
-        Op::Delete { id: failed.parked_id() },
-        Op::put(PutMode::Create, Timer::id_of(&key), &timer)?,
-    ])
-}
-
-/// Re-arming a parked event failed; nothing was written.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum RearmError {
-    /// No parked event is stored at this id.
-    #[error(
-        "no parked event at `{id}` (parked events are stored at `{PARKED_ID_PREFIX}{{agent}}/{{produce}}/{{trigger}}`)"
-    )]
-    NotParked {
-        /// The id given.
-        id: ArtifactId,
-    },
-    /// The write was refused.
-    #[error(transparent)]
-    Write(#[from] WriteError),
-    /// The runtime was dropped before it took the re-arm
-    /// ([`RuntimeHandle::rearm`](crate::RuntimeHandle::rearm)).
-    #[error("the runtime is gone; the re-arm was not applied")]
-    Closed,
 }
 
 /// What a generation of a serving runtime writes about its runs' failures: a retry or a parked

@@ -11,6 +11,7 @@ pub(crate) mod live;
 pub(crate) mod log;
 pub(crate) mod order;
 pub(crate) mod readers;
+pub(crate) mod rearm;
 pub(crate) mod refold;
 pub(crate) mod snapshot;
 pub(crate) mod writes;
