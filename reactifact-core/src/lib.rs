@@ -22,13 +22,14 @@
 //! `serve`) ← `audit/` (verification, time travel, replay, provenance, export). Each error
 //! enum lives beside the operation that raises it and is re-exported here.
 //!
-//! Known upward edges: `state/context.rs` holds its store and its outbox (and so imports
-//! `store/`; `WriteError` and `state/branch.rs` carry a `StoreError`), and takes its lease
-//! owner from `outbox/owner.rs` (which reads this process's identity from `/proc`: I/O that
-//! `model/` and `state/` do not do); `state/snapshot.rs`
-//! records a produce's reads into the effects `Buffer` of `run/effects.rs`; `outbox/drain.rs`
-//! and `outbox/drainer.rs` take `StopHandle`, `TurnOutcome` and `FlushError` from
-//! `run/runtime.rs` and `panic_message` from `run/generation.rs`.
+//! Known upward edges (`tests/layering.rs` fails on any other): `state/context.rs` holds its
+//! store and its outbox (and so imports `store/`; `state/branch.rs` and `state/log.rs` carry
+//! a `StoreError`), and takes its lease owner from `outbox/owner.rs` (which reads this
+//! process's identity from `/proc`: I/O that `model/` and `state/` do not do);
+//! `state/snapshot.rs` records a produce's reads into the effects `Buffer` of `run/effects.rs`
+//! (and `state/commit.rs`'s tests build one). No file of `outbox/` imports `run/`: the stop
+//! signal and a panic's message are `model/`'s, a drain reports its own interruption, and
+//! `FlushError` is the drainer's.
 
 mod audit;
 mod model;
@@ -55,12 +56,13 @@ pub use model::parked::{FailedRun, Parked, PARKED_ID_PREFIX, RETRY_TIMER_PREFIX}
 pub use model::patch::{EffectError, Op, PutMode};
 pub use model::question::Question;
 pub use model::relation::Relation;
+pub use model::stop::StopHandle;
 pub use model::telemetry::metric;
 pub use model::timer::Timer;
 pub use model::trace::{set_trace_propagation, TraceParent, TraceParentError, TracePropagation};
 pub use outbox::dispatcher::{BoxError, DispatchError, Dispatcher, MAX_RETRY_AFTER};
 pub use outbox::drain::{DeliveryErrors, DeliveryFailure, DrainReport, RetryPolicy};
-pub use outbox::drainer::{Drainer, DrainerBuilder};
+pub use outbox::drainer::{Drainer, DrainerBuilder, FlushError};
 pub use outbox::owner::reclaim_dead_owners;
 pub use outbox::router::{ActionCall, Router};
 pub use reactifact_macros::{produce, Artifact};
@@ -73,8 +75,8 @@ pub use run::produce::{
 };
 pub use run::resources::{DeclaredResource, Resources};
 pub use run::runtime::{
-    Budget, BuildError, FlushError, ProduceErrors, ProduceUsage, RunError, Runtime, RuntimeBuilder, StopHandle,
-    TurnOutcome, TurnReport, MAX_CONFLICT_RETRIES,
+    Budget, BuildError, ProduceErrors, ProduceUsage, RunError, Runtime, RuntimeBuilder, TurnOutcome, TurnReport,
+    MAX_CONFLICT_RETRIES,
 };
 pub use run::serve::ServeReport;
 pub use run::when;

@@ -19,9 +19,9 @@ use tracing::Instrument;
 
 use crate::model::action::{ActionKey, Intent};
 use crate::model::delivery::{ceil_millis, later, Delivery, DeliveryStatus, FenceToken};
+use crate::model::stop::StopHandle;
 use crate::model::telemetry::{Counted, DeliveryMetrics};
 use crate::outbox::dispatcher::{DispatchError, Dispatcher, ErasedDispatcher};
-use crate::run::runtime::{StopHandle, TurnOutcome};
 use crate::store::outbox::{
     ClaimRequest, Claimed, FailedAttempt, OutboxStore, Outcome, Recorded, Recording, Scope, Wakeups,
 };
@@ -286,6 +286,15 @@ pub struct DrainReport {
     pub waiting: usize,
 }
 
+/// What ended a drain before it ran out of work: a stop or its deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Interrupted {
+    /// Its stop handle asked it to stop.
+    Stopped,
+    /// Its deadline passed.
+    DeadlineExceeded,
+}
+
 /// Why a drain stopped with an error.
 pub(crate) enum DrainError {
     Delivery(DeliveryFailure),
@@ -525,11 +534,11 @@ type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 type Written = (Vec<usize>, Vec<Recording>, Result<Vec<Recorded>, StoreError>);
 
 impl<'a> Drain<'a> {
-    fn interrupted(&self) -> Option<TurnOutcome> {
+    fn interrupted(&self) -> Option<Interrupted> {
         if self.stop.is_requested() {
-            Some(TurnOutcome::Stopped)
+            Some(Interrupted::Stopped)
         } else if self.deadline.is_some_and(|d| Instant::now() >= d) {
-            Some(TurnOutcome::DeadlineExceeded)
+            Some(Interrupted::DeadlineExceeded)
         } else {
             None
         }
@@ -538,7 +547,7 @@ impl<'a> Drain<'a> {
     /// Delivers every intent of the scope due now (and what falls due meanwhile, such as an
     /// expired lease of a dead holder). Returns the outcome that interrupted it, if a stop or
     /// the deadline did.
-    pub(crate) async fn run(&self, report: &mut DrainReport) -> Result<Option<TurnOutcome>, DrainError> {
+    pub(crate) async fn run(&self, report: &mut DrainReport) -> Result<Option<Interrupted>, DrainError> {
         let outcome = self.run_without_count(report, None).await?;
         self.count_waiting(report).await?;
         Ok(outcome)
@@ -551,7 +560,7 @@ impl<'a> Drain<'a> {
         &self,
         report: &mut DrainReport,
         preclaimed: Option<Preclaimed>,
-    ) -> Result<Option<TurnOutcome>, DrainError> {
+    ) -> Result<Option<Interrupted>, DrainError> {
         match self.interrupted() {
             Some(interrupted) => {
                 if let Some(preclaimed) = preclaimed {
@@ -572,7 +581,7 @@ impl<'a> Drain<'a> {
     /// Delivers every waiting intent, sleeping until retries fall due and leases expire, until
     /// none waits (each is delivered, dead, held or waiting for `retry`), or a stop or the
     /// deadline.
-    pub(crate) async fn settle(&self, report: &mut DrainReport) -> Result<Option<TurnOutcome>, DrainError> {
+    pub(crate) async fn settle(&self, report: &mut DrainReport) -> Result<Option<Interrupted>, DrainError> {
         self.serve(report, None).await
     }
 
@@ -582,7 +591,7 @@ impl<'a> Drain<'a> {
         &self,
         report: &mut DrainReport,
         poll: Option<Duration>,
-    ) -> Result<Option<TurnOutcome>, DrainError> {
+    ) -> Result<Option<Interrupted>, DrainError> {
         // A serving drain also wakes when the store says intents may have fallen due.
         let mut wakeups = poll.and_then(|_| self.outbox.wakeups());
         loop {
@@ -648,8 +657,8 @@ impl<'a> Drain<'a> {
             let interrupted = tokio::select! {
                 () = tokio::time::sleep_until(wake) => None,
                 () = woken(wakeups.as_mut(), self.nudge) => None,
-                () = self.stop.requested() => Some(TurnOutcome::Stopped),
-                () = deadline => Some(TurnOutcome::DeadlineExceeded),
+                () = self.stop.requested() => Some(Interrupted::Stopped),
+                () = deadline => Some(Interrupted::DeadlineExceeded),
             };
             if let Some(outcome) = interrupted {
                 self.count_waiting(report).await?;
@@ -670,7 +679,7 @@ impl<'a> Drain<'a> {
         poll: Option<Duration>,
         preclaimed: Option<Preclaimed>,
         mut wakeups: Option<&mut Wakeups>,
-    ) -> Result<Option<TurnOutcome>, DrainError> {
+    ) -> Result<Option<Interrupted>, DrainError> {
         let config = self.config;
         let dispatcher = self.dispatcher.as_ref();
         let mut holds = Holds {
@@ -698,7 +707,7 @@ impl<'a> Drain<'a> {
         let mut buffers: (Vec<usize>, Vec<Recording>) = Default::default();
         let mut renewing: Option<StoreFuture<'_, Result<Vec<bool>, StoreError>>> = None;
         let mut exhausted = false;
-        let mut stopping: Option<TurnOutcome> = None;
+        let mut stopping: Option<Interrupted> = None;
         let mut first_failure: Option<DeliveryFailure> = None;
         let mut store_error: Option<StoreError> = None;
         let mut record_failures = 0;
@@ -712,8 +721,8 @@ impl<'a> Drain<'a> {
                 }
             };
             tokio::select! {
-                () = self.stop.requested() => TurnOutcome::Stopped,
-                () = deadline => TurnOutcome::DeadlineExceeded,
+                () = self.stop.requested() => Interrupted::Stopped,
+                () = deadline => Interrupted::DeadlineExceeded,
             }
         };
         tokio::pin!(interrupt);
@@ -1140,7 +1149,7 @@ fn attempt<D: Dispatcher>(
     async move {
         let dispatch = match built {
             Ok(future) => AssertUnwindSafe(future).catch_unwind(),
-            Err(panic) => return (index, Attempt::Panicked(crate::run::generation::panic_message(&panic))),
+            Err(panic) => return (index, Attempt::Panicked(crate::model::panic::panic_message(&panic))),
         };
         let result = match timeout {
             Some(limit) => match tokio::time::timeout(limit, dispatch).await {
@@ -1152,7 +1161,7 @@ fn attempt<D: Dispatcher>(
         let attempt = match result {
             Ok(Ok(())) => Attempt::Delivered,
             Ok(Err(e)) => Attempt::Failed(e),
-            Err(panic) => Attempt::Panicked(crate::run::generation::panic_message(&panic)),
+            Err(panic) => Attempt::Panicked(crate::model::panic::panic_message(&panic)),
         };
         (index, attempt)
     }

@@ -6,10 +6,12 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
+use crate::model::stop::StopHandle;
 use crate::outbox::dispatcher::{Dispatcher, ErasedDispatcher};
 use crate::outbox::drain::{Clock, DeliveryConfig, DeliveryErrors, Drain, DrainReport, RetryPolicy};
-use crate::run::runtime::{FlushError, StopHandle, TurnOutcome};
+use crate::outbox::drain::{DeliveryFailure, DrainError, Interrupted};
 use crate::store::outbox::{OutboxStore, Scope};
+use crate::store::StoreError;
 
 /// Delivers the intents of a store, without a runtime: the outbox's drain for a process of its
 /// own (or a task of its own), next to any number of runtimes and other drainers of the same
@@ -167,16 +169,13 @@ impl Drainer {
         F: for<'d> FnOnce(
             &'d Drain<'d>,
             &'d mut DrainReport,
-        ) -> crate::store::outbox::BoxFuture<
-            'd,
-            Result<Option<TurnOutcome>, crate::outbox::drain::DrainError>,
-        >,
+        ) -> crate::store::outbox::BoxFuture<'d, Result<Option<Interrupted>, DrainError>>,
     {
         let mut report = DrainReport::default();
         let span = tracing::info_span!("drainer", store = %self.outbox.describe());
         let drain = self.drain_of(&self.stop);
         let outcome = run(&drain, &mut report).instrument(span).await;
-        if outcome.map_err(FlushError::from)? == Some(TurnOutcome::Stopped) {
+        if outcome.map_err(FlushError::from)? == Some(Interrupted::Stopped) {
             self.stop.clear();
         }
         Ok(report)
@@ -303,5 +302,31 @@ impl std::fmt::Debug for Drainer {
             .field("owner", &self.owner)
             .field("lease", &self.lease)
             .finish()
+    }
+}
+
+/// A drain of its own failed: [`Drainer::flush`], [`settle`](Drainer::settle) or
+/// [`serve`](Drainer::serve), or [`Runtime::flush`](crate::Runtime::flush) and
+/// [`settle`](crate::Runtime::settle).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FlushError {
+    /// No dispatcher is configured, so nothing can be delivered.
+    #[error("no dispatcher is configured; add one with RuntimeBuilder::dispatcher")]
+    NoDispatcher,
+    /// A delivery failed (fail-loud delivery); it is recorded in the ledger.
+    #[error(transparent)]
+    Delivery(#[from] DeliveryFailure),
+    /// The durable store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<DrainError> for FlushError {
+    fn from(e: DrainError) -> Self {
+        match e {
+            DrainError::Delivery(f) => FlushError::Delivery(f),
+            DrainError::Store(e) => FlushError::Store(e),
+        }
     }
 }

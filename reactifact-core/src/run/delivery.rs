@@ -7,9 +7,10 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tracing::Instrument;
 
+use crate::model::stop::StopHandle;
 use crate::outbox::dispatcher::ErasedDispatcher;
 use crate::outbox::drain::{Clock, DeliveryConfig, Drain, DrainError, DrainReport};
-use crate::run::runtime::{Runtime, StopHandle};
+use crate::run::runtime::Runtime;
 use crate::store::outbox::{OutboxStore, Scope};
 
 /// What the drain beside a serving runtime's turns owns: its own copies of the runtime's

@@ -1,6 +1,5 @@
 //! One generation: match events to produces, run them against one snapshot, validate, commit.
 
-use std::any::Any;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -17,6 +16,7 @@ use tracing::Instrument;
 use crate::model::artifact::{Generation, Stored};
 use crate::model::call::RecordedCall;
 use crate::model::event::EventKind;
+use crate::model::panic::panic_message;
 use crate::model::patch::Op;
 use crate::model::telemetry::ProduceMetrics;
 use crate::model::trace::TraceParent;
@@ -899,14 +899,4 @@ impl Future for Started {
 /// Room for the operations of `work`'s run (see [`Produce::ops_hint`]).
 fn ops_hint(agents: &[Agent], work: &Work) -> usize {
     agents[work.slot.agent].produces[work.slot.produce].ops_hint()
-}
-
-pub(crate) fn panic_message(panic: &Box<dyn Any + Send>) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_owned()
-    }
 }

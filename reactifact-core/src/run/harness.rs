@@ -242,7 +242,7 @@ impl ProduceTest {
             Err(panic) => {
                 return Err(RunFailure::Panicked(format!(
                     "its condition panicked: {}",
-                    crate::run::generation::panic_message(&panic)
+                    crate::model::panic::panic_message(&panic)
                 )))
             }
         }

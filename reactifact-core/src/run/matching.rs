@@ -16,9 +16,10 @@ use foldhash::HashMap;
 
 use crate::model::artifact::{ArtifactId, Generation, Kind, Stored};
 use crate::model::event::{EventKind, QueuedEvent};
+use crate::model::panic::panic_message;
 use crate::model::parked::FailedRun;
 use crate::model::timer::Timer;
-use crate::run::generation::{panic_message, Slot};
+use crate::run::generation::Slot;
 use crate::run::join::{self, Parts};
 use crate::run::produce::{Agent, Produce};
 use crate::run::retries;

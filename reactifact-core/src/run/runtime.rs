@@ -1,11 +1,9 @@
 //! The runtime: agents, the generation loop, budgets and the outbox drain.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use foldhash::{HashMap, HashMapExt};
-use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -13,13 +11,16 @@ use crate::model::action::PendingAction;
 use crate::model::artifact::{ArtifactType, Kind};
 use crate::model::call::Usage;
 use crate::model::delivery::Delivery;
+use crate::model::stop::StopHandle;
 use crate::model::telemetry::RunMetrics;
 use crate::model::timer::Timer;
 use crate::model::trace::TraceParent;
 use crate::outbox::dispatcher::{Dispatcher, ErasedDispatcher};
 use crate::outbox::drain::{
-    Clock, DeliveryConfig, DeliveryErrors, DeliveryFailure, Drain, DrainError, DrainReport, Preclaimed, RetryPolicy,
+    Clock, DeliveryConfig, DeliveryErrors, DeliveryFailure, Drain, DrainError, DrainReport, Interrupted, Preclaimed,
+    RetryPolicy,
 };
+use crate::outbox::drainer::FlushError;
 use crate::run::calls::{CallCache, Meter};
 use crate::run::generation::{self, Intake, Slot};
 use crate::run::handle::{Inbox, DEFAULT_INBOX_CAPACITY};
@@ -64,21 +65,6 @@ fn others_suffix(others: usize) -> String {
         1 => " (and 1 other run of the generation)".to_owned(),
         n => format!(" (and {n} other runs of the generation)"),
     }
-}
-
-/// [`Runtime::flush`](crate::Runtime::flush) failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum FlushError {
-    /// No dispatcher is configured, so nothing can be delivered.
-    #[error("no dispatcher is configured; add one with RuntimeBuilder::dispatcher")]
-    NoDispatcher,
-    /// A delivery failed (fail-loud delivery); it is recorded in the ledger.
-    #[error(transparent)]
-    Delivery(#[from] DeliveryFailure),
-    /// The durable store failed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
 }
 
 /// What a produce error does to its generation.
@@ -317,49 +303,6 @@ fn conflict_pause(n: u64) -> Duration {
         u64::from(std::process::id()).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ n.wrapping_mul(0xBF58_476D_1CE4_E5B9);
     let micros = full * 1000;
     Duration::from_micros(micros - (spread >> 33) % (micros / 2 + 1))
-}
-
-/// Asks a running turn to stop. Cheap to clone; get one from [`Runtime::stop_handle`].
-///
-/// A generation still running is cancelled (nothing of it is committed, its events stay
-/// queued); a delivery already handed to the dispatcher finishes and is recorded. The turn
-/// returns [`TurnOutcome::Stopped`]. A stop requested while no turn runs stops the next one.
-#[derive(Clone, Debug, Default)]
-pub struct StopHandle(Arc<StopState>);
-
-#[derive(Debug, Default)]
-struct StopState {
-    requested: AtomicBool,
-    notify: Notify,
-}
-
-impl StopHandle {
-    /// Requests the stop.
-    pub fn stop(&self) {
-        self.0.requested.store(true, Ordering::SeqCst);
-        self.0.notify.notify_waiters();
-    }
-
-    /// Whether a stop is requested and not yet honoured.
-    pub fn is_requested(&self) -> bool {
-        self.0.requested.load(Ordering::SeqCst)
-    }
-
-    pub(crate) fn clear(&self) {
-        self.0.requested.store(false, Ordering::SeqCst);
-    }
-
-    pub(crate) async fn requested(&self) {
-        loop {
-            let notified = self.0.notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.is_requested() {
-                return;
-            }
-            notified.await;
-        }
-    }
 }
 
 /// Builds a [`Runtime`]: agents, a dispatcher, error modes, limits.
@@ -994,7 +937,7 @@ impl Runtime {
         } else {
             drain.run(&mut report).instrument(span).await
         };
-        if outcome.map_err(FlushError::from)? == Some(TurnOutcome::Stopped) {
+        if outcome.map_err(FlushError::from)? == Some(Interrupted::Stopped) {
             self.stop.clear();
         }
         Ok(report)
@@ -1070,7 +1013,8 @@ impl Runtime {
         Ok(self
             .drainer(&dispatcher, &scope, deadline)
             .run_without_count(report, preclaimed)
-            .await?)
+            .await?
+            .map(TurnOutcome::from))
     }
 
     fn drainer<'a>(
@@ -1094,20 +1038,20 @@ impl Runtime {
     }
 }
 
+impl From<Interrupted> for TurnOutcome {
+    fn from(interrupted: Interrupted) -> Self {
+        match interrupted {
+            Interrupted::Stopped => TurnOutcome::Stopped,
+            Interrupted::DeadlineExceeded => TurnOutcome::DeadlineExceeded,
+        }
+    }
+}
+
 impl From<DrainError> for RunError {
     fn from(e: DrainError) -> Self {
         match e {
             DrainError::Delivery(f) => RunError::Delivery(f),
             DrainError::Store(e) => RunError::Store(e),
-        }
-    }
-}
-
-impl From<DrainError> for FlushError {
-    fn from(e: DrainError) -> Self {
-        match e {
-            DrainError::Delivery(f) => FlushError::Delivery(f),
-            DrainError::Store(e) => FlushError::Store(e),
         }
     }
 }
