@@ -259,5 +259,7 @@ async fn a_serving_runtime_without_a_dispatcher_stops_and_leaves_its_intents_pen
     handle.stop();
     let (rt, report) = serving.await.unwrap();
     assert_eq!(report.delivered, 0);
+    assert_eq!(report.waiting_intents, 1, "the report says what it left waiting");
+    assert_eq!(report.queued_events, 0);
     assert_eq!(rt.context().ledger().pending().await.unwrap(), 1);
 }

@@ -153,6 +153,7 @@ async fn a_stop_while_a_model_call_hangs_returns_at_once_and_loses_nothing() {
     let (mut rt, report) = serving.await.unwrap();
     assert!(started.elapsed() < Duration::from_secs(1));
     assert_eq!(report.generations, 0);
+    assert_eq!(report.queued_events, 2, "the report says what it left queued");
     // The tally's creation and the order stay queued.
     assert_eq!(rt.context().queued_events(), 2, "the events stay queued");
     // Served again, the run asks again (its call never answered) and commits.

@@ -133,18 +133,7 @@ impl Drainer {
 
     /// Sets the outbox gauges every `metrics_every` (never, if zero), until dropped.
     async fn record_gauges(&self) -> std::convert::Infallible {
-        if self.metrics_every.is_zero() {
-            return std::future::pending().await;
-        }
-        let ledger = crate::Ledger::new(self.outbox.clone()).scoped(self.scope.clone());
-        let mut every = tokio::time::interval(self.metrics_every);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            every.tick().await;
-            if let Err(e) = ledger.record_metrics().await {
-                tracing::debug!(error = %e, "the outbox could not be counted for its gauges");
-            }
-        }
+        record_gauges(self.outbox.clone(), self.scope.clone(), self.metrics_every).await
     }
 
     /// A handle that stops a running [`flush`](Drainer::flush), [`settle`](Drainer::settle)
@@ -327,6 +316,27 @@ impl From<DrainError> for FlushError {
         match e {
             DrainError::Delivery(f) => FlushError::Delivery(f),
             DrainError::Store(e) => FlushError::Store(e),
+        }
+    }
+}
+
+/// Sets the outbox gauges of the metrics recorder from a count of `scope` every `every` (never,
+/// if zero), until dropped; a count that fails is logged and the gauges keep their values.
+pub(crate) async fn record_gauges(
+    outbox: Arc<dyn OutboxStore>,
+    scope: Scope,
+    every: Duration,
+) -> std::convert::Infallible {
+    if every.is_zero() {
+        return std::future::pending().await;
+    }
+    let ledger = crate::Ledger::new(outbox).scoped(scope);
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        if let Err(e) = ledger.record_metrics().await {
+            tracing::debug!(error = %e, "the outbox could not be counted for its gauges");
         }
     }
 }

@@ -10,6 +10,7 @@ use tracing::Instrument;
 use crate::model::stop::StopHandle;
 use crate::outbox::dispatcher::ErasedDispatcher;
 use crate::outbox::drain::{Clock, DeliveryConfig, Drain, DrainError, DrainReport};
+use crate::outbox::drainer::record_gauges;
 use crate::run::runtime::Runtime;
 use crate::store::outbox::{OutboxStore, Scope};
 
@@ -27,6 +28,8 @@ pub(crate) struct Beside {
     nudge: Arc<Notify>,
     /// Stops the drain once the turns have stopped.
     stop: StopHandle,
+    /// How often it sets the outbox gauges of the session.
+    metrics_every: Duration,
     span: tracing::Span,
 }
 
@@ -45,13 +48,15 @@ impl Beside {
             clock: Clock::new(),
             nudge: rt.inbox.nudge.clone(),
             stop: StopHandle::default(),
+            metrics_every: rt.metrics_every,
             span: tracing::info_span!("delivery", session = %rt.context.session()),
         })
     }
 
     /// Takes over the claims of provably dead owners of this host first (see
     /// `outbox::owner`), then delivers until [`stop`](Beside::stop): what is due, what the nudge points at, what
-    /// falls due (retries, expired leases) and, every `poll`, what other processes committed.
+    /// falls due (retries, expired leases) and, every `poll`, what other processes committed;
+    /// and sets the session's outbox gauges every metrics interval.
     /// A store that is briefly away is ridden out; deliveries running at the stop finish within
     /// the grace period.
     pub(crate) async fn serve(&self, poll: Duration, report: &mut DrainReport) -> Result<(), DrainError> {
@@ -72,11 +77,12 @@ impl Beside {
             deadline: None,
             nudge: Some(&self.nudge),
         };
-        drain
-            .serve(report, Some(poll))
-            .instrument(self.span.clone())
-            .await
-            .map(|_| ())
+        let served = drain.serve(report, Some(poll)).instrument(self.span.clone());
+        let gauges = record_gauges(self.outbox.clone(), self.scope.clone(), self.metrics_every);
+        tokio::select! {
+            served = served => served.map(|_| ()),
+            never = gauges => match never {},
+        }
     }
 
     /// Asks [`serve`](Beside::serve) to stop.

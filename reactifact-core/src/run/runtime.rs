@@ -317,7 +317,11 @@ pub struct RuntimeBuilder {
     resources: Resources,
     inbox_capacity: usize,
     produce_retry: ProduceRetries,
+    metrics_every: Duration,
 }
+
+/// How often a serving runtime sets its outbox gauges by default.
+const DEFAULT_METRICS_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The retry policies of produces: the default, and those of single produces by (agent,
 /// produce) name.
@@ -435,6 +439,14 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Sets how often a serving runtime sets the outbox gauges of its session from a count of
+    /// its ledger ([`Ledger::record_metrics`](crate::Ledger::record_metrics)): default 10 s;
+    /// zero never does.
+    pub fn metrics_interval(mut self, every: Duration) -> Self {
+        self.metrics_every = every;
+        self
+    }
+
     /// Sets how many writes sent through [`RuntimeHandle`](crate::RuntimeHandle)s the
     /// runtime's inbox holds before a writer waits for room (default
     /// [`DEFAULT_INBOX_CAPACITY`](crate::DEFAULT_INBOX_CAPACITY), 1,024; at least 1). Under
@@ -504,6 +516,7 @@ impl RuntimeBuilder {
             serving: false,
             served: Default::default(),
             produce_retry: self.produce_retry,
+            metrics_every: self.metrics_every,
             resources: self.resources,
             calls: CallCache::default(),
             trace: TraceParent::mint(),
@@ -659,6 +672,9 @@ pub struct Runtime {
     pub(crate) serving: bool,
     /// The produces' retry policies (see [`RuntimeBuilder::produce_retry_policy`]).
     produce_retry: ProduceRetries,
+    /// How often a serving runtime sets its outbox gauges (see
+    /// [`RuntimeBuilder::metrics_interval`]).
+    pub(crate) metrics_every: Duration,
     /// What its `serve` calls did, over its life (see [`ServeReport`](crate::ServeReport)).
     pub(crate) served: crate::run::serve::ServeReport,
     /// What every run of the runtime reads with `ProduceCall::resource`.
@@ -685,6 +701,7 @@ impl Runtime {
             resources: Resources::new(),
             inbox_capacity: DEFAULT_INBOX_CAPACITY,
             produce_retry: (RetryPolicy::default(), HashMap::new()),
+            metrics_every: DEFAULT_METRICS_INTERVAL,
         }
     }
 

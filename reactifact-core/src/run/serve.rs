@@ -44,6 +44,13 @@ pub struct ServeReport {
     pub failed: u64,
     /// Intents that became dead letters.
     pub dead: u64,
+    /// Events still queued when the last `serve` returned (a generation cancelled by the stop
+    /// leaves its events queued): the next serve or turn takes them.
+    pub queued_events: usize,
+    /// Intents of the session still waiting in the ledger when the last `serve` returned:
+    /// pending, retrying, or in flight under another holder's lease. The next serve, or any
+    /// drainer of the store, delivers them.
+    pub waiting_intents: usize,
     /// What the recorded calls of its turns used (calls made, in committed generations or
     /// not: what a call spent is spent).
     pub usage: Usage,
@@ -149,6 +156,18 @@ impl Runtime {
         };
         self.serving = false;
         self.served.add_deliveries(&drained);
+        self.served.queued_events = self.context.queued_events();
+        self.served.waiting_intents = match delivery {
+            Some(_) => drained.waiting,
+            // Without a dispatcher, every pending intent of the session waits.
+            None => match self.context.ledger().session(self.context.session()).pending().await {
+                Ok(pending) => usize::try_from(pending).unwrap_or(usize::MAX),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the ledger could not be counted");
+                    0
+                }
+            },
+        };
         delivery_ended?;
         turns_ended?;
         Ok(self.serve_report())
