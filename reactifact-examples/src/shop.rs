@@ -5,35 +5,39 @@
 //!
 //! - [`Order`], [`Confirmation`], [`Email`]: the artifacts and the intent's payload.
 //! - [`StandInModel`]: the model, a resource; it answers after a configurable delay, so a
-//!   program can give the produce the latency of a real model without a network.
+//!   program can give the produce the latency of a real model without a network, and fails
+//!   every Nth call (or every call, during an outage) if asked to.
 //! - [`Mailer`]: the dispatcher; it waits a configurable delay per attempt, fails every Nth
 //!   attempt with a retryable error if asked to, and counts what it sent, by key.
-//! - [`runtime`]: the runtime both programs serve, over any context.
+//! - [`runtime`]: the runtime both programs serve, over any context: a produce that fails is
+//!   retried by [`Settings::produce_retry`] and parked after its last attempt.
 //! - [`router`]: the HTTP service over a [`RuntimeHandle`]: `POST /orders`,
-//!   `POST /approvals/{key}`, `GET /metrics`.
+//!   `POST /approvals/{key}`, `POST /parked/{id}/rearm`, `GET /metrics`; [`serve`] runs it
+//!   with the runtime until a [`terminated`] signal, and stops both gracefully.
 //!
 //! An order of [`APPROVAL_THRESHOLD_CENTS`] or more asks for a human's approval
 //! (`act_with_approval`): its confirmation is committed like any other, and delivered once an
 //! operator approves it (`POST /approvals/confirm:order:{id}`).
 
 use std::collections::HashMap;
-use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::{Path, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Json;
 use metrics_exporter_prometheus::PrometheusHandle;
 use reactifact_core::{
     produce, Agent, ApprovalError, Artifact, ArtifactId, BuildError, Context, DispatchError, Dispatcher, Intent,
-    PendingAction, ProduceCall, ProduceError, ProduceErrors, Runtime, RuntimeHandle, SubmitError, Usage, WriteError,
+    PendingAction, ProduceCall, ProduceError, RearmError, RetryPolicy, RunError, Runtime, RuntimeHandle, ServeReport,
+    SubmitError, Usage, WriteError, DEFAULT_INBOX_CAPACITY, PARKED_ID_PREFIX,
 };
 use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify, Semaphore};
 use tokio::time::Instant;
 
 // ---------------------------------------------------------------------------------------------
@@ -49,6 +53,12 @@ pub const APPROVAL_THRESHOLD_CENTS: u64 = 100_000;
 
 /// The session both programs write.
 pub const SESSION: &str = "shop";
+
+/// The agent of [`draft_confirmation`](fn@draft_confirmation).
+pub const AGENT: &str = "shop";
+
+/// The produce's name, as parked records and retry timers name it.
+pub const PRODUCE: &str = "draft_confirmation";
 
 /// An order, at `order:{id}`: the trigger of [`draft_confirmation`](fn@draft_confirmation).
 #[derive(Serialize, Deserialize, Artifact, Debug, Clone, PartialEq, Eq)]
@@ -102,6 +112,13 @@ pub fn confirmation_id(order: &ArtifactId) -> String {
     format!("confirmation:{order}")
 }
 
+/// Where the runtime parks the order at `order` once its draft failed on every attempt the
+/// produce's retry policy allows: `parked:shop/draft_confirmation/{order}`
+/// (`parked:shop/draft_confirmation/order:42`).
+pub fn parked_id(order: &ArtifactId) -> String {
+    format!("{PARKED_ID_PREFIX}{AGENT}/{PRODUCE}/{order}")
+}
+
 // ---------------------------------------------------------------------------------------------
 // The model
 // ---------------------------------------------------------------------------------------------
@@ -131,11 +148,22 @@ pub struct Draft {
 
 /// A stand-in for a model that drafts confirmation emails, registered as a resource: its
 /// answer is a pure function of the request, given after [`delay`](StandInModel::delay) (tokio
-/// time), and its usage counts words as tokens.
+/// time), and its usage counts words as tokens. It fails every
+/// [`failing_every`](StandInModel::failing_every)th call (counting every call, from 1), and
+/// every call while an [outage](StandInModel::set_outage) lasts. Cheap to clone; the clones
+/// share the count and the outage.
 #[derive(Clone, Debug, Default)]
 pub struct StandInModel {
     delay: Duration,
+    fail_every: u64,
+    calls: Arc<AtomicU64>,
+    outage: Arc<AtomicBool>,
 }
+
+/// The [`StandInModel`] failed a call; a retry of the run asks again.
+#[derive(Debug, thiserror::Error)]
+#[error("stand-in model: {0}")]
+pub struct ModelError(String);
 
 impl StandInModel {
     /// The name the model gives in its requests.
@@ -143,7 +171,21 @@ impl StandInModel {
 
     /// A model that answers after `delay`.
     pub fn new(delay: Duration) -> Self {
-        StandInModel { delay }
+        StandInModel {
+            delay,
+            ..StandInModel::default()
+        }
+    }
+
+    /// Fails every `n`th call (0: never).
+    pub fn failing_every(mut self, n: u64) -> Self {
+        self.fail_every = n;
+        self
+    }
+
+    /// Starts (`true`) or ends an outage: every call fails while it lasts.
+    pub fn set_outage(&self, down: bool) {
+        self.outage.store(down, Ordering::SeqCst);
     }
 
     /// How long each answer takes.
@@ -151,13 +193,27 @@ impl StandInModel {
         self.delay
     }
 
+    /// Calls so far, failed ones included.
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
+
     /// Drafts the confirmation of `request`'s order, with the tokens it used.
     ///
     /// # Errors
-    /// Never: the stand-in always answers.
-    pub async fn draft(&self, request: &DraftRequest) -> Result<(Draft, Usage), Infallible> {
+    /// [`ModelError`] on every [`failing_every`](StandInModel::failing_every)th call and during
+    /// an [outage](StandInModel::set_outage).
+    pub async fn draft(&self, request: &DraftRequest) -> Result<(Draft, Usage), ModelError> {
+        let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
         if !self.delay.is_zero() {
             tokio::time::sleep(self.delay).await;
+        }
+        if self.outage.load(Ordering::SeqCst) {
+            return Err(ModelError(format!("call {call} failed: the model is down")));
+        }
+        let every = self.fail_every;
+        if every > 0 && call % every == 0 {
+            return Err(ModelError(format!("call {call} failed (every {every}th call does)")));
         }
         let draft = Draft {
             subject: format!("Your order {} is confirmed", request.order),
@@ -180,7 +236,9 @@ impl StandInModel {
 /// `draft`, so a retry and a replay get the answer back without asking again), upserts the
 /// [`Confirmation`] at `confirmation:{order id}` and records the `email` intent keyed
 /// `confirm:{order id}` — with an approval required when the total is
-/// [`APPROVAL_THRESHOLD_CENTS`] or more. No I/O happens here.
+/// [`APPROVAL_THRESHOLD_CENTS`] or more. No I/O happens here. A failed model call fails the
+/// run: a serving runtime retries it by its produce's retry policy, and parks the order after
+/// the last attempt.
 #[produce(Confirmation, also_creates = [PendingAction], uses = [StandInModel])]
 pub async fn draft_confirmation(call: ProduceCall<Order>) -> Result<(), ProduceError> {
     let model = call.resource::<StandInModel>();
@@ -220,7 +278,7 @@ pub async fn draft_confirmation(call: ProduceCall<Order>) -> Result<(), ProduceE
 // ---------------------------------------------------------------------------------------------
 
 /// A stand-in mail service, the runtime's dispatcher: each attempt waits
-/// [`delay`](Mailer::new) (tokio time), then fails with a retryable error if it is a multiple
+/// [`delay`](Mailer::new) (tokio time), then fails with a retryable error (a 503) if it is a multiple
 /// of `fail_every` (counting every attempt of every key, from 1; 0 never fails), and otherwise
 /// "sends" the email and counts it under its key. Cheap to clone; the clones share the counts.
 #[derive(Clone)]
@@ -317,7 +375,7 @@ impl Mailer {
             // Inside the runtime's `delivery` span: the line carries the key and the attempt.
             tracing::info!("mail service failed the attempt (it fails every {every}th)");
             return Err(DispatchError::retryable(format!(
-                "stand-in mail service: attempt {attempt} fails (every {every}th attempt does)"
+                "stand-in mail service: 503 Service Unavailable on attempt {attempt} (every {every}th attempt is)"
             )));
         }
         // A real mail service would send this, with `intent.key()` as its idempotency key.
@@ -347,39 +405,71 @@ impl Dispatcher for Mailer {
 // The runtime
 // ---------------------------------------------------------------------------------------------
 
+/// How often a serving shop runtime looks at its store without being woken (for work another
+/// process committed to its session).
+pub const POLL: Duration = Duration::from_secs(1);
+
 /// How the shop's runtime is built.
 #[derive(Clone, Debug)]
 pub struct Settings {
-    /// How long the [`StandInModel`] takes to answer.
-    pub model_delay: Duration,
+    /// The model [`draft_confirmation`](fn@draft_confirmation) asks (its clones share its
+    /// counts: keep one to set an outage).
+    pub model: StandInModel,
     /// How many deliveries run at once.
     pub delivery_concurrency: usize,
+    /// How a failed draft is retried, and when it is parked.
+    pub produce_retry: RetryPolicy,
+    /// How many writes the runtime's inbox holds
+    /// ([`RuntimeBuilder::inbox_capacity`](reactifact_core::RuntimeBuilder::inbox_capacity)).
+    pub inbox_capacity: usize,
+}
+
+/// The shop's produce retry policy unless [`Settings::produce_retry`] says otherwise: 5
+/// attempts, the first retry about 1 s after the first failure, doubling, at most 1 minute
+/// apart (so an order is parked about 15 s after its first failure when every attempt fails).
+pub fn default_produce_retry() -> RetryPolicy {
+    RetryPolicy::exponential(Duration::from_secs(1), Duration::from_secs(60)).max_attempts(5)
 }
 
 impl Default for Settings {
-    /// An instant model and the runtime's default delivery concurrency, 64.
+    /// An instant model that never fails, the runtime's default delivery concurrency (64), the
+    /// [`default_produce_retry`] and the default inbox ([`DEFAULT_INBOX_CAPACITY`] writes).
     fn default() -> Self {
         Settings {
-            model_delay: Duration::ZERO,
+            model: StandInModel::new(Duration::ZERO),
             delivery_concurrency: 64,
+            produce_retry: default_produce_retry(),
+            inbox_capacity: DEFAULT_INBOX_CAPACITY,
         }
     }
 }
 
 /// The shop's runtime over `context`: the agent `shop` with
-/// [`draft_confirmation`](fn@draft_confirmation), the [`StandInModel`] of `settings`, and
-/// `mailer` as its dispatcher. A produce that fails is isolated (its patch dropped and the
-/// failure reported), so that it cannot end a serving runtime.
+/// [`draft_confirmation`](fn@draft_confirmation), the model of `settings`, and `mailer` as its
+/// dispatcher.
 ///
 /// # Errors
 /// As [`RuntimeBuilder::build`](reactifact_core::RuntimeBuilder::build).
 pub fn runtime(context: Context, settings: &Settings, mailer: &Mailer) -> Result<Runtime, BuildError> {
+    runtime_with(context, settings, mailer.clone())
+}
+
+/// As [`runtime`], with any dispatcher (a test's, say, that logs each attempt and hands it on
+/// to a [`Mailer`]). While it serves, a draft that fails (the model failed, the produce
+/// panicked) is retried alone after its policy's backoff while the other orders go on, and
+/// parked at [`parked_id`] after the last attempt, for an operator to re-arm
+/// (`POST /parked/{id}/rearm`).
+///
+/// # Errors
+/// As [`RuntimeBuilder::build`](reactifact_core::RuntimeBuilder::build).
+pub fn runtime_with(context: Context, settings: &Settings, dispatcher: impl Dispatcher) -> Result<Runtime, BuildError> {
     Runtime::builder(context)
-        .agent(Agent::new("shop").produce(draft_confirmation))
-        .resource(StandInModel::new(settings.model_delay))
-        .dispatcher(mailer.clone())
+        .agent(Agent::new(AGENT).produce(draft_confirmation))
+        .resource(settings.model.clone())
+        .dispatcher(dispatcher)
         .delivery_concurrency(settings.delivery_concurrency)
-        .produce_errors(ProduceErrors::Isolate)
+        .produce_retry_policy(settings.produce_retry.clone())
+        .inbox_capacity(settings.inbox_capacity)
         .build()
 }
 
@@ -392,6 +482,9 @@ pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4";
 
 /// The longest order id `POST /orders` takes.
 pub const MAX_ID_LEN: usize = 128;
+
+/// The `Retry-After` of a `503` the service answers when it is overloaded, in seconds.
+pub const RETRY_AFTER_SECS: u64 = 1;
 
 /// The body of `POST /orders`.
 #[derive(Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -408,15 +501,20 @@ pub struct NewOrder {
     pub total_cents: u64,
 }
 
-/// The answer to an accepted `POST /orders`.
+/// The answer to a committed `POST /orders` (`201` for a new order, `200` for an id that
+/// existed).
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct Accepted {
     /// Where the order is stored: `order:{id}`.
     pub order: String,
+    /// Whether this request created the order; `false`: an order with this id existed (a
+    /// retried request), and nothing was written.
+    pub created: bool,
     /// The idempotency key of its confirmation email (approve it with
     /// `POST /approvals/{confirmation}` when `needs_approval`).
     pub confirmation: String,
-    /// Whether the confirmation waits for an operator's approval.
+    /// Whether the confirmation waits for an operator's approval (as the request's total
+    /// says; for a duplicate, the stored order's total decides).
     pub needs_approval: bool,
 }
 
@@ -437,43 +535,106 @@ pub struct Approved {
     pub status: String,
 }
 
+/// The answer to an accepted `POST /parked/{id}/rearm`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Rearmed {
+    /// The parked record that was re-armed (and is gone): `parked:shop/draft_confirmation/order:{id}`.
+    pub parked: String,
+}
+
+/// How many `POST /orders` may wait for their commit at once: the service's admission
+/// control. A request that finds every place taken is answered `503` with `Retry-After` at
+/// once, so an overload costs a refusal, not a queue that grows without limit. Cheap to clone;
+/// the clones share the places.
+///
+/// The runtime's own inbox is bounded too ([`Settings::inbox_capacity`]), but a handle write
+/// that finds it full *waits* for room, and an HTTP server would keep every such request (a
+/// task and a socket each) while it waits; [`RuntimeHandle::try_write`] answers
+/// [`SubmitError::Full`] at once, but without telling whether a `create_once` created its
+/// artifact, which `POST /orders` answers with. So the service counts its own waiting
+/// requests, and [`serve`]'s callers give it as many places as the inbox holds.
+#[derive(Clone, Debug)]
+pub struct Admission {
+    places: Arc<Semaphore>,
+    limit: usize,
+}
+
+impl Admission {
+    /// At most `limit` orders waiting for their commit (at least 1).
+    pub fn new(limit: usize) -> Self {
+        let limit = limit.clamp(1, Semaphore::MAX_PERMITS);
+        Admission {
+            places: Arc::new(Semaphore::new(limit)),
+            limit,
+        }
+    }
+
+    /// How many orders wait for their commit now.
+    pub fn waiting(&self) -> usize {
+        self.limit - self.places.available_permits()
+    }
+
+    /// How many may wait at once.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+}
+
 /// What the service shares between requests.
 #[derive(Clone)]
 struct Service {
     handle: RuntimeHandle,
     metrics: PrometheusHandle,
+    admission: Admission,
 }
 
 /// The shop's HTTP service over a serving runtime's `handle`:
 ///
-/// - `POST /orders` with a [`NewOrder`] as JSON writes the order through the handle and
-///   answers `202 Accepted` with an [`Accepted`] once it is committed (the confirmation is
-///   drafted and sent after); `422` for an order it refuses, `503` when the runtime is gone or
-///   the store failed the write.
+/// - `POST /orders` with a [`NewOrder`] as JSON creates the order through the handle
+///   (`create_once`) and answers once it is committed (the confirmation is drafted and sent
+///   after): `201 Created` with an [`Accepted`] for a new order; `200 OK` with
+///   `"created": false` for an id that exists (a retried request: nothing is written, and the
+///   stored order stands even if this body differs); `422` for an order it refuses; `503` with
+///   `Retry-After: 1` when `admission`'s places are all taken (nothing is written), and `503`
+///   when the runtime is gone or the store failed the write.
 /// - `POST /approvals/{key}` with a [`NewApproval`] as JSON approves the intent `key`, which
 ///   awaits approval, and answers `200` with an [`Approved`]; approving again is idempotent.
 ///   `404` for an unknown key, `409` for one that does not await approval (or was rejected),
 ///   `422` without a name, `503` when the store failed.
+/// - `POST /parked/{id}/rearm` re-arms a parked order (its draft failed on every attempt):
+///   `{id}` is the order's id (`42`) or the parked record's whole id, percent-encoded
+///   (`parked:shop%2Fdraft_confirmation%2Forder:42`). The produce runs again on the order, with
+///   its retry policy's attempts anew. `200` with a [`Rearmed`] once the re-arm is committed,
+///   `404` when nothing is parked there, `503` when the runtime is gone or the store failed.
 /// - `GET /metrics`: `metrics`' rendering, in the Prometheus text format.
 ///
+/// There is no `GET /parked`: the parked records are in the runtime's context, which a
+/// [`RuntimeHandle`] cannot read (`Context::parked` lists them where a context is at hand).
+///
 /// Errors answer with `{"error": "…"}`. The service records
-/// `shop_orders_total{outcome="accepted"|"refused"}` and the histogram
+/// `shop_orders_total{outcome="created"|"duplicate"|"refused"|"overloaded"}` and the histogram
 /// `shop_order_intake_seconds` (from the request to the commit) through the `metrics` facade.
-pub fn router(handle: RuntimeHandle, metrics: PrometheusHandle) -> axum::Router {
+pub fn router(handle: RuntimeHandle, metrics: PrometheusHandle, admission: Admission) -> axum::Router {
     metrics::describe_counter!(
         "shop_orders_total",
-        "Orders received by POST /orders, by outcome (accepted: committed; refused)."
+        "Orders received by POST /orders, by outcome (created; duplicate: the id existed; refused; \
+         overloaded: answered 503 at once)."
     );
     metrics::describe_histogram!(
         "shop_order_intake_seconds",
         metrics::Unit::Seconds,
-        "Seconds from an order's request to its commit (accepted orders)."
+        "Seconds from an order's request to its commit (created and duplicate orders)."
     );
     axum::Router::new()
         .route("/orders", post(post_order))
         .route("/approvals/{key}", post(post_approval))
+        .route("/parked/{id}/rearm", post(post_rearm))
         .route("/metrics", get(get_metrics))
-        .with_state(Service { handle, metrics })
+        .with_state(Service {
+            handle,
+            metrics,
+            admission,
+        })
 }
 
 /// An error answer: `status` with `{"error": message}`.
@@ -489,6 +650,15 @@ fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
         }),
     )
         .into_response()
+}
+
+/// A `503` with `Retry-After`: the service is overloaded, and nothing was written.
+fn overloaded(message: impl std::fmt::Display) -> Response {
+    let mut response = error(StatusCode::SERVICE_UNAVAILABLE, message);
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+    response
 }
 
 /// Why an order id is refused, if it is.
@@ -513,6 +683,14 @@ async fn post_order(State(service): State<Service>, Json(new): Json<NewOrder>) -
         metrics::counter!("shop_orders_total", "outcome" => "refused").increment(1);
         return error(StatusCode::UNPROCESSABLE_ENTITY, e);
     }
+    // A place among the orders waiting for their commit, or a 503 at once.
+    let Ok(_place) = service.admission.places.clone().try_acquire_owned() else {
+        metrics::counter!("shop_orders_total", "outcome" => "overloaded").increment(1);
+        return overloaded(format!(
+            "overloaded: {} orders wait for their commit; retry later",
+            service.admission.limit()
+        ));
+    };
     let id = ArtifactId::from(order_id(&new.id));
     let order = Order {
         customer: new.customer,
@@ -520,29 +698,34 @@ async fn post_order(State(service): State<Service>, Json(new): Json<NewOrder>) -
         total_cents: new.total_cents,
     };
     let needs_approval = order.total_cents >= APPROVAL_THRESHOLD_CENTS;
-    // TODO(create_once): `create` refreshes an order that exists (an equal one changes
-    // nothing; another re-runs the produce, whose confirmation key already exists and is not
-    // sent again), so a duplicate id answers 202 like a new order. With `create_once` the
-    // answer tells them apart (409 for an id that exists).
-    let written = service.handle.create(id.clone(), order).await;
-    let outcome = if written.is_ok() { "accepted" } else { "refused" };
+    // `create_once`: a retried request (the same id again) writes nothing and is told apart.
+    let written = service.handle.create_once(id.clone(), order).await;
+    let outcome = match &written {
+        Ok(true) => "created",
+        Ok(false) => "duplicate",
+        Err(_) => "refused",
+    };
     metrics::counter!("shop_orders_total", "outcome" => outcome).increment(1);
     match written {
-        Ok(()) => {
+        Ok(created) => {
             metrics::histogram!("shop_order_intake_seconds").record(started.elapsed().as_secs_f64());
-            tracing::info!(order = %id, needs_approval, "order committed");
+            tracing::info!(order = %id, created, needs_approval, "order committed");
             let accepted = Accepted {
                 confirmation: confirmation_key(&id),
                 order: id.to_string(),
+                created,
                 needs_approval,
             };
-            (StatusCode::ACCEPTED, Json(accepted)).into_response()
+            let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+            (status, Json(accepted)).into_response()
         }
         Err(SubmitError::Write(WriteError::Store(e))) => {
             tracing::warn!(order = %id, error = %e, "the store failed an order's write");
             error(StatusCode::SERVICE_UNAVAILABLE, e)
         }
         Err(SubmitError::Write(e)) => error(StatusCode::UNPROCESSABLE_ENTITY, e),
+        // `create_once` waits for room in the inbox: it does not answer `Full`.
+        Err(e @ SubmitError::Full(_)) => overloaded(e),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e),
     }
 }
@@ -574,10 +757,128 @@ async fn post_approval(
     }
 }
 
+async fn post_rearm(State(service): State<Service>, Path(id): Path<String>) -> Response {
+    let parked = if id.starts_with(PARKED_ID_PREFIX) {
+        id
+    } else {
+        if let Err(e) = check_id(&id) {
+            return error(StatusCode::NOT_FOUND, e);
+        }
+        parked_id(&ArtifactId::from(order_id(&id)))
+    };
+    match service.handle.rearm(parked.as_str()).await {
+        Ok(()) => {
+            tracing::info!(parked = %parked, "parked order re-armed");
+            (StatusCode::OK, Json(Rearmed { parked })).into_response()
+        }
+        Err(e @ RearmError::NotParked { .. }) => error(StatusCode::NOT_FOUND, e),
+        Err(RearmError::Write(WriteError::Store(e))) => {
+            tracing::warn!(parked = %parked, error = %e, "the store failed a re-arm");
+            error(StatusCode::SERVICE_UNAVAILABLE, e)
+        }
+        Err(e @ RearmError::Write(_)) => error(StatusCode::UNPROCESSABLE_ENTITY, e),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e),
+    }
+}
+
 async fn get_metrics(State(service): State<Service>) -> Response {
     (
         [(header::CONTENT_TYPE, PROMETHEUS_CONTENT_TYPE)],
         service.metrics.render(),
     )
         .into_response()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Serving
+// ---------------------------------------------------------------------------------------------
+
+/// Serving the shop failed ([`serve`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServiceError {
+    /// The HTTP server failed.
+    #[error("the HTTP server failed: {0}")]
+    Http(#[source] std::io::Error),
+    /// The runtime stopped on an error (a fatal store error).
+    #[error("the runtime stopped on an error: {0}")]
+    Runtime(#[source] RunError),
+    /// The runtime's task panicked.
+    #[error("the runtime panicked: {0}")]
+    Panicked(String),
+}
+
+/// Resolves on SIGTERM or Ctrl-C (SIGINT), with the signal's name; never if neither can be
+/// listened for (which is logged).
+pub async fn terminated() -> &'static str {
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM; Ctrl-C still stops the service");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::warn!(error = %e, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => "Ctrl-C",
+        () = terminate => "SIGTERM",
+    }
+}
+
+/// Serves `runtime` (its turns and its delivery, [`Runtime::serve`] with [`POLL`]) and `app`
+/// (built over the runtime's handle) on `listener`, until `shutdown` resolves or the runtime
+/// stops on its own (a fatal store error). Then it stops gracefully, in order: the HTTP server
+/// stops taking connections and finishes the requests under way (each of which is committed or
+/// refused); then the runtime stops: a generation still running is cancelled and its events
+/// stay queued for the next start, and deliveries under way get the runtime's shutdown grace
+/// to finish. Returns what the runtime served.
+///
+/// # Errors
+/// [`ServiceError`]: the HTTP server failed, or the runtime stopped on an error or panicked.
+pub async fn serve(
+    mut runtime: Runtime,
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<ServeReport, ServiceError> {
+    let handle = runtime.handle();
+    let ended = Arc::new(Notify::new());
+    let serving = {
+        let ended = ended.clone();
+        tokio::spawn(async move {
+            let report = runtime.serve(POLL).await;
+            // Kept for the HTTP server's shutdown, should it wait later.
+            ended.notify_one();
+            report
+        })
+    };
+    let stop_serving = async move {
+        tokio::select! {
+            () = shutdown => {}
+            () = ended.notified() => tracing::warn!("the runtime stopped serving: shutting down"),
+        }
+    };
+    let http = axum::serve(listener, app)
+        .with_graceful_shutdown(stop_serving)
+        .await
+        .map_err(ServiceError::Http);
+    // No request is under way any more: stop the runtime and wait for it.
+    handle.stop();
+    let report = serving
+        .await
+        .map_err(|e| ServiceError::Panicked(e.to_string()))?
+        .map_err(ServiceError::Runtime)?;
+    http.map(|()| report)
 }

@@ -1,7 +1,10 @@
 //! The shop service's router, in process, over a serving runtime on a temporary SQLite store:
-//! an order posted over HTTP is committed, acknowledged with 202, and its confirmation handed
-//! to the mail service once — also when the same order id is posted again — and an order that
-//! needs approval goes out once approved through `POST /approvals/{key}`.
+//! an order posted over HTTP is committed and acknowledged with 201, and its confirmation
+//! handed to the mail service once; the same order id posted again is answered 200 and writes
+//! nothing; an order that needs approval goes out once approved through
+//! `POST /approvals/{key}`; an order posted while every place of the admission is taken is
+//! answered 503 with `Retry-After`, and nothing of it is written; an order whose draft failed
+//! on every attempt is parked and goes out once re-armed through `POST /parked/{id}/rearm`.
 //!
 //! Every wait is on something the service did (an answer, a send counted by the mail
 //! service), never a sleep; a generous timeout only keeps a broken build from hanging.
@@ -10,8 +13,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusBuilder;
-use reactifact_core::{Context, DeliveryStatus, Runtime, ServeReport};
-use reactifact_examples::shop::{self, Mailer, Settings};
+use reactifact_core::{Context, DeliveryStatus, RetryPolicy, Runtime, ServeReport};
+use reactifact_examples::shop::{self, Admission, Mailer, Settings};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -19,10 +22,11 @@ use tokio::task::JoinHandle;
 /// The longest any step may take before the test gives up (a guard, not a synchronisation).
 const GUARD: Duration = Duration::from_secs(60);
 
-/// A status code and a body.
+/// A status code, two headers and a body.
 struct Answer {
     status: u16,
     content_type: String,
+    retry_after: Option<String>,
     body: String,
 }
 
@@ -53,17 +57,16 @@ async fn request(addr: SocketAddr, method: &str, path: &str, json: Option<&str>)
         .nth(1)
         .and_then(|code| code.parse().ok())
         .expect("a status line");
-    let content_type = head
-        .lines()
-        .find_map(|line| {
+    let header = |wanted: &str| {
+        head.lines().find_map(|line| {
             let (name, value) = line.split_once(':')?;
-            name.eq_ignore_ascii_case("content-type")
-                .then(|| value.trim().to_owned())
+            name.eq_ignore_ascii_case(wanted).then(|| value.trim().to_owned())
         })
-        .unwrap_or_default();
+    };
     Answer {
         status,
-        content_type,
+        content_type: header("content-type").unwrap_or_default(),
+        retry_after: header("retry-after"),
         body: body.to_owned(),
     }
 }
@@ -77,32 +80,68 @@ struct Service {
 }
 
 async fn start(dir: &std::path::Path) -> Service {
+    start_with(dir, Settings::default()).await
+}
+
+async fn start_with(dir: &std::path::Path, settings: Settings) -> Service {
+    let (service, runtime) = unserved(dir, settings, reactifact_core::DEFAULT_INBOX_CAPACITY).await;
+    service.serve(runtime)
+}
+
+/// The router on an ephemeral port over a runtime that does not serve yet
+/// ([`Service::serve`] starts it), with `places` orders admitted at once.
+async fn unserved(dir: &std::path::Path, settings: Settings, places: usize) -> (Unserved, Runtime) {
     let context = Context::open(dir.join("shop.db"), shop::SESSION).expect("a new SQLite store");
     let mailer = Mailer::new(Duration::ZERO, 0);
-    let mut runtime = shop::runtime(context, &Settings::default(), &mailer).expect("the shop's runtime builds");
+    let runtime = shop::runtime(context, &settings, &mailer).expect("the shop's runtime builds");
     let handle = runtime.handle();
-    let serving = tokio::spawn(async move {
-        let report = runtime.serve(Duration::from_secs(1)).await.expect("the runtime serves");
-        (runtime, report)
-    });
     // A recorder of the test's own, not installed: `/metrics` renders what it holds.
     let metrics = PrometheusBuilder::new().build_recorder().handle();
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("an ephemeral port");
     let addr = listener.local_addr().expect("the listener's address");
-    let router = shop::router(handle.clone(), metrics);
+    let admission = Admission::new(places);
+    let router = shop::router(handle.clone(), metrics, admission.clone());
     tokio::spawn(async move { axum::serve(listener, router).await.expect("the service serves") });
-    Service {
+    let service = Unserved {
         addr,
         mailer,
         handle,
-        serving,
+        admission,
+    };
+    (service, runtime)
+}
+
+/// The router of a runtime that does not serve yet.
+struct Unserved {
+    addr: SocketAddr,
+    mailer: Mailer,
+    handle: reactifact_core::RuntimeHandle,
+    admission: Admission,
+}
+
+impl Unserved {
+    fn serve(self, mut runtime: Runtime) -> Service {
+        let serving = tokio::spawn(async move {
+            let report = runtime.serve(shop::POLL).await.expect("the runtime serves");
+            (runtime, report)
+        });
+        Service {
+            addr: self.addr,
+            mailer: self.mailer,
+            handle: self.handle,
+            serving,
+        }
     }
+}
+
+/// The body of `POST /orders` for order `id`.
+fn order_body(id: &str, total_cents: u64) -> String {
+    format!(r#"{{"id":"{id}","customer":"Ada","email":"ada@example.com","total_cents":{total_cents}}}"#)
 }
 
 impl Service {
     async fn post_order(&self, id: &str, total_cents: u64) -> Answer {
-        let body = format!(r#"{{"id":"{id}","customer":"Ada","email":"ada@example.com","total_cents":{total_cents}}}"#);
-        request(self.addr, "POST", "/orders", Some(&body)).await
+        request(self.addr, "POST", "/orders", Some(&order_body(id, total_cents))).await
     }
 
     async fn sent(&self, count: u64) {
@@ -128,24 +167,28 @@ async fn an_order_posted_twice_is_confirmed_once() {
     let mailer = service.mailer.clone();
 
     let answer = service.post_order("42", 1200).await;
-    assert_eq!(answer.status, 202, "{}", answer.body);
+    assert_eq!(answer.status, 201, "{}", answer.body);
     let accepted: shop::Accepted = serde_json::from_str(&answer.body).unwrap();
     assert_eq!(
         accepted,
         shop::Accepted {
             order: "order:42".into(),
+            created: true,
             confirmation: "confirm:order:42".into(),
             needs_approval: false,
         }
     );
     service.sent(1).await;
 
-    // The same id again, with another total: committed (a refresh), the produce runs again and
-    // derives the same key, which is not sent again. Order 43 comes after it in the inbox, so
-    // once 43 is sent, the generation that took the second 42 has committed.
+    // The same id again (a retried request), even with another total: 200, nothing written;
+    // the stored order stands. Order 43 comes after it in the inbox, so once 43 is sent, the
+    // second 42 has been answered and nothing of it ran.
     let again = service.post_order("42", 1300).await;
-    assert_eq!(again.status, 202, "{}", again.body);
-    assert_eq!(service.post_order("43", 500).await.status, 202);
+    assert_eq!(again.status, 200, "{}", again.body);
+    let again: shop::Accepted = serde_json::from_str(&again.body).unwrap();
+    assert!(!again.created);
+    assert_eq!(again.confirmation, "confirm:order:42");
+    assert_eq!(service.post_order("43", 500).await.status, 201);
     service.sent(2).await;
 
     let (runtime, report) = service.stop().await;
@@ -156,15 +199,25 @@ async fn an_order_posted_twice_is_confirmed_once() {
         (DeliveryStatus::Delivered, 1)
     );
     assert_eq!(report.delivered, 2);
-    assert_eq!(report.writes, 3);
+    assert_eq!(report.runs, 2, "the duplicate ran nothing");
+    let order = runtime
+        .context()
+        .get::<shop::Order>("order:42")
+        .expect("the order reads")
+        .expect("the order is stored");
+    assert_eq!(
+        (order.data.total_cents, order.version.0),
+        (1200, 1),
+        "the first order stands"
+    );
     let confirmation = runtime
         .context()
         .get::<shop::Confirmation>("confirmation:order:42")
         .expect("the confirmation reads")
         .expect("the produce wrote it");
     assert!(
-        confirmation.data.body.contains("13.00"),
-        "redrafted: {}",
+        confirmation.data.body.contains("12.00"),
+        "drafted once, from the first order: {}",
         confirmation.data.body
     );
 }
@@ -187,7 +240,7 @@ async fn the_dispatcher_receives_an_order_once() {
     let service = start(dir.path()).await;
     let mailer = service.mailer.clone();
 
-    assert_eq!(service.post_order("7", 2500).await.status, 202);
+    assert_eq!(service.post_order("7", 2500).await.status, 201);
     service.sent(1).await;
     let (runtime, report) = service.stop().await;
 
@@ -208,11 +261,11 @@ async fn a_large_order_waits_for_its_approval() {
     let key = "confirm:order:big";
 
     let answer = service.post_order("big", shop::APPROVAL_THRESHOLD_CENTS).await;
-    assert_eq!(answer.status, 202, "{}", answer.body);
+    assert_eq!(answer.status, 201, "{}", answer.body);
     assert!(answer.body.contains(r#""needs_approval":true"#), "{}", answer.body);
     // A small order after it: once it is sent, the big one's intent is committed, awaiting
     // approval, and not sent.
-    assert_eq!(service.post_order("small", 100).await.status, 202);
+    assert_eq!(service.post_order("small", 100).await.status, 201);
     service.sent(1).await;
     assert_eq!(mailer.times_sent(key), 0);
 
@@ -277,4 +330,111 @@ async fn bad_requests_are_refused_and_metrics_are_served() {
 
     let (_runtime, report) = service.stop().await;
     assert_eq!(report.writes, 0);
+}
+
+#[tokio::test]
+async fn an_overloaded_service_answers_503_with_retry_after() {
+    let dir = tempfile::tempdir().unwrap();
+    // One place, and a runtime that does not serve yet: the first order waits in its inbox,
+    // holding the place.
+    let (service, runtime) = unserved(dir.path(), Settings::default(), 1).await;
+    let addr = service.addr;
+    let first = tokio::spawn(async move { request(addr, "POST", "/orders", Some(&order_body("first", 100))).await });
+    let started = std::time::Instant::now();
+    while service.admission.waiting() < 1 {
+        assert!(started.elapsed() < GUARD, "the first order never took its place");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+
+    let refused = request(service.addr, "POST", "/orders", Some(&order_body("second", 100))).await;
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert_eq!(refused.retry_after.as_deref(), Some("1"));
+    assert!(refused.body.contains("overloaded"), "{}", refused.body);
+
+    let service = service.serve(runtime);
+    let first = tokio::time::timeout(GUARD, first)
+        .await
+        .expect("the first order is answered")
+        .expect("the request task");
+    assert_eq!(first.status, 201, "{}", first.body);
+    service.sent(1).await;
+    // The refused order was never written: posted again, it is new.
+    assert_eq!(service.post_order("second", 100).await.status, 201);
+    service.sent(2).await;
+    let (runtime, report) = service.stop().await;
+    assert_eq!(report.writes, 2);
+    assert!(runtime.context().get::<shop::Order>("order:first").unwrap().is_some());
+}
+
+#[tokio::test]
+async fn an_order_parked_by_a_model_outage_goes_out_once_re_armed() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = Settings {
+        // Two attempts, 10 ms apart: parked soon.
+        produce_retry: RetryPolicy::exponential(Duration::from_millis(10), Duration::from_millis(10)).max_attempts(2),
+        ..Settings::default()
+    };
+    let model = settings.model.clone();
+    model.set_outage(true);
+    let service = start_with(dir.path(), settings).await;
+    assert_eq!(service.post_order("7", 100).await.status, 201);
+    assert_eq!(service.post_order("8", 100).await.status, 201);
+
+    // A reader of the same store sees both parked, each after its two attempts.
+    let mut reader = Context::open(dir.path().join("shop.db"), shop::SESSION).expect("the store opens again");
+    let started = std::time::Instant::now();
+    let parked = loop {
+        reader.catch_up().await.expect("the reader catches up");
+        let parked: Vec<_> = reader.parked().map(|p| p.expect("a parked record decodes")).collect();
+        if parked.len() == 2 {
+            break parked;
+        }
+        assert!(started.elapsed() < GUARD, "parked so far: {parked:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    for record in &parked {
+        assert_eq!(record.data.run.attempts, 2);
+        assert_eq!(record.data.run.produce, shop::PRODUCE);
+        assert!(
+            record.data.run.error.contains("the model is down"),
+            "{:?}",
+            record.data.run
+        );
+    }
+    assert_eq!(parked[0].id.as_str(), shop::parked_id(&"order:7".into()));
+    assert_eq!(service.mailer.attempts(), 0);
+
+    let nothing = request(service.addr, "POST", "/parked/nothing/rearm", None).await;
+    assert_eq!(nothing.status, 404, "{}", nothing.body);
+
+    model.set_outage(false);
+    // By the order's id, and by the parked record's id, percent-encoded.
+    let by_order = request(service.addr, "POST", "/parked/7/rearm", None).await;
+    assert_eq!(by_order.status, 200, "{}", by_order.body);
+    let rearmed: shop::Rearmed = serde_json::from_str(&by_order.body).unwrap();
+    assert_eq!(rearmed.parked, "parked:shop/draft_confirmation/order:7");
+    let by_id = request(
+        service.addr,
+        "POST",
+        "/parked/parked:shop%2Fdraft_confirmation%2Forder:8/rearm",
+        None,
+    )
+    .await;
+    assert_eq!(by_id.status, 200, "{}", by_id.body);
+    service.sent(2).await;
+    // Re-armed once: a second re-arm finds nothing parked.
+    let again = request(service.addr, "POST", "/parked/7/rearm", None).await;
+    assert_eq!(again.status, 404, "{}", again.body);
+
+    let (runtime, report) = service.stop().await;
+    assert_eq!(report.parked, 2);
+    assert_eq!(report.failed_runs, 4);
+    assert_eq!(runtime.context().parked().count(), 0);
+    for key in ["confirm:order:7", "confirm:order:8"] {
+        assert_eq!(
+            ledger_entry(&runtime, key).await,
+            (DeliveryStatus::Delivered, 1),
+            "{key}"
+        );
+    }
 }
