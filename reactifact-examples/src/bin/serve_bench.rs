@@ -5,6 +5,7 @@
 //! cargo run --release -p reactifact-examples --bin serve-bench -- --dispatch-ms 1000 --fail-every 10
 //! cargo run --release -p reactifact-examples --bin serve-bench -- --store postgres \
 //!     --url postgres://postgres@127.0.0.1:5432/test
+//! cargo run --release -p reactifact-examples --bin serve-bench -- --rate 2000 --seconds 10 --inbox 1000
 //! ```
 //!
 //! Builds the runtime of `reactifact_examples::shop` (the `draft_confirmation` produce, the
@@ -12,37 +13,46 @@
 //! (`synchronous = NORMAL`, in the temporary directory, removed afterwards) or in a fresh
 //! schema of a PostgreSQL database (dropped afterwards), serves it, and offers orders at
 //! `--rate` per second for `--seconds`, open loop: order `i` is written at `start + i / rate`,
-//! each by a task of its own, whether or not the earlier ones were acknowledged. Its intake
-//! latency runs from that scheduled time to the handle's acknowledgement (the commit), so a
-//! write the program could only start late counts its lateness.
+//! each by a task of its own (`create_once` through the runtime's handle), whether or not the
+//! earlier ones were acknowledged. Its intake latency runs from that scheduled time to the
+//! handle's acknowledgement (the commit), so a write the program could only start late counts
+//! its lateness. A write waits for room in the runtime's inbox (`--inbox`), or, with
+//! `--try-write`, is refused at once when the inbox is full (`SubmitError::Full`, counted as
+//! `full`, not retried).
 //!
 //! After the offered period it waits (at most 60 s) until the mail service has sent every
-//! acknowledged order's confirmation, stops the runtime and prints a few lines, then one JSON
+//! acknowledged order's confirmation, stops the runtime, reads every acknowledged order back
+//! from its context (`uncommitted` counts those missing) and prints a few lines, then one JSON
 //! line, last: `intake_p50_ms`, `intake_p99_ms`, `intake_max_ms`, `acknowledged`, `refused`,
+//! `full`, `uncommitted`,
 //! `delivered` (distinct keys sent), `deliveries_per_sec` (sends from the start to the last
 //! send), `delivery_p50_ms`, `delivery_p99_ms` (scheduled time to the send), `duplicates`,
 //! `peak_rss_kb` (`VmHWM`), `store`, `rate`, `seconds`, `dispatch_ms`, `model_ms`,
-//! `fail_every`, `concurrency`, and the serving runtime's counts. Exits 1 unless every
-//! acknowledged order's confirmation was sent exactly once.
+//! `fail_every`, `concurrency`, `inbox`, and the serving runtime's counts. Exits 1 unless every
+//! acknowledged order is committed and its confirmation was sent exactly once.
 //!
 //! Options: `--rate R` (orders/s, default 200), `--seconds S` (default 30), `--dispatch-ms N`
 //! (each delivery attempt takes N ms, default 0), `--model-ms N` (each draft takes N ms,
 //! default 0), `--fail-every N` (the mail service fails every Nth attempt, retryably; 0, the
 //! default, never), `--concurrency N` (deliveries at once, default 256), `--store
 //! sqlite|postgres` (default sqlite), `--url URL` (PostgreSQL; default
-//! `$REACTIFACT_TEST_POSTGRES_URL`, else `postgres://postgres@127.0.0.1:5432/test`).
+//! `$REACTIFACT_TEST_POSTGRES_URL`, else `postgres://postgres@127.0.0.1:5432/test`), `--inbox
+//! N` (writes the runtime's inbox holds, `RuntimeBuilder::inbox_capacity`; default 1,024),
+//! `--try-write` (see above).
 
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use reactifact_core::{Context, OpenOptions, ServeReport, Synchronous};
-use reactifact_examples::shop::{self, confirmation_key, order_id, Mailer, Order, Settings};
+use reactifact_core::{
+    Context, OpenOptions, Runtime, ServeReport, SubmitError, Synchronous, Writes, DEFAULT_INBOX_CAPACITY,
+};
+use reactifact_examples::shop::{self, confirmation_key, order_id, Mailer, Order, Settings, StandInModel};
 use reactifact_postgres::{PostgresOptions, PostgresStore};
 use tokio::time::Instant;
 
 const USAGE: &str = "usage: serve-bench [--rate R] [--seconds S] [--dispatch-ms N] [--model-ms N] \
-[--fail-every N] [--concurrency N] [--store sqlite|postgres] [--url URL]";
+[--fail-every N] [--concurrency N] [--store sqlite|postgres] [--url URL] [--inbox N] [--try-write]";
 
 /// The PostgreSQL server without `--url` or `REACTIFACT_TEST_POSTGRES_URL`.
 const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
@@ -62,6 +72,8 @@ struct Options {
     concurrency: usize,
     postgres: bool,
     url: String,
+    inbox: usize,
+    try_write: bool,
 }
 
 fn parse() -> Result<Options, String> {
@@ -77,6 +89,8 @@ fn parse() -> Result<Options, String> {
             .ok()
             .filter(|url| !url.is_empty())
             .unwrap_or_else(|| DEFAULT_URL.to_owned()),
+        inbox: DEFAULT_INBOX_CAPACITY,
+        try_write: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -103,11 +117,13 @@ fn parse() -> Result<Options, String> {
                 other => return Err(format!("--store: `{other}` is neither `sqlite` nor `postgres`")),
             },
             "--url" => options.url = value(&arg)?,
+            "--inbox" => options.inbox = usize::try_from(number(&arg, value(&arg)?)?).unwrap_or(usize::MAX),
+            "--try-write" => options.try_write = true,
             other => return Err(format!("unexpected argument `{other}`")),
         }
     }
-    if options.rate == 0 || options.seconds == 0 || options.concurrency == 0 {
-        return Err("--rate, --seconds and --concurrency must be at least 1".to_owned());
+    if options.rate == 0 || options.seconds == 0 || options.concurrency == 0 || options.inbox == 0 {
+        return Err("--rate, --seconds, --concurrency and --inbox must be at least 1".to_owned());
     }
     Ok(options)
 }
@@ -215,6 +231,10 @@ struct Measured {
     intake: Vec<f64>,
     acknowledged: u64,
     refused: u64,
+    /// Writes `try_write` found no room for.
+    full: u64,
+    /// Acknowledged orders not found in the context after the run.
+    uncommitted: u64,
     /// Scheduled time to the first send, in ms, sorted, per acknowledged order sent.
     delivery: Vec<f64>,
     /// Distinct keys sent.
@@ -232,12 +252,18 @@ struct Measured {
 async fn measure(options: &Options, context: Context) -> Result<Measured, String> {
     let mailer = Mailer::new(Duration::from_millis(options.dispatch_ms), options.fail_every);
     let settings = Settings {
-        model_delay: Duration::from_millis(options.model_ms),
+        model: StandInModel::new(Duration::from_millis(options.model_ms)),
         delivery_concurrency: options.concurrency,
+        inbox_capacity: options.inbox,
+        ..Settings::default()
     };
     let mut runtime = shop::runtime(context, &settings, &mailer).map_err(|e| e.to_string())?;
     let handle = runtime.handle();
-    let serving = tokio::spawn(async move { runtime.serve(POLL).await });
+    let serving = tokio::spawn(async move {
+        let report = runtime.serve(POLL).await;
+        (runtime, report)
+    });
+    let try_write = options.try_write;
 
     let n = options.rate * options.seconds;
     let interval = Duration::from_secs_f64(1.0 / options.rate as f64);
@@ -255,13 +281,21 @@ async fn measure(options: &Options, context: Context) -> Result<Measured, String
                 // Below the approval threshold: every confirmation goes out on its own.
                 total_cents: 1_000 + i % 50_000,
             };
-            let written = handle.create(order_id(&i.to_string()), order).await;
+            let id = order_id(&i.to_string());
+            let written = if try_write {
+                let mut writes = Writes::new();
+                writes.create_once(id, order);
+                handle.try_write(writes).await
+            } else {
+                handle.create_once(id, order).await.map(|_| ())
+            };
             (written, at.elapsed())
         }));
     }
     let mut intake = Vec::with_capacity(writes.len());
     let mut acked = Vec::with_capacity(writes.len());
     let mut refused = 0;
+    let mut full = 0;
     let mut first_refusal = None;
     for (i, write) in (0..n).zip(writes) {
         match write.await.map_err(|e| format!("a write panicked: {e}"))? {
@@ -269,6 +303,7 @@ async fn measure(options: &Options, context: Context) -> Result<Measured, String
                 intake.push(latency.as_secs_f64() * 1000.0);
                 acked.push(i);
             }
+            (Err(SubmitError::Full(_)), _) => full += 1,
             (Err(e), _) => {
                 refused += 1;
                 first_refusal.get_or_insert_with(|| e.to_string());
@@ -291,10 +326,9 @@ async fn measure(options: &Options, context: Context) -> Result<Measured, String
         );
     }
     handle.stop();
-    let report = serving
-        .await
-        .map_err(|e| format!("the runtime panicked: {e}"))?
-        .map_err(|e| format!("the runtime stopped on an error: {e}"))?;
+    let (runtime, report) = serving.await.map_err(|e| format!("the runtime panicked: {e}"))?;
+    let report = report.map_err(|e| format!("the runtime stopped on an error: {e}"))?;
+    let uncommitted = uncommitted(&runtime, &acked);
 
     let sent = mailer.sent();
     let mut delivery = Vec::with_capacity(sent.len());
@@ -318,6 +352,8 @@ async fn measure(options: &Options, context: Context) -> Result<Measured, String
         intake,
         acknowledged,
         refused,
+        full,
+        uncommitted,
         delivery,
         delivered,
         duplicates,
@@ -327,6 +363,15 @@ async fn measure(options: &Options, context: Context) -> Result<Measured, String
         attempts: mailer.attempts(),
         report,
     })
+}
+
+/// How many of the `acked` orders the runtime's context does not hold.
+fn uncommitted(runtime: &Runtime, acked: &[u64]) -> u64 {
+    let context = runtime.context();
+    acked
+        .iter()
+        .filter(|i| !matches!(context.get::<Order>(&order_id(&i.to_string())), Ok(Some(_))))
+        .count() as u64
 }
 
 async fn run(options: &Options) -> Result<(String, bool), String> {
@@ -341,22 +386,27 @@ async fn run(options: &Options) -> Result<(String, bool), String> {
     let offered = options.rate * options.seconds;
     println!(
         "offered {offered} orders at {}/s for {} s on {name} (dispatch {} ms, model {} ms, fail every {}, \
-         concurrency {}): the offer took {:.3} s",
+         concurrency {}, inbox {}{}): the offer took {:.3} s",
         options.rate,
         options.seconds,
         options.dispatch_ms,
         options.model_ms,
         options.fail_every,
         options.concurrency,
+        options.inbox,
+        if options.try_write { ", try_write" } else { "" },
         m.offered_seconds
     );
     println!(
-        "intake (scheduled -> acknowledged): p50 {} ms, p99 {} ms, max {} ms; {} acknowledged, {} refused",
+        "intake (scheduled -> acknowledged): p50 {} ms, p99 {} ms, max {} ms; {} acknowledged ({} not in the \
+         context after), {} refused, {} found the inbox full",
         ms(percentile(&m.intake, 50.0)),
         ms(percentile(&m.intake, 99.0)),
         ms(m.intake.last().copied()),
         m.acknowledged,
-        m.refused
+        m.uncommitted,
+        m.refused,
+        m.full
     );
     println!(
         "delivery (scheduled -> sent): p50 {} ms, p99 {} ms, max {} ms; {} sent ({} duplicates, {} missing) \
@@ -375,13 +425,14 @@ async fn run(options: &Options) -> Result<(String, bool), String> {
         "runtime: {} turns, {} generations, {} runs, {} writes ({} refused), {} delivered, {} failed attempts, {} dead",
         r.turns, r.generations, r.runs, r.writes, r.refused_writes, r.delivered, r.failed, r.dead
     );
-    let exactly_once = m.missing == 0 && m.duplicates == 0;
+    let exactly_once = m.missing == 0 && m.duplicates == 0 && m.uncommitted == 0;
     let line = format!(
         concat!(
             "{{\"bench\":\"serve\",\"store\":\"{}\",\"rate\":{},\"seconds\":{},\"dispatch_ms\":{},",
-            "\"model_ms\":{},\"fail_every\":{},\"concurrency\":{},\"offered\":{},\"offered_seconds\":{:.3},",
+            "\"model_ms\":{},\"fail_every\":{},\"concurrency\":{},\"inbox\":{},\"try_write\":{},",
+            "\"offered\":{},\"offered_seconds\":{:.3},",
             "\"intake_p50_ms\":{},\"intake_p99_ms\":{},\"intake_max_ms\":{},\"acknowledged\":{},",
-            "\"refused\":{},\"delivered\":{},\"duplicates\":{},\"missing\":{},\"attempts\":{},",
+            "\"refused\":{},\"full\":{},\"uncommitted\":{},\"delivered\":{},\"duplicates\":{},\"missing\":{},\"attempts\":{},",
             "\"deliveries_per_sec\":{:.1},\"delivery_p50_ms\":{},\"delivery_p99_ms\":{},",
             "\"turns\":{},\"generations\":{},\"peak_rss_kb\":{},\"exactly_once\":{}}}"
         ),
@@ -392,6 +443,8 @@ async fn run(options: &Options) -> Result<(String, bool), String> {
         options.model_ms,
         options.fail_every,
         options.concurrency,
+        options.inbox,
+        options.try_write,
         offered,
         m.offered_seconds,
         ms(percentile(&m.intake, 50.0)),
@@ -399,6 +452,8 @@ async fn run(options: &Options) -> Result<(String, bool), String> {
         ms(m.intake.last().copied()),
         m.acknowledged,
         m.refused,
+        m.full,
+        m.uncommitted,
         m.delivered,
         m.duplicates,
         m.missing,
@@ -442,7 +497,9 @@ fn main() -> ExitCode {
             if exactly_once {
                 ExitCode::SUCCESS
             } else {
-                eprintln!("serve-bench: not every acknowledged order's confirmation was sent exactly once");
+                eprintln!(
+                    "serve-bench: not every acknowledged order is committed with its confirmation sent exactly once"
+                );
                 ExitCode::FAILURE
             }
         }
