@@ -5,7 +5,8 @@ use reactifact_core::DeliveryStatus;
 
 /// Inspect and operate a reactifact store: its sessions, commit log, state, provenance and
 /// delivery ledger. It never dispatches anything and opens the store read-only, except for
-/// `outbox retry`, `cancel`, `approve`, `reject` and `purge`, and `question answer`.
+/// `outbox retry`, `cancel`, `approve`, `reject` and `purge`, `question answer` and
+/// `parked rearm`.
 #[derive(Debug, Parser)]
 #[command(
     name = "reactifact",
@@ -95,6 +96,10 @@ pub enum Command {
     /// The questions produces asked a human (`Effects::ask`), and their answers.
     #[command(subcommand)]
     Question(QuestionCommand),
+    /// The events a serving runtime parked after a produce failed on every attempt its retry
+    /// policy allowed, and re-arming them.
+    #[command(subcommand)]
+    Parked(ParkedCommand),
     /// Refold the log of each session (or of one) from the empty state and check every hash,
     /// and the outbox against the log.
     Verify {
@@ -144,6 +149,28 @@ pub enum QuestionCommand {
         /// Who answers, kept with the question.
         #[arg(long, value_name = "NAME")]
         by: String,
+        /// The session (default: the store's only session).
+        #[arg(long)]
+        session: Option<String>,
+    },
+}
+
+/// The `parked` commands.
+#[derive(Debug, Subcommand)]
+pub enum ParkedCommand {
+    /// The session's parked events, in the order they were first parked: the produce, its
+    /// trigger and event, the attempts and the last error.
+    List {
+        /// The session (default: the store's only session).
+        #[arg(long)]
+        session: Option<String>,
+    },
+    /// Re-arm a parked event (`Context::rearm`): one committed write to the session that
+    /// deletes the record and schedules a retry of its produce, due now, with its retry
+    /// policy's attempts anew; the next turn of a runtime with that produce runs it.
+    Rearm {
+        /// The parked event's id, e.g. `parked:orders/process_order/order:1`.
+        id: String,
         /// The session (default: the store's only session).
         #[arg(long)]
         session: Option<String>,

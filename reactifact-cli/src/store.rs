@@ -4,8 +4,8 @@
 //!
 //! A PostgreSQL store is never created or migrated by the CLI: the schema is probed first
 //! (a missing store or an older version is an error), and every command but `outbox retry`,
-//! `cancel` and `purge` connects with `default_transaction_read_only=on`, so the server itself
-//! refuses any write.
+//! `cancel`, `approve`, `reject` and `purge`, `question answer` and `parked rearm` connects
+//! with `default_transaction_read_only=on`, so the server itself refuses any write.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -271,7 +271,7 @@ impl Store {
     }
 
     /// A session of the store opened for writing (the store was opened for writes): for the
-    /// one command that writes to a session, `question answer`.
+    /// commands that write to a session, `question answer` and `parked rearm`.
     pub fn open_session_for_write(&self, session: &str) -> Outcome<Context> {
         let options = OpenOptions::new().create(false);
         match &self.backend {

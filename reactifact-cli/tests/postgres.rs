@@ -672,3 +672,72 @@ fn question_answer_writes_one_commit_to_a_postgres_session() {
         );
     });
 }
+
+#[test]
+fn parked_events_are_listed_and_re_armed_on_postgres() {
+    let Some(url) = url("parked_events_are_listed_and_re_armed_on_postgres") else {
+        return;
+    };
+    let pg = Schema::new(&url, "parked");
+    let options = PostgresOptions::new(&pg.url).schema(&pg.name).pool_size(2);
+    let parked = support::parked_id("order:1");
+    // On tokio's real clock: the driver's timeouts run on tokio's clock, which a paused one
+    // would fire while the server answers. The manual policy parks at the first failure, so
+    // nothing waits on time.
+    block_on(async {
+        let store = PostgresStore::open(options.clone())
+            .await
+            .expect("the test store opens");
+        let mut ctx = Context::open_store(store, "orders").await.unwrap();
+        ctx.create(
+            "order:1",
+            support::Order {
+                customer: "ada@example.com".into(),
+                total_cents: 1_200,
+                channel: "email".into(),
+            },
+        )
+        .unwrap();
+        drop(support::park(ctx, &["order:1"]).await);
+    });
+
+    // Listing writes nothing.
+    let before = pg.contents();
+    let table = pg.run(&["parked", "list"]).ok().stdout;
+    assert!(
+        table.lines().nth(1).is_some_and(|row| row.starts_with(&parked)
+            && row.contains("billing")
+            && row.contains("process_order")
+            && row.ends_with(support::PARKED_ERROR)),
+        "{table}"
+    );
+    let listed = pg.json(&["parked", "list"]);
+    assert_eq!(listed["session"], "orders", "{listed}");
+    assert_eq!(listed["parked"][0]["id"], parked, "{listed}");
+    assert_eq!(listed["parked"][0]["event"], "created", "{listed}");
+    assert_eq!(listed["parked"][0]["attempts"], 1, "{listed}");
+    assert_eq!(pg.contents(), before, "parked list writes nothing");
+
+    pg.run(&["parked", "rearm", "parked:billing/process_order/order:9"])
+        .fails(
+            2,
+            "no parked event `parked:billing/process_order/order:9` in session orders",
+        );
+    assert_eq!(pg.contents(), before, "a refused re-arm writes nothing");
+
+    let doc = pg.json(&["parked", "rearm", &parked]);
+    assert_eq!(doc["rearmed"]["id"], parked, "{doc}");
+    assert_eq!(doc["retry"]["id"], "timer:retry/billing/process_order/order:1", "{doc}");
+    pg.run(&["parked", "rearm", &parked]).fails(
+        2,
+        "no parked event `parked:billing/process_order/order:1` in session orders",
+    );
+    pg.run(&["verify"]).ok();
+    block_on(async {
+        let store = PostgresStore::open(options).await.unwrap();
+        let ctx = Context::open_store(store, "orders").await.unwrap();
+        assert_eq!(ctx.parked().count(), 0, "the record is gone");
+        assert_eq!(ctx.pending_timers(), 1, "a retry is due");
+        assert_eq!(doc["generation"], ctx.generation().0, "{doc}");
+    });
+}

@@ -5,6 +5,7 @@ mod audit;
 mod diff;
 mod log;
 mod outbox;
+mod parked;
 mod provenance;
 mod question;
 mod sessions;
@@ -15,7 +16,7 @@ use std::future::Future;
 
 use reactifact_core::{Context, Generation};
 
-use crate::cli::{Cli, Command, OutboxCommand, QuestionCommand};
+use crate::cli::{Cli, Command, OutboxCommand, ParkedCommand, QuestionCommand};
 use crate::failure::{Failure, Outcome};
 use crate::store::{self, Store};
 
@@ -38,8 +39,8 @@ impl Env {
 /// Runs the command the command line names.
 pub fn run(cli: Cli) -> Outcome {
     let location = store::resolve(cli.store.as_deref(), cli.schema.as_deref())?;
-    // Only the operator's ledger operations write; every other command opens the store
-    // read-only.
+    // Only the operator's ledger operations, answering a question and re-arming a parked
+    // event write; every other command opens the store read-only.
     let writes = matches!(
         cli.command,
         Command::Outbox(
@@ -49,6 +50,7 @@ pub fn run(cli: Cli) -> Outcome {
                 | OutboxCommand::Reject { .. }
                 | OutboxCommand::Purge { .. }
         ) | Command::Question(QuestionCommand::Answer { .. })
+            | Command::Parked(ParkedCommand::Rearm { .. })
     );
     let env = Env {
         store: Store::open(location, writes)?,
@@ -63,6 +65,7 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Graph { key, session, format } => provenance::graph(&env, &key, session.as_deref(), format),
         Command::Outbox(command) => outbox::outbox(&env, command),
         Command::Question(command) => question::question(&env, command),
+        Command::Parked(command) => parked::parked(&env, command),
         Command::Verify { session } => verify::verify(&env, session.as_deref()),
         Command::Replay { session, to } => verify::replay(&env, session.as_deref(), to.as_deref()),
         Command::ExportAudit { session } => audit::export_audit(&env, session.as_deref()),

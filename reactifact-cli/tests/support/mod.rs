@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use reactifact_core::{
-    produce, Agent, Artifact, ClaimRequest, Context, DispatchError, Intent, OutboxStore, PendingAction, ProduceCall,
-    RetryPolicy, Runtime, Scope, SqliteOutbox,
+    produce, Agent, Artifact, ClaimRequest, Context, DispatchError, Intent, OutboxStore, PendingAction, Produce,
+    ProduceCall, ProduceError, RetryPolicy, Runtime, Scope, SqliteOutbox,
 };
 use serde::{Deserialize, Serialize};
 
@@ -198,4 +198,60 @@ pub async fn settle(outbox: &dyn OutboxStore) {
         )
         .await
         .unwrap();
+}
+
+/// The error every run of [`park`]'s produce fails with.
+pub const PARKED_ERROR: &str = "the model said 503";
+
+/// The id of the event [`park`] parks for `order`: `parked:billing/process_order/{order}`.
+pub fn parked_id(order: &str) -> String {
+    format!("parked:billing/process_order/{order}")
+}
+
+/// Serves `ctx`, whose queued events are the creation of the orders `orders`, as a service
+/// does (`Runtime::serve`), with a `billing/process_order` that fails on every order under
+/// `RetryPolicy::manual()`, which parks an event at its first failure; stops it through its
+/// handle once each order's run failed, and returns the context, where every order is
+/// parked.
+pub async fn park(ctx: Context, orders: &[&str]) -> Context {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let failing = Produce::new("process_order", move |call: ProduceCall<Order>| {
+        let tx = tx.clone();
+        async move {
+            let _ = tx.send(call.trigger.id.to_string());
+            Err::<(), _>(ProduceError::msg(PARKED_ERROR))
+        }
+    })
+    .creates::<Receipt>();
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("billing").produce(failing))
+        .produce_retry_policy(RetryPolicy::manual())
+        .build()
+        .expect("the runtime builds");
+    // A stop that arrives before the failed runs' generation committed leaves their events
+    // queued: the next serve runs them again.
+    for _ in 0..4 {
+        let parked = rt.context().parked().count();
+        if parked == orders.len() {
+            break;
+        }
+        let handle = rt.handle();
+        let serving = tokio::spawn(async move {
+            let report = rt.serve(Duration::from_secs(3600)).await;
+            (rt, report)
+        });
+        for _ in parked..orders.len() {
+            rx.recv().await.expect("the produce runs");
+        }
+        handle.stop();
+        let (served, report) = serving.await.expect("serve does not panic");
+        report.expect("a produce's failure never ends serve");
+        rt = served;
+    }
+    let mut parked: Vec<String> = rt.context().parked().map(|p| p.unwrap().id.to_string()).collect();
+    parked.sort();
+    let mut expected: Vec<String> = orders.iter().map(|o| parked_id(o)).collect();
+    expected.sort();
+    assert_eq!(parked, expected, "every order's event is parked");
+    rt.into_context()
 }
