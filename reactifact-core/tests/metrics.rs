@@ -5,14 +5,15 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Notify, Order, Receipt};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use reactifact_core::{
-    Agent, Context, DispatchError, Intent, PendingAction, Produce, ProduceCall, RetryPolicy, Runtime, Scope,
+    Agent, Context, DispatchError, Intent, PendingAction, Produce, ProduceCall, ProduceError, RetryPolicy, Runtime,
+    Scope, Usage,
 };
 
 /// A metric as the test names it: `name{label=value,...}` (labels sorted).
@@ -344,4 +345,86 @@ fn without_a_recorder_nothing_is_recorded_and_nothing_breaks() {
         counters["reactifact_deliveries_total{kind=notify,outcome=delivered}"],
         1
     );
+}
+
+/// Asks a metered `llm` call per order (1,200 tokens in, 300 out, cost 450; `calls` counts
+/// the calls made), then fails while `fail` is set, after the call, so that the turn fails and
+/// the order runs again with the answer kept for it.
+fn triage(calls: Arc<AtomicU32>, fail: Arc<AtomicBool>) -> Produce {
+    Produce::new("triage", move |call: ProduceCall<Order>| {
+        let (calls, fail) = (calls.clone(), fail.clone());
+        async move {
+            let category: String = call
+                .record_metered("llm", call.trigger.id.as_str(), || async move {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, std::io::Error>(("billing".to_owned(), Usage::tokens(1_200, 300).with_cost(450)))
+                })
+                .await?;
+            if fail.load(Ordering::SeqCst) {
+                return Err(ProduceError::msg("the answer did not parse"));
+            }
+            let id = call.trigger.id.to_string();
+            call.effects.upsert(
+                format!("receipt:{id}"),
+                Receipt {
+                    order: category,
+                    total_cents: call.trigger.data.total_cents,
+                },
+            );
+            Ok(())
+        }
+    })
+    .creates::<Receipt>()
+}
+
+#[test]
+#[ignore = "needs run/generation.rs to record a run's call usage: `harvest.record_usage(&agent.name, produce.name_arc())` in Calls::of, beside `report.count_usage`"]
+fn the_tokens_and_cost_of_metered_calls_made_are_counted_not_of_answers_reused() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let calls = Arc::new(AtomicU32::new(0));
+    let fail = Arc::new(AtomicBool::new(true));
+    with_recorder(&recorder, || async {
+        let mut ctx = Context::new("shop");
+        ctx.create("order:1", order()).unwrap();
+        let mut rt = Runtime::builder(ctx)
+            .agent(Agent::new("support").produce(triage(calls.clone(), fail.clone())))
+            .build()
+            .unwrap();
+        // The call is made, then the run fails the turn: its tokens were spent, and count.
+        assert!(rt.run().await.is_err());
+        // The retry gets the answer back without calling: nothing more counts.
+        fail.store(false, Ordering::SeqCst);
+        let report = rt.run().await.unwrap();
+        assert_eq!(report.usage[0].reused, 1, "{:?}", report.usage);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        // Another order: a call made, counted.
+        rt.context_mut().create("order:2", order()).unwrap();
+        rt.run().await.unwrap();
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    });
+    let seen = seen(&snapshotter);
+    let usage: BTreeMap<&str, u64> = nonzero(&seen)
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("reactifact_call_"))
+        .collect();
+    assert_eq!(
+        usage,
+        BTreeMap::from([
+            (
+                "reactifact_call_cost_total{agent=support,model=llm,produce=triage}",
+                900
+            ),
+            (
+                "reactifact_call_tokens_in_total{agent=support,model=llm,produce=triage}",
+                2_400
+            ),
+            (
+                "reactifact_call_tokens_out_total{agent=support,model=llm,produce=triage}",
+                600
+            ),
+        ]),
+        "two calls made, by agent, produce and model (the call's name); the reused answer not counted"
+    );
+    assert_no_secret(&seen);
 }

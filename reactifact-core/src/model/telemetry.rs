@@ -6,7 +6,8 @@
 //!
 //! Handles are looked up once per turn (runs), per commit, and per drain call and action kind
 //! (deliveries), never per intent, so a recorder installed at any time before a turn or a drain
-//! starts receives it.
+//! starts receives it. The usage of metered calls is recorded per run that made one, by call
+//! name (a model call costs far more than the lookup).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +16,7 @@ use ::metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter, Histogram, Unit,
 };
 
+use crate::model::call::Usage;
 use crate::model::delivery::DeliveryStatus;
 
 /// The names of the metrics reactifact records (see `docs/observability.md`).
@@ -62,6 +64,21 @@ pub mod metric {
     pub const STALE_OUTCOMES_REJECTED: &str = "reactifact_stale_outcomes_rejected_total";
     /// Counter: commits refused because another writer had advanced the session, and retried.
     pub const COMMIT_CONFLICTS: &str = "reactifact_commit_conflicts_total";
+    /// Counter, labels `agent`, `produce`, `model`: tokens sent by the metered calls
+    /// ([`ProduceCall::record_metered`](crate::ProduceCall::record_metered)) that produce runs
+    /// made, as their [`Usage::tokens_in`](crate::Usage::tokens_in) reported; an answer reused
+    /// from an earlier attempt or from the record is not a call made, and counts nothing.
+    /// `model` is the call's name (the first argument of `record_metered`): nothing else names
+    /// the model.
+    pub const CALL_TOKENS_IN: &str = "reactifact_call_tokens_in_total";
+    /// Counter, labels `agent`, `produce`, `model`: tokens received by the metered calls made
+    /// ([`Usage::tokens_out`](crate::Usage::tokens_out)), counted as
+    /// [`CALL_TOKENS_IN`] counts.
+    pub const CALL_TOKENS_OUT: &str = "reactifact_call_tokens_out_total";
+    /// Counter, labels `agent`, `produce`, `model`: the cost the metered calls made reported
+    /// ([`Usage::cost`](crate::Usage::cost)), in the program's own unit, counted as
+    /// [`CALL_TOKENS_IN`] counts.
+    pub const CALL_COST: &str = "reactifact_call_cost_total";
 }
 
 /// Describes every metric to the installed recorder (units and help texts). Cheap; called
@@ -101,6 +118,18 @@ pub(crate) fn describe() {
     describe_counter!(
         COMMIT_CONFLICTS,
         "Commits refused by another writer's progress, and retried."
+    );
+    describe_counter!(
+        CALL_TOKENS_IN,
+        "Tokens sent by the metered calls produce runs made, by agent, produce and model (the call's name)."
+    );
+    describe_counter!(
+        CALL_TOKENS_OUT,
+        "Tokens received by the metered calls produce runs made, by agent, produce and model (the call's name)."
+    );
+    describe_counter!(
+        CALL_COST,
+        "Cost the metered calls produce runs made reported, in the program's unit, by agent, produce and model (the call's name)."
     );
 }
 
@@ -183,6 +212,18 @@ impl CommitTally {
             counter!(metric::INTENTS_COMMITTED, "kind" => last).increment(n);
         }
     }
+}
+
+/// Counts what the metered calls named `model` that one run of `agent`/`produce` made used.
+pub(crate) fn record_call_usage(agent: &Arc<str>, produce: &Arc<str>, model: &Arc<str>, usage: Usage) {
+    let labels = [
+        ("agent", agent.clone()),
+        ("produce", produce.clone()),
+        ("model", model.clone()),
+    ];
+    counter!(metric::CALL_TOKENS_IN, &labels).increment(usage.tokens_in);
+    counter!(metric::CALL_TOKENS_OUT, &labels).increment(usage.tokens_out);
+    counter!(metric::CALL_COST, &labels).increment(usage.cost);
 }
 
 /// Counts one commit refused by another writer, and retried.

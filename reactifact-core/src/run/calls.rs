@@ -262,6 +262,9 @@ pub(crate) struct CallLog {
     used: Vec<bool>,
     /// What the calls made by this run used (reused answers use nothing).
     spent: Usage,
+    /// What the metered calls made by this run used, by call name, in the order first made
+    /// (reused answers are not in it): the usage metrics' source.
+    metered: Vec<(Arc<str>, Usage)>,
     /// Closures called (the runtime's own calls, the clock and the seed, not counted).
     made: u64,
     /// Answers reused from an earlier attempt (the runtime's own calls not counted).
@@ -272,16 +275,21 @@ pub(crate) struct CallLog {
     requests: Option<Vec<(Arc<str>, Vec<u8>)>>,
 }
 
-/// A call asked for: waiting for its closure, or ended.
+/// A call asked for: waiting for its closure (`metered` for
+/// [`record_metered`](ProduceCall::record_metered)'s), or ended.
 enum Slot {
-    Waiting { name: Arc<str>, request: ContentHash },
+    Waiting {
+        name: Arc<str>,
+        request: ContentHash,
+        metered: bool,
+    },
     Done(RecordedCall),
 }
 
 impl Slot {
     fn is(&self, name: &str, request: Option<&ContentHash>) -> bool {
         let (n, r) = match self {
-            Slot::Waiting { name, request } => (name, request),
+            Slot::Waiting { name, request, .. } => (name, request),
             Slot::Done(call) => (&call.name, &call.request),
         };
         &**n == name && request.is_none_or(|request| r == request)
@@ -294,6 +302,8 @@ pub(crate) struct Harvest {
     /// Every call asked for, in order; one that never answered is `Abandoned`.
     pub(crate) calls: Vec<RecordedCall>,
     pub(crate) spent: Usage,
+    /// What the metered calls made used, by call name (see [`Harvest::record_usage`]).
+    pub(crate) metered: Vec<(Arc<str>, Usage)>,
     pub(crate) made: u64,
     pub(crate) reused: u64,
     pub(crate) miss: Option<ReplayMiss>,
@@ -311,6 +321,24 @@ impl Harvest {
         Harvest {
             leftover: prior,
             ..Harvest::default()
+        }
+    }
+
+    /// Records what the metered calls this run made used, as the usage metrics of the
+    /// produce `agent`/`produce` (see `model/telemetry.rs`): tokens in, tokens out and cost
+    /// per call name. Answers reused from an earlier attempt, or from the record, are not in
+    /// it: only calls made. A live run's harvest is recorded once, where the runtime counts
+    /// its usage in the turn's report.
+    #[cfg_attr(
+        not(test),
+        expect(
+            dead_code,
+            reason = "run/generation.rs's Calls::of is to call it beside report.count_usage"
+        )
+    )]
+    pub(crate) fn record_usage(&self, agent: &Arc<str>, produce: &Arc<str>) {
+        for (name, usage) in &self.metered {
+            crate::model::telemetry::record_call_usage(agent, produce, name, *usage);
         }
     }
 
@@ -371,6 +399,7 @@ impl CallLog {
             asked: Vec::new(),
             used: vec![false; recorded],
             spent: Usage::ZERO,
+            metered: Vec::new(),
             made: 0,
             reused: 0,
             miss: None,
@@ -469,7 +498,7 @@ impl CallLog {
                         });
                     }
                 }
-                self.asked.push(Slot::Waiting { name, request });
+                self.asked.push(Slot::Waiting { name, request, metered });
                 Asked::Make(self.asked.len() - 1)
             }
             Source::Script(script) => {
@@ -497,7 +526,7 @@ impl CallLog {
                     return Asked::Answered(bytes);
                 }
                 if script.call_through || &*name == NOW {
-                    self.asked.push(Slot::Waiting { name, request });
+                    self.asked.push(Slot::Waiting { name, request, metered });
                     return Asked::Make(self.asked.len() - 1);
                 }
                 self.missed(miss(MissKind::NotScripted))
@@ -510,11 +539,17 @@ impl CallLog {
         let Some(entry) = self.asked.get_mut(slot) else {
             return;
         };
-        let Slot::Waiting { name, request } = entry else {
+        let Slot::Waiting { name, request, metered } = entry else {
             return;
         };
         if !name.starts_with(RESERVED) {
             self.made += 1;
+        }
+        if *metered {
+            match self.metered.iter_mut().find(|(n, _)| n == name) {
+                Some((_, used)) => *used += usage,
+                None => self.metered.push((name.clone(), usage)),
+            }
         }
         self.spent += usage;
         if let Some(meter) = &self.meter {
@@ -583,7 +618,7 @@ impl CallLog {
                 .into_iter()
                 .map(|slot| match slot {
                     Slot::Done(call) => call,
-                    Slot::Waiting { name, request } => RecordedCall {
+                    Slot::Waiting { name, request, .. } => RecordedCall {
                         name,
                         request,
                         outcome: CallOutcome::Abandoned,
@@ -592,6 +627,7 @@ impl CallLog {
                 })
                 .collect(),
             spent: self.spent,
+            metered: self.metered,
             made: self.made,
             reused: self.reused,
             miss: self.miss.map(|miss| *miss),
@@ -1007,6 +1043,7 @@ impl CallCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::telemetry::metric;
 
     fn key(n: usize) -> RunKey {
         (
@@ -1048,6 +1085,92 @@ mod tests {
         assert!(cache.runs.contains_key(&key(0)), "the run kept again stays");
         assert!(!cache.runs.contains_key(&key(1)), "the oldest is forgotten");
         assert!(cache.take(&key(1)).is_empty());
+    }
+
+    /// An answer to `request` for [`CallLog::answer`].
+    fn answer_to(request: &[u8]) -> CallOutcome {
+        let bytes: Arc<[u8]> = Arc::from(request);
+        CallOutcome::Answered {
+            hash: content_hash(&bytes),
+            bytes,
+        }
+    }
+
+    /// Asks for a call that is to be made, and answers it with `usage`.
+    fn made(log: &mut CallLog, name: &str, request: &[u8], metered: bool, usage: Usage) {
+        match log.ask(name, content_hash(request), request, metered) {
+            Asked::Make(slot) => log.answer(slot, answer_to(request), usage),
+            _ => panic!("`{name}` is to be made"),
+        }
+    }
+
+    #[test]
+    fn only_the_metered_calls_made_count_in_the_usage_metrics() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+        // An earlier attempt of the run answered `llm` q1; this one reuses that answer, makes
+        // `llm` q2 and q3 and `embed` q4 (metered), and an unmetered `http` call.
+        let prior = vec![RecordedCall {
+            name: Arc::from("llm"),
+            request: content_hash(b"q1"),
+            outcome: answer_to(b"q1"),
+            usage: Usage::tokens(1_000, 100).with_cost(50),
+        }];
+        let mut log = CallLog::live(prior, None, true).expect("a log with a prior answer");
+        assert!(matches!(
+            log.ask("llm", content_hash(b"q1"), b"q1", true),
+            Asked::Answered(_)
+        ));
+        made(&mut log, "llm", b"q2", true, Usage::tokens(120, 30).with_cost(7));
+        made(&mut log, "embed", b"q4", true, Usage::tokens(500, 0).with_cost(1));
+        made(&mut log, "llm", b"q3", true, Usage::tokens(80, 20).with_cost(3));
+        made(&mut log, "http", b"q5", false, Usage::ZERO);
+        // A metered call that failed reported nothing: it counts nothing, and its series exist.
+        match log.ask("rerank", content_hash(b"q6"), b"q6", true) {
+            Asked::Make(slot) => log.answer(
+                slot,
+                CallOutcome::Failed {
+                    error: "503".to_owned(),
+                },
+                Usage::ZERO,
+            ),
+            _ => panic!("`rerank` is to be made"),
+        }
+        let harvest = log.harvest();
+        assert_eq!((harvest.made, harvest.reused), (5, 1));
+
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, || {
+            harvest.record_usage(&Arc::from("support"), &Arc::from("classify"));
+        });
+        let mut seen = std::collections::BTreeMap::new();
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            let key = key.key();
+            let labels: Vec<String> = key.labels().map(|l| format!("{}={}", l.key(), l.value())).collect();
+            let DebugValue::Counter(n) = value else {
+                panic!("{} is a counter", key.name());
+            };
+            seen.insert(format!("{}{{{}}}", key.name(), labels.join(",")), n);
+        }
+        let series = |metric: &str, model: &str| format!("{metric}{{agent=support,produce=classify,model={model}}}");
+        let expected: std::collections::BTreeMap<String, u64> = [
+            (series(metric::CALL_TOKENS_IN, "llm"), 200),
+            (series(metric::CALL_TOKENS_OUT, "llm"), 50),
+            (series(metric::CALL_COST, "llm"), 10),
+            (series(metric::CALL_TOKENS_IN, "embed"), 500),
+            (series(metric::CALL_TOKENS_OUT, "embed"), 0),
+            (series(metric::CALL_COST, "embed"), 1),
+            (series(metric::CALL_TOKENS_IN, "rerank"), 0),
+            (series(metric::CALL_TOKENS_OUT, "rerank"), 0),
+            (series(metric::CALL_COST, "rerank"), 0),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(
+            seen, expected,
+            "the calls made, by name: not the reused answer, not the unmetered call"
+        );
     }
 
     #[test]
