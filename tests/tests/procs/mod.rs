@@ -1,12 +1,16 @@
-//! Shared by the real-OS-process suites (`multi_process.rs`, `crash_drainer.rs`): the order
-//! flow whose produce turns each seeded order into one `notify` intent, child processes that
-//! re-execute the test binary in a mode chosen by environment variables, append-only line
-//! logs written by the children's dispatchers, and read-only queries of a file's outbox.
+//! Shared by the real-OS-process suites (`multi_process.rs`, `crash_drainer.rs`,
+//! `serve_process.rs`, `serve_kill.rs`, …): the order flow whose produce turns each seeded
+//! order into one `notify` intent, child processes that re-execute the test binary in a mode
+//! chosen by environment variables, append-only line logs written by the children's
+//! dispatchers, read-only queries of a file's outbox, a plain HTTP/1.1 request, SIGTERM, and
+//! (in `shop`) the stores the shop's serving children run on.
 //!
 //! A child is the test binary itself run with `--exact <child test> --test-threads=1`: the
 //! child test is a no-op unless its environment variables are set, so a plain `cargo test`
 //! runs it as an empty test.
 #![allow(dead_code)]
+
+pub mod shop;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -295,4 +299,69 @@ pub fn tally<'a>(values: impl IntoIterator<Item = &'a str>) -> BTreeMap<&'a str,
         *counts.entry(v).or_insert(0) += 1;
     }
     counts
+}
+
+/// Sends `SIGTERM` to `child` (with `kill`, as an operator or a service manager would).
+pub fn terminate(child: &Child) {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -TERM {} failed: {status}", child.id());
+}
+
+/// Panics with the child's stderr if `child` has exited: it was to stay up.
+pub fn assert_running(child: &mut Child, what: &str, stderr: &Path) {
+    if let Some(status) = child.try_wait().expect("poll a child") {
+        panic!(
+            "{what} (pid {}) exited ({status}) while it was to serve; its stderr:\n{}",
+            child.id(),
+            std::fs::read_to_string(stderr).unwrap_or_default()
+        );
+    }
+}
+
+/// One HTTP/1.1 request with `connection: close` and a JSON body (if any): the answer's status
+/// and body. Blocking, std only.
+pub fn http(addr: &str, method: &str, path: &str, json: Option<&str>) -> std::io::Result<(u16, String)> {
+    use std::io::Read;
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+    let body = json.unwrap_or("");
+    let content_type = if json.is_some() {
+        "content-type: application/json\r\n"
+    } else {
+        ""
+    };
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\n{content_type}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes())?;
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw)?;
+    let (head, body) = raw
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other(format!("an answer without a head: {raw:?}")))?;
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("no status line in {head:?}")))?;
+    Ok((status, body.to_owned()))
+}
+
+/// Polls `done` until it answers `Some`, for at most `limit`, checking `alive` (which panics if
+/// a process that was to stay up has exited) every round. The limit only turns a hang into a
+/// failure.
+pub fn poll_until<T>(limit: Duration, what: &str, mut alive: impl FnMut(), mut done: impl FnMut() -> Option<T>) -> T {
+    let started = Instant::now();
+    loop {
+        if let Some(value) = done() {
+            return value;
+        }
+        alive();
+        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
