@@ -378,7 +378,6 @@ fn triage(calls: Arc<AtomicU32>, fail: Arc<AtomicBool>) -> Produce {
 }
 
 #[test]
-#[ignore = "needs run/generation.rs to record a run's call usage: `harvest.record_usage(&agent.name, produce.name_arc())` in Calls::of, beside `report.count_usage`"]
 fn the_tokens_and_cost_of_metered_calls_made_are_counted_not_of_answers_reused() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();

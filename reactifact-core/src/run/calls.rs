@@ -329,13 +329,6 @@ impl Harvest {
     /// per call name. Answers reused from an earlier attempt, or from the record, are not in
     /// it: only calls made. A live run's harvest is recorded once, where the runtime counts
     /// its usage in the turn's report.
-    #[cfg_attr(
-        not(test),
-        expect(
-            dead_code,
-            reason = "run/generation.rs's Calls::of is to call it beside report.count_usage"
-        )
-    )]
     pub(crate) fn record_usage(&self, agent: &Arc<str>, produce: &Arc<str>) {
         for (name, usage) in &self.metered {
             crate::model::telemetry::record_call_usage(agent, produce, name, *usage);

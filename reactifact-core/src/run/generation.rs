@@ -463,6 +463,7 @@ impl Calls {
                 let agent = &rt.agents[work.slot.agent];
                 let produce = &agent.produces[work.slot.produce];
                 report.count_usage(&agent.name, produce.name(), harvest.spent, harvest.made, harvest.reused);
+                harvest.record_usage(&agent.name, produce.name_arc());
             }
             if harvest.deferred.is_some() {
                 refused.push(i);
