@@ -21,7 +21,7 @@ fn runtime(capacity: usize) -> Runtime {
 
 #[tokio::test(start_paused = true)]
 async fn a_full_inbox_makes_writers_wait_and_try_write_answers_full_with_the_writes() {
-    let mut rt = runtime(2);
+    let rt = runtime(2);
     let handle = rt.handle();
     // Not serving yet: two writes fill the inbox and wait for their commit.
     let waiting: Vec<_> = (0..2)
@@ -41,10 +41,7 @@ async fn a_full_inbox_makes_writers_wait_and_try_write_answers_full_with_the_wri
     // A write that waits for room does not get in while the inbox is full.
     let third = tokio::time::timeout(Duration::from_secs(60), handle.create("order:3", order("eve", 3))).await;
     assert!(third.is_err(), "a write got into a full inbox");
-    let serving = tokio::spawn(async move {
-        let report = rt.serve(Duration::from_secs(3600)).await.unwrap();
-        (rt, report)
-    });
+    let serving = common::serving(rt, Duration::from_secs(3600));
     for write in waiting {
         write.await.unwrap().unwrap();
     }
@@ -62,12 +59,9 @@ async fn a_full_inbox_makes_writers_wait_and_try_write_answers_full_with_the_wri
 
 #[tokio::test(start_paused = true)]
 async fn create_once_tells_a_retried_request_apart_and_batches_commit_all_or_nothing() {
-    let mut rt = runtime(16);
+    let rt = runtime(16);
     let handle = rt.handle();
-    let serving = tokio::spawn(async move {
-        let report = rt.serve(Duration::from_secs(3600)).await.unwrap();
-        (rt, report)
-    });
+    let serving = common::serving(rt, Duration::from_secs(3600));
     assert!(handle.create_once("order:1", order("ada", 100)).await.unwrap());
     assert!(
         !handle.create_once("order:1", order("ada", 999)).await.unwrap(),

@@ -58,12 +58,9 @@ async fn a_failed_run_is_retried_alone_and_commits_when_it_succeeds() {
     let fail = Arc::new(AtomicBool::new(true));
     let runs = Arc::new(AtomicU32::new(0));
     let recorder = Recorder::default();
-    let mut rt = runtime(flaky(fail.clone(), false, runs.clone()), &recorder);
+    let rt = runtime(flaky(fail.clone(), false, runs.clone()), &recorder);
     let handle = rt.handle();
-    let serving = tokio::spawn(async move {
-        let report = rt.serve(Duration::from_secs(3600)).await.unwrap();
-        (rt, report)
-    });
+    let serving = common::serving(rt, Duration::from_secs(3600));
     let mut batch = reactifact_core::Writes::new();
     for i in 0..3 {
         batch.create(format!("order:{i}"), order("ada", i));
@@ -108,12 +105,9 @@ async fn a_produce_that_panics_every_time_is_parked_and_an_operator_re_arms_it()
     let fail = Arc::new(AtomicBool::new(true));
     let runs = Arc::new(AtomicU32::new(0));
     let recorder = Recorder::default();
-    let mut rt = runtime(flaky(fail.clone(), true, runs.clone()), &recorder);
+    let rt = runtime(flaky(fail.clone(), true, runs.clone()), &recorder);
     let handle = rt.handle();
-    let serving = tokio::spawn(async move {
-        let report = rt.serve(Duration::from_secs(3600)).await.unwrap();
-        (rt, report)
-    });
+    let serving = common::serving(rt, Duration::from_secs(3600));
     handle.create("order:1", order("ada", 1)).await.unwrap();
     // Three attempts (the policy's), then parked; the service stays up and takes more orders.
     tokio::time::sleep(Duration::from_secs(60)).await;
@@ -147,12 +141,9 @@ async fn a_parked_event_names_its_produce_trigger_attempts_and_error() {
     let fail = Arc::new(AtomicBool::new(true));
     let runs = Arc::new(AtomicU32::new(0));
     let recorder = Recorder::default();
-    let mut rt = runtime(flaky(fail, false, runs), &recorder);
+    let rt = runtime(flaky(fail, false, runs), &recorder);
     let handle = rt.handle();
-    let serving = tokio::spawn(async move {
-        let report = rt.serve(Duration::from_secs(3600)).await.unwrap();
-        (rt, report)
-    });
+    let serving = common::serving(rt, Duration::from_secs(3600));
     handle.create("order:1", order("ada", 1)).await.unwrap();
     tokio::time::sleep(Duration::from_secs(60)).await;
     handle.stop();

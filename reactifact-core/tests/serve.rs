@@ -23,7 +23,7 @@ fn runtime(ctx: Context, recorder: &Recorder) -> Runtime {
 #[tokio::test(start_paused = true)]
 async fn a_serving_runtime_commits_handle_writes_reacts_and_delivers_until_stopped() {
     let recorder = Recorder::default();
-    let mut rt = runtime(Context::new("orders"), &recorder);
+    let rt = runtime(Context::new("orders"), &recorder);
     let handle = rt.handle();
     let writer = tokio::spawn(async move {
         for i in 0..5 {
@@ -37,10 +37,7 @@ async fn a_serving_runtime_commits_handle_writes_reacts_and_delivers_until_stopp
         assert!(matches!(refused, Err(SubmitError::Write(_))), "{refused:?}");
         handle
     });
-    let serving = tokio::spawn(async move {
-        let report = rt.serve(Duration::from_millis(50)).await.unwrap();
-        (rt, report)
-    });
+    let serving = common::serving(rt, Duration::from_millis(50));
     let handle = writer.await.unwrap();
     // Every write resolves only once committed; the deliveries follow in the turns after.
     while recorder.sent().len() < 5 {
@@ -64,7 +61,7 @@ async fn a_serving_runtime_retries_when_the_retry_falls_due_without_any_write() 
     let seen = attempts.clone();
     let mut ctx = Context::new("orders");
     ctx.create("order:1", order("ada", 100)).unwrap();
-    let mut rt = Runtime::builder(ctx)
+    let rt = Runtime::builder(ctx)
         .agent(Agent::new("orders").produce(process_order()))
         .dispatcher(move |_intent: Intent| {
             let n = seen.fetch_add(1, Ordering::SeqCst);
@@ -83,10 +80,7 @@ async fn a_serving_runtime_retries_when_the_retry_falls_due_without_any_write() 
         .build()
         .unwrap();
     let stop = rt.stop_handle();
-    let serving = tokio::spawn(async move {
-        let report = rt.serve(Duration::from_secs(3600)).await.unwrap();
-        (rt, report)
-    });
+    let serving = common::serving(rt, Duration::from_secs(3600));
     // The retry is due 30–60 s after the failure (jitter); the poll interval is an hour.
     while attempts.load(Ordering::SeqCst) < 2 {
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -198,7 +192,7 @@ async fn a_runtime_drains_only_its_own_sessions_intents() {
 async fn intake_never_waits_for_a_delivery_and_the_stop_lets_the_one_in_flight_finish() {
     let sent = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let seen = sent.clone();
-    let mut rt = Runtime::builder(Context::new("orders"))
+    let rt = Runtime::builder(Context::new("orders"))
         .agent(Agent::new("orders").produce(process_order()))
         .dispatcher(move |intent: Intent| {
             let seen = seen.clone();
@@ -213,10 +207,7 @@ async fn intake_never_waits_for_a_delivery_and_the_stop_lets_the_one_in_flight_f
         .build()
         .unwrap();
     let handle = rt.handle();
-    let serving = tokio::spawn(async move {
-        let report = rt.serve(Duration::from_secs(24 * 3600)).await.unwrap();
-        (rt, report)
-    });
+    let serving = common::serving(rt, Duration::from_secs(24 * 3600));
     let started = tokio::time::Instant::now();
     for i in 0..20 {
         handle
@@ -246,15 +237,12 @@ async fn intake_never_waits_for_a_delivery_and_the_stop_lets_the_one_in_flight_f
 /// A serving runtime without a dispatcher stops at once and leaves its intents pending.
 #[tokio::test(start_paused = true)]
 async fn a_serving_runtime_without_a_dispatcher_stops_and_leaves_its_intents_pending() {
-    let mut rt = Runtime::builder(Context::new("orders"))
+    let rt = Runtime::builder(Context::new("orders"))
         .agent(Agent::new("orders").produce(process_order()))
         .build()
         .unwrap();
     let handle = rt.handle();
-    let serving = tokio::spawn(async move {
-        let report = rt.serve(Duration::from_secs(3600)).await.unwrap();
-        (rt, report)
-    });
+    let serving = common::serving(rt, Duration::from_secs(3600));
     handle.create("order:1", order("ada", 1)).await.unwrap();
     handle.stop();
     let (rt, report) = serving.await.unwrap();

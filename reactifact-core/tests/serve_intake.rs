@@ -59,15 +59,12 @@ async fn a_write_that_overtakes_a_generation_which_read_it_is_not_lost() {
     let gate = Arc::new(Notify::new());
     let mut ctx = Context::new("orders");
     ctx.create("tally:1", Tally { n: 0 }).unwrap();
-    let mut rt = Runtime::builder(ctx)
+    let rt = Runtime::builder(ctx)
         .agent(Agent::new("tally").produce(add_the_answer(calls.clone(), Some(gate.clone()), Duration::ZERO)))
         .build()
         .unwrap();
     let handle = rt.handle();
-    let serving = tokio::spawn(async move {
-        let report = rt.serve(Duration::from_secs(3600)).await.unwrap();
-        (rt, report)
-    });
+    let serving = common::serving(rt, Duration::from_secs(3600));
     handle.create("order:1", order("ada", 1)).await.unwrap();
     while calls.load(Ordering::SeqCst) == 0 {
         tokio::task::yield_now().await;
@@ -94,15 +91,12 @@ async fn intake_never_waits_for_a_produce() {
     let calls = Arc::new(AtomicU32::new(0));
     let mut ctx = Context::new("orders");
     ctx.create("tally:1", Tally { n: 0 }).unwrap();
-    let mut rt = Runtime::builder(ctx)
+    let rt = Runtime::builder(ctx)
         .agent(Agent::new("tally").produce(add_the_answer(calls.clone(), None, Duration::from_secs(3600))))
         .build()
         .unwrap();
     let handle = rt.handle();
-    let serving = tokio::spawn(async move {
-        let report = rt.serve(Duration::from_secs(24 * 3600)).await.unwrap();
-        (rt, report)
-    });
+    let serving = common::serving(rt, Duration::from_secs(24 * 3600));
     handle.create("order:1", order("ada", 1)).await.unwrap();
     while calls.load(Ordering::SeqCst) == 0 {
         tokio::task::yield_now().await;
@@ -135,22 +129,19 @@ async fn a_stop_while_a_model_call_hangs_returns_at_once_and_loses_nothing() {
     let mut ctx = Context::new("orders");
     ctx.create("tally:1", Tally { n: 0 }).unwrap();
     let gate = Arc::new(Notify::new());
-    let mut rt = Runtime::builder(ctx)
+    let rt = Runtime::builder(ctx)
         .agent(Agent::new("tally").produce(add_the_answer(calls.clone(), Some(gate.clone()), Duration::ZERO)))
         .build()
         .unwrap();
     let handle = rt.handle();
-    let serving = tokio::spawn(async move {
-        let report = rt.serve(Duration::from_secs(3600)).await.unwrap();
-        (rt, report)
-    });
+    let serving = common::serving(rt, Duration::from_secs(3600));
     handle.create("order:1", order("ada", 1)).await.unwrap();
     while calls.load(Ordering::SeqCst) == 0 {
         tokio::task::yield_now().await;
     }
     let started = tokio::time::Instant::now();
     handle.stop();
-    let (mut rt, report) = serving.await.unwrap();
+    let (rt, report) = serving.await.unwrap();
     assert!(started.elapsed() < Duration::from_secs(1));
     assert_eq!(report.generations, 0);
     assert_eq!(report.queued_events, 2, "the report says what it left queued");
@@ -159,10 +150,7 @@ async fn a_stop_while_a_model_call_hangs_returns_at_once_and_loses_nothing() {
     // Served again, the run asks again (its call never answered) and commits.
     gate.notify_one();
     let handle = rt.handle();
-    let serving = tokio::spawn(async move {
-        let report = rt.serve(Duration::from_secs(3600)).await.unwrap();
-        (rt, report)
-    });
+    let serving = common::serving(rt, Duration::from_secs(3600));
     while calls.load(Ordering::SeqCst) < 2 {
         tokio::task::yield_now().await;
     }

@@ -184,3 +184,12 @@ pub async fn commit_orders(path: &Path, session: &str, orders: impl IntoIterator
         .unwrap();
     rt.run().await.unwrap();
 }
+
+/// Serves `rt` in a task of its own, polling every `poll`, until a stop; yields the runtime
+/// and the serve's report (a serve that fails fails the task).
+pub fn serving(mut rt: Runtime, poll: Duration) -> tokio::task::JoinHandle<(Runtime, reactifact_core::ServeReport)> {
+    tokio::spawn(async move {
+        let report = rt.serve(poll).await.unwrap();
+        (rt, report)
+    })
+}
