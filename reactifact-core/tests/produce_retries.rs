@@ -83,6 +83,7 @@ async fn a_failed_run_is_retried_alone_and_commits_when_it_succeeds() {
     let (rt, report) = serving.await.unwrap();
     assert_eq!(runs.load(Ordering::SeqCst), 3);
     assert_eq!(report.failed_runs, 2);
+    assert_eq!(report.runs, 3, "the runs committed, each once");
     assert_eq!(report.parked, 0);
     assert_eq!(report.delivered, 3);
     let ctx = rt.context();
@@ -157,6 +158,14 @@ async fn a_parked_event_names_its_produce_trigger_attempts_and_error() {
     assert_eq!(run.trigger.as_str(), "order:1");
     assert_eq!(run.attempts, 3);
     assert!(run.error.contains("the model said 503"), "{}", run.error);
+    assert_eq!(rt.context().pending_timers(), 0);
+    assert!(
+        rt.context()
+            .get::<reactifact_core::Timer>("timer:retry/orders/process_order/order:1")
+            .unwrap()
+            .is_none(),
+        "a parked run keeps no retry timer"
+    );
     // Parked events survive in the state; re-armed without serving, the next turn runs it.
     rt.rearm("parked:orders/process_order/order:1").await.unwrap();
     assert_eq!(rt.context().parked().count(), 0);

@@ -253,7 +253,8 @@ pub(crate) async fn run(
         });
     }
 
-    let mut runs = records.len() as u64;
+    // The produce runs (the retries' record, a direct run, is not one).
+    let mut runs = record_work.len() as u64;
     let claim = rt.commit_claim();
     let committed = {
         let (agents, triggers) = (rt.agents.as_slice(), &rt.triggers);

@@ -120,12 +120,16 @@ impl Retries {
             Ok((op, parked)) => {
                 self.parked += u64::from(parked);
                 self.ops.push(op);
+                if parked {
+                    // A parked run's retry timer, if it had one, has done its work.
+                    self.succeeded(work);
+                }
             }
             Err(e) => tracing::error!(error = %e, "the retry of a failed run could not be written"),
         }
     }
 
-    /// Work `work`, a retried run, succeeded: its retry timer goes.
+    /// Work `work`, a retried run, succeeded or was parked: its retry timer goes.
     pub(crate) fn succeeded(&mut self, work: &Work) {
         if let Some(failed) = &work.retry {
             self.ops.push(Op::Delete {
