@@ -414,9 +414,14 @@ impl Runtime {
         self.context.rearm(id).await
     }
 
-    /// Commits the writes that handles sent, each as one commit.
+    /// Commits the writes that handles had sent when it began, each as one commit: at most
+    /// that many, so that writers who send again as soon as they are acknowledged cannot keep
+    /// the turns from running.
     pub(crate) async fn apply_submitted(&mut self) {
-        while let Ok(submitted) = self.inbox.rx.try_recv() {
+        for _ in 0..self.inbox.rx.len() {
+            let Ok(submitted) = self.inbox.rx.try_recv() else {
+                break;
+            };
             self.inbox.tally.commit(&mut self.context, submitted).await;
         }
     }
