@@ -79,7 +79,9 @@ impl PostgresOptions {
         self
     }
 
-    /// How long one connection attempt may take.
+    /// How long one connection attempt may take (default 10 s), and how long a statement
+    /// may wait for a free connection of the pool when all are in use: past it, the statement
+    /// fails with a retryable [`StoreError`].
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
@@ -105,6 +107,10 @@ impl PostgresOptions {
 
     pub(crate) fn pool_size_value(&self) -> usize {
         self.pool_size
+    }
+
+    pub(crate) fn connect_timeout_value(&self) -> Duration {
+        self.connect_timeout
     }
 
     pub(crate) fn log_connections_value(&self) -> usize {
@@ -265,7 +271,13 @@ impl Target {
         }
     }
 
-    pub(crate) fn pool(&self, size: usize) -> Result<Pool, OpenError> {
+    /// The store's pool of at most `size` connections. Every wait is bounded by `timeout` (the
+    /// connect timeout): for a free connection when all are in use, and for a new connection
+    /// (connect, startup and login); past it the caller gets a retryable store error, never a
+    /// wait without end. A connection that closed (a terminated backend, a server restart) is
+    /// never handed out again once its closing is seen; one whose closing is not yet seen fails
+    /// its first statement with a retryable error.
+    pub(crate) fn pool(&self, size: usize, timeout: Duration) -> Result<Pool, OpenError> {
         let manager = Manager::from_config(
             self.config.clone(),
             NoTls,
@@ -275,6 +287,8 @@ impl Target {
         );
         Pool::builder(manager)
             .max_size(size)
+            .wait_timeout(Some(timeout))
+            .create_timeout(Some(timeout))
             .runtime(Runtime::Tokio1)
             .build()
             .map_err(|e| self.connect_error(e.to_string()))

@@ -499,7 +499,7 @@ impl PostgresOutbox {
         }
         let target = Target::parse(&options)?;
         let name = target.describe(&schema);
-        let pool = target.pool(options.pool_size_value())?;
+        let pool = target.pool(options.pool_size_value(), options.connect_timeout_value())?;
         let mut client = pool.get().await.map_err(|e| match e {
             PoolError::Backend(e) => target.connect_error(DriverError::boxed(e)),
             other => target.connect_error(other.to_string()),

@@ -620,7 +620,17 @@ impl<'a> Drain<'a> {
                 self.count_waiting(report).await?;
                 return Ok(Some(outcome));
             }
-            let next = self.outbox.next_due(self.scope).await?;
+            let next = match self.outbox.next_due(self.scope).await {
+                Ok(next) => next,
+                // A serving drain rides out a store that is briefly away here too (a dropped
+                // connection): it looks again after its poll interval, as after a failed
+                // claim. Ending here would end the serving runtime it runs beside.
+                Err(e) if poll.is_some() && e.is_retryable() => {
+                    tracing::warn!(error = %e, "the store is busy; the drain looks again after its poll interval");
+                    None
+                }
+                Err(e) => return Err(e.into()),
+            };
             let now = self.clock.now();
             let idle = before
                 == (
