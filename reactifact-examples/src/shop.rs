@@ -419,6 +419,8 @@ pub struct Settings {
     pub delivery_concurrency: usize,
     /// How a failed draft is retried, and when it is parked.
     pub produce_retry: RetryPolicy,
+    /// How a failed email is retried, and when it is a dead letter.
+    pub delivery_retry: RetryPolicy,
     /// How many writes the runtime's inbox holds
     /// ([`RuntimeBuilder::inbox_capacity`](reactifact_core::RuntimeBuilder::inbox_capacity)).
     pub inbox_capacity: usize,
@@ -433,12 +435,14 @@ pub fn default_produce_retry() -> RetryPolicy {
 
 impl Default for Settings {
     /// An instant model that never fails, the runtime's default delivery concurrency (64), the
-    /// [`default_produce_retry`] and the default inbox ([`DEFAULT_INBOX_CAPACITY`] writes).
+    /// [`default_produce_retry`], the default delivery retry policy ([`RetryPolicy::default`])
+    /// and the default inbox ([`DEFAULT_INBOX_CAPACITY`] writes).
     fn default() -> Self {
         Settings {
             model: StandInModel::new(Duration::ZERO),
             delivery_concurrency: 64,
             produce_retry: default_produce_retry(),
+            delivery_retry: RetryPolicy::default(),
             inbox_capacity: DEFAULT_INBOX_CAPACITY,
         }
     }
@@ -469,6 +473,7 @@ pub fn runtime_with(context: Context, settings: &Settings, dispatcher: impl Disp
         .dispatcher(dispatcher)
         .delivery_concurrency(settings.delivery_concurrency)
         .produce_retry_policy(settings.produce_retry.clone())
+        .retry_policy(settings.delivery_retry.clone())
         .inbox_capacity(settings.inbox_capacity)
         .build()
 }

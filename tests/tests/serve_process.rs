@@ -18,7 +18,9 @@
 //! Checked: every order's key reached the mail service exactly once (no process died, so no
 //! key may be sent twice); nothing was lost (every order is in the file with its confirmation,
 //! its intent delivered); the runtime retried failed drafts (`failed_runs` > 0) and failed
-//! deliveries (`failed` > 0) and parked nothing; the duplicates wrote nothing.
+//! deliveries (`failed` > 0) and parked nothing; the duplicates wrote nothing. The child's
+//! retry policies start at 100 ms and allow 12 draft attempts and 25 email attempts, so that
+//! no key's attempts all fail by chance (with 8, as by default, one key in 6,561 would).
 
 mod procs;
 
@@ -31,7 +33,7 @@ use procs::{
     assert_running, assert_success, block_on, counts, env, http, open_outbox, poll_until, scratch_dir, spawn_child,
     terminate, wait_for,
 };
-use reactifact_core::{DeliveryStatus, Scope};
+use reactifact_core::{DeliveryStatus, RetryPolicy, Scope};
 use reactifact_examples::shop::{self, Admission, Confirmation, Mailer, Order, Settings, StandInModel};
 
 /// Orders posted.
@@ -67,6 +69,13 @@ fn serve_process_child() {
         let settings = Settings {
             model: StandInModel::new(Duration::ZERO).failing_every(MODEL_FAILS_EVERY),
             delivery_concurrency: CONCURRENCY,
+            // Attempts enough that no run and no email fails on every one of them (a key
+            // failing 8 attempts running, as the default allows, is about 1 in 6,561 with a
+            // third of all attempts failing: too likely over 300 keys), and short backoffs.
+            produce_retry: RetryPolicy::exponential(Duration::from_millis(100), Duration::from_secs(1))
+                .max_attempts(12),
+            delivery_retry: RetryPolicy::exponential(Duration::from_millis(100), Duration::from_secs(1))
+                .max_attempts(25),
             ..Settings::default()
         };
         let runtime = shop::runtime(context, &settings, &mailer).expect("the shop's runtime builds");
