@@ -10,9 +10,9 @@
 //!    schema of its own on the server `REACTIFACT_TEST_POSTGRES_URL` names, opened with
 //!    `reactifact_postgres::connect` as `shop-service --store URL` opens it. It serves the
 //!    shop's runtime (`shop::runtime_with`: the draft produce, its delivery beside the turns,
-//!    8 deliveries at once) and writes orders through the runtime's handle from 8 tasks
-//!    (`create_once`), each one every 50 ms (about 160 orders/s in all, below what the store
-//!    commits), appending `A {id}` to an acknowledgement log once each is committed;
+//!    8 deliveries at once) and writes orders through the runtime's handle from 8 tasks, each
+//!    sending its next order as soon as the last is acknowledged (`create_once`), appending
+//!    `A {id}` to an acknowledgement log once each is committed;
 //!    the stand-in model takes 20 ms per draft, and its dispatcher appends
 //!    `S {key} {attempt} {pid}` to a send log before each attempt, then the stand-in mail
 //!    service takes 40 ms (so about 6 of the 8 delivery slots are busy at any time, and a
@@ -53,10 +53,6 @@ use reactifact_examples::shop::{self, Confirmation, Mailer, Order, Settings, Sta
 
 /// Writer tasks in the writer child.
 const WRITERS: usize = 8;
-/// Each writes one order per this period. Writers that write as fast as they are acknowledged
-/// keep the inbox from ever emptying, and a serving runtime then runs no turn at all while
-/// they write (see `serve_intake.rs`): the offered load stays below what the store commits.
-const PACE: Duration = Duration::from_millis(50);
 /// Deliveries at once: the bound on what a kill can leave sent and unrecorded.
 const CONCURRENCY: usize = 8;
 /// Each draft's model call.
@@ -112,10 +108,7 @@ fn serve_kill_child() {
                 .map(|_| {
                     let (handle, acks, next, trial) = (handle.clone(), acks.clone(), next.clone(), trial.clone());
                     tokio::spawn(async move {
-                        let mut pace = tokio::time::interval(PACE);
-                        pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                         loop {
-                            pace.tick().await;
                             let i = next.fetch_add(1, Ordering::SeqCst);
                             if i >= MAX_ORDERS {
                                 return;
