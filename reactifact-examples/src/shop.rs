@@ -428,7 +428,8 @@ pub struct Settings {
 
 /// The shop's produce retry policy unless [`Settings::produce_retry`] says otherwise: 5
 /// attempts, the first retry about 1 s after the first failure, doubling, at most 1 minute
-/// apart (so an order is parked about 15 s after its first failure when every attempt fails).
+/// apart (so an order whose every attempt fails is parked 7.5 to 15 s after its first failure,
+/// the delays being jittered by a factor in [0.5, 1)).
 pub fn default_produce_retry() -> RetryPolicy {
     RetryPolicy::exponential(Duration::from_secs(1), Duration::from_secs(60)).max_attempts(5)
 }
