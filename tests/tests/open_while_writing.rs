@@ -1,13 +1,9 @@
 //! Opening a session of a SQLite file while another context commits to it.
 //!
-//! Ignored: it fails today. `SqliteStore::open` reads the session's generation, then its log
-//! up to the end (`load_range(…, u64::MAX)`), in separate reads outside one read transaction;
-//! a commit that lands between the two makes the log longer than the generation, and the open
-//! fails with `OpenError::Corrupt` ("session `s` is at generation N but its log holds N + 1
-//! commits") — a fatal error, for a file that is fine. Seen while the shop service's test
-//! opened a reader of its serving runtime's file. Reading both in one read transaction (or
-//! the log only up to the generation read) would end it. Run it with `cargo test -p
-//! reactifact-tests --test open_while_writing -- --ignored`.
+//! `SqliteStore::open` reads the session's generation, then its log up to that generation; it
+//! read the log to its end, and a commit that landed between the two reads made the open fail
+//! with `OpenError::Corrupt` ("session `s` is at generation N but its log holds N + 1
+//! commits") — a fatal error, for a file that is fine.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -28,7 +24,6 @@ impl Artifact for Note {
 const COMMITS: usize = 2_000;
 
 #[test]
-#[ignore = "fails today: SqliteStore::open reads the session's generation and its log in separate reads"]
 fn a_session_opens_while_another_context_commits_to_it() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("notes.db");

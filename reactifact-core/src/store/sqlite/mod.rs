@@ -319,7 +319,9 @@ impl SqliteStore {
                 None
             };
             let after = checkpoint.as_ref().map_or(0, |c| c.generation.0);
-            let commits = load_range(conn, session, after, u64::MAX).map_err(corrupt)?;
+            // Up to the generation the session's row said, not to the end: a commit another
+            // context makes meanwhile (with its row) is read later, by a catch-up.
+            let commits = load_range(conn, session, after, generation).map_err(corrupt)?;
             if after + commits.len() as u64 != generation {
                 return Err(corrupt(LoadError::Corrupt(format!(
                     "session `{session}` is at generation {generation} but its log holds {} commits",
