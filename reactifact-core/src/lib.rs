@@ -24,10 +24,9 @@
 //!
 //! Known upward edges (`tests/layering.rs` fails on any other): `state/context.rs` holds its
 //! store and its outbox (and so imports `store/`; `state/branch.rs` and `state/log.rs` carry
-//! a `StoreError`), and takes its lease owner from `outbox/owner.rs` (which reads this
-//! process's identity from `/proc`: I/O that `model/` and `state/` do not do);
-//! `state/snapshot.rs` records a produce's reads into the effects `Buffer` of `run/effects.rs`
-//! (and `state/commit.rs`'s tests build one). No file of `outbox/` imports `run/`: the stop
+//! a `StoreError`); `state/snapshot.rs` records a produce's reads into the effects `Buffer` of
+//! `run/effects.rs` (and `state/commit.rs`'s tests build one). A runtime, not its context,
+//! holds the lease owner its commits claim under (`outbox/owner.rs` reads it from `/proc`). No file of `outbox/` imports `run/`: the stop
 //! signal and a panic's message are `model/`'s, a drain reports its own interruption, and
 //! `FlushError` is the drainer's.
 

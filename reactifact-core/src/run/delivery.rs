@@ -41,7 +41,7 @@ impl Beside {
         Some(Beside {
             outbox: rt.context.outbox(),
             scope: Scope::session(rt.context.session()),
-            owner: rt.context.lease_owner().clone(),
+            owner: rt.owner.clone(),
             lease: rt.context.lease_duration(),
             dispatcher,
             config: rt.delivery.clone(),

@@ -263,7 +263,7 @@ pub(crate) async fn run(
         };
         let turn = GenerationCommit {
             reacts: &reacts,
-            claim,
+            claim: claim.map(|limit| (limit, &rt.owner)),
             traces: &record_traces,
         };
         rt.context.commit_generation(records, events, isolate, &turn).await

@@ -505,6 +505,7 @@ impl RuntimeBuilder {
             triggers,
             uniform_priority,
             dispatcher: self.dispatcher,
+            owner: crate::outbox::owner::process_owner(),
             produce_errors: self.produce_errors,
             delivery: self.delivery,
             clock: Clock::new(),
@@ -658,6 +659,8 @@ pub struct Runtime {
     /// The join indexes of its join produces, in step with the context before each generation.
     pub(crate) joins: Joins,
     pub(crate) dispatcher: Option<Arc<dyn ErasedDispatcher>>,
+    /// Who this process is, in the leases of its deliveries.
+    pub(crate) owner: Arc<str>,
     pub(crate) produce_errors: ProduceErrors,
     pub(crate) delivery: DeliveryConfig,
     clock: Clock,
@@ -1043,7 +1046,7 @@ impl Runtime {
         Drain {
             outbox: self.context.outbox_ref(),
             scope,
-            owner: self.context.lease_owner(),
+            owner: &self.owner,
             lease: self.context.lease_duration(),
             dispatcher,
             config: &self.delivery,

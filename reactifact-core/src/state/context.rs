@@ -92,8 +92,6 @@ pub struct Context {
     store: Option<Box<dyn Store>>,
     /// How long this process leases an in-flight delivery.
     lease: Duration,
-    /// Who this process is, in leases.
-    owner: Arc<str>,
     /// A commit was cut off (its future dropped) while its store write was under way: whether
     /// the store has it is unknown, so the context writes nothing more until it is reopened.
     cut: bool,
@@ -137,9 +135,10 @@ pub(crate) struct GenerationCommit<'a> {
     /// next generation.
     pub(crate) reacts: &'a (dyn Fn(&Emitted, Generation, &Readers) -> bool + Sync),
     /// The commit also claims, for the runtime's drain, up to this many due intents of the
-    /// session (the ones it registers among them) in its transaction, under the context's
-    /// lease. Only a durable store claims; the memory outbox is claimed from by the drain.
-    pub(crate) claim: Option<usize>,
+    /// session (the ones it registers among them) in its transaction, for this lease owner
+    /// and under the context's lease. Only a durable store claims; the memory outbox is
+    /// claimed from by the drain.
+    pub(crate) claim: Option<(usize, &'a Arc<str>)>,
     /// The trace context of each run committed (in the order of the runs given), kept beside
     /// the intents it acts (`Intent::trace_parent`), not hashed.
     pub(crate) traces: &'a [Option<TraceParent>],
@@ -177,7 +176,6 @@ impl Context {
             graph: Graph::default(),
             store: None,
             lease: OpenOptions::default().lease,
-            owner: crate::outbox::owner::process_owner(),
             cut: false,
             checkpoint_every: 0,
             readers: Readers::default(),
@@ -543,7 +541,7 @@ impl Context {
     }
 
     /// A branch of this context: `state`, `log` and its `graph` as given, no queued event, the
-    /// same outbox, lease and owner.
+    /// same outbox and lease.
     pub(crate) fn branch(
         &self,
         session: String,
@@ -564,7 +562,6 @@ impl Context {
             graph,
             store,
             lease: self.lease,
-            owner: self.owner.clone(),
             cut: false,
             checkpoint_every: self.checkpoint_every,
             readers: Readers::default(),
@@ -697,11 +694,6 @@ impl Context {
     /// How long this context leases an in-flight delivery.
     pub(crate) fn lease_duration(&self) -> Duration {
         self.lease
-    }
-
-    /// Who this process is, in leases.
-    pub(crate) fn lease_owner(&self) -> &Arc<str> {
-        &self.owner
     }
 
     /// Creates `value` at `id`, or refreshes it (a new version only if the content differs).
@@ -922,10 +914,10 @@ impl Context {
                 },
                 intents: &intents,
                 now,
-                claim: turn.and_then(|turn| turn.claim).map(|limit| ClaimRequest {
+                claim: turn.and_then(|turn| turn.claim).map(|(limit, owner)| ClaimRequest {
                     scope: &scope,
                     limit,
-                    owner: &self.owner,
+                    owner,
                     lease: self.lease,
                     now,
                 }),
