@@ -133,3 +133,23 @@ async fn a_stop_racing_writers_commits_what_it_acknowledged_and_nothing_it_refus
         "{acknowledged} acknowledged, {refused} refused"
     );
 }
+
+/// Limits from outside are taken as they come: an inbox of `usize::MAX` writes and a metrics
+/// interval of `Duration::MAX` serve (and stop) like any other, without a panic.
+#[tokio::test(start_paused = true)]
+async fn usize_max_inbox_and_duration_max_metrics_interval_serve() {
+    let rt = Runtime::builder(Context::new("orders"))
+        .agent(Agent::new("orders").produce(process_order()))
+        .dispatcher(Recorder::default().dispatcher())
+        .inbox_capacity(usize::MAX)
+        .metrics_interval(Duration::MAX)
+        .build()
+        .unwrap();
+    let handle = rt.handle();
+    let serving = common::serving(rt, Duration::MAX);
+    handle.create("order:1", order("ada", 1)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    handle.stop();
+    let (_, report) = serving.await.unwrap();
+    assert_eq!((report.writes, report.delivered), (1, 1));
+}

@@ -320,6 +320,9 @@ impl From<DrainError> for FlushError {
     }
 }
 
+/// The longest gauge period kept as given: about 30 years.
+const FAR_PERIOD: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
+
 /// Sets the outbox gauges of the metrics recorder from a count of `scope` every `every` (never,
 /// if zero), until dropped; a count that fails is logged and the gauges keep their values.
 pub(crate) async fn record_gauges(
@@ -331,7 +334,8 @@ pub(crate) async fn record_gauges(
         return std::future::pending().await;
     }
     let ledger = crate::Ledger::new(outbox).scoped(scope);
-    let mut ticks = tokio::time::interval(every);
+    // A period too long to represent (`Duration::MAX`) is a very long one, not an overflow.
+    let mut ticks = tokio::time::interval(every.min(FAR_PERIOD));
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;

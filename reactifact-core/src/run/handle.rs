@@ -56,9 +56,10 @@ pub(crate) struct Inbox {
 }
 
 impl Inbox {
-    /// An inbox holding at most `capacity` writes (at least 1).
+    /// An inbox holding at most `capacity` writes (at least 1, and at most what tokio's
+    /// channel can count: `usize::MAX` from outside is that many, not a panic).
     pub(crate) fn new(capacity: usize) -> Self {
-        let (tx, rx) = mpsc::channel(capacity.max(1));
+        let (tx, rx) = mpsc::channel(capacity.clamp(1, tokio::sync::Semaphore::MAX_PERMITS));
         Inbox {
             tx,
             rx,
