@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use common::*;
 use reactifact_core::{
-    ActionCall, Agent, Budget, Context, DeliveryStatus, DispatchError, Dispatcher, Drainer, Intent, OpenOptions,
-    Produce, ProduceCall, RetryPolicy, Router, Runtime, TurnOutcome, MAX_RETRY_AFTER,
+    ActionCall, Agent, Budget, Context, DeliveryOptions, DeliveryStatus, DispatchError, Dispatcher, Drainer, Intent,
+    OpenOptions, Produce, ProduceCall, RetryPolicy, Router, Runtime, TurnOutcome, MAX_RETRY_AFTER,
 };
 use tokio::time::Instant;
 
@@ -61,7 +61,7 @@ async fn a_transient_outage_is_ridden_out_with_exponential_backoff() {
     let mut rt = Runtime::builder(seeded_orders(1))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
-        .retry_policy(policy.clone())
+        .delivery(DeliveryOptions::new().retry_policy(policy.clone()))
         .build()
         .unwrap();
     let report = rt.run().await.unwrap();
@@ -106,12 +106,15 @@ async fn attempts_used_up_make_a_dead_letter_that_retry_re_arms() {
             async { Err::<(), _>(DispatchError::msg("still down")) }
         }
     };
-    let mut rt = Runtime::builder(seeded_orders(1))
-        .agent(Agent::new("billing").produce(process_order()))
-        .dispatcher(dispatcher)
-        .retry_policy(RetryPolicy::exponential(Duration::from_millis(100), Duration::from_secs(1)).max_attempts(3))
-        .build()
-        .unwrap();
+    let mut rt =
+        Runtime::builder(seeded_orders(1))
+            .agent(Agent::new("billing").produce(process_order()))
+            .dispatcher(dispatcher)
+            .delivery(DeliveryOptions::new().retry_policy(
+                RetryPolicy::exponential(Duration::from_millis(100), Duration::from_secs(1)).max_attempts(3),
+            ))
+            .build()
+            .unwrap();
     rt.run().await.unwrap();
     let settled = rt.settle().await.unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 3);
@@ -197,7 +200,7 @@ async fn one_failing_intent_does_not_block_the_others_and_manual_policies_wait_f
     let mut rt = Runtime::builder(seeded_orders(3))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
-        .retry_policy_for("notify", RetryPolicy::manual())
+        .delivery(DeliveryOptions::new().retry_policy_for("notify", RetryPolicy::manual()))
         .build()
         .unwrap();
     let report = rt.run().await.unwrap();
@@ -233,8 +236,7 @@ async fn deliveries_run_concurrently_within_global_and_per_kind_limits() {
     let mut rt = Runtime::builder(seeded_orders(40))
         .agent(Agent::new("billing").produce(process_order()).produce(audit))
         .dispatcher(dispatcher)
-        .delivery_concurrency(8)
-        .delivery_concurrency_for("audit", 2)
+        .delivery(DeliveryOptions::new().concurrency(8).concurrency_for("audit", 2))
         .build()
         .unwrap();
     let started = Instant::now();
@@ -306,7 +308,7 @@ async fn an_attempt_past_its_timeout_is_a_retryable_failure() {
     let mut rt = Runtime::builder(seeded_orders(1))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
-        .delivery_timeout(Some(Duration::from_secs(2)))
+        .delivery(DeliveryOptions::new().timeout(Some(Duration::from_secs(2))))
         .build()
         .unwrap();
     let report = rt.run().await.unwrap();
@@ -336,7 +338,7 @@ async fn an_attempt_is_timed_from_its_start_across_all_its_waits() {
     let mut rt = Runtime::builder(seeded_orders(1))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
-        .delivery_timeout(Some(Duration::from_secs(2)))
+        .delivery(DeliveryOptions::new().timeout(Some(Duration::from_secs(2))))
         .build()
         .unwrap();
     let started = tokio::time::Instant::now();
@@ -458,9 +460,12 @@ async fn a_stop_lets_running_deliveries_finish_within_the_grace_period_and_leave
     let mut rt = Runtime::builder(seeded_orders(6))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
-        .delivery_concurrency(3)
-        .delivery_timeout(None)
-        .shutdown_grace(Duration::from_secs(5))
+        .delivery(
+            DeliveryOptions::new()
+                .concurrency(3)
+                .timeout(None)
+                .grace(Duration::from_secs(5)),
+        )
         .build()
         .unwrap();
     let stop = rt.stop_handle();
@@ -563,7 +568,7 @@ async fn a_dispatcher_that_panics_before_returning_its_future_is_a_failed_attemp
     let mut rt = Runtime::builder(seeded_orders(2))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
-        .delivery_concurrency(1)
+        .delivery(DeliveryOptions::new().concurrency(1))
         .build()
         .unwrap();
     let report = rt.run().await.unwrap();
@@ -621,7 +626,9 @@ async fn a_policy_of_duration_max_schedules_far_ahead_without_panicking() {
     let mut rt = Runtime::builder(seeded_orders(1))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(|_: Intent| async { Err::<(), _>(DispatchError::msg("down")) })
-        .retry_policy(RetryPolicy::exponential(Duration::MAX, Duration::MAX).max_attempts(3))
+        .delivery(
+            DeliveryOptions::new().retry_policy(RetryPolicy::exponential(Duration::MAX, Duration::MAX).max_attempts(3)),
+        )
         .build()
         .unwrap();
     let report = rt.run().await.unwrap();
@@ -680,8 +687,7 @@ async fn a_delivery_timeout_and_grace_of_duration_max_wait_without_panicking() {
     let mut rt = Runtime::builder(seeded_orders(1))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
-        .delivery_timeout(Some(Duration::MAX))
-        .shutdown_grace(Duration::MAX)
+        .delivery(DeliveryOptions::new().timeout(Some(Duration::MAX)).grace(Duration::MAX))
         .build()
         .unwrap();
     let stop = rt.stop_handle();
@@ -707,7 +713,7 @@ async fn a_lease_of_duration_max_is_kept_as_far_future() {
         let mut rt = Runtime::builder(ctx)
             .agent(Agent::new("billing").produce(process_order()))
             .dispatcher(|_: Intent| std::future::pending::<Result<(), DispatchError>>())
-            .delivery_timeout(None)
+            .delivery(DeliveryOptions::new().timeout(None))
             .build()
             .unwrap();
         // The process dies while the delivery is in flight.
@@ -729,7 +735,7 @@ async fn a_retry_after_shorter_than_the_backoff_does_not_shorten_it() {
     let mut rt = Runtime::builder(seeded_orders(1))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(fails_once(zero, &attempts))
-        .retry_policy(policy.clone())
+        .delivery(DeliveryOptions::new().retry_policy(policy.clone()))
         .build()
         .unwrap();
     rt.run().await.unwrap();
@@ -756,12 +762,15 @@ async fn a_flapping_503_with_retry_after_zero_does_not_use_up_the_attempts_at_on
             ))
         }
     };
-    let mut rt = Runtime::builder(seeded_orders(1))
-        .agent(Agent::new("billing").produce(process_order()))
-        .dispatcher(dispatcher)
-        .retry_policy(RetryPolicy::exponential(Duration::from_secs(1), Duration::from_secs(60)).max_attempts(8))
-        .build()
-        .unwrap();
+    let mut rt =
+        Runtime::builder(seeded_orders(1))
+            .agent(Agent::new("billing").produce(process_order()))
+            .dispatcher(dispatcher)
+            .delivery(DeliveryOptions::new().retry_policy(
+                RetryPolicy::exponential(Duration::from_secs(1), Duration::from_secs(60)).max_attempts(8),
+            ))
+            .build()
+            .unwrap();
     rt.run().await.unwrap();
     // Ride it out for 3 s: the backoff (0.5 s–1 s, then 1 s–2 s, …) allows at most three
     // attempts in all, and the intent is still waiting, not dead.
@@ -788,7 +797,7 @@ async fn a_manual_policy_waits_for_retry_whatever_the_hint() {
     let mut rt = Runtime::builder(seeded_orders(1))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(fails_once(soon, &attempts))
-        .retry_policy(RetryPolicy::manual())
+        .delivery(DeliveryOptions::new().retry_policy(RetryPolicy::manual()))
         .build()
         .unwrap();
     rt.run().await.unwrap();
@@ -822,9 +831,14 @@ async fn a_stop_that_cuts_off_the_only_attempt_leaves_the_intent_due_not_dead() 
     let mut rt = Runtime::builder(seeded_orders(1))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
-        .retry_policy(RetryPolicy::exponential(Duration::from_secs(60), Duration::from_secs(60)).max_attempts(1))
-        .delivery_timeout(None)
-        .shutdown_grace(Duration::from_secs(2))
+        .delivery(
+            DeliveryOptions::new()
+                .retry_policy(
+                    RetryPolicy::exponential(Duration::from_secs(60), Duration::from_secs(60)).max_attempts(1),
+                )
+                .timeout(None)
+                .grace(Duration::from_secs(2)),
+        )
         .build()
         .unwrap();
     let stop = rt.stop_handle();
@@ -866,9 +880,12 @@ async fn an_attempt_cut_off_by_the_deadline_does_not_count_against_max_attempts(
     let mut rt = Runtime::builder(seeded_orders(1))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
-        .retry_policy(RetryPolicy::exponential(Duration::from_secs(1), Duration::from_secs(1)).max_attempts(2))
-        .delivery_timeout(None)
-        .shutdown_grace(Duration::ZERO)
+        .delivery(
+            DeliveryOptions::new()
+                .retry_policy(RetryPolicy::exponential(Duration::from_secs(1), Duration::from_secs(1)).max_attempts(2))
+                .timeout(None)
+                .grace(Duration::ZERO),
+        )
         .build()
         .unwrap();
     let report = rt
@@ -917,8 +934,11 @@ async fn a_dropped_turn_records_finished_outcomes_as_they_finished() {
     let mut rt = Runtime::builder(seeded_orders(4))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
-        .retry_policy(RetryPolicy::default().max_attempts(1))
-        .delivery_timeout(None)
+        .delivery(
+            DeliveryOptions::new()
+                .retry_policy(RetryPolicy::default().max_attempts(1))
+                .timeout(None),
+        )
         .build()
         .unwrap();
     assert!(tokio::time::timeout(Duration::from_secs(1), rt.run()).await.is_err());
@@ -971,7 +991,7 @@ async fn a_dropped_turn_records_a_kind_without_a_route_as_held() {
     let mut rt = Runtime::builder(seeded_orders(1))
         .agent(Agent::new("billing").produce(process_order()).produce(audit))
         .dispatcher(router)
-        .delivery_timeout(None)
+        .delivery(DeliveryOptions::new().timeout(None))
         .build()
         .unwrap();
     assert!(tokio::time::timeout(Duration::from_secs(1), rt.run()).await.is_err());
@@ -1018,8 +1038,7 @@ async fn an_interrupted_attempt_survives_a_reopen_and_still_does_not_count() {
         let mut rt = Runtime::builder(ctx)
             .agent(Agent::new("billing").produce(process_order()))
             .dispatcher(|_: Intent| std::future::pending::<Result<(), DispatchError>>())
-            .delivery_timeout(None)
-            .shutdown_grace(Duration::ZERO)
+            .delivery(DeliveryOptions::new().timeout(None).grace(Duration::ZERO))
             .build()
             .unwrap();
         let report = rt
@@ -1037,7 +1056,7 @@ async fn an_interrupted_attempt_survives_a_reopen_and_still_does_not_count() {
     // Two failures allowed: the first real one, attempt 2, is not the last.
     let mut rt = Runtime::builder(ctx)
         .dispatcher(|_: Intent| async { Err::<(), _>(DispatchError::msg("down")) })
-        .retry_policy(RetryPolicy::default().max_attempts(2))
+        .delivery(DeliveryOptions::new().retry_policy(RetryPolicy::default().max_attempts(2)))
         .build()
         .unwrap();
     let flushed = rt.flush().await.unwrap();
@@ -1060,7 +1079,7 @@ async fn a_holder_stalled_past_its_lease_cannot_overwrite_the_drain_that_reclaim
             tokio::time::sleep(Duration::from_secs(600)).await;
             Err::<(), _>(DispatchError::permanent("a late answer"))
         })
-        .delivery_timeout(None)
+        .delivery(DeliveryOptions::new().timeout(None))
         .build()
         .unwrap();
     let recorder = Recorder::default();
@@ -1111,7 +1130,7 @@ async fn a_long_dispatch_renews_its_lease_and_is_not_reclaimed_while_its_drain_l
                 }
             }
         })
-        .delivery_timeout(None)
+        .delivery(DeliveryOptions::new().timeout(None))
         .build()
         .unwrap();
     let other_sends = Recorder::default();
@@ -1152,7 +1171,7 @@ async fn failed_attempts_counts_the_failures_not_the_attempt_that_succeeded() {
     let mut rt = Runtime::builder(seeded([("order:1".to_owned(), order("ada", 100))]))
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
-        .retry_policy(RetryPolicy::manual())
+        .delivery(DeliveryOptions::new().retry_policy(RetryPolicy::manual()))
         .build()
         .unwrap();
     rt.run().await.unwrap();
@@ -1169,4 +1188,92 @@ async fn failed_attempts_counts_the_failures_not_the_attempt_that_succeeded() {
         (DeliveryStatus::Delivered, 2, 1),
         "the attempt that succeeded is not a failure"
     );
+}
+
+/// How long the lease of each dispatched intent had left when its dispatcher was handed it,
+/// read from the store's ledger.
+#[derive(Clone, Default)]
+struct LeasesSeen(Arc<Mutex<Vec<Duration>>>);
+
+impl LeasesSeen {
+    fn dispatcher(&self, ledger: reactifact_core::Ledger) -> impl Dispatcher {
+        let seen = self.clone();
+        move |intent: Intent| {
+            let (seen, ledger) = (seen.clone(), ledger.clone());
+            async move {
+                let entry = ledger.get(intent.key().as_str()).await.unwrap().unwrap();
+                let lease = entry.lease().expect("handed over under a lease");
+                let left = lease.expires_at.duration_since(std::time::SystemTime::now()).unwrap_or_default();
+                seen.0.lock().unwrap().push(left);
+                Ok::<(), DispatchError>(())
+            }
+        }
+    }
+
+    /// Every lease seen, at least this long.
+    fn all_at_least(&self, lease: Duration) -> usize {
+        let seen = self.0.lock().unwrap();
+        assert!(
+            seen.iter().all(|left| *left > lease - Duration::from_secs(60)),
+            "leases left when dispatched: {seen:?}, want about {lease:?}"
+        );
+        seen.len()
+    }
+}
+
+/// One `DeliveryOptions` value configures a runtime and a drainer alike, and its lease is the
+/// lease of every claim: those a runtime's commits take for its turn's drain, those its
+/// serving delivery takes, and a drainer's — not the 30 s the context was opened with.
+#[tokio::test]
+async fn the_delivery_options_lease_is_the_lease_of_every_claim() {
+    let dir = tempfile::tempdir().unwrap();
+    let lease = Duration::from_secs(3600);
+    let options = DeliveryOptions::new().lease(lease).concurrency(4);
+    let mut ctx = Context::open(dir.path().join("shop.db"), "t").unwrap();
+    ctx.create("order:0", order("a", 1)).unwrap();
+
+    // A turn: the commit claims the intent it registers, and the drain hands it over.
+    let by_turn = LeasesSeen::default();
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("billing").produce(process_order()))
+        .dispatcher(by_turn.dispatcher(Context::open(dir.path().join("shop.db"), "t").unwrap().ledger()))
+        .delivery(options.clone())
+        .build()
+        .unwrap();
+    assert_eq!(rt.run().await.unwrap().deliveries.delivered, 1);
+    assert_eq!(by_turn.all_at_least(lease), 1);
+
+    // Serving: the delivery beside the turns claims for itself.
+    let serving = LeasesSeen::default();
+    let mut rt = Runtime::builder(rt.into_context())
+        .agent(Agent::new("billing").produce(process_order()))
+        .dispatcher(serving.dispatcher(Context::open(dir.path().join("shop.db"), "t").unwrap().ledger()))
+        .delivery(options.clone())
+        .build()
+        .unwrap();
+    let handle = rt.handle();
+    let served = tokio::spawn(async move { rt.serve(Duration::from_millis(10)).await });
+    handle.create("order:1", order("b", 2)).await.unwrap();
+    while serving.0.lock().unwrap().is_empty() {
+        tokio::task::yield_now().await;
+    }
+    handle.stop();
+    served.await.unwrap().unwrap();
+    assert_eq!(serving.all_at_least(lease), 1);
+
+    // A drainer of another session of the store.
+    let mut other = Context::open(dir.path().join("shop.db"), "other").unwrap();
+    other.create("order:2", order("c", 3)).unwrap();
+    let mut rt = Runtime::builder(other)
+        .agent(Agent::new("billing").produce(process_order()))
+        .build()
+        .unwrap();
+    rt.run().await.unwrap();
+    let drained = LeasesSeen::default();
+    let outbox = rt.context().outbox();
+    let drainer = Drainer::builder(outbox, drained.dispatcher(rt.context().ledger()))
+        .delivery(options)
+        .build();
+    assert_eq!(drainer.flush().await.unwrap().delivered, 1);
+    assert_eq!(drained.all_at_least(lease), 1);
 }

@@ -11,9 +11,9 @@ use std::time::{Duration, SystemTime};
 
 use common::{order, process_order};
 use reactifact_core::{
-    ActionKey, Agent, Attempt, BoxFuture, CancelError, ClaimRequest, Claimed, Context, Delivery, DispatchError,
-    Drainer, FenceToken, Intent, LedgerQuery, OutboxStore, Page, PurgeFilter, Recorded, Recording, RetryError, Runtime,
-    Scope, StatusCounts, StoreError,
+    ActionKey, Agent, Attempt, BoxFuture, CancelError, ClaimRequest, Claimed, Context, Delivery, DeliveryOptions,
+    DispatchError, Drainer, FenceToken, Intent, LedgerQuery, OutboxStore, Page, PurgeFilter, Recorded, Recording,
+    RetryError, Runtime, Scope, StatusCounts, StoreError,
 };
 
 /// An outbox that forwards to another and counts the claims it handed out and not yet saw an
@@ -168,7 +168,7 @@ async fn a_drain_never_holds_more_claims_than_its_concurrency_and_records_each_o
             Ok::<(), DispatchError>(())
         }
     })
-    .concurrency(16)
+    .delivery(DeliveryOptions::new().concurrency(16))
     .build();
     let report = drainer.settle().await.unwrap();
     assert_eq!(report.delivered, 500);
@@ -193,7 +193,7 @@ async fn outcomes_finishing_together_are_written_together() {
         tokio::time::sleep(Duration::from_millis(5)).await;
         Ok::<(), DispatchError>(())
     })
-    .concurrency(64)
+    .delivery(DeliveryOptions::new().concurrency(64))
     .build();
     assert_eq!(drainer.settle().await.unwrap().delivered, 256);
     let calls = watched.record_calls.load(Ordering::SeqCst);
@@ -219,7 +219,7 @@ async fn a_serving_drainer_takes_new_intents_while_a_long_dispatch_runs() {
         }
     })
     .poll_interval(Duration::from_millis(200))
-    .timeout(None)
+    .delivery(DeliveryOptions::new().timeout(None))
     .build();
     let stop = drainer.stop_handle();
     let serving = tokio::spawn(async move { drainer.serve(stop).await.unwrap() });
@@ -279,8 +279,7 @@ async fn a_kind_limit_does_not_let_a_drain_start_more_than_its_concurrency() {
             Ok::<(), DispatchError>(())
         }
     })
-    .concurrency(2)
-    .concurrency_for("a", 1)
+    .delivery(DeliveryOptions::new().concurrency(2).concurrency_for("a", 1))
     .build();
     assert_eq!(drainer.settle().await.unwrap().delivered, 30);
     let peak = *peak.lock().unwrap();
@@ -303,8 +302,7 @@ async fn a_lease_of_zero_is_the_shortest_lease_and_a_drain_never_reclaims_its_ow
             Ok::<(), DispatchError>(())
         }
     })
-    .lease(Duration::ZERO)
-    .concurrency(16)
+    .delivery(DeliveryOptions::new().lease(Duration::ZERO).concurrency(16))
     .build();
     // (With a zero lease taken as is, the drain kept reclaiming its own deliveries.)
     let report = tokio::time::timeout(Duration::from_secs(60), drainer.settle())
@@ -353,7 +351,7 @@ async fn immediate_and_waiting_attempts_share_slots_and_each_key_is_attempted_on
             }
         }
     })
-    .concurrency(4)
+    .delivery(DeliveryOptions::new().concurrency(4))
     .build();
     let report = drainer.flush().await.unwrap();
     assert_eq!(report.delivered, 200, "the immediate and the waiting ones");

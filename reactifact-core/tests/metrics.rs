@@ -12,8 +12,8 @@ use std::time::Duration;
 use common::{Notify, Order, Receipt};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use reactifact_core::{
-    Agent, Context, DispatchError, Intent, PendingAction, Produce, ProduceCall, ProduceError, RetryPolicy, Runtime,
-    Scope, Usage,
+    Agent, Context, DeliveryOptions, DispatchError, Intent, PendingAction, Produce, ProduceCall, ProduceError,
+    RetryPolicy, Runtime, Scope, Usage,
 };
 
 /// A metric as the test names it: `name{label=value,...}` (labels sorted).
@@ -244,7 +244,7 @@ fn failures_retries_and_dead_letters_are_counted_by_outcome() {
                     }
                 }
             })
-            .retry_policy(policy())
+            .delivery(DeliveryOptions::new().retry_policy(policy()))
             .build()
             .unwrap();
         rt.run().await.unwrap();

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use common::*;
 use reactifact_core::{
-    Agent, Context, DeliveryErrors, DeliveryStatus, DispatchError, FlushError, Intent, PendingAction, Produce,
-    ProduceCall, RetryError, RunError, Runtime, TurnOutcome,
+    Agent, Context, DeliveryErrors, DeliveryOptions, DeliveryStatus, DispatchError, FlushError, Intent, PendingAction,
+    Produce, ProduceCall, RetryError, RunError, Runtime, TurnOutcome,
 };
 
 #[tokio::test]
@@ -166,7 +166,7 @@ async fn a_failed_delivery_is_recorded_and_retry_then_flush_delivers_it_once() {
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("billing").produce(process_order()))
         .dispatcher(dispatcher)
-        .delivery_errors(DeliveryErrors::FailLoud)
+        .delivery(DeliveryOptions::new().errors(DeliveryErrors::FailLoud))
         .build()
         .unwrap();
     let err = rt.run().await.unwrap_err();

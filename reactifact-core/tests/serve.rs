@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use common::{order, process_order, Order, Recorder};
 use reactifact_core::{
-    Agent, Context, DeliveryStatus, DispatchError, Drainer, Intent, RetryPolicy, Runtime, Scope, SubmitError,
+    Agent, Context, DeliveryOptions, DeliveryStatus, DispatchError, Drainer, Intent, RetryPolicy, Runtime, Scope,
+    SubmitError,
 };
 
 fn runtime(ctx: Context, recorder: &Recorder) -> Runtime {
@@ -73,10 +74,10 @@ async fn a_serving_runtime_retries_when_the_retry_falls_due_without_any_write() 
                 }
             }
         })
-        .retry_policy(RetryPolicy::exponential(
+        .delivery(DeliveryOptions::new().retry_policy(RetryPolicy::exponential(
             Duration::from_secs(60),
             Duration::from_secs(60),
-        ))
+        )))
         .build()
         .unwrap();
     let stop = rt.stop_handle();
@@ -109,7 +110,7 @@ async fn a_drainer_and_a_runtime_on_one_outbox_send_each_key_once() {
     // own drain, each in its own task.
     let mut rt = runtime(ctx, &runtime_sends);
     let drainer = Drainer::builder(outbox, drainer_sends.dispatcher())
-        .concurrency(8)
+        .delivery(DeliveryOptions::new().concurrency(8))
         .build();
     let (turn, drained) = tokio::join!(rt.run(), async {
         let mut delivered = 0;
@@ -202,8 +203,11 @@ async fn intake_never_waits_for_a_delivery_and_the_stop_lets_the_one_in_flight_f
                 Ok::<(), DispatchError>(())
             }
         })
-        .delivery_timeout(None)
-        .shutdown_grace(Duration::from_secs(2 * 3600))
+        .delivery(
+            DeliveryOptions::new()
+                .timeout(None)
+                .grace(Duration::from_secs(2 * 3600)),
+        )
         .build()
         .unwrap();
     let handle = rt.handle();

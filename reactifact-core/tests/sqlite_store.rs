@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use common::*;
 use reactifact_core::{
-    Agent, Context, DeliveryStatus, DispatchError, Intent, OpenError, OpenOptions, ReadError, RunError, Runtime,
-    StoreError, TurnOutcome, WriteError,
+    Agent, Context, DeliveryOptions, DeliveryStatus, DispatchError, Intent, OpenError, OpenOptions, ReadError,
+    RunError, Runtime, StoreError, TurnOutcome, WriteError,
 };
 
 fn runtime(ctx: Context, recorder: &Recorder) -> Runtime {
@@ -255,7 +255,7 @@ async fn a_dropped_turn_writes_its_outcomes_to_the_file() {
                 }
                 std::future::pending().await
             })
-            .delivery_timeout(None)
+            .delivery(DeliveryOptions::new().timeout(None))
             .build()
             .unwrap();
         assert!(tokio::time::timeout(Duration::from_secs(1), rt.run()).await.is_err());
@@ -287,7 +287,7 @@ async fn a_failed_delivery_and_its_retry_are_durable() {
         let mut rt = Runtime::builder(ctx)
             .agent(Agent::new("billing").produce(process_order()))
             .dispatcher(|_: Intent| async { Err::<(), _>(DispatchError::msg("smtp down")) })
-            .delivery_errors(reactifact_core::DeliveryErrors::FailLoud)
+            .delivery(DeliveryOptions::new().errors(reactifact_core::DeliveryErrors::FailLoud))
             .build()
             .unwrap();
         assert!(matches!(rt.run().await, Err(RunError::Delivery(_))));

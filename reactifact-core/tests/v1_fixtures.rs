@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use common::*;
 use reactifact_core::{
-    Agent, ClaimRequest, Context, DeliveryStatus, DispatchError, FenceToken, Intent, OpenError, OpenOptions,
-    OutboxStore, Runtime, Scope, SqliteOutbox, TurnOutcome,
+    Agent, ClaimRequest, Context, DeliveryOptions, DeliveryStatus, DispatchError, FenceToken, Intent, OpenError,
+    OpenOptions, OutboxStore, Runtime, Scope, SqliteOutbox, TurnOutcome,
 };
 
 fn fixture(name: &str) -> PathBuf {
@@ -91,10 +91,12 @@ async fn regenerate_v1_fixtures() {
             ctx.create(format!("order:{i}"), order("ada", i)).unwrap();
         }
         let mut rt = billing(ctx)
-            .retry_policy(reactifact_core::RetryPolicy::exponential(
-                Duration::from_secs(3600),
-                Duration::from_secs(3600),
-            ))
+            .delivery(
+                DeliveryOptions::new().retry_policy(reactifact_core::RetryPolicy::exponential(
+                    Duration::from_secs(3600),
+                    Duration::from_secs(3600),
+                )),
+            )
             .dispatcher(|intent: Intent| async move {
                 match intent.key().as_str() {
                     "notify:order:2" => Err(DispatchError::retryable("503 service unavailable")),
@@ -125,7 +127,7 @@ async fn regenerate_v1_fixtures() {
         ctx.create("order:8", order("eve", 8)).unwrap();
         let mut rt = billing(ctx)
             .dispatcher(hang)
-            .shutdown_grace(Duration::ZERO)
+            .delivery(DeliveryOptions::new().grace(Duration::ZERO))
             .build()
             .unwrap();
         let stop = rt.stop_handle();

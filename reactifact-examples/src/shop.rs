@@ -32,9 +32,9 @@ use axum::routing::{get, post};
 use axum::Json;
 use metrics_exporter_prometheus::PrometheusHandle;
 use reactifact_core::{
-    produce, Agent, ApprovalError, Artifact, ArtifactId, BuildError, Context, DispatchError, Dispatcher, Intent,
-    PendingAction, ProduceCall, ProduceError, RearmError, RetryPolicy, RunError, Runtime, RuntimeHandle, ServeReport,
-    SubmitError, Usage, WriteError, DEFAULT_INBOX_CAPACITY, PARKED_ID_PREFIX,
+    produce, Agent, ApprovalError, Artifact, ArtifactId, BuildError, Context, DeliveryOptions, DispatchError,
+    Dispatcher, Intent, PendingAction, ProduceCall, ProduceError, RearmError, RetryPolicy, RunError, Runtime,
+    RuntimeHandle, ServeReport, SubmitError, Usage, WriteError, DEFAULT_INBOX_CAPACITY, PARKED_ID_PREFIX,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Notify, Semaphore};
@@ -472,9 +472,12 @@ pub fn runtime_with(context: Context, settings: &Settings, dispatcher: impl Disp
         .agent(Agent::new(AGENT).produce(draft_confirmation))
         .resource(settings.model.clone())
         .dispatcher(dispatcher)
-        .delivery_concurrency(settings.delivery_concurrency)
+        .delivery(
+            DeliveryOptions::new()
+                .concurrency(settings.delivery_concurrency)
+                .retry_policy(settings.delivery_retry.clone()),
+        )
         .produce_retry_policy(settings.produce_retry.clone())
-        .retry_policy(settings.delivery_retry.clone())
         .inbox_capacity(settings.inbox_capacity)
         .build()
 }

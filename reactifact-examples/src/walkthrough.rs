@@ -22,8 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use reactifact_core::{
-    produce, Agent, Artifact, ArtifactId, Context, Delivery, DeliveryStatus, DispatchError, Dispatcher, Generation,
-    Intent, LogStore, PendingAction, ProduceCall, Record, RetryPolicy, Runtime, StateHash,
+    produce, Agent, Artifact, ArtifactId, Context, Delivery, DeliveryOptions, DeliveryStatus, DispatchError,
+    Dispatcher, Generation, Intent, LogStore, PendingAction, ProduceCall, Record, RetryPolicy, Runtime, StateHash,
 };
 use reactifact_postgres::{PostgresOptions, PostgresStore};
 use serde::{Deserialize, Serialize};
@@ -320,7 +320,9 @@ impl Walkthrough {
             .fold(Runtime::builder(context), |b, agent| b.agent(agent));
         builder
             .dispatcher(self.mailer.dispatcher())
-            .retry_policy(RetryPolicy::exponential(Duration::from_millis(50), Duration::from_secs(1)).max_attempts(5))
+            .delivery(DeliveryOptions::new().retry_policy(
+                RetryPolicy::exponential(Duration::from_millis(50), Duration::from_secs(1)).max_attempts(5),
+            ))
             .build()
             .map_err(Into::into)
     }

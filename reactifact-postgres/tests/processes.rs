@@ -19,7 +19,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use reactifact_core::store_contract::new_intents;
-use reactifact_core::{DeliveryStatus, DispatchError, Drainer, Intent, LedgerQuery, OutboxStore, Scope};
+use reactifact_core::{
+    DeliveryOptions, DeliveryStatus, DispatchError, Drainer, Intent, LedgerQuery, OutboxStore, Scope,
+};
 use reactifact_postgres::{PostgresOptions, PostgresOutbox};
 
 use common::Schemas;
@@ -119,8 +121,7 @@ fn drainer(
             Ok::<(), DispatchError>(())
         }
     })
-    .concurrency(concurrency)
-    .lease(lease)
+    .delivery(DeliveryOptions::new().concurrency(concurrency).lease(lease))
     .poll_interval(Duration::from_millis(50))
     .build()
 }

@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use reactifact_core::{Agent, Context, DeliveryStatus, DispatchError, Intent, OpenOptions, Runtime};
+use reactifact_core::{Agent, Context, DeliveryOptions, DeliveryStatus, DispatchError, Intent, OpenOptions, Runtime};
 
 use common::flow::{create_retrying, open_store, order, process_order, processed_once};
 use common::Schemas;
@@ -71,7 +71,7 @@ async fn child_worker() {
                 Ok::<(), DispatchError>(())
             }
         })
-        .delivery_concurrency(CONCURRENCY)
+        .delivery(DeliveryOptions::new().concurrency(CONCURRENCY))
         .build()
         .unwrap();
     loop {

@@ -5,8 +5,8 @@ mod support;
 use std::time::Duration;
 
 use reactifact_core::{
-    Agent, Artifact, Context, DeliveryStatus, PendingAction, Produce, ProduceCall, ProduceError, RetryPolicy, Runtime,
-    TraceParent,
+    Agent, Artifact, Context, DeliveryOptions, DeliveryStatus, PendingAction, Produce, ProduceCall, ProduceError,
+    RetryPolicy, Runtime, TraceParent,
 };
 use reactifact_webhook::WebhookDispatcher;
 use serde::{Deserialize, Serialize};
@@ -97,10 +97,10 @@ fn runtime_with(webhook: WebhookDispatcher) -> Runtime {
     Runtime::builder(ctx)
         .agent(Agent::new("a").produce(notify_customer()))
         .dispatcher(webhook)
-        .retry_policy(RetryPolicy::exponential(
+        .delivery(DeliveryOptions::new().retry_policy(RetryPolicy::exponential(
             Duration::from_millis(10),
             Duration::from_millis(50),
-        ))
+        )))
         .build()
         .unwrap()
 }
@@ -225,7 +225,7 @@ async fn each_request_carries_the_trace_of_the_decision() {
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("a").produce(notify_customer()))
         .dispatcher(webhook)
-        .retry_policy(RetryPolicy::exponential(Duration::ZERO, Duration::ZERO))
+        .delivery(DeliveryOptions::new().retry_policy(RetryPolicy::exponential(Duration::ZERO, Duration::ZERO)))
         .build()
         .unwrap();
     rt.run().await.unwrap();

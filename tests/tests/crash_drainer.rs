@@ -50,7 +50,7 @@ use procs::{
     all_entries, assert_success, block_on, commit_intents, counts, env, hash_str, intent_key, killed_by_sigkill, mix,
     open_outbox, read_lines, scratch_dir, seed_orders, spawn_child, wait_for, LineLog, Notify, Rng,
 };
-use reactifact_core::{Context, DeliveryStatus, DispatchError, Drainer, Intent, StopHandle};
+use reactifact_core::{Context, DeliveryOptions, DeliveryStatus, DispatchError, Drainer, Intent, StopHandle};
 
 const SESSION: &str = "orders";
 /// Intents per trial.
@@ -99,8 +99,7 @@ fn crash_drainer_child() {
     block_on(async {
         let outbox = open_outbox(&db);
         let drainer = Drainer::builder(outbox.clone(), sleepy_dispatcher(log, seed))
-            .concurrency(CONCURRENCY)
-            .lease(LEASE)
+            .delivery(DeliveryOptions::new().concurrency(CONCURRENCY).lease(LEASE))
             .poll_interval(POLL)
             .build();
         let stop = StopHandle::default();

@@ -41,8 +41,8 @@ use procs::{
     read_lines, scratch_dir, seed_orders, spawn_child, LineLog, Notify,
 };
 use reactifact_core::{
-    AttemptOutcome, Context, Delivery, DeliveryStatus, DispatchError, Drainer, FenceToken, Intent, OutboxStore,
-    StatusCounts, StopHandle,
+    AttemptOutcome, Context, Delivery, DeliveryOptions, DeliveryStatus, DispatchError, Drainer, FenceToken, Intent,
+    OutboxStore, StatusCounts, StopHandle,
 };
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context as LayerContext, SubscriberExt};
@@ -79,9 +79,12 @@ fn dead_owner_child() {
             }
         };
         let drainer = Drainer::builder(outbox, dispatcher)
-            .concurrency(CONCURRENCY)
-            .lease(LEASE)
-            .timeout(None)
+            .delivery(
+                DeliveryOptions::new()
+                    .concurrency(CONCURRENCY)
+                    .lease(LEASE)
+                    .timeout(None),
+            )
             .poll_interval(POLL)
             .build();
         let stop = StopHandle::default();
@@ -172,7 +175,7 @@ async fn serve_until(db: &Path, sent: &Sent, done: impl Fn(&StatusCounts) -> boo
         }
     };
     let drainer = Drainer::builder(outbox.clone(), dispatcher)
-        .concurrency(CONCURRENCY)
+        .delivery(DeliveryOptions::new().concurrency(CONCURRENCY))
         .poll_interval(POLL)
         .build();
     let stop = StopHandle::default();

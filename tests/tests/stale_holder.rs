@@ -29,7 +29,7 @@ use procs::{
     all_entries, assert_success, block_on, commit_intents, counts, env, intent_key, open_outbox, read_lines,
     scratch_dir, seed_orders, spawn_child, wait_for, LineLog,
 };
-use reactifact_core::{Context, Delivery, DeliveryStatus, DispatchError, Drainer, Intent, StopHandle};
+use reactifact_core::{Context, Delivery, DeliveryOptions, DeliveryStatus, DispatchError, Drainer, Intent, StopHandle};
 
 const SESSION: &str = "orders";
 const CHILD: &str = "stale_holder_child";
@@ -82,8 +82,7 @@ fn stale_holder_child() {
     block_on(async {
         let outbox = open_outbox(&db);
         let drainer = Drainer::builder(outbox.clone(), dispatcher(log.clone(), release, hold))
-            .concurrency(1)
-            .lease(lease)
+            .delivery(DeliveryOptions::new().concurrency(1).lease(lease))
             .poll_interval(Duration::from_millis(20))
             .build();
         let report = if mode == "holder" {

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use reactifact_core::{
-    produce, Agent, Artifact, ClaimRequest, Context, DispatchError, Intent, OutboxStore, PendingAction, Produce,
-    ProduceCall, ProduceError, RetryPolicy, Runtime, Scope, SqliteOutbox,
+    produce, Agent, Artifact, ClaimRequest, Context, DeliveryOptions, DispatchError, Intent, OutboxStore,
+    PendingAction, Produce, ProduceCall, ProduceError, RetryPolicy, Runtime, Scope, SqliteOutbox,
 };
 use serde::{Deserialize, Serialize};
 
@@ -80,7 +80,7 @@ fn runtime(ctx: Context) -> Runtime {
     Runtime::builder(ctx)
         .agent(Agent::new("billing").produce(process_order))
         .dispatcher(|intent: Intent| async move { dispatch(intent) })
-        .retry_policy_for("push", RetryPolicy::manual())
+        .delivery(DeliveryOptions::new().retry_policy_for("push", RetryPolicy::manual()))
         .build()
         .expect("the runtime builds")
 }

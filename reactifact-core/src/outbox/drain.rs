@@ -22,6 +22,7 @@ use crate::model::delivery::{ceil_millis, later, Delivery, DeliveryStatus, Fence
 use crate::model::stop::StopHandle;
 use crate::model::telemetry::{Counted, DeliveryMetrics};
 use crate::outbox::dispatcher::{DispatchError, Dispatcher, ErasedDispatcher};
+use crate::outbox::options::{DeliveryErrors, DeliveryOptions};
 use crate::store::outbox::{
     ClaimRequest, Claimed, FailedAttempt, OutboxStore, Outcome, Recorded, Recording, Scope, Wakeups,
 };
@@ -185,53 +186,6 @@ fn jitter(key: &str, attempt: u32) -> f64 {
     0.5 + 0.5 * (u64::from_le_bytes(bits) >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// What a failed delivery does to the drain.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum DeliveryErrors {
-    /// Failures are recorded in the ledger and listed in the drain's report; the drain goes
-    /// on with the other intents.
-    #[default]
-    Continue,
-    /// The first failure stops the drain: deliveries already running finish and are
-    /// recorded, none starts after it, and the turn returns
-    /// [`RunError::Delivery`](crate::RunError::Delivery).
-    FailLoud,
-}
-
-/// How the outbox delivers: policies, limits, timeouts. Set through the
-/// [`RuntimeBuilder`](crate::RuntimeBuilder).
-#[derive(Clone, Debug)]
-pub(crate) struct DeliveryConfig {
-    pub(crate) policy: RetryPolicy,
-    pub(crate) policies: foldhash::HashMap<String, RetryPolicy>,
-    pub(crate) concurrency: usize,
-    pub(crate) kind_limits: foldhash::HashMap<String, usize>,
-    pub(crate) timeout: Option<Duration>,
-    pub(crate) grace: Duration,
-    pub(crate) errors: DeliveryErrors,
-}
-
-impl Default for DeliveryConfig {
-    fn default() -> Self {
-        DeliveryConfig {
-            policy: RetryPolicy::default(),
-            policies: Default::default(),
-            concurrency: 64,
-            kind_limits: Default::default(),
-            timeout: Some(Duration::from_secs(30)),
-            grace: Duration::from_secs(10),
-            errors: DeliveryErrors::default(),
-        }
-    }
-}
-
-impl DeliveryConfig {
-    fn policy_for(&self, kind: &str) -> &RetryPolicy {
-        self.policies.get(kind).unwrap_or(&self.policy)
-    }
-}
-
 /// The drain's view of [the process's clock](crate::model::time): a handle, so that a drain
 /// names the clock it reads.
 #[derive(Clone, Copy, Debug, Default)]
@@ -335,7 +289,7 @@ pub(crate) struct Drain<'a> {
     pub(crate) owner: &'a Arc<str>,
     pub(crate) lease: Duration,
     pub(crate) dispatcher: &'a Arc<dyn ErasedDispatcher>,
-    pub(crate) config: &'a DeliveryConfig,
+    pub(crate) config: &'a DeliveryOptions,
     pub(crate) clock: &'a Clock,
     pub(crate) stop: &'a StopHandle,
     pub(crate) deadline: Option<Instant>,

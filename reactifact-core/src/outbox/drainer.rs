@@ -8,8 +8,9 @@ use tracing::Instrument;
 
 use crate::model::stop::StopHandle;
 use crate::outbox::dispatcher::{Dispatcher, ErasedDispatcher};
-use crate::outbox::drain::{Clock, DeliveryConfig, DeliveryErrors, Drain, DrainReport, RetryPolicy};
+use crate::outbox::drain::{Clock, Drain, DrainReport, RetryPolicy};
 use crate::outbox::drain::{DeliveryFailure, DrainError, Interrupted};
+use crate::outbox::options::{DeliveryErrors, DeliveryOptions};
 use crate::store::outbox::{OutboxStore, Scope};
 use crate::store::StoreError;
 
@@ -25,7 +26,7 @@ use crate::store::StoreError;
 ///
 /// ```
 /// use std::sync::Arc;
-/// use reactifact_core::{Context, DispatchError, Drainer, Intent, Scope};
+/// use reactifact_core::{Context, DeliveryOptions, DispatchError, Drainer, Intent, Scope};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let ctx = Context::new("orders");
@@ -34,7 +35,7 @@ use crate::store::StoreError;
 ///     Ok::<(), DispatchError>(())
 /// })
 /// .scope(Scope::all().kinds(["notify"]))
-/// .concurrency(16)
+/// .delivery(DeliveryOptions::new().concurrency(16))
 /// .build();
 /// let report = drainer.flush().await?;
 /// assert_eq!(report.delivered, 0);
@@ -44,7 +45,7 @@ pub struct Drainer {
     outbox: Arc<dyn OutboxStore>,
     dispatcher: Arc<dyn ErasedDispatcher>,
     scope: Scope,
-    config: DeliveryConfig,
+    options: DeliveryOptions,
     lease: Duration,
     poll: Duration,
     metrics_every: Duration,
@@ -59,8 +60,7 @@ pub struct DrainerBuilder {
     outbox: Arc<dyn OutboxStore>,
     dispatcher: Arc<dyn ErasedDispatcher>,
     scope: Scope,
-    config: DeliveryConfig,
-    lease: Duration,
+    options: DeliveryOptions,
     poll: Duration,
     metrics_every: Duration,
 }
@@ -73,8 +73,7 @@ impl Drainer {
             outbox,
             dispatcher: Arc::new(dispatcher),
             scope: Scope::all(),
-            config: DeliveryConfig::default(),
-            lease: crate::model::delivery::DEFAULT_LEASE,
+            options: DeliveryOptions::default(),
             poll: Duration::from_millis(250),
             metrics_every: Duration::ZERO,
         }
@@ -177,7 +176,7 @@ impl Drainer {
             owner: &self.owner,
             lease: self.lease,
             dispatcher: &self.dispatcher,
-            config: &self.config,
+            config: &self.options,
             clock: &self.clock,
             stop,
             deadline: None,
@@ -193,57 +192,67 @@ impl DrainerBuilder {
         self
     }
 
-    /// At most this many deliveries at once (default 64; at least 1). This also bounds what a
-    /// crash of this process can cause: at most this many intents are delivered again.
+    /// How it delivers: retry policies, limits, the attempt timeout, the grace period after a
+    /// stop, what a failure does, the lease of each claim (default:
+    /// [`DeliveryOptions::default`], with a 30 s lease).
+    pub fn delivery(mut self, options: DeliveryOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// At most this many deliveries at once.
+    #[deprecated(note = "use `.delivery(DeliveryOptions::new().concurrency(limit))`")]
     pub fn concurrency(mut self, limit: usize) -> Self {
-        self.config.concurrency = limit.max(1);
+        self.options = self.options.concurrency(limit);
         self
     }
 
-    /// At most this many deliveries of one action kind at once (at least 1).
+    /// At most this many deliveries of one action kind at once.
+    #[deprecated(note = "use `.delivery(DeliveryOptions::new().concurrency_for(kind, limit))`")]
     pub fn concurrency_for(mut self, kind: &str, limit: usize) -> Self {
-        self.config.kind_limits.insert(kind.to_owned(), limit.max(1));
+        self.options = self.options.concurrency_for(kind, limit);
         self
     }
 
-    /// The lease of each claim (default 30 s), renewed every third of it while the delivery
-    /// runs. If this process dies, its intents in flight go out again (with the same key) once
-    /// their lease expired. At least [`MIN_LEASE`](crate::MIN_LEASE) (shorter is taken as
-    /// that).
+    /// The lease of each claim.
+    #[deprecated(note = "use `.delivery(DeliveryOptions::new().lease(lease))`")]
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease.max(crate::model::delivery::MIN_LEASE);
+        self.options = self.options.lease(lease);
         self
     }
 
     /// The retry policy for every kind without one of its own.
+    #[deprecated(note = "use `.delivery(DeliveryOptions::new().retry_policy(policy))`")]
     pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
-        self.config.policy = policy;
+        self.options = self.options.retry_policy(policy);
         self
     }
 
     /// The retry policy of one action kind.
+    #[deprecated(note = "use `.delivery(DeliveryOptions::new().retry_policy_for(kind, policy))`")]
     pub fn retry_policy_for(mut self, kind: &str, policy: RetryPolicy) -> Self {
-        self.config.policies.insert(kind.to_owned(), policy);
+        self.options = self.options.retry_policy_for(kind, policy);
         self
     }
 
-    /// Bounds each attempt (default 30 s): an attempt that takes longer is cancelled and
-    /// counts as a retryable failure. `None` waits as long as the dispatcher takes.
+    /// Bounds each attempt.
+    #[deprecated(note = "use `.delivery(DeliveryOptions::new().timeout(timeout))`")]
     pub fn timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.config.timeout = timeout;
+        self.options = self.options.timeout(timeout);
         self
     }
 
-    /// How long running deliveries may finish after a stop (default 10 s); those still running
-    /// then are cut off and due again at once.
+    /// How long running deliveries may finish after a stop.
+    #[deprecated(note = "use `.delivery(DeliveryOptions::new().grace(grace))`")]
     pub fn grace(mut self, grace: Duration) -> Self {
-        self.config.grace = grace;
+        self.options = self.options.grace(grace);
         self
     }
 
-    /// What a failed delivery does (default: [`DeliveryErrors::Continue`]).
+    /// What a failed delivery does.
+    #[deprecated(note = "use `.delivery(DeliveryOptions::new().errors(mode))`")]
     pub fn delivery_errors(mut self, mode: DeliveryErrors) -> Self {
-        self.config.errors = mode;
+        self.options = self.options.errors(mode);
         self
     }
 
@@ -272,8 +281,8 @@ impl DrainerBuilder {
             outbox: self.outbox,
             dispatcher: self.dispatcher,
             scope: self.scope,
-            config: self.config,
-            lease: self.lease,
+            lease: self.options.lease.unwrap_or(crate::model::delivery::DEFAULT_LEASE),
+            options: self.options,
             poll: self.poll,
             metrics_every: self.metrics_every,
             owner: crate::outbox::owner::drainer_owner(),

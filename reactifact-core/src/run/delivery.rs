@@ -9,8 +9,9 @@ use tracing::Instrument;
 
 use crate::model::stop::StopHandle;
 use crate::outbox::dispatcher::ErasedDispatcher;
-use crate::outbox::drain::{Clock, DeliveryConfig, Drain, DrainError, DrainReport};
+use crate::outbox::drain::{Clock, Drain, DrainError, DrainReport};
 use crate::outbox::drainer::record_gauges;
+use crate::outbox::options::DeliveryOptions;
 use crate::run::runtime::Runtime;
 use crate::store::outbox::{OutboxStore, Scope};
 
@@ -22,7 +23,7 @@ pub(crate) struct Beside {
     owner: Arc<str>,
     lease: Duration,
     dispatcher: Arc<dyn ErasedDispatcher>,
-    config: DeliveryConfig,
+    config: DeliveryOptions,
     clock: Clock,
     /// Wakes the drain: the turns committed intents, or a handle approved or re-armed one.
     nudge: Arc<Notify>,
@@ -42,7 +43,7 @@ impl Beside {
             outbox: rt.context.outbox(),
             scope: Scope::session(rt.context.session()),
             owner: rt.owner.clone(),
-            lease: rt.context.lease_duration(),
+            lease: rt.lease(),
             dispatcher,
             config: rt.delivery.clone(),
             clock: Clock::new(),

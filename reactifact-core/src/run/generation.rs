@@ -256,6 +256,7 @@ pub(crate) async fn run(
     // The produce runs (the retries' record, a direct run, is not one).
     let mut runs = record_work.len() as u64;
     let claim = rt.commit_claim();
+    let lease = rt.lease();
     let committed = {
         let (agents, triggers) = (rt.agents.as_slice(), &rt.triggers);
         let reacts = |event: &Emitted, generation: Generation, readers: &Readers| {
@@ -263,7 +264,7 @@ pub(crate) async fn run(
         };
         let turn = GenerationCommit {
             reacts: &reacts,
-            claim: claim.map(|limit| (limit, &rt.owner)),
+            claim: claim.map(|limit| (limit, &rt.owner, lease)),
             traces: &record_traces,
         };
         rt.context.commit_generation(records, events, isolate, &turn).await

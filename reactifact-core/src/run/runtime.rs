@@ -17,10 +17,11 @@ use crate::model::timer::Timer;
 use crate::model::trace::TraceParent;
 use crate::outbox::dispatcher::{Dispatcher, ErasedDispatcher};
 use crate::outbox::drain::{
-    Clock, DeliveryConfig, DeliveryErrors, DeliveryFailure, Drain, DrainError, DrainReport, Interrupted, Preclaimed,
+    Clock, DeliveryFailure, Drain, DrainError, DrainReport, Interrupted, Preclaimed,
     RetryPolicy,
 };
 use crate::outbox::drainer::FlushError;
+use crate::outbox::options::{DeliveryErrors, DeliveryOptions};
 use crate::run::calls::{CallCache, Meter};
 use crate::run::generation::{self, Intake, Slot};
 use crate::run::handle::{Inbox, DEFAULT_INBOX_CAPACITY};
@@ -311,7 +312,7 @@ pub struct RuntimeBuilder {
     agents: Vec<Agent>,
     dispatcher: Option<Arc<dyn ErasedDispatcher>>,
     produce_errors: ProduceErrors,
-    delivery: DeliveryConfig,
+    delivery: DeliveryOptions,
     max_concurrency: usize,
     budget: Budget,
     resources: Resources,
@@ -363,50 +364,61 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Sets what a failed delivery does to the drain (default: [`DeliveryErrors::Continue`]).
-    pub fn delivery_errors(mut self, mode: DeliveryErrors) -> Self {
-        self.delivery.errors = mode;
+    /// Sets how the runtime delivers: retry policies, limits, the attempt timeout, the grace
+    /// period after a stop or a turn's deadline, what a failure does, the lease of each claim
+    /// (default: [`DeliveryOptions::default`], with the lease the context was opened with).
+    /// The same value configures a [`Drainer`](crate::Drainer).
+    pub fn delivery(mut self, options: DeliveryOptions) -> Self {
+        self.delivery = options;
         self
     }
 
-    /// Sets the retry policy for every action kind without one of its own (default:
-    /// [`RetryPolicy::default`]).
+    /// Sets what a failed delivery does to the drain.
+    #[deprecated(note = "use `.delivery(DeliveryOptions::new().errors(mode))`")]
+    pub fn delivery_errors(mut self, mode: DeliveryErrors) -> Self {
+        self.delivery = self.delivery.errors(mode);
+        self
+    }
+
+    /// Sets the retry policy for every action kind without one of its own.
+    #[deprecated(note = "use `.delivery(DeliveryOptions::new().retry_policy(policy))`")]
     pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
-        self.delivery.policy = policy;
+        self.delivery = self.delivery.retry_policy(policy);
         self
     }
 
     /// Sets the retry policy for one action kind.
+    #[deprecated(note = "use `.delivery(DeliveryOptions::new().retry_policy_for(kind, policy))`")]
     pub fn retry_policy_for(mut self, kind: &str, policy: RetryPolicy) -> Self {
-        self.delivery.policies.insert(kind.to_owned(), policy);
+        self.delivery = self.delivery.retry_policy_for(kind, policy);
         self
     }
 
-    /// Limits how many deliveries run at once (default 64; at least 1).
+    /// Limits how many deliveries run at once.
+    #[deprecated(note = "use `.delivery(DeliveryOptions::new().concurrency(limit))`")]
     pub fn delivery_concurrency(mut self, limit: usize) -> Self {
-        self.delivery.concurrency = limit.max(1);
+        self.delivery = self.delivery.concurrency(limit);
         self
     }
 
-    /// Limits how many deliveries of one action kind run at once (at least 1).
+    /// Limits how many deliveries of one action kind run at once.
+    #[deprecated(note = "use `.delivery(DeliveryOptions::new().concurrency_for(kind, limit))`")]
     pub fn delivery_concurrency_for(mut self, kind: &str, limit: usize) -> Self {
-        self.delivery.kind_limits.insert(kind.to_owned(), limit.max(1));
+        self.delivery = self.delivery.concurrency_for(kind, limit);
         self
     }
 
-    /// Bounds each delivery attempt (default 30 s); an attempt that takes longer is cancelled
-    /// and counts as a retryable failure. `None` waits as long as the dispatcher takes.
+    /// Bounds each delivery attempt.
+    #[deprecated(note = "use `.delivery(DeliveryOptions::new().timeout(timeout))`")]
     pub fn delivery_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.delivery.timeout = timeout;
+        self.delivery = self.delivery.timeout(timeout);
         self
     }
 
-    /// How long deliveries already running may finish after a stop or the turn's deadline
-    /// (default 10 s). Those still running then are cancelled and recorded as attempts of
-    /// unknown outcome (the receiver may have seen them), due again at once; they do not count
-    /// against the retry policy.
+    /// How long deliveries already running may finish after a stop or the turn's deadline.
+    #[deprecated(note = "use `.delivery(DeliveryOptions::new().grace(grace))`")]
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
-        self.delivery.grace = grace;
+        self.delivery = self.delivery.grace(grace);
         self
     }
 
@@ -662,7 +674,7 @@ pub struct Runtime {
     /// Who this process is, in the leases of its deliveries.
     pub(crate) owner: Arc<str>,
     pub(crate) produce_errors: ProduceErrors,
-    pub(crate) delivery: DeliveryConfig,
+    pub(crate) delivery: DeliveryOptions,
     clock: Clock,
     pub(crate) max_concurrency: usize,
     pub(crate) budget: Budget,
@@ -698,7 +710,7 @@ impl Runtime {
             agents: Vec::new(),
             dispatcher: None,
             produce_errors: ProduceErrors::default(),
-            delivery: DeliveryConfig::default(),
+            delivery: DeliveryOptions::default(),
             max_concurrency: 1024,
             budget: Budget::default(),
             resources: Resources::new(),
@@ -1018,6 +1030,11 @@ impl Runtime {
         }
     }
 
+    /// The lease of its claims: its delivery options', else the one its context was opened with.
+    pub(crate) fn lease(&self) -> Duration {
+        self.delivery.lease.unwrap_or_else(|| self.context.lease_duration())
+    }
+
     /// Delivers the intents due now, starting with what the generation's commit claimed; see
     /// [`Drain::run`].
     async fn drain(
@@ -1047,7 +1064,7 @@ impl Runtime {
             outbox: self.context.outbox_ref(),
             scope,
             owner: &self.owner,
-            lease: self.context.lease_duration(),
+            lease: self.lease(),
             dispatcher,
             config: &self.delivery,
             clock: &self.clock,

@@ -89,7 +89,7 @@ impl Runtime {
     /// handle approves or re-arms one, when a retry falls due or a lease expires, and every
     /// `poll` for intents committed by other processes. A slow dispatcher never delays a turn.
     /// At the stop, deliveries already handed to the dispatcher finish within the shutdown
-    /// grace ([`RuntimeBuilder::shutdown_grace`](crate::RuntimeBuilder::shutdown_grace)) and
+    /// grace ([`DeliveryOptions::grace`](crate::DeliveryOptions::grace)) and
     /// are recorded; the rest waits in the ledger for the next serve. A store that is briefly
     /// away is ridden out by both.
     ///

@@ -136,9 +136,9 @@ pub(crate) struct GenerationCommit<'a> {
     pub(crate) reacts: &'a (dyn Fn(&Emitted, Generation, &Readers) -> bool + Sync),
     /// The commit also claims, for the runtime's drain, up to this many due intents of the
     /// session (the ones it registers among them) in its transaction, for this lease owner
-    /// and under the context's lease. Only a durable store claims; the memory outbox is
-    /// claimed from by the drain.
-    pub(crate) claim: Option<(usize, &'a Arc<str>)>,
+    /// and under this lease. Only a durable store claims; the memory outbox is claimed from
+    /// by the drain.
+    pub(crate) claim: Option<(usize, &'a Arc<str>, Duration)>,
     /// The trace context of each run committed (in the order of the runs given), kept beside
     /// the intents it acts (`Intent::trace_parent`), not hashed.
     pub(crate) traces: &'a [Option<TraceParent>],
@@ -914,11 +914,11 @@ impl Context {
                 },
                 intents: &intents,
                 now,
-                claim: turn.and_then(|turn| turn.claim).map(|(limit, owner)| ClaimRequest {
+                claim: turn.and_then(|turn| turn.claim).map(|(limit, owner, lease)| ClaimRequest {
                     scope: &scope,
                     limit,
                     owner,
-                    lease: self.lease,
+                    lease,
                     now,
                 }),
             };

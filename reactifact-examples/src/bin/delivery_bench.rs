@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use reactifact_core::{Agent, Budget, Context, DispatchError, Intent, Runtime, TurnOutcome};
+use reactifact_core::{Agent, Budget, Context, DeliveryOptions, DispatchError, Intent, Runtime, TurnOutcome};
 use reactifact_examples::order_flow::{process_order, Order};
 
 struct Options {
@@ -89,7 +89,7 @@ async fn run(options: &Options) -> Result<f64, String> {
     };
     let mut rt = Runtime::builder(rt.into_context())
         .dispatcher(dispatcher)
-        .delivery_concurrency(options.concurrency)
+        .delivery(DeliveryOptions::new().concurrency(options.concurrency))
         .build()
         .map_err(|e| e.to_string())?;
     let started = Instant::now();

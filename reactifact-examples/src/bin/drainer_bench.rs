@@ -30,8 +30,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use reactifact_core::{
-    ActionKey, Agent, Budget, CommitHash, ContentHash, Context, DispatchError, Drainer, Generation, Intent, NewIntent,
-    OpenOptions, Origin, OutboxStore, PendingAction, Runtime, SqliteOutbox, Synchronous,
+    ActionKey, Agent, Budget, CommitHash, ContentHash, Context, DeliveryOptions, DispatchError, Drainer, Generation,
+    Intent, NewIntent, OpenOptions, Origin, OutboxStore, PendingAction, Runtime, SqliteOutbox, Synchronous,
 };
 use reactifact_examples::order_flow::{process_order, Order};
 use reactifact_postgres::{PostgresOptions, PostgresOutbox};
@@ -175,7 +175,7 @@ async fn drain(store: &[String], out: &Path, concurrency: usize, dispatch_ms: u6
             Ok::<(), DispatchError>(())
         }
     })
-    .concurrency(concurrency)
+    .delivery(DeliveryOptions::new().concurrency(concurrency))
     .build();
     drainer.settle().await.map_err(|e| e.to_string())?;
     let keys = sent.lock().unwrap().join("\n");

@@ -31,8 +31,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use reactifact_core::{
-    ActionKey, Agent, CommitHash, ContentHash, Context, DispatchError, Drainer, Generation, Intent, NewIntent, Origin,
-    OutboxStore, PendingAction, Runtime,
+    ActionKey, Agent, CommitHash, ContentHash, Context, DeliveryOptions, DispatchError, Drainer, Generation, Intent,
+    NewIntent, Origin, OutboxStore, PendingAction, Runtime,
 };
 use reactifact_examples::order_flow::{process_order, Order};
 use reactifact_postgres::{PostgresOptions, PostgresStore};
@@ -110,7 +110,7 @@ async fn run(options: &Options, schema: &str) -> Result<String, String> {
             handed.lock().unwrap().push((intent.key().to_string(), Instant::now()));
             std::future::ready(Ok::<(), DispatchError>(()))
         })
-        .concurrency(64)
+        .delivery(DeliveryOptions::new().concurrency(64))
         .build()
     };
     let stop = drainer.stop_handle();

@@ -1,0 +1,147 @@
+//! How intents are delivered: one value that a runtime's delivery and a standalone drainer
+//! take alike.
+
+use std::time::Duration;
+
+use crate::outbox::drain::RetryPolicy;
+
+/// How a drain delivers: retry policies, limits on deliveries at once, the attempt timeout,
+/// the grace period after a stop, what a failure does, and the lease of each claim.
+///
+/// One value serves [`RuntimeBuilder::delivery`](crate::RuntimeBuilder::delivery) and
+/// [`DrainerBuilder::delivery`](crate::DrainerBuilder::delivery), so a service that delivers
+/// from its runtime and a worker that delivers from a drainer state their delivery once:
+///
+/// ```
+/// use std::time::Duration;
+/// use reactifact_core::{Context, DeliveryOptions, DispatchError, Drainer, Intent, RetryPolicy, Runtime};
+///
+/// let delivery = DeliveryOptions::new()
+///     .concurrency(16)
+///     .concurrency_for("email", 4)
+///     .retry_policy_for("email", RetryPolicy::exponential(Duration::from_secs(5), Duration::from_secs(600)))
+///     .timeout(Some(Duration::from_secs(10)));
+/// let send = |_: Intent| async { Ok::<(), DispatchError>(()) };
+///
+/// let ctx = Context::new("orders");
+/// let drainer = Drainer::builder(ctx.outbox(), send).delivery(delivery.clone()).build();
+/// let runtime = Runtime::builder(ctx).dispatcher(send).delivery(delivery).build()?;
+/// # Ok::<(), reactifact_core::BuildError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct DeliveryOptions {
+    pub(crate) policy: RetryPolicy,
+    pub(crate) policies: foldhash::HashMap<String, RetryPolicy>,
+    pub(crate) concurrency: usize,
+    pub(crate) kind_limits: foldhash::HashMap<String, usize>,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) grace: Duration,
+    pub(crate) errors: DeliveryErrors,
+    /// `None`: the lease a runtime's context was opened with, or a drainer's default.
+    pub(crate) lease: Option<Duration>,
+}
+
+/// How many deliveries run at once by default.
+const DEFAULT_CONCURRENCY: usize = 64;
+
+impl Default for DeliveryOptions {
+    /// 64 deliveries at once, [`RetryPolicy::default`] for every kind, a 30 s attempt timeout,
+    /// a 10 s grace period, [`DeliveryErrors::Continue`], and the default lease.
+    fn default() -> Self {
+        DeliveryOptions {
+            policy: RetryPolicy::default(),
+            policies: Default::default(),
+            concurrency: DEFAULT_CONCURRENCY,
+            kind_limits: Default::default(),
+            timeout: Some(Duration::from_secs(30)),
+            grace: Duration::from_secs(10),
+            errors: DeliveryErrors::default(),
+            lease: None,
+        }
+    }
+}
+
+impl DeliveryOptions {
+    /// The defaults (see [`Default`](DeliveryOptions::default)).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// At most this many deliveries at once (default 64; at least 1). This also bounds what a
+    /// crash of the process can cause: at most this many intents are delivered again.
+    pub fn concurrency(mut self, limit: usize) -> Self {
+        self.concurrency = limit.max(1);
+        self
+    }
+
+    /// At most this many deliveries of one action kind at once (at least 1), within
+    /// [`concurrency`](DeliveryOptions::concurrency).
+    pub fn concurrency_for(mut self, kind: &str, limit: usize) -> Self {
+        self.kind_limits.insert(kind.to_owned(), limit.max(1));
+        self
+    }
+
+    /// The retry policy of every action kind without one of its own (default:
+    /// [`RetryPolicy::default`]).
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The retry policy of one action kind.
+    pub fn retry_policy_for(mut self, kind: &str, policy: RetryPolicy) -> Self {
+        self.policies.insert(kind.to_owned(), policy);
+        self
+    }
+
+    /// Bounds each attempt (default 30 s): an attempt that takes longer is cancelled and
+    /// counts as a retryable failure. `None` waits as long as the dispatcher takes.
+    pub fn timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// How long deliveries already running may finish after a stop or a turn's deadline
+    /// (default 10 s). Those still running then are cancelled and recorded as attempts of
+    /// unknown outcome (the receiver may have seen them), due again at once; they do not count
+    /// against the retry policy.
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// What a failed delivery does to the drain (default: [`DeliveryErrors::Continue`]).
+    pub fn errors(mut self, mode: DeliveryErrors) -> Self {
+        self.errors = mode;
+        self
+    }
+
+    /// The lease of each claim, renewed every third of it while the delivery runs. If the
+    /// process dies, its intents in flight go out again (with the same key) once their lease
+    /// expired. At least [`MIN_LEASE`](crate::MIN_LEASE) (shorter is taken as that). Unset,
+    /// a runtime uses the lease its context was opened with
+    /// ([`OpenOptions`](crate::OpenOptions), 30 s by default) and a drainer 30 s.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease.max(crate::model::delivery::MIN_LEASE));
+        self
+    }
+
+    /// The retry policy of `kind`.
+    pub(crate) fn policy_for(&self, kind: &str) -> &RetryPolicy {
+        self.policies.get(kind).unwrap_or(&self.policy)
+    }
+}
+
+/// What a failed delivery does to the drain.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeliveryErrors {
+    /// Failures are recorded in the ledger and listed in the drain's report; the drain goes
+    /// on with the other intents.
+    #[default]
+    Continue,
+    /// The first failure stops the drain: deliveries already running finish and are
+    /// recorded, none starts after it, and the turn returns
+    /// [`RunError::Delivery`](crate::RunError::Delivery).
+    FailLoud,
+}
