@@ -24,6 +24,9 @@ struct Watched {
     max_held: Mutex<i64>,
     record_calls: AtomicU64,
     recorded: AtomicU64,
+    /// How many more writes of outcomes land but answer an error, as when the connection
+    /// drops after the commit.
+    lose_answers: AtomicU64,
 }
 
 impl Watched {
@@ -34,6 +37,7 @@ impl Watched {
             max_held: Mutex::new(0),
             record_calls: AtomicU64::new(0),
             recorded: AtomicU64::new(0),
+            lose_answers: AtomicU64::new(0),
         })
     }
 }
@@ -67,6 +71,16 @@ impl OutboxStore for Watched {
             let accepted = recorded.iter().filter(|r| matches!(r, Recorded::Accepted(_))).count();
             self.recorded.fetch_add(accepted as u64, Ordering::SeqCst);
             *self.held.lock().unwrap() -= accepted as i64;
+            let lost = self
+                .lose_answers
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            if lost.is_ok() {
+                return Err(StoreError::backend(
+                    self.describe(),
+                    true,
+                    "connection reset after the commit",
+                ));
+            }
             Ok(recorded)
         })
     }
@@ -372,4 +386,35 @@ async fn immediate_and_waiting_attempts_share_slots_and_each_key_is_attempted_on
         assert_eq!(entry.status(), expected, "order:{i}");
         assert_eq!(entry.attempts(), 1, "order:{i}");
     }
+}
+
+/// The answer to a write of outcomes is lost after the write landed (a connection that drops
+/// after the commit): the drain writes them again, the store finds them already recorded under
+/// the drain's own tokens, and the drain counts them as the deliveries they are — not as
+/// stale outcomes another drain overtook — and sends nothing twice.
+#[tokio::test(start_paused = true)]
+async fn outcomes_whose_answer_was_lost_are_counted_once_as_what_they_recorded() {
+    let ctx = pending(4).await;
+    let watched = Watched::new(ctx.outbox());
+    watched.lose_answers.store(1, Ordering::SeqCst);
+    let sent = Arc::new(AtomicU64::new(0));
+    let count = sent.clone();
+    let drainer = Drainer::builder(watched.clone(), move |intent: Intent| {
+        count.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if intent.key().as_str().ends_with(":3") {
+                return Err(DispatchError::permanent("422 unprocessable"));
+            }
+            Ok::<(), DispatchError>(())
+        }
+    })
+    .build();
+    let report = drainer.flush().await.unwrap();
+    assert_eq!(sent.load(Ordering::SeqCst), 4, "each key sent once");
+    assert_eq!(
+        (report.delivered, report.stale, report.dead.len()),
+        (3, 0, 1),
+        "{report:?}"
+    );
+    assert_eq!(watched.lose_answers.load(Ordering::SeqCst), 0, "an answer was lost");
 }

@@ -984,17 +984,27 @@ impl<'a> Drain<'a> {
         report: &mut DrainReport,
         metrics: &mut DeliveryMetrics,
     ) {
+        let ours = slot.token();
         let intent = &slot.claim.intent;
         let outcome = match slot.stage {
             Stage::Recording(outcome) => outcome,
             _ => return,
+        };
+        let recorded = match recorded {
+            // The row is as this outcome leaves it, under this claim's token, which no other
+            // drain writes with: an earlier write of it landed and its answer was lost (the
+            // store failed after its commit), so it counts as recorded.
+            Recorded::Stale { status, token } if token == ours && status == Some(status_after(&outcome)) => {
+                Recorded::Accepted(status_after(&outcome))
+            }
+            recorded => recorded,
         };
         if !matches!(outcome, Outcome::Released | Outcome::Held { .. }) {
             metrics.attempt(&intent.kind);
         }
         if let Recorded::Stale { status, token } = recorded {
             if outcome != Outcome::Released {
-                tracing::warn!(action_key = %intent.key, attempt = intent.attempt, our_token = %slot.claim.lease.as_ref().map_or(slot.claim.token, |l| l.token), their_token = %token, status = ?status, "a late outcome of a delivery whose lease had expired is rejected: another drain reclaimed the intent");
+                tracing::warn!(action_key = %intent.key, attempt = intent.attempt, our_token = %ours, their_token = %token, status = ?status, "a late outcome of a delivery whose lease had expired is rejected: another drain reclaimed the intent");
                 report.stale += 1;
                 DeliveryMetrics::stale(1);
             }
@@ -1028,6 +1038,20 @@ impl<'a> Drain<'a> {
             Outcome::Interrupted { .. } => metrics.outcome(kind, Counted::Interrupted, None),
             Outcome::Released => {}
         }
+    }
+}
+
+/// The status `outcome` leaves its intent in.
+fn status_after(outcome: &Outcome) -> DeliveryStatus {
+    match outcome {
+        Outcome::Delivered => DeliveryStatus::Delivered,
+        Outcome::Failed {
+            next: FailedAttempt::Dead,
+            ..
+        } => DeliveryStatus::Dead,
+        Outcome::Failed { .. } => DeliveryStatus::Failed,
+        Outcome::Held { .. } => DeliveryStatus::Held,
+        Outcome::Interrupted { .. } | Outcome::Released => DeliveryStatus::Pending,
     }
 }
 
