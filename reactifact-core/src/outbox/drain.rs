@@ -23,6 +23,7 @@ use crate::model::stop::StopHandle;
 use crate::model::telemetry::{Counted, DeliveryMetrics};
 use crate::outbox::dispatcher::{DispatchError, Dispatcher, ErasedDispatcher};
 use crate::outbox::options::{DeliveryErrors, DeliveryOptions};
+use crate::outbox::report::DrainReport;
 use crate::store::outbox::{
     ClaimRequest, Claimed, FailedAttempt, OutboxStore, Outcome, Recorded, Recording, Scope, Wakeups,
 };
@@ -207,38 +208,6 @@ impl Clock {
 }
 
 pub(crate) use crate::model::time::instant_after;
-
-/// What a drain did.
-#[derive(Debug, Default)]
-#[non_exhaustive]
-pub struct DrainReport {
-    /// Intents delivered.
-    pub delivered: u64,
-    /// Failed attempts that will be retried (at `next_attempt_at`) or wait for `retry`.
-    pub failed: Vec<DeliveryFailure>,
-    /// Intents that became dead letters: attempts used up, or a permanent error.
-    pub dead: Vec<DeliveryFailure>,
-    /// Intents held because no route handles their kind.
-    pub held: Vec<ActionKey>,
-    /// Intents whose attempt was cut off by a stop or the deadline after the grace period:
-    /// the receiver may have seen them, so they are pending again, due at once, and are
-    /// delivered again with the same key. Not failures: they do not count against the retry
-    /// policy's `max_attempts`.
-    pub interrupted: Vec<ActionKey>,
-    /// Outcomes rejected as stale: this drain stalled past its lease while delivering these
-    /// intents, another drain reclaimed them meanwhile, and the ledger keeps that drain's
-    /// record (each was logged at warn).
-    pub stale: u64,
-    /// Intents whose stored row failed its integrity check when this drain claimed it: each is
-    /// held with an `integrity:` error and never handed to a dispatcher (each was logged at
-    /// error).
-    pub integrity: Vec<ActionKey>,
-    /// Intents still waiting when the drain ended: retries not yet due, attempts cut off,
-    /// intents not started because of a stop or the deadline, and intents in flight under
-    /// another holder's lease (a process that died after handing them out): they are due again
-    /// when the lease expires.
-    pub waiting: usize,
-}
 
 /// What ended a drain before it ran out of work: a stop or its deadline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -549,12 +518,7 @@ impl<'a> Drain<'a> {
         // A serving drain also wakes when the store says intents may have fallen due.
         let mut wakeups = poll.and_then(|_| self.outbox.wakeups());
         loop {
-            let before = (
-                report.delivered,
-                report.failed.len(),
-                report.dead.len(),
-                report.held.len(),
-            );
+            let before = report.progress();
             let ran = match self.interrupted() {
                 Some(interrupted) => {
                     self.count_waiting(report).await?;
@@ -586,13 +550,7 @@ impl<'a> Drain<'a> {
                 Err(e) => return Err(e.into()),
             };
             let now = self.clock.now();
-            let idle = before
-                == (
-                    report.delivered,
-                    report.failed.len(),
-                    report.dead.len(),
-                    report.held.len(),
-                );
+            let idle = before == report.progress();
             let wake = match (next, poll) {
                 // Nothing pending, retrying or in flight: nothing waits.
                 (None, None) => {
@@ -868,7 +826,7 @@ impl<'a> Drain<'a> {
                             // Rows held for integrity were taken too: fewer than asked means
                             // nothing more is due.
                             exhausted = claimed.claims.len() + claimed.integrity.len() < asked;
-                            report.integrity.extend(claimed.integrity);
+                            report.list_integrity(claimed.integrity);
                             for claim in claimed.claims {
                                 let at = holds.insert(Slot { claim, stage: Stage::Queued });
                                 let claim = &holds.slot(at).claim;
@@ -923,7 +881,7 @@ impl<'a> Drain<'a> {
                         let slot = holds.slot(at);
                         slot.stage = Stage::Finished(slot.outcome_now());
                         tracing::warn!(action_key = %slot.claim.intent.key, attempt = slot.claim.intent.attempt, "delivery cut off before its outcome was known; due again with the same key");
-                        report.interrupted.push(slot.claim.intent.key.clone());
+                        report.list_interrupted(slot.claim.intent.key.clone());
                     }
                 }
             }
@@ -1022,17 +980,17 @@ impl<'a> Drain<'a> {
             Outcome::Held { .. } => {
                 metrics.outcome(kind, Counted::Held, None);
                 tracing::warn!(action_key = %intent.key, kind = %intent.kind, "no route for the intent's kind; held");
-                report.held.push(intent.key.clone());
+                report.list_held(intent.key.clone());
             }
             Outcome::Failed { error, next } => {
                 let failure = DeliveryFailure::of(intent, error, next);
                 tracing::warn!(action_key = %failure.key, kind = %failure.kind, attempt = failure.attempt, status = %failure.status, error = %failure.error, "delivery failed");
                 if failure.status == DeliveryStatus::Dead {
                     metrics.outcome(kind, Counted::Dead, None);
-                    report.dead.push(failure);
+                    report.list_dead(failure);
                 } else {
                     metrics.outcome(kind, Counted::Failed, None);
-                    report.failed.push(failure);
+                    report.list_failed(failure);
                 }
             }
             Outcome::Interrupted { .. } => metrics.outcome(kind, Counted::Interrupted, None),

@@ -8,9 +8,10 @@ use tracing::Instrument;
 
 use crate::model::stop::StopHandle;
 use crate::outbox::dispatcher::{Dispatcher, ErasedDispatcher};
-use crate::outbox::drain::{Clock, Drain, DrainReport, RetryPolicy};
+use crate::outbox::drain::{Clock, Drain, RetryPolicy};
 use crate::outbox::drain::{DeliveryFailure, DrainError, Interrupted};
 use crate::outbox::options::{DeliveryErrors, DeliveryOptions};
+use crate::outbox::report::DrainReport;
 use crate::store::outbox::{OutboxStore, Scope};
 use crate::store::StoreError;
 

@@ -9,9 +9,10 @@ use tracing::Instrument;
 
 use crate::model::stop::StopHandle;
 use crate::outbox::dispatcher::ErasedDispatcher;
-use crate::outbox::drain::{Clock, Drain, DrainError, DrainReport};
+use crate::outbox::drain::{Clock, Drain, DrainError};
 use crate::outbox::drainer::record_gauges;
 use crate::outbox::options::DeliveryOptions;
+use crate::outbox::report::DrainReport;
 use crate::run::runtime::Runtime;
 use crate::store::outbox::{OutboxStore, Scope};
 

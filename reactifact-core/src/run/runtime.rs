@@ -17,11 +17,12 @@ use crate::model::timer::Timer;
 use crate::model::trace::TraceParent;
 use crate::outbox::dispatcher::{Dispatcher, ErasedDispatcher};
 use crate::outbox::drain::{
-    Clock, DeliveryFailure, Drain, DrainError, DrainReport, Interrupted, Preclaimed,
+    Clock, DeliveryFailure, Drain, DrainError, Interrupted, Preclaimed,
     RetryPolicy,
 };
 use crate::outbox::drainer::FlushError;
 use crate::outbox::options::{DeliveryErrors, DeliveryOptions};
+use crate::outbox::report::DrainReport;
 use crate::run::calls::{CallCache, Meter};
 use crate::run::generation::{self, Intake, Slot};
 use crate::run::handle::{Inbox, DEFAULT_INBOX_CAPACITY};

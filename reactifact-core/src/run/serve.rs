@@ -7,7 +7,8 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::model::call::Usage;
-use crate::outbox::drain::{instant_after, DrainReport};
+use crate::outbox::drain::instant_after;
+use crate::outbox::report::DrainReport;
 use crate::run::delivery::Beside;
 use crate::run::runtime::{RunError, Runtime, TurnOutcome, TurnReport};
 
@@ -69,8 +70,8 @@ impl ServeReport {
 
     fn add_deliveries(&mut self, drained: &DrainReport) {
         self.delivered += drained.delivered;
-        self.failed += drained.failed.len() as u64;
-        self.dead += drained.dead.len() as u64;
+        self.failed += drained.failed_count();
+        self.dead += drained.dead_count();
     }
 }
 
