@@ -103,6 +103,27 @@ impl Actor {
     }
 }
 
+/// [`write`], without an fsync of its own when the connection syncs every commit: the
+/// transaction is committed to the WAL with `synchronous = NORMAL`, so it survives a crash of
+/// the process at once, and a power loss once the next commit of the file that syncs (any
+/// `FULL` commit syncs the whole WAL, earlier frames included) or the next checkpoint has run.
+pub(super) fn write_lazily_synced<T>(
+    conn: &mut Connection,
+    body: impl FnMut(&Transaction<'_>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    // 0 OFF, 1 NORMAL, 2 FULL, 3 EXTRA.
+    let level: i64 = conn.query_row("PRAGMA synchronous", [], |row| row.get(0))?;
+    if level <= 1 {
+        return write(conn, body);
+    }
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    let written = write(conn, body);
+    let restored = conn.pragma_update(None, "synchronous", level);
+    let written = written?;
+    restored?;
+    Ok(written)
+}
+
 /// Runs `body` in one `BEGIN IMMEDIATE` transaction and commits it. A database still busy
 /// after the busy timeout is retried a few times before the error is returned.
 pub(super) fn write<T>(
@@ -126,5 +147,40 @@ pub(super) fn write<T>(
             }
             other => return other,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn synchronous(conn: &Connection) -> i64 {
+        conn.query_row("PRAGMA synchronous", [], |row| row.get(0)).unwrap()
+    }
+
+    /// A lazily synced write commits with `NORMAL` and leaves the connection as it found it, so
+    /// the claims and commits after it still sync; a connection set to `NORMAL` stays so.
+    #[test]
+    fn a_lazily_synced_write_runs_with_normal_and_restores_the_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = Connection::open(dir.path().join("a.db")).unwrap();
+        conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+        conn.execute_batch("CREATE TABLE t (x INTEGER)").unwrap();
+        for (level, name) in [(2, "FULL"), (3, "EXTRA"), (1, "NORMAL")] {
+            conn.pragma_update(None, "synchronous", name).unwrap();
+            let during = write_lazily_synced(&mut conn, |tx| {
+                tx.execute("INSERT INTO t VALUES (1)", [])?;
+                tx.query_row("PRAGMA synchronous", [], |row| row.get::<_, i64>(0))
+            })
+            .unwrap();
+            assert_eq!((during, synchronous(&conn)), (1, level), "{name}");
+        }
+        // A write that fails restores the level too.
+        conn.pragma_update(None, "synchronous", "FULL").unwrap();
+        let failed = write_lazily_synced(&mut conn, |tx| tx.execute("INSERT INTO missing VALUES (1)", []));
+        assert!(failed.is_err());
+        assert_eq!(synchronous(&conn), 2);
+        let rows: i64 = conn.query_row("SELECT count(*) FROM t", [], |row| row.get(0)).unwrap();
+        assert_eq!(rows, 3);
     }
 }

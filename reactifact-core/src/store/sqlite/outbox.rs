@@ -611,9 +611,15 @@ fn take_over(conn: &mut Connection, owner: &str, now: SystemTime) -> rusqlite::R
     })
 }
 
+/// Writes the outcomes of finished attempts in one transaction without an fsync of its own
+/// (see `actor::write_lazily_synced`): the next commit or claim of the file, whose fsync
+/// covers the WAL written before it, makes them durable against a power loss. An outcome lost
+/// that way leaves its intent in flight under its lease, so it is delivered again with the
+/// same key, as after any crash between a send and its record; the intent itself, registered
+/// by a commit that syncs, is never lost.
 fn record(conn: &mut Connection, outcomes: &[Recording], now: SystemTime) -> rusqlite::Result<Vec<Recorded>> {
     let at = ms(now);
-    actor::write(conn, |tx| {
+    actor::write_lazily_synced(conn, |tx| {
         let mut results = Vec::with_capacity(outcomes.len());
         for recording in outcomes {
             let mut row = match by_key(tx, recording.key.as_str())? {
