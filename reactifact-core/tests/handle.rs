@@ -72,6 +72,9 @@ async fn create_once_tells_a_retried_request_apart_and_batches_commit_all_or_not
     batch
         .create("order:2", order("bob", 2))
         .update("order:missing", order("x", 0));
+    // Without waiting for room, the same answers.
+    assert!(handle.try_create_once("order:4", order("cy", 4)).await.unwrap());
+    assert!(!handle.try_create_once("order:4", order("cy", 5)).await.unwrap());
     let refused = handle.write(batch).await;
     assert!(
         matches!(refused, Err(SubmitError::Write(WriteError::Commit(_)))),

@@ -107,6 +107,7 @@ fn handle_futures_are_send() {
     let handle = rt.handle();
     assert_send(&handle.write(reactifact_core::Writes::new()));
     assert_send(&handle.try_write(reactifact_core::Writes::new()));
+    assert_send(&handle.try_create_once("order:9", order("ada", 1)));
     assert_send(&handle.delete("a:1"));
     assert_send(&handle.link("a:1", "r", "b:1"));
     assert_send(&handle.unlink("a:1", "r", "b:1"));

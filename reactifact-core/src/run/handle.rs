@@ -336,6 +336,18 @@ impl RuntimeHandle {
         self.send(writes, true).await
     }
 
+    /// As [`create_once`](Self::create_once), but answers [`SubmitError::Full`] at once (with
+    /// the write) when the runtime's inbox is full: the call of a service that refuses work
+    /// under overload ("503, retry later") instead of queueing its callers.
+    ///
+    /// # Errors
+    /// As [`create_once`](Self::create_once), and [`SubmitError::Full`].
+    pub async fn try_create_once<T: Artifact>(&self, id: impl Into<ArtifactId>, value: T) -> Result<bool, SubmitError> {
+        let mut writes = Writes::new();
+        writes.create_once(id, value);
+        self.send(writes, false).await
+    }
+
     /// Replaces the artifact at `id`, which must exist; resolves once it is committed.
     ///
     /// # Errors
