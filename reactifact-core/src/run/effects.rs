@@ -14,7 +14,7 @@ use crate::model::relation::Relation;
 use crate::model::timer::Timer;
 use crate::run::calls::CallLog;
 use crate::state::commit::Read;
-use crate::state::snapshot::Snapshot;
+use crate::state::snapshot::{ReadLog, Snapshot};
 
 /// Marks `Self` as an output that produce `P` declared.
 ///
@@ -52,6 +52,12 @@ pub(crate) struct Buffer {
     pub(crate) calls: Option<Box<CallLog>>,
     /// The calls were taken: later ones are refused.
     pub(crate) calls_taken: bool,
+}
+
+impl ReadLog for Mutex<Buffer> {
+    fn record_read(&self, id: ArtifactId, version: Option<Version>) {
+        self.lock().unwrap_or_else(|e| e.into_inner()).record_read(id, version);
+    }
 }
 
 /// The keys a run acted: the first two in place (most runs act once or twice, and allocate
@@ -362,6 +368,24 @@ impl<D> std::fmt::Debug for Effects<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::artifact::Generation;
+    use crate::state::commit::tests::raw_put;
+    use crate::state::commit::Apply;
+    use crate::state::live::State;
+
+    #[test]
+    fn an_act_over_another_kind_in_the_snapshot_is_recorded_for_the_commit_to_refuse() {
+        let mut state = State::default();
+        let mut apply = Apply::new(&mut state, Generation(1));
+        apply.patch(&[raw_put("action:k1", "order", &("ada", 1u32))]).unwrap();
+        apply.finish();
+        let buffer = Arc::new(Mutex::new(Buffer::default()));
+        let effects: Effects = Effects::new(buffer.clone(), Snapshot::new(state.clone()));
+        assert_eq!(effects.act("notify", "k1", &"payload"), Some(ActionKey::from("k1")));
+        let sealed = buffer.lock().unwrap().seal();
+        assert!(matches!(&sealed.ops[..], [Op::Act { key, .. }] if key.as_str() == "k1"));
+    }
+
 
     #[test]
     fn acted_keys_find_a_repeat_in_place_and_in_the_set() {

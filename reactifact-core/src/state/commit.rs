@@ -651,16 +651,13 @@ pub(crate) fn undo_commit(state: &mut impl Rewind, commit: &Commit, undone: Opti
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::model::hash;
-    // The effects buffer sits above state/ (run/); only this test reaches up to it.
-    use crate::run::effects::{Buffer, Effects};
-    use crate::state::snapshot::Snapshot;
 
     /// A put built without `Op::put`'s checks: what a log written before `action:` ids were
     /// reserved for intents may hold.
-    fn raw_put(id: &str, kind: &str, value: &impl Serialize) -> Op {
+    pub(crate) fn raw_put(id: &str, kind: &str, value: &impl Serialize) -> Op {
         let bytes = crate::model::artifact::encode(value).unwrap();
         Op::Put {
             mode: PutMode::Create,
@@ -706,19 +703,6 @@ mod tests {
         );
         assert_eq!(state.state_hash(), before, "the patch was rolled back whole");
         assert!(state.get("receipt:1").is_none());
-    }
-
-    #[test]
-    fn an_act_over_another_kind_in_the_snapshot_is_recorded_for_the_commit_to_refuse() {
-        let mut state = State::default();
-        let mut apply = Apply::new(&mut state, Generation(1));
-        apply.patch(&[raw_put("action:k1", "order", &("ada", 1u32))]).unwrap();
-        apply.finish();
-        let buffer = std::sync::Arc::new(std::sync::Mutex::new(Buffer::default()));
-        let effects: Effects = Effects::new(buffer.clone(), Snapshot::new(state.clone()));
-        assert_eq!(effects.act("notify", "k1", &"payload"), Some(ActionKey::from("k1")));
-        let sealed = buffer.lock().unwrap().seal();
-        assert!(matches!(&sealed.ops[..], [Op::Act { key, .. }] if key.as_str() == "k1"));
     }
 
     #[test]

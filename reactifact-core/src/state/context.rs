@@ -473,7 +473,11 @@ impl Context {
     /// The whole log and the graph of it, reading the commits before the checkpoint the
     /// context was opened from, if any, from its store (once).
     pub(crate) fn whole(&self) -> Result<(&[Commit], &Graph), VerifyError> {
-        self.log.whole(self.store.as_deref(), &self.graph)
+        let load = self
+            .store
+            .as_deref()
+            .map(|store| move |upto: Generation, tail: &[Commit]| store.load_before(upto, tail));
+        self.log.whole(load.as_ref().map(|l| l as _), &self.graph)
     }
 
     /// [`whole`](Context::whole), reading the older commits off the caller's thread (on the

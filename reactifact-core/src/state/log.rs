@@ -18,7 +18,6 @@ use crate::state::commit::Commit;
 use crate::state::graph::Graph;
 use crate::state::live::State;
 use crate::state::refold::{Checks, Refold, VerifyError};
-use crate::store::Store;
 
 /// Where the commits a log holds start: the state right after commit `generation`.
 pub(crate) struct Base {
@@ -144,15 +143,16 @@ impl Log {
     }
 
     /// The whole log and the graph of it; `graph` is the graph of the held commits. Without a
-    /// base, that is the held log; otherwise the older commits are read from `store` (once),
-    /// refolded and checked against the base.
+    /// base, that is the held log; otherwise the older commits are read with `load` (once:
+    /// the commits before a generation, and the other sessions' commits the merges of those
+    /// and of the held ones reach), refolded and checked against the base.
     ///
     /// # Errors
     /// [`VerifyError::History`] if the older commits cannot be read or do not lead to the
     /// base's commit; the error of the refold if one of them does not check out.
     pub(crate) fn whole<'a>(
         &'a self,
-        store: Option<&dyn Store>,
+        load: Option<&dyn Fn(Generation, &[Commit]) -> Result<(Vec<Commit>, Vec<Commit>), VerifyError>>,
         graph: &'a Graph,
     ) -> Result<(&'a [Commit], &'a Graph), VerifyError> {
         let Some(base) = &self.base else {
@@ -161,10 +161,10 @@ impl Log {
         if let Some(whole) = self.whole.get() {
             return Ok((&whole.commits, &whole.graph));
         }
-        let store = store.ok_or_else(|| VerifyError::History {
+        let load = load.ok_or_else(|| VerifyError::History {
             detail: "the context has no store to read them from".into(),
         })?;
-        let (prefix, foreign) = store.load_before(base.generation, &self.held)?;
+        let (prefix, foreign) = load(base.generation, &self.held)?;
         self.install(prefix, foreign, graph)?;
         let whole = self.whole.get().expect("just installed");
         Ok((&whole.commits, &whole.graph))

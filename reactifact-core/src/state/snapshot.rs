@@ -1,11 +1,10 @@
 //! Read-only views of a context's state.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::model::artifact::{Artifact, ArtifactId, Kind, ReadError, Record, Stored, Version};
 use crate::model::hash::{ContentHash, StateHash};
 use crate::model::relation::Relation;
-use crate::run::effects::Buffer;
 use crate::state::live::State;
 
 /// An immutable view of a context's artifacts and relations at one point in time.
@@ -23,7 +22,14 @@ use crate::state::live::State;
 pub struct Snapshot {
     pub(crate) state: Arc<State>,
     /// Where reads are recorded: the produce run's buffer, or `None` for an untracked view.
-    reads: Option<Arc<Mutex<Buffer>>>,
+    reads: Option<Arc<dyn ReadLog>>,
+}
+
+/// Where a tracked snapshot records what it reads: a produce run's effects buffer
+/// (`run/effects.rs`).
+pub(crate) trait ReadLog: Send + Sync {
+    /// `id` was read at `version` (`None`: it was absent).
+    fn record_read(&self, id: ArtifactId, version: Option<Version>);
 }
 
 impl Snapshot {
@@ -36,25 +42,22 @@ impl Snapshot {
         Snapshot { state, reads: None }
     }
 
-    /// The same view, recording its reads (and those of its clones) into `buffer`.
-    pub(crate) fn tracked(&self, buffer: Arc<Mutex<Buffer>>) -> Self {
+    /// The same view, recording its reads (and those of its clones) into `reads`.
+    pub(crate) fn tracked(&self, reads: Arc<dyn ReadLog>) -> Self {
         Snapshot {
             state: self.state.clone(),
-            reads: Some(buffer),
+            reads: Some(reads),
         }
     }
 
     #[inline]
     fn track(&self, id: &str, stored: Option<&Arc<Stored>>) {
-        if let Some(buffer) = &self.reads {
+        if let Some(reads) = &self.reads {
             let (id, version) = match stored {
                 Some(stored) => (stored.id.clone(), Some(stored.version)),
                 None => (ArtifactId::from(id), None),
             };
-            buffer
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .record_read(id, version);
+            reads.record_read(id, version);
         }
     }
 
