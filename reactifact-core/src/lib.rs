@@ -15,18 +15,19 @@
 //! contract in full.
 //!
 //! The source is laid out by subsystem, imports running downward: `model/` (values with no
-//! behaviour of their own, the process clock) ← `state/` (live state, snapshots, the commit
-//! log, the context, branches) ← `store/` (durable homes, the outbox trait and its stores, the
-//! ledger handle, store URLs and `connect`, the contract suite) ← `outbox/` (the drain, the
-//! drainer, dispatchers, the router) ← `run/` (produces, effects, generations, the runtime,
-//! `serve`) ← `audit/` (verification, time travel, replay, provenance, export). Each error
-//! enum lives beside the operation that raises it and is re-exported here.
+//! behaviour of their own, the process clock) ← `state/` (the versioned state, pure: live
+//! state, snapshots, the commit log and its rules, the commit graph) ← `store/` (durable homes,
+//! the outbox trait and its stores, the ledger handle, store URLs, the contract suite) ←
+//! `session/` (the context of one session, which keeps its state in a store; branches and
+//! merges; `connect`) ← `outbox/` (the drain, the drainer, dispatchers, the router) ← `run/`
+//! (produces, effects, generations, the runtime, `serve`) ← `audit/` (verification, time
+//! travel, replay, provenance, export). Each error enum lives beside the operation that raises
+//! it and is re-exported here. `tests/layering.rs` fails on any import that runs upward.
 //!
-//! Known upward edges (`tests/layering.rs` fails on any other): `state/context.rs` holds its
-//! store and its outbox (and so imports `store/`; `state/branch.rs` and `state/log.rs` carry
-//! a `StoreError`); `state/snapshot.rs` records a produce's reads into the effects `Buffer` of
-//! `run/effects.rs` (and `state/commit.rs`'s tests build one). A runtime, not its context,
-//! holds the lease owner its commits claim under (`outbox/owner.rs` reads it from `/proc`). No file of `outbox/` imports `run/`: the stop
+//! A tracked snapshot records a produce's reads through `state/snapshot.rs`'s `ReadLog`, which
+//! the run's effects buffer implements; the log reads its older commits through a loader its
+//! context passes. A runtime, not its context, holds the lease owner its commits claim under
+//! (`outbox/owner.rs` reads it from `/proc`). No file of `outbox/` imports `run/`: the stop
 //! signal and a panic's message are `model/`'s, a drain reports its own interruption, and
 //! `FlushError` is the drainer's.
 
@@ -34,6 +35,7 @@ mod audit;
 mod model;
 mod outbox;
 mod run;
+mod session;
 mod state;
 mod store;
 
@@ -61,10 +63,10 @@ pub use model::timer::Timer;
 pub use model::trace::{set_trace_propagation, TraceParent, TraceParentError, TracePropagation};
 pub use outbox::dispatcher::{BoxError, DispatchError, Dispatcher, MAX_RETRY_AFTER};
 pub use outbox::drain::{DeliveryFailure, RetryPolicy};
-pub use outbox::options::{DeliveryErrors, DeliveryOptions};
-pub use outbox::report::DrainReport;
 pub use outbox::drainer::{Drainer, DrainerBuilder, FlushError};
+pub use outbox::options::{DeliveryErrors, DeliveryOptions};
 pub use outbox::owner::reclaim_dead_owners;
+pub use outbox::report::DrainReport;
 pub use outbox::router::{ActionCall, Router};
 pub use reactifact_macros::{produce, Artifact};
 pub use run::ask::AnswerError;
@@ -81,14 +83,16 @@ pub use run::runtime::{
 };
 pub use run::serve::ServeReport;
 pub use run::when;
-pub use state::branch::{ArtifactState, Conflict, Diff, ForkError, MergeError, MergeReport, Resolution, Side, Updated};
+pub use session::branch::{
+    ArtifactState, Conflict, Diff, ForkError, MergeError, MergeReport, Resolution, Side, Updated,
+};
+pub use session::connect::{connect, ConnectError};
+pub use session::context::{Context, Transaction, WriteError};
+pub use session::rearm::RearmError;
 pub use state::commit::{Commit, CommitError, Read, RunRecord, Runs, TriggerRef};
-pub use state::context::{Context, Transaction, WriteError};
-pub use state::rearm::RearmError;
 pub use state::refold::VerifyError;
 pub use state::snapshot::Snapshot;
 pub use state::writes::Writes;
-pub use store::connect::{connect, ConnectError};
 pub use store::ledger::Ledger;
 pub use store::log_store::{Act, Append, CheckpointRow, ClaimOrder, CommitRow, LogStore, OutboxCheck, SessionRow};
 pub use store::memory::MemoryOutbox;

@@ -8,8 +8,8 @@ use serde_json::{json, Value};
 use crate::model::call::{CallOutcome, RecordedCall};
 use crate::model::delivery::Delivery;
 use crate::model::patch::{Op, PutMode};
+use crate::session::context::Context;
 use crate::state::commit::Commit;
-use crate::state::context::Context;
 
 fn seconds(at: SystemTime) -> f64 {
     at.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::audit::verify::{TimeTravelError, VerifyReport};
 use crate::model::artifact::{ArtifactId, Generation, Kind, Version};
 use crate::model::hash::ContentHash;
-use crate::state::context::Context;
+use crate::session::context::Context;
 use crate::state::refold::{Checks, Refold};
 use crate::state::snapshot::Snapshot;
 

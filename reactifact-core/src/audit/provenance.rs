@@ -9,8 +9,8 @@ use crate::model::artifact::{ArtifactId, Generation, Record};
 use crate::model::delivery::{Decision, Delivery};
 use crate::model::hash::{self, CommitHash, ContentHash};
 use crate::model::patch::Op;
+use crate::session::context::Context;
 use crate::state::commit::{Commit, Read, RunRecord, TriggerRef};
-use crate::state::context::Context;
 use crate::state::refold::VerifyError;
 use crate::store::StoreError;
 

@@ -18,8 +18,8 @@ use crate::run::join::Joins;
 use crate::run::produce::{Agent, Produce};
 use crate::run::resources::Resources;
 use crate::run::runtime::Runtime;
+use crate::session::context::Context;
 use crate::state::commit::{Commit, RunRecord};
-use crate::state::context::Context;
 use crate::state::refold::{Checks, Refold, VerifyError};
 use crate::state::snapshot::Snapshot;
 
@@ -466,7 +466,7 @@ pub mod testing {
     pub use crate::run::harness::{ProduceTest, RunEffects};
     use crate::run::produce::Agent;
     use crate::run::resources::Resources;
-    use crate::state::context::Context;
+    use crate::session::context::Context;
 
     /// Replays `ctx`'s log with `agents` ([`Context::replay`]) and panics with the first
     /// divergence if a produce no longer reproduces its recorded patch. One line in a test

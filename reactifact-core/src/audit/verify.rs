@@ -3,8 +3,8 @@
 
 use crate::model::artifact::Generation;
 use crate::model::hash::{CommitHash, StateHash};
+use crate::session::context::Context;
 use crate::state::commit::Commit;
-use crate::state::context::Context;
 use crate::state::readers::Readers;
 use crate::state::refold::{Checks, Refold, VerifyError};
 use crate::state::snapshot::Snapshot;

@@ -9,6 +9,6 @@ pub(crate) mod dispatcher;
 pub(crate) mod drain;
 pub(crate) mod drainer;
 pub(crate) mod options;
-pub(crate) mod report;
 pub(crate) mod owner;
+pub(crate) mod report;
 pub(crate) mod router;

@@ -5,7 +5,7 @@
 use crate::model::artifact::{ArtifactId, ReadError};
 use crate::model::question::Question;
 use crate::run::effects::{DeclaredOutput, Effects};
-use crate::state::context::{Context, WriteError};
+use crate::session::context::{Context, WriteError};
 
 impl<D> Effects<D> {
     /// Asks a human `text`: a pending [`Question`] at `id`, created only if the id does not

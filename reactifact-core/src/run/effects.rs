@@ -386,7 +386,6 @@ mod tests {
         assert!(matches!(&sealed.ops[..], [Op::Act { key, .. }] if key.as_str() == "k1"));
     }
 
-
     #[test]
     fn acted_keys_find_a_repeat_in_place_and_in_the_set() {
         let mut acted = ActedKeys::default();

@@ -29,8 +29,8 @@ use crate::run::produce::{Agent, Produce, ProduceFailure, RunFailure, RunInput, 
 use crate::run::resources::Resources;
 use crate::run::retries::Retries;
 use crate::run::runtime::{ProduceErrors, RunError, Runtime, TurnOutcome, TurnReport};
+use crate::session::context::{CommitFailure, GenerationCommit};
 use crate::state::commit::{Emitted, Read, RunRecord, TriggerRef};
-use crate::state::context::{CommitFailure, GenerationCommit};
 use crate::state::readers::Readers;
 use crate::state::snapshot::Snapshot;
 

@@ -18,8 +18,8 @@ use crate::run::generation::{check_outputs, start_run, Ended, Run, Slot};
 use crate::run::join::Joins;
 use crate::run::produce::{Agent, IntoProduce, Produce, RunFailure};
 use crate::run::resources::Resources;
+use crate::session::context::Context;
 use crate::state::commit::Read;
-use crate::state::context::Context;
 
 /// Runs one produce once, for a unit test: against a snapshot you fill, on a trigger you
 /// give, with resources and scripted answers to its recorded calls; returns what it recorded

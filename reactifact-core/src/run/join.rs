@@ -28,8 +28,8 @@ use crate::model::panic::panic_message;
 use crate::model::patch::Op;
 use crate::run::generation::Slot;
 use crate::run::produce::{Agent, Produce, ProduceCall};
+use crate::session::context::Context;
 use crate::state::commit::Commit;
-use crate::state::context::Context;
 use crate::state::live::State;
 use crate::state::snapshot::Snapshot;
 

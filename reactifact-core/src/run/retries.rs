@@ -20,8 +20,8 @@ use crate::outbox::drain::RetryPolicy;
 use crate::run::generation::Slot;
 use crate::run::matching::Work;
 use crate::run::runtime::Runtime;
+use crate::session::context::WriteError;
 use crate::state::commit::RunRecord;
-use crate::state::context::WriteError;
 use crate::state::snapshot::Snapshot;
 
 /// Whether `id` is a retry timer's.

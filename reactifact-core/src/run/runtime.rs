@@ -16,10 +16,7 @@ use crate::model::telemetry::RunMetrics;
 use crate::model::timer::Timer;
 use crate::model::trace::TraceParent;
 use crate::outbox::dispatcher::{Dispatcher, ErasedDispatcher};
-use crate::outbox::drain::{
-    Clock, DeliveryFailure, Drain, DrainError, Interrupted, Preclaimed,
-    RetryPolicy,
-};
+use crate::outbox::drain::{Clock, DeliveryFailure, Drain, DrainError, Interrupted, Preclaimed, RetryPolicy};
 use crate::outbox::drainer::FlushError;
 use crate::outbox::options::{DeliveryErrors, DeliveryOptions};
 use crate::outbox::report::DrainReport;
@@ -29,7 +26,7 @@ use crate::run::handle::{Inbox, DEFAULT_INBOX_CAPACITY};
 use crate::run::join::Joins;
 use crate::run::produce::{Agent, ProduceFailure};
 use crate::run::resources::Resources;
-use crate::state::context::{Context, WriteError};
+use crate::session::context::{Context, WriteError};
 use crate::store::outbox::{ApprovalError, CancelError, RetryError, Scope};
 use crate::store::StoreError;
 

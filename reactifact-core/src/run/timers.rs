@@ -9,8 +9,8 @@ use crate::model::patch::{Op, PutMode};
 use crate::model::timer::{self, Timer};
 use crate::run::matching;
 use crate::run::runtime::{RunError, Runtime, MAX_CONFLICT_RETRIES};
+use crate::session::context::WriteError;
 use crate::state::commit::Emitted;
-use crate::state::context::WriteError;
 use crate::state::readers::Readers;
 use crate::store::StoreError;
 

@@ -8,12 +8,11 @@
 //! read on demand ([`Store::load_before`]).
 //! The delivery ledger is the store's outbox ([`outbox::OutboxStore`]), never a copy in memory.
 //!
-//! A URL names a store ([`store_url::StoreUrl`]: `memory:`, `sqlite:PATH`, `postgres://…`), and
-//! [`connect::connect`] opens a session of it.
+//! A URL names a store ([`store_url::StoreUrl`]: `memory:`, `sqlite:PATH`, `postgres://…`);
+//! `session/connect.rs` opens a session of it.
 
-mod backed;
+pub(crate) mod backed;
 mod codec;
-pub(crate) mod connect;
 #[cfg(feature = "store-contract")]
 pub mod contract;
 pub(crate) mod ledger;

@@ -1,7 +1,7 @@
 //! [`connect`]: a session of the store a URL names, opened without blocking the caller's
 //! thread.
 
-use crate::state::context::Context;
+use crate::session::context::Context;
 use crate::store::store_url::{redact_url, StoreUrl, StoreUrlError};
 use crate::store::OpenError;
 

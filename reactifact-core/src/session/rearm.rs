@@ -2,7 +2,7 @@
 
 use crate::model::artifact::ArtifactId;
 use crate::model::parked::{Parked, PARKED_ID_PREFIX};
-use crate::state::context::{Context, WriteError};
+use crate::session::context::{Context, WriteError};
 
 /// Re-arming a parked event failed; nothing was written.
 #[derive(Debug, thiserror::Error)]

@@ -918,13 +918,15 @@ impl Context {
                 },
                 intents: &intents,
                 now,
-                claim: turn.and_then(|turn| turn.claim).map(|(limit, owner, lease)| ClaimRequest {
-                    scope: &scope,
-                    limit,
-                    owner,
-                    lease,
-                    now,
-                }),
+                claim: turn
+                    .and_then(|turn| turn.claim)
+                    .map(|(limit, owner, lease)| ClaimRequest {
+                        scope: &scope,
+                        limit,
+                        owner,
+                        lease,
+                        now,
+                    }),
             };
             let written = match turn {
                 None => store.commit(&delta).map(|()| Claimed::default()),
