@@ -31,84 +31,59 @@
 //! signal and a panic's message are `model/`'s, a drain reports its own interruption, and
 //! `FlushError` is the drainer's.
 
-mod audit;
+pub mod audit;
+pub mod branch;
+pub mod error;
+pub mod ledger;
 mod model;
 mod outbox;
+pub mod prelude;
 mod run;
+pub mod runtime;
 mod session;
 mod state;
-mod store;
+pub mod store;
 
-pub use audit::inspect::StoredArtifact;
-pub use audit::provenance::{content_key, Provenance};
-pub use audit::replay::{testing, Difference, Divergence, ReplayError, ReplayReport};
-pub use audit::verify::{verify_log, TimeTravelError, VerifyReport};
-pub use model::action::{ActionKey, Intent, Origin, Payload, PendingAction};
-pub use model::artifact::{Artifact, ArtifactId, Generation, Kind, ReadError, Record, Version};
-pub use model::call::{CallOutcome, RecordedCall, Usage};
-pub use model::delivery::{
-    reclaimed_error, taken_over_error, Attempt, AttemptOutcome, Decision, Delivery, DeliveryParts, DeliveryStatus,
-    FenceToken, Lease, NewIntent, Verdict, ATTEMPTS_KEPT, FAR_FUTURE, MIN_LEASE,
-};
-pub use model::event::{Event, EventKind};
-pub use model::field_diff::FieldDiff;
-pub use model::hash::{CommitHash, ContentHash, StateHash};
-pub use model::parked::{FailedRun, Parked, PARKED_ID_PREFIX, RETRY_TIMER_PREFIX};
-pub use model::patch::{EffectError, Op, PutMode};
-pub use model::question::Question;
-pub use model::relation::Relation;
-pub use model::stop::StopHandle;
-pub use model::telemetry::metric;
+// The everyday names, the ones README.md and the guides use. Every other name lives in the
+// module of its audience: `prelude` (a glob import of the everyday names), `runtime` (options,
+// reports, the handle and the values a run meets), `branch`, `ledger` (operators), `audit`,
+// `store` (implementers of a backend) and `error`.
+pub use model::action::{ActionKey, Intent, PendingAction};
+pub use model::artifact::{Artifact, ArtifactId, Record};
 pub use model::timer::Timer;
-pub use model::trace::{set_trace_propagation, TraceParent, TraceParentError, TracePropagation};
-pub use outbox::dispatcher::{BoxError, DispatchError, Dispatcher, MAX_RETRY_AFTER};
-pub use outbox::drain::{DeliveryFailure, RetryPolicy};
-pub use outbox::drainer::{Drainer, DrainerBuilder, FlushError};
-pub use outbox::options::{DeliveryErrors, DeliveryOptions};
-pub use outbox::owner::reclaim_dead_owners;
-pub use outbox::report::DrainReport;
+pub use outbox::dispatcher::{DispatchError, Dispatcher};
+pub use outbox::drain::RetryPolicy;
+pub use outbox::drainer::Drainer;
+pub use outbox::options::DeliveryOptions;
 pub use outbox::router::{ActionCall, Router};
 pub use reactifact_macros::{produce, Artifact};
-pub use run::ask::AnswerError;
-pub use run::calls::{CallError, MissKind, ReplayMiss};
-pub use run::effects::{DeclaredOutput, Dynamic, Effects};
-pub use run::handle::{RuntimeHandle, SubmitError, DEFAULT_INBOX_CAPACITY};
-pub use run::produce::{
-    Agent, IntoProduce, IntoProduceResult, Produce, ProduceCall, ProduceError, ProduceFailure, RunFailure,
-};
-pub use run::resources::{DeclaredResource, Resources};
-pub use run::runtime::{
-    Budget, BuildError, ProduceErrors, ProduceUsage, RunError, Runtime, RuntimeBuilder, TurnOutcome, TurnReport,
-    MAX_CONFLICT_RETRIES,
-};
-pub use run::serve::ServeReport;
+pub use run::effects::Effects;
+pub use run::handle::RuntimeHandle;
+pub use run::produce::{Agent, Produce, ProduceCall, ProduceError};
+pub use run::runtime::Runtime;
 pub use run::when;
-pub use session::branch::{
-    ArtifactState, Conflict, Diff, ForkError, MergeError, MergeReport, Resolution, Side, Updated,
-};
-pub use session::connect::{connect, ConnectError};
-pub use session::context::{Context, Transaction, WriteError};
-pub use session::rearm::RearmError;
-pub use state::commit::{Commit, CommitError, Read, RunRecord, Runs, TriggerRef};
-pub use state::refold::VerifyError;
+pub use session::connect::connect;
+pub use session::context::Context;
 pub use state::snapshot::Snapshot;
 pub use state::writes::Writes;
 pub use store::ledger::Ledger;
-pub use store::log_store::{Act, Append, CheckpointRow, ClaimOrder, CommitRow, LogStore, OutboxCheck, SessionRow};
-pub use store::memory::MemoryOutbox;
-pub use store::outbox::{
-    check_decision, ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery,
-    OutboxStore, Outcome, Page, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts, Wakeups,
-};
-pub use store::store_url::{redact_url, StoreUrl, StoreUrlError};
-pub use store::{list_sessions, SessionInfo};
-pub use store::{
-    BackendError, OpenError, OpenOptions, SqliteOutbox, StoreError, Synchronous, DEFAULT_CHECKPOINT_EVERY,
-};
+pub use store::outbox::Scope;
+pub use store::OpenOptions;
 
-/// The random number generator [`ProduceCall::rng`] returns is `fastrand`'s, re-exported so
-/// that you can name its type without depending on the crate yourself.
-pub use fastrand;
+// The paths of the names above before they moved to their modules, kept (hidden) so that code
+// written against them still builds.
+#[doc(hidden)]
+pub use audit::*;
+#[doc(hidden)]
+pub use branch::*;
+#[doc(hidden)]
+pub use error::*;
+#[doc(hidden)]
+pub use ledger::*;
+#[doc(hidden)]
+pub use runtime::*;
+#[doc(hidden)]
+pub use store::*;
 
 /// The store contract suite: checks every [`OutboxStore`] must pass, written once and run
 /// against each store (memory, SQLite, and stores of other crates). Not public API; enabled by

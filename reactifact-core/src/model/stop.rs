@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 ///
 /// A generation still running is cancelled (nothing of it is committed, its events stay
 /// queued); a delivery already handed to the dispatcher finishes and is recorded. The turn
-/// returns [`TurnOutcome::Stopped`]. A stop requested while no turn runs stops the next one.
+/// returns [`TurnOutcome::Stopped`](crate::runtime::TurnOutcome::Stopped). A stop requested while no turn runs stops the next one.
 #[derive(Clone, Debug, Default)]
 pub struct StopHandle(Arc<StopState>);
 

@@ -1,15 +1,18 @@
-//! Where a context's state lives: in memory only, or durably in SQLite.
-//!
-//! The context always serves reads from memory. A durable store receives each commit as one
-//! [`CommitDelta`], written in one transaction together with the registration of its intents
-//! in the store's outbox; on open it hands back the log, from which the context is rebuilt.
-//! A durable store also keeps checkpoints of the state ([`Checkpoint`]): open starts from the
-//! newest one that checks out and replays only the commits after it; the older commits are
-//! read on demand ([`Store::load_before`]).
-//! The delivery ledger is the store's outbox ([`outbox::OutboxStore`]), never a copy in memory.
-//!
-//! A URL names a store ([`store_url::StoreUrl`]: `memory:`, `sqlite:PATH`, `postgres://…`);
-//! `session/connect.rs` opens a session of it.
+//! For the implementers of a store, and for code that opens one: the stores this crate ships
+//! ([`MemoryOutbox`], [`SqliteOutbox`], a context's SQLite file through [`OpenOptions`]), the
+//! store URLs (`memory:`, `sqlite:PATH`, `postgres://…`: [`StoreUrl`]), the sessions of a
+//! file ([`list_sessions`]), and the two traits a backend of another crate implements:
+//! [`LogStore`] for the log of each session and its checkpoints, and [`OutboxStore`] for the
+//! delivery ledger, with their rows, requests and answers. `docs/stores.md` says what each
+//! operation must do; the contract suite checks it.
+
+// How the crate uses them: the context always serves reads from memory. A durable store
+// receives each commit as one `CommitDelta`, written in one transaction together with the
+// registration of its intents in the store's outbox; on open it hands back the log, from which
+// the context is rebuilt. A durable store also keeps checkpoints of the state (`Checkpoint`):
+// open starts from the newest one that checks out and replays only the commits after it; the
+// older commits are read on demand (`Store::load_before`). The delivery ledger is the store's
+// outbox (`OutboxStore`), never a copy in memory. `session/connect.rs` opens a session of a URL.
 
 pub(crate) mod backed;
 mod codec;
@@ -26,7 +29,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::model::artifact::Generation;
-use crate::model::delivery::NewIntent;
 use crate::model::event::QueuedEvent;
 use crate::model::hash::{CommitHash, StateHash};
 use crate::state::commit::Commit;
@@ -36,8 +38,20 @@ use crate::state::refold::VerifyError;
 pub(crate) use backed::Backed;
 pub(crate) use codec::CheckpointBody;
 
+pub use crate::model::delivery::{
+    reclaimed_error, taken_over_error, Attempt, AttemptOutcome, Decision, Delivery, DeliveryParts, DeliveryStatus,
+    FenceToken, Lease, NewIntent, Verdict, ATTEMPTS_KEPT, FAR_FUTURE, MIN_LEASE,
+};
+pub use ledger::Ledger;
+pub use log_store::{Act, Append, CheckpointRow, ClaimOrder, CommitRow, LogStore, OutboxCheck, SessionRow};
+pub use memory::MemoryOutbox;
+pub use outbox::{
+    check_decision, ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery,
+    OutboxStore, Outcome, Page, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts, Wakeups,
+};
 pub use sqlite::sessions::{list_sessions, SessionInfo};
 pub use sqlite::SqliteOutbox;
+pub use store_url::{redact_url, StoreUrl, StoreUrlError};
 pub(crate) use sqlite::SqliteStore;
 
 /// A backend's own error, as a [`StoreError`] or an [`OpenError`] carries it: the error of
@@ -48,7 +62,7 @@ pub type BackendError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// A failure of the durable store while the context was in use. The operation that hit it
 /// changed nothing: a failed commit is rolled back in memory too.
 ///
-/// Every variant names the store as [`OutboxStore::describe`](outbox::OutboxStore::describe)
+/// Every variant names the store as [`OutboxStore::describe`]
 /// does (e.g. `sqlite:/var/lib/app/state.db`). A store of another crate builds these errors
 /// with the constructors ([`StoreError::backend`], [`StoreError::conflict`], …); the
 /// variants are open to matching, and may gain fields.
@@ -302,7 +316,7 @@ pub enum OpenError {
         /// The session asked for.
         session: String,
     },
-    /// A store of another crate ([`LogStore`](log_store::LogStore)) failed while the session
+    /// A store of another crate ([`LogStore`]) failed while the session
     /// was being opened; nothing was written but, for a new session, its row.
     #[error("opening session `{session}`: {source}")]
     Store {
@@ -396,7 +410,7 @@ impl OpenOptions {
     /// delivered again, with the same idempotency key, by the first drain of the store that
     /// runs after the lease expired. A shorter lease recovers a crash sooner; it must outlast
     /// the longest stall of the process's executor (renewals run on it). At least
-    /// [`MIN_LEASE`](crate::MIN_LEASE) (shorter is taken as that: a lease that expires before
+    /// [`MIN_LEASE`] (shorter is taken as that: a lease that expires before
     /// its first renewal would let the drain reclaim its own running deliveries); a lease
     /// ending past the year 9999 ends then.
     pub fn lease(mut self, lease: Duration) -> Self {
