@@ -1,7 +1,7 @@
 //! The command line, as clap parses it.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use reactifact_core::DeliveryStatus;
+use reactifact_core::ledger::DeliveryStatus;
 
 /// Inspect and operate a reactifact store: its sessions, commit log, state, provenance and
 /// delivery ledger. It never dispatches anything and opens the store read-only, except for

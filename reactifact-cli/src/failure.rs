@@ -1,7 +1,8 @@
 //! What ends a command early: a check that failed (exit 1) or a usage or input error (exit 2),
 //! with a message that names what is wrong and, where one exists, the fix.
 
-use reactifact_core::{OpenError, StoreError, VerifyError};
+use reactifact_core::audit::VerifyError;
+use reactifact_core::error::{OpenError, StoreError};
 
 /// Which exit code a failure gives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 //! It inspects a store — its sessions, commit log, state at any commit, diffs, provenance and
 //! delivery ledger — verifies and refolds its logs, exports the audit trail, and runs the
 //! operator's ledger operations (retry, cancel, purge) through the store's own
-//! [`OutboxStore`](reactifact_core::OutboxStore) methods, so that fencing applies and they are
+//! [`OutboxStore`](reactifact_core::store::OutboxStore) methods, so that fencing applies and they are
 //! safe while drainers run. It answers questions and re-arms parked events, each one committed
 //! write to a session. It never dispatches anything, and opens the store read-only for every
 //! other command. See `docs/cli.md` for every command, its output, its `--json` schema

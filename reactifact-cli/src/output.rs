@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::time::{Duration, SystemTime};
 
-use reactifact_core::{Attempt, AttemptOutcome, Decision, Delivery, DeliveryStatus};
+use reactifact_core::ledger::{Attempt, AttemptOutcome, Decision, Delivery, DeliveryStatus};
 use serde::Serialize;
 use serde_json::{json, Value};
 

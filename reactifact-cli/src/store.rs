@@ -10,10 +10,11 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use reactifact_core::{
-    list_sessions, CommitHash, Context, Generation, LogStore, OpenOptions, OutboxStore, SessionInfo, SqliteOutbox,
-    StoreUrl, StoreUrlError,
-};
+use reactifact_core::audit::CommitHash;
+use reactifact_core::error::StoreUrlError;
+use reactifact_core::runtime::Generation;
+use reactifact_core::store::{list_sessions, LogStore, OutboxStore, SessionInfo, SqliteOutbox, StoreUrl};
+use reactifact_core::{Context, OpenOptions};
 use reactifact_postgres::{PgSessionInfo, PostgresOptions, PostgresStore, DEFAULT_SCHEMA};
 
 use crate::failure::{Failure, Outcome};

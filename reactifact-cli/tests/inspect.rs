@@ -403,8 +403,8 @@ fn outbox_show_gives_the_trace_context_the_store_kept() {
     let kept = {
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
         rt.block_on(async {
-            let outbox = reactifact_core::SqliteOutbox::open_read_only(&store.path).unwrap();
-            reactifact_core::OutboxStore::get(&*outbox, support::FAILED)
+            let outbox = reactifact_core::store::SqliteOutbox::open_read_only(&store.path).unwrap();
+            reactifact_core::store::OutboxStore::get(&*outbox, support::FAILED)
                 .await
                 .unwrap()
                 .unwrap()
@@ -698,7 +698,7 @@ fn a_long_log_draws_no_progress_bar_when_stderr_is_not_a_terminal() {
     let dir = tempfile::TempDir::new().unwrap();
     let path = dir.path().join("long.db");
     {
-        let options = OpenOptions::new().synchronous(reactifact_core::Synchronous::Normal);
+        let options = OpenOptions::new().synchronous(reactifact_core::store::Synchronous::Normal);
         let mut ctx = Context::open_with(&path, "long", options).unwrap();
         for n in 0..600u64 {
             ctx.create(

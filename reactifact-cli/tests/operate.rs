@@ -8,11 +8,12 @@ mod support;
 use std::time::SystemTime;
 
 use binary::store;
-use reactifact_core::{DeliveryStatus, OutboxStore, SqliteOutbox};
+use reactifact_core::ledger::DeliveryStatus;
+use reactifact_core::store::{OutboxStore, SqliteOutbox};
 use serde_json::json;
 
 /// The ledger entry of `key`, read with the library.
-fn entry(path: &std::path::Path, key: &str) -> Option<reactifact_core::Delivery> {
+fn entry(path: &std::path::Path, key: &str) -> Option<reactifact_core::ledger::Delivery> {
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     rt.block_on(async {
         let outbox = SqliteOutbox::open_read_only(path).unwrap();
@@ -188,10 +189,10 @@ fn operator_writes_are_fenced_against_a_drain_holding_the_intent() {
         let outbox = SqliteOutbox::open(&store.path).unwrap();
         outbox
             .record(
-                &[reactifact_core::Recording {
+                &[reactifact_core::store::Recording {
                     key: held.key().clone(),
                     token,
-                    outcome: reactifact_core::Outcome::Delivered,
+                    outcome: reactifact_core::store::Outcome::Delivered,
                 }],
                 SystemTime::now(),
             )
@@ -200,7 +201,7 @@ fn operator_writes_are_fenced_against_a_drain_holding_the_intent() {
     });
     assert_eq!(
         recorded,
-        [reactifact_core::Recorded::Accepted(DeliveryStatus::Delivered)]
+        [reactifact_core::store::Recorded::Accepted(DeliveryStatus::Delivered)]
     );
     store
         .run(&["outbox", "retry", support::IN_FLIGHT])
@@ -218,19 +219,19 @@ fn the_read_only_outbox_the_reading_commands_use_refuses_every_write() {
         assert!(
             matches!(
                 retry,
-                Err(reactifact_core::RetryError::Store(
-                    reactifact_core::StoreError::ReadOnly { .. }
+                Err(reactifact_core::error::RetryError::Store(
+                    reactifact_core::error::StoreError::ReadOnly { .. }
                 ))
             ),
             "{retry:?}"
         );
         let cancel = outbox.cancel(support::HELD, "no", SystemTime::now()).await;
         assert!(
-            matches!(cancel, Err(reactifact_core::CancelError::Store(_))),
+            matches!(cancel, Err(reactifact_core::error::CancelError::Store(_))),
             "{cancel:?}"
         );
         assert!(outbox
-            .purge(reactifact_core::PurgeFilter::Final, SystemTime::now(), 100)
+            .purge(reactifact_core::ledger::PurgeFilter::Final, SystemTime::now(), 100)
             .await
             .is_err());
         assert_eq!(

@@ -11,7 +11,8 @@ mod support;
 use std::path::{Path, PathBuf};
 
 use binary::reactifact;
-use reactifact_core::{Context, Generation, OpenOptions, Timer};
+use reactifact_core::runtime::Generation;
+use reactifact_core::{Context, OpenOptions, Timer};
 use support::{parked_id, Order, PARKED_ERROR};
 use tempfile::TempDir;
 
@@ -168,7 +169,7 @@ fn parked_events_are_listed_and_re_armed_with_one_commit_each() {
     let ctx = session(&path);
     assert_eq!(ctx.generation().0, before.0 + 1, "one commit");
     assert!(ctx
-        .get::<reactifact_core::Parked>(&parked_id("order:1"))
+        .get::<reactifact_core::ledger::Parked>(&parked_id("order:1"))
         .unwrap()
         .is_none());
     assert_eq!(ctx.parked().count(), 1, "order:2 is still parked");

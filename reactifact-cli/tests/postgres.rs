@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use binary::{reactifact, Run};
-use reactifact_core::{Context, DeliveryStatus, OutboxStore};
+use reactifact_core::ledger::DeliveryStatus;
+use reactifact_core::store::OutboxStore;
+use reactifact_core::Context;
 use reactifact_postgres::{PostgresOptions, PostgresStore};
 use serde_json::Value;
 
@@ -84,7 +86,7 @@ impl Schema {
     }
 
     /// The ledger entry of `key`, read with the library.
-    fn entry(&self, key: &str) -> Option<reactifact_core::Delivery> {
+    fn entry(&self, key: &str) -> Option<reactifact_core::ledger::Delivery> {
         let options = PostgresOptions::new(&self.url).schema(&self.name).pool_size(1);
         block_on(async {
             let store = PostgresStore::open(options).await.unwrap();
@@ -629,7 +631,7 @@ fn question_answer_writes_one_commit_to_a_postgres_session() {
             .await
             .expect("the test store opens");
         let mut ctx = Context::open_store(store, "desk").await.unwrap();
-        ctx.create("question:refund:1", reactifact_core::Question::new("refund?"))
+        ctx.create("question:refund:1", reactifact_core::runtime::Question::new("refund?"))
             .unwrap();
     });
     let listed = pg.json(&["question", "list", "--pending"]);
@@ -663,7 +665,7 @@ fn question_answer_writes_one_commit_to_a_postgres_session() {
         let store = PostgresStore::open(options).await.unwrap();
         let ctx = Context::open_store(store, "desk").await.unwrap();
         let q = ctx
-            .get::<reactifact_core::Question>("question:refund:1")
+            .get::<reactifact_core::runtime::Question>("question:refund:1")
             .unwrap()
             .unwrap();
         assert_eq!(

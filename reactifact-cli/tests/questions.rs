@@ -9,7 +9,8 @@ mod support;
 use std::path::{Path, PathBuf};
 
 use binary::reactifact;
-use reactifact_core::{Agent, Context, PendingAction, Produce, ProduceCall, ProduceError, Question, Runtime};
+use reactifact_core::runtime::Question;
+use reactifact_core::{Agent, Context, PendingAction, Produce, ProduceCall, ProduceError, Runtime};
 use support::Order;
 use tempfile::TempDir;
 

@@ -4,10 +4,8 @@
 mod common;
 
 use common::*;
-use reactifact_core::{
-    Agent, Context, EffectError, PendingAction, Produce, ProduceCall, ProduceError, RunError, RunFailure, Runtime,
-    WriteError,
-};
+use reactifact_core::error::{EffectError, RunError, RunFailure, WriteError};
+use reactifact_core::{Agent, Context, PendingAction, Produce, ProduceCall, ProduceError, Runtime};
 
 fn assert_reserved(error: &WriteError, id: &str, kind: &str) {
     let WriteError::Effect(EffectError::ReservedForIntents {

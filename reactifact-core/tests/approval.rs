@@ -8,10 +8,10 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use reactifact_core::{
-    Agent, ApprovalError, Context, DeliveryStatus, OpenOptions, PendingAction, Produce, ProduceCall, ProduceError,
-    RetryError, Runtime, Verdict,
-};
+use reactifact_core::error::{ApprovalError, RetryError};
+use reactifact_core::ledger::DeliveryStatus;
+use reactifact_core::store::Verdict;
+use reactifact_core::{Agent, Context, OpenOptions, PendingAction, Produce, ProduceCall, ProduceError, Runtime};
 
 /// The order flow, asking for approval before the `refund` it acts.
 fn refund_flow() -> Produce {

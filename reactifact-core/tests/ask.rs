@@ -7,9 +7,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use common::*;
-use reactifact_core::{
-    Agent, AnswerError, Context, DeliveryStatus, PendingAction, Produce, ProduceCall, ProduceError, Question, Runtime,
-};
+use reactifact_core::error::AnswerError;
+use reactifact_core::ledger::DeliveryStatus;
+use reactifact_core::runtime::Question;
+use reactifact_core::{Agent, Context, PendingAction, Produce, ProduceCall, ProduceError, Runtime};
 
 /// Asks whether to refund each order; counts its runs.
 fn ask_flow(runs: Arc<AtomicUsize>) -> Produce {

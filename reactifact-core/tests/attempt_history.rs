@@ -9,10 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use common::*;
-use reactifact_core::{
-    AttemptOutcome, ClaimRequest, Claimed, FailedAttempt, FenceToken, OutboxStore, Outcome, Recording, Scope,
-    SqliteOutbox,
-};
+use reactifact_core::ledger::{AttemptOutcome, FenceToken};
+use reactifact_core::store::{ClaimRequest, Claimed, FailedAttempt, OutboxStore, Outcome, Recording, SqliteOutbox};
+use reactifact_core::Scope;
 
 const LEASE: Duration = Duration::from_secs(30);
 
@@ -178,7 +177,7 @@ fn a_huge_time_in_the_history_is_clamped_to_far_future() {
     let attempts = runtime.block_on(outbox.attempts(&key)).unwrap().unwrap();
     assert_eq!(
         attempts[0].claimed_at,
-        SystemTime::UNIX_EPOCH + reactifact_core::FAR_FUTURE
+        SystemTime::UNIX_EPOCH + reactifact_core::store::FAR_FUTURE
     );
 }
 
@@ -212,9 +211,9 @@ fn the_history_of_a_key_that_is_always_interrupted_keeps_the_latest_attempts() {
         now += Duration::from_millis(1);
     }
     let attempts = runtime.block_on(outbox.attempts(&key)).unwrap().unwrap();
-    assert_eq!(attempts.len(), reactifact_core::ATTEMPTS_KEPT);
+    assert_eq!(attempts.len(), reactifact_core::store::ATTEMPTS_KEPT);
     let tokens: Vec<u64> = attempts.iter().map(|a| a.token.0).collect();
-    let latest: Vec<u64> = (300 - reactifact_core::ATTEMPTS_KEPT as u64 + 1..=300).collect();
+    let latest: Vec<u64> = (300 - reactifact_core::store::ATTEMPTS_KEPT as u64 + 1..=300).collect();
     assert_eq!(tokens, latest, "the latest attempts, oldest first");
     let entry = runtime.block_on(outbox.get(&key)).unwrap().unwrap();
     assert_eq!(entry.interrupted_attempts(), 300, "the entry counts every attempt");

@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use common::*;
-use reactifact_core::{
-    Agent, Context, DispatchError, Generation, Intent, MergeError, PendingAction, Resolution, Runtime, Side,
-};
+use reactifact_core::branch::{MergeError, Resolution, Side};
+use reactifact_core::runtime::Generation;
+use reactifact_core::{Agent, Context, DispatchError, Intent, PendingAction, Runtime};
 
 fn counting_dispatcher(count: &Arc<AtomicUsize>) -> impl reactifact_core::Dispatcher {
     let count = count.clone();
@@ -229,7 +229,10 @@ fn relations_merge_like_artifacts() {
     branch.link("order:2", "next", "order:1").unwrap();
     main.merge(&branch).unwrap();
     let rels: Vec<_> = main.snapshot().relations().cloned().collect();
-    assert_eq!(rels, [reactifact_core::Relation::new("order:2", "next", "order:1")]);
+    assert_eq!(
+        rels,
+        [reactifact_core::runtime::Relation::new("order:2", "next", "order:1")]
+    );
 }
 
 #[test]
@@ -601,7 +604,7 @@ fn churn(ctx: &mut Context, rng: &mut Rng, commits: usize) {
 }
 
 /// The ids and contents of a snapshot's orders, and its relations.
-fn contents(snapshot: &reactifact_core::Snapshot) -> (Vec<(String, u64)>, Vec<reactifact_core::Relation>) {
+fn contents(snapshot: &reactifact_core::Snapshot) -> (Vec<(String, u64)>, Vec<reactifact_core::runtime::Relation>) {
     let mut orders: Vec<_> = snapshot
         .list::<Order>()
         .map(|r| r.unwrap())
@@ -625,7 +628,7 @@ fn diff_commits_matches_the_two_states_in_either_direction() {
                 contents(&ctx.state_at(to).unwrap()),
             );
             let diff = ctx.diff_commits(from, to).unwrap();
-            let ids = |list: &[(reactifact_core::ArtifactId, reactifact_core::ArtifactState)]| {
+            let ids = |list: &[(reactifact_core::ArtifactId, reactifact_core::branch::ArtifactState)]| {
                 let mut ids: Vec<String> = list.iter().map(|(id, _)| id.to_string()).collect();
                 ids.sort();
                 ids

@@ -12,9 +12,8 @@ use std::time::{Duration, UNIX_EPOCH};
 mod common;
 
 use common::{Note, Out, Ticket};
-use reactifact_core::{
-    Agent, Artifact, Budget, Context, Produce, ProduceCall, ProduceError, ProduceErrors, Runtime, TurnOutcome, Usage,
-};
+use reactifact_core::runtime::{Budget, ProduceErrors, TurnOutcome, Usage};
+use reactifact_core::{Agent, Artifact, Context, Produce, ProduceCall, ProduceError, Runtime};
 use serde::{Deserialize, Serialize};
 
 /// One metered call of 100 tokens, then `out:{name}:{trigger}` written.
@@ -487,7 +486,7 @@ async fn the_harness_does_not_run_a_join_whose_set_is_incomplete() {
 /// second calls — and pays — again.
 #[tokio::test]
 async fn two_runs_with_one_cache_key_in_a_batch_do_not_pay_again_on_retry() {
-    use reactifact_core::EventKind;
+    use reactifact_core::audit::EventKind;
     let made = Arc::new(AtomicU64::new(0));
     let counted = made.clone();
     let farewell = Produce::new("farewell", move |call: ProduceCall<Ticket>| {

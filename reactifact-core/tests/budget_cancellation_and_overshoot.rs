@@ -9,9 +9,9 @@ use std::time::Duration;
 mod common;
 
 use common::{tickets, Note, Out, Ticket};
-use reactifact_core::{
-    Agent, Budget, Context, EventKind, Produce, ProduceCall, ProduceError, Runtime, TurnOutcome, Usage,
-};
+use reactifact_core::audit::EventKind;
+use reactifact_core::runtime::{Budget, TurnOutcome, Usage};
+use reactifact_core::{Agent, Context, Produce, ProduceCall, ProduceError, Runtime};
 
 /// Switches a test flips between turns.
 #[derive(Default)]

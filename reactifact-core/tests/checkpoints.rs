@@ -9,9 +9,11 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use reactifact_core::{
-    Agent, Context, Event, Generation, OpenError, OpenOptions, Runtime, StoreError, Synchronous, VerifyError,
-};
+use reactifact_core::audit::{Event, VerifyError};
+use reactifact_core::error::{OpenError, StoreError};
+use reactifact_core::runtime::Generation;
+use reactifact_core::store::Synchronous;
+use reactifact_core::{Agent, Context, OpenOptions, Runtime};
 
 const EVERY: u64 = 10;
 

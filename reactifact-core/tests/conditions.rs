@@ -5,11 +5,11 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use reactifact_core::audit::EventKind;
+use reactifact_core::error::{RunError, RunFailure};
+use reactifact_core::runtime::ProduceErrors;
 use reactifact_core::when::{field_equals, status_is};
-use reactifact_core::{
-    Agent, Artifact, Context, EventKind, Produce, ProduceCall, ProduceErrors, Record, RunError, RunFailure, Runtime,
-    Snapshot,
-};
+use reactifact_core::{Agent, Artifact, Context, Produce, ProduceCall, Record, Runtime, Snapshot};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq)]

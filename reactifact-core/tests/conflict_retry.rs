@@ -6,7 +6,9 @@
 mod common;
 
 use common::*;
-use reactifact_core::{Agent, Context, Runtime, StoreError, TurnOutcome, WriteError};
+use reactifact_core::error::{StoreError, WriteError};
+use reactifact_core::runtime::TurnOutcome;
+use reactifact_core::{Agent, Context, Runtime};
 
 fn runtime(ctx: Context) -> Runtime {
     Runtime::builder(ctx)

@@ -3,7 +3,9 @@
 mod common;
 
 use common::*;
-use reactifact_core::{Agent, ArtifactId, CommitError, Context, ReadError, Relation, Runtime, WriteError};
+use reactifact_core::error::{CommitError, ReadError, WriteError};
+use reactifact_core::runtime::Relation;
+use reactifact_core::{Agent, ArtifactId, Context, Runtime};
 
 #[test]
 fn typed_reads_name_the_id_and_type_on_mismatch() {

@@ -7,9 +7,10 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use common::*;
-use reactifact_core::{
-    Agent, Budget, Context, EventKind, OpenOptions, Produce, ProduceCall, Runtime, Synchronous, TurnOutcome,
-};
+use reactifact_core::audit::EventKind;
+use reactifact_core::runtime::{Budget, TurnOutcome};
+use reactifact_core::store::Synchronous;
+use reactifact_core::{Agent, Context, OpenOptions, Produce, ProduceCall, Runtime};
 
 /// (event kind, trigger id, version, total) of every run.
 type Runs = Arc<Mutex<Vec<(EventKind, String, u64, u64)>>>;

@@ -8,9 +8,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
+use reactifact_core::ledger::DeliveryStatus;
+use reactifact_core::runtime::{Budget, TurnOutcome, MAX_RETRY_AFTER};
 use reactifact_core::{
-    ActionCall, Agent, Budget, Context, DeliveryOptions, DeliveryStatus, DispatchError, Dispatcher, Drainer, Intent,
-    OpenOptions, Produce, ProduceCall, RetryPolicy, Router, Runtime, TurnOutcome, MAX_RETRY_AFTER,
+    ActionCall, Agent, Context, DeliveryOptions, DispatchError, Dispatcher, Drainer, Intent, OpenOptions, Produce,
+    ProduceCall, RetryPolicy, Router, Runtime,
 };
 use tokio::time::Instant;
 
@@ -1203,7 +1205,10 @@ impl LeasesSeen {
             async move {
                 let entry = ledger.get(intent.key().as_str()).await.unwrap().unwrap();
                 let lease = entry.lease().expect("handed over under a lease");
-                let left = lease.expires_at.duration_since(std::time::SystemTime::now()).unwrap_or_default();
+                let left = lease
+                    .expires_at
+                    .duration_since(std::time::SystemTime::now())
+                    .unwrap_or_default();
                 seen.0.lock().unwrap().push(left);
                 Ok::<(), DispatchError>(())
             }

@@ -10,11 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use common::{order, process_order};
-use reactifact_core::{
-    ActionKey, Agent, Attempt, BoxFuture, CancelError, ClaimRequest, Claimed, Context, Delivery, DeliveryOptions,
-    DispatchError, Drainer, FenceToken, Intent, LedgerQuery, OutboxStore, Page, PurgeFilter, Recorded, Recording,
-    RetryError, Runtime, Scope, StatusCounts, StoreError,
-};
+use reactifact_core::error::{CancelError, RetryError, StoreError};
+use reactifact_core::ledger::{Attempt, Delivery, FenceToken, LedgerQuery, Page, PurgeFilter, StatusCounts};
+use reactifact_core::store::{BoxFuture, ClaimRequest, Claimed, OutboxStore, Recorded, Recording};
+use reactifact_core::{ActionKey, Agent, Context, DeliveryOptions, DispatchError, Drainer, Intent, Runtime, Scope};
 
 /// An outbox that forwards to another and counts the claims it handed out and not yet saw an
 /// accepted outcome for.
@@ -115,7 +114,7 @@ impl OutboxStore for Watched {
         key: &'a str,
         by: &'a str,
         now: SystemTime,
-    ) -> BoxFuture<'a, Result<Delivery, reactifact_core::ApprovalError>> {
+    ) -> BoxFuture<'a, Result<Delivery, reactifact_core::error::ApprovalError>> {
         self.inner.approve(key, by, now)
     }
     fn reject<'a>(
@@ -124,7 +123,7 @@ impl OutboxStore for Watched {
         by: &'a str,
         reason: &'a str,
         now: SystemTime,
-    ) -> BoxFuture<'a, Result<Delivery, reactifact_core::ApprovalError>> {
+    ) -> BoxFuture<'a, Result<Delivery, reactifact_core::error::ApprovalError>> {
         self.inner.reject(key, by, reason, now)
     }
     fn purge(&self, filter: PurgeFilter, before: SystemTime, limit: usize) -> BoxFuture<'_, Result<u64, StoreError>> {
@@ -163,7 +162,7 @@ async fn pending(n: u64) -> Context {
         .agent(Agent::new("orders").produce(process_order()))
         .build()
         .unwrap();
-    rt.run_with(reactifact_core::Budget::UNLIMITED).await.unwrap();
+    rt.run_with(reactifact_core::runtime::Budget::UNLIMITED).await.unwrap();
     rt.into_context()
 }
 
@@ -275,7 +274,7 @@ async fn a_kind_limit_does_not_let_a_drain_start_more_than_its_concurrency() {
         .agent(Agent::new("orders").produce(acts))
         .build()
         .unwrap();
-    rt.run_with(reactifact_core::Budget::UNLIMITED).await.unwrap();
+    rt.run_with(reactifact_core::runtime::Budget::UNLIMITED).await.unwrap();
     let watched = Watched::new(rt.context().outbox());
     let started = Arc::new(AtomicU64::new(0));
     let count = started.clone();
@@ -340,7 +339,7 @@ async fn a_lease_of_zero_is_the_shortest_lease_and_a_drain_never_reclaims_its_ow
 async fn immediate_and_waiting_attempts_share_slots_and_each_key_is_attempted_once() {
     use std::collections::HashMap;
 
-    use reactifact_core::DeliveryStatus;
+    use reactifact_core::ledger::DeliveryStatus;
 
     let ctx = pending(300).await;
     let sent: Arc<Mutex<HashMap<String, u32>>> = Arc::default();

@@ -9,10 +9,11 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use common::*;
-use reactifact_core::{
-    Agent, Context, EventKind, OpenOptions, Produce, ProduceCall, ProduceError, RunError, Runtime, Synchronous,
-    TurnOutcome, Version,
-};
+use reactifact_core::audit::EventKind;
+use reactifact_core::error::RunError;
+use reactifact_core::runtime::{TurnOutcome, Version};
+use reactifact_core::store::Synchronous;
+use reactifact_core::{Agent, Context, OpenOptions, Produce, ProduceCall, ProduceError, Runtime};
 
 /// What one run saw: the event kind, the trigger's id, version and total, and whether the
 /// snapshot held the trigger.
@@ -406,11 +407,14 @@ async fn replay_reports_a_deletion_run_that_no_longer_reproduces_its_patch() {
         .replay(&[Agent::new("a").produce(changed)])
         .await
         .unwrap_err();
-    let reactifact_core::ReplayError::Diverged(divergence) = err else {
+    let reactifact_core::audit::ReplayError::Diverged(divergence) = err else {
         panic!("not a divergence: {err}");
     };
     assert!(
-        matches!(divergence.difference, reactifact_core::Difference::Content { .. }),
+        matches!(
+            divergence.difference,
+            reactifact_core::audit::Difference::Content { .. }
+        ),
         "{divergence}"
     );
     assert_eq!(divergence.trigger.as_str(), "order:1");

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use reactifact_core::{
-    Agent, Budget, Context, EventKind, Produce, ProduceCall, ProduceError, ProduceErrors, RunError, RunFailure,
-    Runtime, TurnOutcome,
-};
+use reactifact_core::audit::EventKind;
+use reactifact_core::error::{RunError, RunFailure};
+use reactifact_core::runtime::{Budget, ProduceErrors, TurnOutcome};
+use reactifact_core::{Agent, Context, Produce, ProduceCall, ProduceError, Runtime};
 
 #[tokio::test]
 async fn produces_of_one_generation_read_the_same_snapshot() {

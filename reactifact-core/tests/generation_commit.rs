@@ -12,10 +12,10 @@ use std::sync::{Arc, OnceLock};
 
 use common::*;
 use futures_util::FutureExt;
-use reactifact_core::{
-    Agent, Budget, Context, DeliveryStatus, Produce, ProduceCall, ProduceError, RunError, Runtime, StopHandle,
-    StoreError, TurnOutcome, WriteError,
-};
+use reactifact_core::error::{RunError, StoreError, WriteError};
+use reactifact_core::ledger::DeliveryStatus;
+use reactifact_core::runtime::{Budget, StopHandle, TurnOutcome};
+use reactifact_core::{Agent, Context, Produce, ProduceCall, ProduceError, Runtime};
 
 fn seed_order(path: &Path) {
     let mut ctx = Context::open(path, "orders").unwrap();

@@ -8,7 +8,8 @@ mod common;
 use std::time::Duration;
 
 use common::{order, process_order, Order, Recorder};
-use reactifact_core::{Agent, Context, Runtime, SubmitError, WriteError, Writes};
+use reactifact_core::error::{SubmitError, WriteError};
+use reactifact_core::{Agent, Context, Runtime, Writes};
 
 fn runtime(capacity: usize) -> Runtime {
     Runtime::builder(Context::new("orders"))

@@ -15,7 +15,8 @@
 mod common;
 
 use common::*;
-use reactifact_core::{Agent, Budget, Context, DispatchError, Drainer, Intent, Runtime};
+use reactifact_core::runtime::Budget;
+use reactifact_core::{Agent, Context, DispatchError, Drainer, Intent, Runtime};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 
 /// The system allocator, counting (this test binary's own).

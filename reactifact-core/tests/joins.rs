@@ -7,10 +7,10 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use reactifact_core::{
-    Agent, Artifact, BuildError, Context, Difference, EventKind, OpenOptions, Produce, ProduceCall, Record,
-    ReplayError, Runtime, Synchronous,
-};
+use reactifact_core::audit::{Difference, EventKind, ReplayError};
+use reactifact_core::error::BuildError;
+use reactifact_core::store::Synchronous;
+use reactifact_core::{Agent, Artifact, Context, OpenOptions, Produce, ProduceCall, Record, Runtime};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -348,7 +348,7 @@ async fn a_join_run_records_its_parts_as_reads() {
         .iter()
         .find(|r| r.id == "payment:a")
         .expect("the payment is read");
-    assert_eq!(read.version, Some(reactifact_core::Version(2)));
+    assert_eq!(read.version, Some(reactifact_core::runtime::Version(2)));
 }
 
 #[tokio::test]
@@ -670,10 +670,10 @@ async fn a_run_budget_that_splits_the_events_of_a_set_still_runs_it_once() {
     tx.commit().unwrap();
     // One run per turn: order 1's event runs its set; the batch stops before order 2's.
     let report = rt
-        .run_with(reactifact_core::Budget::default().max_runs(1))
+        .run_with(reactifact_core::runtime::Budget::default().max_runs(1))
         .await
         .unwrap();
-    assert_eq!(report.outcome, reactifact_core::TurnOutcome::RunsExhausted);
+    assert_eq!(report.outcome, reactifact_core::runtime::TurnOutcome::RunsExhausted);
     assert_eq!(taken(&runs), [run_of(EventKind::Created, "order:1", &["payment:a"])]);
     // Payment a's event, taken later, finds the set order 1 already ran on: no second run.
     rt.run().await.unwrap();
@@ -819,7 +819,7 @@ async fn a_set_split_by_a_run_budget_runs_once_across_a_reopen_of_the_sqlite_sto
         .create("payment:a", payment(1, 1))
         .create("payment:b", payment(2, 2));
     tx.commit().unwrap();
-    rt.run_with(reactifact_core::Budget::default().max_runs(1))
+    rt.run_with(reactifact_core::runtime::Budget::default().max_runs(1))
         .await
         .unwrap();
     assert_eq!(taken(&runs), [run_of(EventKind::Created, "order:1", &["payment:a"])]);
@@ -941,7 +941,7 @@ async fn a_set_split_by_a_run_budget_runs_once_while_the_record_of_runs_is_prune
         .create("payment:9999", payment(9_999, 1))
         .create("payment:x", payment(5_000, 1));
     tx.commit().unwrap();
-    let budget = |runs| reactifact_core::Budget::default().max_runs(runs);
+    let budget = |runs| reactifact_core::runtime::Budget::default().max_runs(runs);
     rt.run_with(budget(1)).await.unwrap();
     assert_eq!(taken(&runs), [run_of(EventKind::Created, "order:5000", &["payment:x"])]);
     rt.run_with(budget(1_100)).await.unwrap();

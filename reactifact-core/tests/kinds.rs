@@ -1,7 +1,8 @@
 //! A runtime refuses ambiguous registrations when it is built: two Rust types with one kind,
 //! two agents with one name, two produces with one name in an agent.
 
-use reactifact_core::{Agent, Artifact, BuildError, Context, PendingAction, Produce, ProduceCall, Runtime};
+use reactifact_core::error::BuildError;
+use reactifact_core::{Agent, Artifact, Context, PendingAction, Produce, ProduceCall, Runtime};
 use serde::{Deserialize, Serialize};
 
 mod billing {
@@ -125,7 +126,7 @@ fn a_type_claiming_the_question_kind_is_refused() {
     let error = build(vec![Agent::new("a").produce(on::<MyQuestion>("mine"))]).unwrap_err();
     assert_names_both_and_the_fix(
         &error,
-        std::any::type_name::<reactifact_core::Question>(),
+        std::any::type_name::<reactifact_core::runtime::Question>(),
         "kinds::MyQuestion",
     );
 }

@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use common::{Notify, Order, Receipt};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use reactifact_core::runtime::Usage;
 use reactifact_core::{
     Agent, Context, DeliveryOptions, DispatchError, Intent, PendingAction, Produce, ProduceCall, ProduceError,
-    RetryPolicy, Runtime, Scope, Usage,
+    RetryPolicy, Runtime, Scope,
 };
 
 /// A metric as the test names it: `name{label=value,...}` (labels sorted).
@@ -93,7 +94,7 @@ fn process_order() -> Produce {
 
 /// A runtime over session `shop` holding `order:1` … `order:{orders}`, its agent `orders`
 /// running [`process_order`].
-fn shop(orders: u32) -> reactifact_core::RuntimeBuilder {
+fn shop(orders: u32) -> reactifact_core::runtime::RuntimeBuilder {
     let mut ctx = Context::new("shop");
     for i in 1..=orders {
         ctx.create(format!("order:{i}"), order()).unwrap();
@@ -295,7 +296,7 @@ fn an_expired_lease_reclaimed_and_the_outbox_gauges() {
         // The process's clock now: the commit's time, 5 s later.
         let committed = ledger.get("notify:order:1").await.unwrap().unwrap().recorded_at();
         let owner: Arc<str> = Arc::from("a holder that dies");
-        let request = reactifact_core::ClaimRequest {
+        let request = reactifact_core::store::ClaimRequest {
             scope: &Scope::all(),
             limit: 1,
             owner: &owner,

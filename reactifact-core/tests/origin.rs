@@ -6,7 +6,8 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use common::*;
-use reactifact_core::{ActionCall, Agent, Context, DispatchError, Generation, Intent, Origin, Router, Runtime};
+use reactifact_core::runtime::{Generation, Origin};
+use reactifact_core::{ActionCall, Agent, Context, DispatchError, Intent, Router, Runtime};
 
 fn recording(origins: &Arc<Mutex<Vec<Origin>>>) -> impl reactifact_core::Dispatcher {
     let origins = origins.clone();

@@ -6,9 +6,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use common::*;
+use reactifact_core::error::{FlushError, RetryError, RunError};
+use reactifact_core::ledger::DeliveryStatus;
+use reactifact_core::runtime::{DeliveryErrors, TurnOutcome};
 use reactifact_core::{
-    Agent, Context, DeliveryErrors, DeliveryOptions, DeliveryStatus, DispatchError, FlushError, Intent, PendingAction,
-    Produce, ProduceCall, RetryError, RunError, Runtime, TurnOutcome,
+    Agent, Context, DeliveryOptions, DispatchError, Intent, PendingAction, Produce, ProduceCall, Runtime,
 };
 
 #[tokio::test]
@@ -371,7 +373,7 @@ async fn an_intent_knows_the_run_that_recorded_it_even_after_an_isolated_failure
     };
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("billing").produce(broken).produce(process_order()))
-        .produce_errors(reactifact_core::ProduceErrors::Isolate)
+        .produce_errors(reactifact_core::runtime::ProduceErrors::Isolate)
         .dispatcher(dispatcher)
         .build()
         .unwrap();

@@ -9,9 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{order, Order, Receipt, Recorder};
-use reactifact_core::{
-    Agent, Context, PendingAction, Produce, ProduceCall, ProduceError, RearmError, RetryPolicy, Runtime,
-};
+use reactifact_core::error::RearmError;
+use reactifact_core::{Agent, Context, PendingAction, Produce, ProduceCall, ProduceError, RetryPolicy, Runtime};
 
 /// The order flow (a receipt and a `notify` intent per order), failing on `order:1` while
 /// `fail` says so: with an error, or a panic when `panic` is set. Counts the runs on `order:1`.

@@ -4,10 +4,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use reactifact_core::audit::EventKind;
+use reactifact_core::error::{CallError, MissKind, RunFailure};
+use reactifact_core::runtime::Usage;
 use reactifact_core::testing::ProduceTest;
-use reactifact_core::{
-    Artifact, CallError, EventKind, MissKind, PendingAction, Produce, ProduceCall, ProduceError, RunFailure, Usage,
-};
+use reactifact_core::{Artifact, PendingAction, Produce, ProduceCall, ProduceError};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]

@@ -3,9 +3,8 @@
 mod common;
 
 use common::*;
-use reactifact_core::{
-    Agent, Artifact, Context, Generation, PendingAction, Produce, ProduceCall, ProduceError, Runtime, Version,
-};
+use reactifact_core::runtime::{Generation, Version};
+use reactifact_core::{Agent, Artifact, Context, PendingAction, Produce, ProduceCall, ProduceError, Runtime};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]

@@ -7,7 +7,8 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use common::*;
-use reactifact_core::{Agent, Context, PendingAction, Produce, ProduceCall, ProduceError, Runtime, TurnOutcome};
+use reactifact_core::runtime::TurnOutcome;
+use reactifact_core::{Agent, Context, PendingAction, Produce, ProduceCall, ProduceError, Runtime};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Metadata, Subscriber};

@@ -10,10 +10,10 @@ use std::time::Duration;
 mod common;
 
 use common::Ticket;
-use reactifact_core::{
-    Agent, Artifact, Budget, BuildError, CallError, Context, Difference, MissKind, PendingAction, Produce, ProduceCall,
-    ProduceError, ReplayError, Runtime, TurnOutcome, Usage,
-};
+use reactifact_core::audit::{Difference, ReplayError};
+use reactifact_core::error::{BuildError, CallError, MissKind};
+use reactifact_core::runtime::{Budget, TurnOutcome, Usage};
+use reactifact_core::{Agent, Artifact, Context, PendingAction, Produce, ProduceCall, ProduceError, Runtime};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -337,7 +337,10 @@ async fn a_changed_request_under_the_same_name_is_a_replay_miss_naming_the_call(
     rt.run().await.unwrap();
     let err = rt
         .context()
-        .replay_with(&agents(true), &reactifact_core::Resources::new().with(model.clone()))
+        .replay_with(
+            &agents(true),
+            &reactifact_core::runtime::Resources::new().with(model.clone()),
+        )
         .await
         .unwrap_err();
     let ReplayError::Diverged(divergence) = &err else {
@@ -367,7 +370,7 @@ async fn a_replay_that_asks_for_more_or_fewer_calls_diverges() {
     let model = Shared::default();
     let mut rt = runtime(tickets(1), &model, None);
     rt.run().await.unwrap();
-    let resources = reactifact_core::Resources::new().with(model.clone());
+    let resources = reactifact_core::runtime::Resources::new().with(model.clone());
 
     // Twice the model: the second call has no record.
     let twice = Produce::new("triage", |call: ProduceCall<Ticket>| async move {

@@ -11,10 +11,10 @@ use std::time::Duration;
 mod common;
 
 use common::{tickets, Note, Ticket};
-use reactifact_core::{
-    Agent, Budget, CallError, Context, Difference, Produce, ProduceCall, ProduceError, ReplayError, Runtime,
-    TurnOutcome, Usage,
-};
+use reactifact_core::audit::{Difference, ReplayError};
+use reactifact_core::error::CallError;
+use reactifact_core::runtime::{Budget, TurnOutcome, Usage};
+use reactifact_core::{Agent, Context, Produce, ProduceCall, ProduceError, Runtime};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A sibling that fails its first run only: the generation is not committed (fail-loud), so
@@ -522,7 +522,7 @@ async fn deletion_and_staleness_runs_that_record_calls_replay() {
         Ok::<(), ProduceError>(())
     })
     .creates::<Note>()
-    .on([reactifact_core::EventKind::Deleted]);
+    .on([reactifact_core::audit::EventKind::Deleted]);
     // On a ticket, and again when the note it read changes (staleness): the same.
     let watcher = Produce::new("watcher", |call: ProduceCall<Ticket>| async move {
         let config = call
@@ -610,7 +610,7 @@ async fn staleness_clock(middle: &'static str) -> u64 {
     ctx.create("config", Note { text: "good".into() }).unwrap();
     let mut rt = Runtime::builder(ctx)
         .agent(Agent::new("a").produce(watcher))
-        .produce_errors(reactifact_core::ProduceErrors::Isolate)
+        .produce_errors(reactifact_core::runtime::ProduceErrors::Isolate)
         .build()
         .unwrap();
     rt.run().await.unwrap();
@@ -630,7 +630,7 @@ async fn staleness_clock(middle: &'static str) -> u64 {
         .filter(|r| r.produce.is_some())
         .flat_map(|r| &r.ops)
         .filter_map(|op| match op {
-            reactifact_core::Op::Put { bytes, .. } => rmp_serde::from_slice::<Note>(bytes).ok(),
+            reactifact_core::audit::Op::Put { bytes, .. } => rmp_serde::from_slice::<Note>(bytes).ok(),
             _ => None,
         })
         .map(|note| note.text.parse().unwrap())
@@ -704,7 +704,7 @@ async fn the_new_public_futures_are_send() {
     test.await.unwrap();
     let ctx = tickets(1);
     let agents = [Agent::new("a").produce(produce)];
-    let resources = reactifact_core::Resources::new();
+    let resources = reactifact_core::runtime::Resources::new();
     let replay = ctx.replay_with(&agents, &resources);
     assert_send(&replay);
     replay.await.unwrap();

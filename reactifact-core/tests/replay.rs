@@ -6,10 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use common::*;
-use reactifact_core::{
-    Agent, Artifact, Context, Difference, Generation, PendingAction, Produce, ProduceCall, ProduceError, ReplayError,
-    Runtime,
-};
+use reactifact_core::audit::{Difference, ReplayError};
+use reactifact_core::runtime::Generation;
+use reactifact_core::{Agent, Artifact, Context, PendingAction, Produce, ProduceCall, ProduceError, Runtime};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]

@@ -4,9 +4,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use reactifact_core::{
-    ActionCall, Agent, Artifact, Context, PendingAction, Produce, ProduceCall, Router, Runtime, TraceParent,
-};
+use reactifact_core::runtime::TraceParent;
+use reactifact_core::{ActionCall, Agent, Artifact, Context, PendingAction, Produce, ProduceCall, Router, Runtime};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize, Debug, Clone)]

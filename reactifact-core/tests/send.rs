@@ -5,7 +5,9 @@
 mod common;
 
 use common::*;
-use reactifact_core::{Agent, Context, DeliveryStatus, Runtime, TurnOutcome};
+use reactifact_core::ledger::DeliveryStatus;
+use reactifact_core::runtime::TurnOutcome;
+use reactifact_core::{Agent, Context, Runtime};
 
 fn assert_send<T: Send>(_: &T) {}
 
@@ -31,7 +33,7 @@ fn every_public_future_of_the_runtime_is_send() {
     let recorder = Recorder::default();
     let ctx = Context::open(dir.path().join("state.db"), "orders").unwrap();
     let mut rt = runtime(ctx, &recorder);
-    let budget = reactifact_core::Budget::default();
+    let budget = reactifact_core::runtime::Budget::default();
     // Built, checked and dropped: never polled.
     assert_send(&rt.run());
     assert_send(&rt.run_with(budget));
@@ -57,8 +59,8 @@ fn every_public_future_of_the_runtime_is_send() {
     assert_send(&drainer.settle());
     assert_send(&drainer.serve(drainer.stop_handle()));
     assert_send_sync::<reactifact_core::Drainer>();
-    assert_send_sync::<reactifact_core::SqliteOutbox>();
-    assert_send_sync::<reactifact_core::MemoryOutbox>();
+    assert_send_sync::<reactifact_core::store::SqliteOutbox>();
+    assert_send_sync::<reactifact_core::store::MemoryOutbox>();
 }
 
 #[test]

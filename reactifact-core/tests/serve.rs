@@ -8,10 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{order, process_order, Order, Recorder};
-use reactifact_core::{
-    Agent, Context, DeliveryOptions, DeliveryStatus, DispatchError, Drainer, Intent, RetryPolicy, Runtime, Scope,
-    SubmitError,
-};
+use reactifact_core::error::SubmitError;
+use reactifact_core::ledger::DeliveryStatus;
+use reactifact_core::{Agent, Context, DeliveryOptions, DispatchError, Drainer, Intent, RetryPolicy, Runtime, Scope};
 
 fn runtime(ctx: Context, recorder: &Recorder) -> Runtime {
     Runtime::builder(ctx)

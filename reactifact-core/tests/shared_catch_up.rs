@@ -4,7 +4,8 @@
 mod common;
 
 use common::*;
-use reactifact_core::{Context, StoreError, WriteError};
+use reactifact_core::error::{StoreError, WriteError};
+use reactifact_core::Context;
 
 #[tokio::test]
 async fn catch_up_with_a_kept_snapshot_keeps_both_states_right() {

@@ -9,7 +9,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use common::*;
-use reactifact_core::{verify_log, Context, Generation, Op, OpenOptions, Snapshot, Synchronous};
+use reactifact_core::audit::{verify_log, Op};
+use reactifact_core::runtime::Generation;
+use reactifact_core::store::Synchronous;
+use reactifact_core::{Context, OpenOptions, Snapshot};
 
 use reactifact_core::fastrand::Rng;
 

@@ -7,7 +7,9 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::*;
-use reactifact_core::{Context, Generation, MergeError};
+use reactifact_core::branch::MergeError;
+use reactifact_core::runtime::Generation;
+use reactifact_core::Context;
 
 fn contents(ctx: &Context) -> BTreeMap<String, u64> {
     ctx.list::<Order>()
@@ -16,7 +18,7 @@ fn contents(ctx: &Context) -> BTreeMap<String, u64> {
         .collect()
 }
 
-fn fresh_hash(model: &BTreeMap<String, u64>) -> reactifact_core::StateHash {
+fn fresh_hash(model: &BTreeMap<String, u64>) -> reactifact_core::audit::StateHash {
     let mut ctx = Context::new("fresh");
     let mut tx = ctx.transaction();
     for (id, total) in model {

@@ -5,7 +5,8 @@
 mod common;
 
 use common::*;
-use reactifact_core::{Context, WriteError};
+use reactifact_core::error::WriteError;
+use reactifact_core::Context;
 
 #[test]
 fn a_failed_commit_that_copied_the_shared_base_mid_way_rolls_back_fully() {

@@ -7,9 +7,9 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use common::*;
-use reactifact_core::{
-    Agent, Context, Produce, ProduceCall, ProduceError, ProduceErrors, Runtime, Snapshot, StateHash, TurnOutcome,
-};
+use reactifact_core::audit::StateHash;
+use reactifact_core::runtime::{ProduceErrors, TurnOutcome};
+use reactifact_core::{Agent, Context, Produce, ProduceCall, ProduceError, Runtime, Snapshot};
 
 const CHAIN: u64 = 300;
 
@@ -109,7 +109,7 @@ async fn produces_that_keep_snapshots_across_generations_see_a_frozen_state() {
         // Generation i's snapshot: orders 0..=i and receipts of 0..i.
         assert_eq!(*len, 2 * i + 1, "kept snapshot {i}: what it saw");
         assert_eq!(
-            ctx.state_at(reactifact_core::Generation(i as u64 + 1))
+            ctx.state_at(reactifact_core::runtime::Generation(i as u64 + 1))
                 .unwrap()
                 .state_hash(),
             *hash

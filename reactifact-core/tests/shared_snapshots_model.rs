@@ -8,13 +8,14 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::*;
-use reactifact_core::{Context, Generation, Snapshot};
+use reactifact_core::runtime::Generation;
+use reactifact_core::{Context, Snapshot};
 
 use reactifact_core::fastrand::Rng;
 
 type Model = BTreeMap<String, u64>;
 
-fn fresh_hash(model: &Model) -> reactifact_core::StateHash {
+fn fresh_hash(model: &Model) -> reactifact_core::audit::StateHash {
     let mut ctx = Context::new("fresh");
     if model.is_empty() {
         return ctx.state_hash();

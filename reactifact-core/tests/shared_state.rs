@@ -9,8 +9,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use common::*;
+use reactifact_core::audit::StateHash;
 use reactifact_core::fastrand::Rng;
-use reactifact_core::{Agent, Context, Produce, ProduceCall, ProduceError, Runtime, Snapshot, StateHash};
+use reactifact_core::{Agent, Context, Produce, ProduceCall, ProduceError, Runtime, Snapshot};
 
 /// What a context or snapshot should hold: id → (order, creation position).
 #[derive(Clone, Default)]

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use reactifact_core::{Context, OpenError, OpenOptions};
+use reactifact_core::error::OpenError;
+use reactifact_core::{Context, OpenOptions};
 
 /// Every file of `dir`, with its length and a digest of its bytes (so a failed comparison
 /// prints something readable).

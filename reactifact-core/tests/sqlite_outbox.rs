@@ -12,10 +12,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use common::*;
-use reactifact_core::{
-    CancelError, ClaimRequest, Claimed, Context, DeliveryStatus, FailedAttempt, FenceToken, LedgerQuery, OpenError,
-    OpenOptions, OutboxStore, Outcome, PurgeFilter, Recorded, Recording, RetryError, Scope, SqliteOutbox, VerifyError,
+use reactifact_core::audit::VerifyError;
+use reactifact_core::error::{CancelError, OpenError, RetryError};
+use reactifact_core::ledger::{DeliveryStatus, FenceToken, LedgerQuery, PurgeFilter};
+use reactifact_core::store::{
+    ClaimRequest, Claimed, FailedAttempt, OutboxStore, Outcome, Recorded, Recording, SqliteOutbox,
 };
+use reactifact_core::{Context, OpenOptions, Scope};
 
 const LEASE: Duration = Duration::from_secs(30);
 

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use reactifact_core::{
-    Agent, Context, DeliveryOptions, DeliveryStatus, DispatchError, Intent, OpenError, OpenOptions, ReadError,
-    RunError, Runtime, StoreError, TurnOutcome, WriteError,
-};
+use reactifact_core::error::{OpenError, ReadError, RunError, StoreError, WriteError};
+use reactifact_core::ledger::DeliveryStatus;
+use reactifact_core::runtime::TurnOutcome;
+use reactifact_core::{Agent, Context, DeliveryOptions, DispatchError, Intent, OpenOptions, Runtime};
 
 fn runtime(ctx: Context, recorder: &Recorder) -> Runtime {
     Runtime::builder(ctx)
@@ -70,7 +70,7 @@ async fn queued_events_and_pending_intents_resume_after_reopening() {
             .build()
             .unwrap();
         let report = rt
-            .run_with(reactifact_core::Budget::UNLIMITED.max_runs(1))
+            .run_with(reactifact_core::runtime::Budget::UNLIMITED.max_runs(1))
             .await
             .unwrap();
         assert_eq!(report.outcome, TurnOutcome::RunsExhausted);
@@ -107,7 +107,9 @@ fn events_of_direct_writes_stay_queued_across_a_reopen() {
     let ctx = Context::open(&path, "orders").unwrap();
     let queued: Vec<_> = ctx.events().map(|e| e.id.to_string()).collect();
     assert_eq!(queued, ["order:1", "order:2"]);
-    assert!(ctx.events().all(|e| e.kind == reactifact_core::EventKind::Created));
+    assert!(ctx
+        .events()
+        .all(|e| e.kind == reactifact_core::audit::EventKind::Created));
 }
 
 #[tokio::test]
@@ -158,7 +160,7 @@ async fn an_in_flight_delivery_whose_lease_expired_is_delivered_again_with_the_s
         crash_mid_turn(&mut rt).await;
     }
     // A lease of zero is taken as the shortest one; the restart comes after it expired.
-    tokio::time::sleep(reactifact_core::MIN_LEASE).await;
+    tokio::time::sleep(reactifact_core::store::MIN_LEASE).await;
     let ctx = Context::open_with(&path, "orders", OpenOptions::new().read_only(true)).unwrap();
     let entry = ctx.ledger().get("notify:order:1").await.unwrap().unwrap();
     assert_eq!(
@@ -287,7 +289,7 @@ async fn a_failed_delivery_and_its_retry_are_durable() {
         let mut rt = Runtime::builder(ctx)
             .agent(Agent::new("billing").produce(process_order()))
             .dispatcher(|_: Intent| async { Err::<(), _>(DispatchError::msg("smtp down")) })
-            .delivery(DeliveryOptions::new().errors(reactifact_core::DeliveryErrors::FailLoud))
+            .delivery(DeliveryOptions::new().errors(reactifact_core::runtime::DeliveryErrors::FailLoud))
             .build()
             .unwrap();
         assert!(matches!(rt.run().await, Err(RunError::Delivery(_))));
@@ -607,12 +609,12 @@ async fn an_undelivered_intent(dir: &std::path::Path) -> PathBuf {
 }
 
 /// Claims everything due in the file's outbox.
-async fn claim_all(path: &std::path::Path) -> reactifact_core::Claimed {
-    let outbox = reactifact_core::SqliteOutbox::open(path).unwrap();
+async fn claim_all(path: &std::path::Path) -> reactifact_core::store::Claimed {
+    let outbox = reactifact_core::store::SqliteOutbox::open(path).unwrap();
     let owner: Arc<str> = Arc::from("test");
-    reactifact_core::OutboxStore::claim(
+    reactifact_core::store::OutboxStore::claim(
         &*outbox,
-        reactifact_core::ClaimRequest {
+        reactifact_core::store::ClaimRequest {
             scope: &reactifact_core::Scope::all(),
             limit: 100,
             owner: &owner,
@@ -634,8 +636,8 @@ async fn a_changed_payload_in_the_outbox_row_is_never_handed_out() {
     let claimed = claim_all(&path).await;
     assert!(claimed.claims.is_empty(), "the changed payload is not handed out");
     assert_eq!(claimed.integrity, ["notify:order:1".into()]);
-    let outbox = reactifact_core::SqliteOutbox::open(&path).unwrap();
-    let held = reactifact_core::OutboxStore::get(&*outbox, "notify:order:1")
+    let outbox = reactifact_core::store::SqliteOutbox::open(&path).unwrap();
+    let held = reactifact_core::store::OutboxStore::get(&*outbox, "notify:order:1")
         .await
         .unwrap()
         .unwrap();
@@ -665,15 +667,15 @@ async fn a_changed_key_in_the_outbox_row_neither_loses_the_intent_nor_sends_the_
     let claimed = claim_all(&path).await;
     assert!(claimed.claims.is_empty(), "{:?}", claimed.claims);
     assert_eq!(claimed.integrity, ["notify:order:7".into()]);
-    let outbox = reactifact_core::SqliteOutbox::open(&path).unwrap();
-    let held = reactifact_core::OutboxStore::get(&*outbox, "notify:order:1")
+    let outbox = reactifact_core::store::SqliteOutbox::open(&path).unwrap();
+    let held = reactifact_core::store::OutboxStore::get(&*outbox, "notify:order:1")
         .await
         .unwrap()
         .unwrap();
     assert_eq!(held.status(), DeliveryStatus::Held, "the committed intent is not lost");
     assert!(held.last_error().unwrap().starts_with("integrity:"));
     // An operator's retry sends the committed key with the committed payload.
-    reactifact_core::OutboxStore::retry(&*outbox, "notify:order:1", std::time::SystemTime::now())
+    reactifact_core::store::OutboxStore::retry(&*outbox, "notify:order:1", std::time::SystemTime::now())
         .await
         .unwrap();
     drop(outbox);
@@ -696,10 +698,10 @@ fn a_fork_of_a_fork_below_its_parents_fork_point_reopens() {
     for i in 0..4 {
         main.create(format!("order:{i}"), order("ada", i)).unwrap();
     }
-    let mut b1 = main.fork_at("b1", reactifact_core::Generation(2)).unwrap();
+    let mut b1 = main.fork_at("b1", reactifact_core::runtime::Generation(2)).unwrap();
     b1.create("order:b1", order("bob", 10)).unwrap();
     // b2 forks b1 inside the part of b1's log that is main's.
-    let mut b2 = b1.fork_at("b2", reactifact_core::Generation(1)).unwrap();
+    let mut b2 = b1.fork_at("b2", reactifact_core::runtime::Generation(1)).unwrap();
     b2.create("order:b2", order("cy", 20)).unwrap();
     let state_hash = b2.state_hash();
     drop((main, b1, b2));

@@ -12,10 +12,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use common::*;
-use reactifact_core::{
-    Agent, ClaimRequest, Context, DeliveryStatus, DispatchError, Intent, OpenOptions, OutboxStore, Runtime, Scope,
-    SqliteOutbox, TraceParent,
-};
+use reactifact_core::ledger::DeliveryStatus;
+use reactifact_core::runtime::TraceParent;
+use reactifact_core::store::{ClaimRequest, OutboxStore, SqliteOutbox};
+use reactifact_core::{Agent, Context, DispatchError, Intent, OpenOptions, Runtime, Scope};
 
 /// Commits orders `1..=count` of session `main` and the `notify:order:{i}` intents their
 /// produce acts in one turn (no dispatcher: they stay pending).
@@ -68,7 +68,7 @@ fn later() -> SystemTime {
 }
 
 /// Claims up to `limit` intents of the whole outbox as `who`.
-async fn claim(outbox: &dyn OutboxStore, limit: usize) -> reactifact_core::Claimed {
+async fn claim(outbox: &dyn OutboxStore, limit: usize) -> reactifact_core::store::Claimed {
     let owner: Arc<str> = Arc::from("drainer");
     outbox
         .claim(ClaimRequest {
@@ -151,10 +151,10 @@ async fn a_committed_intent_keeps_its_trace_context_in_the_file_and_another_proc
     let recordings = taken
         .claims
         .iter()
-        .map(|d| reactifact_core::Recording {
+        .map(|d| reactifact_core::store::Recording {
             key: d.key().clone(),
             token: d.token(),
-            outcome: reactifact_core::Outcome::Released,
+            outcome: reactifact_core::store::Outcome::Released,
         })
         .collect::<Vec<_>>();
     outbox.record(&recordings, later()).await.unwrap();
@@ -256,10 +256,10 @@ async fn a_damaged_trace_context_reads_as_none_or_another_and_the_row_is_still_d
     let recordings = taken
         .claims
         .iter()
-        .map(|d| reactifact_core::Recording {
+        .map(|d| reactifact_core::store::Recording {
             key: d.key().clone(),
             token: d.token(),
-            outcome: reactifact_core::Outcome::Delivered,
+            outcome: reactifact_core::store::Outcome::Delivered,
         })
         .collect::<Vec<_>>();
     outbox.record(&recordings, later()).await.unwrap();

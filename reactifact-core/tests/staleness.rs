@@ -8,9 +8,10 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use common::{order, Order};
-use reactifact_core::{
-    Agent, Artifact, Context, EventKind, OpenOptions, Produce, ProduceCall, Runtime, Synchronous, TurnOutcome,
-};
+use reactifact_core::audit::EventKind;
+use reactifact_core::runtime::TurnOutcome;
+use reactifact_core::store::Synchronous;
+use reactifact_core::{Agent, Artifact, Context, OpenOptions, Produce, ProduceCall, Runtime};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]

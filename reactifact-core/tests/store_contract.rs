@@ -4,8 +4,9 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use reactifact_core::store::{BoxFuture, OutboxStore, SqliteOutbox};
 use reactifact_core::store_contract::{self as contract, ContractHarness, ContractStore, MemoryHarness};
-use reactifact_core::{BoxFuture, Context, OutboxStore, SqliteOutbox};
+use reactifact_core::Context;
 
 macro_rules! memory_checks {
     ($($check:ident),* $(,)?) => {

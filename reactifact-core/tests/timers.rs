@@ -4,9 +4,9 @@
 
 use std::time::{Duration, SystemTime};
 
-use reactifact_core::{
-    produce, Agent, Artifact, Budget, Context, OpenOptions, ProduceCall, RunError, Runtime, Timer, TurnOutcome,
-};
+use reactifact_core::error::RunError;
+use reactifact_core::runtime::{Budget, TurnOutcome};
+use reactifact_core::{produce, Agent, Artifact, Context, OpenOptions, ProduceCall, Runtime, Timer};
 use serde::{Deserialize, Serialize};
 
 /// Something to be reminded of at `remind_at`.
@@ -336,7 +336,7 @@ async fn a_fire_is_in_the_log_and_verify_and_replay_reproduce_it() {
         .generation;
     let before = rt
         .context()
-        .fork_at("before", reactifact_core::Generation(fire.0 - 1))
+        .fork_at("before", reactifact_core::runtime::Generation(fire.0 - 1))
         .unwrap();
     assert_eq!(before.pending_timers(), 1);
     assert_eq!(before.next_timer(), Some(at));

@@ -14,10 +14,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
-use reactifact_core::{
-    Agent, ClaimRequest, Context, DeliveryOptions, DeliveryStatus, DispatchError, FenceToken, Intent, OpenError,
-    OpenOptions, OutboxStore, Runtime, Scope, SqliteOutbox, TurnOutcome,
-};
+use reactifact_core::error::OpenError;
+use reactifact_core::ledger::{DeliveryStatus, FenceToken};
+use reactifact_core::runtime::TurnOutcome;
+use reactifact_core::store::{ClaimRequest, OutboxStore, SqliteOutbox};
+use reactifact_core::{Agent, Context, DeliveryOptions, DispatchError, Intent, OpenOptions, Runtime, Scope};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -32,7 +33,7 @@ fn copy_of(name: &str, dir: &Path) -> PathBuf {
     to
 }
 
-async fn entry(outbox: &SqliteOutbox, key: &str) -> reactifact_core::Delivery {
+async fn entry(outbox: &SqliteOutbox, key: &str) -> reactifact_core::ledger::Delivery {
     outbox
         .get(key)
         .await
@@ -57,7 +58,7 @@ async fn hang(_: Intent) -> Result<(), DispatchError> {
     std::future::pending().await
 }
 
-fn billing(ctx: Context) -> reactifact_core::RuntimeBuilder {
+fn billing(ctx: Context) -> reactifact_core::runtime::RuntimeBuilder {
     Runtime::builder(ctx).agent(Agent::new("billing").produce(process_order()))
 }
 

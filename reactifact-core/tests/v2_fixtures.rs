@@ -91,9 +91,9 @@ fn has_table(path: &Path, table: &str) -> bool {
 fn summary(
     ctx: &Context,
 ) -> (
-    reactifact_core::StateHash,
-    Vec<reactifact_core::Event>,
-    Vec<reactifact_core::CommitHash>,
+    reactifact_core::audit::StateHash,
+    Vec<reactifact_core::audit::Event>,
+    Vec<reactifact_core::audit::CommitHash>,
 ) {
     (
         ctx.state_hash(),
@@ -122,13 +122,13 @@ async fn a_version_2_file_reads_as_it_is_and_migrates_to_checkpoints_at_its_firs
     );
     assert!(matches!(
         main.checkpoint().await,
-        Err(reactifact_core::StoreError::ReadOnly { .. })
+        Err(reactifact_core::error::StoreError::ReadOnly { .. })
     ));
     // The attempt history of a file without one: no attempt ended, none in flight.
     let ledger = main.ledger();
     let page = ledger
         .outbox()
-        .list(&reactifact_core::LedgerQuery::default())
+        .list(&reactifact_core::ledger::LedgerQuery::default())
         .await
         .unwrap();
     assert!(!page.entries.is_empty());
@@ -148,11 +148,14 @@ async fn a_version_2_file_reads_as_it_is_and_migrates_to_checkpoints_at_its_firs
     assert!(has_table(&path, "outbox_attempts"));
     assert_eq!(summary(&main), expected);
     main.verify().unwrap();
-    assert_eq!(main.checkpoint().await.unwrap(), Some(reactifact_core::Generation(35)));
+    assert_eq!(
+        main.checkpoint().await.unwrap(),
+        Some(reactifact_core::runtime::Generation(35))
+    );
     let branch = Context::open(&path, "what-if").unwrap();
     assert_eq!(
         branch.checkpoint().await.unwrap(),
-        Some(reactifact_core::Generation(33))
+        Some(reactifact_core::runtime::Generation(33))
     );
     drop((main, branch));
 
@@ -176,7 +179,7 @@ fn the_sessions_of_a_version_2_file_are_listed_without_changing_it() {
     let dir = tempfile::tempdir().unwrap();
     let path = copy_of("orders.db", dir.path());
     let before = std::fs::read(&path).unwrap();
-    let sessions = reactifact_core::list_sessions(&path).unwrap();
+    let sessions = reactifact_core::store::list_sessions(&path).unwrap();
     let main = sessions
         .iter()
         .find(|s| s.name == "main")

@@ -6,9 +6,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use common::*;
-use reactifact_core::{
-    verify_log, Agent, Context, Generation, Op, OpenError, Runtime, TimeTravelError, VerifyError, Version,
-};
+use reactifact_core::audit::{verify_log, Op, TimeTravelError, VerifyError};
+use reactifact_core::error::OpenError;
+use reactifact_core::runtime::{Generation, Version};
+use reactifact_core::{Agent, Context, Runtime};
 
 async fn order_flow(ctx: Context) -> Context {
     let recorder = Recorder::default();
@@ -40,7 +41,7 @@ async fn an_untouched_log_verifies() {
 }
 
 /// The index of the run and op writing `id` in commit `generation`.
-fn find_op(log: &[reactifact_core::Commit], generation: u64, id: &str) -> (usize, usize) {
+fn find_op(log: &[reactifact_core::audit::Commit], generation: u64, id: &str) -> (usize, usize) {
     let commit = &log[generation as usize - 1];
     for (r, run) in commit.runs.iter().enumerate() {
         if let Some(o) = run.ops.iter().position(|op| op.id() == id) {

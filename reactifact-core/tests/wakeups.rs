@@ -6,12 +6,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use reactifact_core::error::{CancelError, RetryError, StoreError};
+use reactifact_core::ledger::{Attempt, Delivery, FenceToken, LedgerQuery, Page, PurgeFilter, StatusCounts};
+use reactifact_core::store::{BoxFuture, ClaimRequest, Claimed, OutboxStore, Recorded, Recording, Wakeups};
 use reactifact_core::store_contract::{ContractHarness, MemoryHarness};
-use reactifact_core::{
-    ActionKey, Attempt, BoxFuture, CancelError, ClaimRequest, Claimed, Delivery, DispatchError, Drainer, FenceToken,
-    Intent, LedgerQuery, OutboxStore, Page, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts,
-    StoreError, Wakeups,
-};
+use reactifact_core::{ActionKey, DispatchError, Drainer, Intent, Scope};
 use tokio::sync::mpsc;
 
 /// The memory outbox, with wake-ups sent by the test.
@@ -60,7 +59,7 @@ impl OutboxStore for Woken {
         key: &'a str,
         by: &'a str,
         now: SystemTime,
-    ) -> BoxFuture<'a, Result<Delivery, reactifact_core::ApprovalError>> {
+    ) -> BoxFuture<'a, Result<Delivery, reactifact_core::error::ApprovalError>> {
         self.inner.approve(key, by, now)
     }
     fn reject<'a>(
@@ -69,7 +68,7 @@ impl OutboxStore for Woken {
         by: &'a str,
         reason: &'a str,
         now: SystemTime,
-    ) -> BoxFuture<'a, Result<Delivery, reactifact_core::ApprovalError>> {
+    ) -> BoxFuture<'a, Result<Delivery, reactifact_core::error::ApprovalError>> {
         self.inner.reject(key, by, reason, now)
     }
     fn purge(&self, filter: PurgeFilter, before: SystemTime, limit: usize) -> BoxFuture<'_, Result<u64, StoreError>> {

@@ -21,9 +21,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use divan::Bencher;
+use reactifact_core::runtime::{Budget, TurnOutcome};
 use reactifact_core::{
-    Agent, Budget, Context, DispatchError, Intent, PendingAction, Produce, ProduceCall, ProduceError, Runtime,
-    TurnOutcome,
+    Agent, Context, DispatchError, Intent, PendingAction, Produce, ProduceCall, ProduceError, Runtime,
 };
 use serde::Serialize;
 use sha2::{Digest, Sha256};

@@ -31,10 +31,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Json;
 use metrics_exporter_prometheus::PrometheusHandle;
+use reactifact_core::error::{ApprovalError, BuildError, RearmError, RunError, SubmitError, WriteError};
+use reactifact_core::ledger::PARKED_ID_PREFIX;
+use reactifact_core::runtime::{ServeReport, Usage, DEFAULT_INBOX_CAPACITY};
 use reactifact_core::{
-    produce, Agent, ApprovalError, Artifact, ArtifactId, BuildError, Context, DeliveryOptions, DispatchError,
-    Dispatcher, Intent, PendingAction, ProduceCall, ProduceError, RearmError, RetryPolicy, RunError, Runtime,
-    RuntimeHandle, ServeReport, SubmitError, Usage, WriteError, DEFAULT_INBOX_CAPACITY, PARKED_ID_PREFIX,
+    produce, Agent, Artifact, ArtifactId, Context, DeliveryOptions, DispatchError, Dispatcher, Intent, PendingAction,
+    ProduceCall, ProduceError, RetryPolicy, Runtime, RuntimeHandle,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Notify, Semaphore};
@@ -422,7 +424,7 @@ pub struct Settings {
     /// How a failed email is retried, and when it is a dead letter.
     pub delivery_retry: RetryPolicy,
     /// How many writes the runtime's inbox holds
-    /// ([`RuntimeBuilder::inbox_capacity`](reactifact_core::RuntimeBuilder::inbox_capacity)).
+    /// ([`RuntimeBuilder::inbox_capacity`](reactifact_core::runtime::RuntimeBuilder::inbox_capacity)).
     pub inbox_capacity: usize,
 }
 
@@ -454,7 +456,7 @@ impl Default for Settings {
 /// dispatcher.
 ///
 /// # Errors
-/// As [`RuntimeBuilder::build`](reactifact_core::RuntimeBuilder::build).
+/// As [`RuntimeBuilder::build`](reactifact_core::runtime::RuntimeBuilder::build).
 pub fn runtime(context: Context, settings: &Settings, mailer: &Mailer) -> Result<Runtime, BuildError> {
     runtime_with(context, settings, mailer.clone())
 }
@@ -466,7 +468,7 @@ pub fn runtime(context: Context, settings: &Settings, mailer: &Mailer) -> Result
 /// (`POST /parked/{id}/rearm`).
 ///
 /// # Errors
-/// As [`RuntimeBuilder::build`](reactifact_core::RuntimeBuilder::build).
+/// As [`RuntimeBuilder::build`](reactifact_core::runtime::RuntimeBuilder::build).
 pub fn runtime_with(context: Context, settings: &Settings, dispatcher: impl Dispatcher) -> Result<Runtime, BuildError> {
     Runtime::builder(context)
         .agent(Agent::new(AGENT).produce(draft_confirmation))

@@ -21,9 +21,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use reactifact_core::audit::StateHash;
+use reactifact_core::ledger::{Delivery, DeliveryStatus};
+use reactifact_core::runtime::Generation;
+use reactifact_core::store::LogStore;
 use reactifact_core::{
-    produce, Agent, Artifact, ArtifactId, Context, Delivery, DeliveryOptions, DeliveryStatus, DispatchError,
-    Dispatcher, Generation, Intent, LogStore, PendingAction, ProduceCall, Record, RetryPolicy, Runtime, StateHash,
+    produce, Agent, Artifact, ArtifactId, Context, DeliveryOptions, DispatchError, Dispatcher, Intent, PendingAction,
+    ProduceCall, Record, RetryPolicy, Runtime,
 };
 use reactifact_postgres::{PostgresOptions, PostgresStore};
 use serde::{Deserialize, Serialize};

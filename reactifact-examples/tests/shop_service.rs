@@ -13,7 +13,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusBuilder;
-use reactifact_core::{Context, DeliveryStatus, RetryPolicy, Runtime, ServeReport};
+use reactifact_core::ledger::DeliveryStatus;
+use reactifact_core::runtime::ServeReport;
+use reactifact_core::{Context, RetryPolicy, Runtime};
 use reactifact_examples::shop::{self, Admission, Mailer, Settings};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -84,7 +86,7 @@ async fn start(dir: &std::path::Path) -> Service {
 }
 
 async fn start_with(dir: &std::path::Path, settings: Settings) -> Service {
-    let (service, runtime) = unserved(dir, settings, reactifact_core::DEFAULT_INBOX_CAPACITY).await;
+    let (service, runtime) = unserved(dir, settings, reactifact_core::runtime::DEFAULT_INBOX_CAPACITY).await;
     service.serve(runtime)
 }
 

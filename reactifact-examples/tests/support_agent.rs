@@ -10,8 +10,9 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use reactifact_core::error::{CallError, MissKind, RunFailure};
+use reactifact_core::runtime::Usage;
 use reactifact_core::testing::ProduceTest;
-use reactifact_core::{CallError, MissKind, RunFailure, Usage};
 use reactifact_examples::support::agent::{triage, Email, ModelClient, ModelSettings, Ticket, Triage};
 use reactifact_examples::support::cases::{Case, CaseReport, Cases, Entry, ModelChoice};
 use reactifact_examples::support::{

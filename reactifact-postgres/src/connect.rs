@@ -5,7 +5,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use reactifact_core::{redact_url, BackendError, StoreError};
+use reactifact_core::error::{BackendError, StoreError};
+use reactifact_core::store::redact_url;
 use tokio_postgres::config::Host;
 use tokio_postgres::NoTls;
 

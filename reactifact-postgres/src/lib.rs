@@ -12,11 +12,11 @@
 //! # Ok(()) }
 //! ```
 //!
-//! [`PostgresStore`] keeps sessions' logs (a [`reactifact_core::LogStore`]:
+//! [`PostgresStore`] keeps sessions' logs (a [`reactifact_core::store::LogStore`]:
 //! `Context::open_store(store, "orders")` opens one); its [`PostgresOutbox`] is the outbox every
 //! commit registers its intents in and every drainer claims from.
 //!
-//! [`PostgresOutbox`] implements [`reactifact_core::OutboxStore`] with the semantics of the
+//! [`PostgresOutbox`] implements [`reactifact_core::store::OutboxStore`] with the semantics of the
 //! core's stores (the store contract suite runs against it): claims with leases and fencing
 //! tokens, reclaim of expired leases by any claimer, outcomes fenced on the claim's token,
 //! renewal, an operator's retry, cancel and purge (with tombstones), and reads by key, page,
@@ -70,4 +70,4 @@ pub use url::{connect, ConnectError};
 
 /// `url` with its password replaced by `***` (the core's, re-exported: every message of this
 /// crate that quotes a URL shows it so).
-pub use reactifact_core::redact_url;
+pub use reactifact_core::store::redact_url;

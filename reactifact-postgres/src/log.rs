@@ -17,9 +17,10 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use reactifact_core::{
+use reactifact_core::audit::VerifyError;
+use reactifact_core::error::StoreError;
+use reactifact_core::store::{
     Act, Append, BoxFuture, CheckpointRow, Claimed, CommitRow, LogStore, OutboxCheck, OutboxStore, SessionRow,
-    StoreError, VerifyError,
 };
 use tokio::sync::{oneshot, Mutex};
 use tokio_postgres::{Client, NoTls, Statement, Transaction};
@@ -48,7 +49,7 @@ pub const DEFAULT_LOG_CONNECTIONS: usize = 2;
 ///
 /// Several processes may open one session: their commits are fenced on the session's
 /// generation, and a runtime that loses the race reads the winner's commits and runs its
-/// generation again ([`TurnReport::conflicts`](reactifact_core::TurnReport::conflicts)).
+/// generation again ([`TurnReport::conflicts`](reactifact_core::runtime::TurnReport::conflicts)).
 pub struct PostgresStore {
     outbox: Arc<PostgresOutbox>,
     log: Arc<Log>,

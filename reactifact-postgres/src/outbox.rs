@@ -19,12 +19,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use deadpool_postgres::{Object, Pool, PoolError};
-use reactifact_core::{
-    check_decision, reclaimed_error, taken_over_error, ActionKey, ApprovalError, Attempt, AttemptOutcome, BoxFuture,
-    CancelError, ClaimRequest, Claimed, Delivery, DeliveryStatus, FailedAttempt, FenceToken, LedgerQuery, NewIntent,
-    OutboxStore, Outcome, Page, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts, StoreError, Verdict,
-    Wakeups, ATTEMPTS_KEPT,
+use reactifact_core::error::{ApprovalError, CancelError, RetryError, StoreError};
+use reactifact_core::ledger::{
+    Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken, LedgerQuery, Page, PurgeFilter, StatusCounts,
 };
+use reactifact_core::store::{
+    check_decision, reclaimed_error, taken_over_error, BoxFuture, ClaimRequest, Claimed, FailedAttempt, NewIntent,
+    OutboxStore, Outcome, Recorded, Recording, Verdict, Wakeups, ATTEMPTS_KEPT,
+};
+use reactifact_core::{ActionKey, Scope};
 use tokio::sync::{oneshot, watch};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::GenericClient;

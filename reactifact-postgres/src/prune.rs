@@ -5,7 +5,7 @@
 //! last changed before the cut-off, oldest first, from the partial index `outbox_final`
 //! (`(updated_at, seq) WHERE status IN (delivered, cancelled, rejected)`) with `FOR UPDATE SKIP
 //! LOCKED`, writes a tombstone for each key into `outbox_purged` (as
-//! [`OutboxStore::purge`](reactifact_core::OutboxStore::purge) does), deletes the keys'
+//! [`OutboxStore::purge`](reactifact_core::store::OutboxStore::purge) does), deletes the keys'
 //! attachments and deletes the rows. Rows pending, in flight, failed, dead, held or awaiting approval are never
 //! touched; a row another transaction holds locked is skipped (the next pass takes it). Each
 //! batch commits before the next begins, so no lock is held longer than one batch, and
@@ -19,7 +19,8 @@
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 
-use reactifact_core::{PurgeFilter, StoreError};
+use reactifact_core::error::StoreError;
+use reactifact_core::ledger::PurgeFilter;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::outbox::PostgresOutbox;

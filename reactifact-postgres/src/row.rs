@@ -4,10 +4,11 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use reactifact_core::{
-    ActionKey, CommitHash, Decision, Delivery, DeliveryParts, DeliveryStatus, FenceToken, Generation, Intent, Lease,
-    Origin, PendingAction, TraceParent, Verdict,
-};
+use reactifact_core::audit::CommitHash;
+use reactifact_core::ledger::{Decision, Delivery, DeliveryStatus, FenceToken, Lease};
+use reactifact_core::runtime::{Generation, Origin, TraceParent};
+use reactifact_core::store::{DeliveryParts, Verdict};
+use reactifact_core::{ActionKey, Intent, PendingAction};
 
 use crate::schema::DIGESTED;
 
@@ -41,10 +42,10 @@ pub(crate) fn ceil_ms(t: SystemTime) -> i64 {
 }
 
 /// The time of a stored millisecond count: the epoch for a negative one, at most
-/// [`FAR_FUTURE`](reactifact_core::FAR_FUTURE) (a damaged value never yields an unprintable
+/// [`FAR_FUTURE`](reactifact_core::store::FAR_FUTURE) (a damaged value never yields an unprintable
 /// time).
 pub(crate) fn time(ms: i64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0)).min(reactifact_core::FAR_FUTURE)
+    UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0)).min(reactifact_core::store::FAR_FUTURE)
 }
 
 /// The columns a read selects from `o`, in [`Row::read`]'s order: `seq`, the digested ones,

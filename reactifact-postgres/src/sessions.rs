@@ -6,7 +6,9 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use reactifact_core::{CommitHash, Generation, StoreError};
+use reactifact_core::audit::CommitHash;
+use reactifact_core::error::StoreError;
+use reactifact_core::runtime::Generation;
 use tokio_postgres::NoTls;
 
 use crate::connect::{pool_error, store_error, valid_schema, DriverError, OpenError, PostgresOptions, Target};
@@ -33,7 +35,7 @@ pub struct SchemaProbe {
 }
 
 /// One session of a PostgreSQL store, as [`PostgresStore::sessions`] reads it: the columns
-/// that [`reactifact_core::SessionInfo`] gives for a SQLite file, and what the store keeps
+/// that [`reactifact_core::store::SessionInfo`] gives for a SQLite file, and what the store keeps
 /// besides.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]

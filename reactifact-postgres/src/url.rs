@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use reactifact_core::{redact_url, Context, LogStore, StoreUrl, StoreUrlError};
+use reactifact_core::error::StoreUrlError;
+use reactifact_core::store::{redact_url, LogStore, StoreUrl};
+use reactifact_core::Context;
 
 use crate::connect::{OpenError, PostgresOptions, DEFAULT_SCHEMA};
 use crate::log::PostgresStore;
@@ -16,7 +18,7 @@ pub enum ConnectError {
     Url(#[from] StoreUrlError),
     /// A `memory:` or SQLite URL, which [`reactifact_core::connect`] opened, failed there.
     #[error(transparent)]
-    Core(#[from] reactifact_core::ConnectError),
+    Core(#[from] reactifact_core::error::ConnectError),
     /// The PostgreSQL store could not be opened: the URL does not parse as the driver's, the
     /// schema name is not one the store accepts, the server cannot be reached, the schema is
     /// another program's or a newer build's, …
@@ -40,7 +42,7 @@ pub enum ConnectError {
         session: String,
         /// What the core said.
         #[source]
-        source: reactifact_core::OpenError,
+        source: reactifact_core::error::OpenError,
     },
 }
 

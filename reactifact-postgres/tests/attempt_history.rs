@@ -6,16 +6,15 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use reactifact_core::ledger::{AttemptOutcome, FenceToken, PurgeFilter};
+use reactifact_core::store::{ClaimRequest, FailedAttempt, OutboxStore, Outcome, Recording};
 use reactifact_core::store_contract::{at, new_intents};
-use reactifact_core::{
-    ActionKey, AttemptOutcome, ClaimRequest, FailedAttempt, FenceToken, OutboxStore, Outcome, PurgeFilter, Recording,
-    Scope,
-};
+use reactifact_core::{ActionKey, Scope};
 use reactifact_postgres::{PostgresOptions, PostgresOutbox};
 
 use common::Schemas;
 
-async fn claim(o: &PostgresOutbox, owner: &str, limit: usize, now: u64) -> reactifact_core::Claimed {
+async fn claim(o: &PostgresOutbox, owner: &str, limit: usize, now: u64) -> reactifact_core::store::Claimed {
     let owner: Arc<str> = Arc::from(owner);
     o.claim(ClaimRequest {
         scope: &Scope::all(),

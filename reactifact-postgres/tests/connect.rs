@@ -6,7 +6,8 @@
 
 mod common;
 
-use reactifact_core::{Context, StoreUrlError};
+use reactifact_core::error::StoreUrlError;
+use reactifact_core::Context;
 use reactifact_postgres::{connect, ConnectError, OpenError};
 
 use common::flow::{order, Order};
@@ -102,7 +103,10 @@ async fn sqlite_and_memory_urls_open_as_the_core_opens_them() {
     std::fs::write(&text, "not a database at all, just some text that is long enough").unwrap();
     let e = connect(&text.display().to_string(), "orders").await.unwrap_err();
     assert!(
-        matches!(&e, ConnectError::Core(reactifact_core::ConnectError::Open { .. })),
+        matches!(
+            &e,
+            ConnectError::Core(reactifact_core::error::ConnectError::Open { .. })
+        ),
         "{e:?}"
     );
 }

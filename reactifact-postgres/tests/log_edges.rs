@@ -8,7 +8,9 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use reactifact_core::{Agent, ClaimRequest, Context, DispatchError, Intent, OutboxStore, RunError, Runtime, Scope};
+use reactifact_core::error::RunError;
+use reactifact_core::store::{ClaimRequest, OutboxStore};
+use reactifact_core::{Agent, Context, DispatchError, Intent, Runtime, Scope};
 
 use common::flow::{open_store, order, process_order};
 use common::Schemas;
@@ -88,7 +90,7 @@ async fn a_reclaim_aborted_in_the_commit_transaction_is_reported_as_itself() {
 /// Also: a no-op direct write on each (check_current) is accepted when current.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_valid_session_shape_reopens() {
-    use reactifact_core::Generation;
+    use reactifact_core::runtime::Generation;
     let Some(url) = common::url("every_valid_session_shape_reopens") else {
         return;
     };

@@ -9,8 +9,9 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use reactifact_core::store::{ClaimRequest, OutboxStore};
 use reactifact_core::store_contract::{at, new_intents};
-use reactifact_core::{ActionKey, ClaimRequest, OutboxStore, Scope};
+use reactifact_core::{ActionKey, Scope};
 use reactifact_postgres::{PostgresOptions, PostgresOutbox};
 
 use common::Schemas;

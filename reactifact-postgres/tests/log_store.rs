@@ -9,9 +9,12 @@ use std::collections::HashSet;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
+use reactifact_core::audit::VerifyError;
+use reactifact_core::error::{OpenError, StoreError, WriteError};
+use reactifact_core::runtime::{Budget, TurnOutcome};
 use reactifact_core::{
-    Agent, Artifact, Budget, Context, DispatchError, Intent, OpenError, OpenOptions, PendingAction, Produce,
-    ProduceCall, ProduceError, Runtime, StoreError, TurnOutcome, VerifyError, WriteError,
+    Agent, Artifact, Context, DispatchError, Intent, OpenOptions, PendingAction, Produce, ProduceCall, ProduceError,
+    Runtime,
 };
 use reactifact_postgres::{PostgresOptions, PostgresStore};
 use serde::{Deserialize, Serialize};

@@ -10,11 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{FutureExt, StreamExt};
+use reactifact_core::ledger::DeliveryStatus;
+use reactifact_core::store::{ClaimRequest, OutboxStore, Outcome, Recorded, Recording};
 use reactifact_core::store_contract::{at, new_intents};
-use reactifact_core::{
-    ActionKey, ClaimRequest, DeliveryStatus, DispatchError, Drainer, Intent, OutboxStore, Outcome, Recorded, Recording,
-    Scope,
-};
+use reactifact_core::{ActionKey, DispatchError, Drainer, Intent, Scope};
 use reactifact_postgres::{OpenError, PostgresOptions, PostgresOutbox};
 
 use common::Schemas;
@@ -265,7 +264,7 @@ async fn a_schema_2_store_upgrades_to_the_attempt_history_unless_told_not_to() {
     claim(2, at(1)).await;
     let recording = [Recording {
         key: ActionKey::from("done"),
-        token: reactifact_core::FenceToken(1),
+        token: reactifact_core::ledger::FenceToken(1),
         outcome: Outcome::Delivered,
     }];
     o.record(&recording, at(2)).await.unwrap();
@@ -332,7 +331,7 @@ async fn a_schema_2_store_upgrades_to_the_attempt_history_unless_told_not_to() {
     assert_eq!(o.attempts("done").await.unwrap(), Some(Vec::new()));
     let flying = o.attempts("flying").await.unwrap().unwrap();
     assert_eq!(flying.len(), 1);
-    assert_eq!(flying[0].outcome, reactifact_core::AttemptOutcome::InFlight);
+    assert_eq!(flying[0].outcome, reactifact_core::ledger::AttemptOutcome::InFlight);
     assert_eq!(&*flying[0].owner, "old drainer");
     assert_eq!(flying[0].claimed_at, at(1));
     // Its lease expires; the next claim reclaims it and keeps both attempts.
@@ -443,7 +442,7 @@ async fn a_newer_or_foreign_schema_is_refused() {
     }
 }
 
-async fn claim(outbox: &PostgresOutbox, owner: &str, limit: usize, now: u64) -> reactifact_core::Claimed {
+async fn claim(outbox: &PostgresOutbox, owner: &str, limit: usize, now: u64) -> reactifact_core::store::Claimed {
     let owner: Arc<str> = Arc::from(owner);
     outbox
         .claim(ClaimRequest {
@@ -847,7 +846,7 @@ async fn a_row_changed_while_in_flight_is_held_not_recorded() {
     assert!(k1.last_error().is_some_and(|e| e.starts_with("integrity: ")), "{k1:?}");
     assert!(matches!(
         outbox.get("k2").await,
-        Err(reactifact_core::StoreError::Integrity { .. })
+        Err(reactifact_core::error::StoreError::Integrity { .. })
     ));
 }
 

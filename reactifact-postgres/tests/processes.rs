@@ -18,10 +18,10 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use reactifact_core::ledger::{DeliveryStatus, LedgerQuery};
+use reactifact_core::store::OutboxStore;
 use reactifact_core::store_contract::new_intents;
-use reactifact_core::{
-    DeliveryOptions, DeliveryStatus, DispatchError, Drainer, Intent, LedgerQuery, OutboxStore, Scope,
-};
+use reactifact_core::{DeliveryOptions, DispatchError, Drainer, Intent, Scope};
 use reactifact_postgres::{PostgresOptions, PostgresOutbox};
 
 use common::Schemas;
@@ -336,7 +336,7 @@ async fn register(outbox: &PostgresOutbox, prefix: &str, n: usize) -> Vec<String
 }
 
 /// Every entry of the store.
-async fn entries(outbox: &PostgresOutbox) -> Vec<reactifact_core::Delivery> {
+async fn entries(outbox: &PostgresOutbox) -> Vec<reactifact_core::ledger::Delivery> {
     let mut all = Vec::new();
     let mut query = LedgerQuery {
         limit: 1000,

@@ -8,8 +8,10 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use reactifact_core::ledger::DeliveryStatus;
+use reactifact_core::store::{ClaimRequest, FailedAttempt, OutboxStore, Outcome, Recording};
 use reactifact_core::store_contract::{at, new_intents};
-use reactifact_core::{ActionKey, ClaimRequest, DeliveryStatus, FailedAttempt, OutboxStore, Outcome, Recording, Scope};
+use reactifact_core::{ActionKey, Scope};
 use reactifact_postgres::{PostgresOutbox, PruneOptions};
 
 use common::Schemas;
@@ -253,7 +255,7 @@ async fn a_pruned_key_registered_again_is_never_delivered_again() {
     register(&outbox, "a", 1, &delivered, SystemTime::now()).await;
     register(&outbox, "b", 9, &delivered, SystemTime::now()).await;
     let counts = outbox.counts(&Scope::all()).await.unwrap();
-    assert_eq!(counts, reactifact_core::StatusCounts::default(), "{counts:?}");
+    assert_eq!(counts, reactifact_core::ledger::StatusCounts::default(), "{counts:?}");
     let owner: Arc<str> = Arc::from("late");
     let claimed = outbox
         .claim(ClaimRequest {

@@ -9,7 +9,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use reactifact_core::{Agent, DispatchError, Intent, Runtime, SubmitError, WriteError};
+use reactifact_core::error::{SubmitError, WriteError};
+use reactifact_core::{Agent, DispatchError, Intent, Runtime};
 
 use common::flow::{order, process_order, Order, Receipt};
 use common::Schemas;

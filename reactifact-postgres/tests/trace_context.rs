@@ -9,8 +9,10 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use reactifact_core::runtime::TraceParent;
+use reactifact_core::store::{ClaimRequest, OutboxStore};
 use reactifact_core::store_contract::{at, new_intents, trace_of};
-use reactifact_core::{Agent, ClaimRequest, Context, OutboxStore, Runtime, Scope, TraceParent};
+use reactifact_core::{Agent, Context, Runtime, Scope};
 use reactifact_postgres::{OpenError, PostgresOptions, PostgresOutbox};
 
 use common::flow::{open_store, order, process_order};
@@ -47,7 +49,7 @@ async fn kept(outbox: &dyn OutboxStore, key: &str) -> Option<TraceParent> {
         .copied()
 }
 
-async fn claim_all(outbox: &dyn OutboxStore, now_ms: u64) -> reactifact_core::Claimed {
+async fn claim_all(outbox: &dyn OutboxStore, now_ms: u64) -> reactifact_core::store::Claimed {
     let owner: Arc<str> = Arc::from("drainer");
     outbox
         .claim(ClaimRequest {

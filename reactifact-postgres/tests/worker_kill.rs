@@ -14,7 +14,8 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use reactifact_core::{Agent, Context, DeliveryOptions, DeliveryStatus, DispatchError, Intent, OpenOptions, Runtime};
+use reactifact_core::ledger::DeliveryStatus;
+use reactifact_core::{Agent, Context, DeliveryOptions, DispatchError, Intent, OpenOptions, Runtime};
 
 use common::flow::{create_retrying, open_store, order, process_order, processed_once};
 use common::Schemas;

@@ -5,7 +5,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use reactifact_core::{DispatchError, Dispatcher, Intent, TraceParent};
+use reactifact_core::runtime::TraceParent;
+use reactifact_core::{DispatchError, Dispatcher, Intent};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use reqwest::{Client, StatusCode, Url};
 

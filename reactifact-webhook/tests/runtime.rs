@@ -4,9 +4,10 @@ mod support;
 
 use std::time::Duration;
 
+use reactifact_core::ledger::DeliveryStatus;
+use reactifact_core::runtime::TraceParent;
 use reactifact_core::{
-    Agent, Artifact, Context, DeliveryOptions, DeliveryStatus, PendingAction, Produce, ProduceCall, ProduceError,
-    RetryPolicy, Runtime, TraceParent,
+    Agent, Artifact, Context, DeliveryOptions, PendingAction, Produce, ProduceCall, ProduceError, RetryPolicy, Runtime,
 };
 use reactifact_webhook::WebhookDispatcher;
 use serde::{Deserialize, Serialize};

@@ -50,7 +50,9 @@ use procs::{
     all_entries, assert_success, block_on, commit_intents, counts, env, hash_str, intent_key, killed_by_sigkill, mix,
     open_outbox, read_lines, scratch_dir, seed_orders, spawn_child, wait_for, LineLog, Notify, Rng,
 };
-use reactifact_core::{Context, DeliveryOptions, DeliveryStatus, DispatchError, Drainer, Intent, StopHandle};
+use reactifact_core::ledger::DeliveryStatus;
+use reactifact_core::runtime::StopHandle;
+use reactifact_core::{Context, DeliveryOptions, DispatchError, Drainer, Intent};
 
 const SESSION: &str = "orders";
 /// Intents per trial.

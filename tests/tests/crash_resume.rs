@@ -15,9 +15,11 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use reactifact_core::audit::StateHash;
+use reactifact_core::ledger::DeliveryStatus;
+use reactifact_core::runtime::{Budget, TurnOutcome};
 use reactifact_core::{
-    Agent, Artifact, Budget, Context, DeliveryStatus, DispatchError, Intent, OpenOptions, PendingAction, Produce,
-    ProduceCall, Runtime, StateHash, TurnOutcome,
+    Agent, Artifact, Context, DispatchError, Intent, OpenOptions, PendingAction, Produce, ProduceCall, Runtime,
 };
 use serde::{Deserialize, Serialize};
 
@@ -148,7 +150,7 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
 fn options() -> OpenOptions {
     // The shortest lease: whatever a dead child left in flight is reclaimed a tenth of a
     // second after it died.
-    OpenOptions::new().lease(reactifact_core::MIN_LEASE)
+    OpenOptions::new().lease(reactifact_core::store::MIN_LEASE)
 }
 
 /// The child's entry point; a no-op unless the parent set the environment.

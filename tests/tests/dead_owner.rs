@@ -40,10 +40,10 @@ use procs::{
     all_entries, assert_success, block_on, commit_intents, counts, env, intent_key, killed_by_sigkill, open_outbox,
     read_lines, scratch_dir, seed_orders, spawn_child, LineLog, Notify,
 };
-use reactifact_core::{
-    AttemptOutcome, Context, Delivery, DeliveryOptions, DeliveryStatus, DispatchError, Drainer, FenceToken, Intent,
-    OutboxStore, StatusCounts, StopHandle,
-};
+use reactifact_core::ledger::{AttemptOutcome, Delivery, DeliveryStatus, FenceToken, StatusCounts};
+use reactifact_core::runtime::StopHandle;
+use reactifact_core::store::OutboxStore;
+use reactifact_core::{Context, DeliveryOptions, DispatchError, Drainer, Intent};
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context as LayerContext, SubscriberExt};
 use tracing_subscriber::Layer;

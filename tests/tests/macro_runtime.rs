@@ -2,9 +2,11 @@
 
 use std::sync::{Arc, Mutex};
 
+use reactifact_core::error::{RunError, RunFailure};
+use reactifact_core::runtime::{IntoProduce, Kind, TurnOutcome};
 use reactifact_core::{
-    produce, Agent, Artifact, Context, DispatchError, Intent, IntoProduce, Kind, PendingAction, Produce, ProduceCall,
-    ProduceError, Record, RunError, RunFailure, Runtime, Snapshot, TurnOutcome,
+    produce, Agent, Artifact, Context, DispatchError, Intent, PendingAction, Produce, ProduceCall, ProduceError,
+    Record, Runtime, Snapshot,
 };
 use serde::{Deserialize, Serialize};
 
@@ -416,7 +418,10 @@ async fn stale_reaches_the_runtime_through_the_macro() {
         .collect();
     assert_eq!(
         kinds,
-        [reactifact_core::EventKind::Updated, reactifact_core::EventKind::Stale]
+        [
+            reactifact_core::audit::EventKind::Updated,
+            reactifact_core::audit::EventKind::Stale
+        ]
     );
 }
 

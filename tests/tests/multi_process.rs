@@ -42,7 +42,9 @@ use procs::{
     all_entries, assert_success, block_on, counts, env, intent_key, key_session, open_outbox, order_runtime,
     read_lines, scratch_dir, seed_orders, spawn_child, wait_for, LineLog,
 };
-use reactifact_core::{Budget, Context, DeliveryStatus, DispatchError, Drainer, Intent, StopHandle, TurnOutcome};
+use reactifact_core::ledger::DeliveryStatus;
+use reactifact_core::runtime::{Budget, StopHandle, TurnOutcome};
+use reactifact_core::{Context, DispatchError, Drainer, Intent};
 
 const SESSIONS: [&str; 2] = ["orders", "billing"];
 const DRAINERS: [&str; 2] = ["drainer-1", "drainer-2"];

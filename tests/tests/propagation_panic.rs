@@ -7,7 +7,7 @@ mod otel;
 use std::sync::{Arc, Mutex};
 
 use otel::deliver_one_order;
-use reactifact_core::{set_trace_propagation, TraceParent, TracePropagation};
+use reactifact_core::runtime::{set_trace_propagation, TraceParent, TracePropagation};
 
 struct Panicky;
 

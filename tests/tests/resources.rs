@@ -1,10 +1,9 @@
 //! Resources end to end: a produce declares what it reads (`uses = [..]` or `Produce::uses`),
 //! the runtime's builder refuses it without them, and a run reads the registered value.
 
-use reactifact_core::{
-    produce, Agent, Artifact, BuildError, Context, Produce, ProduceCall, Resources, Runtime, RuntimeBuilder,
-    TurnOutcome,
-};
+use reactifact_core::error::BuildError;
+use reactifact_core::runtime::{Resources, RuntimeBuilder, TurnOutcome};
+use reactifact_core::{produce, Agent, Artifact, Context, Produce, ProduceCall, Runtime};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize, Artifact, Debug, Clone, PartialEq)]

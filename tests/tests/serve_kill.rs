@@ -48,7 +48,8 @@ use procs::{
     assert_running, assert_success, block_on, env, killed_by_sigkill, poll_until, read_lines, scratch_dir, spawn_child,
     wait_for, LineLog, Rng,
 };
-use reactifact_core::{ArtifactId, DeliveryStatus};
+use reactifact_core::ledger::DeliveryStatus;
+use reactifact_core::ArtifactId;
 use reactifact_examples::shop::{self, Confirmation, Mailer, Order, Settings, StandInModel};
 
 /// Writer tasks in the writer child.

@@ -33,7 +33,8 @@ use procs::{
     assert_running, assert_success, block_on, counts, env, http, open_outbox, poll_until, scratch_dir, spawn_child,
     terminate, wait_for,
 };
-use reactifact_core::{DeliveryStatus, RetryPolicy, Scope};
+use reactifact_core::ledger::DeliveryStatus;
+use reactifact_core::{RetryPolicy, Scope};
 use reactifact_examples::shop::{self, Admission, Confirmation, Mailer, Order, Settings, StandInModel};
 
 /// Orders posted.

@@ -29,7 +29,9 @@ use procs::{
     all_entries, assert_success, block_on, commit_intents, counts, env, intent_key, open_outbox, read_lines,
     scratch_dir, seed_orders, spawn_child, wait_for, LineLog,
 };
-use reactifact_core::{Context, Delivery, DeliveryOptions, DeliveryStatus, DispatchError, Drainer, Intent, StopHandle};
+use reactifact_core::ledger::{Delivery, DeliveryStatus};
+use reactifact_core::runtime::StopHandle;
+use reactifact_core::{Context, DeliveryOptions, DispatchError, Drainer, Intent};
 
 const SESSION: &str = "orders";
 const CHILD: &str = "stale_holder_child";

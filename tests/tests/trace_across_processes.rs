@@ -24,7 +24,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use procs::{block_on, commit_intents, open_outbox, read_lines, seed_orders, spawn_child, wait_for, LineLog};
-use reactifact_core::{Context, DispatchError, Drainer, Intent, TraceParent};
+use reactifact_core::runtime::TraceParent;
+use reactifact_core::{Context, DispatchError, Drainer, Intent};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::layer::{Context as LayerContext, SubscriberExt};

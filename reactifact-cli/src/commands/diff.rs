@@ -1,6 +1,7 @@
 //! `diff`: what changed between two sessions' heads, or between two commits of a session.
 
-use reactifact_core::{ArtifactState, Diff, Relation};
+use reactifact_core::branch::{ArtifactState, Diff};
+use reactifact_core::runtime::Relation;
 use serde_json::{json, Value};
 
 use super::{commit, Env};

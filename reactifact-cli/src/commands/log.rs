@@ -1,6 +1,7 @@
 //! `log`: a session's commits, newest first.
 
-use reactifact_core::{CallOutcome, Commit, Op, RecordedCall, RunRecord};
+use reactifact_core::audit::{Commit, Op, RunRecord};
+use reactifact_core::runtime::{CallOutcome, RecordedCall};
 use serde_json::{json, Value};
 
 use super::Env;

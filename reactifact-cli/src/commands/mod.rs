@@ -14,7 +14,8 @@ mod verify;
 
 use std::future::Future;
 
-use reactifact_core::{Context, Generation};
+use reactifact_core::runtime::Generation;
+use reactifact_core::Context;
 
 use crate::cli::{Cli, Command, OutboxCommand, ParkedCommand, QuestionCommand};
 use crate::failure::{Failure, Outcome};

@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
-use reactifact_core::{
-    ApprovalError, AttemptOutcome, CancelError, Delivery, DeliveryStatus, LedgerQuery, PurgeFilter, RetryError, Scope,
-};
+use reactifact_core::error::{ApprovalError, CancelError, RetryError};
+use reactifact_core::ledger::{AttemptOutcome, Delivery, DeliveryStatus, LedgerQuery, PurgeFilter};
+use reactifact_core::Scope;
 use serde_json::{json, Value};
 
 use super::Env;

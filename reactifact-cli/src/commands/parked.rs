@@ -2,7 +2,9 @@
 //! on every attempt its retry policy allowed (`Parked`), and re-arming one
 //! (`Context::rearm`).
 
-use reactifact_core::{Context, Parked, RearmError, Record, StoreError, Timer, WriteError, RETRY_TIMER_PREFIX};
+use reactifact_core::error::{RearmError, StoreError, WriteError};
+use reactifact_core::ledger::{Parked, RETRY_TIMER_PREFIX};
+use reactifact_core::{Context, Record, Timer};
 use serde_json::{json, Value};
 
 use super::Env;

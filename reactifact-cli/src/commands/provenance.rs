@@ -1,7 +1,9 @@
 //! `why` and `graph`: an intent's provenance — the commit and run that recorded it, its
 //! trigger and reads, and its delivery — as text, JSON, Mermaid or DOT.
 
-use reactifact_core::{Context, Delivery, Provenance};
+use reactifact_core::audit::Provenance;
+use reactifact_core::ledger::Delivery;
+use reactifact_core::Context;
 use serde_json::json;
 
 use super::Env;

@@ -1,7 +1,9 @@
 //! `question list` and `question answer`: the questions produces asked a human
 //! (`Effects::ask`), and answering one.
 
-use reactifact_core::{AnswerError, Context, Question, StoreError, WriteError};
+use reactifact_core::error::{AnswerError, StoreError, WriteError};
+use reactifact_core::runtime::Question;
+use reactifact_core::Context;
 use serde_json::{json, Value};
 
 use super::Env;

@@ -3,7 +3,8 @@
 
 use std::collections::BTreeSet;
 
-use reactifact_core::{Artifact, Op, PendingAction};
+use reactifact_core::audit::Op;
+use reactifact_core::{Artifact, PendingAction};
 use serde_json::{json, Value};
 
 use super::{commit, Env};

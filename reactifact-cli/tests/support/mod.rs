@@ -9,9 +9,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use reactifact_core::store::{ClaimRequest, OutboxStore, SqliteOutbox};
 use reactifact_core::{
-    produce, Agent, Artifact, ClaimRequest, Context, DeliveryOptions, DispatchError, Intent, OutboxStore,
-    PendingAction, Produce, ProduceCall, ProduceError, RetryPolicy, Runtime, Scope, SqliteOutbox,
+    produce, Agent, Artifact, Context, DeliveryOptions, DispatchError, Intent, PendingAction, Produce, ProduceCall,
+    ProduceError, RetryPolicy, Runtime, Scope,
 };
 use serde::{Deserialize, Serialize};
 
@@ -189,10 +190,10 @@ pub async fn settle(outbox: &dyn OutboxStore) {
     assert_eq!(first.key().as_str(), PENDING);
     outbox
         .record(
-            &[reactifact_core::Recording {
+            &[reactifact_core::store::Recording {
                 key: first.key().clone(),
                 token: first.lease().unwrap().token,
-                outcome: reactifact_core::Outcome::Released,
+                outcome: reactifact_core::store::Outcome::Released,
             }],
             SystemTime::now(),
         )

@@ -16,7 +16,7 @@ use crate::model::hash::ContentHash;
 /// is in the same unit. Additions saturate at `u64::MAX`.
 ///
 /// ```
-/// use reactifact_core::Usage;
+/// use reactifact_core::runtime::Usage;
 ///
 /// let usage = Usage::tokens(1_200, 300).with_cost(450) + Usage::tokens(100, 20);
 /// assert_eq!(usage.total_tokens(), 1_620);

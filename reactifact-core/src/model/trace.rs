@@ -21,14 +21,14 @@ use std::sync::OnceLock;
 /// refused, never half-read, so nothing but a well-formed header is ever sent.
 ///
 /// ```
-/// use reactifact_core::TraceParent;
+/// use reactifact_core::runtime::TraceParent;
 /// let header = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 /// let trace: TraceParent = header.parse()?;
 /// assert_eq!(trace.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
 /// assert!(trace.is_sampled());
 /// assert_eq!(trace.to_string(), header);
 /// assert!("00-00000000000000000000000000000000-00f067aa0ba902b7-01".parse::<TraceParent>().is_err());
-/// # Ok::<(), reactifact_core::TraceParentError>(())
+/// # Ok::<(), reactifact_core::error::TraceParentError>(())
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TraceParent {

@@ -26,7 +26,7 @@ use crate::outbox::drain::RetryPolicy;
 /// let ctx = Context::new("orders");
 /// let drainer = Drainer::builder(ctx.outbox(), send).delivery(delivery.clone()).build();
 /// let runtime = Runtime::builder(ctx).dispatcher(send).delivery(delivery).build()?;
-/// # Ok::<(), reactifact_core::BuildError>(())
+/// # Ok::<(), reactifact_core::error::BuildError>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct DeliveryOptions {

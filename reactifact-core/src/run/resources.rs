@@ -50,7 +50,7 @@ impl ResourceType {
 /// and a replay get the same answer.
 ///
 /// ```
-/// use reactifact_core::Resources;
+/// use reactifact_core::runtime::Resources;
 ///
 /// struct ModelConfig { name: &'static str }
 /// let resources = Resources::new().with(ModelConfig { name: "small" });

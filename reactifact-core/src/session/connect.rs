@@ -103,7 +103,7 @@ impl Context {
     /// caller's thread.
     ///
     /// ```no_run
-    /// # async fn example() -> Result<(), reactifact_core::ConnectError> {
+    /// # async fn example() -> Result<(), reactifact_core::error::ConnectError> {
     /// let ctx = reactifact_core::Context::connect("sqlite:state.db", "orders").await?;
     /// # Ok(()) }
     /// ```

@@ -1089,7 +1089,7 @@ impl std::fmt::Debug for Context {
 /// tx.commit()?;
 /// assert_eq!(ctx.generation().0, 1, "one commit");
 /// assert_eq!(ctx.queued_events(), 3);
-/// # Ok::<(), reactifact_core::WriteError>(())
+/// # Ok::<(), reactifact_core::error::WriteError>(())
 /// ```
 #[must_use = "a transaction writes nothing until `commit` is called"]
 pub struct Transaction<'a> {

@@ -24,7 +24,7 @@ use std::str::FromStr;
 /// ([`redact_url`]).
 ///
 /// ```
-/// use reactifact_core::StoreUrl;
+/// use reactifact_core::store::StoreUrl;
 ///
 /// assert_eq!("sqlite:state.db".parse(), Ok(StoreUrl::Sqlite("state.db".into())));
 /// assert_eq!(StoreUrl::parse("memory:"), Ok(StoreUrl::Memory));
@@ -35,7 +35,7 @@ use std::str::FromStr;
 /// );
 /// assert_eq!(url.to_string(), "postgres://app:***@db/app?schema=shop");
 /// assert!(StoreUrl::parse("mysql://db/app").is_err());
-/// # Ok::<(), reactifact_core::StoreUrlError>(())
+/// # Ok::<(), reactifact_core::error::StoreUrlError>(())
 /// ```
 #[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -228,7 +228,7 @@ fn split_schema(url: &str) -> Result<(String, Option<String>), StoreUrlError> {
 ///
 /// ```
 /// assert_eq!(
-///     reactifact_core::redact_url("postgres://app:s3cret@db/app?schema=shop"),
+///     reactifact_core::store::redact_url("postgres://app:s3cret@db/app?schema=shop"),
 ///     "postgres://app:***@db/app?schema=shop"
 /// );
 /// ```

@@ -187,7 +187,10 @@ pub async fn commit_orders(path: &Path, session: &str, orders: impl IntoIterator
 
 /// Serves `rt` in a task of its own, polling every `poll`, until a stop; yields the runtime
 /// and the serve's report (a serve that fails fails the task).
-pub fn serving(mut rt: Runtime, poll: Duration) -> tokio::task::JoinHandle<(Runtime, reactifact_core::ServeReport)> {
+pub fn serving(
+    mut rt: Runtime,
+    poll: Duration,
+) -> tokio::task::JoinHandle<(Runtime, reactifact_core::runtime::ServeReport)> {
     tokio::spawn(async move {
         let report = rt.serve(poll).await.unwrap();
         (rt, report)

@@ -13,7 +13,8 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use reactifact_core::{Agent, Budget, Context, DeliveryOptions, DispatchError, Intent, Runtime, TurnOutcome};
+use reactifact_core::runtime::{Budget, TurnOutcome};
+use reactifact_core::{Agent, Context, DeliveryOptions, DispatchError, Intent, Runtime};
 use reactifact_examples::order_flow::{process_order, Order};
 
 struct Options {

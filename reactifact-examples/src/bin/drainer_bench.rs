@@ -29,9 +29,11 @@ use std::process::{Command, ExitCode};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use reactifact_core::audit::{CommitHash, ContentHash};
+use reactifact_core::runtime::{Budget, Generation, Origin};
+use reactifact_core::store::{NewIntent, OutboxStore, SqliteOutbox, Synchronous};
 use reactifact_core::{
-    ActionKey, Agent, Budget, CommitHash, ContentHash, Context, DeliveryOptions, DispatchError, Drainer, Generation,
-    Intent, NewIntent, OpenOptions, Origin, OutboxStore, PendingAction, Runtime, SqliteOutbox, Synchronous,
+    ActionKey, Agent, Context, DeliveryOptions, DispatchError, Drainer, Intent, OpenOptions, PendingAction, Runtime,
 };
 use reactifact_examples::order_flow::{process_order, Order};
 use reactifact_postgres::{PostgresOptions, PostgresOutbox};

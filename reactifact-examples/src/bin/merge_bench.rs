@@ -19,7 +19,8 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use reactifact_core::{Context, Generation};
+use reactifact_core::runtime::Generation;
+use reactifact_core::Context;
 use reactifact_examples::order_flow::Order;
 
 struct Options {
@@ -89,7 +90,7 @@ fn base(shared: u64, ids: u64) -> Result<Context, String> {
 /// delete.
 fn change(ctx: &mut Context, side: &str, changes: u64, ids: u64) -> Result<(), String> {
     let offset = if side == "ours" { 0 } else { ids / 2 };
-    let err = |e: reactifact_core::WriteError| e.to_string();
+    let err = |e: reactifact_core::error::WriteError| e.to_string();
     for c in 0..changes - 2 {
         ctx.update(format!("order:{}", offset + c), order(side, c))
             .map_err(err)?;

@@ -26,9 +26,8 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use reactifact_core::{
-    Agent, Context, OpenOptions, Produce, ProduceCall, ProduceError, Runtime, Synchronous, DEFAULT_CHECKPOINT_EVERY,
-};
+use reactifact_core::store::{Synchronous, DEFAULT_CHECKPOINT_EVERY};
+use reactifact_core::{Agent, Context, OpenOptions, Produce, ProduceCall, ProduceError, Runtime};
 use reactifact_examples::order_flow::{Order, Receipt};
 
 /// How many commits' events wait before a turn consumes them.

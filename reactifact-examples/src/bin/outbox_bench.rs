@@ -33,10 +33,10 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use reactifact_core::{
-    ActionKey, Agent, Budget, Context, DeliveryStatus, DispatchError, Intent, OpenOptions, Runtime, Synchronous,
-    TurnOutcome,
-};
+use reactifact_core::ledger::DeliveryStatus;
+use reactifact_core::runtime::{Budget, TurnOutcome};
+use reactifact_core::store::Synchronous;
+use reactifact_core::{ActionKey, Agent, Context, DispatchError, Intent, OpenOptions, Runtime};
 
 use reactifact_core::PendingAction;
 use reactifact_examples::order_flow::{process_order, Notify, Order, Receipt};

@@ -30,9 +30,11 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use reactifact_core::audit::{CommitHash, ContentHash};
+use reactifact_core::runtime::{Generation, Origin};
+use reactifact_core::store::{NewIntent, OutboxStore};
 use reactifact_core::{
-    ActionKey, Agent, CommitHash, ContentHash, Context, DeliveryOptions, DispatchError, Drainer, Generation, Intent,
-    NewIntent, Origin, OutboxStore, PendingAction, Runtime,
+    ActionKey, Agent, Context, DeliveryOptions, DispatchError, Drainer, Intent, PendingAction, Runtime,
 };
 use reactifact_examples::order_flow::{process_order, Order};
 use reactifact_postgres::{PostgresOptions, PostgresStore};

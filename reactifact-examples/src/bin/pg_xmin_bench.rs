@@ -30,10 +30,10 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use reactifact_core::{
-    ActionKey, ClaimRequest, CommitHash, ContentHash, Generation, Intent, NewIntent, Origin, OutboxStore, Outcome,
-    PendingAction, Recording, Scope,
-};
+use reactifact_core::audit::{CommitHash, ContentHash};
+use reactifact_core::runtime::{Generation, Origin};
+use reactifact_core::store::{ClaimRequest, NewIntent, OutboxStore, Outcome, Recording};
+use reactifact_core::{ActionKey, Intent, PendingAction, Scope};
 use reactifact_postgres::{PostgresOptions, PostgresOutbox, PruneOptions};
 use sha2::Digest as _;
 

@@ -44,9 +44,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use reactifact_core::{
-    Context, OpenOptions, Runtime, ServeReport, SubmitError, Synchronous, Writes, DEFAULT_INBOX_CAPACITY,
-};
+use reactifact_core::error::SubmitError;
+use reactifact_core::runtime::{ServeReport, DEFAULT_INBOX_CAPACITY};
+use reactifact_core::store::Synchronous;
+use reactifact_core::{Context, OpenOptions, Runtime, Writes};
 use reactifact_examples::shop::{self, confirmation_key, order_id, Mailer, Order, Settings, StandInModel};
 use reactifact_postgres::{PostgresOptions, PostgresStore};
 use tokio::time::Instant;

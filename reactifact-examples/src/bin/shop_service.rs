@@ -44,7 +44,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use reactifact_core::{ServeReport, DEFAULT_INBOX_CAPACITY};
+use reactifact_core::runtime::{ServeReport, DEFAULT_INBOX_CAPACITY};
 use reactifact_examples::shop::{self, Admission, Mailer, Settings, StandInModel};
 use reactifact_examples::{logs, prometheus};
 
@@ -144,7 +144,7 @@ async fn serve(args: Args) -> Result<ServeReport, String> {
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let address = listener.local_addr().map_err(|e| e.to_string())?;
-    let store = reactifact_core::redact_url(&args.store);
+    let store = reactifact_core::store::redact_url(&args.store);
     println!("shop-service listening on http://{address} (store {store})");
     tracing::info!(%address, store = %store, "serving");
     let shutdown = async {

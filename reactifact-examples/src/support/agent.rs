@@ -14,9 +14,8 @@
 use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
-use reactifact_core::{
-    produce, Artifact, ArtifactId, DeclaredOutput, DeclaredResource, PendingAction, ProduceCall, ProduceError, Usage,
-};
+use reactifact_core::runtime::{DeclaredOutput, DeclaredResource, Usage};
+use reactifact_core::{produce, Artifact, ArtifactId, PendingAction, ProduceCall, ProduceError};
 use serde::{Deserialize, Serialize};
 
 use super::model::{Completion, CompletionRequest, Model};

@@ -30,10 +30,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use reactifact_core::audit::{Difference, ReplayError};
+use reactifact_core::error::MissKind;
+use reactifact_core::ledger::DeliveryStatus;
+use reactifact_core::runtime::{Budget, Resources, TurnOutcome, TurnReport, Usage};
 use reactifact_core::{
-    produce, Agent, ArtifactId, Budget, Context, DeliveryStatus, Difference, DispatchError, Dispatcher, Intent,
-    MissKind, PendingAction, ProduceCall, ProduceError, ReplayError, Resources, Runtime, TurnOutcome, TurnReport,
-    Usage,
+    produce, Agent, ArtifactId, Context, DispatchError, Dispatcher, Intent, PendingAction, ProduceCall, ProduceError,
+    Runtime,
 };
 
 use super::agent::{email_key, triage, triage_id, triage_with, Email, ModelClient, ModelSettings, Ticket, Triage};
@@ -778,7 +781,7 @@ impl Cases {
     fn check_miss(
         &self,
         report: &mut CaseReport,
-        result: Result<reactifact_core::ReplayReport, ReplayError>,
+        result: Result<reactifact_core::audit::ReplayReport, ReplayError>,
         what: &str,
         call: &str,
     ) -> Outcome {

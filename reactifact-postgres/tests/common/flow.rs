@@ -4,7 +4,8 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use reactifact_core::{Artifact, Context, PendingAction, Produce, ProduceCall, ProduceError, StoreError, WriteError};
+use reactifact_core::error::{StoreError, WriteError};
+use reactifact_core::{Artifact, Context, PendingAction, Produce, ProduceCall, ProduceError};
 use reactifact_postgres::{PostgresOptions, PostgresStore};
 use serde::{Deserialize, Serialize};
 

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
+use reactifact_core::store::{BoxFuture, OutboxStore};
 use reactifact_core::store_contract::{self as contract, ContractHarness, ContractStore};
-use reactifact_core::{BoxFuture, OutboxStore};
 use reactifact_postgres::{PostgresOptions, PostgresOutbox};
 
 /// The variable CI sets to the test server's URL.

@@ -10,10 +10,8 @@ use opentelemetry::trace::{
     SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, TracerProvider as _,
 };
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
-use reactifact_core::{
-    set_trace_propagation, Agent, Artifact, Context, DispatchError, Intent, PendingAction, Produce, ProduceCall,
-    Runtime, TraceParent, TracePropagation,
-};
+use reactifact_core::runtime::{set_trace_propagation, TraceParent, TracePropagation};
+use reactifact_core::{Agent, Artifact, Context, DispatchError, Intent, PendingAction, Produce, ProduceCall, Runtime};
 use serde::{Deserialize, Serialize};
 use tracing::level_filters::LevelFilter;
 use tracing_opentelemetry::OpenTelemetrySpanExt;

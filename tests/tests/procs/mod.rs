@@ -19,10 +19,10 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use reactifact_core::{
-    Agent, Artifact, Budget, Context, Delivery, LedgerQuery, OutboxStore, PendingAction, Produce, ProduceCall, Runtime,
-    Scope, SqliteOutbox, StatusCounts, TurnOutcome,
-};
+use reactifact_core::ledger::{Delivery, LedgerQuery, StatusCounts};
+use reactifact_core::runtime::{Budget, TurnOutcome};
+use reactifact_core::store::{OutboxStore, SqliteOutbox};
+use reactifact_core::{Agent, Artifact, Context, PendingAction, Produce, ProduceCall, Runtime, Scope};
 use serde::{Deserialize, Serialize};
 
 /// A seeded order: its produce acts one `notify` intent keyed `notify:<order id>`.
