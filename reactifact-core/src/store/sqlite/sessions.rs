@@ -15,7 +15,12 @@ use crate::model::artifact::Generation;
 use crate::model::hash::CommitHash;
 use crate::store::{OpenError, Synchronous};
 
-/// One session of a store file, as [`list_sessions`] reads it.
+/// One session of a store, as every backend lists it: [`list_sessions`] for a SQLite file,
+/// `PostgresStore::sessions` (crate `reactifact-postgres`) for a PostgreSQL store. The same
+/// history gives the same values in either (the creation time aside).
+///
+/// A backend of another crate builds one with [`SessionInfo::new`] and sets the fields it
+/// knows; new fields may be added (it is `#[non_exhaustive]`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SessionInfo {
@@ -30,6 +35,31 @@ pub struct SessionInfo {
     pub forked_from: Option<(String, Generation)>,
     /// When the session was created.
     pub created_at: SystemTime,
+    /// The position in its event queue up to which its commits consumed events, as the store
+    /// keeps it: the events numbered below it are consumed, and reopening the session queues
+    /// only the later ones.
+    pub consumed_seq: u64,
+    /// How many commits the store holds for the session itself. For a root session this is
+    /// its generation; a branch's log also reads its parent's commits up to the fork, which
+    /// are not counted here (a branch without commits of its own counts 0).
+    pub commits: u64,
+}
+
+impl SessionInfo {
+    /// A session named `name`, created at `created_at`, as it is before its first commit: no
+    /// commits, no head, not a branch, no event consumed. Set the other fields (they are
+    /// public) to what the store holds.
+    pub fn new(name: impl Into<String>, created_at: SystemTime) -> Self {
+        SessionInfo {
+            name: name.into(),
+            generation: Generation(0),
+            head: None,
+            forked_from: None,
+            created_at,
+            consumed_seq: 0,
+            commits: 0,
+        }
+    }
 }
 
 /// Opens the file at `path` read-only after the checks a read-only open makes: it must exist,
@@ -62,51 +92,70 @@ fn open_checked(path: &Path) -> Result<Connection, OpenError> {
     }
 }
 
-/// The sessions of the SQLite store file at `path`, by name, each with its generation, head
-/// and fork point. Reads the `sessions` table only (no log is loaded or checked: open a
-/// session to verify it). Writes nothing, and creates no file.
+/// The sessions of the SQLite store file at `path`, by name, each with its generation, head,
+/// fork point, consumed event position and number of its own commits. Reads the `sessions`
+/// table and counts each session's rows of the `commits` table (no commit is decoded or
+/// checked: open a session to verify it). Writes nothing, and creates no file.
 ///
 /// # Errors
 /// As a read-only open: [`OpenError::NoSuchFile`], [`OpenError::NotADatabase`],
 /// [`OpenError::Foreign`] (also for an empty file), [`OpenError::Corrupt`] (also for a session
-/// row whose head is not a 32-byte hash), [`OpenError::OlderSchema`],
+/// row whose head is not a 32-byte hash, or whose generation, fork point or consumed position
+/// is negative), [`OpenError::OlderSchema`],
 /// [`OpenError::NewerSchema`].
 #[allow(clippy::result_large_err)] // see `OpenError::Corrupt`
 pub fn list_sessions(path: impl AsRef<Path>) -> Result<Vec<SessionInfo>, OpenError> {
     let path = path.as_ref();
     let conn = open_checked(path)?;
     let mut stmt = conn
-        .prepare("SELECT name, generation, head, parent, fork_generation, created_at FROM sessions ORDER BY name")
+        .prepare(
+            "SELECT s.name, s.generation, s.head, s.parent, s.fork_generation, s.created_at, s.consumed_seq,
+                    (SELECT count(*) FROM commits c WHERE c.session = s.name)
+               FROM sessions s ORDER BY s.name",
+        )
         .map_err(|e| open_error(path, e))?;
     let rows = stmt
         .query_map([], |row| {
             Ok((
                 row.get::<_, String>(0)?,
-                row.get::<_, u64>(1)?,
+                row.get::<_, i64>(1)?,
                 row.get::<_, Option<Vec<u8>>>(2)?,
                 row.get::<_, Option<String>>(3)?,
-                row.get::<_, Option<u64>>(4)?,
+                row.get::<_, Option<i64>>(4)?,
                 row.get::<_, i64>(5)?,
+                row.get::<_, i64>(6)?,
+                row.get::<_, i64>(7)?,
             ))
         })
         .map_err(|e| open_error(path, e))?;
     let mut sessions = Vec::new();
     for row in rows {
-        let (name, generation, head, parent, fork, created) = row.map_err(|e| open_error(path, e))?;
+        let (name, generation, head, parent, fork, created, consumed_seq, commits) =
+            row.map_err(|e| open_error(path, e))?;
+        let corrupt = |detail: String| OpenError::Corrupt {
+            path: path.into(),
+            detail: format!("session `{name}`: {detail}"),
+            source: None,
+        };
+        let unsigned = |value: i64, what: &str| {
+            u64::try_from(value).map_err(|_| corrupt(format!("its {what} is negative ({value})")))
+        };
         let head = head
             .map(|bytes| digest(&bytes, "the head").map(CommitHash))
             .transpose()
-            .map_err(|detail| OpenError::Corrupt {
-                path: path.into(),
-                detail: format!("session `{name}`: {detail}"),
-                source: None,
-            })?;
+            .map_err(corrupt)?;
+        let forked_from = match parent {
+            Some(parent) => Some((parent, Generation(unsigned(fork.unwrap_or(0), "fork generation")?))),
+            None => None,
+        };
         sessions.push(SessionInfo {
-            name,
-            generation: Generation(generation),
+            generation: Generation(unsigned(generation, "generation")?),
             head,
-            forked_from: parent.map(|parent| (parent, Generation(fork.unwrap_or(0)))),
+            forked_from,
             created_at: UNIX_EPOCH + Duration::from_millis(u64::try_from(created).unwrap_or(0)),
+            consumed_seq: unsigned(consumed_seq, "consumed event position")?,
+            commits: unsigned(commits, "number of commits")?,
+            name,
         });
     }
     Ok(sessions)
