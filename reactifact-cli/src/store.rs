@@ -10,12 +10,10 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use reactifact_core::audit::CommitHash;
 use reactifact_core::error::StoreUrlError;
-use reactifact_core::runtime::Generation;
 use reactifact_core::store::{list_sessions, LogStore, OutboxStore, SessionInfo, SqliteOutbox, StoreUrl};
 use reactifact_core::{Context, OpenOptions};
-use reactifact_postgres::{PgSessionInfo, PostgresOptions, PostgresStore, DEFAULT_SCHEMA};
+use reactifact_postgres::{PostgresOptions, PostgresStore, DEFAULT_SCHEMA};
 
 use crate::failure::{Failure, Outcome};
 
@@ -113,45 +111,6 @@ fn read_only_url(url: &str) -> String {
     format!("{base}?{}", pairs.join("&"))
 }
 
-/// One session of the store, from either kind of store.
-#[derive(Clone, Debug)]
-pub struct Session {
-    /// Its name.
-    pub name: String,
-    /// The generation of its last commit (0 for none).
-    pub generation: Generation,
-    /// The hash of its last commit.
-    pub head: Option<CommitHash>,
-    /// For a branch: the parent and the generation it forked at.
-    pub forked_from: Option<(String, Generation)>,
-    /// When it was created.
-    pub created_at: std::time::SystemTime,
-}
-
-impl From<SessionInfo> for Session {
-    fn from(s: SessionInfo) -> Self {
-        Session {
-            name: s.name,
-            generation: s.generation,
-            head: s.head,
-            forked_from: s.forked_from,
-            created_at: s.created_at,
-        }
-    }
-}
-
-impl From<PgSessionInfo> for Session {
-    fn from(s: PgSessionInfo) -> Self {
-        Session {
-            name: s.name,
-            generation: s.generation,
-            head: s.head,
-            forked_from: s.forked_from,
-            created_at: s.created_at,
-        }
-    }
-}
-
 enum Backend {
     Sqlite { path: PathBuf, writes: bool },
     Postgres { store: Arc<PostgresStore>, shown: String },
@@ -206,22 +165,17 @@ impl Store {
         }
     }
 
-    /// The sessions of the store.
-    pub fn sessions(&self) -> Outcome<Vec<Session>> {
+    /// The sessions of the store, by name, as both kinds of store list them.
+    pub fn sessions(&self) -> Outcome<Vec<SessionInfo>> {
         self.sessions_checking(false)
     }
 
     /// The sessions of the store, for a command that checks it (`verify`): a corrupt file
     /// is a failed check.
-    pub fn sessions_checking(&self, checking: bool) -> Outcome<Vec<Session>> {
+    pub fn sessions_checking(&self, checking: bool) -> Outcome<Vec<SessionInfo>> {
         match &self.backend {
-            Backend::Sqlite { path, .. } => list_sessions(path)
-                .map(|list| list.into_iter().map(Session::from).collect())
-                .map_err(|e| Failure::open(&self.shown(), e, checking)),
-            Backend::Postgres { store, .. } => self
-                .wait(store.sessions())
-                .map(|list| list.into_iter().map(Session::from).collect())
-                .map_err(Failure::store),
+            Backend::Sqlite { path, .. } => list_sessions(path).map_err(|e| Failure::open(&self.shown(), e, checking)),
+            Backend::Postgres { store, .. } => self.wait(store.sessions()).map_err(Failure::store),
         }
     }
 

@@ -65,7 +65,9 @@ pub use listen::Notifications;
 pub use log::{PostgresStore, DEFAULT_LOG_CONNECTIONS};
 pub use outbox::PostgresOutbox;
 pub use prune::{PruneOptions, PruneReport, PruneSummary, DEFAULT_PRUNE_BATCH};
-pub use sessions::{PgSessionInfo, SchemaProbe};
+#[allow(deprecated)] // kept so that code naming it builds; sessions are listed as `SessionInfo`
+pub use sessions::PgSessionInfo;
+pub use sessions::SchemaProbe;
 pub use url::{connect, ConnectError};
 
 /// `url` with its password replaced by `***` (the core's, re-exported: every message of this

@@ -1,14 +1,16 @@
 //! What an operator's tool (the `reactifact` CLI) reads of a PostgreSQL store before and
 //! after opening it: whether a schema holds a store, and at which version, without creating
 //! or migrating anything ([`PostgresStore::probe`]); and the store's sessions, each with its
-//! head, fork point and the number of its own commits ([`PostgresStore::sessions`]). Neither
-//! writes.
+//! head, fork point, consumed event position and the number of its own commits, as
+//! [`SessionInfo`] (the type a SQLite file's sessions are listed by too:
+//! [`PostgresStore::sessions`]). Neither writes.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use reactifact_core::audit::CommitHash;
 use reactifact_core::error::StoreError;
 use reactifact_core::runtime::Generation;
+use reactifact_core::store::SessionInfo;
 use tokio_postgres::NoTls;
 
 use crate::connect::{pool_error, store_error, valid_schema, DriverError, OpenError, PostgresOptions, Target};
@@ -34,29 +36,10 @@ pub struct SchemaProbe {
     pub supported: i32,
 }
 
-/// One session of a PostgreSQL store, as [`PostgresStore::sessions`] reads it: the columns
-/// that [`reactifact_core::store::SessionInfo`] gives for a SQLite file, and what the store keeps
-/// besides.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PgSessionInfo {
-    /// The session's name.
-    pub name: String,
-    /// The generation of its last commit (0 for a session without commits): the length of
-    /// its log, a branch's log counting its parent's commits up to the fork.
-    pub generation: Generation,
-    /// The hash of its last commit, `None` for a session without commits.
-    pub head: Option<CommitHash>,
-    /// For a branch, the session it was forked from and the generation it was forked at.
-    pub forked_from: Option<(String, Generation)>,
-    /// When the session was created.
-    pub created_at: SystemTime,
-    /// The position in its event queue up to which its commits consumed events.
-    pub consumed_seq: u64,
-    /// How many commits the store holds for the session itself (a branch's log also reads
-    /// its parent's commits up to the fork, which are not counted here).
-    pub commits: u64,
-}
+/// One session of a PostgreSQL store: the type every backend lists sessions by,
+/// [`SessionInfo`], which [`PostgresStore::sessions`] returns.
+#[deprecated(note = "use `reactifact_core::store::SessionInfo`, which `PostgresStore::sessions` returns")]
+pub type PgSessionInfo = SessionInfo;
 
 impl PostgresStore {
     /// Connects as `options` say, on one connection of its own (closed before this returns),
@@ -116,14 +99,17 @@ impl PostgresStore {
         })
     }
 
-    /// The store's sessions, ordered by name, each with its head, its fork point and the
-    /// number of its own commits: one query on the store's pool (so it is awaited within a
-    /// tokio runtime, as the outbox's operations are). It only reads.
+    /// The store's sessions, ordered by name, each with its generation, head, fork point,
+    /// consumed event position and the number of its own commits: the values
+    /// [`list_sessions`](reactifact_core::store::list_sessions) gives for a SQLite file that
+    /// holds the same history (the creation times aside). One query on the store's pool (so
+    /// it is awaited within a tokio runtime, as the outbox's operations are); it only reads.
     ///
     /// # Errors
     /// [`StoreError::Backend`] for an error of the server, or for a session row whose head is
-    /// not a 32-byte hash (a row changed outside reactifact).
-    pub async fn sessions(&self) -> Result<Vec<PgSessionInfo>, StoreError> {
+    /// not a 32-byte hash or whose fork generation is negative (a row changed outside
+    /// reactifact).
+    pub async fn sessions(&self) -> Result<Vec<SessionInfo>, StoreError> {
         let outbox = self.outbox();
         let name = outbox.name();
         let s = outbox.quoted_schema();
@@ -157,16 +143,23 @@ impl PostgresStore {
                     })?)),
                 };
                 let parent: Option<String> = row.get(4);
-                let fork: Option<i64> = row.get(5);
-                Ok(PgSessionInfo {
-                    generation: Generation(unsigned(row.get(1))),
-                    head,
-                    consumed_seq: unsigned(row.get(3)),
-                    forked_from: parent.map(|parent| (parent, Generation(fork.map_or(0, unsigned)))),
-                    created_at: UNIX_EPOCH + Duration::from_millis(unsigned(row.get(6))),
-                    commits: unsigned(row.get(7)),
-                    name: session,
-                })
+                // The schema checks that generations and positions are not negative, but not
+                // the fork point: a negative one is a row changed outside reactifact.
+                let fork: i64 = row.get::<_, Option<i64>>(5).unwrap_or(0);
+                let fork = u64::try_from(fork).map_err(|_| {
+                    StoreError::backend(
+                        name,
+                        false,
+                        format!("the fork generation of session `{session}` is negative ({fork})"),
+                    )
+                })?;
+                let mut info = SessionInfo::new(session, UNIX_EPOCH + Duration::from_millis(unsigned(row.get(6))));
+                info.generation = Generation(unsigned(row.get(1)));
+                info.head = head;
+                info.forked_from = parent.map(|parent| (parent, Generation(fork)));
+                info.consumed_seq = unsigned(row.get(3));
+                info.commits = unsigned(row.get(7));
+                Ok(info)
             })
             .collect()
     }
