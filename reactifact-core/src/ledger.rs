@@ -12,3 +12,4 @@ pub use crate::outbox::owner::reclaim_dead_owners;
 pub use crate::outbox::report::DrainReport;
 pub use crate::store::ledger::Ledger;
 pub use crate::store::outbox::{LedgerQuery, Page, PurgeFilter, Scope, StatusCounts};
+pub use crate::store::prune::{PruneOptions, PruneReport, PruneSummary, DEFAULT_PRUNE_BATCH};

@@ -1,5 +1,6 @@
 //! The delivery ledger, as a program reads it: a handle to the outbox of a store, optionally
-//! scoped to some sessions and kinds, whose reads are store queries.
+//! scoped to some sessions and kinds, whose reads are store queries. Its pruning is in
+//! `store/prune.rs`.
 
 use std::fmt;
 use std::sync::Arc;
@@ -18,6 +19,11 @@ use crate::store::StoreError;
 /// [`Drainer`](crate::Drainer) of it share one ledger, so a key delivered by one is never
 /// delivered again by another. `Ledger` is a cheap handle to it; its reads are queries of the
 /// store and return copies of the entries.
+///
+/// A scope narrows what a handle counts and lists, never what it deletes:
+/// [`prune`](Ledger::prune) and [`prune_every`](Ledger::prune_every) delete the old final rows
+/// of the whole store, on every store alike (memory, SQLite, PostgreSQL, a store of another
+/// crate), through [`OutboxStore::purge`].
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -42,7 +48,8 @@ impl Ledger {
         }
     }
 
-    /// The same ledger, counting and listing only what `scope` admits.
+    /// The same ledger, counting and listing only what `scope` admits (a prune still covers
+    /// the whole store).
     pub fn scoped(&self, scope: Scope) -> Ledger {
         Ledger {
             outbox: self.outbox.clone(),

@@ -22,6 +22,7 @@ pub(crate) mod ledger;
 pub(crate) mod log_store;
 pub(crate) mod memory;
 pub(crate) mod outbox;
+pub(crate) mod prune;
 mod sqlite;
 pub(crate) mod store_url;
 
