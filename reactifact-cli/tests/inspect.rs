@@ -23,21 +23,54 @@ fn sessions_lists_every_session_with_its_head_and_fork_point() {
     assert_eq!(sessions.len(), 2);
     assert_eq!(sessions[0]["name"], "orders");
     assert_eq!(sessions[0]["generation"], 4);
+    assert_eq!(sessions[0]["own_commits"], 4);
     assert_eq!(sessions[0]["head"], orders.head().unwrap().to_string());
     assert_eq!(sessions[0]["forked_from"], serde_json::Value::Null);
     assert_eq!(sessions[1]["name"], "what-if");
     assert_eq!(sessions[1]["generation"], 6);
+    assert_eq!(
+        sessions[1]["own_commits"], 2,
+        "a branch's own commits, not its parent's"
+    );
     assert_eq!(sessions[1]["head"], branch.head().unwrap().to_string());
     assert_eq!(
         sessions[1]["forked_from"],
         json!({"session": "orders", "generation": 4})
     );
+    // Every column the library lists, as it lists it.
+    let listed = reactifact_core::store::list_sessions(&store.path).unwrap();
+    for (doc, info) in sessions.iter().zip(&listed) {
+        assert_eq!(doc["name"], info.name.as_str());
+        assert_eq!(doc["own_commits"], info.commits);
+        assert_eq!(doc["consumed_seq"], info.consumed_seq);
+        assert!(info.consumed_seq > 0, "the flow consumed events: {info:?}");
+    }
+    let keys: Vec<&String> = sessions[1].as_object().unwrap().keys().collect();
+    assert_eq!(
+        keys,
+        [
+            "consumed_seq",
+            "created_at",
+            "forked_from",
+            "generation",
+            "head",
+            "name",
+            "own_commits"
+        ]
+    );
 
     let table = store.run(&["sessions"]).ok().stdout;
     let lines: Vec<&str> = table.lines().collect();
-    assert!(lines[0].starts_with("SESSION  COMMITS  HEAD"), "{table}");
-    assert!(lines[1].starts_with("orders   4        "), "{table}");
+    assert!(
+        lines[0].starts_with("SESSION  COMMITS  OWN  HEAD          FORKED FROM  CONSUMED  CREATED"),
+        "{table}"
+    );
+    assert!(lines[1].starts_with("orders   4        4    "), "{table}");
+    assert!(lines[2].starts_with("what-if  6        2    "), "{table}");
     assert!(lines[2].contains("orders at 4"), "{table}");
+    let consumed = |line: &str| line.split_whitespace().rev().nth(1).unwrap().to_owned();
+    assert_eq!(consumed(lines[1]), listed[0].consumed_seq.to_string(), "{table}");
+    assert_eq!(consumed(lines[2]), listed[1].consumed_seq.to_string(), "{table}");
 }
 
 #[test]

@@ -263,6 +263,8 @@ fn every_inspecting_command_reads_postgres_as_it_reads_sqlite() {
     assert_eq!(sessions["sessions"][0]["generation"], 4);
     assert_eq!(sessions["sessions"][1]["name"], "what-if");
     assert_eq!(sessions["sessions"][1]["forked_from"]["session"], "orders");
+    assert_eq!(sessions["sessions"][1]["own_commits"], 2);
+    assert!(sessions["sessions"][1]["consumed_seq"].as_u64() > Some(0), "{sessions}");
     let dead = pg.json(&["outbox", "show", support::DEAD]);
     assert_eq!(dead["status"], "dead");
     assert_eq!(dead["failed_attempts"], 1);
@@ -292,6 +294,22 @@ fn every_inspecting_command_reads_postgres_as_it_reads_sqlite() {
     ] {
         assert_eq!(pg.run(args).ok().stdout, sqlite.run(args).ok().stdout, "{args:?}");
     }
+    // `sessions` shows the same columns for both, the creation time (its last) aside.
+    let without_time = |run: Run| -> Vec<String> {
+        run.ok()
+            .stdout
+            .lines()
+            .map(|line| {
+                line.rsplit_once("  ")
+                    .map_or(line, |(rest, _)| rest)
+                    .trim_end()
+                    .to_owned()
+            })
+            .collect()
+    };
+    let on_pg = without_time(pg.run(&["sessions"]));
+    assert_eq!(on_pg, without_time(sqlite.run(&["sessions"])));
+    assert!(on_pg[0].starts_with("SESSION  COMMITS  OWN  HEAD"), "{on_pg:?}");
 
     // The audit trail: one JSON object per commit, the same lines as SQLite's.
     let lines = |run: Run| -> Vec<Value> {
@@ -606,7 +624,7 @@ fn a_changed_row_fails_verify_with_exit_1_and_the_other_commands_with_exit_2() {
         "the refused retry changed nothing"
     );
 
-    // PostgresStore::sessions reads each session's own commits besides what `sessions` shows.
+    // PostgresStore::sessions reads each session's own commits, as `sessions` shows them.
     let sessions = block_on(async {
         let options = PostgresOptions::new(&url).schema(&ledger.name).pool_size(1);
         let store = PostgresStore::open(options).await.unwrap();

@@ -1,4 +1,5 @@
-//! `sessions`: the sessions of the store, with their heads.
+//! `sessions`: the sessions of the store, with their heads. A SQLite file and a PostgreSQL
+//! store list the same columns (`store::SessionInfo`, whichever backend read them).
 
 use serde_json::json;
 
@@ -16,8 +17,10 @@ pub fn sessions(env: &Env) -> Outcome {
                 json!({
                     "name": s.name,
                     "generation": s.generation.0,
+                    "own_commits": s.commits,
                     "head": s.head.map(|h| h.to_string()),
                     "forked_from": s.forked_from.as_ref().map(|(parent, at)| json!({"session": parent, "generation": at.0})),
+                    "consumed_seq": s.consumed_seq,
                     "created_at": time(s.created_at),
                 })
             })
@@ -25,15 +28,25 @@ pub fn sessions(env: &Env) -> Outcome {
         print_json(&json!({ "sessions": list }));
         return Ok(());
     }
-    let mut table = Table::new(&["SESSION", "COMMITS", "HEAD", "FORKED FROM", "CREATED"]);
+    let mut table = Table::new(&[
+        "SESSION",
+        "COMMITS",
+        "OWN",
+        "HEAD",
+        "FORKED FROM",
+        "CONSUMED",
+        "CREATED",
+    ]);
     for s in &sessions {
         table.row(vec![
             s.name.clone(),
             s.generation.0.to_string(),
+            s.commits.to_string(),
             s.head.map_or_else(|| "-".to_owned(), |h| h.short()),
             s.forked_from
                 .as_ref()
                 .map_or_else(|| "-".to_owned(), |(parent, at)| format!("{parent} at {}", at.0)),
+            s.consumed_seq.to_string(),
             time(s.created_at),
         ]);
     }
