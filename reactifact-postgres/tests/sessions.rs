@@ -195,3 +195,16 @@ async fn a_session_row_changed_outside_reactifact_is_refused_naming_the_session(
         assert!(error.contains(says), "{change}: {error}");
     }
 }
+
+/// Code written against the old name builds, reading the same fields.
+#[allow(deprecated)]
+#[test]
+fn the_old_name_is_the_same_type() {
+    fn old(info: &reactifact_postgres::PgSessionInfo) -> (u64, u64) {
+        (info.consumed_seq, info.commits)
+    }
+    let mut info = SessionInfo::new("orders", UNIX_EPOCH);
+    info.consumed_seq = u64::MAX;
+    info.commits = 3;
+    assert_eq!(old(&info), (u64::MAX, 3));
+}
