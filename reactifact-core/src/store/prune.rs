@@ -152,8 +152,10 @@ pub struct PruneSummary {
     pub passes: u64,
     /// Passes that failed (each was logged at warn; the next pass runs on schedule).
     pub failed: u64,
-    /// Rows deleted, by every batch that committed: those of the passes that ran to their end,
-    /// of the failed ones before their error, and of the pass a stop cut short.
+    /// Rows deleted by every batch whose answer came back: the batches of the passes that ran
+    /// to their end, of the failed ones before their error, and of the pass a stop cut short.
+    /// (A batch the stop dropped while the store was running it committed whole or not at
+    /// all, and is not counted.)
     pub deleted: u64,
 }
 
