@@ -1,18 +1,21 @@
 //! Pruning against the real server: which rows a prune deletes (final ones older than the
-//! cut-off, and nothing else), its batches, rows other transactions hold locked, and keys that
-//! must never come back (registered again after a prune, or while one runs). Runs when
-//! `REACTIFACT_TEST_POSTGRES_URL` is set (see `common`).
+//! cut-off, and nothing else: never a row awaiting approval), its batches, rows other
+//! transactions hold locked, keys that must never come back (registered again after a prune,
+//! or while one runs), the core's `Ledger` over this store, and the schedule with its stop.
+//! The pruning itself is the core's (`reactifact-core/tests/prune.rs` runs it on memory and
+//! SQLite, the schedule on the paused clock). Runs when `REACTIFACT_TEST_POSTGRES_URL` is set
+//! (see `common`).
 
 mod common;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use reactifact_core::ledger::DeliveryStatus;
+use reactifact_core::ledger::{DeliveryStatus, Ledger};
 use reactifact_core::store::{ClaimRequest, FailedAttempt, OutboxStore, Outcome, Recording};
-use reactifact_core::store_contract::{at, new_intents};
+use reactifact_core::store_contract::{approval_intents, at, new_intents};
 use reactifact_core::{ActionKey, Scope};
-use reactifact_postgres::{PostgresOutbox, PruneOptions};
+use reactifact_postgres::{PostgresOutbox, PruneOptions, PruneSummary};
 
 use common::Schemas;
 
@@ -386,4 +389,136 @@ async fn a_key_registered_while_its_prune_runs_does_not_come_back() {
     assert_eq!(counts.pending, 0, "{counts:?}");
     drop((blocker, watcher));
     let _ = (blocker_driver.await, watcher_driver.await);
+}
+
+/// Rows awaiting approval are never pruned; a rejected row is final and pruned with the
+/// cancelled ones (kept by `keep_cancelled`).
+#[tokio::test]
+async fn rows_awaiting_approval_stay_and_rejected_rows_go_with_the_cancelled() {
+    let Some(url) = common::url("rows_awaiting_approval_stay_and_rejected_rows_go_with_the_cancelled") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "prune_approval");
+    let outbox = schemas.open().await;
+    let awaiting = [("ask:0", "email"), ("ask:1", "email"), ("no:0", "email")];
+    outbox
+        .register_alone(&approval_intents("a", 1, &awaiting), at(0))
+        .await
+        .unwrap();
+    outbox.reject("no:0", "ops", "too much", at(0)).await.unwrap();
+    register(&outbox, "a", 2, &keys("sent", 4), at(0)).await;
+    settle_with(&outbox, 100, at(0), Outcome::Delivered).await;
+
+    let kept = outbox
+        .prune(&PruneOptions::older_than(HOUR).keep_cancelled())
+        .await
+        .unwrap();
+    assert_eq!(kept.deleted, 4);
+    assert_eq!(
+        outbox.get("no:0").await.unwrap().unwrap().status(),
+        DeliveryStatus::Rejected
+    );
+    let all = outbox.prune(&PruneOptions::older_than(HOUR)).await.unwrap();
+    assert_eq!(all.deleted, 1);
+    assert!(outbox.get("no:0").await.unwrap().is_none());
+    for key in ["ask:0", "ask:1"] {
+        let entry = outbox.get(key).await.unwrap().expect(key);
+        assert_eq!(entry.status(), DeliveryStatus::AwaitingApproval, "{key}");
+    }
+    // The rejected key, asked again, is not asked again.
+    outbox
+        .register_alone(&approval_intents("b", 3, &[("no:0", "email")]), SystemTime::now())
+        .await
+        .unwrap();
+    assert!(outbox.get("no:0").await.unwrap().is_none());
+}
+
+/// The core's `Ledger` over a PostgreSQL outbox prunes as `PostgresOutbox::prune` does (it is
+/// the same code), for the whole store whatever its scope, and `usize::MAX` rows a batch and an
+/// age of `Duration::MAX` from outside are taken as they are.
+#[tokio::test]
+async fn the_core_ledger_prunes_a_postgres_store_and_takes_extremes_from_outside() {
+    let Some(url) = common::url("the_core_ledger_prunes_a_postgres_store_and_takes_extremes_from_outside") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "prune_ledger");
+    let outbox = schemas.open().await;
+    mixed(&outbox).await;
+    let ledger = Ledger::new(outbox.clone()).session("nobody");
+    let none = ledger.prune(&PruneOptions::older_than(Duration::MAX)).await.unwrap();
+    assert_eq!(none.before, SystemTime::UNIX_EPOCH);
+    assert_eq!((none.deleted, none.batches, none.complete), (0, 1, true));
+    let options = PruneOptions::older_than(HOUR)
+        .batch(usize::MAX)
+        .max_batches(u64::MAX)
+        .pause(Duration::MAX);
+    let all = ledger.prune(&options).await.unwrap();
+    // One batch takes the 1,000 delivered and 300 cancelled rows, and is short: no pause.
+    assert_eq!((all.deleted, all.batches, all.complete), (1300, 1, true));
+    let counts = outbox.counts(&Scope::all()).await.unwrap();
+    assert_eq!(
+        (
+            counts.delivered,
+            counts.pending,
+            counts.in_flight,
+            counts.failed,
+            counts.dead,
+            counts.held
+        ),
+        (150, 200, 200, 100, 100, 50),
+        "{counts:?}"
+    );
+}
+
+/// Polls the server (bounded) until `outbox` holds `delivered` delivered rows.
+async fn until_delivered(outbox: &PostgresOutbox, delivered: u64) {
+    for _ in 0..4000 {
+        if outbox.counts(&Scope::all()).await.unwrap().delivered == delivered {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("the outbox never held {delivered} delivered rows");
+}
+
+/// `PostgresOutbox::prune_every` runs the core's schedule on the server: a stop already given
+/// runs no pass; a pass prunes the old rows; a stop during a pause between batches drops the
+/// pass and keeps what its batches deleted.
+#[tokio::test]
+async fn the_schedule_prunes_on_the_server_until_stopped() {
+    let Some(url) = common::url("the_schedule_prunes_on_the_server_until_stopped") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "prune_every");
+    let outbox = schemas.open().await;
+    register(&outbox, "a", 1, &keys("k", 300), at(0)).await;
+    settle_with(&outbox, 1000, at(0), Outcome::Delivered).await;
+
+    let summary = outbox
+        .prune_every(Duration::ZERO, PruneOptions::older_than(HOUR), std::future::ready(()))
+        .await;
+    assert_eq!(summary, PruneSummary::default());
+    assert_eq!(outbox.counts(&Scope::all()).await.unwrap().delivered, 300);
+
+    // Batches of 100 with a pause longer than the test: the first batch commits, then the
+    // pass waits, and the stop comes while it does.
+    let options = PruneOptions::older_than(HOUR).batch(100).pause(HOUR * 24);
+    let summary = outbox
+        .prune_every(Duration::MAX, options, until_delivered(&outbox, 200))
+        .await;
+    assert_eq!((summary.passes, summary.failed), (0, 0), "{summary:?}");
+    assert!(summary.deleted <= 100, "{summary:?}");
+    assert_eq!(outbox.counts(&Scope::all()).await.unwrap().delivered, 200);
+
+    // Every millisecond, until the rest is gone: no pass fails.
+    let summary = outbox
+        .prune_every(
+            Duration::from_millis(1),
+            PruneOptions::older_than(HOUR).batch(60),
+            until_delivered(&outbox, 0),
+        )
+        .await;
+    assert_eq!(summary.failed, 0, "{summary:?}");
+    assert!(summary.deleted >= 140 && summary.deleted <= 200, "{summary:?}");
+    assert!(outbox.get("k:299").await.unwrap().is_none());
 }
