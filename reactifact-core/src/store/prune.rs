@@ -12,6 +12,8 @@
 //! A tombstone is what keeps a pruned key from coming back: registering it again (a retry, a
 //! replay or another branch re-deriving the same intent) inserts nothing, so the key is never
 //! delivered twice. Tombstones are never deleted.
+//!
+//! [`OutboxStore::purge`]: crate::store::OutboxStore::purge
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -161,8 +163,9 @@ pub struct PruneSummary {
 
 impl Ledger {
     /// Deletes the final rows of the store last changed more than `options.age()` ago, in
-    /// batches of `options.batch_size()` rows, each batch an [`OutboxStore::purge`] in a
-    /// transaction of its own, oldest first, until a batch finds fewer rows than a full one
+    /// batches of `options.batch_size()` rows, each batch an
+    /// [`OutboxStore::purge`](crate::store::OutboxStore::purge) in a transaction of its own,
+    /// oldest first, until a batch finds fewer rows than a full one
     /// (or `max_batches` ran). Delivered rows always; cancelled and rejected rows unless
     /// [`PruneOptions::keep_cancelled`]. Each deleted key leaves a tombstone, so registering it
     /// again never registers it: it is never delivered again.
