@@ -24,7 +24,7 @@ use reactifact_core::ledger::{
     Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken, LedgerQuery, Page, PurgeFilter, StatusCounts,
 };
 use reactifact_core::store::{
-    check_decision, reclaimed_error, taken_over_error, BoxFuture, ClaimRequest, Claimed, FailedAttempt, NewIntent,
+    check_decision, reclaimed_error, taken_over_error, BoxFuture, ClaimRequest, Claimed, LastError, NewIntent,
     OutboxStore, Outcome, Recorded, Recording, Verdict, Wakeups, ATTEMPTS_KEPT,
 };
 use reactifact_core::{ActionKey, Scope};
@@ -34,7 +34,7 @@ use tokio_postgres::GenericClient;
 
 use crate::connect::{pool_error, store_error, valid_schema, DriverError, OpenError, PostgresOptions, Target};
 use crate::listen::{self, Notifications};
-use crate::row::{self, ceil_ms, columns, hold_set, intact, ms, set_with_digest, Row};
+use crate::row::{self, columns, hold_set, intact, ms, set_with_digest, Row};
 use crate::schema::{self, quoted};
 
 /// The outbox of a PostgreSQL store: the delivery ledger as the `outbox` table of the store's
@@ -128,20 +128,40 @@ fn scope_sql(s: &str, scope: &Scope, params: &mut Params) -> String {
     sql
 }
 
-/// The outcome codes of the record statement.
-fn outcome_code(outcome: &Outcome) -> (i64, Option<String>, Option<i64>) {
-    match outcome {
-        Outcome::Delivered => (0, None, None),
-        Outcome::Failed { error, next } => match next {
-            FailedAttempt::RetryAt(t) => (1, Some(error.clone()), Some(ceil_ms(*t))),
-            FailedAttempt::AwaitRetry => (2, Some(error.clone()), None),
-            // `FailedAttempt` may gain variants: an unknown one gives up, as `Dead` does.
-            _ => (3, Some(error.clone()), None),
-        },
-        Outcome::Held { reason } => (4, Some(reason.clone()), None),
-        Outcome::Interrupted { reason } => (5, Some(reason.clone()), None),
-        // `Released`, and any outcome added later: pending again, the attempt uncounted.
-        _ => (6, None, None),
+/// The columns of the record statement's `u`: what each outcome of a batch does to its row
+/// (`Outcome::transition`, the table every store applies), one array per column.
+#[derive(Default)]
+struct Transitions {
+    status: Vec<i64>,
+    error: Vec<Option<String>>,
+    next_at: Vec<Option<i64>>,
+    due: Vec<Option<i64>>,
+    uncount: Vec<bool>,
+    interrupted: Vec<bool>,
+    keep_error: Vec<bool>,
+    delivered: Vec<bool>,
+    history: Vec<Option<i64>>,
+}
+
+impl Transitions {
+    fn of(batch: &[Recording], now: SystemTime) -> Transitions {
+        let mut t = Transitions::default();
+        for r in batch {
+            let change = r.outcome.transition();
+            t.status.push(i64::from(change.status.code()));
+            t.due.push(change.due_at(now).map(ms));
+            t.next_at.push(change.next_attempt_at.map(ms));
+            t.uncount.push(change.uncount_attempt);
+            t.interrupted.push(change.count_interrupted);
+            t.keep_error.push(change.last_error == LastError::Keep);
+            t.error.push(match change.last_error {
+                LastError::Set(error) => Some(error.to_owned()),
+                LastError::Clear | LastError::Keep => None,
+            });
+            t.delivered.push(change.delivered);
+            t.history.push(change.history.as_ref().map(|h| i64::from(h.code().0)));
+        }
+        t
     }
 }
 
@@ -218,8 +238,10 @@ impl Statements {
         );
         let record = format!(
             "WITH u AS MATERIALIZED (
-                 SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::bigint[])
-                     WITH ORDINALITY AS u(key, token, outcome, error, next_at, ord)
+                 SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::bigint[], $7::bigint[],
+                                     $8::bool[], $9::bool[], $10::bool[], $11::bool[], $12::bigint[])
+                     WITH ORDINALITY AS u(key, token, status, error, next_at, due, uncount, interrupted,
+                                          keep_error, delivered, history, ord)
              ), t AS MATERIALIZED (
                  -- The rows, locked in one order (seq) by every record and renewal, and each
                  -- checked once, as locked.
@@ -236,15 +258,14 @@ impl Statements {
                  INSERT INTO {s}.outbox_attempts
                      (key, token, number, owner, claimed_at, lease_until, ended_at, outcome, error, retry_at)
                  SELECT t.key, t.token, t.attempts, t.owner, t.updated_at, t.lease_until, $6::bigint,
-                        CASE u.outcome WHEN 3 THEN {dead} WHEN 4 THEN {held} WHEN 5 THEN {interrupted} ELSE {failed} END,
-                        u.error, CASE WHEN u.outcome = 1 THEN u.next_at END
+                        u.history, u.error, u.next_at
                    FROM done d JOIN t ON t.ord = d.ord JOIN u ON u.ord = d.ord
-                  WHERE u.outcome IN (1, 2, 3, 4, 5)
+                  WHERE u.history IS NOT NULL
                  ON CONFLICT (key, token) DO NOTHING
              ), trimmed AS (
                  -- Only the latest attempts are kept (as in the reclaim statement).
                  DELETE FROM {s}.outbox_attempts a USING done d JOIN t ON t.ord = d.ord JOIN u ON u.ord = d.ord
-                  WHERE u.outcome IN (1, 2, 3, 4, 5) AND a.key = t.key
+                  WHERE u.history IS NOT NULL AND a.key = t.key
                     AND a.token < (SELECT b.token FROM {s}.outbox_attempts b WHERE b.key = t.key
                                     ORDER BY b.token DESC LIMIT 1 OFFSET {keep_old})
              ), bad AS (
@@ -258,46 +279,30 @@ impl Statements {
                 s,
                 "o",
                 &[
-                    (
-                        "status",
-                        "CASE u.outcome WHEN 0 THEN 2 WHEN 1 THEN 3 WHEN 2 THEN 3 WHEN 3 THEN 4 WHEN 4 THEN 5 ELSE 0 END::bigint"
-                    ),
-                    (
-                        "due_at",
-                        "CASE WHEN u.outcome IN (5, 6) THEN $6::bigint WHEN u.outcome = 1 THEN u.next_at END"
-                    ),
+                    // What the outcome does is computed in Rust (`Outcome::transition`), the
+                    // one table every store applies; the statement only applies it.
+                    ("status", "u.status"),
+                    ("due_at", "u.due"),
                     ("owner", "NULL::text"),
                     ("lease_until", "NULL::bigint"),
                     (
                         "attempts",
-                        "CASE WHEN u.outcome IN (4, 6) THEN greatest(o.attempts - 1, 0) ELSE o.attempts END"
+                        "CASE WHEN u.uncount THEN greatest(o.attempts - 1, 0) ELSE o.attempts END"
                     ),
-                    (
-                        "interrupted",
-                        "o.interrupted + CASE WHEN u.outcome = 5 THEN 1 ELSE 0 END"
-                    ),
+                    ("interrupted", "o.interrupted + u.interrupted::int"),
                     (
                         "last_error",
-                        "CASE u.outcome WHEN 0 THEN NULL WHEN 6 THEN o.last_error ELSE u.error END"
+                        "CASE WHEN u.keep_error THEN o.last_error ELSE u.error END"
                     ),
                     ("updated_at", "$6::bigint"),
                     (
                         "delivered_at",
-                        "CASE WHEN u.outcome = 0 THEN $6::bigint ELSE o.delivered_at END"
+                        "CASE WHEN u.delivered THEN $6::bigint ELSE o.delivered_at END"
                     ),
-                    ("next_attempt_at", "CASE WHEN u.outcome = 1 THEN u.next_at END"),
+                    ("next_attempt_at", "u.next_at"),
                 ],
             ),
             hold = hold_set(s, "o", "$6::bigint"),
-            failed = AttemptOutcome::Failed {
-                error: String::new(),
-                retry_at: None
-            }
-            .code()
-            .0,
-            dead = AttemptOutcome::Dead { error: String::new() }.code().0,
-            held = AttemptOutcome::Held { reason: String::new() }.code().0,
-            interrupted = AttemptOutcome::Interrupted { reason: String::new() }.code().0,
             keep_old = ATTEMPTS_KEPT - 2,
         );
         let renew = format!(
@@ -701,20 +706,6 @@ impl PostgresOutbox {
         self.inner.pool.get().await.map_err(|e| pool_error(&self.inner.name, e))
     }
 
-    /// A connection of the pool (for the prune).
-    pub(crate) async fn pooled(&self) -> Result<Object, StoreError> {
-        self.client().await
-    }
-
-    /// The prune's batch statement.
-    pub(crate) fn prune_sql(&self, cancelled: bool) -> &str {
-        self.purge_sql(if cancelled {
-            PurgeFilter::Final
-        } else {
-            PurgeFilter::Delivered
-        })
-    }
-
     /// The batch statement purging the final rows `filter` admits.
     fn purge_sql(&self, filter: PurgeFilter) -> &str {
         &self.inner.sql.purge[match filter {
@@ -1056,17 +1047,25 @@ impl Inner {
                 .iter()
                 .map(|r| i64::try_from(r.token.0).unwrap_or(i64::MAX))
                 .collect();
-            let mut codes = Vec::with_capacity(batch.len());
-            let mut errors = Vec::with_capacity(batch.len());
-            let mut next = Vec::with_capacity(batch.len());
-            for r in batch {
-                let (code, error, at) = outcome_code(&r.outcome);
-                codes.push(code);
-                errors.push(error);
-                next.push(at);
-            }
+            let t = Transitions::of(batch, now);
             let rows = client
-                .query(&stmt, &[&keys, &tokens, &codes, &errors, &next, &at])
+                .query(
+                    &stmt,
+                    &[
+                        &keys,
+                        &tokens,
+                        &t.status,
+                        &t.error,
+                        &t.next_at,
+                        &at,
+                        &t.due,
+                        &t.uncount,
+                        &t.interrupted,
+                        &t.keep_error,
+                        &t.delivered,
+                        &t.history,
+                    ],
+                )
                 .await
                 .map_err(&err)?;
             for (r, row) in batch.iter().zip(&rows) {

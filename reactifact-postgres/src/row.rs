@@ -33,14 +33,6 @@ pub(crate) fn ms(t: SystemTime) -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-/// `t` rounded up to a whole millisecond, in milliseconds: what the store keeps of a retry
-/// time, never early.
-pub(crate) fn ceil_ms(t: SystemTime) -> i64 {
-    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let whole = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
-    whole.saturating_add(i64::from(d.subsec_nanos() % 1_000_000 != 0))
-}
-
 /// The time of a stored millisecond count: the epoch for a negative one, at most
 /// [`FAR_FUTURE`](reactifact_core::store::FAR_FUTURE) (a damaged value never yields an unprintable
 /// time).

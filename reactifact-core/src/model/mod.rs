@@ -1,6 +1,7 @@
 //! The model: values with no behaviour of their own — artifacts and their ids, kinds and
-//! versions, intents and their keys, events, hashes, the operations a patch is made of, and
-//! lease owners with the rule that proves one dead.
+//! versions, intents and their keys, events, hashes, the operations a patch is made of, lease
+//! owners with the rule that proves one dead, and the table of what a delivery's outcome does
+//! to its ledger row.
 //!
 //! Nothing here imports from the rest of the crate.
 
@@ -11,6 +12,7 @@ pub(crate) mod delivery;
 pub(crate) mod event;
 pub(crate) mod field_diff;
 pub(crate) mod hash;
+pub(crate) mod outcome;
 pub(crate) mod owner;
 pub(crate) mod panic;
 pub(crate) mod parked;

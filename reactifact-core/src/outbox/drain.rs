@@ -952,8 +952,8 @@ impl<'a> Drain<'a> {
             // The row is as this outcome leaves it, under this claim's token, which no other
             // drain writes with: an earlier write of it landed and its answer was lost (the
             // store failed after its commit), so it counts as recorded.
-            Recorded::Stale { status, token } if token == ours && status == Some(status_after(&outcome)) => {
-                Recorded::Accepted(status_after(&outcome))
+            Recorded::Stale { status, token } if token == ours && status == Some(outcome.transition().status) => {
+                Recorded::Accepted(outcome.transition().status)
             }
             recorded => recorded,
         };
@@ -996,20 +996,6 @@ impl<'a> Drain<'a> {
             Outcome::Interrupted { .. } => metrics.outcome(kind, Counted::Interrupted, None),
             Outcome::Released => {}
         }
-    }
-}
-
-/// The status `outcome` leaves its intent in.
-fn status_after(outcome: &Outcome) -> DeliveryStatus {
-    match outcome {
-        Outcome::Delivered => DeliveryStatus::Delivered,
-        Outcome::Failed {
-            next: FailedAttempt::Dead,
-            ..
-        } => DeliveryStatus::Dead,
-        Outcome::Failed { .. } => DeliveryStatus::Failed,
-        Outcome::Held { .. } => DeliveryStatus::Held,
-        Outcome::Interrupted { .. } | Outcome::Released => DeliveryStatus::Pending,
     }
 }
 

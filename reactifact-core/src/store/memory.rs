@@ -57,13 +57,14 @@ use hashbrown::HashTable;
 
 use crate::model::action::{ActionKey, Intent, Origin, Payload};
 use crate::model::delivery::{
-    ceil_millis, from_unix_millis, later, unix_millis, Attempt, AttemptOutcome, Decision, Delivery, DeliveryStatus,
-    FenceToken, Lease, NewIntent, Remarks, Verdict, ATTEMPTS_KEPT,
+    from_unix_millis, later, unix_millis, Attempt, AttemptOutcome, Decision, Delivery, DeliveryStatus, FenceToken,
+    Lease, NewIntent, Remarks, Verdict, ATTEMPTS_KEPT,
 };
+use crate::model::outcome::{due_at, LastError};
 use crate::model::trace::TraceParent;
 use crate::store::outbox::{
-    check_decision, ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery,
-    OutboxStore, Outcome, Page, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts,
+    check_decision, ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, LedgerQuery, OutboxStore, Page,
+    PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts,
 };
 use crate::store::StoreError;
 
@@ -810,11 +811,7 @@ impl Inner {
         change(e);
         e.updated_ms = now_ms;
         let status = e.status;
-        let due = match status {
-            DeliveryStatus::Pending => Some(now_ms),
-            DeliveryStatus::Failed => e.remarks.next_attempt_at().map(unix_millis),
-            _ => None,
-        };
+        let due = due_at(status, e.remarks.next_attempt_at(), now).map(unix_millis);
         e.set_due(due);
         let to = class(e);
         self.tally.moved(e, Some(from), Some(to));
@@ -1079,40 +1076,27 @@ impl Inner {
             };
         };
         let now_ms = unix_millis(now);
-        if let Some(ended) = recording.outcome.attempt_outcome() {
+        let t = recording.outcome.transition();
+        if let Some(ended) = t.history.clone() {
             self.end_attempt(pos, now, ended);
         }
-        let status = self.transition(pos, now, |d| match &recording.outcome {
-            Outcome::Delivered => {
-                d.status = DeliveryStatus::Delivered;
-                d.remarks.set_last_error(None);
+        let status = self.transition(pos, now, |d| {
+            d.status = t.status;
+            if t.uncount_attempt {
+                d.attempts = d.attempts.saturating_sub(1);
+            }
+            if t.count_interrupted {
+                d.remarks.count_interrupted();
+            }
+            match t.last_error {
+                LastError::Clear => d.remarks.set_last_error(None),
+                LastError::Keep => {}
+                LastError::Set(error) => d.remarks.set_last_error(Some(error.to_owned())),
+            }
+            if t.delivered {
                 d.delivered_ms = now_ms.min(NOT_DELIVERED - 1);
             }
-            Outcome::Failed { error, next } => {
-                d.remarks.set_last_error(Some(error.clone()));
-                match *next {
-                    FailedAttempt::RetryAt(at) => {
-                        d.status = DeliveryStatus::Failed;
-                        d.remarks.set_next_attempt_at(Some(ceil_millis(at)));
-                    }
-                    FailedAttempt::AwaitRetry => d.status = DeliveryStatus::Failed,
-                    FailedAttempt::Dead => d.status = DeliveryStatus::Dead,
-                }
-            }
-            Outcome::Held { reason } => {
-                d.status = DeliveryStatus::Held;
-                d.attempts = d.attempts.saturating_sub(1);
-                d.remarks.set_last_error(Some(reason.clone()));
-            }
-            Outcome::Interrupted { reason } => {
-                d.status = DeliveryStatus::Pending;
-                d.remarks.count_interrupted();
-                d.remarks.set_last_error(Some(reason.clone()));
-            }
-            Outcome::Released => {
-                d.status = DeliveryStatus::Pending;
-                d.attempts = d.attempts.saturating_sub(1);
-            }
+            d.remarks.set_next_attempt_at(t.next_attempt_at);
         });
         self.forget_leases_if_none_in_flight();
         Recorded::Accepted(status)
@@ -1467,6 +1451,7 @@ mod tests {
     use crate::model::action::{Origin, PendingAction};
     use crate::model::artifact::Generation;
     use crate::model::hash::{content_hash, CommitHash};
+    use crate::model::outcome::{FailedAttempt, Outcome};
 
     #[test]
     fn a_chunked_vector_keeps_every_position_across_its_chunks() {

@@ -43,6 +43,7 @@ pub use crate::model::delivery::{
     reclaimed_error, taken_over_error, Attempt, AttemptOutcome, Decision, Delivery, DeliveryParts, DeliveryStatus,
     FenceToken, Lease, NewIntent, Verdict, ATTEMPTS_KEPT, FAR_FUTURE, MIN_LEASE,
 };
+pub use crate::model::outcome::{due_at, LastError, Transition};
 pub use ledger::Ledger;
 pub use log_store::{Act, Append, CheckpointRow, ClaimOrder, CommitRow, LogStore, OutboxCheck, SessionRow};
 pub use memory::MemoryOutbox;

@@ -35,9 +35,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::model::action::ActionKey;
-use crate::model::delivery::{
-    ceil_millis, later, Attempt, AttemptOutcome, Decision, Delivery, DeliveryStatus, FenceToken, Verdict,
-};
+use crate::model::delivery::{Attempt, AttemptOutcome, Decision, Delivery, DeliveryStatus, FenceToken, Verdict};
 use crate::store::StoreError;
 
 /// The future of a store operation: boxed, so that [`OutboxStore`] is object-safe, and `Send`,
@@ -148,72 +146,7 @@ impl Claimed {
     }
 }
 
-/// The outcome of one attempt, for [`OutboxStore::record`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Outcome {
-    /// The dispatcher reported success: delivered, final.
-    Delivered,
-    /// The attempt failed with `error`; `next` says what follows.
-    Failed {
-        /// The error, as recorded in [`Delivery::last_error`].
-        error: String,
-        /// A retry at a time, a wait for an operator's retry, or a dead letter.
-        next: FailedAttempt,
-    },
-    /// No route handles the intent's kind: held, and the attempt (which reached no handler)
-    /// not counted.
-    Held {
-        /// Why, as recorded in [`Delivery::last_error`].
-        reason: String,
-    },
-    /// The attempt was cut off before its outcome was known: pending again, due at once, the
-    /// attempt counted and counted as interrupted.
-    Interrupted {
-        /// Why, as recorded in [`Delivery::last_error`].
-        reason: String,
-    },
-    /// The claim was never handed to a dispatcher: pending again, due at once, the attempt
-    /// not counted.
-    Released,
-}
-
-impl Outcome {
-    /// How the attempt this outcome ends is kept in the attempt history: `None` for a
-    /// delivered attempt (the ledger entry itself keeps the last attempt) and for a released
-    /// claim (never handed out, not an attempt). A retry time is kept in whole milliseconds,
-    /// rounded up, and at most [`FAR_FUTURE`](crate::FAR_FUTURE), as the entry keeps it.
-    pub fn attempt_outcome(&self) -> Option<AttemptOutcome> {
-        Some(match self {
-            Outcome::Delivered | Outcome::Released => return None,
-            Outcome::Failed { error, next } => match next {
-                FailedAttempt::RetryAt(at) => AttemptOutcome::Failed {
-                    error: error.clone(),
-                    retry_at: Some(ceil_millis(later(*at, Duration::ZERO))),
-                },
-                FailedAttempt::AwaitRetry => AttemptOutcome::Failed {
-                    error: error.clone(),
-                    retry_at: None,
-                },
-                FailedAttempt::Dead => AttemptOutcome::Dead { error: error.clone() },
-            },
-            Outcome::Held { reason } => AttemptOutcome::Held { reason: reason.clone() },
-            Outcome::Interrupted { reason } => AttemptOutcome::Interrupted { reason: reason.clone() },
-        })
-    }
-}
-
-/// What follows a failed attempt.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum FailedAttempt {
-    /// The retry policy tries again then (kept in whole milliseconds, rounded up).
-    RetryAt(SystemTime),
-    /// No automatic retry: it waits for an operator's `retry`.
-    AwaitRetry,
-    /// Given up: a dead letter.
-    Dead,
-}
+pub use crate::model::outcome::{FailedAttempt, Outcome};
 
 /// One outcome to record: for the attempt claimed with `token`.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -22,12 +22,12 @@ use super::row::{self, ms, Read, Row, COLUMNS};
 use super::{check_header, open_error, open_read_only, schema, store_error, store_name, BUSY_TIMEOUT};
 use crate::model::action::ActionKey;
 use crate::model::delivery::{
-    ceil_millis, later, Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken, NewIntent, Verdict,
-    ATTEMPTS_KEPT,
+    later, Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken, NewIntent, Verdict, ATTEMPTS_KEPT,
 };
+use crate::model::outcome::LastError;
 use crate::store::outbox::{
-    check_decision, ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery,
-    OutboxStore, Outcome, Page, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts,
+    check_decision, ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, LedgerQuery, OutboxStore, Page,
+    PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts,
 };
 use crate::store::{OpenError, StoreError, Synchronous};
 
@@ -648,42 +648,26 @@ fn record(conn: &mut Connection, outcomes: &[Recording], now: SystemTime) -> rus
                 });
                 continue;
             }
-            if let Some(ended) = recording.outcome.attempt_outcome() {
-                end_attempt(tx, &row, at, &ended)?;
+            let t = recording.outcome.transition();
+            if let Some(ended) = &t.history {
+                end_attempt(tx, &row, at, ended)?;
             }
-            row.next_attempt_at = None;
-            let status = match &recording.outcome {
-                Outcome::Delivered => {
-                    row.last_error = None;
-                    row.delivered_at = Some(at);
-                    row::DELIVERED
-                }
-                Outcome::Failed { error, next } => {
-                    row.last_error = Some(error.clone());
-                    match next {
-                        FailedAttempt::RetryAt(t) => {
-                            row.next_attempt_at = Some(ms(ceil_millis(*t)));
-                            row::FAILED
-                        }
-                        FailedAttempt::AwaitRetry => row::FAILED,
-                        FailedAttempt::Dead => row::DEAD,
-                    }
-                }
-                Outcome::Held { reason } => {
-                    row.last_error = Some(reason.clone());
-                    row.attempts = (row.attempts - 1).max(0);
-                    row::HELD
-                }
-                Outcome::Interrupted { reason } => {
-                    row.last_error = Some(reason.clone());
-                    row.interrupted += 1;
-                    row::PENDING
-                }
-                Outcome::Released => {
-                    row.attempts = (row.attempts - 1).max(0);
-                    row::PENDING
-                }
-            };
+            if t.uncount_attempt {
+                row.attempts = (row.attempts - 1).max(0);
+            }
+            if t.count_interrupted {
+                row.interrupted += 1;
+            }
+            match t.last_error {
+                LastError::Clear => row.last_error = None,
+                LastError::Keep => {}
+                LastError::Set(error) => row.last_error = Some(error.to_owned()),
+            }
+            if t.delivered {
+                row.delivered_at = Some(at);
+            }
+            row.next_attempt_at = t.next_attempt_at.map(ms);
+            let status = i64::from(t.status.code());
             row.settle(status, at);
             row.update(tx)?;
             results.push(Recorded::Accepted(row.status().unwrap_or(DeliveryStatus::Held)));

@@ -558,10 +558,10 @@ impl Row {
         self.owner = None;
         self.lease_until = None;
         self.updated_at = now;
+        let status = u8::try_from(status).ok().and_then(DeliveryStatus::from_code);
         self.due_at = match status {
-            PENDING => Some(now),
-            FAILED => self.next_attempt_at,
-            _ => None,
+            Some(status) => crate::model::outcome::due_at(status, self.next_attempt_at.map(time), time(now)).map(ms),
+            None => None,
         };
     }
 }
