@@ -141,8 +141,11 @@ fn approve_and_reject_are_the_stores_operations_and_refuse_what_it_refuses() {
         entry(&path, "refund:order:3").status(),
         DeliveryStatus::AwaitingApproval
     );
-    // Approving again is idempotent.
+    // Approving again is idempotent, and still needs a name.
     run(&path, &["outbox", "approve", "refund:order:1", "--by", "someone"]).ok();
+    assert_eq!(entry(&path, "refund:order:1").decision().unwrap().by, "ada@ops");
+    run(&path, &["outbox", "approve", "refund:order:1", "--by", ""]).fails(2, "must name who decided");
+    run(&path, &["outbox", "reject", "refund:order:2", "--by", ""]).fails(2, "must name who decided");
     assert_eq!(entry(&path, "refund:order:1").decision().unwrap().by, "ada@ops");
 
     let stats = json(&path, &["outbox", "stats"]);

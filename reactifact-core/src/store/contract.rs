@@ -1166,6 +1166,14 @@ pub async fn approve_reject_legality(h: &dyn ContractHarness) {
         "approve: an empty name is refused"
     );
     assert_eq!(get(&*o, "anon").await.status(), DeliveryStatus::AwaitingApproval);
+    // The name is checked before the intent's state: an empty one is refused whatever that is.
+    assert!(
+        matches!(
+            o.approve("plain", "", at(1)).await,
+            Err(ApprovalError::NoDecider { .. })
+        ),
+        "approve: an empty name is refused before NotAwaiting"
+    );
     // Retry does not approve.
     match o.retry("anon", at(1)).await {
         Err(RetryError::NotFailed {
@@ -1180,6 +1188,22 @@ pub async fn approve_reject_legality(h: &dyn ContractHarness) {
         (again.decision().map(|d| d.by.as_str()), again.updated_at()),
         (Some("ada"), at(2)),
         "approve: approving again changes nothing"
+    );
+    assert!(
+        matches!(o.approve("yes", "", at(3)).await, Err(ApprovalError::NoDecider { .. })),
+        "approve: approving again with an empty name is refused"
+    );
+    assert!(
+        matches!(
+            o.reject("yes", "", "late", at(3)).await,
+            Err(ApprovalError::NoDecider { .. })
+        ),
+        "reject: an empty name is refused before AlreadyDecided"
+    );
+    assert_eq!(
+        get(&*o, "yes").await.decision().map(|d| (d.by.as_str(), d.at)),
+        Some(("ada", at(2))),
+        "approve: a refused repeat changes nothing"
     );
     match o.reject("yes", "bob", "late", at(3)).await {
         Err(ApprovalError::AlreadyDecided {
@@ -1210,6 +1234,13 @@ pub async fn approve_reject_legality(h: &dyn ContractHarness) {
         again.decision().map(|d| (d.by.as_str(), d.reason.as_deref())),
         Some(("bob", Some("too risky"))),
         "reject: rejecting again changes nothing"
+    );
+    assert!(
+        matches!(
+            o.reject("no", "", "other", at(5)).await,
+            Err(ApprovalError::NoDecider { .. })
+        ),
+        "reject: rejecting again with an empty name is refused"
     );
     match o.approve("no", "carol", at(5)).await {
         Err(ApprovalError::AlreadyDecided {
@@ -2298,6 +2329,10 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                 let what = format!("differential step {step}: {verdict:?} {key} by {by:?}");
                 match model.iter_mut().find(|m| m.key == key && !m.purged) {
                     None => assert!(matches!(got, Err(ApprovalError::UnknownKey(_))), "{what}: {got:?}"),
+                    // The name first, whatever the intent's state.
+                    Some(_) if by.is_empty() => {
+                        assert!(matches!(got, Err(ApprovalError::NoDecider { .. })), "{what}: {got:?}")
+                    }
                     Some(m) => match &m.decision {
                         Some((v, _, _, _)) if *v == verdict => {
                             check_entry(&got.unwrap_or_else(|e| panic!("{what}: {e}")), m, step)
@@ -2314,9 +2349,6 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                             Err(ApprovalError::NotAwaiting { status, .. }) if status == m.status => {}
                             other => panic!("{what}: not awaiting ({}), got {other:?}", m.status),
                         },
-                        None if by.is_empty() => {
-                            assert!(matches!(got, Err(ApprovalError::NoDecider { .. })), "{what}: {got:?}")
-                        }
                         None => {
                             let reason = (verdict == Verdict::Rejected).then(|| "no".to_owned());
                             m.decision = Some((verdict, by.to_owned(), now, reason));

@@ -386,8 +386,10 @@ pub enum ApprovalError {
 /// Whether an approval or rejection (`verdict`, by `by`) may be recorded on the entry of `key`,
 /// which is in `status` with `decision`: `Ok(true)` to record it; `Ok(false)` when that decision
 /// is already recorded (deciding the same way again changes nothing: the first stands); or why
-/// not. The one rule every store's [`approve`](OutboxStore::approve) and
-/// [`reject`](OutboxStore::reject) follow; for the stores, not needed to use one.
+/// not. An empty `by` is refused first, whatever the entry's state, so that a repeated decision
+/// needs a name as the first one did. The one rule every store's
+/// [`approve`](OutboxStore::approve) and [`reject`](OutboxStore::reject) follow; for the
+/// stores, not needed to use one.
 #[doc(hidden)]
 pub fn check_decision(
     key: &str,
@@ -396,6 +398,11 @@ pub fn check_decision(
     verdict: Verdict,
     by: &str,
 ) -> Result<bool, ApprovalError> {
+    if by.is_empty() {
+        return Err(ApprovalError::NoDecider {
+            key: ActionKey::from(key),
+        });
+    }
     if let Some(decision) = decision {
         if decision.verdict == verdict {
             return Ok(false);
@@ -410,11 +417,6 @@ pub fn check_decision(
         return Err(ApprovalError::NotAwaiting {
             key: ActionKey::from(key),
             status,
-        });
-    }
-    if by.is_empty() {
-        return Err(ApprovalError::NoDecider {
-            key: ActionKey::from(key),
         });
     }
     Ok(true)
