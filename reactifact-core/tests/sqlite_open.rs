@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use reactifact_core::error::OpenError;
+use reactifact_core::store::SqliteOutbox;
 use reactifact_core::{Context, OpenOptions};
 
 /// Every file of `dir`, with its length and a digest of its bytes (so a failed comparison
@@ -68,6 +69,68 @@ fn a_foreign_file_claiming_our_schema_version_is_refused() {
     let err = Context::open(&path, "orders").unwrap_err();
     assert!(matches!(err, OpenError::Foreign { .. }), "{err:?}");
     assert_eq!(files(dir.path()), before);
+}
+
+/// A current file whose schema version was lowered outside reactifact still has the tables
+/// and columns of the versions above it: migrating it would stop at SQLite's own "table
+/// checkpoints already exists". Every open — writable, read-only, a standalone outbox —
+/// refuses it as corrupt, naming the version it claims and the first thing ahead of it, and
+/// leaves the file as it was.
+#[test]
+fn a_file_whose_schema_version_was_lowered_is_corrupt_and_left_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = stored(dir.path());
+    let user_version = || -> i64 {
+        rusqlite::Connection::open(&path)
+            .unwrap()
+            .query_row("PRAGMA user_version", [], |row| row.get(0))
+            .unwrap()
+    };
+    let set_version = |version: i64| {
+        rusqlite::Connection::open(&path)
+            .unwrap()
+            .pragma_update(None, "user_version", version)
+            .unwrap();
+    };
+    let current = user_version();
+    let ahead = [
+        (1, "table `outbox`, which schema version 2 added"),
+        (2, "table `checkpoints`, which schema version 3 added"),
+        (3, "table `outbox_attempts`, which schema version 4 added"),
+        (4, "column `outbox.decision`, which schema version 5 added"),
+        (5, "column `outbox.trace_parent`, which schema version 6 added"),
+    ];
+    for (lowered, named) in ahead {
+        set_version(lowered);
+        let before = files(dir.path());
+        let opens = [
+            ("writable", Context::open(&path, "orders").map(drop)),
+            (
+                "read-only",
+                Context::open_with(&path, "orders", OpenOptions::new().read_only(true)).map(drop),
+            ),
+            ("standalone outbox", SqliteOutbox::open(&path).map(drop)),
+        ];
+        for (open, opened) in opens {
+            let err = opened.expect_err(&format!("version {lowered}, {open}: the file opened"));
+            assert!(
+                matches!(err, OpenError::Corrupt { source: None, .. }),
+                "version {lowered}, {open}: {err:?}"
+            );
+            let message = err.to_string();
+            assert!(
+                message.contains(&format!("its schema version is {lowered}, but it has {named}")),
+                "version {lowered}, {open}: {message}"
+            );
+        }
+        assert_eq!(files(dir.path()), before, "version {lowered}: the file was changed");
+        assert_eq!(user_version(), lowered);
+    }
+    // Its version set back, the file opens and verifies: nothing else was touched.
+    set_version(current);
+    let ctx = Context::open(&path, "orders").unwrap();
+    assert_eq!(ctx.len(), 20);
+    ctx.verify().unwrap();
 }
 
 #[test]

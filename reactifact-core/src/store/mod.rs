@@ -252,7 +252,9 @@ pub enum OpenError {
         path: PathBuf,
     },
     /// The file is a SQLite database, but damaged or truncated, or its content does not
-    /// decode or does not match its own hashes.
+    /// decode or does not match its own hashes, or its schema version is older than the
+    /// tables and columns it holds (its version was changed outside reactifact: migrating it
+    /// would fail half way, so it is left as it was).
     #[error("{path} is corrupt: {detail}")]
     Corrupt {
         /// The path opened (for a store of another crate, its description).

@@ -261,18 +261,63 @@ pub(super) fn has_checkpoints(version: i64) -> bool {
     version >= 3
 }
 
+/// What each version added that a file of an older version cannot hold: the tables it
+/// created, and the columns it added to `outbox`. (Version 1 → 2 creates the outbox with the
+/// columns of versions 5 and 6, but leaves the file at the current version.)
+const ADDED: [(i64, &[&str], &[&str]); 5] = [
+    (2, &["outbox", "outbox_members", "outbox_purged"], &[]),
+    (3, &["checkpoints"], &[]),
+    (
+        4,
+        &["outbox_attempts"],
+        &["claim_owner", "claimed_at", "claim_until", "claim_token"],
+    ),
+    (5, &[], &["decision", "decided_by", "decided_at", "decision_reason"]),
+    (6, &[], &["trace_parent"]),
+];
+
+/// The first table or `outbox` column of `tables` and `columns` that a version after `version`
+/// added, named with that version: a file whose stated version is older than what it holds
+/// (its `user_version` was lowered outside reactifact). Migrating it would fail half way on
+/// SQLite's own "already exists".
+fn ahead_of(version: i64, tables: &[&str], columns: &[&str]) -> Option<String> {
+    ADDED
+        .iter()
+        .filter(|(added, ..)| *added > version)
+        .find_map(|(added, new_tables, new_columns)| {
+            let table = new_tables
+                .iter()
+                .find(|t| tables.contains(t))
+                .map(|t| format!("table `{t}`"));
+            let column = || {
+                new_columns
+                    .iter()
+                    .find(|c| columns.contains(c))
+                    .map(|c| format!("column `outbox.{c}`"))
+            };
+            table
+                .or_else(column)
+                .map(|what| format!("{what}, which schema version {added} added"))
+        })
+}
+
 /// The file's schema version, refusing what reactifact did not write: a negative or newer
 /// version, tables of another program in a file without a version, or a version without
-/// reactifact's tables. `0` is a new, empty database.
+/// reactifact's tables; and a file whose version is older than the tables and columns it
+/// holds ([`OpenError::Corrupt`]: its version was changed outside reactifact). `0` is a new,
+/// empty database. Reads only.
 pub(super) fn schema_version(conn: &Connection, path: &Path) -> Result<i64, OpenError> {
-    // One statement, one snapshot: another process may be creating the schema right now.
-    let (version, objects, tables): (i64, i64, String) = conn
+    // One statement, one snapshot: another process may be creating or migrating the schema
+    // right now. The outbox's columns are the file's own (`main`), not those of the view a
+    // read-only connection puts in front of an older outbox.
+    let (version, objects, tables, columns): (i64, i64, String, String) = conn
         .query_row(
             "SELECT (SELECT user_version FROM pragma_user_version), count(*),
-                    coalesce(group_concat(CASE WHEN type = 'table' THEN name END, ' '), '')
+                    coalesce(group_concat(CASE WHEN type = 'table' THEN name END, ' '), ''),
+                    (SELECT coalesce(group_concat(name, ' '), '') FROM pragma_table_info('outbox', 'main'))
              FROM sqlite_master",
             [],
-            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
         )
         .map_err(|e| open_error(path, e))?;
     if version > SCHEMA_VERSION {
@@ -282,13 +327,24 @@ pub(super) fn schema_version(conn: &Connection, path: &Path) -> Result<i64, Open
             supported: SCHEMA_VERSION,
         });
     }
+    let present: Vec<&str> = tables.split(' ').collect();
+    if version > 0 {
+        let columns: Vec<&str> = columns.split(' ').collect();
+        if let Some(ahead) = ahead_of(version, &present, &columns) {
+            return Err(OpenError::Corrupt {
+                path: path.into(),
+                detail: format!(
+                    "its schema version is {version}, but it has {ahead}: its version was changed outside \
+                     reactifact, and the file was left as it was"
+                ),
+                source: None,
+            });
+        }
+    }
     let foreign = match version {
         ..0 => true,
         0 => objects > 0,
-        _ => {
-            let present: Vec<&str> = tables.split(' ').collect();
-            !tables_of(version).iter().all(|t| present.contains(t))
-        }
+        _ => !tables_of(version).iter().all(|t| present.contains(t)),
     };
     if foreign {
         return Err(OpenError::Foreign { path: path.into() });
