@@ -15,6 +15,7 @@ use common::*;
 use reactifact_core::audit::VerifyError;
 use reactifact_core::error::{CancelError, OpenError, RetryError};
 use reactifact_core::ledger::{DeliveryStatus, FenceToken, LedgerQuery, PurgeFilter};
+use reactifact_core::runtime::Generation;
 use reactifact_core::store::{
     ClaimRequest, Claimed, FailedAttempt, OutboxStore, Outcome, Recorded, Recording, SqliteOutbox,
 };
@@ -477,9 +478,21 @@ async fn verify_names_a_deleted_row_and_a_changed_one() {
     let read_only = || Context::open_with(&path, "orders", OpenOptions::new().read_only(true)).unwrap();
     read_only().verify().unwrap();
 
+    // Commit 1 created the orders, commit 2 (billing's generation) acted every intent: each
+    // error names the commit that acted the key, as every other verify error names its commit.
     tamper(&path, "UPDATE outbox SET attempts = 7 WHERE key = 'notify:order:2'");
     match read_only().verify() {
-        Err(VerifyError::OutboxChanged { key, .. }) => assert_eq!(key.as_str(), "notify:order:2"),
+        Err(err @ VerifyError::OutboxChanged { .. }) => {
+            let VerifyError::OutboxChanged { generation, key, .. } = &err else {
+                unreachable!()
+            };
+            assert_eq!((*generation, key.as_str()), (Some(Generation(2)), "notify:order:2"));
+            assert_eq!(
+                err.to_string(),
+                "commit 2: the outbox row of `notify:order:2`, which it acted, was changed: \
+                 the row does not match its digest (it was changed outside reactifact)"
+            );
+        }
         other => panic!("expected a changed row, got {other:?}"),
     }
     tamper(&path, "UPDATE outbox SET attempts = 0 WHERE key = 'notify:order:2'");
@@ -488,7 +501,14 @@ async fn verify_names_a_deleted_row_and_a_changed_one() {
     tamper(&path, "DELETE FROM outbox WHERE key = 'notify:order:1'");
     match read_only().verify() {
         Err(err @ VerifyError::OutboxMissing { .. }) => {
-            assert!(err.to_string().contains("`notify:order:1`"), "{err}");
+            let VerifyError::OutboxMissing { generation, key } = &err else {
+                unreachable!()
+            };
+            assert_eq!((*generation, key.as_str()), (Generation(2), "notify:order:1"));
+            assert_eq!(
+                err.to_string(),
+                "commit 2: intent `notify:order:1`, which it acted, has no row in the store's outbox"
+            );
         }
         other => panic!("expected a missing row, got {other:?}"),
     }
@@ -504,6 +524,38 @@ async fn verify_names_a_deleted_row_and_a_changed_one() {
         (DeliveryStatus::Held, "orders")
     );
     assert!(entry.last_error().unwrap().starts_with("integrity:"));
+}
+
+/// The outbox check covers the store's whole outbox: a changed row of another session's
+/// intent fails this session's verify too, naming no commit of this log.
+#[tokio::test]
+async fn verify_names_the_commit_only_of_a_changed_row_its_log_acted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = store_with(dir.path(), 1).await;
+    commit_orders(&path, "returns", [9]).await;
+    tamper(&path, "UPDATE outbox SET attempts = 7 WHERE key = 'notify:order:9'");
+    let read_only = |session| Context::open_with(&path, session, OpenOptions::new().read_only(true)).unwrap();
+    match read_only("orders").verify() {
+        Err(err @ VerifyError::OutboxChanged { generation: None, .. }) => assert_eq!(
+            err.to_string(),
+            "the outbox row of `notify:order:9`, which no commit of this log acted, was changed: \
+             the row does not match its digest (it was changed outside reactifact)"
+        ),
+        other => panic!("expected a changed row, got {other:?}"),
+    }
+    match read_only("returns").verify() {
+        Err(
+            err @ VerifyError::OutboxChanged {
+                generation: Some(Generation(2)),
+                ..
+            },
+        ) => assert!(
+            err.to_string()
+                .starts_with("commit 2: the outbox row of `notify:order:9`, which it acted, was changed: "),
+            "{err}"
+        ),
+        other => panic!("expected a changed row, got {other:?}"),
+    }
 }
 
 #[test]

@@ -562,12 +562,14 @@ impl Log {
             let key: String = row.get(2);
             if !row.get::<_, bool>(0) {
                 return Ok(Some(VerifyError::OutboxChanged {
+                    generation: check.first_act(&key),
                     key: key.into(),
                     detail: CHANGED.into(),
                 }));
             }
             if !row.get::<_, bool>(1) {
                 return Ok(Some(VerifyError::OutboxChanged {
+                    generation: check.first_act(&key),
                     key: key.into(),
                     detail: REHASHED.into(),
                 }));
@@ -576,22 +578,25 @@ impl Log {
             let Ok(origin) = <[u8; 32]>::try_from(origin.as_slice()) else {
                 continue;
             };
-            if !check.commits.contains(&origin) {
+            let Some(&generation) = check.commits.get(&origin) else {
                 continue; // Born of another session's commit.
-            }
+            };
             let kind: String = row.get(3);
             let action_hash: Vec<u8> = row.get(6);
             let acted = <[u8; 32]>::try_from(action_hash.as_slice())
                 .is_ok_and(|hash| acts.contains(&(key.as_str(), origin, u64_of(row.get(5)), kind.as_str(), hash)));
             if !acted {
-                return Ok(Some(VerifyError::OutboxForged { key: key.into() }));
+                return Ok(Some(VerifyError::OutboxForged {
+                    generation,
+                    key: key.into(),
+                }));
             }
         }
         let keys: Vec<&str> = check.acts.iter().map(|a| a.key.as_str()).collect();
         let missing = client
             .query_opt(
                 &format!(
-                    "SELECT k.key FROM unnest($1::text[]) WITH ORDINALITY AS k(key, n)
+                    "SELECT k.n FROM unnest($1::text[]) WITH ORDINALITY AS k(key, n)
                       WHERE NOT EXISTS (SELECT 1 FROM {s}.outbox o WHERE o.key = k.key)
                         AND NOT EXISTS (SELECT 1 FROM {s}.outbox_purged p WHERE p.key = k.key)
                       ORDER BY k.n LIMIT 1"
@@ -600,8 +605,14 @@ impl Log {
             )
             .await
             .map_err(&err)?;
-        Ok(missing.map(|row| VerifyError::OutboxMissing {
-            key: row.get::<_, String>(0).into(),
+        // The first act (in log order) whose key has neither a row nor a tombstone.
+        let act = missing.and_then(|row| {
+            let n: i64 = row.get(0);
+            usize::try_from(n - 1).ok().and_then(|i| check.acts.get(i))
+        });
+        Ok(act.map(|act| VerifyError::OutboxMissing {
+            generation: act.generation,
+            key: act.key.clone(),
         }))
     }
 }

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use reactifact_core::audit::VerifyError;
 use reactifact_core::error::{OpenError, StoreError, WriteError};
-use reactifact_core::runtime::{Budget, TurnOutcome};
+use reactifact_core::runtime::{Budget, Generation, TurnOutcome};
 use reactifact_core::{
     Agent, Artifact, Context, DispatchError, Intent, OpenOptions, PendingAction, Produce, ProduceCall, ProduceError,
     Runtime,
@@ -115,6 +115,20 @@ async fn a_session_opens_from_its_checkpoint_and_still_verifies_its_whole_log() 
     assert_eq!(ctx.state_hash(), state_hash);
 }
 
+/// Moves the origin run of `notify:order:1`'s outbox row by `by` and writes the digest of
+/// what it then holds: a forged row that passes its own check.
+fn forge_run(schema: &str, by: i64) -> String {
+    let s = format!("\"{schema}\"");
+    format!(
+        "UPDATE {s}.outbox SET origin_run = origin_run + ({by}) WHERE key = 'notify:order:1';
+         UPDATE {s}.outbox SET digest = {s}.outbox_digest(key, kind, session, origin_commit, origin_gen,
+             origin_run, action_hash, bytes, recorded_at, status, due_at, token, owner, lease_until, attempts,
+             expired, interrupted, last_error, cancel_reason, updated_at, delivered_at, next_attempt_at,
+             decision, decided_by, decided_at, decision_reason)
+          WHERE key = 'notify:order:1'"
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_names_a_deleted_outbox_row_and_a_changed_commit_refuses_the_open() {
     let Some(url) = common::url("verify_names_a_deleted_outbox_row_and_a_changed_commit_refuses_the_open") else {
@@ -133,12 +147,59 @@ async fn verify_names_a_deleted_outbox_row_and_a_changed_commit_refuses_the_open
     rt.run().await.unwrap();
     drop(rt);
 
+    // Commit 1 created the order, commit 2 (billing's generation) acted its intent: each
+    // outbox error names it, as every other verify error names its commit.
+    let ctx = Context::open_store(store.clone(), "orders").await.unwrap();
+    ctx.verify().unwrap();
+    let attempts =
+        |by: i64| format!("UPDATE \"{schema}\".outbox SET attempts = attempts + ({by}) WHERE key = 'notify:order:1'");
+    schemas.execute(&attempts(7)).await;
+    match ctx.verify() {
+        Err(
+            err @ VerifyError::OutboxChanged {
+                generation: Some(Generation(2)),
+                ..
+            },
+        ) => assert!(
+            err.to_string()
+                .starts_with("commit 2: the outbox row of `notify:order:1`, which it acted, was changed: "),
+            "{err}"
+        ),
+        other => panic!("expected the changed row, got {other:?}"),
+    }
+    schemas.execute(&attempts(-7)).await;
+    ctx.verify().unwrap();
+    // A row that names commit 2 as its origin, with another run, and a digest that checks out.
+    schemas.execute(&forge_run(&schema, 1)).await;
+    match ctx.verify() {
+        Err(
+            err @ VerifyError::OutboxForged {
+                generation: Generation(2),
+                ..
+            },
+        ) => assert_eq!(
+            err.to_string(),
+            "commit 2: the outbox row of `notify:order:1` names it as its origin, but it did not act it"
+        ),
+        other => panic!("expected the forged row, got {other:?}"),
+    }
+    schemas.execute(&forge_run(&schema, -1)).await;
+    ctx.verify().unwrap();
+
     schemas
         .execute(&format!("DELETE FROM \"{schema}\".outbox WHERE key = 'notify:order:1'"))
         .await;
-    let ctx = Context::open_store(store.clone(), "orders").await.unwrap();
     match ctx.verify() {
-        Err(VerifyError::OutboxMissing { key }) => assert_eq!(key.as_str(), "notify:order:1"),
+        Err(err @ VerifyError::OutboxMissing { .. }) => {
+            let VerifyError::OutboxMissing { generation, key } = &err else {
+                unreachable!()
+            };
+            assert_eq!((*generation, key.as_str()), (Generation(2), "notify:order:1"));
+            assert_eq!(
+                err.to_string(),
+                "commit 2: intent `notify:order:1`, which it acted, has no row in the store's outbox"
+            );
+        }
         other => panic!("expected the missing row, got {other:?}"),
     }
     drop(ctx);

@@ -67,13 +67,14 @@ impl Context {
     /// Refolds the whole commit log from the empty state and checks every hash it recorded:
     /// each commit's numbering, parent link, artifact content hashes, intent payloads, commit
     /// hash and state hash, and finally that the live state is the state the log refolds to.
-    /// On a SQLite store it also checks the outbox against the log: every intent the log acted
-    /// has a row ([`VerifyError::OutboxMissing`]), every row born of a commit of the log is an
-    /// act of it ([`VerifyError::OutboxForged`]), and every row is as reactifact wrote it
-    /// ([`VerifyError::OutboxChanged`]), and every checkpoint the store keeps against the
-    /// refold at its commit: its digest, commit hash, state hash, and the state (every
-    /// artifact with its version, generation and bytes, the relations), event position and
-    /// queued events it holds ([`VerifyError::Checkpoint`]). A context opened from a
+    /// On a durable store it also checks the outbox against the log: every intent the log
+    /// acted has a row ([`VerifyError::OutboxMissing`]), every row born of a commit of the log
+    /// is an act of it ([`VerifyError::OutboxForged`]), and every row is as reactifact wrote it
+    /// ([`VerifyError::OutboxChanged`]), each naming the commit that acted the intent; and
+    /// every checkpoint the store keeps against the refold at its commit: its digest, commit
+    /// hash, state hash, and the state (every artifact with its version, generation and
+    /// bytes, the relations), event position and queued events it holds
+    /// ([`VerifyError::Checkpoint`]). A context opened from a
     /// checkpoint reads its older commits first (see [`Context::log`]). Reads only; runs no
     /// produce and calls no dispatcher.
     ///

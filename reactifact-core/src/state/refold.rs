@@ -18,8 +18,9 @@ use crate::state::readers::Readers;
 
 /// The first place where a commit log does not reproduce what it recorded.
 ///
-/// Every variant names the commit (its generation); those that can name an artifact or an
-/// intent do.
+/// Every variant names the commit it is about (its generation) — all but an unreadable
+/// outbox or history, and a changed outbox row of an intent no commit of the log acted;
+/// those that can name an artifact or an intent do.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum VerifyError {
@@ -97,22 +98,31 @@ pub enum VerifyError {
     },
     /// An intent the log acted has no row in the store's outbox (and was not purged): it was
     /// removed, or its key changed.
-    #[error("intent `{key}` of the log has no row in the store's outbox")]
+    #[error("commit {}: intent `{key}`, which it acted, has no row in the store's outbox", .generation.0)]
     OutboxMissing {
+        /// The first commit of the log that acted the intent (the one that registered it,
+        /// unless the intent came in through a merge).
+        generation: Generation,
         /// The intent's key.
         key: ActionKey,
     },
     /// An outbox row names a commit of the log as its origin, but no act of that commit (in
     /// the row's run, with the row's key, kind and action hash): it was forged or changed.
-    #[error("the outbox row of `{key}` names a commit of the log that did not act it")]
+    #[error("commit {}: the outbox row of `{key}` names it as its origin, but it did not act it", .generation.0)]
     OutboxForged {
+        /// The commit the row names as its origin (by its hash), which acted no such intent.
+        generation: Generation,
         /// The row's key.
         key: ActionKey,
     },
     /// An outbox row does not match its integrity digest, or its bytes their hash: it was
     /// changed outside reactifact.
-    #[error("the outbox row of `{key}` was changed: {detail}")]
+    #[error("{}", changed_row(.generation, .key, .detail))]
     OutboxChanged {
+        /// The first commit of the log that acted the row's key; `None` if none did (the check
+        /// covers the store's whole outbox: a row of another session's intent, or a row whose
+        /// key was changed).
+        generation: Option<Generation>,
         /// The row's key (as far as it reads).
         key: ActionKey,
         /// What does not match.
@@ -151,6 +161,29 @@ pub enum VerifyError {
         /// The state hash of the refolded log.
         replayed: StateHash,
     },
+}
+
+fn changed_row(generation: &Option<Generation>, key: &ActionKey, detail: &str) -> String {
+    match generation {
+        Some(generation) => format!(
+            "commit {}: the outbox row of `{key}`, which it acted, was changed: {detail}",
+            generation.0
+        ),
+        None => format!("the outbox row of `{key}`, which no commit of this log acted, was changed: {detail}"),
+    }
+}
+
+/// The first commit of `log` that acts `key`, if one does.
+pub(crate) fn first_act(log: &[Commit], key: &str) -> Option<Generation> {
+    log.iter()
+        .find(|commit| {
+            commit
+                .runs
+                .iter()
+                .flat_map(|run| &run.ops)
+                .any(|op| matches!(op, Op::Act { key: acted, .. } if acted.as_str() == key))
+        })
+        .map(|commit| commit.generation)
 }
 
 fn id_list(ids: &[ArtifactId], more: usize) -> String {

@@ -546,13 +546,14 @@ impl Store for Backed {
     fn verify_outbox(&self, log: &[Commit]) -> Result<(), VerifyError> {
         let mut check = OutboxCheck::default();
         for commit in log {
-            check.commits.insert(commit.hash.0);
+            check.commits.insert(commit.hash.0, commit.generation);
             for (run, record) in commit.runs.iter().enumerate() {
                 for op in &record.ops {
                     if let Op::Act { key, action, hash, .. } = op {
                         check.acts.push(Act {
                             key: key.clone(),
                             commit: commit.hash.0,
+                            generation: commit.generation,
                             run: run as u64,
                             kind: action.to_string(),
                             action_hash: hash.0,

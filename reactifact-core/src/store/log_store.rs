@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::model::action::ActionKey;
+use crate::model::artifact::Generation;
 use crate::model::delivery::NewIntent;
 use crate::state::refold::VerifyError;
 use crate::store::outbox::{BoxFuture, ClaimRequest, Claimed, OutboxStore, Scope};
@@ -196,6 +197,8 @@ pub struct Act {
     pub key: ActionKey,
     /// The commit that acted it.
     pub commit: [u8; 32],
+    /// That commit's generation, which a [`VerifyError`] names.
+    pub generation: Generation,
     /// The run of that commit.
     pub run: u64,
     /// Its kind.
@@ -208,10 +211,22 @@ pub struct Act {
 #[derive(Clone, Debug, Default)]
 #[non_exhaustive]
 pub struct OutboxCheck {
-    /// The hashes of every commit of the log.
-    pub commits: std::collections::HashSet<[u8; 32]>,
+    /// Every commit of the log: its hash, with its generation (which a [`VerifyError`] about
+    /// a row born of it names).
+    pub commits: std::collections::HashMap<[u8; 32], Generation>,
     /// Every act of the log, in log order.
     pub acts: Vec<Act>,
+}
+
+impl OutboxCheck {
+    /// The first commit of the log that acts `key`, if one does: the commit a
+    /// [`VerifyError::OutboxChanged`] or [`VerifyError::OutboxMissing`] for that key names.
+    pub fn first_act(&self, key: &str) -> Option<Generation> {
+        self.acts
+            .iter()
+            .find(|act| act.key.as_str() == key)
+            .map(|act| act.generation)
+    }
 }
 
 /// A durable home for the logs of sessions, beside an outbox: what a store of another crate
@@ -279,9 +294,11 @@ pub trait LogStore: Send + Sync + 'static {
 
     /// The outbox checks of [`Context::verify`](crate::Context::verify) against a verified
     /// log: every outbox row matches its digest and its bytes their action hash
-    /// ([`VerifyError::OutboxChanged`]); every row whose origin is a commit in
-    /// `check.commits` names an act of it with the same run, key, kind and action hash
-    /// ([`VerifyError::OutboxForged`]); and every act has a row or a purge tombstone
-    /// ([`VerifyError::OutboxMissing`]). `Ok(None)` if all hold.
+    /// ([`VerifyError::OutboxChanged`], naming [`check.first_act`](OutboxCheck::first_act) of
+    /// its key); every row whose origin is a commit in `check.commits` names an act of it with
+    /// the same run, key, kind and action hash ([`VerifyError::OutboxForged`], naming that
+    /// commit's generation); and every act has a row or a purge tombstone
+    /// ([`VerifyError::OutboxMissing`], naming the first act's generation). `Ok(None)` if all
+    /// hold.
     fn verify_outbox(&self, check: OutboxCheck) -> BoxFuture<'_, Result<Option<VerifyError>, StoreError>>;
 }

@@ -41,7 +41,7 @@ use crate::model::delivery::NewIntent;
 use crate::model::hash::{CommitHash, StateHash};
 use crate::model::patch::Op;
 use crate::state::commit::Commit;
-use crate::state::refold::VerifyError;
+use crate::state::refold::{first_act, VerifyError};
 use crate::store::outbox::Claimed;
 
 pub use outbox::SqliteOutbox;
@@ -502,6 +502,7 @@ impl SqliteStore {
                 row::Read::Intact(row) => row,
                 row::Read::Damaged { key, detail, .. } => {
                     return Ok(Err(VerifyError::OutboxChanged {
+                        generation: first_act(log, &key),
                         key: ActionKey::from(key),
                         detail,
                     }))
@@ -510,6 +511,7 @@ impl SqliteStore {
             let key = ActionKey::from(row.key.as_str());
             if crate::model::hash::content_hash(&row.bytes).as_bytes()[..] != row.action_hash[..] {
                 return Ok(Err(VerifyError::OutboxChanged {
+                    generation: first_act(log, &row.key),
                     key,
                     detail: "its bytes do not hash to its action hash".into(),
                 }));
@@ -530,7 +532,10 @@ impl SqliteStore {
                     })
                 });
             if !acted {
-                return Ok(Err(VerifyError::OutboxForged { key }));
+                return Ok(Err(VerifyError::OutboxForged {
+                    generation: commit.generation,
+                    key,
+                }));
             }
         }
         drop(rows);
@@ -546,7 +551,10 @@ impl SqliteStore {
                 for op in &run.ops {
                     if let Op::Act { key, .. } = op {
                         if seen.insert(key.as_str()) && !known.query_row([key.as_str()], |r| r.get::<_, bool>(0))? {
-                            return Ok(Err(VerifyError::OutboxMissing { key: key.clone() }));
+                            return Ok(Err(VerifyError::OutboxMissing {
+                                generation: commit.generation,
+                                key: key.clone(),
+                            }));
                         }
                     }
                 }
@@ -1342,7 +1350,15 @@ mod tests {
         );
         assert!(forged.insert(store.conn.get()).unwrap());
         match store.verify_outbox(std::slice::from_ref(&commit)) {
-            Err(VerifyError::OutboxForged { key }) => assert_eq!(key.as_str(), "k"),
+            Err(
+                err @ VerifyError::OutboxForged {
+                    generation: Generation(1),
+                    ..
+                },
+            ) => assert_eq!(
+                err.to_string(),
+                "commit 1: the outbox row of `k` names it as its origin, but it did not act it"
+            ),
             other => panic!("expected a forged row, got {other:?}"),
         }
         // Not a commit of this log: another session's row, not checked against it.
