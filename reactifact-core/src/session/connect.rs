@@ -20,6 +20,14 @@ pub enum ConnectError {
         /// The URL, its password replaced by `***`.
         url: String,
     },
+    /// The URL names a SQLite store, and this build of the crate leaves SQLite out (its
+    /// `sqlite` feature, on by default, is off).
+    #[error("`{url}` names a SQLite store, which this build of reactifact-core leaves out: enable its `sqlite` feature")]
+    #[non_exhaustive]
+    SqliteNotBuilt {
+        /// The URL, its password replaced by `***`.
+        url: String,
+    },
     /// The store refused to open the session (a file that is not a reactifact store, a
     /// corrupt log, a newer schema, …).
     #[error("connecting to `{url}` (session `{session}`): {source}")]
@@ -76,6 +84,9 @@ pub async fn connect(url: &str, session: impl Into<String>) -> Result<Context, C
     let session = session.into();
     match StoreUrl::parse(url)? {
         StoreUrl::Memory => Ok(Context::new(session)),
+        #[cfg(not(feature = "sqlite"))]
+        StoreUrl::Sqlite(_) => Err(ConnectError::SqliteNotBuilt { url: redact_url(url) }),
+        #[cfg(feature = "sqlite")]
         StoreUrl::Sqlite(path) => {
             let shown = redact_url(url);
             let opening = session.clone();
@@ -116,6 +127,7 @@ impl Context {
     }
 }
 
+#[cfg(feature = "sqlite")]
 /// Runs `open` on a thread where blocking is allowed: tokio's blocking pool under a tokio
 /// runtime, else a thread of its own. Its result, or what stopped it (a panic, a runtime
 /// shutting down).

@@ -1,6 +1,7 @@
 //! The context: versioned working state of one session.
 
 use std::collections::VecDeque;
+#[cfg(feature = "sqlite")]
 use std::path::Path;
 use std::sync::Arc;
 
@@ -27,7 +28,9 @@ use crate::store::ledger::Ledger;
 use crate::store::log_store::LogStore;
 use crate::store::memory::MemoryOutbox;
 use crate::store::outbox::{ClaimRequest, Claimed, OutboxStore, Scope};
-use crate::store::{Backed, Checkpoint, CommitDelta, Loaded, OpenError, OpenOptions, SqliteStore, Store, StoreError};
+#[cfg(feature = "sqlite")]
+use crate::store::SqliteStore;
+use crate::store::{Backed, Checkpoint, CommitDelta, Loaded, OpenError, OpenOptions, Store, StoreError};
 
 /// The room the event queue keeps whatever its length (a few pages of events).
 const SPARE_EVENTS: usize = 1024;
@@ -197,6 +200,7 @@ impl Context {
     /// # Errors
     /// [`OpenError`] names the path and what is wrong: not a database, corrupt, a newer
     /// schema, a missing session (read-only), or another SQLite error.
+    #[cfg(feature = "sqlite")]
     #[allow(clippy::result_large_err)] // see `OpenError::Corrupt`: its source stays unboxed to downcast
     pub fn open(path: impl AsRef<Path>, session: impl Into<String>) -> Result<Self, OpenError> {
         Self::open_with(path, session, OpenOptions::default())
@@ -206,6 +210,7 @@ impl Context {
     ///
     /// # Errors
     /// As [`open`](Context::open).
+    #[cfg(feature = "sqlite")]
     #[allow(clippy::result_large_err)] // see `OpenError::Corrupt`: its source stays unboxed to downcast
     pub fn open_with(
         path: impl AsRef<Path>,

@@ -23,7 +23,9 @@ pub(crate) mod log_store;
 pub(crate) mod memory;
 pub(crate) mod outbox;
 pub(crate) mod prune;
+#[cfg(feature = "sqlite")]
 mod sqlite;
+mod session_info;
 pub(crate) mod store_url;
 
 use std::path::PathBuf;
@@ -51,9 +53,13 @@ pub use outbox::{
     check_decision, ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery,
     OutboxStore, Outcome, Page, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts, Wakeups,
 };
-pub use sqlite::sessions::{list_sessions, SessionInfo};
+pub use session_info::SessionInfo;
+#[cfg(feature = "sqlite")]
+pub use sqlite::sessions::list_sessions;
+#[cfg(feature = "sqlite")]
 pub use sqlite::SqliteOutbox;
 pub use store_url::{redact_url, StoreUrl, StoreUrlError};
+#[cfg(feature = "sqlite")]
 pub(crate) use sqlite::SqliteStore;
 
 /// A backend's own error, as a [`StoreError`] or an [`OpenError`] carries it: the error of
@@ -567,6 +573,7 @@ impl Ancestry {
     }
 
     /// The session whose parent is asked for next.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     pub(crate) fn oldest(&self) -> &str {
         &self.0.last().expect("an ancestry starts with its session").0
     }
