@@ -173,7 +173,9 @@ fn changed_row(generation: &Option<Generation>, key: &ActionKey, detail: &str) -
     }
 }
 
-/// The first commit of `log` that acts `key`, if one does.
+/// The first commit of `log` that acts `key`, if one does: the commit SQLite's outbox check
+/// names (a store of another crate reads it from its `OutboxCheck`).
+#[cfg(feature = "sqlite")]
 pub(crate) fn first_act(log: &[Commit], key: &str) -> Option<Generation> {
     log.iter()
         .find(|commit| {
