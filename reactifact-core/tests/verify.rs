@@ -6,10 +6,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use common::*;
-use reactifact_core::audit::{verify_log, Op, TimeTravelError, VerifyError};
+use reactifact_core::audit::{verify_log, Op, ReplayError, TimeTravelError, VerifyError};
 use reactifact_core::error::OpenError;
 use reactifact_core::runtime::{Generation, Version};
-use reactifact_core::{Agent, Context, Runtime};
+use reactifact_core::{Agent, Context, OpenOptions, Runtime};
 
 async fn order_flow(ctx: Context) -> Context {
     let recorder = Recorder::default();
@@ -92,6 +92,32 @@ async fn a_changed_trigger_is_a_commit_hash_mismatch_at_its_commit() {
     );
     // Earlier commits still verify on their own.
     assert!(verify_log(&log[..last]).is_ok());
+}
+
+#[tokio::test]
+async fn a_changed_count_of_consumed_events_is_a_commit_hash_mismatch_at_its_commit() {
+    let ctx = order_flow(seeded_orders()).await;
+    let log = ctx.log().unwrap().to_vec();
+    assert!(
+        log[1].events_consumed > 0,
+        "billing's generation consumed the seeded orders' events"
+    );
+    for changed in [log[1].events_consumed - 1, log[1].events_consumed + 1] {
+        let mut log = log.clone();
+        log[1].events_consumed = changed;
+        let err = verify_log(&log).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                VerifyError::CommitHash {
+                    generation: Generation(2),
+                    ..
+                }
+            ),
+            "{changed}: {err:?}"
+        );
+    }
+    verify_log(&log).unwrap();
 }
 
 #[tokio::test]
@@ -216,6 +242,59 @@ async fn a_changed_trigger_in_a_stored_commit_is_detected_at_that_commit() {
             .starts_with("commit 2: its hash does not match its content"),
         "{err}"
     );
+}
+
+/// A commit's record of how many events it consumed is in its hash: changed in the file, it
+/// fails `verify` and `replay` at that commit. (Opening checks no commit hash, and does not
+/// read the count: the session's consumed position says which events are still queued.)
+#[tokio::test]
+async fn a_changed_count_of_consumed_events_in_a_stored_commit_is_detected_at_that_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = stored_flow(&dir).await;
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let consumed: i64 = conn
+        .query_row("SELECT events_consumed FROM commits WHERE generation = 2", [], |row| {
+            row.get(0)
+        })
+        .unwrap();
+    assert!(consumed > 0, "billing's generation consumed order:1's creation");
+    for changed in [consumed - 1, consumed + 1, consumed] {
+        conn.execute(
+            "UPDATE commits SET events_consumed = ?1 WHERE generation = 2",
+            [changed],
+        )
+        .unwrap();
+        let ctx = Context::open_with(&path, "orders", OpenOptions::new().read_only(true)).unwrap();
+        let agents = [Agent::new("billing").produce(process_order())];
+        if changed == consumed {
+            ctx.verify().unwrap();
+            ctx.replay(&agents).await.unwrap();
+            continue;
+        }
+        let err = ctx.verify().unwrap_err();
+        assert!(
+            matches!(
+                err,
+                VerifyError::CommitHash {
+                    generation: Generation(2),
+                    ..
+                }
+            ),
+            "{changed}: {err:?}"
+        );
+        assert!(
+            err.to_string()
+                .starts_with("commit 2: its hash does not match its content"),
+            "{err}"
+        );
+        match ctx.replay(&agents).await {
+            Err(ReplayError::Log(VerifyError::CommitHash {
+                generation: Generation(2),
+                ..
+            })) => {}
+            other => panic!("{changed}: expected commit 2's hash to fail the replay, got {other:?}"),
+        }
+    }
 }
 
 #[tokio::test]

@@ -216,6 +216,49 @@ async fn verify_names_a_deleted_outbox_row_and_a_changed_commit_refuses_the_open
     }
 }
 
+/// A commit's record of how many events it consumed is in its hash: changed in its row, it
+/// fails `verify` at that commit, and set back it verifies again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_count_of_consumed_events_fails_verify_at_its_commit() {
+    let Some(url) = common::url("a_changed_count_of_consumed_events_fails_verify_at_its_commit") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "log_consumed");
+    let schema = schemas.name();
+    let store = open_store(&url, &schema).await;
+    let mut ctx = Context::open_store(store.clone(), "orders").await.unwrap();
+    ctx.create("order:1", order(1)).unwrap();
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("billing").produce(process_order()))
+        .build()
+        .unwrap();
+    rt.run().await.unwrap();
+    let consumed = rt.context().log().unwrap()[1].events_consumed as i64;
+    assert!(consumed > 0, "billing's generation consumed order:1's creation");
+    drop(rt);
+
+    for changed in [consumed + 1, consumed - 1, consumed] {
+        schemas
+            .execute(&format!(
+                "UPDATE \"{schema}\".commits SET events_consumed = {changed} WHERE session = 'orders' AND generation = 2"
+            ))
+            .await;
+        let ctx = Context::open_store(store.clone(), "orders").await.unwrap();
+        if changed == consumed {
+            ctx.verify().unwrap();
+            continue;
+        }
+        match ctx.verify() {
+            Err(err @ VerifyError::CommitHash { .. }) => assert!(
+                err.to_string()
+                    .starts_with("commit 2: its hash does not match its content"),
+                "{changed}: {err}"
+            ),
+            other => panic!("{changed}: expected commit 2's hash to fail, got {other:?}"),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_writer_is_refused_then_catches_up_and_a_fork_lives_beside_its_parent() {
     let Some(url) = common::url("a_stale_writer_is_refused_then_catches_up_and_a_fork_lives_beside_its_parent") else {

@@ -174,8 +174,8 @@ impl Context {
     /// originally saw (the state after the commit before its own) — and compares each new patch
     /// with the recorded one, operation by operation (kind, mode, id and content hash).
     ///
-    /// The snapshots are rebuilt by refolding the log (checking parent links and state
-    /// hashes); the live context is only read. No dispatcher is called and nothing is written:
+    /// The snapshots are rebuilt by refolding the log (checking parent links, commit hashes
+    /// and state hashes); the live context is only read. No dispatcher is called and nothing is written:
     /// the replayed patches are compared and dropped. Runs are replayed one at a time, in log
     /// order. Matching is not re-done: a run whose condition would no longer hold is still
     /// replayed, and a run that would now be matched but was not recorded is not noticed.
@@ -207,7 +207,7 @@ impl Context {
                 resource,
             });
         }
-        let mut refold = Refold::new(Checks::STATE);
+        let mut refold = Refold::new(Checks::COMMITS);
         let mut report = ReplayReport { commits: 0, runs: 0 };
         let mut deleted = Deleted::default();
         // The join indexes of the snapshots, kept in step as the log is refolded.

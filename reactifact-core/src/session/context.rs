@@ -880,7 +880,15 @@ impl Context {
         };
         let state_hash = apply.state().state_hash();
         let parent = self.log.head();
-        let hash = Commit::compute_hash(parent.as_ref(), merged.as_ref(), generation, &state_hash, &runs);
+        let events_consumed = consumed + own_consumed;
+        let hash = Commit::compute_hash(
+            parent.as_ref(),
+            merged.as_ref(),
+            generation,
+            &state_hash,
+            events_consumed,
+            &runs,
+        );
         let commit = Commit {
             generation,
             parent,
@@ -888,7 +896,7 @@ impl Context {
             hash,
             state_hash,
             runs: runs.into(),
-            events_consumed: consumed + own_consumed,
+            events_consumed,
         };
         let now = crate::model::time::now();
         // The trace of the run that acted each intent (`acted.run` counts the kept runs only).

@@ -202,9 +202,12 @@ pub struct Commit {
     pub parent: Option<CommitHash>,
     /// For a merge commit, its second parent: the head of the branch merged in.
     pub merged: Option<CommitHash>,
-    /// SHA-256 over the rmp-serde encoding of the parent hash, generation, state hash and runs
-    /// (each run's agent, produce, trigger, operations with their content hashes, and reads),
-    /// followed by the second parent for a merge commit.
+    /// SHA-256 over the rmp-serde encoding of the parent hash, generation, state hash, the
+    /// number of events consumed and the runs (each run's agent, produce, trigger, operations
+    /// with their content hashes, and reads), followed by the second parent for a merge
+    /// commit, under the domain `reactifact/commit/v2`. A commit written before the count was
+    /// covered has the `reactifact/commit/v1` hash, the same without the count; verification
+    /// accepts either (see `docs/replay.md`).
     pub hash: CommitHash,
     /// The state hash after the commit.
     pub state_hash: StateHash,
@@ -212,22 +215,77 @@ pub struct Commit {
     pub runs: Runs,
     /// How many events the commit consumed: from the head of the queue as it was before the
     /// commit, then, if that left it empty, those the commit itself emitted that no produce of
-    /// its runtime reacts to.
+    /// its runtime reacts to. Covered by the commit's hash (not by a `reactifact/commit/v1`
+    /// hash, which older commits keep).
     pub events_consumed: usize,
 }
 
+/// The domain of a commit hash that covers the number of events consumed.
+const COMMIT_V2: &[u8] = b"reactifact/commit/v2";
+
+/// The domain of a commit hash written before the number of events consumed was covered.
+const COMMIT_V1: &[u8] = b"reactifact/commit/v1";
+
 impl Commit {
+    /// The hash of a commit of these fields: SHA-256 of `reactifact/commit/v2` and
+    /// rmp-serde's named encoding of `(parent, generation, state_hash, events_consumed,
+    /// runs[, merged])`.
     pub(crate) fn compute_hash(
+        parent: Option<&CommitHash>,
+        merged: Option<&CommitHash>,
+        generation: Generation,
+        state_hash: &StateHash,
+        events_consumed: usize,
+        runs: &[RunRecord],
+    ) -> CommitHash {
+        Self::hash_with(
+            COMMIT_V2,
+            parent,
+            merged,
+            generation,
+            state_hash,
+            Some(events_consumed),
+            runs,
+        )
+    }
+
+    /// The hash an older build gave a commit of these fields, which does not cover the number
+    /// of events consumed: SHA-256 of `reactifact/commit/v1` and rmp-serde's named encoding of
+    /// `(parent, generation, state_hash, runs[, merged])`. Verification accepts it for the
+    /// commits written before.
+    pub(crate) fn compute_hash_v1(
         parent: Option<&CommitHash>,
         merged: Option<&CommitHash>,
         generation: Generation,
         state_hash: &StateHash,
         runs: &[RunRecord],
     ) -> CommitHash {
-        // rmp-serde's named encoding of `(parent, generation, state_hash, runs[, merged])`,
-        // written by `commit_hash` (the same bytes, several times faster).
-        let mut writer = HashWriter::new(b"reactifact/commit/v1");
-        writer.append(|out| commit_hash::header(out, parent, generation, state_hash, runs.len(), merged.is_some()));
+        Self::hash_with(COMMIT_V1, parent, merged, generation, state_hash, None, runs)
+    }
+
+    fn hash_with(
+        domain: &[u8],
+        parent: Option<&CommitHash>,
+        merged: Option<&CommitHash>,
+        generation: Generation,
+        state_hash: &StateHash,
+        events_consumed: Option<usize>,
+        runs: &[RunRecord],
+    ) -> CommitHash {
+        // rmp-serde's named encoding of the tuple, written by `commit_hash` (the same bytes,
+        // several times faster).
+        let mut writer = HashWriter::new(domain);
+        writer.append(|out| {
+            commit_hash::header(
+                out,
+                parent,
+                generation,
+                state_hash,
+                events_consumed.map(|n| n as u64),
+                runs.len(),
+                merged.is_some(),
+            )
+        });
         for run in runs {
             writer.append(|out| commit_hash::run(out, run));
         }
@@ -235,21 +293,30 @@ impl Commit {
         CommitHash(writer.finish())
     }
 
-    /// [`Commit::compute_hash`] through rmp-serde, as it was first written: what the tests
-    /// hold `commit_hash`'s encoding to.
+    /// [`Commit::compute_hash`] (with `events_consumed`) or [`Commit::compute_hash_v1`]
+    /// (without) through rmp-serde, as they were first written: what the tests hold
+    /// `commit_hash`'s encoding to.
     #[cfg(test)]
     pub(crate) fn compute_hash_with_serde(
         parent: Option<&CommitHash>,
         merged: Option<&CommitHash>,
         generation: Generation,
         state_hash: &StateHash,
+        events_consumed: Option<usize>,
         runs: &[RunRecord],
     ) -> CommitHash {
-        let mut writer = HashWriter::new(b"reactifact/commit/v1");
+        let domain = if events_consumed.is_some() {
+            COMMIT_V2
+        } else {
+            COMMIT_V1
+        };
+        let mut writer = HashWriter::new(domain);
         let mut serializer = rmp_serde::Serializer::new(&mut writer).with_struct_map();
-        match merged {
-            None => (parent, generation, state_hash, runs).serialize(&mut serializer),
-            Some(merged) => (parent, generation, state_hash, runs, merged).serialize(&mut serializer),
+        match (events_consumed.map(|n| n as u64), merged) {
+            (None, None) => (parent, generation, state_hash, runs).serialize(&mut serializer),
+            (None, Some(merged)) => (parent, generation, state_hash, runs, merged).serialize(&mut serializer),
+            (Some(n), None) => (parent, generation, state_hash, n, runs).serialize(&mut serializer),
+            (Some(n), Some(merged)) => (parent, generation, state_hash, n, runs, merged).serialize(&mut serializer),
         }
         .expect("commit headers always encode");
         CommitHash(writer.finish())
@@ -258,6 +325,19 @@ impl Commit {
     /// This commit's hash as its fields say it should be.
     pub(crate) fn recompute_hash(&self) -> CommitHash {
         Self::compute_hash(
+            self.parent.as_ref(),
+            self.merged.as_ref(),
+            self.generation,
+            &self.state_hash,
+            self.events_consumed,
+            &self.runs,
+        )
+    }
+
+    /// This commit's hash as an older build would have given it: [`Commit::compute_hash_v1`]
+    /// of its fields.
+    pub(crate) fn recompute_hash_v1(&self) -> CommitHash {
+        Self::compute_hash_v1(
             self.parent.as_ref(),
             self.merged.as_ref(),
             self.generation,

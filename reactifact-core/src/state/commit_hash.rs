@@ -1,7 +1,10 @@
 //! The bytes a commit's hash covers, written without serde's machinery.
 //!
-//! A commit hash is the SHA-256 of `reactifact/commit/v1` and rmp-serde's named-field encoding
-//! of the tuple `(parent, generation, state_hash, runs[, merged])`. Serde writes that encoding
+//! A commit hash is the SHA-256 of `reactifact/commit/v2` and rmp-serde's named-field encoding
+//! of the tuple `(parent, generation, state_hash, events_consumed, runs[, merged])` (commits
+//! written before the number of events consumed was covered have the hash of
+//! `reactifact/commit/v1` and the tuple without it, which verification still accepts for
+//! them). Serde writes that encoding
 //! a few bytes at a time through a chain of generic calls, several times the cost of the
 //! hashing itself for a commit of many small runs. This module writes the same bytes directly
 //! for the shapes every generation has — the header, the run records, their triggers and their
@@ -58,22 +61,27 @@ fn optional_str(out: &mut Vec<u8>, text: Option<&str>) {
     }
 }
 
-/// The tuple's opening: everything before its runs' records.
+/// The tuple's opening: everything before its runs' records. `events_consumed` is `None` for
+/// the tuple of a `reactifact/commit/v1` hash, which does not hold it.
 pub(crate) fn header(
     out: &mut Vec<u8>,
     parent: Option<&CommitHash>,
     generation: Generation,
     state_hash: &StateHash,
+    events_consumed: Option<u64>,
     runs: usize,
     merged: bool,
 ) {
-    array(out, if merged { 5 } else { 4 });
+    array(out, 4 + usize::from(events_consumed.is_some()) + usize::from(merged));
     match parent {
         Some(parent) => bin(out, parent.as_bytes()),
         None => nil(out),
     }
     uint(out, generation.0);
     bin(out, state_hash.as_bytes());
+    if let Some(events_consumed) = events_consumed {
+        uint(out, events_consumed);
+    }
     array(out, runs);
 }
 
@@ -334,28 +342,44 @@ mod tests {
             assert!(ours == theirs, "record {record:?} encodes differently");
         }
         // The header's shapes on small commits, then every record in one commit (its runs
-        // straddle the hasher's buffer).
+        // straddle the hasher's buffer); each with the count of events consumed at the edges
+        // of its encoding, and without it (a `reactifact/commit/v1` hash).
         let small: Vec<RunRecord> = records.iter().filter(|r| r.ops.len() < 100).cloned().collect();
+        let counts = [None, Some(0), Some(127), Some(128), Some(65_536), Some(usize::MAX)];
         for generation in [0, 1, 127, 128, 65_536, u64::MAX] {
             for parent in [None, Some(&parent)] {
                 for merged in [None, Some(&merged)] {
                     for runs in [&small[..0], &small[..1], &small[..15], &small[..16]] {
-                        let generation = Generation(generation);
-                        assert_eq!(
-                            Commit::compute_hash(parent, merged, generation, &state, runs),
-                            Commit::compute_hash_with_serde(parent, merged, generation, &state, runs),
-                            "generation {generation:?}, {} runs, parent {parent:?}, merged {merged:?}",
-                            runs.len()
-                        );
+                        for consumed in counts {
+                            let generation = Generation(generation);
+                            let ours = match consumed {
+                                Some(n) => Commit::compute_hash(parent, merged, generation, &state, n, runs),
+                                None => Commit::compute_hash_v1(parent, merged, generation, &state, runs),
+                            };
+                            assert_eq!(
+                                ours,
+                                Commit::compute_hash_with_serde(parent, merged, generation, &state, consumed, runs),
+                                "generation {generation:?}, {} runs, parent {parent:?}, merged {merged:?}, \
+                                 consumed {consumed:?}",
+                                runs.len()
+                            );
+                        }
                     }
                 }
             }
         }
         assert_eq!(
-            Commit::compute_hash(Some(&parent), None, Generation(9), &state, &records),
-            Commit::compute_hash_with_serde(Some(&parent), None, Generation(9), &state, &records),
+            Commit::compute_hash(Some(&parent), None, Generation(9), &state, 3, &records),
+            Commit::compute_hash_with_serde(Some(&parent), None, Generation(9), &state, Some(3), &records),
+        );
+        assert_eq!(
+            Commit::compute_hash_v1(Some(&parent), None, Generation(9), &state, &records),
+            Commit::compute_hash_with_serde(Some(&parent), None, Generation(9), &state, None, &records),
         );
     }
+
+    /// [`Commit::compute_hash`] of the commit of `a_commits_hash_is_the_one_recorded_before_the_encoder`.
+    const V2_HASH: &str = "cfccfc498969eb3c15c801a18123c85ce0882921ae818fbfd89094c561700db0";
 
     #[test]
     fn a_commits_hash_is_the_one_recorded_before_the_encoder() {
@@ -370,10 +394,18 @@ mod tests {
             ),
         ];
         let state = StateHash(*content_hash(b"state").as_bytes());
-        let hash = Commit::compute_hash(None, None, Generation(2), &state, &runs);
+        let hash = Commit::compute_hash_v1(None, None, Generation(2), &state, &runs);
         assert_eq!(
             hash.to_string(),
             "2b654bf4c760a57dbf024cc9aacf63799f8974d5f66c449fb31acf922b5fcc75"
+        );
+        // The hash that covers the events consumed, as first computed: pinned the same way.
+        let hash = Commit::compute_hash(None, None, Generation(2), &state, 1, &runs);
+        assert_eq!(hash.to_string(), V2_HASH);
+        assert_ne!(
+            hash,
+            Commit::compute_hash(None, None, Generation(2), &state, 2, &runs),
+            "the count is in the hash"
         );
     }
 }

@@ -58,7 +58,9 @@ pub enum VerifyError {
         key: ActionKey,
     },
     /// The commit's hash is not the hash of its content (parent, generation, state hash,
-    /// runs): a run's agent, produce, trigger, operations or reads were changed.
+    /// number of events consumed, runs): the count, or a run's agent, produce, trigger,
+    /// operations or reads were changed. (A commit hashed before the count was covered, under
+    /// `reactifact/commit/v1`, is checked without it.)
     #[error("commit {}: its hash does not match its content (recorded {recorded}, computed {computed})", .generation.0)]
     CommitHash {
         /// The commit.
@@ -204,7 +206,8 @@ fn id_list(ids: &[ArtifactId], more: usize) -> String {
 pub(crate) struct Checks {
     /// Recompute every artifact's content hash from its bytes and check intent payloads.
     pub(crate) content: bool,
-    /// Recompute every commit hash.
+    /// Recompute every commit hash (a `reactifact/commit/v1` hash, which does not cover the
+    /// number of events consumed, is accepted for a commit that has one).
     pub(crate) commit_hash: bool,
 }
 
@@ -214,6 +217,13 @@ impl Checks {
     pub(crate) const STATE: Checks = Checks {
         content: false,
         commit_hash: false,
+    };
+    /// Parent links, numbering, state hashes and commit hashes: what the replay oracle
+    /// checks of the log it rebuilds the snapshots from (the content hashes it compares run
+    /// by run).
+    pub(crate) const COMMITS: Checks = Checks {
+        content: false,
+        commit_hash: true,
     };
     /// Everything.
     pub(crate) const ALL: Checks = Checks {
@@ -232,6 +242,9 @@ pub(crate) struct Refold {
     undone: Option<Vec<(Generation, Undone)>>,
     /// The readers index, kept if asked for.
     readers: Option<Readers>,
+    /// Whether the last commit checked has a `reactifact/commit/v1` hash: the next one is
+    /// tried that way first (a log written by an older build is v1 throughout).
+    legacy_hash: bool,
 }
 
 impl Refold {
@@ -244,6 +257,7 @@ impl Refold {
             checks,
             undone: None,
             readers: None,
+            legacy_hash: false,
         }
     }
 
@@ -257,6 +271,7 @@ impl Refold {
             checks,
             undone: None,
             readers: None,
+            legacy_hash: false,
         }
     }
 
@@ -324,13 +339,22 @@ impl Refold {
             check_content(commit)?;
         }
         if self.checks.commit_hash {
-            let computed = commit.recompute_hash();
-            if computed != commit.hash {
-                return Err(VerifyError::CommitHash {
-                    generation,
-                    recorded: commit.hash,
-                    computed,
-                });
+            // The hash that covers the events consumed, or one of a commit written before it
+            // did: a v2 hash never equals the v1 hash of the same content, so a changed count
+            // in a v2 commit fails both.
+            let hash_of = |legacy: bool| match legacy {
+                false => commit.recompute_hash(),
+                true => commit.recompute_hash_v1(),
+            };
+            if hash_of(self.legacy_hash) != commit.hash {
+                if hash_of(!self.legacy_hash) != commit.hash {
+                    return Err(VerifyError::CommitHash {
+                        generation,
+                        recorded: commit.hash,
+                        computed: commit.recompute_hash(),
+                    });
+                }
+                self.legacy_hash = !self.legacy_hash;
             }
         }
         let ops = commit.runs.iter().map(|run| run.ops.len()).sum();
@@ -430,4 +454,77 @@ fn check_content(commit: &Commit) -> Result<(), VerifyError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::commit::tests::raw_put;
+    use crate::state::commit::RunRecord;
+
+    /// Three commits, each writing one artifact; commit `i` consumed `i + 1` events and has
+    /// the `reactifact/commit/v1` hash where `v1[i]` says so (an older build wrote it), else
+    /// the hash that covers the count.
+    fn log(v1: [bool; 3]) -> Vec<Commit> {
+        let mut state = State::default();
+        let mut parent = None;
+        let mut log = Vec::new();
+        for (i, legacy) in v1.into_iter().enumerate() {
+            let generation = Generation(i as u64 + 1);
+            let runs = vec![RunRecord::direct(vec![raw_put(
+                &format!("note:{i}"),
+                "note",
+                &(i as u32),
+            )])];
+            let mut apply = Apply::new(&mut state, generation);
+            apply.patch(&runs[0].ops).unwrap();
+            apply.finish();
+            let state_hash = state.state_hash();
+            let events_consumed = i + 1;
+            let hash = match legacy {
+                true => Commit::compute_hash_v1(parent.as_ref(), None, generation, &state_hash, &runs),
+                false => Commit::compute_hash(parent.as_ref(), None, generation, &state_hash, events_consumed, &runs),
+            };
+            log.push(Commit {
+                generation,
+                parent,
+                merged: None,
+                hash,
+                state_hash,
+                runs: runs.into(),
+                events_consumed,
+            });
+            parent = Some(hash);
+        }
+        log
+    }
+
+    fn verify(log: &[Commit]) -> Result<(), VerifyError> {
+        let mut refold = Refold::new(Checks::ALL);
+        for commit in log {
+            refold.step(commit)?;
+        }
+        Ok(())
+    }
+
+    /// A log an older build wrote, one it wrote before a newer build went on, and one an older
+    /// build went on writing after a newer one (two processes of a rolling upgrade) all verify.
+    /// A changed count of consumed events fails its commit's hash, except in a commit an older
+    /// build hashed: its hash never covered the count.
+    #[test]
+    fn commits_hashed_before_the_count_was_covered_still_verify() {
+        for v1 in [[true; 3], [false; 3], [true, false, false], [false, true, false]] {
+            let log = log(v1);
+            verify(&log).unwrap_or_else(|e| panic!("{v1:?}: {e}"));
+            for (i, legacy) in v1.into_iter().enumerate() {
+                let mut changed = log.clone();
+                changed[i].events_consumed -= 1;
+                match (legacy, verify(&changed)) {
+                    (true, Ok(())) => {}
+                    (false, Err(VerifyError::CommitHash { generation, .. })) if generation.0 == i as u64 + 1 => {}
+                    (_, other) => panic!("{v1:?}, commit {}: {other:?}", i + 1),
+                }
+            }
+        }
+    }
 }
