@@ -17,7 +17,7 @@
 //! The source is laid out by subsystem, imports running downward: `model/` (values with no
 //! behaviour of their own, the process clock) ← `state/` (the versioned state, pure: live
 //! state, snapshots, the commit log and its rules, the commit graph) ← `store/` (durable homes,
-//! the outbox trait and its stores, the ledger handle, store URLs, the contract suite) ←
+//! the outbox trait and its stores, the ledger handle, store URLs, pruning) ←
 //! `session/` (the context of one session, which keeps its state in a store; branches and
 //! merges; `connect`) ← `outbox/` (the drain, the drainer, dispatchers, the router) ← `run/`
 //! (produces, effects, generations, the runtime, `serve`) ← `audit/` (verification, time
@@ -84,13 +84,6 @@ pub use ledger::*;
 pub use runtime::*;
 #[doc(hidden)]
 pub use store::*;
-
-/// The store contract suite: checks every [`OutboxStore`] must pass, written once and run
-/// against each store (memory, SQLite, and stores of other crates). Not public API; enabled by
-/// the `store-contract` feature.
-#[cfg(feature = "store-contract")]
-#[doc(hidden)]
-pub use store::contract as store_contract;
 
 /// The README's examples, compiled and run as doctests.
 #[doc = include_str!("../../README.md")]

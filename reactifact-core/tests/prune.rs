@@ -13,8 +13,8 @@ use std::time::{Duration, SystemTime};
 use common::*;
 use reactifact_core::ledger::{DeliveryStatus, Ledger, PruneOptions, StatusCounts};
 use reactifact_core::store::{BoxFuture, ClaimRequest, FailedAttempt, OutboxStore, Outcome, Recording, SqliteOutbox};
-use reactifact_core::store_contract::{at, ContractHarness, ContractStore, MemoryHarness};
 use reactifact_core::{Agent, Context, OpenOptions, Runtime, Scope};
+use reactifact_store_contract::{at, ContractHarness, ContractStore, MemoryHarness};
 use tokio::time::Instant;
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -69,7 +69,10 @@ impl ContractStore for SqliteStore {
         now: SystemTime,
     ) -> BoxFuture<'a, ()> {
         self.generation += 1;
-        let registered = self.outbox.register_for_contract(session, self.generation, keys, now);
+        let registered = self.outbox.register_intents(
+            reactifact_store_contract::new_intents(session, self.generation, keys),
+            now,
+        );
         Box::pin(async move { registered.await.expect("registration commits") })
     }
 
@@ -80,9 +83,10 @@ impl ContractStore for SqliteStore {
         now: SystemTime,
     ) -> BoxFuture<'a, ()> {
         self.generation += 1;
-        let registered = self
-            .outbox
-            .register_awaiting_for_contract(session, self.generation, keys, now);
+        let registered = self.outbox.register_intents(
+            reactifact_store_contract::approval_intents(session, self.generation, keys),
+            now,
+        );
         Box::pin(async move { registered.await.expect("registration commits") })
     }
 }

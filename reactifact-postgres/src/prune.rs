@@ -131,7 +131,7 @@ mod tests {
             .unwrap();
         let names: Vec<String> = (0..5000).map(|i| format!("k{i}")).collect();
         let keys: Vec<(&str, &str)> = names.iter().map(|k| (k.as_str(), "x")).collect();
-        let intents = reactifact_core::store_contract::new_intents("a", 1, &keys);
+        let intents = reactifact_store_contract::new_intents("a", 1, &keys);
         outbox.register_alone(&intents, SystemTime::UNIX_EPOCH).await.unwrap();
         let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
         let driver = tokio::spawn(connection);

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use reactifact_core::ledger::{AttemptOutcome, FenceToken, PurgeFilter};
 use reactifact_core::store::{ClaimRequest, FailedAttempt, OutboxStore, Outcome, Recording};
-use reactifact_core::store_contract::{at, new_intents};
+use reactifact_store_contract::{at, new_intents};
 use reactifact_core::{ActionKey, Scope};
 use reactifact_postgres::{PostgresOptions, PostgresOutbox};
 

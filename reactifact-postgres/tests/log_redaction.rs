@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use reactifact_core::store::{ClaimRequest, OutboxStore};
-use reactifact_core::store_contract::{at, new_intents};
+use reactifact_store_contract::{at, new_intents};
 use reactifact_core::{ActionKey, Scope};
 use reactifact_postgres::{PostgresOptions, PostgresOutbox};
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures_util::{FutureExt, StreamExt};
 use reactifact_core::ledger::DeliveryStatus;
 use reactifact_core::store::{ClaimRequest, OutboxStore, Outcome, Recorded, Recording};
-use reactifact_core::store_contract::{at, new_intents};
+use reactifact_store_contract::{at, new_intents};
 use reactifact_core::{ActionKey, DispatchError, Drainer, Intent, Scope};
 use reactifact_postgres::{OpenError, PostgresOptions, PostgresOutbox};
 
@@ -141,7 +141,7 @@ async fn a_schema_3_store_upgrades_to_approvals_keeping_every_digest() {
     );
     assert!(taken.integrity.is_empty());
     o.register_alone(
-        &reactifact_core::store_contract::approval_intents("a", 2, &[("ask", "x"), ("ask2", "x")]),
+        &reactifact_store_contract::approval_intents("a", 2, &[("ask", "x"), ("ask2", "x")]),
         at(2),
     )
     .await

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use reactifact_core::ledger::{DeliveryStatus, LedgerQuery};
 use reactifact_core::store::OutboxStore;
-use reactifact_core::store_contract::new_intents;
+use reactifact_store_contract::new_intents;
 use reactifact_core::{DeliveryOptions, DispatchError, Drainer, Intent, Scope};
 use reactifact_postgres::{PostgresOptions, PostgresOutbox};
 

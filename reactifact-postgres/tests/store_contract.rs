@@ -1,11 +1,11 @@
-//! The store contract suite (`reactifact_core::store_contract`) against PostgreSQL, each
+//! The store contract suite (`reactifact_store_contract`) against PostgreSQL, each
 //! check in a schema of its own (dropped afterwards). Runs when `REACTIFACT_TEST_POSTGRES_URL`
 //! is set; an unreachable server then fails it.
 
 mod common;
 
 use common::PgHarness;
-use reactifact_core::store_contract as contract;
+use reactifact_store_contract as contract;
 
 macro_rules! pg_checks {
     ($($check:ident),* $(,)?) => {

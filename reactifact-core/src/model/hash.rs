@@ -80,6 +80,15 @@ pub(crate) fn content_hash(bytes: &[u8]) -> ContentHash {
     ContentHash(Sha256::digest(bytes).into())
 }
 
+impl ContentHash {
+    /// The content hash of encoded bytes: what a commit records of an artifact's or an
+    /// intent's encoding (the `action_hash` of a [`NewIntent`](crate::store::NewIntent)), and
+    /// what a store checks a row's bytes against.
+    pub fn of(bytes: &[u8]) -> ContentHash {
+        content_hash(bytes)
+    }
+}
+
 /// An `io::Write` that feeds a SHA-256 hasher, so rmp-serde can encode straight into it.
 /// rmp-serde writes many small pieces; they are gathered into whole blocks first, since the
 /// hasher's per-call cost dominates for pieces of a few bytes.

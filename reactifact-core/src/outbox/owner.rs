@@ -391,7 +391,7 @@ mod tests {
         let outbox = crate::store::memory::MemoryOutbox::new();
         let keys = [("k1", "x"), ("k2", "x"), ("k3", "x"), ("k4", "x")];
         let now = crate::model::time::now();
-        outbox.register(crate::store::contract::new_intents("s", 1, &keys).into_iter(), now);
+        outbox.register(crate::model::delivery::test_intents("s", 1, &keys).into_iter(), now);
         let gone = {
             let mut child = std::process::Command::new("true").spawn().expect("spawn `true`");
             let pid = child.id();

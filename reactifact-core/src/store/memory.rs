@@ -120,6 +120,13 @@ impl MemoryOutbox {
     pub(crate) fn register(&self, intents: impl ExactSizeIterator<Item = NewIntent>, now: SystemTime) {
         self.lock().register(intents, now);
     }
+
+    /// [`register`](Self::register) for the store contract suite (crate
+    /// `reactifact-store-contract`) and tests of the outbox alone. Not public API.
+    #[doc(hidden)]
+    pub fn register_intents(&self, intents: Vec<NewIntent>, now: SystemTime) {
+        self.register(intents.into_iter(), now);
+    }
 }
 
 impl Default for MemoryOutbox {
@@ -713,7 +720,6 @@ impl Inner {
         in_flight.or_else(|| self.entry(key.as_str()))
     }
 
-    #[cfg_attr(not(feature = "store-contract"), allow(dead_code))]
     fn register(&mut self, intents: impl ExactSizeIterator<Item = NewIntent>, now: SystemTime) {
         let now_ms = unix_millis(now);
         self.index.reserve(intents.len(), |&(_, h)| spread(h));

@@ -16,8 +16,6 @@
 
 pub(crate) mod backed;
 mod codec;
-#[cfg(feature = "store-contract")]
-pub mod contract;
 pub(crate) mod ledger;
 pub(crate) mod log_store;
 pub(crate) mod memory;

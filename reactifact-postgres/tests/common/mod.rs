@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use reactifact_core::store::{BoxFuture, OutboxStore};
-use reactifact_core::store_contract::{self as contract, ContractHarness, ContractStore};
+use reactifact_store_contract::{self as contract, ContractHarness, ContractStore};
 use reactifact_postgres::{PostgresOptions, PostgresOutbox};
 
 /// The variable CI sets to the test server's URL.

@@ -168,24 +168,15 @@ impl SqliteOutbox {
         let _ = self.actor.call(|_| Ok(())).await;
     }
 
-    /// Registers `keys` (key, kind), in order, as one commit of `session` at `generation`
-    /// made at `now` would, in one transaction on the outbox's thread: the intents the
-    /// contract suite's in-memory harness builds (real `PendingAction` bytes and their
-    /// content hash), through the same `register` a commit runs. For the store contract
-    /// suite only; not public API.
-    #[cfg(feature = "store-contract")]
+    /// Registers `intents`, in order, as one commit made at `now` would, in one transaction
+    /// on the outbox's thread, through the same `register` a commit runs: for the store
+    /// contract suite (crate `reactifact-store-contract`) and tests of the outbox alone. Not
+    /// public API.
     #[doc(hidden)]
-    pub fn register_for_contract(
-        &self,
-        session: &str,
-        generation: u64,
-        keys: &[(&str, &str)],
-        now: SystemTime,
-    ) -> BoxFuture<'static, Result<(), StoreError>> {
+    pub fn register_intents(&self, intents: Vec<NewIntent>, now: SystemTime) -> BoxFuture<'static, Result<(), StoreError>> {
         if let Err(e) = self.check_writable() {
             return Box::pin(async move { Err(e) });
         }
-        let intents = crate::store::contract::new_intents(session, generation, keys);
         let now = ms(now);
         self.run(move |conn| actor::write(conn, |tx| register(tx, &intents, now)))
     }
@@ -205,25 +196,6 @@ impl SqliteOutbox {
         let name = self.name.clone();
         let answer = self.run(move |conn| decide(conn, &name, &key, verdict, &by, reason.as_deref(), now));
         Box::pin(async move { answer.await.map_err(ApprovalError::Store)? })
-    }
-
-    /// [`register_for_contract`](Self::register_for_contract) for intents that require
-    /// approval. For the store contract suite only; not public API.
-    #[cfg(feature = "store-contract")]
-    #[doc(hidden)]
-    pub fn register_awaiting_for_contract(
-        &self,
-        session: &str,
-        generation: u64,
-        keys: &[(&str, &str)],
-        now: SystemTime,
-    ) -> BoxFuture<'static, Result<(), StoreError>> {
-        if let Err(e) = self.check_writable() {
-            return Box::pin(async move { Err(e) });
-        }
-        let intents = crate::store::contract::approval_intents(session, generation, keys);
-        let now = ms(now);
-        self.run(move |conn| actor::write(conn, |tx| register(tx, &intents, now)))
     }
 
     fn check_writable(&self) -> Result<(), StoreError> {
@@ -1392,7 +1364,7 @@ mod tests {
                 .unwrap()
         };
         assert!(!answer(&Scope::all(), 10, true));
-        let intents = crate::store::contract::new_intents("orders", 1, &[("k1", "notify")]);
+        let intents = crate::model::delivery::test_intents("orders", 1, &[("k1", "notify")]);
         register(&conn, &intents, 5).unwrap();
         assert!(!answer(&Scope::all(), 4, true), "due at 5, not at 4");
         assert!(answer(&Scope::all(), 5, true));

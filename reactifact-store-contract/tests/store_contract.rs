@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use reactifact_core::store::{BoxFuture, OutboxStore, SqliteOutbox};
-use reactifact_core::store_contract::{self as contract, ContractHarness, ContractStore, MemoryHarness};
 use reactifact_core::Context;
+use reactifact_store_contract::{self as contract, ContractHarness, ContractStore, MemoryHarness};
 
 macro_rules! memory_checks {
     ($($check:ident),* $(,)?) => {
@@ -115,7 +115,10 @@ impl ContractStore for SqliteContractStore {
         now: SystemTime,
     ) -> BoxFuture<'a, ()> {
         self.generation += 1;
-        let registered = self.outbox.register_for_contract(session, self.generation, keys, now);
+        let registered = self.outbox.register_intents(
+            reactifact_store_contract::new_intents(session, self.generation, keys),
+            now,
+        );
         Box::pin(async move { registered.await.expect("registration commits") })
     }
 
@@ -126,9 +129,10 @@ impl ContractStore for SqliteContractStore {
         now: SystemTime,
     ) -> BoxFuture<'a, ()> {
         self.generation += 1;
-        let registered = self
-            .outbox
-            .register_awaiting_for_contract(session, self.generation, keys, now);
+        let registered = self.outbox.register_intents(
+            reactifact_store_contract::approval_intents(session, self.generation, keys),
+            now,
+        );
         Box::pin(async move { registered.await.expect("registration commits") })
     }
 }

@@ -8,23 +8,25 @@
 //!
 //! All times are explicit ([`at`]): the suite never sleeps and never reads a clock.
 //!
-//! Enabled by the `store-contract` feature. Not public API: it may change in any release.
+//! A crate of its own, not compiled into the library; not published, and it may change with
+//! any release of the core.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::model::action::{ActionKey, Intent, Origin, PendingAction};
-use crate::model::artifact::Generation;
-use crate::model::delivery::Verdict;
-use crate::model::delivery::{Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken, NewIntent};
-use crate::model::hash::{content_hash, CommitHash};
-use crate::model::trace::TraceParent;
-use crate::store::memory::MemoryOutbox;
-use crate::store::outbox::{
+use reactifact_core::audit::{CommitHash, ContentHash};
+use reactifact_core::runtime::Generation;
+use reactifact_core::runtime::Origin;
+use reactifact_core::runtime::TraceParent;
+use reactifact_core::store::MemoryOutbox;
+use reactifact_core::store::Verdict;
+use reactifact_core::store::{
     ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome,
     PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts,
 };
+use reactifact_core::store::{Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken, NewIntent};
+use reactifact_core::{ActionKey, Intent, PendingAction};
 
 /// Creates fresh stores for the checks.
 pub trait ContractHarness: Send + Sync {
@@ -91,7 +93,7 @@ impl ContractStore for MemoryStore {
     ) -> BoxFuture<'a, ()> {
         self.generation += 1;
         let intents = new_intents(session, self.generation, keys);
-        self.outbox.register(intents.into_iter(), now);
+        self.outbox.register_intents(intents, now);
         Box::pin(std::future::ready(()))
     }
 
@@ -103,7 +105,7 @@ impl ContractStore for MemoryStore {
     ) -> BoxFuture<'a, ()> {
         self.generation += 1;
         let intents = approval_intents(session, self.generation, keys);
-        self.outbox.register(intents.into_iter(), now);
+        self.outbox.register_intents(intents, now);
         Box::pin(std::future::ready(()))
     }
 }
@@ -115,7 +117,7 @@ pub fn new_intents(session: &str, generation: u64, keys: &[(&str, &str)]) -> Vec
 }
 
 /// [`new_intents`] for intents that require approval
-/// ([`Effects::act_with_approval`](crate::Effects::act_with_approval)).
+/// ([`Effects::act_with_approval`](reactifact_core::Effects::act_with_approval)).
 pub fn approval_intents(session: &str, generation: u64, keys: &[(&str, &str)]) -> Vec<NewIntent> {
     intents_of(session, generation, keys, true)
 }
@@ -134,20 +136,20 @@ fn intents_of(session: &str, generation: u64, keys: &[(&str, &str)], requires_ap
             };
             let bytes = rmp_serde::to_vec_named(&action).expect("a PendingAction encodes");
             NewIntent {
-                intent: Intent {
-                    key: ActionKey::from(key),
-                    kind: Arc::from(kind),
-                    payload: payload.into(),
-                    origin: Origin::new(
+                intent: Intent::new(
+                    ActionKey::from(key),
+                    kind,
+                    payload,
+                    Origin::new(
                         session.clone(),
                         CommitHash([generation as u8; 32]),
                         Generation(generation),
                         run as u32,
                     ),
-                    attempt: 0,
-                    trace: Some(trace_of(key)),
-                },
-                action_hash: content_hash(&bytes),
+                    0,
+                )
+                .with_trace_parent(Some(trace_of(key))),
+                action_hash: ContentHash::of(&bytes),
                 bytes: Arc::from(bytes),
             }
         })
@@ -157,7 +159,7 @@ fn intents_of(session: &str, generation: u64, keys: &[(&str, &str)], requires_ap
 /// The trace context [`new_intents`] gives the intent of `key` (derived from the key, so
 /// that a check knows which one each entry must carry).
 pub fn trace_of(key: &str) -> TraceParent {
-    let digest = content_hash(key.as_bytes()).0;
+    let digest = ContentHash::of(key.as_bytes()).0;
     let mut trace_id = [0; 16];
     let mut parent_id = [0; 8];
     trace_id.copy_from_slice(&digest[..16]);
@@ -1639,16 +1641,17 @@ pub async fn attempt_history(h: &dyn ContractHarness) {
     )
     .await;
     claim_as("d4", 302).await;
-    let attempt =
-        |token: u64, number: u32, owner: &str, claimed: u64, until: u64, ended: Option<u64>, outcome| Attempt {
-            token: FenceToken(token),
+    let attempt = |token: u64, number: u32, owner: &str, claimed: u64, until: u64, ended: Option<u64>, outcome| {
+        Attempt::new(
+            FenceToken(token),
             number,
-            owner: Arc::from(owner),
-            claimed_at: at(claimed),
-            lease_expires_at: at(until),
-            ended_at: ended.map(at),
+            Arc::from(owner),
+            at(claimed),
+            at(until),
+            ended.map(at),
             outcome,
-        };
+        )
+    };
     let mut expected = vec![
         attempt(
             2,
@@ -1896,15 +1899,15 @@ impl Model {
     /// Ends the attempt in flight at `now` with `outcome`, in the history.
     fn end_attempt(&mut self, now: u64, outcome: AttemptOutcome) {
         let (owner, claimed, until) = self.claim.clone().expect("a claim in flight");
-        self.history.push(Attempt {
-            token: FenceToken(self.token),
-            number: self.attempts,
-            owner: Arc::from(owner),
-            claimed_at: at(claimed),
-            lease_expires_at: at(until),
-            ended_at: Some(at(now)),
+        self.history.push(Attempt::new(
+            FenceToken(self.token),
+            self.attempts,
+            Arc::from(owner),
+            at(claimed),
+            at(until),
+            Some(at(now)),
             outcome,
-        });
+        ));
     }
 
     /// What `attempts` returns: the history, then the last claim if it is in flight or was
@@ -1917,15 +1920,15 @@ impl Model {
             _ => None,
         };
         if let (Some((ended_at, outcome)), Some((owner, claimed, until))) = (last, &self.claim) {
-            attempts.push(Attempt {
-                token: FenceToken(self.token),
-                number: self.attempts,
-                owner: Arc::from(owner.as_str()),
-                claimed_at: at(*claimed),
-                lease_expires_at: at(*until),
+            attempts.push(Attempt::new(
+                FenceToken(self.token),
+                self.attempts,
+                Arc::from(owner.as_str()),
+                at(*claimed),
+                at(*until),
                 ended_at,
                 outcome,
-            });
+            ));
         }
         attempts
     }
@@ -2000,6 +2003,7 @@ fn model_counts(model: &[Model], scope: &Scope) -> StatusCounts {
             DeliveryStatus::Cancelled => c.cancelled += 1,
             DeliveryStatus::AwaitingApproval => c.awaiting_approval += 1,
             DeliveryStatus::Rejected => c.rejected += 1,
+            other => panic!("the model holds a status it does not know: {other:?}"),
         }
     }
     c
