@@ -12,9 +12,9 @@ use std::time::{Duration, SystemTime};
 
 use common::*;
 use reactifact_core::ledger::{DeliveryStatus, Ledger, PruneOptions, StatusCounts};
-use reactifact_core::store::{BoxFuture, ClaimRequest, FailedAttempt, OutboxStore, Outcome, Recording, SqliteOutbox};
+use reactifact_core::store::{ClaimRequest, FailedAttempt, OutboxStore, Outcome, Recording};
 use reactifact_core::{Agent, Context, OpenOptions, Runtime, Scope};
-use reactifact_store_contract::{at, ContractHarness, ContractStore, MemoryHarness};
+use reactifact_store_contract::{at, ContractHarness, ContractStore, MemoryHarness, SqliteHarness};
 use tokio::time::Instant;
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -29,66 +29,6 @@ fn temp_dir() -> tempfile::TempDir {
         .then(|| tempfile::tempdir_in(shm).ok())
         .flatten()
         .unwrap_or_else(|| tempfile::tempdir().expect("a temporary directory"))
-}
-
-/// SQLite stores for the checks: a new file each, opened as a standalone outbox; intents are
-/// registered as a commit's transaction registers them.
-struct SqliteHarness;
-
-struct SqliteStore {
-    outbox: Arc<SqliteOutbox>,
-    generation: u64,
-    _dir: tempfile::TempDir,
-}
-
-impl ContractHarness for SqliteHarness {
-    fn fresh(&self) -> BoxFuture<'_, Box<dyn ContractStore>> {
-        Box::pin(async {
-            let dir = temp_dir();
-            let path = dir.path().join("prune.db");
-            drop(Context::open(&path, "setup").expect("a new store file"));
-            let outbox = SqliteOutbox::open(&path).expect("the file's outbox");
-            Box::new(SqliteStore {
-                outbox,
-                generation: 0,
-                _dir: dir,
-            }) as Box<dyn ContractStore>
-        })
-    }
-}
-
-impl ContractStore for SqliteStore {
-    fn outbox(&self) -> Arc<dyn OutboxStore> {
-        self.outbox.clone()
-    }
-
-    fn register<'a>(
-        &'a mut self,
-        session: &'a str,
-        keys: &'a [(&'a str, &'a str)],
-        now: SystemTime,
-    ) -> BoxFuture<'a, ()> {
-        self.generation += 1;
-        let registered = self.outbox.register_intents(
-            reactifact_store_contract::new_intents(session, self.generation, keys),
-            now,
-        );
-        Box::pin(async move { registered.await.expect("registration commits") })
-    }
-
-    fn register_awaiting<'a>(
-        &'a mut self,
-        session: &'a str,
-        keys: &'a [(&'a str, &'a str)],
-        now: SystemTime,
-    ) -> BoxFuture<'a, ()> {
-        self.generation += 1;
-        let registered = self.outbox.register_intents(
-            reactifact_store_contract::approval_intents(session, self.generation, keys),
-            now,
-        );
-        Box::pin(async move { registered.await.expect("registration commits") })
-    }
 }
 
 /// Each check, once per store.

@@ -19,13 +19,14 @@ use reactifact_core::audit::{CommitHash, ContentHash};
 use reactifact_core::runtime::Generation;
 use reactifact_core::runtime::Origin;
 use reactifact_core::runtime::TraceParent;
-use reactifact_core::store::MemoryOutbox;
 use reactifact_core::store::Verdict;
 use reactifact_core::store::{
     ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome,
     PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts,
 };
 use reactifact_core::store::{Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken, NewIntent};
+use reactifact_core::store::{MemoryOutbox, SqliteOutbox};
+use reactifact_core::Context;
 use reactifact_core::{ActionKey, Intent, PendingAction};
 
 /// Creates fresh stores for the checks.
@@ -58,6 +59,79 @@ pub trait ContractStore: Send {
         keys: &'a [(&'a str, &'a str)],
         now: SystemTime,
     ) -> BoxFuture<'a, ()>;
+}
+
+/// The harness of [`SqliteOutbox`]: each fresh store is a new file in a temporary directory,
+/// created by a `Context` and then opened as a standalone outbox; intents are registered
+/// through the outbox's `register` (the one a commit runs in its transaction), at exactly
+/// the suite's `now`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SqliteHarness;
+
+struct SqliteContractStore {
+    outbox: Arc<SqliteOutbox>,
+    generation: u64,
+    /// Kept alive (and removed last) with the store.
+    _dir: tempfile::TempDir,
+}
+
+/// A temporary directory for a store file: in memory (`/dev/shm`) where there is one, so that
+/// the suite's thousands of `synchronous = FULL` transactions do not each wait for a disk
+/// (the contract is about what a transaction does, not about its durability).
+fn temp_dir() -> tempfile::TempDir {
+    let shm = std::path::Path::new("/dev/shm");
+    shm.is_dir()
+        .then(|| tempfile::tempdir_in(shm).ok())
+        .flatten()
+        .unwrap_or_else(|| tempfile::tempdir().expect("a temporary directory"))
+}
+
+impl ContractHarness for SqliteHarness {
+    fn fresh(&self) -> BoxFuture<'_, Box<dyn ContractStore>> {
+        Box::pin(async {
+            let dir = temp_dir();
+            let path = dir.path().join("contract.db");
+            drop(Context::open(&path, "contract").expect("a new store file"));
+            let outbox = SqliteOutbox::open(&path).expect("the file's outbox");
+            Box::new(SqliteContractStore {
+                outbox,
+                generation: 0,
+                _dir: dir,
+            }) as Box<dyn ContractStore>
+        })
+    }
+}
+
+impl ContractStore for SqliteContractStore {
+    fn outbox(&self) -> Arc<dyn OutboxStore> {
+        self.outbox.clone()
+    }
+
+    fn register<'a>(
+        &'a mut self,
+        session: &'a str,
+        keys: &'a [(&'a str, &'a str)],
+        now: SystemTime,
+    ) -> BoxFuture<'a, ()> {
+        self.generation += 1;
+        let registered = self
+            .outbox
+            .register_intents(new_intents(session, self.generation, keys), now);
+        Box::pin(async move { registered.await.expect("registration commits") })
+    }
+
+    fn register_awaiting<'a>(
+        &'a mut self,
+        session: &'a str,
+        keys: &'a [(&'a str, &'a str)],
+        now: SystemTime,
+    ) -> BoxFuture<'a, ()> {
+        self.generation += 1;
+        let registered = self
+            .outbox
+            .register_intents(approval_intents(session, self.generation, keys), now);
+        Box::pin(async move { registered.await.expect("registration commits") })
+    }
 }
 
 /// The harness of [`MemoryOutbox`]: registers through `MemoryOutbox::register`.

@@ -1,12 +1,7 @@
-//! The store contract suite (`reactifact_core::store_contract`), run against every store of
-//! this crate: the in-memory outbox, and SQLite below.
+//! The store contract suite, run against the core's stores: the in-memory outbox, and SQLite.
 
-use std::sync::Arc;
-use std::time::SystemTime;
 
-use reactifact_core::store::{BoxFuture, OutboxStore, SqliteOutbox};
-use reactifact_core::Context;
-use reactifact_store_contract::{self as contract, ContractHarness, ContractStore, MemoryHarness};
+use reactifact_store_contract::{self as contract, MemoryHarness, SqliteHarness};
 
 macro_rules! memory_checks {
     ($($check:ident),* $(,)?) => {
@@ -62,80 +57,6 @@ async fn memory_differential() {
 }
 
 // ---- SQLite ---------------------------------------------------------------------------------
-
-/// The harness of [`SqliteOutbox`]: each fresh store is a new file in a temporary directory,
-/// created by a `Context` and then opened as a standalone outbox; intents are registered
-/// through the outbox's `register` (the one a commit runs in its transaction), at exactly
-/// the suite's `now`.
-struct SqliteHarness;
-
-struct SqliteContractStore {
-    outbox: Arc<SqliteOutbox>,
-    generation: u64,
-    /// Kept alive (and removed last) with the store.
-    _dir: tempfile::TempDir,
-}
-
-/// A temporary directory for a store file: in memory (`/dev/shm`) where there is one, so that
-/// the suite's thousands of `synchronous = FULL` transactions do not each wait for a disk
-/// (the contract is about what a transaction does, not about its durability).
-fn temp_dir() -> tempfile::TempDir {
-    let shm = std::path::Path::new("/dev/shm");
-    shm.is_dir()
-        .then(|| tempfile::tempdir_in(shm).ok())
-        .flatten()
-        .unwrap_or_else(|| tempfile::tempdir().expect("a temporary directory"))
-}
-
-impl ContractHarness for SqliteHarness {
-    fn fresh(&self) -> BoxFuture<'_, Box<dyn ContractStore>> {
-        Box::pin(async {
-            let dir = temp_dir();
-            let path = dir.path().join("contract.db");
-            drop(Context::open(&path, "contract").expect("a new store file"));
-            let outbox = SqliteOutbox::open(&path).expect("the file's outbox");
-            Box::new(SqliteContractStore {
-                outbox,
-                generation: 0,
-                _dir: dir,
-            }) as Box<dyn ContractStore>
-        })
-    }
-}
-
-impl ContractStore for SqliteContractStore {
-    fn outbox(&self) -> Arc<dyn OutboxStore> {
-        self.outbox.clone()
-    }
-
-    fn register<'a>(
-        &'a mut self,
-        session: &'a str,
-        keys: &'a [(&'a str, &'a str)],
-        now: SystemTime,
-    ) -> BoxFuture<'a, ()> {
-        self.generation += 1;
-        let registered = self.outbox.register_intents(
-            reactifact_store_contract::new_intents(session, self.generation, keys),
-            now,
-        );
-        Box::pin(async move { registered.await.expect("registration commits") })
-    }
-
-    fn register_awaiting<'a>(
-        &'a mut self,
-        session: &'a str,
-        keys: &'a [(&'a str, &'a str)],
-        now: SystemTime,
-    ) -> BoxFuture<'a, ()> {
-        self.generation += 1;
-        let registered = self.outbox.register_intents(
-            reactifact_store_contract::approval_intents(session, self.generation, keys),
-            now,
-        );
-        Box::pin(async move { registered.await.expect("registration commits") })
-    }
-}
 
 macro_rules! sqlite_checks {
     ($($check:ident),* $(,)?) => {
