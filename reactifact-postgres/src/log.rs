@@ -545,7 +545,8 @@ impl Log {
         let rows = client
             .query(
                 &format!(
-                    "SELECT {ok}, sha256(o.bytes) = o.action_hash, o.key, o.kind, o.origin_commit, o.origin_run, o.action_hash
+                    "SELECT {ok}, sha256(o.bytes) = o.action_hash, o.key, o.kind, o.origin_commit, o.origin_run, o.action_hash,
+                            o.origin_gen
                        FROM {s}.outbox o ORDER BY o.seq",
                     ok = intact(s, "o"),
                 ),
@@ -583,8 +584,10 @@ impl Log {
             };
             let kind: String = row.get(3);
             let action_hash: Vec<u8> = row.get(6);
-            let acted = <[u8; 32]>::try_from(action_hash.as_slice())
-                .is_ok_and(|hash| acts.contains(&(key.as_str(), origin, u64_of(row.get(5)), kind.as_str(), hash)));
+            // The row names the commit by its hash and its generation: both must agree.
+            let acted = u64_of(row.get(7)) == generation.0
+                && <[u8; 32]>::try_from(action_hash.as_slice())
+                    .is_ok_and(|hash| acts.contains(&(key.as_str(), origin, u64_of(row.get(5)), kind.as_str(), hash)));
             if !acted {
                 return Ok(Some(VerifyError::OutboxForged {
                     generation,

@@ -118,9 +118,14 @@ async fn a_session_opens_from_its_checkpoint_and_still_verifies_its_whole_log() 
 /// Moves the origin run of `notify:order:1`'s outbox row by `by` and writes the digest of
 /// what it then holds: a forged row that passes its own check.
 fn forge_run(schema: &str, by: i64) -> String {
+    forge(schema, "origin_run", by)
+}
+
+/// Moves `column` (an integer column of the row) by `by`, and writes a digest that checks out.
+fn forge(schema: &str, column: &str, by: i64) -> String {
     let s = format!("\"{schema}\"");
     format!(
-        "UPDATE {s}.outbox SET origin_run = origin_run + ({by}) WHERE key = 'notify:order:1';
+        "UPDATE {s}.outbox SET {column} = {column} + ({by}) WHERE key = 'notify:order:1';
          UPDATE {s}.outbox SET digest = {s}.outbox_digest(key, kind, session, origin_commit, origin_gen,
              origin_run, action_hash, bytes, recorded_at, status, due_at, token, owner, lease_until, attempts,
              expired, interrupted, last_error, cancel_reason, updated_at, delivered_at, next_attempt_at,
@@ -184,6 +189,21 @@ async fn verify_names_a_deleted_outbox_row_and_a_changed_commit_refuses_the_open
         other => panic!("expected the forged row, got {other:?}"),
     }
     schemas.execute(&forge_run(&schema, -1)).await;
+    ctx.verify().unwrap();
+    // The same with the origin's generation: the row names commit 2 by its hash, but
+    // generation 5.
+    schemas.execute(&forge(&schema, "origin_gen", 3)).await;
+    assert!(
+        matches!(
+            ctx.verify(),
+            Err(VerifyError::OutboxForged {
+                generation: Generation(2),
+                ..
+            })
+        ),
+        "a row naming another generation of its commit is forged"
+    );
+    schemas.execute(&forge(&schema, "origin_gen", -3)).await;
     ctx.verify().unwrap();
 
     schemas

@@ -522,7 +522,9 @@ impl SqliteStore {
             else {
                 continue; // Born of another session's commit.
             };
-            let acted = usize::try_from(row.origin_run)
+            // The row names the commit by its hash and its generation: both must agree.
+            let acted = u64::try_from(row.origin_gen).ok() == Some(commit.generation.0)
+                && usize::try_from(row.origin_run)
                 .ok()
                 .and_then(|run| commit.runs.get(run))
                 .is_some_and(|run| {
@@ -1363,6 +1365,69 @@ mod tests {
         }
         // Not a commit of this log: another session's row, not checked against it.
         assert!(store.verify_outbox(&[]).is_ok());
+    }
+
+    #[test]
+    fn a_row_naming_its_commit_by_hash_but_another_generation_is_forged() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let (mut store, _) = SqliteStore::open(&path, "orders", &OpenOptions::new()).unwrap();
+        store.settle_open(&[]).unwrap();
+        let act = Op::act("notify", ActionKey::from("k"), &"payload").unwrap();
+        let Op::Act {
+            hash, bytes, payload, ..
+        } = act.clone()
+        else {
+            unreachable!("an act")
+        };
+        let commit = Commit {
+            generation: Generation(1),
+            parent: None,
+            merged: None,
+            hash: CommitHash([7; 32]),
+            state_hash: StateHash([0; 32]),
+            runs: vec![crate::state::commit::RunRecord {
+                agent: None,
+                produce: None,
+                trigger: None,
+                ops: vec![act],
+                reads: Vec::new(),
+                watches_reads: false,
+                calls: Vec::new(),
+            }]
+            .into(),
+            events_consumed: 0,
+        };
+        // The commit acted `k`; the row (its digest checks out) names the commit's hash and
+        // run, but generation 5: a changed origin generation with a recomputed digest.
+        let row_of = |generation| {
+            row::Row::register(
+                &NewIntent {
+                    intent: Intent::new(
+                        ActionKey::from("k"),
+                        "notify",
+                        payload.clone(),
+                        Origin::new("orders", commit.hash, Generation(generation), 0),
+                        0,
+                    ),
+                    action_hash: hash,
+                    bytes: bytes.clone(),
+                },
+                0,
+            )
+        };
+        assert!(row_of(5).insert(store.conn.get()).unwrap());
+        match store.verify_outbox(std::slice::from_ref(&commit)) {
+            Err(VerifyError::OutboxForged {
+                generation: Generation(1),
+                ..
+            }) => {}
+            other => panic!("expected a forged row, got {other:?}"),
+        }
+        // The same row with the commit's own generation checks out.
+        store.conn.get().execute("DELETE FROM outbox", []).unwrap();
+        assert!(row_of(1).insert(store.conn.get()).unwrap());
+        assert!(store.verify_outbox(std::slice::from_ref(&commit)).is_ok());
     }
 
     #[derive(serde::Serialize, serde::Deserialize)]

@@ -173,7 +173,11 @@ impl SqliteOutbox {
     /// contract suite (crate `reactifact-store-contract`) and tests of the outbox alone. Not
     /// public API.
     #[doc(hidden)]
-    pub fn register_intents(&self, intents: Vec<NewIntent>, now: SystemTime) -> BoxFuture<'static, Result<(), StoreError>> {
+    pub fn register_intents(
+        &self,
+        intents: Vec<NewIntent>,
+        now: SystemTime,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
         if let Err(e) = self.check_writable() {
             return Box::pin(async move { Err(e) });
         }
