@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use reactifact_core::store::{BoxFuture, OutboxStore};
-use reactifact_store_contract::{self as contract, ContractHarness, ContractStore};
 use reactifact_postgres::{PostgresOptions, PostgresOutbox};
+use reactifact_store_contract::{self as contract, ContractHarness, ContractStore};
 
 /// The variable CI sets to the test server's URL.
 pub const URL_VAR: &str = "REACTIFACT_TEST_POSTGRES_URL";
