@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime};
 use reactifact_core::error::{CancelError, RetryError, StoreError};
 use reactifact_core::ledger::{Attempt, Delivery, FenceToken, LedgerQuery, Page, PurgeFilter, StatusCounts};
 use reactifact_core::store::{BoxFuture, ClaimRequest, Claimed, OutboxStore, Recorded, Recording, Wakeups};
-use reactifact_store_contract::{ContractHarness, MemoryHarness};
 use reactifact_core::{ActionKey, DispatchError, Drainer, Intent, Scope};
+use reactifact_store_contract::{ContractHarness, MemoryHarness};
 use tokio::sync::mpsc;
 
 /// The memory outbox, with wake-ups sent by the test.

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use reactifact_core::ledger::{AttemptOutcome, FenceToken, PurgeFilter};
 use reactifact_core::store::{ClaimRequest, FailedAttempt, OutboxStore, Outcome, Recording};
-use reactifact_store_contract::{at, new_intents};
 use reactifact_core::{ActionKey, Scope};
 use reactifact_postgres::{PostgresOptions, PostgresOutbox};
+use reactifact_store_contract::{at, new_intents};
 
 use common::Schemas;
 

@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use reactifact_core::store::{ClaimRequest, OutboxStore};
-use reactifact_store_contract::{at, new_intents};
 use reactifact_core::{ActionKey, Scope};
 use reactifact_postgres::{PostgresOptions, PostgresOutbox};
+use reactifact_store_contract::{at, new_intents};
 
 use common::Schemas;
 

@@ -12,9 +12,9 @@ use std::time::Duration;
 use futures_util::{FutureExt, StreamExt};
 use reactifact_core::ledger::DeliveryStatus;
 use reactifact_core::store::{ClaimRequest, OutboxStore, Outcome, Recorded, Recording};
-use reactifact_store_contract::{at, new_intents};
 use reactifact_core::{ActionKey, DispatchError, Drainer, Intent, Scope};
 use reactifact_postgres::{OpenError, PostgresOptions, PostgresOutbox};
+use reactifact_store_contract::{at, new_intents};
 
 use common::Schemas;
 

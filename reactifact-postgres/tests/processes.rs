@@ -20,9 +20,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use reactifact_core::ledger::{DeliveryStatus, LedgerQuery};
 use reactifact_core::store::OutboxStore;
-use reactifact_store_contract::new_intents;
 use reactifact_core::{DeliveryOptions, DispatchError, Drainer, Intent, Scope};
 use reactifact_postgres::{PostgresOptions, PostgresOutbox};
+use reactifact_store_contract::new_intents;
 
 use common::Schemas;
 

@@ -13,9 +13,9 @@ use std::time::{Duration, SystemTime};
 
 use reactifact_core::ledger::{DeliveryStatus, Ledger};
 use reactifact_core::store::{ClaimRequest, FailedAttempt, OutboxStore, Outcome, Recording};
-use reactifact_store_contract::{approval_intents, at, new_intents};
 use reactifact_core::{ActionKey, Scope};
 use reactifact_postgres::{PostgresOutbox, PruneOptions, PruneSummary};
+use reactifact_store_contract::{approval_intents, at, new_intents};
 
 use common::Schemas;
 

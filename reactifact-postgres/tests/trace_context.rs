@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use reactifact_core::runtime::TraceParent;
 use reactifact_core::store::{ClaimRequest, OutboxStore};
-use reactifact_store_contract::{at, new_intents, trace_of};
 use reactifact_core::{Agent, Context, Runtime, Scope};
 use reactifact_postgres::{OpenError, PostgresOptions, PostgresOutbox};
+use reactifact_store_contract::{at, new_intents, trace_of};
 
 use common::flow::{open_store, order, process_order};
 use common::Schemas;

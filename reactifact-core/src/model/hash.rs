@@ -82,7 +82,7 @@ pub(crate) fn content_hash(bytes: &[u8]) -> ContentHash {
 
 impl ContentHash {
     /// The content hash of encoded bytes: what a commit records of an artifact's or an
-    /// intent's encoding (the `action_hash` of a [`NewIntent`](crate::store::NewIntent)), and
+    /// intent's encoding (the `action_hash` of a [`NewIntent`](crate::NewIntent)), and
     /// what a store checks a row's bytes against.
     pub fn of(bytes: &[u8]) -> ContentHash {
         content_hash(bytes)

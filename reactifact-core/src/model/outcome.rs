@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::model::delivery::{ceil_millis, later, AttemptOutcome, DeliveryStatus};
 
-/// The outcome of one attempt, for [`OutboxStore::record`](crate::store::OutboxStore::record).
+/// The outcome of one attempt, for [`OutboxStore::record`](crate::OutboxStore::record).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Outcome {
@@ -41,7 +41,7 @@ impl Outcome {
     /// How the attempt this outcome ends is kept in the attempt history: `None` for a
     /// delivered attempt (the ledger entry itself keeps the last attempt) and for a released
     /// claim (never handed out, not an attempt). A retry time is kept in whole milliseconds,
-    /// rounded up, and at most [`FAR_FUTURE`](crate::store::FAR_FUTURE), as the entry keeps it.
+    /// rounded up, and at most [`FAR_FUTURE`](crate::FAR_FUTURE), as the entry keeps it.
     pub fn attempt_outcome(&self) -> Option<AttemptOutcome> {
         Some(match self {
             Outcome::Delivered | Outcome::Released => return None,

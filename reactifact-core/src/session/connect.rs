@@ -22,7 +22,9 @@ pub enum ConnectError {
     },
     /// The URL names a SQLite store, and this build of the crate leaves SQLite out (its
     /// `sqlite` feature, on by default, is off).
-    #[error("`{url}` names a SQLite store, which this build of reactifact-core leaves out: enable its `sqlite` feature")]
+    #[error(
+        "`{url}` names a SQLite store, which this build of reactifact-core leaves out: enable its `sqlite` feature"
+    )]
     #[non_exhaustive]
     SqliteNotBuilt {
         /// The URL, its password replaced by `***`.

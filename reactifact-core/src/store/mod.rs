@@ -21,9 +21,9 @@ pub(crate) mod log_store;
 pub(crate) mod memory;
 pub(crate) mod outbox;
 pub(crate) mod prune;
+mod session_info;
 #[cfg(feature = "sqlite")]
 mod sqlite;
-mod session_info;
 pub(crate) mod store_url;
 
 use std::path::PathBuf;
@@ -56,9 +56,9 @@ pub use session_info::SessionInfo;
 pub use sqlite::sessions::list_sessions;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteOutbox;
-pub use store_url::{redact_url, StoreUrl, StoreUrlError};
 #[cfg(feature = "sqlite")]
 pub(crate) use sqlite::SqliteStore;
+pub use store_url::{redact_url, StoreUrl, StoreUrlError};
 
 /// A backend's own error, as a [`StoreError`] or an [`OpenError`] carries it: the error of
 /// whatever driver the store uses (SQLite's, PostgreSQL's, …), boxed, so that no variant names
