@@ -20,30 +20,7 @@ macro_rules! pg_checks {
     };
 }
 
-pg_checks!(
-    register_once_per_key,
-    attach_to_committing_session,
-    claim_due_in_order,
-    claim_sets_token_attempts_lease,
-    claim_limit_and_scope,
-    record_outcomes,
-    stale_token_changes_nothing,
-    reclaim_makes_old_token_stale,
-    renew_only_for_holder,
-    reclaim_only_after_expiry,
-    lease_owners_by_scope,
-    take_over_dead_owner,
-    retry_at_not_before,
-    retry_cancel_legality,
-    approval_awaits_and_is_never_claimed,
-    approve_reject_legality,
-    rejected_is_final_and_purged,
-    purge_rules,
-    purge_by_status,
-    attempt_history,
-    trace_context_kept,
-    queries,
-);
+reactifact_store_contract::for_each_check!(pg_checks);
 
 /// Eight claimers racing on worker threads, over one pool of four connections: the claims
 /// race in the database, not in a queue of this process.

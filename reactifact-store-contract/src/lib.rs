@@ -258,30 +258,58 @@ fn ms(t: SystemTime) -> u64 {
 
 /// Runs every check against fresh stores of `harness`.
 pub async fn run_all(harness: &dyn ContractHarness) {
-    register_once_per_key(harness).await;
-    attach_to_committing_session(harness).await;
-    claim_due_in_order(harness).await;
-    claim_sets_token_attempts_lease(harness).await;
-    claim_limit_and_scope(harness).await;
+    macro_rules! run_each {
+        ($($check:ident),* $(,)?) => {
+            $($check(harness).await;)*
+        };
+    }
+    for_each_check!(run_each);
     concurrent_claimers_are_disjoint(harness).await;
-    record_outcomes(harness).await;
-    stale_token_changes_nothing(harness).await;
-    reclaim_makes_old_token_stale(harness).await;
-    renew_only_for_holder(harness).await;
-    reclaim_only_after_expiry(harness).await;
-    lease_owners_by_scope(harness).await;
-    take_over_dead_owner(harness).await;
-    retry_at_not_before(harness).await;
-    retry_cancel_legality(harness).await;
-    approval_awaits_and_is_never_claimed(harness).await;
-    approve_reject_legality(harness).await;
-    rejected_is_final_and_purged(harness).await;
-    purge_rules(harness).await;
-    purge_by_status(harness).await;
-    attempt_history(harness).await;
-    trace_context_kept(harness).await;
-    queries(harness).await;
     differential(harness, 0x5eed, 400).await;
+}
+
+/// Calls the macro `$m` with the names of the suite's checks of one store, each an `async fn
+/// (&dyn ContractHarness)` of this crate: the one list [`run_all`] runs and a store's tests
+/// turn into a test each. (`concurrent_claimers_are_disjoint`, which wants worker threads, and
+/// `differential`, which takes a seed and a number of steps, are called on their own.)
+///
+/// ```ignore
+/// macro_rules! memory_checks {
+///     ($($check:ident),* $(,)?) => { $(
+///         #[tokio::test]
+///         async fn $check() { reactifact_store_contract::$check(&MyHarness).await }
+///     )* };
+/// }
+/// reactifact_store_contract::for_each_check!(memory_checks);
+/// ```
+#[macro_export]
+macro_rules! for_each_check {
+    ($m:ident) => {
+        $m!(
+            register_once_per_key,
+            attach_to_committing_session,
+            claim_due_in_order,
+            claim_sets_token_attempts_lease,
+            claim_limit_and_scope,
+            record_outcomes,
+            stale_token_changes_nothing,
+            reclaim_makes_old_token_stale,
+            renew_only_for_holder,
+            reclaim_only_after_expiry,
+            lease_owners_by_scope,
+            take_over_dead_owner,
+            retry_at_not_before,
+            retry_cancel_legality,
+            approval_awaits_and_is_never_claimed,
+            approve_reject_legality,
+            rejected_is_final_and_purged,
+            purge_rules,
+            purge_by_status,
+            attempt_history,
+            trace_context_kept,
+            queries,
+        );
+    };
 }
 
 // ---- helpers ----

@@ -1,6 +1,5 @@
 //! The store contract suite, run against the core's stores: the in-memory outbox, and SQLite.
 
-
 use reactifact_store_contract::{self as contract, MemoryHarness, SqliteHarness};
 
 macro_rules! memory_checks {
@@ -17,30 +16,7 @@ macro_rules! memory_checks {
     };
 }
 
-memory_checks!(
-    register_once_per_key,
-    attach_to_committing_session,
-    claim_due_in_order,
-    claim_sets_token_attempts_lease,
-    claim_limit_and_scope,
-    record_outcomes,
-    stale_token_changes_nothing,
-    reclaim_makes_old_token_stale,
-    renew_only_for_holder,
-    reclaim_only_after_expiry,
-    lease_owners_by_scope,
-    take_over_dead_owner,
-    retry_at_not_before,
-    retry_cancel_legality,
-    approval_awaits_and_is_never_claimed,
-    approve_reject_legality,
-    rejected_is_final_and_purged,
-    purge_rules,
-    purge_by_status,
-    attempt_history,
-    trace_context_kept,
-    queries,
-);
+reactifact_store_contract::for_each_check!(memory_checks);
 
 /// Eight claimers racing on worker threads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -72,30 +48,7 @@ macro_rules! sqlite_checks {
     };
 }
 
-sqlite_checks!(
-    register_once_per_key,
-    attach_to_committing_session,
-    claim_due_in_order,
-    claim_sets_token_attempts_lease,
-    claim_limit_and_scope,
-    record_outcomes,
-    stale_token_changes_nothing,
-    reclaim_makes_old_token_stale,
-    renew_only_for_holder,
-    reclaim_only_after_expiry,
-    lease_owners_by_scope,
-    take_over_dead_owner,
-    retry_at_not_before,
-    retry_cancel_legality,
-    approval_awaits_and_is_never_claimed,
-    approve_reject_legality,
-    rejected_is_final_and_purged,
-    purge_rules,
-    purge_by_status,
-    attempt_history,
-    trace_context_kept,
-    queries,
-);
+reactifact_store_contract::for_each_check!(sqlite_checks);
 
 /// Eight claimers racing on worker threads, through one outbox (its thread serialises them;
 /// tests/sqlite_outbox.rs races two connections of one file).
