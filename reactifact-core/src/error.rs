@@ -5,6 +5,7 @@
 pub use crate::audit::replay::ReplayError;
 pub use crate::audit::verify::TimeTravelError;
 pub use crate::model::artifact::ReadError;
+pub use crate::model::build_error::BuildError;
 pub use crate::model::patch::EffectError;
 pub use crate::model::trace::TraceParentError;
 pub use crate::outbox::dispatcher::BoxError;
@@ -14,7 +15,7 @@ pub use crate::run::ask::AnswerError;
 pub use crate::run::calls::{CallError, MissKind, ReplayMiss};
 pub use crate::run::handle::SubmitError;
 pub use crate::run::produce::{ProduceFailure, RunFailure};
-pub use crate::run::runtime::{BuildError, RunError};
+pub use crate::run::runtime::RunError;
 pub use crate::session::branch::{ForkError, MergeError};
 pub use crate::session::connect::ConnectError;
 pub use crate::session::context::WriteError;

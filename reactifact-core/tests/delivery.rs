@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
+use reactifact_core::error::BuildError;
 use reactifact_core::ledger::DeliveryStatus;
 use reactifact_core::runtime::{Budget, TurnOutcome, MAX_RETRY_AFTER};
 use reactifact_core::{
@@ -318,6 +319,42 @@ async fn an_attempt_past_its_timeout_is_a_retryable_failure() {
     rt.settle().await.unwrap();
     let entry = rt.context().ledger().get("notify:order:0").await.unwrap().unwrap();
     assert_eq!((entry.status(), entry.attempts()), (DeliveryStatus::Delivered, 2));
+}
+
+/// An attempt timeout of zero would cancel every attempt: both builders refuse it, with the
+/// same error, and build with any positive timeout or none.
+#[test]
+fn both_builders_refuse_an_attempt_timeout_of_zero() {
+    let send = |_: Intent| async { Ok::<(), DispatchError>(()) };
+    let zero = DeliveryOptions::new().timeout(Some(Duration::ZERO));
+    let ctx = seeded_orders(1);
+    let drainer = Drainer::builder(ctx.outbox(), send).delivery(zero.clone()).build();
+    assert!(
+        matches!(&drainer, Err(BuildError::Delivery { problem, .. }) if problem.contains("timeout of zero")),
+        "{:?}",
+        drainer.err()
+    );
+    let runtime = Runtime::builder(seeded_orders(1))
+        .dispatcher(send)
+        .delivery(zero)
+        .build();
+    assert!(
+        matches!(runtime, Err(BuildError::Delivery { .. })),
+        "{:?}",
+        runtime.err()
+    );
+    for fine in [Some(Duration::from_millis(1)), None] {
+        let options = DeliveryOptions::new().timeout(fine);
+        Drainer::builder(ctx.outbox(), send)
+            .delivery(options.clone())
+            .build()
+            .unwrap();
+        Runtime::builder(seeded_orders(1))
+            .dispatcher(send)
+            .delivery(options)
+            .build()
+            .unwrap();
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -1085,7 +1122,9 @@ async fn a_holder_stalled_past_its_lease_cannot_overwrite_the_drain_that_reclaim
         .build()
         .unwrap();
     let recorder = Recorder::default();
-    let live = Drainer::builder(outbox, recorder.dispatcher()).build();
+    let live = Drainer::builder(outbox, recorder.dispatcher())
+        .build()
+        .expect("valid delivery options");
 
     let mut turn = Box::pin(stalled.run());
     // Poll the turn until its dispatch is under way, then leave it alone.
@@ -1136,7 +1175,9 @@ async fn a_long_dispatch_renews_its_lease_and_is_not_reclaimed_while_its_drain_l
         .build()
         .unwrap();
     let other_sends = Recorder::default();
-    let watcher = Drainer::builder(outbox, other_sends.dispatcher()).build();
+    let watcher = Drainer::builder(outbox, other_sends.dispatcher())
+        .build()
+        .expect("valid delivery options");
     let (report, reclaimed) = tokio::join!(long.run(), async {
         let mut delivered = 0;
         for _ in 0..3 {
@@ -1278,7 +1319,8 @@ async fn the_delivery_options_lease_is_the_lease_of_every_claim() {
     let outbox = rt.context().outbox();
     let drainer = Drainer::builder(outbox, drained.dispatcher(rt.context().ledger()))
         .delivery(options)
-        .build();
+        .build()
+        .expect("valid delivery options");
     assert_eq!(drainer.flush().await.unwrap().delivered, 1);
     assert_eq!(drained.all_at_least(lease), 1);
 }

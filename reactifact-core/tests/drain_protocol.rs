@@ -182,7 +182,8 @@ async fn a_drain_never_holds_more_claims_than_its_concurrency_and_records_each_o
         }
     })
     .delivery(DeliveryOptions::new().concurrency(16))
-    .build();
+    .build()
+    .expect("valid delivery options");
     let report = drainer.settle().await.unwrap();
     assert_eq!(report.delivered, 500);
     assert_eq!(sent.load(Ordering::SeqCst), 500);
@@ -207,7 +208,8 @@ async fn outcomes_finishing_together_are_written_together() {
         Ok::<(), DispatchError>(())
     })
     .delivery(DeliveryOptions::new().concurrency(64))
-    .build();
+    .build()
+    .expect("valid delivery options");
     assert_eq!(drainer.settle().await.unwrap().delivered, 256);
     let calls = watched.record_calls.load(Ordering::SeqCst);
     assert!(calls < 256 / 4, "{calls} writes for 256 outcomes: not group-committed");
@@ -233,7 +235,8 @@ async fn a_serving_drainer_takes_new_intents_while_a_long_dispatch_runs() {
     })
     .poll_interval(Duration::from_millis(200))
     .delivery(DeliveryOptions::new().timeout(None))
-    .build();
+    .build()
+    .expect("valid delivery options");
     let stop = drainer.stop_handle();
     let serving = tokio::spawn(async move { drainer.serve(stop).await.unwrap() });
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -293,7 +296,8 @@ async fn a_kind_limit_does_not_let_a_drain_start_more_than_its_concurrency() {
         }
     })
     .delivery(DeliveryOptions::new().concurrency(2).concurrency_for("a", 1))
-    .build();
+    .build()
+    .expect("valid delivery options");
     assert_eq!(drainer.settle().await.unwrap().delivered, 30);
     let peak = *peak.lock().unwrap();
     assert!(
@@ -316,7 +320,8 @@ async fn a_lease_of_zero_is_the_shortest_lease_and_a_drain_never_reclaims_its_ow
         }
     })
     .delivery(DeliveryOptions::new().lease(Duration::ZERO).concurrency(16))
-    .build();
+    .build()
+    .expect("valid delivery options");
     // (With a zero lease taken as is, the drain kept reclaiming its own deliveries.)
     let report = tokio::time::timeout(Duration::from_secs(60), drainer.settle())
         .await
@@ -365,7 +370,8 @@ async fn immediate_and_waiting_attempts_share_slots_and_each_key_is_attempted_on
         }
     })
     .delivery(DeliveryOptions::new().concurrency(4))
-    .build();
+    .build()
+    .expect("valid delivery options");
     let report = drainer.flush().await.unwrap();
     assert_eq!(report.delivered, 200, "the immediate and the waiting ones");
     let sent = std::mem::take(&mut *sent.lock().unwrap());
@@ -407,7 +413,8 @@ async fn outcomes_whose_answer_was_lost_are_counted_once_as_what_they_recorded()
             Ok::<(), DispatchError>(())
         }
     })
-    .build();
+    .build()
+    .expect("valid delivery options");
     let report = drainer.flush().await.unwrap();
     assert_eq!(sent.load(Ordering::SeqCst), 4, "each key sent once");
     assert_eq!(

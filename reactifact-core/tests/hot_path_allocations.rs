@@ -43,7 +43,8 @@ async fn drain_allocations(n: u64) -> (u64, u64) {
     let drainer = Drainer::builder(ctx.outbox(), |_intent: Intent| {
         std::future::ready(Ok::<(), DispatchError>(()))
     })
-    .build();
+    .build()
+    .expect("valid delivery options");
     let region = Region::new(GLOBAL);
     let report = drainer.flush().await.unwrap();
     // Reallocations count too: a growing buffer may move.

@@ -306,8 +306,9 @@ fn an_expired_lease_reclaimed_and_the_outbox_gauges() {
         let claimed = outbox.claim(request).await.unwrap();
         assert_eq!(claimed.claims.len(), 1);
         tokio::time::advance(Duration::from_secs(2)).await;
-        let drainer =
-            reactifact_core::Drainer::builder(outbox, |_: Intent| async { Ok::<(), DispatchError>(()) }).build();
+        let drainer = reactifact_core::Drainer::builder(outbox, |_: Intent| async { Ok::<(), DispatchError>(()) })
+            .build()
+            .expect("valid delivery options");
         assert_eq!(drainer.flush().await.unwrap().delivered, 2);
         ledger.record_metrics().await.unwrap();
         let seen = seen(&snapshotter);

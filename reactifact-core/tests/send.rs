@@ -54,7 +54,9 @@ fn every_public_future_of_the_runtime_is_send() {
     assert_send(&ledger.get("k"));
     assert_send(&ledger.counts());
     assert_send(&ledger.entries());
-    let drainer = reactifact_core::Drainer::builder(rt.context().outbox(), recorder.dispatcher()).build();
+    let drainer = reactifact_core::Drainer::builder(rt.context().outbox(), recorder.dispatcher())
+        .build()
+        .expect("valid delivery options");
     assert_send(&drainer.flush());
     assert_send(&drainer.settle());
     assert_send(&drainer.serve(drainer.stop_handle()));

@@ -110,7 +110,8 @@ async fn a_drainer_and_a_runtime_on_one_outbox_send_each_key_once() {
     let mut rt = runtime(ctx, &runtime_sends);
     let drainer = Drainer::builder(outbox, drainer_sends.dispatcher())
         .delivery(DeliveryOptions::new().concurrency(8))
-        .build();
+        .build()
+        .expect("valid delivery options");
     let (turn, drained) = tokio::join!(rt.run(), async {
         let mut delivered = 0;
         for _ in 0..50 {
@@ -144,11 +145,13 @@ async fn a_drainer_scoped_to_a_kind_leaves_the_other_kinds_alone() {
     rt.run().await.unwrap();
     let other = Drainer::builder(rt.context().outbox(), recorder.dispatcher())
         .scope(Scope::all().kinds(["email"]))
-        .build();
+        .build()
+        .expect("valid delivery options");
     assert_eq!(other.settle().await.unwrap().delivered, 0);
     let notify = Drainer::builder(rt.context().outbox(), recorder.dispatcher())
         .scope(Scope::all().kinds(["notify"]))
-        .build();
+        .build()
+        .expect("valid delivery options");
     assert_eq!(notify.settle().await.unwrap().delivered, 1);
     assert_eq!(recorder.sent(), vec!["notify:order:1".to_owned()]);
 }

@@ -105,7 +105,8 @@ fn serving(outbox: Arc<dyn OutboxStore>) -> (Drainer, mpsc::UnboundedReceiver<St
         std::future::ready(Ok::<(), DispatchError>(()))
     })
     .poll_interval(Duration::from_secs(3600))
-    .build();
+    .build()
+    .expect("valid delivery options");
     (drainer, delivered)
 }
 

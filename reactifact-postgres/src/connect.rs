@@ -5,7 +5,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use reactifact_core::error::{BackendError, StoreError};
+use reactifact_core::error::{BackendError, OpenError, StoreError};
 use reactifact_core::store::redact_url;
 use tokio_postgres::config::Host;
 use tokio_postgres::NoTls;
@@ -121,96 +121,6 @@ impl PostgresOptions {
     pub(crate) fn url(&self) -> &str {
         &self.url
     }
-}
-
-/// Opening a PostgreSQL store failed. No message names the password of the URL.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum OpenError {
-    /// The URL does not parse.
-    #[error("invalid postgres url `{url}`: {detail}")]
-    #[non_exhaustive]
-    BadUrl {
-        /// The URL, its password replaced by `***`.
-        url: String,
-        /// What is wrong.
-        detail: String,
-    },
-    /// The schema name is not one the store accepts.
-    #[error("invalid schema name `{schema}`: a lowercase ASCII letter or `_`, then up to 47 lowercase letters, digits or `_`, not starting with `pg_`")]
-    #[non_exhaustive]
-    BadSchema {
-        /// The name given.
-        schema: String,
-    },
-    /// No connection to the server could be made (it is down, unreachable, refused the
-    /// login, or has no such database).
-    #[error("cannot connect to postgres at {host}:{port}, database `{database}`, user `{user}`: {source}")]
-    #[non_exhaustive]
-    Connect {
-        /// The host (or socket directory).
-        host: String,
-        /// The port.
-        port: u16,
-        /// The database.
-        database: String,
-        /// The user.
-        user: String,
-        /// The driver's error.
-        #[source]
-        source: BackendError,
-    },
-    /// The schema holds tables, but no reactifact version table: it is another program's.
-    #[error("schema `{schema}` of {store} holds tables that are not reactifact's ({tables}); choose another schema")]
-    #[non_exhaustive]
-    Foreign {
-        /// The store, as it describes itself.
-        store: String,
-        /// The schema.
-        schema: String,
-        /// Some of its tables.
-        tables: String,
-    },
-    /// The schema was migrated by a newer reactifact-postgres than this one.
-    #[error("schema `{schema}` of {store} is at version {found}, newer than the {supported} this build supports; upgrade reactifact-postgres")]
-    #[non_exhaustive]
-    NewerSchema {
-        /// The store, as it describes itself.
-        store: String,
-        /// The schema.
-        schema: String,
-        /// The version found.
-        found: i32,
-        /// The newest version this build knows.
-        supported: i32,
-    },
-    /// The schema holds no store, and the options do not let opening create one
-    /// ([`PostgresOptions::allow_migration`]).
-    #[error("schema `{schema}` of {store} holds no reactifact store, and the options do not let opening create one")]
-    #[non_exhaustive]
-    NoStore {
-        /// The store, as it describes itself.
-        store: String,
-        /// The schema.
-        schema: String,
-    },
-    /// The schema is at an older version than this build's, and the options do not let
-    /// opening upgrade it ([`PostgresOptions::allow_migration`]).
-    #[error("schema `{schema}` of {store} is at version {found}, older than the {supported} this build uses, and the options do not let opening upgrade it")]
-    #[non_exhaustive]
-    OlderSchema {
-        /// The store, as it describes itself.
-        store: String,
-        /// The schema.
-        schema: String,
-        /// The version found.
-        found: i32,
-        /// The version this build uses.
-        supported: i32,
-    },
-    /// The server reported an error while the store was being prepared.
-    #[error(transparent)]
-    Store(#[from] StoreError),
 }
 
 /// The parsed URL and how it is named in messages.

@@ -60,11 +60,15 @@ mod schema;
 mod sessions;
 mod url;
 
-pub use connect::{OpenError, PostgresOptions, DEFAULT_POOL_SIZE, DEFAULT_SCHEMA};
+pub use connect::{PostgresOptions, DEFAULT_POOL_SIZE, DEFAULT_SCHEMA};
 pub use listen::Notifications;
 pub use log::{PostgresStore, DEFAULT_LOG_CONNECTIONS};
 pub use outbox::PostgresOutbox;
 pub use prune::{PruneOptions, PruneReport, PruneSummary, DEFAULT_PRUNE_BATCH};
+/// Opening the store failed: the core's one [`OpenError`](reactifact_core::error::OpenError),
+/// whose `BadUrl`, `BadSchema`, `Connect`, `ForeignSchema`, `NoStore` and `Prepare` variants
+/// are this store's.
+pub use reactifact_core::error::OpenError;
 #[allow(deprecated)] // kept so that code naming it builds; sessions are listed as `SessionInfo`
 pub use sessions::PgSessionInfo;
 pub use sessions::SchemaProbe;

@@ -25,9 +25,10 @@ use reactifact_core::store::{
 use tokio::sync::{oneshot, Mutex};
 use tokio_postgres::{Client, NoTls, Statement, Transaction};
 
-use crate::connect::{store_error, DriverError, OpenError, PostgresOptions, Target};
+use crate::connect::{store_error, DriverError, PostgresOptions, Target};
 use crate::outbox::{PostgresOutbox, Prepare};
 use crate::row::{intact, ms, CHANGED, REHASHED};
+use crate::OpenError;
 
 /// How many connections the log uses unless [`PostgresOptions::log_connections`] says.
 pub const DEFAULT_LOG_CONNECTIONS: usize = 2;

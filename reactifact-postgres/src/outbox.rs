@@ -32,10 +32,11 @@ use tokio::sync::{oneshot, watch};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::GenericClient;
 
-use crate::connect::{pool_error, store_error, valid_schema, DriverError, OpenError, PostgresOptions, Target};
+use crate::connect::{pool_error, store_error, valid_schema, DriverError, PostgresOptions, Target};
 use crate::listen::{self, Notifications};
 use crate::row::{self, columns, hold_set, intact, ms, set_with_digest, Row};
 use crate::schema::{self, quoted};
+use crate::OpenError;
 
 /// The outbox of a PostgreSQL store: the delivery ledger as the `outbox` table of the store's
 /// schema, shared by every drain of every process connected to it.
@@ -497,9 +498,9 @@ impl PostgresOutbox {
     ///
     /// # Errors
     /// [`OpenError::BadUrl`], [`OpenError::BadSchema`]; [`OpenError::Connect`] (naming host,
-    /// port, database and user) when no connection can be made; [`OpenError::Foreign`] for a
+    /// port, database and user) when no connection can be made; [`OpenError::ForeignSchema`] for a
     /// schema of another program; [`OpenError::NewerSchema`] for a schema a newer build
-    /// migrated; [`OpenError::Store`] for an error of the server while migrating.
+    /// migrated; [`OpenError::Prepare`] for an error of the server while migrating.
     pub async fn open(options: PostgresOptions) -> Result<Arc<PostgresOutbox>, OpenError> {
         let schema = options.schema_name().to_owned();
         if !valid_schema(&schema) {

@@ -29,7 +29,8 @@
 
 use tokio_postgres::Client;
 
-use crate::connect::{store_error, OpenError};
+use crate::connect::store_error;
+use crate::OpenError;
 
 /// The schema version this build writes and reads.
 pub(crate) const SCHEMA_VERSION: i32 = 5;
@@ -260,7 +261,9 @@ pub(crate) async fn migrate(
     store: &str,
     may_migrate: bool,
 ) -> Result<(), OpenError> {
-    let err = |e| OpenError::Store(store_error(store, e));
+    let err = |e| OpenError::Prepare {
+        source: store_error(store, e),
+    };
     let s = quoted(schema);
     let tx = client.transaction().await.map_err(err)?;
     tx.execute(
@@ -310,7 +313,7 @@ pub(crate) async fn migrate(
                 // Ended here, not left open in a pooled connection (it would pin the xmin
                 // horizon until the connection is next used or closed).
                 tx.rollback().await.map_err(err)?;
-                return Err(OpenError::Foreign {
+                return Err(OpenError::ForeignSchema {
                     store: store.to_owned(),
                     schema: schema.to_owned(),
                     tables: tables.join(", "),
@@ -331,10 +334,9 @@ pub(crate) async fn migrate(
     if found > SCHEMA_VERSION {
         tx.rollback().await.map_err(err)?;
         return Err(OpenError::NewerSchema {
-            store: store.to_owned(),
-            schema: schema.to_owned(),
-            found,
-            supported: SCHEMA_VERSION,
+            path: store.into(),
+            found: found.into(),
+            supported: SCHEMA_VERSION.into(),
         });
     }
     if found == SCHEMA_VERSION {
@@ -351,10 +353,9 @@ pub(crate) async fn migrate(
             }
         } else {
             OpenError::OlderSchema {
-                store: store.to_owned(),
-                schema: schema.to_owned(),
-                found,
-                supported: SCHEMA_VERSION,
+                path: store.into(),
+                found: found.into(),
+                supported: SCHEMA_VERSION.into(),
             }
         });
     }

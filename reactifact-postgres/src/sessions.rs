@@ -13,9 +13,10 @@ use reactifact_core::runtime::Generation;
 use reactifact_core::store::SessionInfo;
 use tokio_postgres::NoTls;
 
-use crate::connect::{pool_error, store_error, valid_schema, DriverError, OpenError, PostgresOptions, Target};
+use crate::connect::{pool_error, store_error, valid_schema, DriverError, PostgresOptions, Target};
 use crate::log::PostgresStore;
 use crate::schema::SCHEMA_VERSION;
+use crate::OpenError;
 
 /// What [`PostgresStore::probe`] found in a schema of a database.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,7 +51,7 @@ impl PostgresStore {
     ///
     /// # Errors
     /// [`OpenError::BadUrl`], [`OpenError::BadSchema`]; [`OpenError::Connect`] (naming host,
-    /// port, database and user) when no connection can be made; [`OpenError::Store`] for an
+    /// port, database and user) when no connection can be made; [`OpenError::Prepare`] for an
     /// error of the server.
     pub async fn probe(options: &PostgresOptions) -> Result<SchemaProbe, OpenError> {
         let schema = options.schema_name().to_owned();
@@ -65,7 +66,9 @@ impl PostgresStore {
             .await
             .map_err(|e| target.connect_error(DriverError::boxed(e)))?;
         let driver = tokio::spawn(connection);
-        let err = |e| OpenError::Store(store_error(&store, e));
+        let err = |e| OpenError::Prepare {
+            source: store_error(&store, e),
+        };
         let versioned: bool = client
             .query_one(
                 "SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = 'schema_version')",

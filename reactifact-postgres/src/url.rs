@@ -6,8 +6,9 @@ use reactifact_core::error::StoreUrlError;
 use reactifact_core::store::{redact_url, LogStore, StoreUrl};
 use reactifact_core::Context;
 
-use crate::connect::{OpenError, PostgresOptions, DEFAULT_SCHEMA};
+use crate::connect::{PostgresOptions, DEFAULT_SCHEMA};
 use crate::log::PostgresStore;
+use crate::OpenError;
 
 /// Connecting to a store by URL failed ([`connect`]). No message names a password.
 #[derive(Debug, thiserror::Error)]
@@ -42,7 +43,7 @@ pub enum ConnectError {
         session: String,
         /// What the core said.
         #[source]
-        source: reactifact_core::error::OpenError,
+        source: OpenError,
     },
 }
 

@@ -19,6 +19,15 @@ fn with_schema(url: &str, schema: &str) -> String {
     format!("{url}{join}schema={schema}")
 }
 
+/// The store's open errors are the core's one `OpenError`: a program that opens SQLite and
+/// PostgreSQL stores matches one type.
+#[test]
+fn the_open_error_is_the_cores() {
+    let same: fn(OpenError) -> reactifact_core::error::OpenError = |e| e;
+    let e = same(OpenError::BadSchema { schema: "Bad".into() });
+    assert!(e.to_string().contains("invalid schema name `Bad`"), "{e}");
+}
+
 fn assert_send<T: Send>(_: &T) {}
 
 #[test]

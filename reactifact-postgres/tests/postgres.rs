@@ -432,7 +432,7 @@ async fn a_newer_or_foreign_schema_is_refused() {
         ))
         .await;
     match PostgresOutbox::open(PostgresOptions::new(&url).schema(&foreign)).await {
-        Err(OpenError::Foreign { tables, .. }) => assert_eq!(tables, "users"),
+        Err(OpenError::ForeignSchema { tables, .. }) => assert_eq!(tables, "users"),
         other => panic!("a foreign schema must be refused: {other:?}"),
     }
 
@@ -891,7 +891,8 @@ async fn the_wake_ups_a_serving_drainer_waits_on_come_with_each_registration_of_
         std::future::ready(Ok::<(), DispatchError>(()))
     })
     .poll_interval(Duration::from_secs(3600))
-    .build();
+    .build()
+    .expect("valid delivery options");
     let stop = drainer.stop_handle();
     let serving = tokio::spawn({
         let stop = stop.clone();

@@ -124,6 +124,7 @@ fn drainer(
     .delivery(DeliveryOptions::new().concurrency(concurrency).lease(lease))
     .poll_interval(Duration::from_millis(50))
     .build()
+    .expect("valid delivery options")
 }
 
 /// An append-only log shared by processes: each line one `write` on an `O_APPEND` file.

@@ -103,7 +103,8 @@ fn crash_drainer_child() {
         let drainer = Drainer::builder(outbox.clone(), sleepy_dispatcher(log, seed))
             .delivery(DeliveryOptions::new().concurrency(CONCURRENCY).lease(LEASE))
             .poll_interval(POLL)
-            .build();
+            .build()
+            .expect("valid delivery options");
         let stop = StopHandle::default();
         let live = mode == "live";
         let watcher = {

@@ -86,7 +86,8 @@ fn dead_owner_child() {
                     .timeout(None),
             )
             .poll_interval(POLL)
-            .build();
+            .build()
+            .expect("valid delivery options");
         let stop = StopHandle::default();
         // Killed long before this; it only ends an orphan.
         let orphan = async {
@@ -177,7 +178,8 @@ async fn serve_until(db: &Path, sent: &Sent, done: impl Fn(&StatusCounts) -> boo
     let drainer = Drainer::builder(outbox.clone(), dispatcher)
         .delivery(DeliveryOptions::new().concurrency(CONCURRENCY))
         .poll_interval(POLL)
-        .build();
+        .build()
+        .expect("valid delivery options");
     let stop = StopHandle::default();
     let watcher = async {
         loop {

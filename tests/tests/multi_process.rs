@@ -97,7 +97,8 @@ fn multi_process_child() {
             let outbox = open_outbox(&db);
             let drainer = Drainer::builder(outbox.clone(), dispatcher)
                 .poll_interval(Duration::from_millis(20))
-                .build();
+                .build()
+                .expect("valid delivery options");
             let stop = StopHandle::default();
             let watcher = {
                 let stop = stop.clone();

@@ -86,7 +86,8 @@ fn stale_holder_child() {
         let drainer = Drainer::builder(outbox.clone(), dispatcher(log.clone(), release, hold))
             .delivery(DeliveryOptions::new().concurrency(1).lease(lease))
             .poll_interval(Duration::from_millis(20))
-            .build();
+            .build()
+            .expect("valid delivery options");
         let report = if mode == "holder" {
             drainer.flush().await.unwrap()
         } else {

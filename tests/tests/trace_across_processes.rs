@@ -112,7 +112,8 @@ fn trace_child() {
                     .expect("log");
                 async { Ok::<(), DispatchError>(()) }
             })
-            .build();
+            .build()
+            .expect("valid delivery options");
             assert_eq!(drainer.flush().await.expect("deliver").delivered, 3);
         }),
         other => panic!("unknown role {other}"),

@@ -7,6 +7,7 @@
 
 pub(crate) mod action;
 pub(crate) mod artifact;
+pub(crate) mod build_error;
 pub(crate) mod call;
 pub(crate) mod delivery;
 pub(crate) mod event;

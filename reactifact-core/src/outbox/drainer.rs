@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
+use crate::model::build_error::BuildError;
 use crate::model::stop::StopHandle;
 use crate::outbox::dispatcher::{Dispatcher, ErasedDispatcher};
 use crate::outbox::drain::{Clock, Drain, RetryPolicy};
@@ -37,7 +38,7 @@ use crate::store::StoreError;
 /// })
 /// .scope(Scope::all().kinds(["notify"]))
 /// .delivery(DeliveryOptions::new().concurrency(16))
-/// .build();
+/// .build()?;
 /// let report = drainer.flush().await?;
 /// assert_eq!(report.delivered, 0);
 /// # Ok(()) }
@@ -275,10 +276,16 @@ impl DrainerBuilder {
         self
     }
 
-    /// The drainer.
-    pub fn build(self) -> Drainer {
+    /// The drainer, after checking its delivery options, as
+    /// [`RuntimeBuilder::build`](crate::RuntimeBuilder::build) checks a runtime's.
+    ///
+    /// # Errors
+    /// [`BuildError::Delivery`] when the [delivery options](DrainerBuilder::delivery) cannot
+    /// deliver as given (an attempt timeout of zero).
+    pub fn build(self) -> Result<Drainer, BuildError> {
         crate::model::telemetry::describe();
-        Drainer {
+        self.options.check()?;
+        Ok(Drainer {
             outbox: self.outbox,
             dispatcher: self.dispatcher,
             scope: self.scope,
@@ -289,7 +296,7 @@ impl DrainerBuilder {
             owner: crate::outbox::owner::drainer_owner(),
             clock: Clock::new(),
             stop: StopHandle::default(),
-        }
+        })
     }
 }
 

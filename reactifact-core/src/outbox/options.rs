@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crate::model::build_error::BuildError;
 use crate::outbox::drain::RetryPolicy;
 
 /// How a drain delivers: retry policies, limits on deliveries at once, the attempt timeout,
@@ -24,7 +25,7 @@ use crate::outbox::drain::RetryPolicy;
 /// let send = |_: Intent| async { Ok::<(), DispatchError>(()) };
 ///
 /// let ctx = Context::new("orders");
-/// let drainer = Drainer::builder(ctx.outbox(), send).delivery(delivery.clone()).build();
+/// let drainer = Drainer::builder(ctx.outbox(), send).delivery(delivery.clone()).build()?;
 /// let runtime = Runtime::builder(ctx).dispatcher(send).delivery(delivery).build()?;
 /// # Ok::<(), reactifact_core::error::BuildError>(())
 /// ```
@@ -95,7 +96,9 @@ impl DeliveryOptions {
     }
 
     /// Bounds each attempt (default 30 s): an attempt that takes longer is cancelled and
-    /// counts as a retryable failure. `None` waits as long as the dispatcher takes.
+    /// counts as a retryable failure. `None` waits as long as the dispatcher takes. A timeout
+    /// of zero would cancel every attempt: the builders refuse it
+    /// ([`BuildError::Delivery`](crate::error::BuildError::Delivery)).
     pub fn timeout(mut self, timeout: Option<Duration>) -> Self {
         self.timeout = timeout;
         self
@@ -124,6 +127,16 @@ impl DeliveryOptions {
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = Some(lease.max(crate::model::delivery::MIN_LEASE));
         self
+    }
+
+    /// Refuses options that cannot deliver as given, as both builders do.
+    pub(crate) fn check(&self) -> Result<(), BuildError> {
+        if self.timeout == Some(Duration::ZERO) {
+            return Err(BuildError::Delivery {
+                problem: "an attempt timeout of zero cancels every attempt; give a positive timeout, or None to wait as long as the dispatcher takes".to_owned(),
+            });
+        }
+        Ok(())
     }
 
     /// The retry policy of `kind`.

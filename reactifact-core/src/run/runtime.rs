@@ -9,6 +9,7 @@ use tracing::Instrument;
 
 use crate::model::action::PendingAction;
 use crate::model::artifact::{ArtifactType, Kind};
+use crate::model::build_error::BuildError;
 use crate::model::call::Usage;
 use crate::model::delivery::Delivery;
 use crate::model::stop::StopHandle;
@@ -482,9 +483,11 @@ impl RuntimeBuilder {
     /// [`BuildError::DuplicateProduce`] when an agent registers two produces under one name;
     /// [`BuildError::Join`] when a produce declares join parts without a key, or a key without
     /// parts; [`BuildError::MissingResource`] when a produce uses a resource that is not
-    /// registered.
+    /// registered; [`BuildError::Delivery`] when the [delivery options](RuntimeBuilder::delivery)
+    /// cannot deliver as given.
     pub fn build(self) -> Result<Runtime, BuildError> {
         crate::model::telemetry::describe();
+        self.delivery.check()?;
         check_registrations(&self.agents)?;
         check_resources(&self.agents, &self.resources)?;
         let mut agents = self.agents;
@@ -534,60 +537,6 @@ impl RuntimeBuilder {
             metrics: RunMetrics::default(),
         })
     }
-}
-
-/// Building a [`Runtime`] was refused: its registrations are ambiguous.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum BuildError {
-    /// Two distinct Rust types claim one kind, so each would trigger the other's produces
-    /// and be decoded as the other. Kinds default to the snake_case type name, so
-    /// `billing::Invoice` and `tax::Invoice` collide unless one is given a kind of its own.
-    #[error("kind `{kind}` is claimed by two types, `{first}` and `{second}`; give one of them a kind of its own with `#[artifact(kind = \"...\")]`")]
-    KindCollision {
-        /// The kind both claim.
-        kind: Kind,
-        /// The type registered first.
-        first: &'static str,
-        /// The other type.
-        second: &'static str,
-    },
-    /// Two agents share a name; replay and provenance find an agent by its name.
-    #[error("two agents are named `{agent}`; replay and provenance find agents by name, so give each its own")]
-    DuplicateAgent {
-        /// The name.
-        agent: String,
-    },
-    /// An agent registers two produces under one name; replay and provenance find a produce
-    /// by its agent's name and its own.
-    #[error("agent `{agent}` registers two produces named `{produce}`; replay and provenance find produces by name, so give each its own (`#[produce(.., name = \"...\")]`)")]
-    DuplicateProduce {
-        /// The agent.
-        agent: String,
-        /// The produce's name.
-        produce: String,
-    },
-    /// A produce's join is incomplete: parts without a key for the trigger, or a key
-    /// without parts (see [`Produce::join`](crate::Produce::join)).
-    #[error("produce `{produce}` (agent `{agent}`) {problem}")]
-    Join {
-        /// The agent.
-        agent: String,
-        /// The produce's name.
-        produce: String,
-        /// What is missing.
-        problem: &'static str,
-    },
-    /// A produce uses a resource no one registered with [`RuntimeBuilder::resource`].
-    #[error("produce `{produce}` (agent `{agent}`) uses resource `{resource}`, which is not registered; register one with RuntimeBuilder::resource")]
-    MissingResource {
-        /// The agent.
-        agent: String,
-        /// The produce's name.
-        produce: String,
-        /// The resource's type name.
-        resource: &'static str,
-    },
 }
 
 /// Refuses a produce that uses a resource that is not registered.

@@ -245,7 +245,12 @@ impl StoreError {
     }
 }
 
-/// Opening a durable context failed; nothing in the file was changed.
+/// Opening a store or a session of it failed; nothing in the store was changed. One type for
+/// every backend: some variants are a backend's own (a SQLite file that is not a database, a
+/// PostgreSQL server that cannot be reached), the rest are shared.
+///
+/// `path` names the file opened; for a store of another crate (PostgreSQL) it holds the
+/// store's description instead (`postgres://app@db:5432/app schema reactifact`).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpenError {
@@ -273,7 +278,8 @@ pub enum OpenError {
         source: Option<VerifyError>,
     },
     /// The file is a SQLite database that reactifact did not write (tables of another program,
-    /// or a schema version no reactifact writes); nothing in it was changed.
+    /// or a schema version no reactifact writes); nothing in it was changed. (A PostgreSQL
+    /// schema of another program is [`OpenError::ForeignSchema`].)
     #[error("{path} is a SQLite database of another program, not a reactifact store; it was left as it was")]
     Foreign {
         /// The path opened.
@@ -286,30 +292,34 @@ pub enum OpenError {
         /// The path opened.
         path: PathBuf,
     },
-    /// The file was written by a newer reactifact.
+    /// The store was written by a newer reactifact (a SQLite file's `user_version`, a
+    /// PostgreSQL schema's version table).
     #[error("{path} has schema version {found}, newer than the {supported} this reactifact supports; upgrade reactifact to open it")]
     NewerSchema {
-        /// The path opened.
+        /// The path opened (for a store of another crate, its description).
         path: PathBuf,
-        /// The schema version in the file.
+        /// The schema version in the store.
         found: i64,
         /// The newest schema version this build knows.
         supported: i64,
     },
-    /// The file was written by an older reactifact, and must be upgraded before this use: a
-    /// read-only open (which writes nothing) and a standalone outbox refuse it. Open it once
-    /// for writing with [`Context::open`](crate::Context::open), which migrates it.
-    #[error("{path} has schema version {found}, older than the {supported} this reactifact uses; open it once for writing with `Context::open` to upgrade it")]
+    /// The store was written by an older reactifact, and must be upgraded before this use: a
+    /// read-only open (which writes nothing), a standalone outbox of a SQLite file, and a
+    /// PostgreSQL store opened without `PostgresOptions::allow_migration` refuse it. Open it
+    /// once for writing with [`Context::open`](crate::Context::open) (SQLite) or with
+    /// migration allowed (PostgreSQL), which migrates it.
+    #[error("{path} has schema version {found}, older than the {supported} this reactifact uses; open it once for writing (`Context::open`, or `PostgresStore::open` with migration allowed) to upgrade it")]
     OlderSchema {
-        /// The path opened.
+        /// The path opened (for a store of another crate, its description).
         path: PathBuf,
-        /// The schema version in the file.
+        /// The schema version in the store.
         found: i64,
         /// The schema version this build writes.
         supported: i64,
     },
     /// The file does not exist and the context was opened read-only (or with
-    /// [`OpenOptions::create`] off); nothing was created.
+    /// [`OpenOptions::create`] off); nothing was created. (A PostgreSQL schema without a store
+    /// is [`OpenError::NoStore`].)
     #[error("{path} does not exist; open it with `OpenOptions::create` (the default) to start a new store there")]
     NoSuchFile {
         /// The path opened.
@@ -342,6 +352,64 @@ pub enum OpenError {
         /// The backend's error.
         #[source]
         source: BackendError,
+    },
+    /// A server's URL does not parse (PostgreSQL).
+    #[error("invalid postgres url `{url}`: {detail}")]
+    BadUrl {
+        /// The URL, its password replaced by `***`.
+        url: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The schema name is not one the store accepts (PostgreSQL).
+    #[error("invalid schema name `{schema}`: a lowercase ASCII letter or `_`, then up to 47 lowercase letters, digits or `_`, not starting with `pg_`")]
+    BadSchema {
+        /// The name given.
+        schema: String,
+    },
+    /// No connection to the server could be made (it is down, unreachable, refused the
+    /// login, or has no such database) (PostgreSQL).
+    #[error("cannot connect to postgres at {host}:{port}, database `{database}`, user `{user}`: {source}")]
+    Connect {
+        /// The host (or socket directory).
+        host: String,
+        /// The port.
+        port: u16,
+        /// The database.
+        database: String,
+        /// The user.
+        user: String,
+        /// The driver's error.
+        #[source]
+        source: BackendError,
+    },
+    /// The schema holds tables, but no reactifact version table: it is another program's
+    /// (PostgreSQL).
+    #[error("schema `{schema}` of {store} holds tables that are not reactifact's ({tables}); choose another schema")]
+    ForeignSchema {
+        /// The store, as it describes itself.
+        store: String,
+        /// The schema.
+        schema: String,
+        /// Some of its tables.
+        tables: String,
+    },
+    /// The schema holds no store, and the options do not let opening create one
+    /// (PostgreSQL, without migration allowed).
+    #[error("schema `{schema}` of {store} holds no reactifact store, and the options do not let opening create one")]
+    NoStore {
+        /// The store, as it describes itself.
+        store: String,
+        /// The schema.
+        schema: String,
+    },
+    /// The store failed while it was being prepared, before any session was opened (for
+    /// PostgreSQL, an error of the server while the schema was checked or migrated).
+    #[error("preparing the store: {source}")]
+    Prepare {
+        /// The store's error.
+        #[source]
+        source: StoreError,
     },
 }
 

@@ -178,7 +178,8 @@ async fn drain(store: &[String], out: &Path, concurrency: usize, dispatch_ms: u6
         }
     })
     .delivery(DeliveryOptions::new().concurrency(concurrency))
-    .build();
+    .build()
+    .map_err(|e| e.to_string())?;
     drainer.settle().await.map_err(|e| e.to_string())?;
     let keys = sent.lock().unwrap().join("\n");
     std::fs::write(out, keys).map_err(|e| e.to_string())

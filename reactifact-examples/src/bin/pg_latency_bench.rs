@@ -114,6 +114,7 @@ async fn run(options: &Options, schema: &str) -> Result<String, String> {
         })
         .delivery(DeliveryOptions::new().concurrency(64))
         .build()
+        .map_err(|e| e.to_string())?
     };
     let stop = drainer.stop_handle();
     let serving = {
