@@ -321,6 +321,53 @@ async fn an_attempt_past_its_timeout_is_a_retryable_failure() {
     assert_eq!((entry.status(), entry.attempts()), (DeliveryStatus::Delivered, 2));
 }
 
+/// An intent scheduled an hour ahead (`effects.intent(..).not_before(..)`, from the run's
+/// recorded clock) is committed with its turn but not delivered by it; the ledger shows it
+/// pending with its time; a settle waits for the time (the paused clock jumps there) and then
+/// delivers it, once. In memory and in a SQLite file alike.
+#[tokio::test(start_paused = true)]
+async fn a_scheduled_intent_is_delivered_at_its_time_not_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let contexts = [seeded_orders(1), {
+        let mut ctx = Context::open(dir.path().join("s.db"), "orders").unwrap();
+        ctx.create("order:0", order("ada", 1)).unwrap();
+        ctx
+    }];
+    for ctx in contexts {
+        let remind = Produce::new("remind", |call: ProduceCall<Order>| async move {
+            let at = call.now() + Duration::from_secs(3600);
+            let key = format!("remind:{}", call.trigger.id);
+            call.effects
+                .intent("email", key, &call.trigger.data.customer)
+                .not_before(at)
+                .act();
+            Ok::<(), reactifact_core::ProduceError>(())
+        })
+        .creates::<reactifact_core::PendingAction>();
+        let recorder = Recorder::default();
+        let mut rt = Runtime::builder(ctx)
+            .agent(Agent::new("reminders").produce(remind))
+            .dispatcher(recorder.dispatcher())
+            .build()
+            .unwrap();
+        let started = Instant::now();
+        let report = rt.run().await.unwrap();
+        assert_eq!(report.deliveries.delivered, 0, "not delivered by its turn");
+        let entry = rt.context().ledger().get("remind:order:0").await.unwrap().unwrap();
+        assert_eq!(entry.status(), DeliveryStatus::Pending);
+        let at = entry.not_before().expect("its time is kept");
+        assert!(at > rt.now() + Duration::from_secs(3599), "{at:?}");
+        rt.settle().await.unwrap();
+        assert_eq!(recorder.sent(), ["remind:order:0"]);
+        assert!(
+            started.elapsed() >= Duration::from_secs(3599),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(rt.now() >= at, "delivered at its time, not before");
+    }
+}
+
 /// An attempt timeout of zero would cancel every attempt: both builders refuse it, with the
 /// same error, and build with any positive timeout or none.
 #[test]

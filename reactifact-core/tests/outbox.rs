@@ -297,6 +297,7 @@ async fn pending_actions_cannot_be_written_directly() {
                 key: "x".into(),
                 payload: vec![],
                 requires_approval: false,
+                not_before: None,
             },
         )
         .unwrap_err();

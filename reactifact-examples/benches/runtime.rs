@@ -105,6 +105,7 @@ mod content_hash {
             key: "notify:order:12345".to_owned(),
             payload,
             requires_approval: false,
+            not_before: None,
         };
         bencher.bench_local(|| encode_and_hash(divan::black_box(&action)));
     }
@@ -128,6 +129,7 @@ mod content_hash {
                 key: "notify:order:12345".to_owned(),
                 payload,
                 requires_approval: false,
+                not_before: None,
             };
             (r, encode_and_hash(&action))
         });

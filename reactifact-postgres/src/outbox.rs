@@ -367,9 +367,9 @@ impl Statements {
                 "o",
                 &[
                     // Awaiting approval again ($3) for an intent that requires it and never
-                    // had it.
+                    // had it; else pending, due at $4 (now, or its `not_before`).
                     ("status", "CASE WHEN $3::bool THEN 7 ELSE 0 END::bigint"),
-                    ("due_at", "CASE WHEN $3::bool THEN NULL ELSE $2::bigint END::bigint"),
+                    ("due_at", "CASE WHEN $3::bool THEN NULL ELSE $4::bigint END::bigint"),
                     ("owner", "NULL::text"),
                     ("lease_until", "NULL::bigint"),
                     ("next_attempt_at", "NULL::bigint"),
@@ -377,8 +377,8 @@ impl Statements {
                 ],
             ),
         );
-        // An operator's decision: $3 the verdict's code (1 approved: pending, due at $2; 2
-        // rejected), $4 who, $5 why.
+        // An operator's decision: $3 the verdict's code (1 approved: pending, due at $6, now or
+        // its `not_before`; 2 rejected), $4 who, $5 why.
         let decide = format!(
             "UPDATE {s}.outbox o SET {set} WHERE o.seq = $1 AND o.status = 7 RETURNING {cols}",
             set = set_with_digest(
@@ -386,7 +386,7 @@ impl Statements {
                 "o",
                 &[
                     ("status", "CASE WHEN $3::bigint = 1 THEN 0 ELSE 8 END::bigint"),
-                    ("due_at", "CASE WHEN $3::bigint = 1 THEN $2::bigint END::bigint"),
+                    ("due_at", "CASE WHEN $3::bigint = 1 THEN $6::bigint END::bigint"),
                     ("decision", "$3::bigint"),
                     ("decided_by", "$4::text"),
                     ("decided_at", "$2::bigint"),
@@ -411,19 +411,20 @@ impl Statements {
                 ],
             ),
         );
-        // An intent that requires approval ($10) is registered awaiting it (7), not due. Its
-        // trace context ($11, NULL for none) is kept beside it, outside the digest.
+        // An intent that requires approval ($10) is registered awaiting it (7), not due; the
+        // others are due now ($9) or at their `not_before` ($12, NULL for none), whichever is
+        // later. Its trace context ($11, NULL for none) is kept beside it, outside the digest.
         let fresh = "n.key, n.kind, n.session, n.origin_commit, n.origin_gen, n.origin_run, n.action_hash, n.bytes, \
              $9::bigint, CASE WHEN n.awaiting THEN 7 ELSE 0 END::bigint, \
-             CASE WHEN n.awaiting THEN NULL ELSE $9::bigint END::bigint, 0::bigint, NULL::text, NULL::bigint, 0::bigint, \
+             CASE WHEN n.awaiting THEN NULL ELSE greatest($9::bigint, n.not_before) END::bigint, 0::bigint, NULL::text, NULL::bigint, 0::bigint, \
              0::bigint, 0::bigint, NULL::text, NULL::text, $9::bigint, NULL::bigint, NULL::bigint, NULL::bigint, \
              NULL::text, NULL::bigint, NULL::text";
         let register = format!(
             "WITH n AS (
                  SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bigint[], $6::bigint[],
-                                      $7::bytea[], $8::bytea[], $10::bool[], $11::bytea[])
+                                      $7::bytea[], $8::bytea[], $10::bool[], $11::bytea[], $12::bigint[])
                      WITH ORDINALITY AS n(key, kind, session, origin_commit, origin_gen, origin_run, action_hash, bytes,
-                                          awaiting, trace_parent, ord)
+                                          awaiting, trace_parent, not_before, ord)
              ), ins AS (
                  INSERT INTO {s}.outbox (key, kind, session, origin_commit, origin_gen, origin_run, action_hash, bytes,
                      recorded_at, status, due_at, token, owner, lease_until, attempts, expired, interrupted,
@@ -613,6 +614,7 @@ impl PostgresOutbox {
         let hashes: Vec<&[u8]> = intents.iter().map(|n| &n.action_hash.0[..]).collect();
         let bytes: Vec<&[u8]> = intents.iter().map(|n| &n.bytes[..]).collect();
         let awaiting: Vec<bool> = intents.iter().map(NewIntent::requires_approval).collect();
+        let not_before: Vec<Option<i64>> = intents.iter().map(|n| n.not_before().map(ms)).collect();
         let traces: Vec<Option<Vec<u8>>> = intents
             .iter()
             .map(|n| n.intent.trace_parent().map(|t| t.to_bytes().to_vec()))
@@ -636,6 +638,7 @@ impl PostgresOutbox {
             &now,
             &awaiting,
             &traces,
+            &not_before,
         ];
         let inserted: i64 = one(client.rows(&register, params).await.map_err(err)?)?.get(0);
         let mut distinct = keys.clone();
@@ -1139,7 +1142,10 @@ impl Inner {
         let at = ms(now);
         let code = i64::from(verdict.code());
         let updated = tx
-            .query_one(&self.sql.decide, &[&row.seq, &at, &code, &by, &reason])
+            .query_one(
+                &self.sql.decide,
+                &[&row.seq, &at, &code, &by, &reason, &row.due_from(at)],
+            )
             .await
             .map_err(&err)?;
         let row = Row::read(&updated, 0).map_err(&err)?;
@@ -1319,7 +1325,7 @@ impl OutboxStore for PostgresOutbox {
                     let at = ms(now);
                     let unapproved = row.requires_approval() && row.decision.is_none();
                     let updated = tx
-                        .query_one(&inner.sql.rearm, &[&row.seq, &at, &unapproved])
+                        .query_one(&inner.sql.rearm, &[&row.seq, &at, &unapproved, &row.due_from(at)])
                         .await
                         .map_err(&err)?;
                     let row = Row::read(&updated, 0).map_err(&err)?;

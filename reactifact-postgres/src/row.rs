@@ -232,6 +232,16 @@ impl Row {
         rmp_serde::from_slice::<PendingAction>(&self.bytes).is_ok_and(|a| a.requires_approval)
     }
 
+    /// When the row becomes due if it is made pending at `now` (Unix milliseconds): then, or
+    /// at its `PendingAction`'s `not_before` if that is later.
+    pub(crate) fn due_from(&self, now: i64) -> i64 {
+        let not_before = rmp_serde::from_slice::<PendingAction>(&self.bytes)
+            .ok()
+            .and_then(|a| a.not_before)
+            .map_or(i64::MIN, |at| i64::try_from(at).unwrap_or(i64::MAX));
+        not_before.max(now)
+    }
+
     /// The ledger entry of the row, with this payload.
     pub(crate) fn delivery(&self, payload: &[u8]) -> Delivery {
         let commit: [u8; 32] = self.origin_commit.as_slice().try_into().unwrap_or([0; 32]);
@@ -273,6 +283,7 @@ impl Row {
             token,
             cancel_reason: self.cancel_reason.clone(),
             decision: self.decision(),
+            not_before: reactifact_core::store::action_not_before(&self.bytes),
         })
     }
 

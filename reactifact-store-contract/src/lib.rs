@@ -40,25 +40,38 @@ pub trait ContractStore: Send {
     /// The store's outbox.
     fn outbox(&self) -> Arc<dyn OutboxStore>;
 
-    /// Registers `keys` (key, kind), in order, as one commit of `session` made at `now`
-    /// would: new keys pending and due at `now`, owned by `session`; keys already held
-    /// attached to `session` unless final or purged. The store must take `now` as the commit
-    /// time (whole milliseconds).
+    /// Registers `intents`, in order, as one commit made at `now` would: new keys pending
+    /// (or awaiting approval) and due at `now` (or at their `not_before`, if later), owned by
+    /// their origin's session; keys already held attached to that session unless final or
+    /// purged. The store must take `now` as the commit time (whole milliseconds).
+    fn register_intents(&mut self, intents: Vec<NewIntent>, now: SystemTime) -> BoxFuture<'_, ()>;
+
+    /// Registers `keys` (key, kind) as [`new_intents`] of one commit of `session` at `now`.
     fn register<'a>(
         &'a mut self,
         session: &'a str,
         keys: &'a [(&'a str, &'a str)],
         now: SystemTime,
-    ) -> BoxFuture<'a, ()>;
+    ) -> BoxFuture<'a, ()> {
+        self.register_intents(new_intents(session, next_generation(), keys), now)
+    }
 
-    /// [`register`](ContractStore::register) for intents that require approval
-    /// ([`approval_intents`]): new keys awaiting approval, not due.
+    /// Registers `keys` as [`approval_intents`]: new keys awaiting approval, not due.
     fn register_awaiting<'a>(
         &'a mut self,
         session: &'a str,
         keys: &'a [(&'a str, &'a str)],
         now: SystemTime,
-    ) -> BoxFuture<'a, ()>;
+    ) -> BoxFuture<'a, ()> {
+        self.register_intents(approval_intents(session, next_generation(), keys), now)
+    }
+}
+
+/// A generation for the next registration: distinct across every store of the process (the
+/// checks never read it back, but no two commits of one store share one).
+fn next_generation() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The harness of [`SqliteOutbox`]: each fresh store is a new file in a temporary directory,
@@ -70,7 +83,6 @@ pub struct SqliteHarness;
 
 struct SqliteContractStore {
     outbox: Arc<SqliteOutbox>,
-    generation: u64,
     /// Kept alive (and removed last) with the store.
     _dir: tempfile::TempDir,
 }
@@ -93,11 +105,7 @@ impl ContractHarness for SqliteHarness {
             let path = dir.path().join("contract.db");
             drop(Context::open(&path, "contract").expect("a new store file"));
             let outbox = SqliteOutbox::open(&path).expect("the file's outbox");
-            Box::new(SqliteContractStore {
-                outbox,
-                generation: 0,
-                _dir: dir,
-            }) as Box<dyn ContractStore>
+            Box::new(SqliteContractStore { outbox, _dir: dir }) as Box<dyn ContractStore>
         })
     }
 }
@@ -107,29 +115,8 @@ impl ContractStore for SqliteContractStore {
         self.outbox.clone()
     }
 
-    fn register<'a>(
-        &'a mut self,
-        session: &'a str,
-        keys: &'a [(&'a str, &'a str)],
-        now: SystemTime,
-    ) -> BoxFuture<'a, ()> {
-        self.generation += 1;
-        let registered = self
-            .outbox
-            .register_intents(new_intents(session, self.generation, keys), now);
-        Box::pin(async move { registered.await.expect("registration commits") })
-    }
-
-    fn register_awaiting<'a>(
-        &'a mut self,
-        session: &'a str,
-        keys: &'a [(&'a str, &'a str)],
-        now: SystemTime,
-    ) -> BoxFuture<'a, ()> {
-        self.generation += 1;
-        let registered = self
-            .outbox
-            .register_intents(approval_intents(session, self.generation, keys), now);
+    fn register_intents(&mut self, intents: Vec<NewIntent>, now: SystemTime) -> BoxFuture<'_, ()> {
+        let registered = self.outbox.register_intents(intents, now);
         Box::pin(async move { registered.await.expect("registration commits") })
     }
 }
@@ -140,7 +127,6 @@ pub struct MemoryHarness;
 
 struct MemoryStore {
     outbox: Arc<MemoryOutbox>,
-    generation: u64,
 }
 
 impl ContractHarness for MemoryHarness {
@@ -148,7 +134,6 @@ impl ContractHarness for MemoryHarness {
         Box::pin(async {
             Box::new(MemoryStore {
                 outbox: MemoryOutbox::new(),
-                generation: 0,
             }) as Box<dyn ContractStore>
         })
     }
@@ -159,26 +144,7 @@ impl ContractStore for MemoryStore {
         self.outbox.clone()
     }
 
-    fn register<'a>(
-        &'a mut self,
-        session: &'a str,
-        keys: &'a [(&'a str, &'a str)],
-        now: SystemTime,
-    ) -> BoxFuture<'a, ()> {
-        self.generation += 1;
-        let intents = new_intents(session, self.generation, keys);
-        self.outbox.register_intents(intents, now);
-        Box::pin(std::future::ready(()))
-    }
-
-    fn register_awaiting<'a>(
-        &'a mut self,
-        session: &'a str,
-        keys: &'a [(&'a str, &'a str)],
-        now: SystemTime,
-    ) -> BoxFuture<'a, ()> {
-        self.generation += 1;
-        let intents = approval_intents(session, self.generation, keys);
+    fn register_intents(&mut self, intents: Vec<NewIntent>, now: SystemTime) -> BoxFuture<'_, ()> {
         self.outbox.register_intents(intents, now);
         Box::pin(std::future::ready(()))
     }
@@ -187,16 +153,42 @@ impl ContractStore for MemoryStore {
 /// The intents a commit of `session` at `generation` would hand its store for `keys`: the
 /// payload is the key's bytes, encoded. (A harness of another crate's store registers these.)
 pub fn new_intents(session: &str, generation: u64, keys: &[(&str, &str)]) -> Vec<NewIntent> {
-    intents_of(session, generation, keys, false)
+    intents_of(session, generation, keys, false, None)
 }
 
 /// [`new_intents`] for intents that require approval
 /// ([`Effects::act_with_approval`](reactifact_core::Effects::act_with_approval)).
 pub fn approval_intents(session: &str, generation: u64, keys: &[(&str, &str)]) -> Vec<NewIntent> {
-    intents_of(session, generation, keys, true)
+    intents_of(session, generation, keys, true, None)
 }
 
-fn intents_of(session: &str, generation: u64, keys: &[(&str, &str)], requires_approval: bool) -> Vec<NewIntent> {
+/// [`new_intents`] for intents not delivered before `not_before`
+/// ([`IntentBuilder::not_before`](reactifact_core::runtime::IntentBuilder::not_before)), and
+/// waiting for approval if `requires_approval`.
+pub fn scheduled_intents(
+    session: &str,
+    generation: u64,
+    keys: &[(&str, &str)],
+    not_before: SystemTime,
+    requires_approval: bool,
+) -> Vec<NewIntent> {
+    let not_before = u64::try_from(
+        not_before
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .expect("after the epoch")
+            .as_millis(),
+    )
+    .expect("fits");
+    intents_of(session, generation, keys, requires_approval, Some(not_before))
+}
+
+fn intents_of(
+    session: &str,
+    generation: u64,
+    keys: &[(&str, &str)],
+    requires_approval: bool,
+    not_before: Option<u64>,
+) -> Vec<NewIntent> {
     let session: Arc<str> = Arc::from(session);
     keys.iter()
         .enumerate()
@@ -207,6 +199,7 @@ fn intents_of(session: &str, generation: u64, keys: &[(&str, &str)], requires_ap
                 key: key.to_owned(),
                 payload: payload.clone(),
                 requires_approval,
+                not_before,
             };
             let bytes = rmp_serde::to_vec_named(&action).expect("a PendingAction encodes");
             NewIntent {
@@ -299,6 +292,7 @@ macro_rules! for_each_check {
             lease_owners_by_scope,
             take_over_dead_owner,
             retry_at_not_before,
+            scheduled_waits_for_not_before,
             retry_cancel_legality,
             approval_awaits_and_is_never_claimed,
             approve_reject_legality,
@@ -1154,6 +1148,99 @@ pub async fn retry_at_not_before(h: &dyn ContractHarness) {
         c.claims[0].next_attempt_at(),
         None,
         "retry_at: a claim clears next_attempt_at"
+    );
+}
+
+/// An intent with a `not_before` is registered pending but not due until then: never claimed
+/// earlier, `next_due` names its time, its entry says it; a time already passed is due at
+/// once; re-registering the key with another time changes nothing; approved before its time,
+/// it stays due at its time; it can be cancelled before it falls due.
+pub async fn scheduled_waits_for_not_before(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    s.register_intents(
+        scheduled_intents("a", next_generation(), &[("later", "x")], at(1000), false),
+        at(0),
+    )
+    .await;
+    s.register("a", &[("now", "x")], at(0)).await;
+    s.register_intents(
+        scheduled_intents("a", next_generation(), &[("ask", "x")], at(500), true),
+        at(0),
+    )
+    .await;
+    s.register_intents(
+        scheduled_intents("a", next_generation(), &[("gone", "x")], at(800), false),
+        at(0),
+    )
+    .await;
+    let d = get(&*o, "later").await;
+    assert_eq!(
+        (d.status(), d.not_before()),
+        (DeliveryStatus::Pending, Some(at(1000))),
+        "scheduled: pending, with its time"
+    );
+    assert_eq!(
+        get(&*o, "now").await.not_before(),
+        None,
+        "scheduled: a plain intent has none"
+    );
+    // Another branch (or a retry) acts the key again with another time: the first stands.
+    s.register_intents(
+        scheduled_intents("b", next_generation(), &[("later", "x")], at(5000), false),
+        at(10),
+    )
+    .await;
+    assert_eq!(
+        get(&*o, "later").await.not_before(),
+        Some(at(1000)),
+        "scheduled: the first time stands"
+    );
+    assert_eq!(
+        keys(&claim(&*o, 10, at(1)).await),
+        ["now"],
+        "scheduled: only the plain intent is due"
+    );
+    assert_eq!(
+        o.next_due(&Scope::all()).await.expect("next_due"),
+        Some(at(800)),
+        "scheduled: next_due names the earliest time"
+    );
+    let cancelled = o
+        .cancel("gone", "not wanted", at(2))
+        .await
+        .expect("cancellable before its time");
+    assert_eq!(cancelled.status(), DeliveryStatus::Cancelled);
+    o.approve("ask", "ada", at(100)).await.expect("approve");
+    assert!(
+        claim(&*o, 10, at(499)).await.claims.is_empty(),
+        "scheduled: approved before its time, not due before it"
+    );
+    assert_eq!(
+        keys(&claim(&*o, 10, at(500)).await),
+        ["ask"],
+        "scheduled: approved, due at its time"
+    );
+    assert!(
+        claim(&*o, 10, at(999)).await.claims.is_empty(),
+        "scheduled: not claimable before its time"
+    );
+    let c = claim(&*o, 10, at(1000)).await;
+    assert_eq!(keys(&c), ["later"], "scheduled: claimable at its time");
+    assert_eq!(
+        c.claims[0].not_before(),
+        Some(at(1000)),
+        "scheduled: the claim carries its time"
+    );
+    // A time already passed at registration: due at once.
+    s.register_intents(
+        scheduled_intents("a", next_generation(), &[("past", "x")], at(0), false),
+        at(2000),
+    )
+    .await;
+    assert_eq!(
+        keys(&claim(&*o, 10, at(2000)).await),
+        ["past"],
+        "scheduled: a past time is due at once"
     );
 }
 

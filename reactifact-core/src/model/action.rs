@@ -171,24 +171,57 @@ pub struct PendingAction {
     /// does not ask for approval are what they were before this field existed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub requires_approval: bool,
+    /// The earliest time the intent may be delivered, in milliseconds since the Unix epoch
+    /// ([`IntentBuilder::not_before`](crate::runtime::IntentBuilder::not_before)): until then it is
+    /// pending but not due. Part of the hashed decision; encoded only when set, like
+    /// `requires_approval`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<u64>,
+}
+
+/// What a store reads of an intent's `PendingAction` besides its key and kind: whether it
+/// waits for approval, and when it falls due at the earliest.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+pub(crate) struct ActionMeta {
+    /// [`PendingAction::requires_approval`].
+    #[serde(default)]
+    pub(crate) requires_approval: bool,
+    /// [`PendingAction::not_before`].
+    #[serde(default)]
+    pub(crate) not_before: Option<u64>,
+}
+
+/// What the `PendingAction` encoded in `bytes` asks of its delivery (the defaults for bytes
+/// that do not decode as one).
+pub(crate) fn action_meta(bytes: &[u8]) -> ActionMeta {
+    // Every store asks this of every intent it registers. The bytes of a plain intent, as
+    // `act` encodes them, hold neither field: recognised without serde (a tenth of the
+    // decode's cost), they answer the defaults, as the decode would. The decode reads the two
+    // fields, skipping the others (the payload is not copied).
+    if plain_action_payload(bytes).is_some() {
+        return ActionMeta::default();
+    }
+    rmp_serde::from_slice::<ActionMeta>(bytes).unwrap_or_default()
 }
 
 /// Whether the `PendingAction` encoded in `bytes` asks for approval (`false` for bytes that
 /// do not decode as one).
 pub(crate) fn requires_approval(bytes: &[u8]) -> bool {
-    /// Reads the one field, skipping the others (the payload is not copied).
-    #[derive(Deserialize)]
-    struct Flag {
-        #[serde(default)]
-        requires_approval: bool,
-    }
-    // Every store asks this of every intent it registers. The bytes of an intent that does not
-    // ask for approval, as `act` encodes them, hold no flag to read: recognised without serde
-    // (a tenth of the decode's cost), they answer `false`, as the decode would.
-    if plain_action_payload(bytes).is_some() {
-        return false;
-    }
-    rmp_serde::from_slice::<Flag>(bytes).is_ok_and(|f| f.requires_approval)
+    action_meta(bytes).requires_approval
+}
+
+/// When the `PendingAction` encoded in `bytes` may be delivered at the earliest, in
+/// milliseconds since the Unix epoch (`None`: at once, or bytes that do not decode as one).
+pub(crate) fn not_before(bytes: &[u8]) -> Option<u64> {
+    action_meta(bytes).not_before
+}
+
+/// When the `PendingAction` encoded in `bytes` may be delivered at the earliest
+/// ([`PendingAction::not_before`]; `None`: at once, or bytes that do not decode as one), for a
+/// store that reads it from a row's bytes. A plain intent's bytes are recognised without a
+/// decode.
+pub fn action_not_before(bytes: &[u8]) -> Option<std::time::SystemTime> {
+    not_before(bytes).map(|ms| std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(ms))
 }
 
 /// Where the payload lies in the `PendingAction` encoded in `bytes` (`None` for bytes that do
@@ -647,6 +680,7 @@ mod tests {
             key: "x".repeat(key),
             payload: vec![0xc3; payload],
             requires_approval,
+            not_before: None,
         })
         .unwrap()
     }

@@ -252,6 +252,8 @@ struct RemarkFields {
     interrupted: u32,
     /// Only a failed attempt schedules a retry, and it always sets an error too.
     next_attempt_at: Option<SystemTime>,
+    /// The intent's `not_before`, if it has one.
+    not_before: Option<SystemTime>,
 }
 
 impl Remarks {
@@ -268,6 +270,16 @@ impl Remarks {
     /// Why an operator cancelled the intent ([`Delivery::cancel_reason`]).
     pub(crate) fn cancel_reason(&self) -> Option<&str> {
         self.0.as_ref()?.cancel_reason.as_deref()
+    }
+
+    /// The earliest time the intent may be delivered ([`Delivery::not_before`]).
+    pub(crate) fn not_before(&self) -> Option<SystemTime> {
+        self.0.as_ref()?.not_before
+    }
+
+    /// Sets the earliest time the intent may be delivered.
+    pub(crate) fn set_not_before(&mut self, at: SystemTime) {
+        self.fields_mut().not_before = Some(at);
     }
 
     /// The operator's decision ([`Delivery::decision`]).
@@ -407,6 +419,13 @@ impl Delivery {
         self.remarks.next_attempt_at()
     }
 
+    /// The earliest time the intent may be delivered, if its produce scheduled it
+    /// ([`IntentBuilder::not_before`](crate::runtime::IntentBuilder::not_before)): until then
+    /// it is pending but not due.
+    pub fn not_before(&self) -> Option<SystemTime> {
+        self.remarks.not_before()
+    }
+
     /// The lease of the attempt in flight, if one is.
     pub fn lease(&self) -> Option<&Lease> {
         self.lease.as_ref()
@@ -486,6 +505,7 @@ impl Delivery {
             token,
             cancel_reason,
             decision,
+            not_before,
         } = parts;
         let remarks = RemarkFields {
             last_error,
@@ -494,6 +514,7 @@ impl Delivery {
             expired_leases,
             interrupted,
             next_attempt_at,
+            not_before,
         };
         Delivery {
             intent,
@@ -542,6 +563,9 @@ pub struct DeliveryParts {
     pub cancel_reason: Option<String>,
     /// The operator's approval or rejection ([`Delivery::decision`]).
     pub decision: Option<Decision>,
+    /// The earliest time it may be delivered ([`Delivery::not_before`]): read it from the
+    /// row's `PendingAction` bytes with [`action_not_before`](crate::store::action_not_before).
+    pub not_before: Option<SystemTime>,
 }
 
 /// The default lease of a claim: long enough for a slow dispatch between two renewals (every
@@ -627,6 +651,13 @@ impl NewIntent {
     /// from the committed bytes, so that nothing but the hashed decision says so.
     pub fn requires_approval(&self) -> bool {
         crate::model::action::requires_approval(&self.bytes)
+    }
+
+    /// When the committed `PendingAction` may be delivered at the earliest
+    /// ([`PendingAction::not_before`](crate::PendingAction::not_before)), read from the
+    /// committed bytes; `None` for at once.
+    pub fn not_before(&self) -> Option<SystemTime> {
+        crate::model::action::not_before(&self.bytes).map(from_unix_millis)
     }
 }
 
@@ -806,6 +837,7 @@ mod tests {
             token: FenceToken(0),
             cancel_reason: None,
             decision: None,
+            not_before: None,
         })
     }
 
@@ -876,6 +908,7 @@ mod tests {
             token: FenceToken(3),
             cancel_reason: None,
             decision: None,
+            not_before: None,
         };
         assert!(Delivery::from_parts(parts(&d, 0)).remarks.is_empty());
         let retry = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(60);
@@ -906,6 +939,7 @@ pub(crate) fn test_intents(session: &str, generation: u64, keys: &[(&str, &str)]
                 key: key.to_owned(),
                 payload: payload.clone(),
                 requires_approval: false,
+                not_before: None,
             };
             let bytes = rmp_serde::to_vec_named(&action).expect("a PendingAction encodes");
             let origin = Origin::new(

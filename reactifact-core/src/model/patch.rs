@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::action::{ActionKey, Payload, PendingAction, ACTION_ID_PREFIX};
+use crate::model::action::{ActionKey, ActionMeta, Payload, PendingAction, ACTION_ID_PREFIX};
 use crate::model::artifact::{self, Artifact, ArtifactId, Kind};
 use crate::model::hash::{self, ContentHash};
 use crate::model::relation::Relation;
@@ -213,15 +213,16 @@ impl Op {
     /// An intent of kind `action` under `key`, stored at `key.artifact_id()`.
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn act<P: Serialize + ?Sized>(action: &str, key: ActionKey, payload: &P) -> Result<Op, EffectError> {
-        Op::act_as(action, key, payload, false)
+        Op::act_as(action, key, payload, ActionMeta::default())
     }
 
-    /// [`Op::act`], for an intent that waits for approval if `requires_approval`.
+    /// [`Op::act`], for an intent that asks what `meta` says of its delivery (approval, a
+    /// time before which it is not due).
     pub(crate) fn act_as<P: Serialize + ?Sized>(
         action: &str,
         key: ActionKey,
         payload: &P,
-        requires_approval: bool,
+        meta: ActionMeta,
     ) -> Result<Op, EffectError> {
         /// Encodes exactly like [`PendingAction`], without copying its fields first.
         #[derive(Serialize)]
@@ -232,6 +233,8 @@ impl Op {
             payload: &'a [u8],
             #[serde(skip_serializing_if = "std::ops::Not::not")]
             requires_approval: bool,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            not_before: Option<u64>,
         }
         // Encoded once for good, inside the record (the payload's own encoding is written into
         // a buffer the thread keeps): the payload the dispatcher gets is that part of the
@@ -241,7 +244,8 @@ impl Op {
                 kind: action,
                 key: key.as_str(),
                 payload: encoded,
-                requires_approval,
+                requires_approval: meta.requires_approval,
+                not_before: meta.not_before,
             };
             let bytes = artifact::encode_shared(&record)?;
             let payload = Payload::in_record(&bytes).unwrap_or_else(|| Payload::from(encoded));
@@ -347,7 +351,11 @@ mod tests {
     fn an_act_that_requires_approval_says_so_in_its_hashed_bytes_and_no_other_act_changes() {
         let key = ActionKey::from("k1");
         let plain = Op::act("notify", key.clone(), &"p").unwrap();
-        let approval = Op::act_as("notify", key.clone(), &"p", true).unwrap();
+        let meta = ActionMeta {
+            requires_approval: true,
+            not_before: None,
+        };
+        let approval = Op::act_as("notify", key.clone(), &"p", meta).unwrap();
         let (Op::Act { bytes: a, hash: ha, .. }, Op::Act { bytes: b, hash: hb, .. }) = (&plain, &approval) else {
             panic!("not acts");
         };
@@ -360,6 +368,7 @@ mod tests {
             key: "k1".into(),
             payload: rmp_serde::to_vec_named(&"p").unwrap(),
             requires_approval: false,
+            not_before: None,
         })
         .unwrap();
         assert_eq!(&a[..], &three[..]);

@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
-use crate::model::action::{ActionKey, PendingAction};
+use crate::model::action::{ActionKey, ActionMeta, PendingAction};
 use crate::model::artifact::{self, Artifact, ArtifactId, Kind, Version};
 use crate::model::hash::content_hash;
 use crate::model::patch::{EffectError, Op, PutMode};
@@ -235,7 +235,7 @@ impl<D> Effects<D> {
     where
         PendingAction: DeclaredOutput<D>,
     {
-        self.act_as(kind, key.into(), payload, false)
+        self.act_as(kind, key.into(), payload, ActionMeta::default())
     }
 
     /// Records an intent, like [`act`](Effects::act), that an operator must approve before it
@@ -258,7 +258,46 @@ impl<D> Effects<D> {
     where
         PendingAction: DeclaredOutput<D>,
     {
-        self.act_as(kind, key.into(), payload, true)
+        let meta = ActionMeta {
+            requires_approval: true,
+            ..ActionMeta::default()
+        };
+        self.act_as(kind, key.into(), payload, meta)
+    }
+
+    /// An intent to record with options: `effects.intent(kind, key, &payload)`, then
+    /// [`not_before`](IntentBuilder::not_before) or
+    /// [`with_approval`](IntentBuilder::with_approval), then [`act`](IntentBuilder::act),
+    /// which records it as [`Effects::act`] does.
+    ///
+    /// ```
+    /// use std::time::{Duration, SystemTime};
+    /// use reactifact_core::{Effects, PendingAction};
+    /// # fn remind(effects: &Effects, order_id: u64, placed_at: SystemTime) {
+    /// // The reminder goes out a day after the order was placed (a time in the trigger's
+    /// // data, so a retry or a replay derives the same intent), not before.
+    /// effects
+    ///     .intent("email", format!("reminder:{order_id}"), &order_id)
+    ///     .not_before(placed_at + Duration::from_secs(24 * 3600))
+    ///     .act();
+    /// # }
+    /// ```
+    pub fn intent<'a, P: Serialize + ?Sized>(
+        &'a self,
+        kind: &'a str,
+        key: impl Into<ActionKey>,
+        payload: &'a P,
+    ) -> IntentBuilder<'a, D, P>
+    where
+        PendingAction: DeclaredOutput<D>,
+    {
+        IntentBuilder {
+            effects: self,
+            kind,
+            key: key.into(),
+            payload,
+            meta: ActionMeta::default(),
+        }
     }
 
     fn act_as<P: Serialize + ?Sized>(
@@ -266,7 +305,7 @@ impl<D> Effects<D> {
         kind: &str,
         key: ActionKey,
         payload: &P,
-        requires_approval: bool,
+        meta: ActionMeta,
     ) -> Option<ActionKey> {
         let id = key.artifact_id();
         // Checked before anything is encoded: on a re-run the intent usually exists.
@@ -282,7 +321,7 @@ impl<D> Effects<D> {
                 return None;
             }
         }
-        self.push(Op::act_as(kind, key.clone(), payload, requires_approval));
+        self.push(Op::act_as(kind, key.clone(), payload, meta));
         Some(key)
     }
 
@@ -362,6 +401,48 @@ impl<D> std::fmt::Debug for Effects<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let buffer = self.buffer.lock().unwrap_or_else(|e| e.into_inner());
         f.debug_struct("Effects").field("ops", &buffer.ops.len()).finish()
+    }
+}
+
+/// An intent with options, recorded by [`act`](IntentBuilder::act): [`Effects::intent`].
+#[must_use = "an intent is recorded only by `act`"]
+pub struct IntentBuilder<'a, D, P: ?Sized> {
+    effects: &'a Effects<D>,
+    kind: &'a str,
+    key: ActionKey,
+    payload: &'a P,
+    meta: ActionMeta,
+}
+
+impl<D, P: Serialize + ?Sized> IntentBuilder<'_, D, P> {
+    /// Not delivered before `at`: the intent is registered pending, due at `at` (at once if
+    /// `at` has passed), so no drain claims it earlier; it survives restarts like any intent,
+    /// is listed with its due time (`reactifact outbox list`), and can be cancelled until it
+    /// is delivered. With [`with_approval`](IntentBuilder::with_approval), an approval before
+    /// `at` leaves it due at `at`.
+    ///
+    /// `at` is part of the hashed `PendingAction` ([`PendingAction::not_before`], in whole
+    /// milliseconds, rounded up), so derive it from something a retry and a replay see again —
+    /// a time in the trigger's data — never from the clock read inside the produce. Times
+    /// before the Unix epoch are the epoch; times past the year 9999 are then.
+    pub fn not_before(mut self, at: SystemTime) -> Self {
+        let at =
+            crate::model::delivery::ceil_millis(at.min(SystemTime::UNIX_EPOCH + crate::model::delivery::FAR_FUTURE));
+        self.meta.not_before = Some(crate::model::delivery::unix_millis(at));
+        self
+    }
+
+    /// Waits for an operator's approval before delivery, as
+    /// [`Effects::act_with_approval`] does.
+    pub fn with_approval(mut self) -> Self {
+        self.meta.requires_approval = true;
+        self
+    }
+
+    /// Records the intent, as [`Effects::act`] does: `None`, recording nothing, when the key
+    /// was already acted (the first decision, with its options, stands).
+    pub fn act(self) -> Option<ActionKey> {
+        self.effects.act_as(self.kind, self.key, self.payload, self.meta)
     }
 }
 

@@ -273,6 +273,11 @@ impl Entry {
         self.rare.as_ref().map_or(&[], |r| &r.history)
     }
 
+    /// The earliest time it may be due, in Unix milliseconds (0: no such bound).
+    fn not_before_ms(&self) -> u64 {
+        self.remarks.not_before().map_or(0, unix_millis)
+    }
+
     fn rare_mut(&mut self) -> &mut Rare {
         self.rare.get_or_insert_with(Box::default)
     }
@@ -766,7 +771,9 @@ impl Inner {
                 _ => self.kind_id(name),
             };
             last_kind = Some(kind);
-            let requires_approval = new.requires_approval();
+            let meta = crate::model::action::action_meta(&new.bytes);
+            let requires_approval = meta.requires_approval;
+            let due_ms = meta.not_before.map_or(now_ms, |at| at.max(now_ms));
             let Intent {
                 key,
                 payload,
@@ -797,19 +804,23 @@ impl Inner {
                 last_claim: None,
                 rare: None,
             };
-            entry.set_due((!requires_approval).then_some(now_ms));
+            if let Some(at) = meta.not_before {
+                entry.remarks.set_not_before(from_unix_millis(at));
+            }
+            entry.set_due((!requires_approval).then_some(due_ms));
             self.tally.moved(&entry, None, Some(class(&entry)));
             self.slots.push(Some(entry));
             if !requires_approval {
                 // Its session and kind as known here: the entry just written is not read back.
-                self.queues.push(&self.slots, [ANY, session], kind, (now_ms, pos, 1));
+                self.queues.push(&self.slots, [ANY, session], kind, (due_ms, pos, 1));
             }
         }
     }
 
     /// Applies `change` to the live entry at `pos` at `now` (whole milliseconds), and keeps
     /// the counters, the due queues and the purge order up to date. Entries entering pending
-    /// are due at `now`; failed ones with a retry at their `next_attempt_at`.
+    /// are due at `now` (or at their `not_before`, if later: an approval before it); failed
+    /// ones with a retry at their `next_attempt_at`.
     fn transition(&mut self, pos: Pos, now: SystemTime, change: impl FnOnce(&mut Entry)) -> DeliveryStatus {
         let now_ms = unix_millis(now);
         let e = self.slots[pos as usize].as_mut().expect("a live entry");
@@ -817,7 +828,7 @@ impl Inner {
         change(e);
         e.updated_ms = now_ms;
         let status = e.status;
-        let due = due_at(status, e.remarks.next_attempt_at(), now).map(unix_millis);
+        let due = due_at(status, e.remarks.next_attempt_at(), now).map(|at| unix_millis(at).max(e.not_before_ms()));
         e.set_due(due);
         let to = class(e);
         self.tally.moved(e, Some(from), Some(to));
@@ -1504,6 +1515,7 @@ mod tests {
             key: key.into(),
             payload: Vec::new(),
             requires_approval: false,
+            not_before: None,
         })
         .unwrap();
         NewIntent {

@@ -551,7 +551,8 @@ pub trait OutboxStore: Send + Sync + 'static {
         now: SystemTime,
     ) -> BoxFuture<'a, Result<Delivery, CancelError>>;
 
-    /// Approves an intent awaiting approval: pending, due at `now`, its
+    /// Approves an intent awaiting approval: pending, due at `now` (or at its `not_before`,
+    /// if later: [`action_not_before`](crate::store::action_not_before)), its
     /// [`decision`](Delivery::decision) approved `by` at `now`. Approving an approved intent
     /// again changes nothing (the first approval stands, whoever asks). Returns the entry as
     /// it is now.

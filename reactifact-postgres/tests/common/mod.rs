@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use reactifact_core::store::{BoxFuture, OutboxStore};
+use reactifact_core::store::{BoxFuture, NewIntent, OutboxStore};
 use reactifact_postgres::{PostgresOptions, PostgresOutbox};
-use reactifact_store_contract::{self as contract, ContractHarness, ContractStore};
+use reactifact_store_contract::{ContractHarness, ContractStore};
 
 /// The variable CI sets to the test server's URL.
 pub const URL_VAR: &str = "REACTIFACT_TEST_POSTGRES_URL";
@@ -127,7 +127,6 @@ impl PgHarness {
 
 struct PgStore {
     outbox: Arc<PostgresOutbox>,
-    generation: u64,
 }
 
 impl ContractHarness for PgHarness {
@@ -135,7 +134,6 @@ impl ContractHarness for PgHarness {
         Box::pin(async move {
             Box::new(PgStore {
                 outbox: self.schemas.open().await,
-                generation: 0,
             }) as Box<dyn ContractStore>
         })
     }
@@ -146,30 +144,7 @@ impl ContractStore for PgStore {
         self.outbox.clone()
     }
 
-    fn register<'a>(
-        &'a mut self,
-        session: &'a str,
-        keys: &'a [(&'a str, &'a str)],
-        now: SystemTime,
-    ) -> BoxFuture<'a, ()> {
-        self.generation += 1;
-        let intents = contract::new_intents(session, self.generation, keys);
-        Box::pin(async move {
-            self.outbox
-                .register_alone(&intents, now)
-                .await
-                .unwrap_or_else(|e| panic!("registration commits: {e}"))
-        })
-    }
-
-    fn register_awaiting<'a>(
-        &'a mut self,
-        session: &'a str,
-        keys: &'a [(&'a str, &'a str)],
-        now: SystemTime,
-    ) -> BoxFuture<'a, ()> {
-        self.generation += 1;
-        let intents = contract::approval_intents(session, self.generation, keys);
+    fn register_intents(&mut self, intents: Vec<NewIntent>, now: SystemTime) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             self.outbox
                 .register_alone(&intents, now)

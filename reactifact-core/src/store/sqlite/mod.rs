@@ -1333,6 +1333,7 @@ mod tests {
             key: "k".into(),
             payload: Vec::new(),
             requires_approval: false,
+            not_before: None,
         })
         .unwrap();
         let forged = row::Row::register(

@@ -712,6 +712,8 @@ fn decide(
             },
             at,
         );
+        // Approved before its `not_before`: due then, not now.
+        row.due_at = row.due_at.map(|due| due.max(row.not_before()));
         row.update(tx)?;
         Ok(Ok(row.view()))
     })
@@ -1047,6 +1049,8 @@ impl OutboxStore for SqliteOutbox {
                                 },
                                 ms(now),
                             );
+                            // A held row re-armed before its `not_before`: due then.
+                            row.due_at = row.due_at.map(|due| due.max(row.not_before()));
                             row.update(tx)?;
                             Ok(row.view())
                         }

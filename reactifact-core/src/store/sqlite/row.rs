@@ -200,10 +200,12 @@ fn row_digest<'a>(
 }
 
 impl Row {
-    /// A new row for an intent a commit registers: pending, due at `now`.
+    /// A new row for an intent a commit registers: pending, due at `now` (or at its
+    /// `not_before`, if later), or awaiting approval.
     pub(super) fn register(new: &NewIntent, now: i64) -> Row {
         let intent = &new.intent;
-        let awaiting = new.requires_approval();
+        let meta = crate::model::action::action_meta(&new.bytes);
+        let awaiting = meta.requires_approval;
         Row {
             seq: 0,
             key: intent.key.as_str().to_owned(),
@@ -216,7 +218,7 @@ impl Row {
             bytes: new.bytes.to_vec(),
             recorded_at: now,
             status: if awaiting { AWAITING_APPROVAL } else { PENDING },
-            due_at: (!awaiting).then_some(now),
+            due_at: (!awaiting).then(|| not_before(meta.not_before).max(now)),
             token: 0,
             owner: None,
             lease_until: None,
@@ -461,6 +463,12 @@ impl Row {
     }
 
     /// Whether the row's `PendingAction` asks for approval.
+    /// The earliest time the row may be due ([`PendingAction::not_before`](crate::PendingAction::not_before)),
+    /// in the milliseconds the table keeps (`i64::MIN` for none).
+    pub(super) fn not_before(&self) -> i64 {
+        not_before(crate::model::action::not_before(&self.bytes))
+    }
+
     pub(super) fn requires_approval(&self) -> bool {
         crate::model::action::requires_approval(&self.bytes)
     }
@@ -540,6 +548,7 @@ impl Row {
             token,
             cancel_reason: self.cancel_reason.clone(),
             decision: self.decision(),
+            not_before: crate::model::action::action_not_before(&self.bytes),
         })
     }
 
@@ -564,4 +573,9 @@ impl Row {
             None => None,
         };
     }
+}
+
+/// A `not_before` in the milliseconds the table keeps (`i64::MIN` for none).
+fn not_before(at: Option<u64>) -> i64 {
+    at.map_or(i64::MIN, |at| i64::try_from(at).unwrap_or(i64::MAX))
 }
