@@ -238,5 +238,6 @@ pub fn delivery_json(d: &Delivery) -> Value {
         "updated_at": time(d.updated_at()),
         "delivered_at": json_time(d.delivered_at()),
         "next_attempt_at": json_time(d.next_attempt_at()),
+        "not_before": json_time(d.not_before()),
     })
 }

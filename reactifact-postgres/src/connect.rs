@@ -133,6 +133,7 @@ pub(crate) struct Target {
 }
 
 impl Target {
+    #[allow(clippy::result_large_err)] // the core's `OpenError::Corrupt` keeps its source unboxed to downcast
     pub(crate) fn parse(options: &PostgresOptions) -> Result<Target, OpenError> {
         let mut config = tokio_postgres::Config::from_str(options.url()).map_err(|e| OpenError::BadUrl {
             url: redact_url(options.url()),
@@ -188,6 +189,7 @@ impl Target {
     /// wait without end. A connection that closed (a terminated backend, a server restart) is
     /// never handed out again once its closing is seen; one whose closing is not yet seen fails
     /// its first statement with a retryable error.
+    #[allow(clippy::result_large_err)] // as `parse`
     pub(crate) fn pool(&self, size: usize, timeout: Duration) -> Result<Pool, OpenError> {
         let manager = Manager::from_config(
             self.config.clone(),

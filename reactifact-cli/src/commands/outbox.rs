@@ -168,6 +168,7 @@ fn show(env: &Env, key: &str) -> Outcome {
         ),
         ("token", d.token().to_string()),
         ("next attempt", time_or_dash(d.next_attempt_at())),
+        ("not before", time_or_dash(d.not_before())),
         ("recorded", time(d.recorded_at())),
         ("updated", time(d.updated_at())),
         ("delivered", time_or_dash(d.delivered_at())),

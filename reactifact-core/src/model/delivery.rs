@@ -814,6 +814,41 @@ impl AttemptOutcome {
     }
 }
 
+/// Intents of the kinds `keys` names, as a commit of `session` at `generation` registers them
+/// (real `PendingAction` bytes and their content hash), for the core's own tests of the
+/// outboxes. (The contract suite, a crate of its own, has its own.)
+#[cfg(test)]
+pub(crate) fn test_intents(session: &str, generation: u64, keys: &[(&str, &str)]) -> Vec<NewIntent> {
+    use crate::model::action::{ActionKey, Intent, Origin, PendingAction};
+    use crate::model::artifact::Generation;
+    use crate::model::hash::{content_hash, CommitHash};
+    keys.iter()
+        .enumerate()
+        .map(|(run, &(key, kind))| {
+            let payload = rmp_serde::to_vec_named(&key).expect("a string encodes");
+            let action = PendingAction {
+                kind: kind.to_owned(),
+                key: key.to_owned(),
+                payload: payload.clone(),
+                requires_approval: false,
+                not_before: None,
+            };
+            let bytes = rmp_serde::to_vec_named(&action).expect("a PendingAction encodes");
+            let origin = Origin::new(
+                session,
+                CommitHash([generation as u8; 32]),
+                Generation(generation),
+                run as u32,
+            );
+            NewIntent {
+                intent: Intent::new(ActionKey::from(key), kind, payload, origin, 0),
+                action_hash: content_hash(&bytes),
+                bytes: Arc::from(bytes),
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -920,39 +955,4 @@ mod tests {
         let read = Delivery::from_parts(parts(&d, 2));
         assert_eq!((read.expired_leases(), read.counted_attempts()), (2, 1));
     }
-}
-
-/// Intents of the kinds `keys` names, as a commit of `session` at `generation` registers them
-/// (real `PendingAction` bytes and their content hash), for the core's own tests of the
-/// outboxes. (The contract suite, a crate of its own, has its own.)
-#[cfg(test)]
-pub(crate) fn test_intents(session: &str, generation: u64, keys: &[(&str, &str)]) -> Vec<NewIntent> {
-    use crate::model::action::{ActionKey, Intent, Origin, PendingAction};
-    use crate::model::artifact::Generation;
-    use crate::model::hash::{content_hash, CommitHash};
-    keys.iter()
-        .enumerate()
-        .map(|(run, &(key, kind))| {
-            let payload = rmp_serde::to_vec_named(&key).expect("a string encodes");
-            let action = PendingAction {
-                kind: kind.to_owned(),
-                key: key.to_owned(),
-                payload: payload.clone(),
-                requires_approval: false,
-                not_before: None,
-            };
-            let bytes = rmp_serde::to_vec_named(&action).expect("a PendingAction encodes");
-            let origin = Origin::new(
-                session,
-                CommitHash([generation as u8; 32]),
-                Generation(generation),
-                run as u32,
-            );
-            NewIntent {
-                intent: Intent::new(ActionKey::from(key), kind, payload, origin, 0),
-                action_hash: content_hash(&bytes),
-                bytes: Arc::from(bytes),
-            }
-        })
-        .collect()
 }

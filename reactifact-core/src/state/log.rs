@@ -19,6 +19,10 @@ use crate::state::graph::Graph;
 use crate::state::live::State;
 use crate::state::refold::{Checks, Refold, VerifyError};
 
+/// Reads a session's commits before a generation, and the other sessions' commits their
+/// merges reach: the store's `load_before`, as the whole-log reads hand it in.
+pub(crate) type LoadBefore<'a> = &'a dyn Fn(Generation, &[Commit]) -> Result<(Vec<Commit>, Vec<Commit>), VerifyError>;
+
 /// Where the commits a log holds start: the state right after commit `generation`.
 pub(crate) struct Base {
     pub(crate) generation: Generation,
@@ -152,7 +156,7 @@ impl Log {
     /// base's commit; the error of the refold if one of them does not check out.
     pub(crate) fn whole<'a>(
         &'a self,
-        load: Option<&dyn Fn(Generation, &[Commit]) -> Result<(Vec<Commit>, Vec<Commit>), VerifyError>>,
+        load: Option<LoadBefore<'_>>,
         graph: &'a Graph,
     ) -> Result<(&'a [Commit], &'a Graph), VerifyError> {
         let Some(base) = &self.base else {
