@@ -153,13 +153,13 @@ impl ContractStore for MemoryStore {
 /// The intents a commit of `session` at `generation` would hand its store for `keys`: the
 /// payload is the key's bytes, encoded. (A harness of another crate's store registers these.)
 pub fn new_intents(session: &str, generation: u64, keys: &[(&str, &str)]) -> Vec<NewIntent> {
-    intents_of(session, generation, keys, false, None)
+    intents_of(session, generation, keys, false, None, None)
 }
 
 /// [`new_intents`] for intents that require approval
 /// ([`Effects::act_with_approval`](reactifact_core::Effects::act_with_approval)).
 pub fn approval_intents(session: &str, generation: u64, keys: &[(&str, &str)]) -> Vec<NewIntent> {
-    intents_of(session, generation, keys, true, None)
+    intents_of(session, generation, keys, true, None, None)
 }
 
 /// [`new_intents`] for intents not delivered before `not_before`
@@ -179,7 +179,20 @@ pub fn scheduled_intents(
             .as_millis(),
     )
     .expect("fits");
-    intents_of(session, generation, keys, requires_approval, Some(not_before))
+    intents_of(session, generation, keys, requires_approval, Some(not_before), None)
+}
+
+/// [`new_intents`] in the ordering group `group`
+/// ([`IntentBuilder::group`](reactifact_core::runtime::IntentBuilder::group)), waiting for
+/// approval if `requires_approval`.
+pub fn grouped_intents(
+    session: &str,
+    generation: u64,
+    keys: &[(&str, &str)],
+    group: &str,
+    requires_approval: bool,
+) -> Vec<NewIntent> {
+    intents_of(session, generation, keys, requires_approval, None, Some(group))
 }
 
 fn intents_of(
@@ -188,6 +201,7 @@ fn intents_of(
     keys: &[(&str, &str)],
     requires_approval: bool,
     not_before: Option<u64>,
+    group: Option<&str>,
 ) -> Vec<NewIntent> {
     let session: Arc<str> = Arc::from(session);
     keys.iter()
@@ -200,6 +214,7 @@ fn intents_of(
                 payload: payload.clone(),
                 requires_approval,
                 not_before,
+                group: group.map(str::to_owned),
             };
             let bytes = rmp_serde::to_vec_named(&action).expect("a PendingAction encodes");
             NewIntent {
@@ -293,6 +308,9 @@ macro_rules! for_each_check {
             take_over_dead_owner,
             retry_at_not_before,
             scheduled_waits_for_not_before,
+            group_hands_out_one_at_a_time_in_order,
+            group_dead_head_blocks_until_retried_or_cancelled,
+            group_with_approvals,
             retry_cancel_legality,
             approval_awaits_and_is_never_claimed,
             approve_reject_legality,
@@ -1242,6 +1260,176 @@ pub async fn scheduled_waits_for_not_before(h: &dyn ContractHarness) {
         ["past"],
         "scheduled: a past time is due at once"
     );
+}
+
+/// Registers `keys` of `group` as one commit of session `a` at `now`.
+async fn register_group(
+    s: &mut Box<dyn ContractStore>,
+    keys: &[(&str, &str)],
+    group: &str,
+    approval: bool,
+    now: SystemTime,
+) {
+    s.register_intents(grouped_intents("a", next_generation(), keys, group, approval), now)
+        .await;
+}
+
+/// The intents of one ordering group are handed out one at a time, in registration order:
+/// those behind the first open one are blocked (not due, never claimed, counted apart, not
+/// in `next_due`), across commits; a retry scheduled for the head keeps them blocked; the
+/// head delivered, the next is pending and due at once; a blocked intent can be cancelled
+/// (skipped); a group with no open intent takes a new one as its head; other groups and
+/// intents without one are not held up.
+pub async fn group_hands_out_one_at_a_time_in_order(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    register_group(&mut s, &[("k1", "x"), ("k2", "x")], "g", false, at(0)).await;
+    register_group(&mut s, &[("k3", "y")], "g", false, at(0)).await;
+    s.register("a", &[("u", "x")], at(0)).await;
+    register_group(&mut s, &[("o1", "x")], "other", false, at(0)).await;
+    let k2 = get(&*o, "k2").await;
+    assert_eq!(
+        (k2.status(), k2.group(), k2.lease().is_none()),
+        (DeliveryStatus::Blocked, Some("g"), true),
+        "group: behind its head, blocked"
+    );
+    assert!(!DeliveryStatus::Blocked.is_final(), "group: blocked is not final");
+    let c = counts(&*o, &Scope::all()).await;
+    assert_eq!(
+        (c.pending, c.blocked, c.waiting(), c.total()),
+        (3, 2, 3, 5),
+        "group: counts"
+    );
+    let first = claim(&*o, 10, at(1)).await;
+    assert_eq!(keys(&first), ["k1", "u", "o1"], "group: only the heads are claimed");
+    assert_eq!(
+        o.next_due(&Scope::all()).await.expect("next_due"),
+        Some(at(1) + LEASE),
+        "group: blocked intents are never due (what is next is the leases' expiry)"
+    );
+    record(
+        &*o,
+        "k1",
+        FenceToken(1),
+        failed(FailedAttempt::RetryAt(at(100))),
+        at(10),
+    )
+    .await;
+    assert_eq!(
+        get(&*o, "k2").await.status(),
+        DeliveryStatus::Blocked,
+        "group: a failed head still blocks"
+    );
+    assert_eq!(
+        keys(&claim(&*o, 10, at(100)).await),
+        ["k1"],
+        "group: the head is retried first"
+    );
+    record(&*o, "k1", FenceToken(2), Outcome::Delivered, at(110)).await;
+    let k2 = get(&*o, "k2").await;
+    assert_eq!(
+        (k2.status(), get(&*o, "k3").await.status()),
+        (DeliveryStatus::Pending, DeliveryStatus::Blocked),
+        "group: the head delivered, the next is pending, the rest blocked"
+    );
+    assert_eq!(
+        o.next_due(&Scope::all()).await.expect("next_due"),
+        Some(at(110)),
+        "group: the next is due when the head became final"
+    );
+    let cancelled = o
+        .cancel("k3", "skip it", at(111))
+        .await
+        .expect("a blocked intent is cancellable");
+    assert_eq!(cancelled.status(), DeliveryStatus::Cancelled);
+    assert_eq!(
+        keys(&claim(&*o, 10, at(111)).await),
+        ["k2"],
+        "group: the next is claimed"
+    );
+    record(&*o, "k2", FenceToken(1), Outcome::Delivered, at(120)).await;
+    register_group(&mut s, &[("k4", "x")], "g", false, at(130)).await;
+    assert_eq!(
+        get(&*o, "k4").await.status(),
+        DeliveryStatus::Pending,
+        "group: with nothing open, a new intent is its group's head"
+    );
+    // Acting a key of the group again (another branch, a retry) changes nothing.
+    register_group(&mut s, &[("k4", "x"), ("k5", "x")], "g", false, at(140)).await;
+    assert_eq!(
+        get(&*o, "k5").await.status(),
+        DeliveryStatus::Blocked,
+        "group: behind k4"
+    );
+    assert_eq!(keys(&claim(&*o, 10, at(140)).await), ["k4"]);
+}
+
+/// A dead head blocks its group until an operator acts: retried, it goes out first and then
+/// the next; cancelled, the next is released.
+pub async fn group_dead_head_blocks_until_retried_or_cancelled(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    register_group(&mut s, &[("d1", "x"), ("d2", "x"), ("d3", "x")], "g", false, at(0)).await;
+    claim(&*o, 10, at(1)).await;
+    record(&*o, "d1", FenceToken(1), failed(FailedAttempt::Dead), at(2)).await;
+    assert_eq!(get(&*o, "d1").await.status(), DeliveryStatus::Dead);
+    assert!(
+        claim(&*o, 10, at(3)).await.claims.is_empty(),
+        "group: a dead head blocks its group"
+    );
+    assert_eq!(get(&*o, "d2").await.status(), DeliveryStatus::Blocked);
+    o.retry("d1", at(4)).await.expect("retry");
+    assert_eq!(
+        keys(&claim(&*o, 10, at(4)).await),
+        ["d1"],
+        "group: the retried head goes first"
+    );
+    record(&*o, "d1", FenceToken(2), failed(FailedAttempt::Dead), at(5)).await;
+    o.cancel("d1", "give up", at(6)).await.expect("cancel");
+    assert_eq!(
+        keys(&claim(&*o, 10, at(6)).await),
+        ["d2"],
+        "group: the head cancelled, the next goes"
+    );
+    assert!(
+        matches!(o.retry("d3", at(7)).await, Err(RetryError::NotFailed { .. })),
+        "group: a blocked intent is not retried"
+    );
+}
+
+/// Approvals in a group: a head awaiting approval blocks the group; approving a blocked
+/// intent is refused (it does not await approval yet); a rejected head releases the next; a
+/// released intent that asks for approval awaits it.
+pub async fn group_with_approvals(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    register_group(&mut s, &[("ask1", "x")], "g", true, at(0)).await;
+    register_group(&mut s, &[("plain", "x")], "g", false, at(0)).await;
+    register_group(&mut s, &[("ask2", "x")], "g", true, at(0)).await;
+    assert_eq!(get(&*o, "ask1").await.status(), DeliveryStatus::AwaitingApproval);
+    assert!(
+        matches!(
+            o.approve("plain", "ada", at(1)).await,
+            Err(ApprovalError::NotAwaiting { .. })
+        ),
+        "group: a blocked intent does not await approval yet"
+    );
+    assert!(
+        claim(&*o, 10, at(1)).await.claims.is_empty(),
+        "group: an awaiting head blocks"
+    );
+    o.reject("ask1", "ada", "not now", at(2)).await.expect("reject");
+    assert_eq!(
+        keys(&claim(&*o, 10, at(2)).await),
+        ["plain"],
+        "group: a rejected head releases the next"
+    );
+    record(&*o, "plain", FenceToken(1), Outcome::Delivered, at(3)).await;
+    let ask2 = get(&*o, "ask2").await;
+    assert_eq!(
+        ask2.status(),
+        DeliveryStatus::AwaitingApproval,
+        "group: released, it awaits its approval"
+    );
+    o.approve("ask2", "ada", at(4)).await.expect("approve");
+    assert_eq!(keys(&claim(&*o, 10, at(4)).await), ["ask2"]);
 }
 
 /// An intent that requires approval is registered awaiting it: not due, never claimed (by any

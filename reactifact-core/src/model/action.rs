@@ -177,11 +177,17 @@ pub struct PendingAction {
     /// `requires_approval`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_before: Option<u64>,
+    /// The ordering group the intent belongs to
+    /// ([`IntentBuilder::group`](crate::runtime::IntentBuilder::group)): the intents of one
+    /// group are handed out one at a time, in registration order. Part of the hashed decision;
+    /// encoded only when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 /// What a store reads of an intent's `PendingAction` besides its key and kind: whether it
-/// waits for approval, and when it falls due at the earliest.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+/// waits for approval, when it falls due at the earliest, and its ordering group.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 pub(crate) struct ActionMeta {
     /// [`PendingAction::requires_approval`].
     #[serde(default)]
@@ -189,6 +195,9 @@ pub(crate) struct ActionMeta {
     /// [`PendingAction::not_before`].
     #[serde(default)]
     pub(crate) not_before: Option<u64>,
+    /// [`PendingAction::group`].
+    #[serde(default)]
+    pub(crate) group: Option<String>,
 }
 
 /// What the `PendingAction` encoded in `bytes` asks of its delivery (the defaults for bytes
@@ -222,6 +231,13 @@ pub(crate) fn not_before(bytes: &[u8]) -> Option<u64> {
 /// decode.
 pub fn action_not_before(bytes: &[u8]) -> Option<std::time::SystemTime> {
     not_before(bytes).map(|ms| std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+}
+
+/// The ordering group of the `PendingAction` encoded in `bytes` ([`PendingAction::group`];
+/// `None`: none, or bytes that do not decode as one), for a store that reads it from a row's
+/// bytes.
+pub fn action_group(bytes: &[u8]) -> Option<String> {
+    action_meta(bytes).group
 }
 
 /// Where the payload lies in the `PendingAction` encoded in `bytes` (`None` for bytes that do

@@ -43,11 +43,16 @@ pub enum DeliveryStatus {
     /// when and why): never handed to a dispatcher. Final, like `Cancelled`, and purged like
     /// it.
     Rejected,
+    /// Waits for an earlier intent of its ordering group ([`Delivery::group`]) to be final
+    /// (delivered, cancelled or rejected): never claimed, not final. When the earlier one is
+    /// final it becomes pending (or awaits approval, if it asks for it), due at once or at
+    /// its `not_before`. An operator may cancel it (which skips it).
+    Blocked,
 }
 
 impl DeliveryStatus {
     /// Every status, in the order of their codes.
-    pub const ALL: [DeliveryStatus; 9] = [
+    pub const ALL: [DeliveryStatus; 10] = [
         DeliveryStatus::Pending,
         DeliveryStatus::InFlight,
         DeliveryStatus::Delivered,
@@ -57,6 +62,7 @@ impl DeliveryStatus {
         DeliveryStatus::Cancelled,
         DeliveryStatus::AwaitingApproval,
         DeliveryStatus::Rejected,
+        DeliveryStatus::Blocked,
     ];
 
     /// Whether no transition leaves this status: delivered, cancelled or rejected.
@@ -68,7 +74,7 @@ impl DeliveryStatus {
     }
 
     /// The status's stable code in a store (0 pending … 6 cancelled, 7 awaiting approval, 8
-    /// rejected), the same in every store.
+    /// rejected, 9 blocked), the same in every store.
     pub fn code(self) -> u8 {
         match self {
             DeliveryStatus::Pending => 0,
@@ -80,6 +86,7 @@ impl DeliveryStatus {
             DeliveryStatus::Cancelled => 6,
             DeliveryStatus::AwaitingApproval => 7,
             DeliveryStatus::Rejected => 8,
+            DeliveryStatus::Blocked => 9,
         }
     }
 
@@ -101,6 +108,7 @@ impl fmt::Display for DeliveryStatus {
             DeliveryStatus::Cancelled => "cancelled",
             DeliveryStatus::AwaitingApproval => "awaiting approval",
             DeliveryStatus::Rejected => "rejected",
+            DeliveryStatus::Blocked => "blocked",
         })
     }
 }
@@ -254,6 +262,8 @@ struct RemarkFields {
     next_attempt_at: Option<SystemTime>,
     /// The intent's `not_before`, if it has one.
     not_before: Option<SystemTime>,
+    /// The intent's ordering group, if it has one.
+    group: Option<Arc<str>>,
 }
 
 impl Remarks {
@@ -280,6 +290,16 @@ impl Remarks {
     /// Sets the earliest time the intent may be delivered.
     pub(crate) fn set_not_before(&mut self, at: SystemTime) {
         self.fields_mut().not_before = Some(at);
+    }
+
+    /// The intent's ordering group ([`Delivery::group`]).
+    pub(crate) fn group(&self) -> Option<&Arc<str>> {
+        self.0.as_ref()?.group.as_ref()
+    }
+
+    /// Sets the intent's ordering group.
+    pub(crate) fn set_group(&mut self, group: Arc<str>) {
+        self.fields_mut().group = Some(group);
     }
 
     /// The operator's decision ([`Delivery::decision`]).
@@ -426,6 +446,12 @@ impl Delivery {
         self.remarks.not_before()
     }
 
+    /// The intent's ordering group, if its produce put it in one
+    /// ([`IntentBuilder::group`](crate::runtime::IntentBuilder::group)).
+    pub fn group(&self) -> Option<&str> {
+        self.remarks.group().map(|g| &**g)
+    }
+
     /// The lease of the attempt in flight, if one is.
     pub fn lease(&self) -> Option<&Lease> {
         self.lease.as_ref()
@@ -506,6 +532,7 @@ impl Delivery {
             cancel_reason,
             decision,
             not_before,
+            group,
         } = parts;
         let remarks = RemarkFields {
             last_error,
@@ -515,6 +542,7 @@ impl Delivery {
             interrupted,
             next_attempt_at,
             not_before,
+            group,
         };
         Delivery {
             intent,
@@ -566,6 +594,9 @@ pub struct DeliveryParts {
     /// The earliest time it may be delivered ([`Delivery::not_before`]): read it from the
     /// row's `PendingAction` bytes with [`action_not_before`](crate::store::action_not_before).
     pub not_before: Option<SystemTime>,
+    /// Its ordering group ([`Delivery::group`]): read it from the row's `PendingAction` bytes
+    /// with [`action_group`](crate::store::action_group).
+    pub group: Option<Arc<str>>,
 }
 
 /// The default lease of a claim: long enough for a slow dispatch between two renewals (every
@@ -658,6 +689,12 @@ impl NewIntent {
     /// committed bytes; `None` for at once.
     pub fn not_before(&self) -> Option<SystemTime> {
         crate::model::action::not_before(&self.bytes).map(from_unix_millis)
+    }
+
+    /// The committed `PendingAction`'s ordering group
+    /// ([`PendingAction::group`](crate::PendingAction::group)), read from the committed bytes.
+    pub fn group(&self) -> Option<String> {
+        crate::model::action::action_group(&self.bytes)
     }
 }
 
@@ -873,6 +910,7 @@ mod tests {
             cancel_reason: None,
             decision: None,
             not_before: None,
+            group: None,
         })
     }
 
@@ -944,6 +982,7 @@ mod tests {
             cancel_reason: None,
             decision: None,
             not_before: None,
+            group: None,
         };
         assert!(Delivery::from_parts(parts(&d, 0)).remarks.is_empty());
         let retry = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(60);

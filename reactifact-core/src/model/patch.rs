@@ -52,6 +52,12 @@ pub enum EffectError {
         /// The kind written.
         kind: Kind,
     },
+    /// An intent names an empty ordering group ([`IntentBuilder::group`](crate::runtime::IntentBuilder::group)).
+    #[error("action `{key}`: an ordering group needs a name; leave the group out for an intent without one")]
+    EmptyGroup {
+        /// The action's idempotency key.
+        key: ActionKey,
+    },
     /// The effects buffer was used after its produce run had been collected.
     #[error("effects used after the produce run finished (artifact `{id}`); the write was dropped")]
     AfterRun {
@@ -213,7 +219,7 @@ impl Op {
     /// An intent of kind `action` under `key`, stored at `key.artifact_id()`.
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn act<P: Serialize + ?Sized>(action: &str, key: ActionKey, payload: &P) -> Result<Op, EffectError> {
-        Op::act_as(action, key, payload, ActionMeta::default())
+        Op::act_as(action, key, payload, &ActionMeta::default())
     }
 
     /// [`Op::act`], for an intent that asks what `meta` says of its delivery (approval, a
@@ -222,8 +228,11 @@ impl Op {
         action: &str,
         key: ActionKey,
         payload: &P,
-        meta: ActionMeta,
+        meta: &ActionMeta,
     ) -> Result<Op, EffectError> {
+        if meta.group.as_deref() == Some("") {
+            return Err(EffectError::EmptyGroup { key });
+        }
         /// Encodes exactly like [`PendingAction`], without copying its fields first.
         #[derive(Serialize)]
         struct PendingActionRef<'a> {
@@ -235,6 +244,8 @@ impl Op {
             requires_approval: bool,
             #[serde(skip_serializing_if = "Option::is_none")]
             not_before: Option<u64>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            group: Option<&'a str>,
         }
         // Encoded once for good, inside the record (the payload's own encoding is written into
         // a buffer the thread keeps): the payload the dispatcher gets is that part of the
@@ -246,6 +257,7 @@ impl Op {
                 payload: encoded,
                 requires_approval: meta.requires_approval,
                 not_before: meta.not_before,
+                group: meta.group.as_deref(),
             };
             let bytes = artifact::encode_shared(&record)?;
             let payload = Payload::in_record(&bytes).unwrap_or_else(|| Payload::from(encoded));
@@ -353,9 +365,9 @@ mod tests {
         let plain = Op::act("notify", key.clone(), &"p").unwrap();
         let meta = ActionMeta {
             requires_approval: true,
-            not_before: None,
+            ..ActionMeta::default()
         };
-        let approval = Op::act_as("notify", key.clone(), &"p", meta).unwrap();
+        let approval = Op::act_as("notify", key.clone(), &"p", &meta).unwrap();
         let (Op::Act { bytes: a, hash: ha, .. }, Op::Act { bytes: b, hash: hb, .. }) = (&plain, &approval) else {
             panic!("not acts");
         };

@@ -340,5 +340,6 @@ fn status_label(status: DeliveryStatus) -> &'static str {
         DeliveryStatus::Cancelled => "cancelled",
         DeliveryStatus::AwaitingApproval => "awaiting_approval",
         DeliveryStatus::Rejected => "rejected",
+        DeliveryStatus::Blocked => "blocked",
     }
 }

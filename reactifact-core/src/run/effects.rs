@@ -235,7 +235,7 @@ impl<D> Effects<D> {
     where
         PendingAction: DeclaredOutput<D>,
     {
-        self.act_as(kind, key.into(), payload, ActionMeta::default())
+        self.act_as(kind, key.into(), payload, &ActionMeta::default())
     }
 
     /// Records an intent, like [`act`](Effects::act), that an operator must approve before it
@@ -262,7 +262,7 @@ impl<D> Effects<D> {
             requires_approval: true,
             ..ActionMeta::default()
         };
-        self.act_as(kind, key.into(), payload, meta)
+        self.act_as(kind, key.into(), payload, &meta)
     }
 
     /// An intent to record with options: `effects.intent(kind, key, &payload)`, then
@@ -305,7 +305,7 @@ impl<D> Effects<D> {
         kind: &str,
         key: ActionKey,
         payload: &P,
-        meta: ActionMeta,
+        meta: &ActionMeta,
     ) -> Option<ActionKey> {
         let id = key.artifact_id();
         // Checked before anything is encoded: on a re-run the intent usually exists.
@@ -432,6 +432,21 @@ impl<D, P: Serialize + ?Sized> IntentBuilder<'_, D, P> {
         self
     }
 
+    /// Puts the intent in the ordering group `group` (say `order:42`): the intents of one
+    /// group are handed out one at a time, in the order they were committed, across every
+    /// drain and process of the store — the next only once the one before is final
+    /// (delivered, cancelled or rejected). Until then it is
+    /// [`Blocked`](crate::ledger::DeliveryStatus::Blocked). A dead intent blocks its group
+    /// until an operator retries it (delivered in place, in order) or cancels it (skipped).
+    /// Intents of other groups, and those without one, keep the full concurrency.
+    ///
+    /// The group is part of the hashed `PendingAction` ([`PendingAction::group`]). An empty
+    /// name fails the run ([`EffectError::EmptyGroup`](crate::error::EffectError::EmptyGroup)).
+    pub fn group(mut self, group: impl Into<String>) -> Self {
+        self.meta.group = Some(group.into());
+        self
+    }
+
     /// Waits for an operator's approval before delivery, as
     /// [`Effects::act_with_approval`] does.
     pub fn with_approval(mut self) -> Self {
@@ -442,7 +457,7 @@ impl<D, P: Serialize + ?Sized> IntentBuilder<'_, D, P> {
     /// Records the intent, as [`Effects::act`] does: `None`, recording nothing, when the key
     /// was already acted (the first decision, with its options, stands).
     pub fn act(self) -> Option<ActionKey> {
-        self.effects.act_as(self.kind, self.key, self.payload, self.meta)
+        self.effects.act_as(self.kind, self.key, self.payload, &self.meta)
     }
 }
 

@@ -285,7 +285,7 @@ impl Entry {
 
 /// Per-status counters; index by [`class`].
 #[derive(Clone, Copy, Default, Debug)]
-struct Counts([u64; 10]);
+struct Counts([u64; 11]);
 
 impl Counts {
     fn add(&mut self, other: &Counts) {
@@ -307,6 +307,7 @@ impl Counts {
             cancelled: c[7],
             awaiting_approval: c[8],
             rejected: c[9],
+            blocked: c[10],
         }
     }
 }
@@ -328,6 +329,7 @@ fn class(d: &Entry) -> usize {
         DeliveryStatus::Cancelled => 7,
         DeliveryStatus::AwaitingApproval => 8,
         DeliveryStatus::Rejected => 9,
+        DeliveryStatus::Blocked => 10,
     }
 }
 
@@ -677,6 +679,10 @@ struct Inner {
     scratch: Vec<(u32, u32)>,
     /// The positions a claim took (kept to reuse its allocation).
     taken: Vec<Pos>,
+    /// The open (not final) entries of each ordering group, in registration order: the first
+    /// is the group's head, the others are blocked behind it. A group without open entries
+    /// has none here.
+    groups: HashMap<Arc<str>, VecDeque<Pos>>,
 }
 
 impl Inner {
@@ -774,6 +780,13 @@ impl Inner {
             let meta = crate::model::action::action_meta(&new.bytes);
             let requires_approval = meta.requires_approval;
             let due_ms = meta.not_before.map_or(now_ms, |at| at.max(now_ms));
+            // Behind an open entry of its group: blocked until that one is final.
+            let group = meta.group.map(Arc::<str>::from);
+            let blocked = group.as_ref().is_some_and(|g| {
+                let open = self.groups.entry(g.clone()).or_default();
+                open.push_back(pos);
+                open.len() > 1
+            });
             let Intent {
                 key,
                 payload,
@@ -786,9 +799,10 @@ impl Inner {
                 payload,
                 origin,
                 trace,
-                status: match requires_approval {
-                    true => DeliveryStatus::AwaitingApproval,
-                    false => DeliveryStatus::Pending,
+                status: match (blocked, requires_approval) {
+                    (true, _) => DeliveryStatus::Blocked,
+                    (false, true) => DeliveryStatus::AwaitingApproval,
+                    (false, false) => DeliveryStatus::Pending,
                 },
                 attempts: 0,
                 token: FenceToken(0),
@@ -807,10 +821,14 @@ impl Inner {
             if let Some(at) = meta.not_before {
                 entry.remarks.set_not_before(from_unix_millis(at));
             }
-            entry.set_due((!requires_approval).then_some(due_ms));
+            if let Some(group) = group {
+                entry.remarks.set_group(group);
+            }
+            let due = entry.status == DeliveryStatus::Pending;
+            entry.set_due(due.then_some(due_ms));
             self.tally.moved(&entry, None, Some(class(&entry)));
             self.slots.push(Some(entry));
-            if !requires_approval {
+            if due {
                 // Its session and kind as known here: the entry just written is not read back.
                 self.queues.push(&self.slots, [ANY, session], kind, (due_ms, pos, 1));
             }
@@ -846,8 +864,41 @@ impl Inner {
                 _ => 0,
             };
             self.finals[queue].push((now_ms, pos, 0));
+            let group = self.slots[pos as usize]
+                .as_ref()
+                .and_then(|e| e.remarks.group().cloned());
+            if let Some(group) = group {
+                self.release(&group, pos, now);
+            }
         }
         status
+    }
+
+    /// Takes the entry at `pos`, now final, out of its ordering group's open entries; if the
+    /// group's head is then blocked, it becomes pending (or awaits approval, if it asks for it
+    /// and has none), due at `now` or at its `not_before`.
+    fn release(&mut self, group: &Arc<str>, pos: Pos, now: SystemTime) {
+        let Some(open) = self.groups.get_mut(group) else {
+            return;
+        };
+        if let Some(i) = open.iter().position(|&p| p == pos) {
+            open.remove(i);
+        }
+        let Some(&head) = open.front() else {
+            self.groups.remove(group);
+            return;
+        };
+        if self.slots[head as usize]
+            .as_ref()
+            .is_some_and(|e| e.status == DeliveryStatus::Blocked)
+        {
+            self.transition(head, now, |d| {
+                d.status = match d.requires_approval && d.remarks.decision().is_none() {
+                    true => DeliveryStatus::AwaitingApproval,
+                    false => DeliveryStatus::Pending,
+                };
+            });
+        }
     }
 
     /// Puts every in-flight entry whose lease expired at `now` back to pending, due now.
@@ -1200,7 +1251,8 @@ impl Inner {
             | DeliveryStatus::Failed
             | DeliveryStatus::Dead
             | DeliveryStatus::Held
-            | DeliveryStatus::AwaitingApproval => {}
+            | DeliveryStatus::AwaitingApproval
+            | DeliveryStatus::Blocked => {}
             status => {
                 return Err(CancelError::NotCancellable {
                     key: e.key.clone(),

@@ -39,7 +39,7 @@ use crate::state::refold::VerifyError;
 pub(crate) use backed::Backed;
 pub(crate) use codec::CheckpointBody;
 
-pub use crate::model::action::action_not_before;
+pub use crate::model::action::{action_group, action_not_before};
 pub use crate::model::delivery::{
     reclaimed_error, taken_over_error, Attempt, AttemptOutcome, Decision, Delivery, DeliveryParts, DeliveryStatus,
     FenceToken, Lease, NewIntent, Verdict, ATTEMPTS_KEPT, FAR_FUTURE, MIN_LEASE,

@@ -201,6 +201,9 @@ pub struct StatusCounts {
     pub awaiting_approval: u64,
     /// Rejected by an operator (not counting purged ones).
     pub rejected: u64,
+    /// Blocked behind an earlier intent of their ordering group: not counted in
+    /// [`waiting`](StatusCounts::waiting), they move only once the intent ahead is final.
+    pub blocked: u64,
 }
 
 impl StatusCounts {
@@ -222,6 +225,7 @@ impl StatusCounts {
             + self.cancelled
             + self.awaiting_approval
             + self.rejected
+            + self.blocked
     }
 
     /// The count for one status.
@@ -236,6 +240,7 @@ impl StatusCounts {
             DeliveryStatus::Cancelled => self.cancelled,
             DeliveryStatus::AwaitingApproval => self.awaiting_approval,
             DeliveryStatus::Rejected => self.rejected,
+            DeliveryStatus::Blocked => self.blocked,
         }
     }
 }

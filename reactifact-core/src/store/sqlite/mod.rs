@@ -1345,6 +1345,7 @@ mod tests {
                     origin: Origin::new("orders", commit.hash, Generation(1), 0),
                     attempt: 0,
                     trace: None,
+                    group: None,
                 },
                 action_hash: crate::model::hash::content_hash(&bytes),
                 bytes: Arc::from(bytes),

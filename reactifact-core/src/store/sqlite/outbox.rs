@@ -244,7 +244,19 @@ pub(super) fn register(tx: &Connection, intents: &[NewIntent], now: i64) -> rusq
         let purged: bool = tx
             .prepare_cached("SELECT EXISTS (SELECT 1 FROM outbox_purged WHERE key = ?1)")?
             .query_row([key], |row| row.get(0))?;
-        if purged || Row::register(new, now).insert(tx)? {
+        if purged {
+            continue;
+        }
+        let mut row = Row::register(new, now);
+        if let Some(group) = &row.group {
+            // Behind an open row of its group (registered by an earlier commit, or earlier in
+            // this one): blocked until that one is final.
+            if group_has_open(tx, group)? {
+                row.status = row::BLOCKED;
+                row.due_at = None;
+            }
+        }
+        if row.insert(tx)? {
             continue;
         }
         tx.prepare_cached(
@@ -255,6 +267,49 @@ pub(super) fn register(tx: &Connection, intents: &[NewIntent], now: i64) -> rusq
         .execute(params![new.intent.origin.session(), key])?;
     }
     Ok(())
+}
+
+/// Whether `group` has an open row registered before the row `seq`.
+fn group_open_before(conn: &Connection, group: &str, seq: i64) -> rusqlite::Result<bool> {
+    conn.prepare_cached("SELECT EXISTS (SELECT 1 FROM outbox WHERE grp = ?1 AND seq < ?2 AND status NOT IN (2, 6, 8))")?
+        .query_row(params![group, seq], |row| row.get(0))
+}
+
+/// Whether `group` has an open (not final) row.
+fn group_has_open(conn: &Connection, group: &str) -> rusqlite::Result<bool> {
+    conn.prepare_cached("SELECT EXISTS (SELECT 1 FROM outbox WHERE grp = ?1 AND status NOT IN (2, 6, 8))")?
+        .query_row([group], |row| row.get(0))
+}
+
+/// Writes `row` after an operator's or a drain's change (`now` its time), and, if that made it
+/// final, releases its ordering group: the group's first open row, if blocked, becomes
+/// pending (or awaits approval, if it asks for it and has no decision), due at `now` or at its
+/// `not_before`. One transaction, so the group never has two rows handed out, nor none.
+fn write_row(tx: &Connection, row: &Row, now: i64) -> rusqlite::Result<()> {
+    row.update(tx)?;
+    let Some(group) = row.group.as_deref() else {
+        return Ok(());
+    };
+    if !matches!(row.status, row::DELIVERED | row::CANCELLED | row::REJECTED) {
+        return Ok(());
+    }
+    let head = tx
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM outbox WHERE grp = ?1 AND status NOT IN (2, 6, 8) ORDER BY seq LIMIT 1"
+        ))?
+        .query_row([group], Row::read)
+        .optional()?;
+    match head {
+        Some(Read::Intact(mut head)) if head.status == row::BLOCKED => {
+            let awaiting = head.requires_approval() && head.decision.is_none();
+            head.settle(if awaiting { row::AWAITING_APPROVAL } else { row::PENDING }, now);
+            head.due_at = head.due_at.map(|due| due.max(head.not_before()));
+            head.update(tx)
+        }
+        // A damaged head would never be claimed: held, for an operator.
+        Some(Read::Damaged { seq, key, detail }) => hold_damaged(tx, seq, &key, &detail, now),
+        _ => Ok(()),
+    }
 }
 
 fn by_key(conn: &Connection, key: &str) -> rusqlite::Result<Option<Read>> {
@@ -321,7 +376,7 @@ pub(super) fn register_held(tx: &rusqlite::Transaction<'_>, intents: &[NewIntent
     register(tx, intents, now)?;
     for intent in intents {
         if let Some(Read::Intact(row)) = by_key(tx, intent.intent.key.as_str())? {
-            if row.status == row::PENDING {
+            if matches!(row.status, row::PENDING | row::BLOCKED) {
                 hold_row(
                     tx,
                     row,
@@ -645,7 +700,7 @@ fn record(conn: &mut Connection, outcomes: &[Recording], now: SystemTime) -> rus
             row.next_attempt_at = t.next_attempt_at.map(ms);
             let status = i64::from(t.status.code());
             row.settle(status, at);
-            row.update(tx)?;
+            write_row(tx, &row, at)?;
             results.push(Recorded::Accepted(row.status().unwrap_or(DeliveryStatus::Held)));
         }
         Ok(results)
@@ -714,7 +769,7 @@ fn decide(
         );
         // Approved before its `not_before`: due then, not now.
         row.due_at = row.due_at.map(|due| due.max(row.not_before()));
-        row.update(tx)?;
+        write_row(tx, &row, at)?;
         Ok(Ok(row.view()))
     })
 }
@@ -1051,6 +1106,12 @@ impl OutboxStore for SqliteOutbox {
                             );
                             // A held row re-armed before its `not_before`: due then.
                             row.due_at = row.due_at.map(|due| due.max(row.not_before()));
+                            // Never ahead of an earlier open row of its group.
+                            if let Some(group) = &row.group {
+                                if group_open_before(tx, group, row.seq)? {
+                                    row.settle(row::BLOCKED, ms(now));
+                                }
+                            }
                             row.update(tx)?;
                             Ok(row.view())
                         }
@@ -1085,11 +1146,11 @@ impl OutboxStore for SqliteOutbox {
                     }
                     Some(Read::Intact(mut row)) => match row.status {
                         row::CANCELLED => Ok(row.view()),
-                        row::PENDING | row::FAILED | row::DEAD | row::HELD | row::AWAITING_APPROVAL => {
+                        row::PENDING | row::FAILED | row::DEAD | row::HELD | row::AWAITING_APPROVAL | row::BLOCKED => {
                             row.next_attempt_at = None;
                             row.cancel_reason = Some(reason.clone());
                             row.settle(row::CANCELLED, ms(now));
-                            row.update(tx)?;
+                            write_row(tx, &row, ms(now))?;
                             Ok(row.view())
                         }
                         _ => Err(CancelError::NotCancellable {
@@ -1225,6 +1286,7 @@ impl OutboxStore for SqliteOutbox {
                     row::CANCELLED => counts.cancelled += n,
                     row::AWAITING_APPROVAL => counts.awaiting_approval += n,
                     row::REJECTED => counts.rejected += n,
+                    row::BLOCKED => counts.blocked += n,
                     // Held, and (in a damaged row) an unknown code: not delivered until an
                     // operator acts.
                     _ => counts.held += n,

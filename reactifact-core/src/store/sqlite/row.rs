@@ -40,11 +40,14 @@ use crate::model::trace::TraceParent;
 pub(super) const COLUMNS: &str = "seq, key, kind, session, origin_commit, origin_gen, origin_run, action_hash, bytes, \
      recorded_at, status, due_at, token, owner, lease_until, attempts, expired, interrupted, last_error, \
      cancel_reason, updated_at, delivered_at, next_attempt_at, digest, decision, decided_by, decided_at, \
-     decision_reason, trace_parent";
+     decision_reason, trace_parent, grp";
 
 /// Where [`COLUMNS`] has `trace_parent` (after `seq`, the digested columns, `digest` and the
 /// four decision columns).
 const TRACE_AT: usize = FIELDS + 6;
+
+/// Where [`COLUMNS`] has `grp`, the ordering group (after `trace_parent`).
+const GROUP_AT: usize = TRACE_AT + 1;
 
 /// The digested columns: all but `seq` (first) and `digest` (last).
 const FIELDS: usize = 22;
@@ -62,6 +65,7 @@ pub(super) const HELD: i64 = 5;
 pub(super) const CANCELLED: i64 = 6;
 pub(super) const AWAITING_APPROVAL: i64 = 7;
 pub(super) const REJECTED: i64 = 8;
+pub(super) const BLOCKED: i64 = 9;
 
 /// Milliseconds since the Unix epoch, as the file keeps times.
 pub(super) fn ms(t: SystemTime) -> i64 {
@@ -128,6 +132,10 @@ pub(super) struct Row {
     /// The trace context of the run that committed the intent (outside the digest; a stored
     /// value that does not decode reads as `None`).
     pub(super) trace: Option<TraceParent>,
+    /// The intent's ordering group (schema 7's `grp`), as its `PendingAction` names it:
+    /// written at registration, never changed, outside the digest (a claim checks it against
+    /// the hashed bytes, [`check_intent`](Row::check_intent)).
+    pub(super) group: Option<String>,
 }
 
 /// A row as read: whole and intact, or failing its integrity check.
@@ -235,6 +243,7 @@ impl Row {
             decided_at: None,
             decision_reason: None,
             trace: intent.trace,
+            group: meta.group,
         }
     }
 
@@ -294,15 +303,16 @@ impl Row {
             .chain([ValueRef::Blob(&digest)])
             .chain(self.decision_fields())
             .chain([trace.as_ref().map_or(ValueRef::Null, |t| ValueRef::Blob(t))])
+            .chain([self.group.as_deref().map_or(ValueRef::Null, ValueRef::from)])
             .map(ToSqlOutput::Borrowed);
         let changed = conn
             .prepare_cached(
                 "INSERT INTO outbox (key, kind, session, origin_commit, origin_gen, origin_run, action_hash, bytes,
                      recorded_at, status, due_at, token, owner, lease_until, attempts, expired, interrupted,
                      last_error, cancel_reason, updated_at, delivered_at, next_attempt_at, digest,
-                     decision, decided_by, decided_at, decision_reason, trace_parent)
+                     decision, decided_by, decided_at, decision_reason, trace_parent, grp)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
-                     ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28)
+                     ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29)
                  ON CONFLICT (key) DO NOTHING",
             )?
             .execute(rusqlite::params_from_iter(params))?;
@@ -390,6 +400,10 @@ impl Row {
                     ValueRef::Blob(b) => TraceParent::from_bytes(b),
                     _ => None,
                 };
+                intact.group = match row.get_ref(GROUP_AT)? {
+                    ValueRef::Text(t) => Some(String::from_utf8_lossy(t).into_owned()),
+                    _ => None,
+                };
                 Ok(Read::Intact(intact))
             }
             None => Ok(damaged("a column of the row has the wrong type".into())),
@@ -448,6 +462,7 @@ impl Row {
             decided_at: decision_int(d[2])?,
             decision_reason: decision_text(d[3])?,
             trace: None,
+            group: None,
         })
     }
 
@@ -505,6 +520,12 @@ impl Row {
         if action.requires_approval && self.decision != Some(i64::from(Verdict::Approved.code())) {
             return Err("its pending action requires approval, and the row records none".into());
         }
+        if action.group != self.group {
+            return Err(format!(
+                "its pending action is of ordering group {:?}, the row says {:?}",
+                action.group, self.group
+            ));
+        }
         Ok(action.payload)
     }
 
@@ -549,6 +570,7 @@ impl Row {
             cancel_reason: self.cancel_reason.clone(),
             decision: self.decision(),
             not_before: crate::model::action::action_not_before(&self.bytes),
+            group: self.group.as_deref().map(Arc::from),
         })
     }
 

@@ -35,6 +35,14 @@
 //!   reads as none). Files of versions 2 to 5 read as version-6 files without trace context
 //!   (a read-only connection sees the column as NULL through the temporary view); a writable
 //!   open migrates them, adding the column (NULL in every row, whose digest does not change).
+//! - Version 7: ordering groups. One nullable column of `outbox`, `grp`: the ordering group
+//!   the intent's `PendingAction` names, written at registration and never changed, outside
+//!   the row digest (a claim checks it against the hashed bytes); the status code 9
+//!   (blocked: behind an earlier open row of its group, not due); and `outbox_group_open`, a
+//!   partial index of the open rows of groups, by which a registration finds whether its
+//!   group has an open row and a row that became final finds its group's next one. Files of
+//!   versions 2 to 6 read as version-7 files without groups (the temporary view shows `grp`
+//!   as NULL); a writable open migrates them (no row is rewritten).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -51,7 +59,7 @@ use crate::store::codec;
 use crate::store::{OpenError, Synchronous};
 
 /// The schema version this build writes.
-pub(crate) const SCHEMA_VERSION: i64 = 6;
+pub(crate) const SCHEMA_VERSION: i64 = 7;
 
 /// The oldest schema version this build reads without migrating it, in a read-only open:
 /// version 3 only adds the checkpoints table, version 4 the attempt history, version 5 the
@@ -189,6 +197,13 @@ pub(super) const V6_CHANGES: &str = "
     ALTER TABLE outbox ADD COLUMN trace_parent BLOB;
 ";
 
+/// The column and index of version 7: the ordering group kept beside each intent (outside
+/// the digest), and the open rows of each group.
+pub(super) const V7_CHANGES: &str = "
+    ALTER TABLE outbox ADD COLUMN grp TEXT;
+    CREATE INDEX outbox_group_open ON outbox (grp, seq) WHERE grp IS NOT NULL AND status NOT IN (2, 6, 8);
+";
+
 /// Whether a file of this version keeps decisions (an older one is read through a view that
 /// shows none).
 pub(super) fn has_decisions(version: i64) -> bool {
@@ -201,11 +216,11 @@ pub(super) fn has_trace_context(version: i64) -> bool {
     version >= 6
 }
 
-/// On a read-only connection to a file of versions 2 to 5: a temporary view named `outbox`
+/// On a read-only connection to a file of versions 2 to 6: a temporary view named `outbox`
 /// (temporary objects come first in name resolution) that adds the columns the file lacks,
-/// all NULL — the decision columns of version 5 (for versions 2 to 4) and the trace context
-/// of version 6 — so that every read of this build works on the file as it is. Nothing is
-/// written to the file; a file of the current version gets no view.
+/// all NULL — the decision columns of version 5 (for versions 2 to 4), the trace context of
+/// version 6 and the group of version 7 — so that every read of this build works on the file
+/// as it is. Nothing is written to the file; a file of the current version gets no view.
 pub(super) fn view_older_outbox(conn: &Connection, version: i64) -> rusqlite::Result<()> {
     let decisions = if has_decisions(version) {
         ""
@@ -217,16 +232,17 @@ pub(super) fn view_older_outbox(conn: &Connection, version: i64) -> rusqlite::Re
     } else {
         ", NULL AS trace_parent"
     };
-    if decisions.is_empty() && trace.is_empty() {
+    let group = if version >= 7 { "" } else { ", NULL AS grp" };
+    if decisions.is_empty() && trace.is_empty() && group.is_empty() {
         return Ok(());
     }
     conn.execute_batch(&format!(
-        "CREATE TEMP VIEW IF NOT EXISTS outbox AS SELECT *{decisions}{trace} FROM main.outbox"
+        "CREATE TEMP VIEW IF NOT EXISTS outbox AS SELECT *{decisions}{trace}{group} FROM main.outbox"
     ))
 }
 
 /// The tables of each version, by which a file of that version is recognised as ours
-/// (versions 5 and 6 add only columns and indexes: their tables are those of version 4).
+/// (versions 5 to 7 add only columns and indexes: their tables are those of version 4).
 fn tables_of(version: i64) -> &'static [&'static str] {
     match version {
         1 => &["sessions", "commits", "deliveries"],
@@ -263,8 +279,8 @@ pub(super) fn has_checkpoints(version: i64) -> bool {
 
 /// What each version added that a file of an older version cannot hold: the tables it
 /// created, and the columns it added to `outbox`. (Version 1 → 2 creates the outbox with the
-/// columns of versions 5 and 6, but leaves the file at the current version.)
-const ADDED: [(i64, &[&str], &[&str]); 5] = [
+/// columns of versions 5 to 7, but leaves the file at the current version.)
+const ADDED: [(i64, &[&str], &[&str]); 6] = [
     (2, &["outbox", "outbox_members", "outbox_purged"], &[]),
     (3, &["checkpoints"], &[]),
     (
@@ -274,6 +290,7 @@ const ADDED: [(i64, &[&str], &[&str]); 5] = [
     ),
     (5, &[], &["decision", "decided_by", "decided_at", "decision_reason"]),
     (6, &[], &["trace_parent"]),
+    (7, &[], &["grp"]),
 ];
 
 /// The first table or `outbox` column of `tables` and `columns` that a version after `version`
@@ -425,8 +442,8 @@ pub(super) fn migrate(conn: &mut Connection, from: i64) -> Result<i64, LoadError
             tx.execute_batch(V3_TABLES)?;
             tx.execute_batch(V4_CHANGES)?;
         }
-        // (Version 1 → 2 creates the outbox with the decision columns of version 5 and the
-        // trace context of version 6, which its rows are written with.)
+        // (Version 1 → 2 creates the outbox with the decision columns of version 5, the trace
+        // context of version 6 and the group of version 7, which its rows are written with.)
         1 => {
             migrate_1_to_2(&tx)?;
             tx.execute_batch(V3_TABLES)?;
@@ -439,6 +456,7 @@ pub(super) fn migrate(conn: &mut Connection, from: i64) -> Result<i64, LoadError
             tx.execute_batch(V4_CHANGES)?;
             tx.execute_batch(V5_CHANGES)?;
             tx.execute_batch(V6_CHANGES)?;
+            tx.execute_batch(V7_CHANGES)?;
         }
         // Version 3 → 4: the attempt history, empty (attempts that ended before it are not in
         // it), and the last-claim columns, NULL until the next claim.
@@ -446,16 +464,24 @@ pub(super) fn migrate(conn: &mut Connection, from: i64) -> Result<i64, LoadError
             tx.execute_batch(V4_CHANGES)?;
             tx.execute_batch(V5_CHANGES)?;
             tx.execute_batch(V6_CHANGES)?;
+            tx.execute_batch(V7_CHANGES)?;
         }
         // Version 4 → 5: the decision columns, NULL in every row (whose digest does not
         // change), and the indexes of rejected rows.
         4 => {
             tx.execute_batch(V5_CHANGES)?;
             tx.execute_batch(V6_CHANGES)?;
+            tx.execute_batch(V7_CHANGES)?;
         }
         // Version 5 → 6: the trace context, NULL in every row (it is outside the digest: no
         // row is rewritten). Intents registered before it read without one.
-        5 => tx.execute_batch(V6_CHANGES)?,
+        5 => {
+            tx.execute_batch(V6_CHANGES)?;
+            tx.execute_batch(V7_CHANGES)?;
+        }
+        // Version 6 → 7: the ordering group, NULL in every row (outside the digest: no row is
+        // rewritten), and the index of groups' open rows (empty).
+        6 => tx.execute_batch(V7_CHANGES)?,
         _ => return Ok(current),
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
@@ -512,6 +538,7 @@ fn migrate_1_to_2(tx: &Transaction<'_>) -> Result<(), LoadError> {
     tx.execute_batch(V2_TABLES)?;
     tx.execute_batch(V5_CHANGES)?;
     tx.execute_batch(V6_CHANGES)?;
+    tx.execute_batch(V7_CHANGES)?;
     let now = row::ms(std::time::SystemTime::now());
     let mut rows: Vec<Row> = Vec::new();
     let mut index: HashMap<String, usize> = HashMap::new();
@@ -590,6 +617,7 @@ fn migrate_1_to_2(tx: &Transaction<'_>) -> Result<(), LoadError> {
                         decision_reason: None,
                         // Version 1 kept no trace context.
                         trace: None,
+                        group: None,
                     });
                 }
             }
