@@ -80,6 +80,18 @@ struct Statements {
     decide: String,
     register: String,
     attach: String,
+    /// Takes the advisory locks of the ordering groups `$1` (sorted), for the rest of the
+    /// transaction: registrations into a group and the releases of its next intent run one
+    /// at a time, so neither misses the other.
+    lock_groups: String,
+    /// The first open row of the group `$1`, locked.
+    group_head: String,
+    /// A blocked row (`$1`) made pending (`$2` its status, `$3` its due time) at `$4`.
+    promote: String,
+    /// Whether the group `$1` has an open row registered before the row `$2`.
+    open_before: String,
+    /// The group of the row of key `$1`.
+    group_of: String,
     /// After an insert: deletes what it inserted of a key a concurrent prune tombstoned, and
     /// notifies.
     unprune_and_notify: String,
@@ -245,9 +257,12 @@ impl Statements {
                                           keep_error, delivered, history, ord)
              ), t AS MATERIALIZED (
                  -- The rows, locked in one order (seq) by every record and renewal, and each
-                 -- checked once, as locked.
+                 -- checked once, as locked. The rows of ordering groups only when $13 lets
+                 -- (a transaction that holds their groups' locks: their outcome may release
+                 -- the next intent of the group).
                  SELECT u.ord, o.seq, ({ok}) AS ok, o.key, o.token, o.attempts, o.owner, o.updated_at, o.lease_until
                    FROM u JOIN {s}.outbox o ON o.key = u.key
+                  WHERE $13::bool OR o.grp IS NULL
                   ORDER BY o.seq FOR UPDATE OF o
              ), done AS (
                  UPDATE {s}.outbox o SET {set} FROM t JOIN u ON u.ord = t.ord
@@ -272,7 +287,7 @@ impl Statements {
              ), bad AS (
                  UPDATE {s}.outbox o SET {hold} FROM t WHERE o.seq = t.seq AND NOT t.ok RETURNING t.ord
              )
-             SELECT d.status, b.ord IS NOT NULL, cur.status, cur.token
+             SELECT d.status, b.ord IS NOT NULL, cur.status, cur.token, cur.grp
                FROM u LEFT JOIN done d ON d.ord = u.ord LEFT JOIN bad b ON b.ord = u.ord
                       LEFT JOIN {s}.outbox cur ON cur.key = u.key
               ORDER BY u.ord",
@@ -366,10 +381,11 @@ impl Statements {
                 s,
                 "o",
                 &[
-                    // Awaiting approval again ($3) for an intent that requires it and never
-                    // had it; else pending, due at $4 (now, or its `not_before`).
-                    ("status", "CASE WHEN $3::bool THEN 7 ELSE 0 END::bigint"),
-                    ("due_at", "CASE WHEN $3::bool THEN NULL ELSE $4::bigint END::bigint"),
+                    // $3: pending (due at $4, now or its `not_before`), awaiting approval again
+                    // (an intent that requires it and never had it), or blocked (behind an
+                    // earlier open intent of its group); $4 NULL for the last two.
+                    ("status", "$3::bigint"),
+                    ("due_at", "$4::bigint"),
                     ("owner", "NULL::text"),
                     ("lease_until", "NULL::bigint"),
                     ("next_attempt_at", "NULL::bigint"),
@@ -411,32 +427,71 @@ impl Statements {
                 ],
             ),
         );
-        // An intent that requires approval ($10) is registered awaiting it (7), not due; the
+        // An intent behind an open one of its ordering group ($13, NULL for none) is registered
+        // blocked (9), not due; one that requires approval ($10) awaiting it (7), not due; the
         // others are due now ($9) or at their `not_before` ($12, NULL for none), whichever is
-        // later. Its trace context ($11, NULL for none) is kept beside it, outside the digest.
+        // later. Its trace context ($11, NULL for none) and its group are kept beside it,
+        // outside the digest.
         let fresh = "n.key, n.kind, n.session, n.origin_commit, n.origin_gen, n.origin_run, n.action_hash, n.bytes, \
-             $9::bigint, CASE WHEN n.awaiting THEN 7 ELSE 0 END::bigint, \
-             CASE WHEN n.awaiting THEN NULL ELSE greatest($9::bigint, n.not_before) END::bigint, 0::bigint, NULL::text, NULL::bigint, 0::bigint, \
+             $9::bigint, CASE WHEN n.blocked THEN 9 WHEN n.awaiting THEN 7 ELSE 0 END::bigint, \
+             CASE WHEN n.blocked OR n.awaiting THEN NULL ELSE greatest($9::bigint, n.not_before) END::bigint, 0::bigint, NULL::text, NULL::bigint, 0::bigint, \
              0::bigint, 0::bigint, NULL::text, NULL::text, $9::bigint, NULL::bigint, NULL::bigint, NULL::bigint, \
              NULL::text, NULL::bigint, NULL::text";
         let register = format!(
-            "WITH n AS (
+            "WITH given AS (
                  SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bigint[], $6::bigint[],
-                                      $7::bytea[], $8::bytea[], $10::bool[], $11::bytea[], $12::bigint[])
+                                      $7::bytea[], $8::bytea[], $10::bool[], $11::bytea[], $12::bigint[], $13::text[])
                      WITH ORDINALITY AS n(key, kind, session, origin_commit, origin_gen, origin_run, action_hash, bytes,
-                                          awaiting, trace_parent, not_before, ord)
+                                          awaiting, trace_parent, not_before, grp, ord)
+             ), new AS (
+                 -- The keys to insert: neither held nor purged.
+                 SELECT g.* FROM given g
+                  WHERE NOT EXISTS (SELECT 1 FROM {s}.outbox o WHERE o.key = g.key)
+                    AND NOT EXISTS (SELECT 1 FROM {s}.outbox_purged p WHERE p.key = g.key)
+             ), n AS (
+                 -- Blocked: its group has an open row, or an earlier new one in this batch.
+                 SELECT w.*, w.grp IS NOT NULL AND (
+                            row_number() OVER (PARTITION BY w.grp ORDER BY w.ord) > 1
+                            OR EXISTS (SELECT 1 FROM {s}.outbox p WHERE p.grp = w.grp AND p.status NOT IN (2, 6, 8))
+                        ) AS blocked
+                   FROM new w
              ), ins AS (
                  INSERT INTO {s}.outbox (key, kind, session, origin_commit, origin_gen, origin_run, action_hash, bytes,
                      recorded_at, status, due_at, token, owner, lease_until, attempts, expired, interrupted,
                      last_error, cancel_reason, updated_at, delivered_at, next_attempt_at, decision, decided_by,
-                     decided_at, decision_reason, digest, trace_parent)
-                 SELECT {fresh}, {s}.outbox_digest({fresh}), n.trace_parent
-                   FROM n WHERE NOT EXISTS (SELECT 1 FROM {s}.outbox_purged p WHERE p.key = n.key)
+                     decided_at, decision_reason, digest, trace_parent, grp)
+                 SELECT {fresh}, {s}.outbox_digest({fresh}), n.trace_parent, n.grp
+                   FROM n
                   ORDER BY n.ord
                  ON CONFLICT (key) DO NOTHING
                  RETURNING 1
              )
              SELECT count(*) FROM ins"
+        );
+        // The locks in one order (by name), through a subquery the planner keeps as it is.
+        let lock_groups = format!(
+            "SELECT count(pg_advisory_xact_lock({GROUP_LOCK_CLASS}, hashtext('{s}:' || g)))
+               FROM (SELECT DISTINCT g FROM unnest($1::text[]) AS g WHERE g IS NOT NULL ORDER BY g OFFSET 0) AS l"
+        );
+        let group_head = format!(
+            "SELECT {cols} FROM {s}.outbox o WHERE o.grp = $1 AND o.status NOT IN (2, 6, 8)
+              ORDER BY o.seq LIMIT 1 FOR UPDATE"
+        );
+        let promote = format!(
+            "UPDATE {s}.outbox o SET {set} WHERE o.seq = $1 AND o.status = 9",
+            set = set_with_digest(
+                s,
+                "o",
+                &[
+                    ("status", "$2::bigint"),
+                    ("due_at", "$3::bigint"),
+                    ("updated_at", "$4::bigint"),
+                ],
+            ),
+        );
+        let group_of = format!("SELECT o.grp FROM {s}.outbox o WHERE o.key = $1");
+        let open_before = format!(
+            "SELECT EXISTS (SELECT 1 FROM {s}.outbox o WHERE o.grp = $1 AND o.seq < $2 AND o.status NOT IN (2, 6, 8))"
         );
         let attach = format!(
             "INSERT INTO {s}.outbox_members (session, key)
@@ -479,6 +534,11 @@ impl Statements {
             decide,
             register,
             attach,
+            lock_groups,
+            group_head,
+            promote,
+            open_before,
+            group_of,
         }
     }
 }
@@ -615,6 +675,13 @@ impl PostgresOutbox {
         let bytes: Vec<&[u8]> = intents.iter().map(|n| &n.bytes[..]).collect();
         let awaiting: Vec<bool> = intents.iter().map(NewIntent::requires_approval).collect();
         let not_before: Vec<Option<i64>> = intents.iter().map(|n| n.not_before().map(ms)).collect();
+        let groups: Vec<Option<String>> = intents.iter().map(NewIntent::group).collect();
+        if groups.iter().any(Option::is_some) {
+            // Registrations into a group, and the releases of its next intent, one at a time
+            // (see `lock_groups`); `client` is the registering transaction.
+            let lock = client.statement(&self.inner.sql.lock_groups).await.map_err(err)?;
+            client.rows(&lock, &[&groups]).await.map_err(err)?;
+        }
         let traces: Vec<Option<Vec<u8>>> = intents
             .iter()
             .map(|n| n.intent.trace_parent().map(|t| t.to_bytes().to_vec()))
@@ -639,6 +706,7 @@ impl PostgresOutbox {
             &awaiting,
             &traces,
             &not_before,
+            &groups,
         ];
         let inserted: i64 = one(client.rows(&register, params).await.map_err(err)?)?.get(0);
         let mut distinct = keys.clone();
@@ -888,7 +956,7 @@ impl Inner {
         );
         let hold = hold_set(s, "o", &format!("{now}::bigint"));
         // The rows just written, with their digests: intact.
-        let trusted = format!("o.seq, {}, true, o.trace_parent", row::prefixed("o"));
+        let trusted = format!("o.seq, {}, true, o.trace_parent, o.grp", row::prefixed("o"));
         let sql = format!(
             // Each row is checked once, as locked (a row changed since the statement began
             // is re-read when it is locked), and cannot change until the claim commits.
@@ -1032,10 +1100,9 @@ impl Inner {
         if outcomes.is_empty() {
             return Ok(results);
         }
-        let client = self.client().await?;
+        let mut client = self.client().await?;
         let err = self.err();
         let stmt = client.prepare_cached(&self.sql.record).await.map_err(&err)?;
-        let at = ms(now);
         // One statement per run of distinct keys (a key recorded twice in one batch is
         // recorded in order, as two statements).
         let mut start = 0;
@@ -1046,53 +1113,163 @@ impl Inner {
                 end += 1;
             }
             let batch = &outcomes[start..end];
-            let keys: Vec<&str> = batch.iter().map(|r| r.key.as_str()).collect();
-            let tokens: Vec<i64> = batch
-                .iter()
-                .map(|r| i64::try_from(r.token.0).unwrap_or(i64::MAX))
-                .collect();
-            let t = Transitions::of(batch, now);
-            let rows = client
-                .query(
-                    &stmt,
-                    &[
-                        &keys,
-                        &tokens,
-                        &t.status,
-                        &t.error,
-                        &t.next_at,
-                        &at,
-                        &t.due,
-                        &t.uncount,
-                        &t.interrupted,
-                        &t.keep_error,
-                        &t.delivered,
-                        &t.history,
-                    ],
-                )
-                .await
-                .map_err(&err)?;
-            for (r, row) in batch.iter().zip(&rows) {
-                let accepted: Option<i64> = row.get(0);
-                let damaged: bool = row.get(1);
-                results.push(match accepted {
-                    Some(code) => Recorded::Accepted(status_of(code)),
-                    None if damaged => {
-                        tracing::warn!(store = %self.name, action_key = %r.key, "an outbox row failed its integrity check; it is held, not delivered");
-                        Recorded::Stale {
-                            status: Some(DeliveryStatus::Held),
-                            token: r.token,
-                        }
-                    }
-                    None => Recorded::Stale {
-                        status: row.get::<_, Option<i64>>(2).map(status_of),
-                        token: FenceToken(row.get::<_, Option<i64>>(3).map_or(0, |t| u64::try_from(t).unwrap_or(0))),
-                    },
-                });
+            let (mut answers, grouped) = self.record_batch(&**client, &stmt, batch, now, false).await?;
+            if !grouped.is_empty() {
+                // The rows of ordering groups, again, in a transaction that holds their
+                // groups' locks and releases the next intent of each group whose row it made
+                // final (delivered): one transaction, so a crash never leaves a group blocked.
+                let subset: Vec<Recording> = grouped.iter().map(|(i, _)| batch[*i].clone()).collect();
+                let groups: Vec<Option<String>> = grouped.iter().map(|(_, g)| Some(g.clone())).collect();
+                let tx = client.transaction().await.map_err(&err)?;
+                let lock = tx.prepare_cached(&self.sql.lock_groups).await.map_err(&err)?;
+                tx.query(&lock, &[&groups]).await.map_err(&err)?;
+                let (again, _) = self.record_batch(&*tx, &stmt, &subset, now, true).await?;
+                let released: Vec<&str> = grouped
+                    .iter()
+                    .zip(&again)
+                    .filter(|(_, answer)| matches!(answer, Recorded::Accepted(s) if s.is_final()))
+                    .map(|((_, group), _)| group.as_str())
+                    .collect();
+                self.release_groups(&tx, &released, ms(now)).await?;
+                tx.commit().await.map_err(&err)?;
+                for ((i, _), answer) in grouped.iter().zip(again) {
+                    answers[*i] = answer;
+                }
             }
+            results.extend(answers);
             start = end;
         }
         Ok(results)
+    }
+
+    /// Runs the record statement for `batch` (distinct keys) on `client`. Without
+    /// `grouped_too`, the rows of ordering groups are left as they are and returned apart, by
+    /// their index in `batch`, with their group (their answers are placeholders).
+    async fn record_batch(
+        &self,
+        client: &impl GenericClient,
+        stmt: &tokio_postgres::Statement,
+        batch: &[Recording],
+        now: SystemTime,
+        grouped_too: bool,
+    ) -> Result<(Vec<Recorded>, Vec<(usize, String)>), StoreError> {
+        let err = self.err();
+        let at = ms(now);
+        let keys: Vec<&str> = batch.iter().map(|r| r.key.as_str()).collect();
+        let tokens: Vec<i64> = batch
+            .iter()
+            .map(|r| i64::try_from(r.token.0).unwrap_or(i64::MAX))
+            .collect();
+        let t = Transitions::of(batch, now);
+        let rows = client
+            .query(
+                stmt,
+                &[
+                    &keys,
+                    &tokens,
+                    &t.status,
+                    &t.error,
+                    &t.next_at,
+                    &at,
+                    &t.due,
+                    &t.uncount,
+                    &t.interrupted,
+                    &t.keep_error,
+                    &t.delivered,
+                    &t.history,
+                    &grouped_too,
+                ],
+            )
+            .await
+            .map_err(&err)?;
+        let mut answers = Vec::with_capacity(batch.len());
+        let mut grouped = Vec::new();
+        for (i, (r, row)) in batch.iter().zip(&rows).enumerate() {
+            let accepted: Option<i64> = row.get(0);
+            let damaged: bool = row.get(1);
+            let group: Option<String> = row.get(4);
+            let stale = || Recorded::Stale {
+                status: row.get::<_, Option<i64>>(2).map(status_of),
+                token: FenceToken(
+                    row.get::<_, Option<i64>>(3)
+                        .map_or(0, |t| u64::try_from(t).unwrap_or(0)),
+                ),
+            };
+            answers.push(match (accepted, group) {
+                (Some(code), _) => Recorded::Accepted(status_of(code)),
+                (None, _) if damaged => {
+                    tracing::warn!(store = %self.name, action_key = %r.key, "an outbox row failed its integrity check; it is held, not delivered");
+                    Recorded::Stale {
+                        status: Some(DeliveryStatus::Held),
+                        token: r.token,
+                    }
+                }
+                (None, Some(group)) if !grouped_too => {
+                    grouped.push((i, group));
+                    stale()
+                }
+                (None, _) => stale(),
+            });
+        }
+        Ok((answers, grouped))
+    }
+
+    /// Takes the advisory lock of the group of `key`, if it has one, for the rest of `tx`:
+    /// before the row's own lock, as every writer of a group's rows takes them.
+    async fn lock_group_of(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        key: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let err = self.err();
+        let group: Option<String> = tx
+            .query_opt(&self.sql.group_of, &[&key])
+            .await
+            .map_err(&err)?
+            .and_then(|row| row.get(0));
+        if let Some(group) = &group {
+            tx.query(&self.sql.lock_groups, &[&vec![Some(group.as_str())]])
+                .await
+                .map_err(&err)?;
+        }
+        Ok(group)
+    }
+
+    /// After rows of `groups` became final in `tx` (which holds the groups' locks): the first
+    /// open row of each group, if blocked, becomes pending (or awaits approval, if it asks for
+    /// it and has no decision), due at `at` or at its `not_before`.
+    async fn release_groups(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        groups: &[&str],
+        at: i64,
+    ) -> Result<(), StoreError> {
+        let err = self.err();
+        let mut released = false;
+        for group in groups {
+            let Some(found) = tx.query_opt(&self.sql.group_head, &[group]).await.map_err(&err)? else {
+                continue;
+            };
+            let head = Row::read(&found, 0).map_err(&err)?;
+            if head.status != row::BLOCKED || !head.intact {
+                // (A damaged head is held by the claim that meets it, once it is released by
+                // an operator; it is never handed out.)
+                continue;
+            }
+            let (status, due) = if head.requires_approval() && head.decision.is_none() {
+                (row::AWAITING_APPROVAL, None)
+            } else {
+                (row::PENDING, Some(head.due_from(at)))
+            };
+            tx.execute(&self.sql.promote, &[&head.seq, &status, &due, &at])
+                .await
+                .map_err(&err)?;
+            released = true;
+        }
+        if released {
+            tx.execute(self.notify_sql(), &[&self.channel]).await.map_err(&err)?;
+        }
+        Ok(())
     }
 
     async fn read_one(&self, key: &str) -> Result<Option<Row>, StoreError> {
@@ -1131,13 +1308,19 @@ impl Inner {
         let mut client = self.client().await?;
         let err = self.err();
         let tx = client.transaction().await.map_err(&err)?;
+        let group = self.lock_group_of(&tx, key).await?;
         let Some(row) = self.lock_intact(&tx, key).await? else {
             return Err(ApprovalError::UnknownKey(ActionKey::from(key)));
         };
         // An unknown status code (only in a row that failed its check) reads as held.
         let status = row.status().unwrap_or(DeliveryStatus::Held);
-        if !check_decision(key, status, row.decision().as_ref(), verdict, by)? {
-            return Ok(row.view());
+        // Ended here (not left to the drop), so that the locks go at once.
+        match check_decision(key, status, row.decision().as_ref(), verdict, by) {
+            Ok(true) => {}
+            refused => {
+                tx.rollback().await.map_err(&err)?;
+                return refused.map(|_| row.view());
+            }
         }
         let at = ms(now);
         let code = i64::from(verdict.code());
@@ -1149,6 +1332,9 @@ impl Inner {
             .await
             .map_err(&err)?;
         let row = Row::read(&updated, 0).map_err(&err)?;
+        if let (Verdict::Rejected, Some(group)) = (verdict, &group) {
+            self.release_groups(&tx, &[group.as_str()], at).await?;
+        }
         if verdict == Verdict::Approved {
             tx.execute(self.notify_sql(), &[&self.channel]).await.map_err(&err)?;
         }
@@ -1168,6 +1354,10 @@ impl Inner {
 /// The latest time the ledger records (the end of the year 9999, UTC), as the core's stores
 /// keep it: a lease further ahead is kept as this.
 const FAR_FUTURE_SECS: u64 = 253_402_300_799;
+
+/// The first key of the advisory locks of ordering groups (the second is the hash of the
+/// schema and the group): `0x52_46_47_52`, "RFGR".
+const GROUP_LOCK_CLASS: i32 = 0x5246_4752;
 
 /// The status of a stored code (held for an unknown one).
 fn status_of(code: i64) -> DeliveryStatus {
@@ -1317,15 +1507,31 @@ impl OutboxStore for PostgresOutbox {
             let mut client = inner.client().await?;
             let err = inner.err();
             let tx = client.transaction().await.map_err(&err)?;
+            let group = inner.lock_group_of(&tx, key).await?;
             let Some(row) = inner.lock_intact(&tx, key).await? else {
                 return Err(RetryError::UnknownKey(ActionKey::from(key)));
             };
             match row.status {
                 row::FAILED | row::DEAD | row::HELD => {
                     let at = ms(now);
-                    let unapproved = row.requires_approval() && row.decision.is_none();
+                    // Never ahead of an earlier open intent of its group.
+                    let behind = match &group {
+                        Some(group) => tx
+                            .query_one(&inner.sql.open_before, &[group, &row.seq])
+                            .await
+                            .map_err(&err)?
+                            .get(0),
+                        None => false,
+                    };
+                    let (status, due) = if behind {
+                        (row::BLOCKED, None)
+                    } else if row.requires_approval() && row.decision.is_none() {
+                        (row::AWAITING_APPROVAL, None)
+                    } else {
+                        (row::PENDING, Some(row.due_from(at)))
+                    };
                     let updated = tx
-                        .query_one(&inner.sql.rearm, &[&row.seq, &at, &unapproved, &row.due_from(at)])
+                        .query_one(&inner.sql.rearm, &[&row.seq, &at, &status, &due])
                         .await
                         .map_err(&err)?;
                     let row = Row::read(&updated, 0).map_err(&err)?;
@@ -1333,10 +1539,13 @@ impl OutboxStore for PostgresOutbox {
                     tx.commit().await.map_err(&err)?;
                     Ok(row.view())
                 }
-                _ => Err(RetryError::NotFailed {
-                    key: ActionKey::from(key),
-                    status: row.status().unwrap_or(DeliveryStatus::Held),
-                }),
+                _ => {
+                    tx.rollback().await.map_err(&err)?;
+                    Err(RetryError::NotFailed {
+                        key: ActionKey::from(key),
+                        status: row.status().unwrap_or(DeliveryStatus::Held),
+                    })
+                }
             }
         })
     }
@@ -1352,25 +1561,35 @@ impl OutboxStore for PostgresOutbox {
             let mut client = inner.client().await?;
             let err = inner.err();
             let tx = client.transaction().await.map_err(&err)?;
+            let group = inner.lock_group_of(&tx, key).await?;
             let Some(row) = inner.lock_intact(&tx, key).await? else {
                 return Err(CancelError::UnknownKey(ActionKey::from(key)));
             };
             match row.status {
-                row::CANCELLED => Ok(row.view()),
-                row::PENDING | row::FAILED | row::DEAD | row::HELD | row::AWAITING_APPROVAL => {
+                row::CANCELLED => {
+                    tx.rollback().await.map_err(&err)?;
+                    Ok(row.view())
+                }
+                row::PENDING | row::FAILED | row::DEAD | row::HELD | row::AWAITING_APPROVAL | row::BLOCKED => {
                     let at = ms(now);
                     let updated = tx
                         .query_one(&inner.sql.cancel, &[&row.seq, &at, &reason])
                         .await
                         .map_err(&err)?;
                     let row = Row::read(&updated, 0).map_err(&err)?;
+                    if let Some(group) = &group {
+                        inner.release_groups(&tx, &[group.as_str()], at).await?;
+                    }
                     tx.commit().await.map_err(&err)?;
                     Ok(row.view())
                 }
-                _ => Err(CancelError::NotCancellable {
-                    key: ActionKey::from(key),
-                    status: row.status().unwrap_or(DeliveryStatus::Held),
-                }),
+                _ => {
+                    tx.rollback().await.map_err(&err)?;
+                    Err(CancelError::NotCancellable {
+                        key: ActionKey::from(key),
+                        status: row.status().unwrap_or(DeliveryStatus::Held),
+                    })
+                }
             }
         })
     }
@@ -1506,6 +1725,7 @@ impl OutboxStore for PostgresOutbox {
                     row::CANCELLED => counts.cancelled += n,
                     row::AWAITING_APPROVAL => counts.awaiting_approval += n,
                     row::REJECTED => counts.rejected += n,
+                    row::BLOCKED => counts.blocked += n,
                     // Held, and (in a damaged row) an unknown code: not delivered until an
                     // operator acts.
                     _ => counts.held += n,

@@ -21,6 +21,7 @@ pub(crate) const HELD: i64 = 5;
 pub(crate) const CANCELLED: i64 = 6;
 pub(crate) const AWAITING_APPROVAL: i64 = 7;
 pub(crate) const REJECTED: i64 = 8;
+pub(crate) const BLOCKED: i64 = 9;
 
 /// Why a row that does not match its digest is held.
 pub(crate) const CHANGED: &str = "the row does not match its digest (it was changed outside reactifact)";
@@ -43,7 +44,7 @@ pub(crate) fn time(ms: i64) -> SystemTime {
 /// The columns a read selects from `o`, in [`Row::read`]'s order: `seq`, the digested ones,
 /// whether the row is intact (its digest matches), and the trace context.
 pub(crate) fn columns(s: &str) -> String {
-    format!("o.seq, {}, {}, o.trace_parent", prefixed("o"), intact(s, "o"))
+    format!("o.seq, {}, {}, o.trace_parent, o.grp", prefixed("o"), intact(s, "o"))
 }
 
 /// The digested columns of alias `alias`, comma-separated.
@@ -140,6 +141,9 @@ pub(crate) struct Row {
     /// The trace context of the run that committed the intent: not digested, and `None` for
     /// a stored value that does not decode (advisory: it can only misattribute a trace).
     pub(crate) trace: Option<TraceParent>,
+    /// The intent's ordering group (`grp`): written at registration, never changed, not
+    /// digested; a claim checks it against the hashed bytes ([`Row::check_intent`]).
+    pub(crate) group: Option<String>,
 }
 
 impl Row {
@@ -179,6 +183,7 @@ impl Row {
                 .ok()
                 .flatten()
                 .and_then(TraceParent::from_bytes),
+            group: row.try_get(at + 29)?,
         })
     }
 
@@ -211,6 +216,12 @@ impl Row {
         }
         if action.requires_approval && self.decision != Some(i64::from(Verdict::Approved.code())) {
             return Err("its pending action requires approval, and the row records none".into());
+        }
+        if action.group != self.group {
+            return Err(format!(
+                "its pending action is of ordering group {:?}, the row says {:?}",
+                action.group, self.group
+            ));
         }
         Ok(action.payload)
     }
@@ -284,6 +295,7 @@ impl Row {
             cancel_reason: self.cancel_reason.clone(),
             decision: self.decision(),
             not_before: reactifact_core::store::action_not_before(&self.bytes),
+            group: self.group.as_deref().map(Arc::from),
         })
     }
 

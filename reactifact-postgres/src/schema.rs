@@ -26,6 +26,12 @@
 //! changed. It is not digested (advisory: changed, it can only misattribute a trace, never
 //! change what is delivered; a value that does not decode reads as none), so the migration
 //! adds a column and rewrites no row.
+//!
+//! Version 6 adds ordering groups: `grp`, a nullable `text`, the group the intent's
+//! `PendingAction` names, written at registration and never changed, not digested (a claim
+//! checks it against the hashed bytes); the status code 9 (blocked behind an earlier open row
+//! of its group, not due); and `outbox_group_open`, a partial index of the open rows of
+//! groups. The migration adds a column and an index and rewrites no row.
 
 use tokio_postgres::Client;
 
@@ -33,7 +39,7 @@ use crate::connect::store_error;
 use crate::OpenError;
 
 /// The schema version this build writes and reads.
-pub(crate) const SCHEMA_VERSION: i32 = 5;
+pub(crate) const SCHEMA_VERSION: i32 = 6;
 
 /// The first key of the advisory lock migrations take (the second is the schema's hash):
 /// `0x52_46_50_47`, "RFPG".
@@ -235,6 +241,14 @@ const V5: &str = r#"
 ALTER TABLE {s}.outbox ADD COLUMN trace_parent bytea;
 "#;
 
+/// Version 6: ordering groups. The group kept beside each intent (outside the digest), and
+/// the open rows of each group, by which registration finds whether its group has one and a
+/// row that became final finds the next.
+const V6: &str = r#"
+ALTER TABLE {s}.outbox ADD COLUMN grp text;
+CREATE INDEX outbox_group_open ON {s}.outbox (grp, seq) WHERE grp IS NOT NULL AND status NOT IN (2, 6, 8);
+"#;
+
 /// The migrations, in order: `MIGRATIONS[v - 1]` takes the schema from version `v - 1` to `v`.
 const MIGRATIONS: [(&str, &str); SCHEMA_VERSION as usize] = [
     ("the outbox", V1),
@@ -242,6 +256,7 @@ const MIGRATIONS: [(&str, &str); SCHEMA_VERSION as usize] = [
     ("the attempt history", V3),
     ("human approval", V4),
     ("trace context", V5),
+    ("ordering groups", V6),
 ];
 
 /// `"schema"`: the schema's name as an identifier (a name [`valid_schema`] accepts needs no

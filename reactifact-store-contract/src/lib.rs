@@ -308,8 +308,8 @@ macro_rules! for_each_check {
             take_over_dead_owner,
             retry_at_not_before,
             scheduled_waits_for_not_before,
-            group_hands_out_one_at_a_time_in_order,
-            group_dead_head_blocks_until_retried_or_cancelled,
+            group_in_order_one_at_a_time,
+            group_dead_head_blocks,
             group_with_approvals,
             retry_cancel_legality,
             approval_awaits_and_is_never_claimed,
@@ -1280,7 +1280,7 @@ async fn register_group(
 /// head delivered, the next is pending and due at once; a blocked intent can be cancelled
 /// (skipped); a group with no open intent takes a new one as its head; other groups and
 /// intents without one are not held up.
-pub async fn group_hands_out_one_at_a_time_in_order(h: &dyn ContractHarness) {
+pub async fn group_in_order_one_at_a_time(h: &dyn ContractHarness) {
     let (mut s, o) = fresh(h).await;
     register_group(&mut s, &[("k1", "x"), ("k2", "x")], "g", false, at(0)).await;
     register_group(&mut s, &[("k3", "y")], "g", false, at(0)).await;
@@ -1365,7 +1365,7 @@ pub async fn group_hands_out_one_at_a_time_in_order(h: &dyn ContractHarness) {
 
 /// A dead head blocks its group until an operator acts: retried, it goes out first and then
 /// the next; cancelled, the next is released.
-pub async fn group_dead_head_blocks_until_retried_or_cancelled(h: &dyn ContractHarness) {
+pub async fn group_dead_head_blocks(h: &dyn ContractHarness) {
     let (mut s, o) = fresh(h).await;
     register_group(&mut s, &[("d1", "x"), ("d2", "x"), ("d3", "x")], "g", false, at(0)).await;
     claim(&*o, 10, at(1)).await;
