@@ -296,6 +296,8 @@ pub enum StatusArg {
     AwaitingApproval,
     /// Rejected by an operator.
     Rejected,
+    /// Blocked behind an earlier intent of its ordering group.
+    Blocked,
 }
 
 impl StatusArg {
@@ -311,6 +313,7 @@ impl StatusArg {
             StatusArg::Delivered => DeliveryStatus::Delivered,
             StatusArg::AwaitingApproval => DeliveryStatus::AwaitingApproval,
             StatusArg::Rejected => DeliveryStatus::Rejected,
+            StatusArg::Blocked => DeliveryStatus::Blocked,
         }
     }
 }

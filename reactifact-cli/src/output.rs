@@ -135,6 +135,7 @@ pub fn status(status: DeliveryStatus) -> &'static str {
         DeliveryStatus::Cancelled => "cancelled",
         DeliveryStatus::AwaitingApproval => "awaiting-approval",
         DeliveryStatus::Rejected => "rejected",
+        DeliveryStatus::Blocked => "blocked",
         _ => "unknown",
     }
 }
@@ -239,5 +240,6 @@ pub fn delivery_json(d: &Delivery) -> Value {
         "delivered_at": json_time(d.delivered_at()),
         "next_attempt_at": json_time(d.next_attempt_at()),
         "not_before": json_time(d.not_before()),
+        "group": d.group(),
     })
 }

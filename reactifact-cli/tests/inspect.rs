@@ -482,7 +482,7 @@ fn outbox_stats_counts_by_status_and_kind() {
     let doc = store.json(&["outbox", "stats"]);
     assert_eq!(
         doc["counts"],
-        json!({"pending": 1, "in-flight": 1, "delivered": 3, "failed": 1, "retrying": 0, "dead": 1, "held": 1, "cancelled": 0, "awaiting-approval": 0, "rejected": 0, "total": 8})
+        json!({"pending": 1, "in-flight": 1, "delivered": 3, "failed": 1, "retrying": 0, "dead": 1, "held": 1, "cancelled": 0, "awaiting-approval": 0, "rejected": 0, "blocked": 0, "total": 8})
     );
     assert_eq!(doc["by_kind"]["email"], json!({"delivered": 3}));
     assert_eq!(doc["by_kind"]["later"], json!({"pending": 1, "in-flight": 1}));

@@ -295,11 +295,13 @@ async fn a_schema_4_file_reads_as_it_is_and_migrates_to_schema_5_keeping_every_d
         drop(recorder);
     }
     // The file as a build of schema 4 left it: no decision columns (and no trace context of
-    // schema 6), the old final index.
+    // schema 6, no group of schema 7), the old final index.
     {
         let conn = rusqlite::Connection::open(&path).unwrap();
         conn.execute_batch(
-            "ALTER TABLE outbox DROP COLUMN trace_parent;
+            "DROP INDEX outbox_group_open;
+             ALTER TABLE outbox DROP COLUMN grp;
+             ALTER TABLE outbox DROP COLUMN trace_parent;
              DROP INDEX outbox_rejected;
              DROP INDEX outbox_final;
              CREATE INDEX outbox_final ON outbox (updated_at, seq) WHERE status IN (2, 6);
@@ -337,7 +339,7 @@ async fn a_schema_4_file_reads_as_it_is_and_migrates_to_schema_5_keeping_every_d
     assert_eq!(sent, ["notify:order:1", "notify:order:2"]);
     let conn = rusqlite::Connection::open(&path).unwrap();
     let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
-    assert_eq!(version, 6, "migrated through schema 5 to the current one");
+    assert_eq!(version, 7, "migrated through schema 5 to the current one");
 }
 
 /// A rejection changed in the file into an approval (with the row made due) is held at the

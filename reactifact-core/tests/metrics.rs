@@ -289,7 +289,7 @@ fn an_expired_lease_reclaimed_and_the_outbox_gauges() {
         assert_eq!(gauges["reactifact_outbox_intents{status=pending}"], 2.0);
         assert_eq!(gauges["reactifact_outbox_intents{status=delivered}"], 0.0);
         assert_samples(&[gauges["reactifact_outbox_oldest_pending_age_seconds"]], &[5.0]);
-        assert_eq!(gauges.len(), 11, "nine statuses, retrying, and the age: {gauges:?}");
+        assert_eq!(gauges.len(), 12, "ten statuses, retrying, and the age: {gauges:?}");
 
         // A holder claims one and dies; once its lease expires a drainer reclaims it.
         let outbox = rt.context().outbox();

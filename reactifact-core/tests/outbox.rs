@@ -298,6 +298,7 @@ async fn pending_actions_cannot_be_written_directly() {
                 payload: vec![],
                 requires_approval: false,
                 not_before: None,
+                group: None,
             },
         )
         .unwrap_err();

@@ -3,7 +3,7 @@
 //! read back by every ledger read, also after a reopen and from another connection. It is
 //! advisory and outside the row digest: a damaged value reads as no trace context (or as
 //! another valid one), and the row is still delivered, never held. A version-5 file reads as
-//! it is and migrates to version 6 without rewriting a row.
+//! it is and migrates it (to the current version) without rewriting a row.
 
 mod common;
 
@@ -113,7 +113,7 @@ impl TraceRecorder {
 async fn a_committed_intent_keeps_its_trace_context_in_the_file_and_another_process_delivers_in_its_trace() {
     let dir = tempfile::tempdir().unwrap();
     let path = store_with(dir.path(), 2).await;
-    assert_eq!(user_version(&path), 6);
+    assert_eq!(user_version(&path), 7);
     // Kept as the 25 bytes of its encoding.
     let stored: Vec<Vec<u8>> = {
         let conn = rusqlite::Connection::open(&path).unwrap();
@@ -275,10 +275,11 @@ async fn a_damaged_trace_context_reads_as_none_or_another_and_the_row_is_still_d
 async fn a_schema_5_file_reads_as_it_is_and_migrates_to_schema_6_keeping_every_digest() {
     let dir = tempfile::tempdir().unwrap();
     let path = store_with(dir.path(), 2).await;
-    // The file as a build of schema 5 left it: no trace context.
+    // The file as a build of schema 5 left it: no trace context (and no group of schema 7).
     tamper(
         &path,
-        "ALTER TABLE outbox DROP COLUMN trace_parent; PRAGMA user_version = 5;",
+        "DROP INDEX outbox_group_open; ALTER TABLE outbox DROP COLUMN grp;
+         ALTER TABLE outbox DROP COLUMN trace_parent; PRAGMA user_version = 5;",
     );
     let before = digests(&path);
 
@@ -300,7 +301,7 @@ async fn a_schema_5_file_reads_as_it_is_and_migrates_to_schema_6_keeping_every_d
     // delivered; a new intent keeps its own.
     let recorder = TraceRecorder::default();
     let mut ctx = Context::open(&path, "main").unwrap();
-    assert_eq!(user_version(&path), 6);
+    assert_eq!(user_version(&path), 7);
     assert_eq!(digests(&path), before, "the migration rewrites no row");
     ctx.verify().expect("the log verifies after the migration");
     assert_eq!(kept(&**ctx.ledger().outbox(), "notify:order:1").await, None);

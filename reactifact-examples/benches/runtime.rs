@@ -106,6 +106,7 @@ mod content_hash {
             payload,
             requires_approval: false,
             not_before: None,
+            group: None,
         };
         bencher.bench_local(|| encode_and_hash(divan::black_box(&action)));
     }
@@ -130,6 +131,7 @@ mod content_hash {
                 payload,
                 requires_approval: false,
                 not_before: None,
+                group: None,
             };
             (r, encode_and_hash(&action))
         });

@@ -443,25 +443,23 @@ impl Statements {
                                       $7::bytea[], $8::bytea[], $10::bool[], $11::bytea[], $12::bigint[], $13::text[])
                      WITH ORDINALITY AS n(key, kind, session, origin_commit, origin_gen, origin_run, action_hash, bytes,
                                           awaiting, trace_parent, not_before, grp, ord)
-             ), new AS (
-                 -- The keys to insert: neither held nor purged.
-                 SELECT g.* FROM given g
-                  WHERE NOT EXISTS (SELECT 1 FROM {s}.outbox o WHERE o.key = g.key)
-                    AND NOT EXISTS (SELECT 1 FROM {s}.outbox_purged p WHERE p.key = g.key)
              ), n AS (
-                 -- Blocked: its group has an open row, or an earlier new one in this batch.
-                 SELECT w.*, w.grp IS NOT NULL AND (
-                            row_number() OVER (PARTITION BY w.grp ORDER BY w.ord) > 1
-                            OR EXISTS (SELECT 1 FROM {s}.outbox p WHERE p.grp = w.grp AND p.status NOT IN (2, 6, 8))
+                 -- Blocked: its group has an open row, or a new key of it comes earlier in this
+                 -- batch (a key the outbox holds is not inserted, and does not count).
+                 SELECT g.*, g.grp IS NOT NULL AND (
+                            count(*) FILTER (WHERE g.grp IS NOT NULL AND NOT EXISTS (
+                                SELECT 1 FROM {s}.outbox o WHERE o.key = g.key))
+                                OVER (PARTITION BY g.grp ORDER BY g.ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) > 0
+                            OR EXISTS (SELECT 1 FROM {s}.outbox p WHERE p.grp = g.grp AND p.status NOT IN (2, 6, 8))
                         ) AS blocked
-                   FROM new w
+                   FROM given g
              ), ins AS (
                  INSERT INTO {s}.outbox (key, kind, session, origin_commit, origin_gen, origin_run, action_hash, bytes,
                      recorded_at, status, due_at, token, owner, lease_until, attempts, expired, interrupted,
                      last_error, cancel_reason, updated_at, delivered_at, next_attempt_at, decision, decided_by,
                      decided_at, decision_reason, digest, trace_parent, grp)
                  SELECT {fresh}, {s}.outbox_digest({fresh}), n.trace_parent, n.grp
-                   FROM n
+                   FROM n WHERE NOT EXISTS (SELECT 1 FROM {s}.outbox_purged p WHERE p.key = n.key)
                   ORDER BY n.ord
                  ON CONFLICT (key) DO NOTHING
                  RETURNING 1

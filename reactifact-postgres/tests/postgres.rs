@@ -40,12 +40,14 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 /// Takes a store of this build back to schema 4, as a build before trace context left it: no
-/// `trace_parent` column.
+/// `trace_parent` column (and no ordering groups of schema 6).
 async fn downgrade_to_4(client: &tokio_postgres::Client, schema: &str) {
     client
         .batch_execute(&format!(
-            "ALTER TABLE \"{schema}\".outbox DROP COLUMN trace_parent;
-             DELETE FROM \"{schema}\".schema_version WHERE version = 5"
+            "DROP INDEX \"{schema}\".outbox_group_open;
+             ALTER TABLE \"{schema}\".outbox DROP COLUMN grp;
+             ALTER TABLE \"{schema}\".outbox DROP COLUMN trace_parent;
+             DELETE FROM \"{schema}\".schema_version WHERE version IN (5, 6)"
         ))
         .await
         .unwrap();
@@ -112,7 +114,7 @@ async fn a_schema_3_store_upgrades_to_approvals_keeping_every_digest() {
             refused,
             OpenError::OlderSchema {
                 found: 3,
-                supported: 5,
+                supported: 6,
                 ..
             }
         ),
@@ -292,7 +294,7 @@ async fn a_schema_2_store_upgrades_to_the_attempt_history_unless_told_not_to() {
             refused,
             OpenError::OlderSchema {
                 found: 2,
-                supported: 5,
+                supported: 6,
                 ..
             }
         ),
@@ -384,7 +386,7 @@ async fn concurrent_first_opens_migrate_once() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, [1, 2, 3, 4, 5], "one migration row per version");
+    assert_eq!(versions, [1, 2, 3, 4, 5, 6], "one migration row per version");
     // And the store works from every one of them.
     outboxes[3]
         .register_alone(&new_intents("a", 1, &[("k1", "x")]), at(0))
@@ -416,7 +418,7 @@ async fn a_newer_or_foreign_schema_is_refused() {
     match PostgresOutbox::open(PostgresOptions::new(&url).schema(&newer)).await {
         Err(
             e @ OpenError::NewerSchema {
-                found: 7, supported: 5, ..
+                found: 7, supported: 6, ..
             },
         ) => {
             let message = e.to_string();

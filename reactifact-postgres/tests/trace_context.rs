@@ -181,8 +181,10 @@ async fn a_schema_4_store_upgrades_to_trace_context_keeping_every_digest() {
     let client = client(&url).await;
     client
         .batch_execute(&format!(
-            "ALTER TABLE \"{schema}\".outbox DROP COLUMN trace_parent;
-             DELETE FROM \"{schema}\".schema_version WHERE version = 5"
+            "DROP INDEX \"{schema}\".outbox_group_open;
+             ALTER TABLE \"{schema}\".outbox DROP COLUMN grp;
+             ALTER TABLE \"{schema}\".outbox DROP COLUMN trace_parent;
+             DELETE FROM \"{schema}\".schema_version WHERE version IN (5, 6)"
         ))
         .await
         .unwrap();
@@ -195,7 +197,7 @@ async fn a_schema_4_store_upgrades_to_trace_context_keeping_every_digest() {
             refused,
             OpenError::OlderSchema {
                 found: 4,
-                supported: 5,
+                supported: 6,
                 ..
             }
         ),

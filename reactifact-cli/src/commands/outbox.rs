@@ -169,6 +169,7 @@ fn show(env: &Env, key: &str) -> Outcome {
         ("token", d.token().to_string()),
         ("next attempt", time_or_dash(d.next_attempt_at())),
         ("not before", time_or_dash(d.not_before())),
+        ("group", d.group().unwrap_or("-").to_owned()),
         ("recorded", time(d.recorded_at())),
         ("updated", time(d.updated_at())),
         ("delivered", time_or_dash(d.delivered_at())),

@@ -697,6 +697,7 @@ mod tests {
             payload: vec![0xc3; payload],
             requires_approval,
             not_before: None,
+            group: None,
         })
         .unwrap()
     }

@@ -869,6 +869,7 @@ pub(crate) fn test_intents(session: &str, generation: u64, keys: &[(&str, &str)]
                 payload: payload.clone(),
                 requires_approval: false,
                 not_before: None,
+                group: None,
             };
             let bytes = rmp_serde::to_vec_named(&action).expect("a PendingAction encodes");
             let origin = Origin::new(

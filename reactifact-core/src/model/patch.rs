@@ -381,6 +381,7 @@ mod tests {
             payload: rmp_serde::to_vec_named(&"p").unwrap(),
             requires_approval: false,
             not_before: None,
+            group: None,
         })
         .unwrap();
         assert_eq!(&a[..], &three[..]);

@@ -1568,6 +1568,7 @@ mod tests {
             payload: Vec::new(),
             requires_approval: false,
             not_before: None,
+            group: None,
         })
         .unwrap();
         NewIntent {

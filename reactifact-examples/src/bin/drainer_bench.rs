@@ -112,6 +112,7 @@ async fn prepare_postgres(url: &str, schema: &str, n: u64) -> Result<Arc<Postgre
                     payload: payload.clone(),
                     requires_approval: false,
                     not_before: None,
+                    group: None,
                 };
                 let bytes = rmp_serde::to_vec_named(&action).expect("a PendingAction encodes");
                 let origin = Origin::new("bench", CommitHash([generation as u8; 32]), Generation(generation), 0);

@@ -530,6 +530,7 @@ fn floor_us_per_order(n: u64) -> f64 {
                 payload,
                 requires_approval: false,
                 not_before: None,
+                group: None,
             };
             for bytes in [
                 rmp_serde::to_vec_named(&receipt).expect("the receipt encodes"),

@@ -81,6 +81,7 @@ fn intent(i: u64) -> NewIntent {
         payload: payload.clone(),
         requires_approval: false,
         not_before: None,
+        group: None,
     };
     let bytes = rmp_serde::to_vec_named(&action).expect("a PendingAction encodes");
     let origin = Origin::new("bench", CommitHash([(i % 251) as u8; 32]), Generation(i + 1), 0);

@@ -1334,6 +1334,7 @@ mod tests {
             payload: Vec::new(),
             requires_approval: false,
             not_before: None,
+            group: None,
         })
         .unwrap();
         let forged = row::Row::register(
@@ -1345,7 +1346,6 @@ mod tests {
                     origin: Origin::new("orders", commit.hash, Generation(1), 0),
                     attempt: 0,
                     trace: None,
-                    group: None,
                 },
                 action_hash: crate::model::hash::content_hash(&bytes),
                 bytes: Arc::from(bytes),

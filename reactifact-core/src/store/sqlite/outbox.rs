@@ -1402,6 +1402,29 @@ mod tests {
         conn.execute_batch(schema::V2_TABLES).unwrap();
         conn.execute_batch(schema::V5_CHANGES).unwrap();
         conn.execute_batch(schema::V6_CHANGES).unwrap();
+        conn.execute_batch(schema::V7_CHANGES).unwrap();
+        // The reads of a group's open rows (registration, release, retry) use its index.
+        let group = Value::Text("order:1".into());
+        for sql in [
+            "SELECT EXISTS (SELECT 1 FROM outbox WHERE grp = ?1 AND status NOT IN (2, 6, 8))",
+            "SELECT seq FROM outbox WHERE grp = ?1 AND status NOT IN (2, 6, 8) ORDER BY seq LIMIT 1",
+        ] {
+            let steps = plan(&conn, sql, std::slice::from_ref(&group));
+            assert!(
+                steps.iter().any(|s| s.contains("INDEX outbox_group_open")),
+                "{steps:#?}"
+            );
+            assert_no_table_scan(&steps);
+        }
+        let steps = plan(
+            &conn,
+            "SELECT EXISTS (SELECT 1 FROM outbox WHERE grp = ?1 AND seq < ?2 AND status NOT IN (2, 6, 8))",
+            &[group, Value::Integer(7)],
+        );
+        assert!(
+            steps.iter().any(|s| s.contains("INDEX outbox_group_open")),
+            "{steps:#?}"
+        );
         let (sql, params) = work_sql(&Scope::all(), 0, false);
         let leases = plan(&conn, &sql, &params);
         assert!(leases.iter().any(|s| s.contains("INDEX outbox_leases")), "{leases:#?}");
