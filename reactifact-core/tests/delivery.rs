@@ -368,6 +368,96 @@ async fn a_scheduled_intent_is_delivered_at_its_time_not_before() {
     }
 }
 
+/// An order's webhooks in one ordering group reach the receiver one at a time, in the order
+/// they were acted, even with many deliveries allowed at once: a turn delivers the whole group
+/// (each delivered intent releases the next), and a dead one holds the rest until it is
+/// retried. In memory and in a SQLite file alike.
+#[tokio::test(start_paused = true)]
+async fn an_ordering_group_reaches_the_receiver_in_order_one_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let contexts = [seeded_orders(1), {
+        let mut ctx = Context::open(dir.path().join("g.db"), "orders").unwrap();
+        ctx.create("order:0", order("ada", 1)).unwrap();
+        ctx
+    }];
+    for ctx in contexts {
+        let events = Produce::new("events", |call: ProduceCall<Order>| async move {
+            let order = call.trigger.id.to_string();
+            for event in ["created", "paid", "shipped", "delivered"] {
+                call.effects
+                    .intent("webhook", format!("{event}:{order}"), &event)
+                    .group(order.clone())
+                    .act();
+            }
+            Ok::<(), reactifact_core::ProduceError>(())
+        })
+        .creates::<reactifact_core::PendingAction>();
+        // The receiver: each call takes 10 ms; "paid" fails for good on its first attempt.
+        let log: Arc<Mutex<Vec<(String, Instant, Instant)>>> = Arc::default();
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let dispatcher = {
+            let (log, in_flight) = (log.clone(), in_flight.clone());
+            move |intent: Intent| {
+                let (log, in_flight) = (log.clone(), in_flight.clone());
+                async move {
+                    assert_eq!(in_flight.fetch_add(1, Ordering::SeqCst), 0, "two of one group at once");
+                    let started = Instant::now();
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    in_flight.fetch_sub(1, Ordering::SeqCst);
+                    log.lock()
+                        .unwrap()
+                        .push((intent.key().to_string(), started, Instant::now()));
+                    if intent.key().as_str().starts_with("paid:") && intent.attempt() == 1 {
+                        return Err(DispatchError::permanent("card declined"));
+                    }
+                    Ok(())
+                }
+            }
+        };
+        let mut rt = Runtime::builder(ctx)
+            .agent(Agent::new("webhooks").produce(events))
+            .dispatcher(dispatcher)
+            .delivery(DeliveryOptions::new().concurrency(16))
+            .build()
+            .unwrap();
+        rt.run().await.unwrap();
+        let sent = |log: &Mutex<Vec<(String, Instant, Instant)>>| -> Vec<String> {
+            log.lock().unwrap().iter().map(|(k, ..)| k.clone()).collect()
+        };
+        assert_eq!(
+            sent(&log),
+            ["created:order:0", "paid:order:0"],
+            "a dead intent holds its group"
+        );
+        let ledger = rt.context().ledger();
+        assert_eq!(
+            ledger.get("shipped:order:0").await.unwrap().unwrap().status(),
+            DeliveryStatus::Blocked
+        );
+        assert_eq!(
+            ledger.get("paid:order:0").await.unwrap().unwrap().group(),
+            Some("order:0")
+        );
+        rt.retry("paid:order:0").await.unwrap();
+        rt.run().await.unwrap();
+        assert_eq!(
+            sent(&log),
+            [
+                "created:order:0",
+                "paid:order:0",
+                "paid:order:0",
+                "shipped:order:0",
+                "delivered:order:0"
+            ],
+            "retried in place, then the rest, in order"
+        );
+        let log = log.lock().unwrap();
+        for w in log.windows(2) {
+            assert!(w[1].1 >= w[0].2, "{} started before {} ended", w[1].0, w[0].0);
+        }
+    }
+}
+
 /// An attempt timeout of zero would cancel every attempt: both builders refuse it, with the
 /// same error, and build with any positive timeout or none.
 #[test]

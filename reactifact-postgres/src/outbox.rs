@@ -84,9 +84,10 @@ struct Statements {
     /// transaction: registrations into a group and the releases of its next intent run one
     /// at a time, so neither misses the other.
     lock_groups: String,
-    /// The first open row of the group `$1`, locked.
-    group_head: String,
-    /// A blocked row (`$1`) made pending (`$2` its status, `$3` its due time) at `$4`.
+    /// The first open row of each group of `$1` that is blocked, locked.
+    blocked_heads: String,
+    /// Blocked rows (`$1`) made pending or awaiting approval (`$2` their status, `$3` their due
+    /// time) at `$4`.
     promote: String,
     /// Whether the group `$1` has an open row registered before the row `$2`.
     open_before: String,
@@ -471,18 +472,25 @@ impl Statements {
             "SELECT count(pg_advisory_xact_lock({GROUP_LOCK_CLASS}, hashtext('{s}:' || g)))
                FROM (SELECT DISTINCT g FROM unnest($1::text[]) AS g WHERE g IS NOT NULL ORDER BY g OFFSET 0) AS l"
         );
-        let group_head = format!(
-            "SELECT {cols} FROM {s}.outbox o WHERE o.grp = $1 AND o.status NOT IN (2, 6, 8)
-              ORDER BY o.seq LIMIT 1 FOR UPDATE"
+        let blocked_heads = format!(
+            "WITH h AS (
+                 SELECT DISTINCT ON (p.grp) p.seq, p.status FROM {s}.outbox p
+                  WHERE p.grp = ANY($1::text[]) AND p.status NOT IN (2, 6, 8)
+                  ORDER BY p.grp, p.seq
+             )
+             SELECT {cols} FROM {s}.outbox o JOIN h ON h.seq = o.seq WHERE h.status = 9
+              ORDER BY o.seq FOR UPDATE OF o"
         );
         let promote = format!(
-            "UPDATE {s}.outbox o SET {set} WHERE o.seq = $1 AND o.status = 9",
+            "UPDATE {s}.outbox o SET {set}
+               FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS u(seq, status, due)
+              WHERE o.seq = u.seq AND o.status = 9",
             set = set_with_digest(
                 s,
                 "o",
                 &[
-                    ("status", "$2::bigint"),
-                    ("due_at", "$3::bigint"),
+                    ("status", "u.status"),
+                    ("due_at", "u.due"),
                     ("updated_at", "$4::bigint"),
                 ],
             ),
@@ -533,7 +541,7 @@ impl Statements {
             register,
             attach,
             lock_groups,
-            group_head,
+            blocked_heads,
             promote,
             open_before,
             group_of,
@@ -1242,16 +1250,16 @@ impl Inner {
         groups: &[&str],
         at: i64,
     ) -> Result<(), StoreError> {
+        if groups.is_empty() {
+            return Ok(());
+        }
         let err = self.err();
-        let mut released = false;
-        for group in groups {
-            let Some(found) = tx.query_opt(&self.sql.group_head, &[group]).await.map_err(&err)? else {
-                continue;
-            };
-            let head = Row::read(&found, 0).map_err(&err)?;
-            if head.status != row::BLOCKED || !head.intact {
-                // (A damaged head is held by the claim that meets it, once it is released by
-                // an operator; it is never handed out.)
+        let heads = tx.query(&self.sql.blocked_heads, &[&groups]).await.map_err(&err)?;
+        let (mut seqs, mut statuses, mut dues) = (Vec::new(), Vec::new(), Vec::new());
+        for found in &heads {
+            let head = Row::read(found, 0).map_err(&err)?;
+            if !head.intact {
+                // Left blocked: never handed out, and `verify` names it.
                 continue;
             }
             let (status, due) = if head.requires_approval() && head.decision.is_none() {
@@ -1259,14 +1267,17 @@ impl Inner {
             } else {
                 (row::PENDING, Some(head.due_from(at)))
             };
-            tx.execute(&self.sql.promote, &[&head.seq, &status, &due, &at])
-                .await
-                .map_err(&err)?;
-            released = true;
+            seqs.push(head.seq);
+            statuses.push(status);
+            dues.push(due);
         }
-        if released {
-            tx.execute(self.notify_sql(), &[&self.channel]).await.map_err(&err)?;
+        if seqs.is_empty() {
+            return Ok(());
         }
+        tx.execute(&self.sql.promote, &[&seqs, &statuses, &dues, &at])
+            .await
+            .map_err(&err)?;
+        tx.execute(self.notify_sql(), &[&self.channel]).await.map_err(&err)?;
         Ok(())
     }
 

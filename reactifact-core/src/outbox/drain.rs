@@ -784,6 +784,11 @@ impl<'a> Drain<'a> {
                                 if matches!(slot.stage, Stage::Recording(Outcome::Failed { .. })) {
                                     exhausted = false;
                                 }
+                                // Delivered, an intent of an ordering group releases the next
+                                // of its group, due now: look again.
+                                if slot.claim.group().is_some() && recorded == Recorded::Accepted(DeliveryStatus::Delivered) {
+                                    exhausted = false;
+                                }
                                 self.report_recorded(slot, recorded, acknowledged, report, &mut metrics);
                             }
                         }

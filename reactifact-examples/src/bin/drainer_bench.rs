@@ -16,8 +16,14 @@
 //! `--dispatch-ms D` makes each delivery await D ms (a tokio sleep: a dispatcher waiting on a
 //! remote service) before it succeeds; the default 0 returns at once.
 //!
-//! Prints one JSON line: n, drainers, concurrency, dispatch_ms, store, synchronous, seconds,
-//! deliveries_per_sec, sent, distinct, exactly_once. The time runs from the drainers' start
+//! `--groups G` (PostgreSQL) puts intent `i` in the ordering group `order:{i % G}`: each
+//! group's intents must reach the receiver one at a time, in registration order. Each child
+//! writes when each dispatch started and ended (the host's clock); the parent checks that in
+//! every group each dispatch started after the one before it ended, and reports the
+//! violations (`order_violations`; any fails the run).
+//!
+//! Prints one JSON line: n, drainers, concurrency, dispatch_ms, groups, store, synchronous,
+//! seconds, deliveries_per_sec, sent, distinct, exactly_once, order_violations. The time runs from the drainers' start
 //! until the store has nothing pending or in flight (`next_due` is none, read every 5 ms through
 //! the partial indexes), and the counts then say every intent is delivered. Exits non-zero
 //! unless every intent was delivered exactly once across all processes (each child writes the
@@ -47,6 +53,8 @@ struct Options {
     synchronous: Synchronous,
     /// `Some(url)` for `--store postgres`.
     postgres: Option<String>,
+    /// Ordering groups (0: none).
+    groups: u64,
 }
 
 fn parse(args: &mut impl Iterator<Item = String>) -> Result<Options, String> {
@@ -57,6 +65,7 @@ fn parse(args: &mut impl Iterator<Item = String>) -> Result<Options, String> {
         dispatch_ms: 0,
         synchronous: Synchronous::Full,
         postgres: None,
+        groups: 0,
     };
     let mut store = "sqlite".to_owned();
     let mut url = std::env::var("REACTIFACT_TEST_POSTGRES_URL").ok();
@@ -74,6 +83,7 @@ fn parse(args: &mut impl Iterator<Item = String>) -> Result<Options, String> {
                     .parse()
                     .map_err(|e| format!("--dispatch-ms: {e}"))?
             }
+            "--groups" => options.groups = value("--groups")?.parse().map_err(|e| format!("--groups: {e}"))?,
             "--normal" => options.synchronous = Synchronous::Normal,
             "--store" => store = value("--store")?,
             "--url" => url = Some(value("--url")?),
@@ -87,13 +97,16 @@ fn parse(args: &mut impl Iterator<Item = String>) -> Result<Options, String> {
         }
         other => return Err(format!("--store: `{other}` is neither sqlite nor postgres")),
     }
+    if options.groups > 0 && options.postgres.is_none() {
+        return Err("--groups needs --store postgres".to_owned());
+    }
     Ok(options)
 }
 
 /// Registers `n` intents in a new schema of the PostgreSQL database, as commits of session
 /// `bench` (1,000 intents each) would: each a `PendingAction` encoded and hashed as a commit
 /// encodes and hashes it.
-async fn prepare_postgres(url: &str, schema: &str, n: u64) -> Result<Arc<PostgresOutbox>, String> {
+async fn prepare_postgres(url: &str, schema: &str, n: u64, groups: u64) -> Result<Arc<PostgresOutbox>, String> {
     let outbox = PostgresOutbox::open(PostgresOptions::new(url).schema(schema))
         .await
         .map_err(|e| e.to_string())?;
@@ -112,7 +125,7 @@ async fn prepare_postgres(url: &str, schema: &str, n: u64) -> Result<Arc<Postgre
                     payload: payload.clone(),
                     requires_approval: false,
                     not_before: None,
-                    group: None,
+                    group: (groups > 0).then(|| format!("order:{}", i % groups)),
                 };
                 let bytes = rmp_serde::to_vec_named(&action).expect("a PendingAction encodes");
                 let origin = Origin::new("bench", CommitHash([generation as u8; 32]), Generation(generation), 0);
@@ -157,7 +170,8 @@ async fn prepare(path: &Path, options: &Options) -> Result<(), String> {
 }
 
 /// In a child: drains the store (a file's path, or `postgres URL SCHEMA`) until nothing
-/// waits, writing the keys it sent to `out`.
+/// waits, writing the keys it sent to `out`, one a line, each with when its dispatch started
+/// and ended (nanoseconds since the Unix epoch, tab-separated).
 async fn drain(store: &[String], out: &Path, concurrency: usize, dispatch_ms: u64) -> Result<(), String> {
     let outbox: Arc<dyn OutboxStore> = match store {
         [path] => SqliteOutbox::open(path).map_err(|e| e.to_string())?,
@@ -169,13 +183,23 @@ async fn drain(store: &[String], out: &Path, concurrency: usize, dispatch_ms: u6
     let sent = Arc::new(Mutex::new(Vec::new()));
     let record = sent.clone();
     let delay = std::time::Duration::from_millis(dispatch_ms);
+    let nanos = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    };
     let drainer = Drainer::builder(outbox, move |intent: Intent| {
         let record = record.clone();
+        let started = nanos();
         async move {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
-            record.lock().unwrap().push(intent.key().to_string());
+            let ended = nanos();
+            record
+                .lock()
+                .unwrap()
+                .push(format!("{}\t{started}\t{ended}", intent.key()));
             Ok::<(), DispatchError>(())
         }
     })
@@ -231,7 +255,7 @@ fn main() -> ExitCode {
             let watcher = SqliteOutbox::open(&path).expect("the file's outbox");
             (vec![path.display().to_string()], watcher, None)
         }
-        Some(url) => match runtime.block_on(prepare_postgres(url, &schema, options.n)) {
+        Some(url) => match runtime.block_on(prepare_postgres(url, &schema, options.n, options.groups)) {
             Ok(outbox) => (
                 vec!["postgres".to_owned(), url.clone(), schema.clone()],
                 outbox.clone() as Arc<dyn OutboxStore>,
@@ -295,25 +319,40 @@ fn main() -> ExitCode {
     let seconds = delivered.as_secs_f64();
     let mut seen = HashSet::new();
     let mut total = 0u64;
+    // Each key's dispatch (start, end), by its intent's number.
+    let mut dispatches: Vec<(u64, u128, u128)> = Vec::new();
     for out in &outs {
-        for key in std::fs::read_to_string(out).unwrap_or_default().lines() {
+        for line in std::fs::read_to_string(out).unwrap_or_default().lines() {
+            let mut fields = line.split('\t');
+            let key = fields.next().unwrap_or_default();
+            let mut time = || fields.next().and_then(|t| t.parse::<u128>().ok()).unwrap_or(0);
+            let (started, ended) = (time(), time());
             total += 1;
             seen.insert(key.to_owned());
+            if let Some(i) = key.rsplit(':').next().and_then(|i| i.parse().ok()) {
+                dispatches.push((i, started, ended));
+            }
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+    let order_violations = order_violations(&mut dispatches, options.groups);
     let exactly_once = ok && total == options.n && seen.len() as u64 == options.n && counted == options.n;
     println!(
-        "{{\"n\":{},\"drainers\":{},\"concurrency\":{},\"dispatch_ms\":{},\"store\":\"{}\",\"synchronous\":\"{:?}\",\"seconds\":{seconds:.3},\"deliveries_per_sec\":{:.0},\"sent\":{total},\"distinct\":{},\"exactly_once\":{exactly_once}}}",
+        "{{\"n\":{},\"drainers\":{},\"concurrency\":{},\"dispatch_ms\":{},\"groups\":{},\"store\":\"{}\",\"synchronous\":\"{:?}\",\"seconds\":{seconds:.3},\"deliveries_per_sec\":{:.0},\"sent\":{total},\"distinct\":{},\"exactly_once\":{exactly_once},\"order_violations\":{order_violations}}}",
         options.n,
         options.drainers,
         options.concurrency,
         options.dispatch_ms,
+        options.groups,
         if options.postgres.is_some() { "postgres" } else { "sqlite" },
         options.synchronous,
         options.n as f64 / seconds,
         seen.len()
     );
+    if order_violations > 0 {
+        eprintln!("drainer-bench: {order_violations} dispatches of a group started before the one ahead of them ended");
+        return ExitCode::FAILURE;
+    }
     if !exactly_once {
         eprintln!(
             "drainer-bench: expected each of {} keys sent once and delivered; sent {total}, {} distinct, {counted} delivered",
@@ -323,4 +362,17 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+/// How many dispatches started before the dispatch of the intent ahead of them in their group
+/// (intent `i` is in group `i % groups`) had ended; 0 without groups.
+fn order_violations(dispatches: &mut [(u64, u128, u128)], groups: u64) -> usize {
+    if groups == 0 {
+        return 0;
+    }
+    dispatches.sort_unstable_by_key(|&(i, ..)| (i % groups, i));
+    dispatches
+        .windows(2)
+        .filter(|w| w[0].0 % groups == w[1].0 % groups && w[1].1 < w[0].2)
+        .count()
 }
