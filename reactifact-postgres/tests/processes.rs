@@ -7,7 +7,8 @@
 //! does nothing unless `RFT_PG_CHILD` is set, so a plain `cargo test` runs it as an empty test.
 //! A child runs a `Drainer` over `PostgresOutbox::open` of the test's schema; its dispatcher
 //! appends `key attempt pid` to the child's log (one `write` per line on an `O_APPEND` file, so
-//! a SIGKILL never leaves half a line) before it returns, or hangs, or waits for a gate file.
+//! a SIGKILL never leaves half a line) before it returns, or hangs, or waits for a gate file;
+//! once it returns, it appends `end KEY` (not a send: `read_sends` skips it).
 
 mod common;
 
@@ -22,7 +23,7 @@ use reactifact_core::ledger::{DeliveryStatus, LedgerQuery};
 use reactifact_core::store::OutboxStore;
 use reactifact_core::{DeliveryOptions, DispatchError, Drainer, Intent, Scope};
 use reactifact_postgres::{PostgresOptions, PostgresOutbox};
-use reactifact_store_contract::new_intents;
+use reactifact_store_contract::{grouped_intents, new_intents};
 
 use common::Schemas;
 
@@ -118,6 +119,7 @@ fn drainer(
                     }
                 }
             }
+            log.line(&format!("end {}", intent.key()));
             Ok::<(), DispatchError>(())
         }
     })
@@ -163,6 +165,7 @@ fn read_sends(path: &Path) -> Vec<Send> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
         .lines()
+        .filter(|line| !line.starts_with("end "))
         .map(|line| {
             let mut parts = line.split(' ');
             let (key, attempt, pid) = (parts.next(), parts.next(), parts.next());
@@ -211,6 +214,9 @@ struct ChildSpec<'a> {
     concurrency: usize,
     lease: Duration,
     dispatch: Dispatch,
+    /// A log the child shares with others (one `write` per line on an `O_APPEND` file: the
+    /// file's order is the order of the sends and ends of every child), instead of its own.
+    shared_log: Option<PathBuf>,
 }
 
 fn spawn(dir: &Dir, name: &str, spec: &ChildSpec<'_>) -> ChildDrainer {
@@ -219,6 +225,7 @@ fn spawn(dir: &Dir, name: &str, spec: &ChildSpec<'_>) -> ChildDrainer {
         dir.path(&format!("{name}.report")),
         dir.path(&format!("{name}.stderr")),
     );
+    let log = spec.shared_log.clone().unwrap_or(log);
     let child = Command::new(std::env::current_exe().expect("the test binary"))
         .args(["--exact", CHILD, "--test-threads=1", "--quiet", "--nocapture"])
         .env("RFT_PG_CHILD", "1")
@@ -393,6 +400,7 @@ async fn four_drainer_tasks_and_two_drainer_processes_deliver_each_of_10000_keys
         concurrency: 32,
         lease: Duration::from_secs(30),
         dispatch: Dispatch::Done,
+        shared_log: None,
     };
     let mut children = [spawn(&dir, "a", &spec), spawn(&dir, "b", &spec)];
     let parent_log = dir.path("parent.log");
@@ -462,6 +470,7 @@ async fn a_drainer_killed_mid_delivery_has_its_keys_delivered_again_with_the_sam
             concurrency,
             lease: Duration::from_secs(2),
             dispatch: Dispatch::Hang,
+            shared_log: None,
         },
     );
     // Every slot holds a delivery that was handed out and will never be recorded.
@@ -529,6 +538,7 @@ async fn a_holder_frozen_past_its_lease_has_its_late_success_rejected() {
             concurrency: 1,
             lease: Duration::from_secs(2),
             dispatch: Dispatch::Gate(gate.clone()),
+            shared_log: None,
         },
     );
     // The holder has handed the key out; freeze it there (no renewal, no record).
@@ -587,6 +597,7 @@ async fn twenty_sigkilled_workers_lose_nothing_and_resend_only_what_was_in_fligh
         concurrency,
         lease: Duration::from_secs(1),
         dispatch: Dispatch::Sleep(Duration::from_millis(2)),
+        shared_log: None,
     };
     let mut killed = Vec::new();
     for trial in 0..20u32 {
@@ -662,5 +673,89 @@ async fn twenty_sigkilled_workers_lose_nothing_and_resend_only_what_was_in_fligh
         "{} sends for {n} keys: {extra} extra, over {} keys",
         all.len(),
         later_by.len()
+    );
+}
+
+/// 30 ordering groups of 20 intents each, registered interleaved across groups, drained by
+/// three processes at once (16 deliveries at a time each, each dispatch taking 2 ms): in every
+/// group the sends follow registration order, each starting only after the one before it
+/// ended (the processes append to one log, whose order is the order of their writes); every
+/// key is sent once, and the groups run side by side (more than one process sends).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordering_groups_hold_across_three_drainer_processes() {
+    let Some(url) = common::url("ordering_groups_hold_across_three_drainer_processes") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "procs_groups");
+    let (outbox, schema) = open(&schemas, 4).await;
+    let dir = Dir::new("groups");
+    let (groups, per_group) = (30, 20);
+    for round in 0..per_group {
+        let keys: Vec<(String, usize)> = (0..groups).map(|g| (format!("g{g}:{round}"), g)).collect();
+        for (key, g) in &keys {
+            let intents = grouped_intents(
+                "s",
+                (round * groups + g + 1) as u64,
+                &[(key, "webhook")],
+                &format!("order:{g}"),
+                false,
+            );
+            outbox
+                .register_alone(&intents, SystemTime::now())
+                .await
+                .expect("register");
+        }
+    }
+    let log = dir.path("shared.log");
+    let spec = ChildSpec {
+        url: &url,
+        schema: &schema,
+        concurrency: 16,
+        lease: Duration::from_secs(30),
+        dispatch: Dispatch::Sleep(Duration::from_millis(2)),
+        shared_log: Some(log.clone()),
+    };
+    let mut children = [
+        spawn(&dir, "a", &spec),
+        spawn(&dir, "b", &spec),
+        spawn(&dir, "c", &spec),
+    ];
+    for child in &mut children {
+        let status = tokio::task::block_in_place(|| child.wait(Duration::from_secs(120)));
+        assert!(status.success(), "{status}; its stderr:\n{}", child.stderr());
+    }
+    // Per group: the events in log order, each a send (start) or an end.
+    let text = std::fs::read_to_string(&log).expect("the shared log");
+    let mut events: HashMap<String, Vec<(bool, usize)>> = HashMap::new();
+    let mut senders = HashSet::new();
+    for line in text.lines() {
+        let (end, key) = match line.strip_prefix("end ") {
+            Some(key) => (true, key),
+            None => {
+                let mut parts = line.split(' ');
+                let key = parts.next().expect("a key");
+                senders.insert(parts.nth(1).expect("a pid").to_owned());
+                (false, key)
+            }
+        };
+        let (group, round) = key.split_once(':').expect("g:round");
+        events
+            .entry(group.to_owned())
+            .or_default()
+            .push((end, round.parse().expect("a round")));
+    }
+    assert_eq!(events.len(), groups, "every group was sent");
+    for (group, events) in &events {
+        let expected: Vec<(bool, usize)> = (0..per_group).flat_map(|r| [(false, r), (true, r)]).collect();
+        assert_eq!(events, &expected, "group {group}: one at a time, in registration order");
+    }
+    assert!(
+        senders.len() > 1,
+        "the groups were spread over the processes: {senders:?}"
+    );
+    let counts = outbox.counts(&Scope::all()).await.unwrap();
+    assert_eq!(
+        (counts.delivered, counts.blocked, counts.total()),
+        ((groups * per_group) as u64, 0, (groups * per_group) as u64)
     );
 }
