@@ -633,13 +633,18 @@ impl PostgresOutbox {
         Notifications::new(receiver.clone())
     }
 
-    /// Registers the intents of a commit, in the commit's transaction (`client` is that
-    /// transaction, or any client of the store's database), made at `now`: a key neither held
-    /// nor purged is inserted, pending and due at `now`, owned by its intent's session, with
-    /// its trace context ([`Intent::trace_parent`](reactifact_core::Intent::trace_parent),
-    /// kept beside it); a key held (not final) by another session is attached to the
-    /// committing one, its trace context unchanged; a final or purged key is left alone. Notifies the store's channel when it inserted any (the
-    /// notification goes out when the transaction commits).
+    /// Registers intents in a transaction: a commit's, or one the application owns (the
+    /// transactional outbox: its own rows and the intents that go with them, committed
+    /// together or not at all; build them with [`Enqueue`](reactifact_core::store::Enqueue)).
+    /// `client` is that transaction (or any client of the store's database), `now` the time
+    /// of registration. A key neither held nor purged is inserted, pending and due at `now`
+    /// (or at its `not_before`, blocked behind its ordering group, or awaiting approval),
+    /// owned by its intent's session, with its trace context
+    /// ([`Intent::trace_parent`](reactifact_core::Intent::trace_parent), kept beside it); a
+    /// key held (not final) by another session is attached to the intent's; a final or purged
+    /// key is left alone. Notifies the store's channel when it inserted any (the notification
+    /// goes out when the transaction commits, waking drainers at once); a rolled-back
+    /// transaction leaves nothing.
     ///
     /// # Errors
     /// [`StoreError::Backend`] for an error of the server; the transaction should be rolled

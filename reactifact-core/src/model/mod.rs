@@ -10,6 +10,7 @@ pub(crate) mod artifact;
 pub(crate) mod build_error;
 pub(crate) mod call;
 pub(crate) mod delivery;
+pub(crate) mod enqueue;
 pub(crate) mod event;
 pub(crate) mod field_diff;
 pub(crate) mod hash;

@@ -44,6 +44,7 @@ pub use crate::model::delivery::{
     reclaimed_error, taken_over_error, Attempt, AttemptOutcome, Decision, Delivery, DeliveryParts, DeliveryStatus,
     FenceToken, Lease, NewIntent, Verdict, ATTEMPTS_KEPT, FAR_FUTURE, MIN_LEASE,
 };
+pub use crate::model::enqueue::{Enqueue, ENQUEUED_SESSION};
 pub use crate::model::outcome::{due_at, LastError, Transition};
 pub use ledger::Ledger;
 pub use log_store::{Act, Append, CheckpointRow, ClaimOrder, CommitRow, LogStore, OutboxCheck, SessionRow};
@@ -52,7 +53,12 @@ pub use outbox::{
     check_decision, ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery,
     OutboxStore, Outcome, Page, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts, Wakeups,
 };
+/// The SQLite driver this crate is built with, for [`register_in`]'s transactions.
+#[cfg(feature = "sqlite")]
+pub use rusqlite;
 pub use session_info::SessionInfo;
+#[cfg(feature = "sqlite")]
+pub use sqlite::register_in;
 #[cfg(feature = "sqlite")]
 pub use sqlite::sessions::list_sessions;
 #[cfg(feature = "sqlite")]

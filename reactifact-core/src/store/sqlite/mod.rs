@@ -44,7 +44,7 @@ use crate::state::commit::Commit;
 use crate::state::refold::{first_act, VerifyError};
 use crate::store::outbox::Claimed;
 
-pub use outbox::SqliteOutbox;
+pub use outbox::{register_in, SqliteOutbox};
 pub(crate) use schema::SCHEMA_VERSION;
 
 /// How long a connection waits for another one's lock.

@@ -269,6 +269,44 @@ pub(super) fn register(tx: &Connection, intents: &[NewIntent], now: i64) -> rusq
     Ok(())
 }
 
+/// Registers `intents` — built with [`Enqueue`](crate::store::Enqueue), or handed over by a
+/// commit — inside `tx`, a transaction of the application's own on a connection to the
+/// store's file (beside its own tables in that file), as a commit registers its intents: a key
+/// neither held nor purged is inserted, pending and due at `now` (or at its `not_before`, or
+/// blocked behind its ordering group, or awaiting approval); a held key is attached to the
+/// intent's session; a final or purged key is left alone. Nothing is visible to drainers until
+/// `tx` commits; a rolled-back transaction leaves nothing. Drainers of the file find them at
+/// their next poll ([`DrainerBuilder::poll_interval`](crate::DrainerBuilder::poll_interval)).
+///
+/// Open the connection with a busy timeout (`Connection::busy_timeout`: the store's own
+/// connections write the file too) and begin the transaction `IMMEDIATE` (as
+/// `Connection::transaction_with_behavior` does), so that it waits for the file's writer
+/// instead of failing on its first write. Use this crate's [`rusqlite`](crate::store::rusqlite),
+/// whose version it was built with.
+///
+/// # Errors
+/// [`StoreError::Backend`] if the file is not a reactifact store of this build's schema (open
+/// it once with [`Context::open`](crate::Context::open) or [`SqliteOutbox::open`] first, which
+/// create or migrate it), or if SQLite fails; roll `tx` back then.
+pub fn register_in(tx: &rusqlite::Transaction<'_>, intents: &[NewIntent], now: SystemTime) -> Result<(), StoreError> {
+    let name = store_name(tx.path().map_or(Path::new(":memory:"), Path::new));
+    let version: i64 = tx
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .map_err(|e| store_error(&name, e))?;
+    if version != schema::SCHEMA_VERSION {
+        return Err(StoreError::backend(
+            name,
+            false,
+            format!(
+                "the file has schema version {version}, not the {} of a reactifact store of this build: \
+                 open it once with `Context::open` or `SqliteOutbox::open`, which create or migrate it",
+                schema::SCHEMA_VERSION
+            ),
+        ));
+    }
+    register(tx, intents, ms(now)).map_err(|e| store_error(&name, e))
+}
+
 /// Whether `group` has an open row registered before the row `seq`.
 fn group_open_before(conn: &Connection, group: &str, seq: i64) -> rusqlite::Result<bool> {
     conn.prepare_cached("SELECT EXISTS (SELECT 1 FROM outbox WHERE grp = ?1 AND seq < ?2 AND status NOT IN (2, 6, 8))")?

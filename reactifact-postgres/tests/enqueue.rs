@@ -1,0 +1,81 @@
+//! The transactional outbox on PostgreSQL: an application writes its own row and an intent in
+//! one tokio-postgres transaction of its own (`PostgresOutbox::register`); a drainer of the
+//! store delivers what committed, once, and nothing of what rolled back. Runs when
+//! `REACTIFACT_TEST_POSTGRES_URL` is set (see `common`).
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use reactifact_core::ledger::DeliveryStatus;
+use reactifact_core::store::{Enqueue, OutboxStore, ENQUEUED_SESSION};
+use reactifact_core::{DispatchError, Drainer, Intent, Ledger, Scope};
+
+use common::Schemas;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_intent_written_in_the_applications_transaction_is_delivered_once_and_a_rolled_back_one_never() {
+    let Some(url) = common::url("an_intent_written_in_the_applications_transaction_is_delivered_once") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "enqueue");
+    let outbox = schemas.open().await;
+    let app_schema = schemas.name();
+    let (mut client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA \"{app_schema}\"; CREATE TABLE \"{app_schema}\".accounts (id bigint PRIMARY KEY, email text)"
+        ))
+        .await
+        .unwrap();
+    for (id, commit) in [(1i64, true), (2, false)] {
+        let tx = client.transaction().await.unwrap();
+        let email = format!("user{id}@example.com");
+        tx.execute(
+            &format!("INSERT INTO \"{app_schema}\".accounts (id, email) VALUES ($1, $2)"),
+            &[&id, &email],
+        )
+        .await
+        .unwrap();
+        let intents = [
+            Enqueue::new("email", format!("welcome:{id}"), &email)
+                .group(format!("user:{id}"))
+                .build()
+                .unwrap(),
+            Enqueue::new("email", format!("survey:{id}"), &email)
+                .group(format!("user:{id}"))
+                .build()
+                .unwrap(),
+        ];
+        outbox.register(&tx, &intents, SystemTime::now()).await.unwrap();
+        if commit {
+            tx.commit().await.unwrap();
+        } else {
+            tx.rollback().await.unwrap();
+        }
+    }
+    let ledger = Ledger::new(outbox.clone());
+    let survey = ledger.get("survey:1").await.unwrap().unwrap();
+    assert_eq!(
+        (survey.status(), survey.origin().session()),
+        (DeliveryStatus::Blocked, ENQUEUED_SESSION)
+    );
+    assert!(ledger.get("welcome:2").await.unwrap().is_none(), "rolled back: nothing");
+
+    let sent: Arc<Mutex<Vec<String>>> = Arc::default();
+    let drainer = {
+        let sent = sent.clone();
+        Drainer::builder(outbox.clone(), move |intent: Intent| {
+            sent.lock().unwrap().push(intent.key().to_string());
+            async { Ok::<(), DispatchError>(()) }
+        })
+        .build()
+        .unwrap()
+    };
+    assert_eq!(drainer.settle().await.unwrap().delivered, 2);
+    assert_eq!(*sent.lock().unwrap(), ["welcome:1", "survey:1"]);
+    let counts = outbox.counts(&Scope::all()).await.unwrap();
+    assert_eq!((counts.delivered, counts.total()), (2, 2));
+}
