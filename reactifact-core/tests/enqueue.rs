@@ -123,3 +123,42 @@ fn an_empty_group_is_refused() {
         "{e}"
     );
 }
+
+/// An enqueued intent whose payload was changed in the table afterwards is never sent: a
+/// claim holds it, and `verify` names it.
+#[tokio::test]
+async fn an_enqueued_payload_flipped_in_the_table_is_held_and_named_by_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("app.db");
+    drop(Context::open(&path, "orders").unwrap());
+    let mut conn = app_connection(&path);
+    sign_up(&mut conn, 1, true);
+    // One byte of welcome:1's payload, changed (the last byte of the row's bytes).
+    conn.execute(
+        "UPDATE outbox SET bytes = substr(bytes, 1, length(bytes) - 1) || x'21' WHERE key = 'welcome:1'",
+        [],
+    )
+    .unwrap();
+    let err = Context::open(&path, "orders").unwrap().verify().unwrap_err();
+    assert!(err.to_string().contains("welcome:1"), "{err}");
+
+    let outbox = SqliteOutbox::open(&path).unwrap();
+    let sent: Arc<Mutex<Vec<String>>> = Arc::default();
+    let drainer = {
+        let sent = sent.clone();
+        Drainer::builder(outbox.clone(), move |intent: Intent| {
+            sent.lock().unwrap().push(intent.key().to_string());
+            async { Ok::<(), DispatchError>(()) }
+        })
+        .build()
+        .unwrap()
+    };
+    drainer.settle().await.unwrap();
+    let sent = sent.lock().unwrap().clone();
+    assert!(!sent.contains(&"welcome:1".to_owned()), "{sent:?}");
+    let held = Ledger::new(outbox.clone()).get("welcome:1").await;
+    assert!(
+        matches!(&held, Ok(Some(d)) if d.status() == DeliveryStatus::Held) || held.is_err(),
+        "{held:?}"
+    );
+}

@@ -378,21 +378,11 @@ fn hold_damaged(tx: &Connection, seq: i64, key: &str, detail: &str, now: i64) ->
              updated_at = ?3 WHERE seq = ?1",
     )?
     .execute(params![seq, format!("integrity: {detail}"), now])?;
-    // The new digest, over the columns as they are now.
-    let (values, decision) = tx
+    // The new digest, over the columns as they are now (whatever they hold: a column of
+    // text that is not UTF-8 is digested as it is, never a panic).
+    let digest = tx
         .prepare_cached(&format!("SELECT {COLUMNS} FROM outbox WHERE seq = ?1"))?
-        .query_row([seq], |row| {
-            let mut values = Vec::new();
-            for at in 1..=22 {
-                values.push(Value::from(row.get_ref(at)?));
-            }
-            let mut decision = Vec::new();
-            for at in 24..=27 {
-                decision.push(Value::from(row.get_ref(at)?));
-            }
-            Ok((values, decision))
-        })?;
-    let digest = row::digest_values(&values, &decision);
+        .query_row([seq], row::digest_of)?;
     tx.prepare_cached("UPDATE outbox SET digest = ?2 WHERE seq = ?1")?
         .execute(params![seq, &digest[..]])?;
     Ok(())

@@ -189,10 +189,18 @@ fn digest<'a>(values: impl Iterator<Item = ValueRef<'a>>) -> [u8; 32] {
     h.finalize().into()
 }
 
-/// The digest of a row's digested columns and its decision columns as read (for a row that
-/// failed its check and is being held as it is).
-pub(super) fn digest_values(values: &[rusqlite::types::Value], decision: &[rusqlite::types::Value]) -> [u8; 32] {
-    row_digest(values.iter().map(ValueRef::from), decision.iter().map(ValueRef::from))
+/// The digest of the row `row` of a `SELECT` of [`COLUMNS`] holds now, read as it is (any
+/// column of any type or content: a damaged row is digested, never refused).
+pub(super) fn digest_of(row: &rusqlite::Row<'_>) -> rusqlite::Result<[u8; 32]> {
+    let mut values = Vec::with_capacity(FIELDS);
+    for at in 1..=FIELDS {
+        values.push(row.get_ref(at)?);
+    }
+    let mut decision = Vec::with_capacity(4);
+    for at in FIELDS + 2..=FIELDS + 5 {
+        decision.push(row.get_ref(at)?);
+    }
+    Ok(row_digest(values.into_iter(), decision.into_iter()))
 }
 
 /// The digest of a row: its digested columns, then its decision columns if any is set.
