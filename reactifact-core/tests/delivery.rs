@@ -458,6 +458,49 @@ async fn an_ordering_group_reaches_the_receiver_in_order_one_at_a_time() {
     }
 }
 
+/// A scheduled intent survives a restart: committed an hour ahead in a file, the process gone
+/// (runtime and context dropped), the file reopened by another runtime, it is not delivered
+/// before its time and is delivered at it, once.
+#[tokio::test(start_paused = true)]
+async fn a_scheduled_intent_survives_a_reopen_and_goes_out_at_its_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let remind = || {
+        Produce::new("remind", |call: ProduceCall<Order>| async move {
+            let at = call.now() + Duration::from_secs(3600);
+            let key = format!("remind:{}", call.trigger.id);
+            call.effects
+                .intent("email", key, &call.trigger.data.customer)
+                .not_before(at)
+                .act();
+            Ok::<(), reactifact_core::ProduceError>(())
+        })
+        .creates::<reactifact_core::PendingAction>()
+    };
+    let at = {
+        let mut ctx = Context::open(&path, "orders").unwrap();
+        ctx.create("order:0", order("ada", 1)).unwrap();
+        let mut rt = Runtime::builder(ctx)
+            .agent(Agent::new("reminders").produce(remind()))
+            .build()
+            .unwrap();
+        rt.run().await.unwrap();
+        let entry = rt.context().ledger().get("remind:order:0").await.unwrap().unwrap();
+        entry.not_before().expect("scheduled")
+    };
+    let recorder = Recorder::default();
+    let mut rt = Runtime::builder(Context::open(&path, "orders").unwrap())
+        .agent(Agent::new("reminders").produce(remind()))
+        .dispatcher(recorder.dispatcher())
+        .build()
+        .unwrap();
+    assert_eq!(rt.run().await.unwrap().deliveries.delivered, 0, "not before its time");
+    assert!(rt.now() < at);
+    rt.settle().await.unwrap();
+    assert_eq!(recorder.sent(), ["remind:order:0"]);
+    assert!(rt.now() >= at);
+}
+
 /// An attempt timeout of zero would cancel every attempt: both builders refuse it, with the
 /// same error, and build with any positive timeout or none.
 #[test]

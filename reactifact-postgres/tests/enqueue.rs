@@ -79,3 +79,61 @@ async fn an_intent_written_in_the_applications_transaction_is_delivered_once_and
     let counts = outbox.counts(&Scope::all()).await.unwrap();
     assert_eq!((counts.delivered, counts.total()), (2, 2));
 }
+
+/// A serving drainer that polls once an hour still delivers an intent enqueued in a
+/// transaction that commits after it polled: the registration's notification goes out with
+/// the commit and wakes it. (The wait below is bounded; the test fails if it never comes.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_after_the_drainer_polled_wakes_it() {
+    let Some(url) = common::url("a_commit_after_the_drainer_polled_wakes_it") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "enqueue_wake");
+    let outbox = schemas.open().await;
+    let sent: Arc<Mutex<Vec<String>>> = Arc::default();
+    let drainer = {
+        let sent = sent.clone();
+        Drainer::builder(outbox.clone(), move |intent: Intent| {
+            sent.lock().unwrap().push(intent.key().to_string());
+            async { Ok::<(), DispatchError>(()) }
+        })
+        .poll_interval(std::time::Duration::from_secs(3600))
+        .build()
+        .unwrap()
+    };
+    let stop = drainer.stop_handle();
+    let early = Enqueue::new("email", "early:1", &"x").build().unwrap();
+    outbox.register_alone(&[early], SystemTime::now()).await.unwrap();
+    let serving = tokio::spawn(async move { drainer.serve(stop).await });
+    // Bounded waits for what the drainer sends.
+    let sends = |n: usize| {
+        let sent = sent.clone();
+        async move {
+            for _ in 0..3000 {
+                if sent.lock().unwrap().len() >= n {
+                    return sent.lock().unwrap().clone();
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            panic!("the drainer never sent {n}: {:?}", sent.lock().unwrap());
+        }
+    };
+    // It has delivered what there was, so it has looked, and now sleeps for an hour.
+    assert_eq!(sends(1).await, ["early:1"]);
+    let mut client = outbox.pool().get().await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    let intent = Enqueue::new("email", "late:1", &"x").build().unwrap();
+    outbox.register(&*tx, &[intent], SystemTime::now()).await.unwrap();
+    let ledger = Ledger::new(outbox.clone());
+    assert!(
+        ledger.get("late:1").await.unwrap().is_none(),
+        "not visible before the commit"
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(
+        sends(2).await,
+        ["early:1", "late:1"],
+        "woken by the commit's notification"
+    );
+    serving.abort();
+}
