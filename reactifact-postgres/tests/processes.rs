@@ -759,3 +759,89 @@ async fn ordering_groups_hold_across_three_drainer_processes() {
         ((groups * per_group) as u64, 0, (groups * per_group) as u64)
     );
 }
+
+/// A holder SIGKILLed in the middle of its groups: 8 groups of 5, a drainer process that
+/// hangs in every send, killed once it holds each group's head. Its heads stay in flight
+/// until their leases expire, their successors blocked; then a live drainer sends each head
+/// again first (same key, attempt 2) and the rest of each group after it, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_killed_mid_group_has_its_group_resume_in_order_with_the_head_first() {
+    let Some(url) = common::url("a_holder_killed_mid_group_has_its_group_resume_in_order_with_the_head_first") else {
+        return;
+    };
+    let schemas = Schemas::new(&url, "procs_group_kill");
+    let (outbox, schema) = open(&schemas, 4).await;
+    let dir = Dir::new("group-kill");
+    let (groups, per_group) = (8, 5);
+    for round in 0..per_group {
+        for g in 0..groups {
+            let key = format!("g{g}:{round}");
+            let intents = grouped_intents(
+                "s",
+                (round * groups + g + 1) as u64,
+                &[(&key, "webhook")],
+                &format!("order:{g}"),
+                false,
+            );
+            outbox
+                .register_alone(&intents, SystemTime::now())
+                .await
+                .expect("register");
+        }
+    }
+    let mut child = spawn(
+        &dir,
+        "victim",
+        &ChildSpec {
+            url: &url,
+            schema: &schema,
+            concurrency: 16,
+            lease: Duration::from_secs(2),
+            dispatch: Dispatch::Hang,
+            shared_log: None,
+        },
+    );
+    tokio::task::block_in_place(|| {
+        child.wait_for_sends(groups, Duration::from_secs(30));
+        child.kill();
+    });
+    let victim = read_sends(&child.log);
+    let heads: HashSet<String> = (0..groups).map(|g| format!("g{g}:0")).collect();
+    assert_eq!(
+        victim.iter().map(|s| s.key.clone()).collect::<HashSet<_>>(),
+        heads,
+        "only the heads were handed out"
+    );
+    let counts = outbox.counts(&Scope::all()).await.unwrap();
+    assert_eq!(
+        (counts.in_flight, counts.blocked),
+        (groups as u64, (groups * (per_group - 1)) as u64)
+    );
+
+    let log = dir.path("rescuer.log");
+    let rescuer = drainer(
+        outbox.clone(),
+        LineLog::open(&log),
+        Dispatch::Done,
+        16,
+        Duration::from_secs(30),
+    );
+    let report = rescuer.settle().await.expect("the rescuer's drain");
+    assert_eq!(report.delivered, (groups * per_group) as u64);
+    let mut by_group: BTreeMap<String, Vec<(usize, u32)>> = BTreeMap::new();
+    for send in read_sends(&log) {
+        let (group, round) = send.key.split_once(':').expect("g:round");
+        by_group
+            .entry(group.to_owned())
+            .or_default()
+            .push((round.parse().unwrap(), send.attempt));
+    }
+    for (group, sends) in &by_group {
+        let expected: Vec<(usize, u32)> = (0..per_group).map(|r| (r, if r == 0 { 2 } else { 1 })).collect();
+        assert_eq!(
+            sends, &expected,
+            "group {group}: the head again (attempt 2), then the rest in order"
+        );
+    }
+    assert_eq!(by_group.len(), groups);
+}
