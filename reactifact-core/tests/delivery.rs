@@ -321,6 +321,21 @@ async fn an_attempt_past_its_timeout_is_a_retryable_failure() {
     assert_eq!((entry.status(), entry.attempts()), (DeliveryStatus::Delivered, 2));
 }
 
+/// A produce that schedules an email to the order's customer an hour after its run (by the
+/// run's recorded clock): `remind:{order id}`.
+fn remind_in_an_hour() -> Produce {
+    Produce::new("remind", |call: ProduceCall<Order>| async move {
+        let at = call.now() + Duration::from_secs(3600);
+        let key = format!("remind:{}", call.trigger.id);
+        call.effects
+            .intent("email", key, &call.trigger.data.customer)
+            .not_before(at)
+            .act();
+        Ok::<(), reactifact_core::ProduceError>(())
+    })
+    .creates::<reactifact_core::PendingAction>()
+}
+
 /// An intent scheduled an hour ahead (`effects.intent(..).not_before(..)`, from the run's
 /// recorded clock) is committed with its turn but not delivered by it; the ledger shows it
 /// pending with its time; a settle waits for the time (the paused clock jumps there) and then
@@ -334,19 +349,9 @@ async fn a_scheduled_intent_is_delivered_at_its_time_not_before() {
         ctx
     }];
     for ctx in contexts {
-        let remind = Produce::new("remind", |call: ProduceCall<Order>| async move {
-            let at = call.now() + Duration::from_secs(3600);
-            let key = format!("remind:{}", call.trigger.id);
-            call.effects
-                .intent("email", key, &call.trigger.data.customer)
-                .not_before(at)
-                .act();
-            Ok::<(), reactifact_core::ProduceError>(())
-        })
-        .creates::<reactifact_core::PendingAction>();
         let recorder = Recorder::default();
         let mut rt = Runtime::builder(ctx)
-            .agent(Agent::new("reminders").produce(remind))
+            .agent(Agent::new("reminders").produce(remind_in_an_hour()))
             .dispatcher(recorder.dispatcher())
             .build()
             .unwrap();
@@ -465,23 +470,11 @@ async fn an_ordering_group_reaches_the_receiver_in_order_one_at_a_time() {
 async fn a_scheduled_intent_survives_a_reopen_and_goes_out_at_its_time() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.db");
-    let remind = || {
-        Produce::new("remind", |call: ProduceCall<Order>| async move {
-            let at = call.now() + Duration::from_secs(3600);
-            let key = format!("remind:{}", call.trigger.id);
-            call.effects
-                .intent("email", key, &call.trigger.data.customer)
-                .not_before(at)
-                .act();
-            Ok::<(), reactifact_core::ProduceError>(())
-        })
-        .creates::<reactifact_core::PendingAction>()
-    };
     let at = {
         let mut ctx = Context::open(&path, "orders").unwrap();
         ctx.create("order:0", order("ada", 1)).unwrap();
         let mut rt = Runtime::builder(ctx)
-            .agent(Agent::new("reminders").produce(remind()))
+            .agent(Agent::new("reminders").produce(remind_in_an_hour()))
             .build()
             .unwrap();
         rt.run().await.unwrap();
@@ -490,7 +483,7 @@ async fn a_scheduled_intent_survives_a_reopen_and_goes_out_at_its_time() {
     };
     let recorder = Recorder::default();
     let mut rt = Runtime::builder(Context::open(&path, "orders").unwrap())
-        .agent(Agent::new("reminders").produce(remind()))
+        .agent(Agent::new("reminders").produce(remind_in_an_hour()))
         .dispatcher(recorder.dispatcher())
         .build()
         .unwrap();

@@ -66,16 +66,7 @@ async fn an_intent_written_in_the_applications_transaction_is_delivered_once_and
         (DeliveryStatus::Blocked, ENQUEUED_SESSION, 0),
         "behind tips:1 in its group; no commit made it"
     );
-    let sent: Arc<Mutex<Vec<String>>> = Arc::default();
-    let drainer = {
-        let sent = sent.clone();
-        Drainer::builder(outbox.clone(), move |intent: Intent| {
-            sent.lock().unwrap().push(intent.key().to_string());
-            async { Ok::<(), DispatchError>(()) }
-        })
-        .build()
-        .unwrap()
-    };
+    let (drainer, sent) = recording_drainer(outbox.clone(), None);
     let report = drainer.settle().await.unwrap();
     assert_eq!(report.delivered, 3);
     let sent = sent.lock().unwrap().clone();
@@ -143,16 +134,7 @@ async fn an_enqueued_payload_flipped_in_the_table_is_held_and_named_by_verify() 
     assert!(err.to_string().contains("welcome:1"), "{err}");
 
     let outbox = SqliteOutbox::open(&path).unwrap();
-    let sent: Arc<Mutex<Vec<String>>> = Arc::default();
-    let drainer = {
-        let sent = sent.clone();
-        Drainer::builder(outbox.clone(), move |intent: Intent| {
-            sent.lock().unwrap().push(intent.key().to_string());
-            async { Ok::<(), DispatchError>(()) }
-        })
-        .build()
-        .unwrap()
-    };
+    let (drainer, sent) = recording_drainer(outbox.clone(), None);
     drainer.settle().await.unwrap();
     let sent = sent.lock().unwrap().clone();
     assert!(!sent.contains(&"welcome:1".to_owned()), "{sent:?}");
@@ -161,4 +143,22 @@ async fn an_enqueued_payload_flipped_in_the_table_is_held_and_named_by_verify() 
         matches!(&held, Ok(Some(d)) if d.status() == DeliveryStatus::Held) || held.is_err(),
         "{held:?}"
     );
+}
+
+/// A drainer of `outbox` (polling every `poll`, if given) whose dispatcher records the keys it
+/// is handed, in order.
+fn recording_drainer(
+    outbox: Arc<SqliteOutbox>,
+    poll: Option<std::time::Duration>,
+) -> (Drainer, Arc<Mutex<Vec<String>>>) {
+    let sent: Arc<Mutex<Vec<String>>> = Arc::default();
+    let record = sent.clone();
+    let mut builder = Drainer::builder(outbox, move |intent: Intent| {
+        record.lock().unwrap().push(intent.key().to_string());
+        async { Ok::<(), DispatchError>(()) }
+    });
+    if let Some(poll) = poll {
+        builder = builder.poll_interval(poll);
+    }
+    (builder.build().unwrap(), sent)
 }

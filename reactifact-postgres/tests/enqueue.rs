@@ -64,16 +64,7 @@ async fn an_intent_written_in_the_applications_transaction_is_delivered_once_and
     );
     assert!(ledger.get("welcome:2").await.unwrap().is_none(), "rolled back: nothing");
 
-    let sent: Arc<Mutex<Vec<String>>> = Arc::default();
-    let drainer = {
-        let sent = sent.clone();
-        Drainer::builder(outbox.clone(), move |intent: Intent| {
-            sent.lock().unwrap().push(intent.key().to_string());
-            async { Ok::<(), DispatchError>(()) }
-        })
-        .build()
-        .unwrap()
-    };
+    let (drainer, sent) = recording_drainer(outbox.clone(), None);
     assert_eq!(drainer.settle().await.unwrap().delivered, 2);
     assert_eq!(*sent.lock().unwrap(), ["welcome:1", "survey:1"]);
     let counts = outbox.counts(&Scope::all()).await.unwrap();
@@ -90,17 +81,7 @@ async fn a_commit_after_the_drainer_polled_wakes_it() {
     };
     let schemas = Schemas::new(&url, "enqueue_wake");
     let outbox = schemas.open().await;
-    let sent: Arc<Mutex<Vec<String>>> = Arc::default();
-    let drainer = {
-        let sent = sent.clone();
-        Drainer::builder(outbox.clone(), move |intent: Intent| {
-            sent.lock().unwrap().push(intent.key().to_string());
-            async { Ok::<(), DispatchError>(()) }
-        })
-        .poll_interval(std::time::Duration::from_secs(3600))
-        .build()
-        .unwrap()
-    };
+    let (drainer, sent) = recording_drainer(outbox.clone(), Some(std::time::Duration::from_secs(3600)));
     let stop = drainer.stop_handle();
     let early = Enqueue::new("email", "early:1", &"x").build().unwrap();
     outbox.register_alone(&[early], SystemTime::now()).await.unwrap();
@@ -136,4 +117,22 @@ async fn a_commit_after_the_drainer_polled_wakes_it() {
         "woken by the commit's notification"
     );
     serving.abort();
+}
+
+/// A drainer of `outbox` (polling every `poll`, if given) whose dispatcher records the keys it
+/// is handed, in order.
+fn recording_drainer(
+    outbox: Arc<reactifact_postgres::PostgresOutbox>,
+    poll: Option<std::time::Duration>,
+) -> (Drainer, Arc<Mutex<Vec<String>>>) {
+    let sent: Arc<Mutex<Vec<String>>> = Arc::default();
+    let record = sent.clone();
+    let mut builder = Drainer::builder(outbox, move |intent: Intent| {
+        record.lock().unwrap().push(intent.key().to_string());
+        async { Ok::<(), DispatchError>(()) }
+    });
+    if let Some(poll) = poll {
+        builder = builder.poll_interval(poll);
+    }
+    (builder.build().unwrap(), sent)
 }

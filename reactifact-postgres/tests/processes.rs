@@ -343,6 +343,22 @@ async fn register(outbox: &PostgresOutbox, prefix: &str, n: usize) -> Vec<String
     names
 }
 
+/// Registers `per_group` intents `g{g}:{round}` in each of `groups` ordering groups
+/// `order:{g}`, interleaved across groups (round by round), one transaction each.
+async fn register_groups(outbox: &PostgresOutbox, groups: usize, per_group: usize) {
+    for round in 0..per_group {
+        for g in 0..groups {
+            let key = format!("g{g}:{round}");
+            let generation = (round * groups + g + 1) as u64;
+            let intents = grouped_intents("s", generation, &[(&key, "webhook")], &format!("order:{g}"), false);
+            outbox
+                .register_alone(&intents, SystemTime::now())
+                .await
+                .expect("register");
+        }
+    }
+}
+
 /// Every entry of the store.
 async fn entries(outbox: &PostgresOutbox) -> Vec<reactifact_core::ledger::Delivery> {
     let mut all = Vec::new();
@@ -690,22 +706,7 @@ async fn ordering_groups_hold_across_three_drainer_processes() {
     let (outbox, schema) = open(&schemas, 4).await;
     let dir = Dir::new("groups");
     let (groups, per_group) = (30, 20);
-    for round in 0..per_group {
-        let keys: Vec<(String, usize)> = (0..groups).map(|g| (format!("g{g}:{round}"), g)).collect();
-        for (key, g) in &keys {
-            let intents = grouped_intents(
-                "s",
-                (round * groups + g + 1) as u64,
-                &[(key, "webhook")],
-                &format!("order:{g}"),
-                false,
-            );
-            outbox
-                .register_alone(&intents, SystemTime::now())
-                .await
-                .expect("register");
-        }
-    }
+    register_groups(&outbox, groups, per_group).await;
     let log = dir.path("shared.log");
     let spec = ChildSpec {
         url: &url,
@@ -773,22 +774,7 @@ async fn a_holder_killed_mid_group_has_its_group_resume_in_order_with_the_head_f
     let (outbox, schema) = open(&schemas, 4).await;
     let dir = Dir::new("group-kill");
     let (groups, per_group) = (8, 5);
-    for round in 0..per_group {
-        for g in 0..groups {
-            let key = format!("g{g}:{round}");
-            let intents = grouped_intents(
-                "s",
-                (round * groups + g + 1) as u64,
-                &[(&key, "webhook")],
-                &format!("order:{g}"),
-                false,
-            );
-            outbox
-                .register_alone(&intents, SystemTime::now())
-                .await
-                .expect("register");
-        }
-    }
+    register_groups(&outbox, groups, per_group).await;
     let mut child = spawn(
         &dir,
         "victim",
