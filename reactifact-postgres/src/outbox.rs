@@ -179,6 +179,64 @@ impl Transitions {
     }
 }
 
+/// The columns of the registration statement's batch, one array per column.
+pub(crate) struct Registration<'a> {
+    pub(crate) keys: Vec<&'a str>,
+    pub(crate) kinds: Vec<&'a str>,
+    pub(crate) sessions: Vec<&'a str>,
+    pub(crate) commits: Vec<Vec<u8>>,
+    pub(crate) generations: Vec<i64>,
+    pub(crate) runs: Vec<i64>,
+    pub(crate) hashes: Vec<&'a [u8]>,
+    pub(crate) bytes: Vec<&'a [u8]>,
+    pub(crate) now: i64,
+    pub(crate) awaiting: Vec<bool>,
+    pub(crate) traces: Vec<Option<Vec<u8>>>,
+    pub(crate) not_before: Vec<Option<i64>>,
+    pub(crate) groups: Vec<Option<String>>,
+}
+
+impl<'a> Registration<'a> {
+    pub(crate) fn of(intents: &'a [NewIntent], now: SystemTime) -> Self {
+        let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        Registration {
+            keys: intents.iter().map(|n| n.intent.key().as_str()).collect(),
+            kinds: intents.iter().map(|n| n.intent.kind()).collect(),
+            sessions: intents.iter().map(|n| n.intent.origin().session()).collect(),
+            commits: intents.iter().map(|n| n.intent.origin().commit().0.to_vec()).collect(),
+            generations: intents.iter().map(|n| int(n.intent.origin().generation().0)).collect(),
+            runs: intents
+                .iter()
+                .map(|n| i64::try_from(n.intent.origin().run()).unwrap_or(i64::MAX))
+                .collect(),
+            hashes: intents.iter().map(|n| &n.action_hash.0[..]).collect(),
+            bytes: intents.iter().map(|n| &n.bytes[..]).collect(),
+            now: ms(now),
+            awaiting: intents.iter().map(NewIntent::requires_approval).collect(),
+            traces: intents
+                .iter()
+                .map(|n| n.intent.trace_parent().map(|t| t.to_bytes().to_vec()))
+                .collect(),
+            not_before: intents.iter().map(|n| n.not_before().map(ms)).collect(),
+            groups: intents.iter().map(NewIntent::group).collect(),
+        }
+    }
+
+    /// Whether an intent of the batch names an ordering group.
+    pub(crate) fn grouped(&self) -> bool {
+        self.groups.iter().any(Option::is_some)
+    }
+
+    /// Whether, with `inserted` rows inserted, some key of the batch was held already (to be
+    /// attached to its session).
+    pub(crate) fn some_held(&self, inserted: i64) -> bool {
+        let mut distinct = self.keys.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        usize::try_from(inserted).unwrap_or(0) < distinct.len()
+    }
+}
+
 /// A statement that ends the leases of the in-flight rows `rows` selects (a `WHERE` condition
 /// and an `ORDER BY` of rows `o`) at `$1`, their holders dead or stalled past them: each
 /// attempt ended expired in the history, each row pending and due at `$1`, one more expired
@@ -670,34 +728,13 @@ impl PostgresOutbox {
             return Ok(());
         }
         let err = |e| store_error(&self.inner.name, e);
-        let keys: Vec<&str> = intents.iter().map(|n| n.intent.key().as_str()).collect();
-        let kinds: Vec<&str> = intents.iter().map(|n| n.intent.kind()).collect();
-        let sessions: Vec<&str> = intents.iter().map(|n| n.intent.origin().session()).collect();
-        let commits: Vec<Vec<u8>> = intents.iter().map(|n| n.intent.origin().commit().0.to_vec()).collect();
-        let generations: Vec<i64> = intents
-            .iter()
-            .map(|n| i64::try_from(n.intent.origin().generation().0).unwrap_or(i64::MAX))
-            .collect();
-        let runs: Vec<i64> = intents
-            .iter()
-            .map(|n| i64::try_from(n.intent.origin().run()).unwrap_or(i64::MAX))
-            .collect();
-        let hashes: Vec<&[u8]> = intents.iter().map(|n| &n.action_hash.0[..]).collect();
-        let bytes: Vec<&[u8]> = intents.iter().map(|n| &n.bytes[..]).collect();
-        let awaiting: Vec<bool> = intents.iter().map(NewIntent::requires_approval).collect();
-        let not_before: Vec<Option<i64>> = intents.iter().map(|n| n.not_before().map(ms)).collect();
-        let groups: Vec<Option<String>> = intents.iter().map(NewIntent::group).collect();
-        if groups.iter().any(Option::is_some) {
+        let r = Registration::of(intents, now);
+        if r.grouped() {
             // Registrations into a group, and the releases of its next intent, one at a time
             // (see `lock_groups`); `client` is the registering transaction.
             let lock = client.statement(&self.inner.sql.lock_groups).await.map_err(err)?;
-            client.rows(&lock, &[&groups]).await.map_err(err)?;
+            client.rows(&lock, &[&r.groups]).await.map_err(err)?;
         }
-        let traces: Vec<Option<Vec<u8>>> = intents
-            .iter()
-            .map(|n| n.intent.trace_parent().map(|t| t.to_bytes().to_vec()))
-            .collect();
-        let now = ms(now);
         let one = |rows: Vec<tokio_postgres::Row>| {
             rows.into_iter()
                 .next()
@@ -705,27 +742,24 @@ impl PostgresOutbox {
         };
         let register = client.statement(&self.inner.sql.register).await.map_err(err)?;
         let params: &[&(dyn ToSql + Sync)] = &[
-            &keys,
-            &kinds,
-            &sessions,
-            &commits,
-            &generations,
-            &runs,
-            &hashes,
-            &bytes,
-            &now,
-            &awaiting,
-            &traces,
-            &not_before,
-            &groups,
+            &r.keys,
+            &r.kinds,
+            &r.sessions,
+            &r.commits,
+            &r.generations,
+            &r.runs,
+            &r.hashes,
+            &r.bytes,
+            &r.now,
+            &r.awaiting,
+            &r.traces,
+            &r.not_before,
+            &r.groups,
         ];
         let inserted: i64 = one(client.rows(&register, params).await.map_err(err)?)?.get(0);
-        let mut distinct = keys.clone();
-        distinct.sort_unstable();
-        distinct.dedup();
-        if usize::try_from(inserted).unwrap_or(0) < distinct.len() {
+        if r.some_held(inserted) {
             let attach = client.statement(&self.inner.sql.attach).await.map_err(err)?;
-            client.rows(&attach, &[&sessions, &keys]).await.map_err(err)?;
+            client.rows(&attach, &[&r.sessions, &r.keys]).await.map_err(err)?;
         }
         if inserted > 0 {
             let unprune = client
@@ -733,15 +767,20 @@ impl PostgresOutbox {
                 .await
                 .map_err(err)?;
             let taken_back: i64 = one(client
-                .rows(&unprune, &[&self.inner.channel, &keys])
+                .rows(&unprune, &[&self.inner.channel, &r.keys])
                 .await
                 .map_err(err)?)?
             .get(1);
-            if taken_back > 0 {
-                tracing::debug!(store = %self.inner.name, keys = taken_back, "registered keys a concurrent prune tombstoned were taken out again");
-            }
+            self.taken_back(taken_back);
         }
         Ok(())
+    }
+
+    /// Logs the keys a registration took out again because a concurrent prune tombstoned them.
+    fn taken_back(&self, keys: i64) {
+        if keys > 0 {
+            tracing::debug!(store = %self.inner.name, keys, "registered keys a concurrent prune tombstoned were taken out again");
+        }
     }
 
     /// Claims as `request` says in `tx`, the transaction of a commit on a connection of the
