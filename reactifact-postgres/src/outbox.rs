@@ -716,6 +716,81 @@ impl PostgresOutbox {
         self.register_on(&Plain(client), intents, now).await
     }
 
+    /// [`register`](Self::register) in an sqlx transaction of the application (or on any sqlx
+    /// connection to the store's database: `&mut *tx` for a `sqlx::Transaction`), with the
+    /// same rules: the intents are delivered only if the transaction commits, and the
+    /// notification that wakes drainers goes out with the commit. Feature `sqlx`.
+    ///
+    /// # Errors
+    /// [`StoreError::Backend`] for an error of the server (the sqlx error inside); the
+    /// transaction should be rolled back.
+    #[cfg(feature = "sqlx")]
+    pub async fn register_sqlx(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        intents: &[NewIntent],
+        now: SystemTime,
+    ) -> Result<(), StoreError> {
+        use sqlx::Row as _;
+        if intents.is_empty() {
+            return Ok(());
+        }
+        let err = |e: sqlx::Error| {
+            let retryable = matches!(e, sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut);
+            StoreError::backend(self.inner.name.clone(), retryable, e)
+        };
+        let r = Registration::of(intents, now);
+        let sql = &self.inner.sql;
+        if r.grouped() {
+            sqlx::query(&sql.lock_groups)
+                .bind(&r.groups)
+                .execute(&mut *conn)
+                .await
+                .map_err(err)?;
+        }
+        let hashes: Vec<Vec<u8>> = r.hashes.iter().map(|h| h.to_vec()).collect();
+        let bytes: Vec<Vec<u8>> = r.bytes.iter().map(|b| b.to_vec()).collect();
+        let inserted: i64 = sqlx::query(&sql.register)
+            .bind(&r.keys)
+            .bind(&r.kinds)
+            .bind(&r.sessions)
+            .bind(&r.commits)
+            .bind(&r.generations)
+            .bind(&r.runs)
+            .bind(&hashes)
+            .bind(&bytes)
+            .bind(r.now)
+            .bind(&r.awaiting)
+            .bind(&r.traces)
+            .bind(&r.not_before)
+            .bind(&r.groups)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(err)?
+            .try_get(0)
+            .map_err(err)?;
+        if r.some_held(inserted) {
+            sqlx::query(&sql.attach)
+                .bind(&r.sessions)
+                .bind(&r.keys)
+                .execute(&mut *conn)
+                .await
+                .map_err(err)?;
+        }
+        if inserted > 0 {
+            let taken_back: i64 = sqlx::query(&sql.unprune_and_notify)
+                .bind(&self.inner.channel)
+                .bind(&r.keys)
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(err)?
+                .try_get(1)
+                .map_err(err)?;
+            self.taken_back(taken_back);
+        }
+        Ok(())
+    }
+
     /// [`register`](Self::register) on a connection that prepares its statements its own way
     /// (the log's connections cache them).
     pub(crate) async fn register_on<C: Prepare>(

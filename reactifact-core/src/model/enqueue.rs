@@ -16,8 +16,10 @@ pub const ENQUEUED_SESSION: &str = "enqueued";
 
 /// An intent for a store's outbox that no commit made: build it, then register it inside a
 /// transaction the application owns, beside its own rows — PostgreSQL:
-/// `PostgresOutbox::register(&tx, &[intent], now)` on a tokio-postgres transaction; SQLite:
-/// [`register_in`](crate::store::register_in) on a rusqlite transaction of the store's file.
+/// `PostgresOutbox::register(&tx, &[intent], now)` on a tokio-postgres transaction, or
+/// `PostgresOutbox::register_sqlx(&mut tx, ..)` on an sqlx one (feature `sqlx` of
+/// `reactifact-postgres`); SQLite: [`register_in`](crate::store::register_in) on a rusqlite
+/// transaction of the store's file.
 /// The transaction commits the row and the intent together, or neither: a rolled-back
 /// transaction leaves nothing to deliver.
 ///
