@@ -592,10 +592,10 @@ pub struct DeliveryParts {
     /// The operator's approval or rejection ([`Delivery::decision`]).
     pub decision: Option<Decision>,
     /// The earliest time it may be delivered ([`Delivery::not_before`]): read it from the
-    /// row's `PendingAction` bytes with [`action_not_before`](crate::store::action_not_before).
+    /// row's `PendingAction` bytes with [`action_not_before`](crate::action_not_before).
     pub not_before: Option<SystemTime>,
     /// Its ordering group ([`Delivery::group`]): read it from the row's `PendingAction` bytes
-    /// with [`action_group`](crate::store::action_group).
+    /// with [`action_group`](crate::action_group).
     pub group: Option<Arc<str>>,
 }
 

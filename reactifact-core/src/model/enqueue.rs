@@ -18,7 +18,7 @@ pub const ENQUEUED_SESSION: &str = "enqueued";
 /// transaction the application owns, beside its own rows — PostgreSQL:
 /// `PostgresOutbox::register(&tx, &[intent], now)` on a tokio-postgres transaction, or
 /// `PostgresOutbox::register_sqlx(&mut tx, ..)` on an sqlx one (feature `sqlx` of
-/// `reactifact-postgres`); SQLite: [`register_in`](crate::store::register_in) on a rusqlite
+/// `reactifact-postgres`); SQLite: `store::register_in` on a rusqlite
 /// transaction of the store's file.
 /// The transaction commits the row and the intent together, or neither: a rolled-back
 /// transaction leaves nothing to deliver.
