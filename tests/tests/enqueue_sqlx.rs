@@ -11,6 +11,13 @@ use reactifact_core::{DispatchError, Drainer, Intent, Ledger};
 use reactifact_postgres::{PostgresOptions, PostgresOutbox};
 use sqlx::Connection as _;
 
+/// The registration's future is `Send`: it can be awaited in a spawned task or a handler.
+#[allow(dead_code)]
+fn the_registration_future_is_send(outbox: &PostgresOutbox, conn: &mut sqlx::PgConnection) {
+    fn send<T: Send>(_: T) {}
+    send(outbox.register_sqlx(conn, &[], SystemTime::now()));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_intent_written_in_an_sqlx_transaction_is_delivered_once_and_a_rolled_back_one_never() {
     let Ok(url) = std::env::var("REACTIFACT_TEST_POSTGRES_URL") else {

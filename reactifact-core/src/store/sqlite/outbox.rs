@@ -328,7 +328,7 @@ fn write_row(tx: &Connection, row: &Row, now: i64) -> rusqlite::Result<()> {
     let Some(group) = row.group.as_deref() else {
         return Ok(());
     };
-    if !matches!(row.status, row::DELIVERED | row::CANCELLED | row::REJECTED) {
+    if !row.status().is_some_and(DeliveryStatus::is_final) {
         return Ok(());
     }
     let head = tx
