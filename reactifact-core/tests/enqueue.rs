@@ -162,3 +162,36 @@ fn recording_drainer(
     }
     (builder.build().unwrap(), sent)
 }
+
+/// Times from outside at the edges: before the Unix epoch is the epoch (due at once); past the
+/// year 9999 is then (registered, never due in practice), never an overflow.
+#[tokio::test]
+async fn not_before_at_the_edges_of_time_is_clamped() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("app.db");
+    drop(Context::open(&path, "orders").unwrap());
+    let mut conn = app_connection(&path);
+    let far = SystemTime::UNIX_EPOCH + Duration::from_secs(u64::MAX / 4);
+    let early = SystemTime::UNIX_EPOCH - Duration::from_secs(3600);
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).unwrap();
+    let intents = [
+        Enqueue::new("email", "far", &1).not_before(far).build().unwrap(),
+        Enqueue::new("email", "early", &1).not_before(early).build().unwrap(),
+    ];
+    register_in(&tx, &intents, SystemTime::now()).unwrap();
+    tx.commit().unwrap();
+    let outbox = SqliteOutbox::open(&path).unwrap();
+    let ledger = Ledger::new(outbox.clone());
+    let far_entry = ledger.get("far").await.unwrap().unwrap();
+    assert_eq!(
+        far_entry.not_before(),
+        Some(SystemTime::UNIX_EPOCH + reactifact_core::FAR_FUTURE)
+    );
+    assert_eq!(
+        ledger.get("early").await.unwrap().unwrap().not_before(),
+        Some(SystemTime::UNIX_EPOCH)
+    );
+    let (drainer, sent) = recording_drainer(outbox.clone(), None);
+    drainer.flush().await.unwrap();
+    assert_eq!(*sent.lock().unwrap(), ["early"], "the far one is not due");
+}
