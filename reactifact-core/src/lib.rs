@@ -50,6 +50,7 @@ pub mod store;
 // `store` (implementers of a backend) and `error`.
 pub use model::action::{ActionKey, Intent, PendingAction};
 pub use model::artifact::{Artifact, ArtifactId, Record};
+pub use model::rate::RateLimit;
 pub use model::timer::Timer;
 pub use outbox::dispatcher::{DispatchError, Dispatcher};
 pub use outbox::drain::RetryPolicy;

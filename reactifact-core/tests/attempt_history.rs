@@ -34,6 +34,7 @@ async fn claim(outbox: &dyn OutboxStore, who: &str, now: SystemTime) -> Claimed 
             owner: &who,
             lease: LEASE,
             now,
+            rates: &[],
         })
         .await
         .unwrap()

@@ -93,6 +93,7 @@ async fn claim_all(
             owner: &owner,
             lease,
             now,
+            rates: &[],
         })
         .await
         .expect("claim");

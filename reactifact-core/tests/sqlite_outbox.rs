@@ -47,6 +47,7 @@ async fn claim(outbox: &dyn OutboxStore, scope: &Scope, limit: usize, who: &str,
             owner: &who,
             lease: LEASE,
             now,
+            rates: &[],
         })
         .await
         .unwrap()

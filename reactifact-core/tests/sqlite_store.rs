@@ -471,7 +471,7 @@ fn a_newer_schema_is_refused_with_a_clear_error() {
             err,
             OpenError::NewerSchema {
                 found: 99,
-                supported: 7,
+                supported: 8,
                 ..
             }
         ),
@@ -620,6 +620,7 @@ async fn claim_all(path: &std::path::Path) -> reactifact_core::store::Claimed {
             owner: &owner,
             lease: Duration::from_secs(30),
             now: std::time::SystemTime::now() + Duration::from_secs(1),
+            rates: &[],
         },
     )
     .await

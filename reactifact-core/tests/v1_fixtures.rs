@@ -249,6 +249,7 @@ async fn the_ledger_in_every_state_migrates_as_it_was_written() {
             owner: &owner,
             lease: Duration::from_secs(30),
             now: std::time::SystemTime::now(),
+            rates: &[],
         })
         .await
         .unwrap();
@@ -285,6 +286,7 @@ async fn a_stale_in_flight_row_written_after_a_delivery_does_not_re_arm_the_key(
             owner: &owner,
             lease: Duration::from_secs(30),
             now: std::time::SystemTime::now() + Duration::from_secs(3600),
+            rates: &[],
         })
         .await
         .unwrap();

@@ -24,8 +24,9 @@ use reactifact_core::ledger::{
     Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken, LedgerQuery, Page, PurgeFilter, StatusCounts,
 };
 use reactifact_core::store::{
-    check_decision, reclaimed_error, taken_over_error, BoxFuture, ClaimRequest, Claimed, LastError, NewIntent,
-    OutboxStore, Outcome, Recorded, Recording, Verdict, Wakeups, ATTEMPTS_KEPT,
+    check_decision, micros, reclaimed_error, taken_over_error, BoxFuture, ClaimOrder, ClaimRequest, Claimed, LastError,
+    NewIntent, OutboxStore, Outcome, RateBucket, RateSpend, RateState, Recorded, Recording, Verdict, Wakeups,
+    ATTEMPTS_KEPT,
 };
 use reactifact_core::{ActionKey, Scope};
 use tokio::sync::{oneshot, watch};
@@ -98,6 +99,14 @@ struct Statements {
     unprune_and_notify: String,
     /// The purge (and prune) batch statements of [`PurgeFilter::Final`], `Delivered` and `Cancelled`.
     purge: [String; 4],
+    /// Inserts the rows of the rate limits `$1` that have none (full, not paused).
+    rates_insert: String,
+    /// The state of the rate limits `$1`, their rows locked in name order.
+    rates_lock: String,
+    /// Writes the theoretical arrival times `$2` of the rate limits `$1`.
+    rates_spent: String,
+    /// Pauses the rate limit `$1` until `$2` (a pause only lengthens).
+    rates_pause: String,
 }
 
 impl std::fmt::Debug for PostgresOutbox {
@@ -123,6 +132,32 @@ impl Params {
 
     fn refs(&self) -> Vec<&(dyn ToSql + Sync)> {
         self.values.iter().map(|v| &**v as &(dyn ToSql + Sync)).collect()
+    }
+}
+
+/// What a claim may take of each rate-limited kind ([`Inner::claim_sql`]): per kind, its
+/// bucket and the bucket's allowance.
+struct Shares {
+    kinds: Vec<String>,
+    buckets: Vec<String>,
+    caps: Vec<i64>,
+}
+
+impl Shares {
+    fn of(spend: &RateSpend<'_>) -> Shares {
+        let mut shares = Shares {
+            kinds: Vec::new(),
+            buckets: Vec::new(),
+            caps: Vec::new(),
+        };
+        for (bucket, allowed) in spend.allowances() {
+            for kind in &bucket.kinds {
+                shares.kinds.push(kind.to_string());
+                shares.buckets.push(bucket.name.to_string());
+                shares.caps.push(i64::from(allowed));
+            }
+        }
+        shares
     }
 }
 
@@ -577,6 +612,20 @@ impl Statements {
              SELECT pg_notify($1, ''), (SELECT count(*) FROM d)"
         );
         Statements {
+            rates_insert: format!(
+                "INSERT INTO {s}.outbox_rates (name, tat, paused_until) SELECT n, 0, 0 FROM unnest($1::text[]) n
+                 ON CONFLICT (name) DO NOTHING"
+            ),
+            rates_lock: format!(
+                "SELECT name, tat, paused_until FROM {s}.outbox_rates WHERE name = ANY($1::text[]) ORDER BY name FOR UPDATE"
+            ),
+            rates_spent: format!(
+                "UPDATE {s}.outbox_rates r SET tat = v.tat FROM unnest($1::text[], $2::bigint[]) v(name, tat) WHERE r.name = v.name"
+            ),
+            rates_pause: format!(
+                "INSERT INTO {s}.outbox_rates AS r (name, tat, paused_until) VALUES ($1, 0, $2)
+                 ON CONFLICT (name) DO UPDATE SET paused_until = greatest(r.paused_until, excluded.paused_until)"
+            ),
             attempts,
             purge: [
                 PurgeFilter::Final,
@@ -861,16 +910,7 @@ impl PostgresOutbox {
     /// Claims as `request` says in `tx`, the transaction of a commit on a connection of the
     /// log store ([`PostgresStore`](crate::PostgresStore)): the commit's claim for its turn.
     pub(crate) async fn claim_in<C: Prepare>(&self, tx: &C, request: ClaimRequest<'_>) -> Result<Claimed, StoreError> {
-        self.inner
-            .claim_on(
-                tx,
-                request.scope,
-                request.limit,
-                request.owner,
-                request.lease,
-                request.now,
-            )
-            .await
+        self.inner.claim_on(tx, &request).await
     }
 
     /// Gives back claims that were never handed out (a commit whose caller was gone when it
@@ -1024,6 +1064,23 @@ impl Prepare for tokio_postgres::Transaction<'_> {
     }
 }
 
+impl Prepare for deadpool_postgres::Transaction<'_> {
+    fn statement<'a>(
+        &'a self,
+        sql: &'a str,
+    ) -> impl std::future::Future<Output = Result<tokio_postgres::Statement, tokio_postgres::Error>> + Send + 'a {
+        self.prepare_cached(sql)
+    }
+
+    fn rows<'a>(
+        &'a self,
+        statement: &'a tokio_postgres::Statement,
+        params: SqlParams<'a>,
+    ) -> impl std::future::Future<Output = Rows> + Send + 'a {
+        self.query(statement, params)
+    }
+}
+
 impl Prepare for Object {
     fn statement<'a>(
         &'a self,
@@ -1050,8 +1107,17 @@ impl Inner {
         self.pool.get().await.map_err(|e| pool_error(&self.name, e))
     }
 
-    /// The claim statement for `scope`.
-    fn claim_sql(&self, scope: &Scope, at: i64, limit: i64, owner: &str, until: i64) -> (String, Params) {
+    /// The claim statement for `scope`; with `shares`, of the rows of each rate limit's kinds
+    /// at most its allowance.
+    fn claim_sql(
+        &self,
+        scope: &Scope,
+        at: i64,
+        limit: i64,
+        owner: &str,
+        until: i64,
+        shares: Option<Shares>,
+    ) -> (String, Params) {
         let s = &self.s;
         let mut params = Params::default();
         let now = params.push(at);
@@ -1060,6 +1126,46 @@ impl Inner {
         let until = params.push(until);
         let filter = scope_sql(s, scope, &mut params);
         let ok = format!("{} AND sha256(o.bytes) = o.action_hash", intact(s, "o"));
+        let choose = match shares {
+            None => format!(
+                "WITH c AS MATERIALIZED (
+                     SELECT o.seq, o.due_at, ({ok}) AS ok FROM {s}.outbox o WHERE o.due_at <= {now}{filter}
+                      ORDER BY o.due_at, o.seq LIMIT {limit} FOR UPDATE SKIP LOCKED
+                 )"
+            ),
+            Some(shares) => {
+                let kinds = params.push(shares.kinds);
+                let buckets = params.push(shares.buckets);
+                let caps = params.push(shares.caps);
+                // Every kind with a due (or scheduled) row, one seek of `outbox_kind_due`
+                // each; the earliest rows of each kind, up to its bucket's allowance (any
+                // other kind: up to the limit); of those, each bucket's earliest up to its
+                // allowance, and the earliest of all up to the limit.
+                format!(
+                    "WITH RECURSIVE kinds AS (
+                         (SELECT o.kind FROM {s}.outbox o WHERE o.due_at IS NOT NULL ORDER BY o.kind LIMIT 1)
+                         UNION ALL
+                         SELECT (SELECT o.kind FROM {s}.outbox o WHERE o.due_at IS NOT NULL AND o.kind > k.kind
+                                  ORDER BY o.kind LIMIT 1)
+                           FROM kinds k WHERE k.kind IS NOT NULL
+                     ), shares AS (
+                         SELECT k.kind, coalesce('b:' || l.bucket, 'k:' || k.kind) AS bucket, coalesce(l.cap, {limit}) AS cap
+                           FROM kinds k LEFT JOIN unnest({kinds}::text[], {buckets}::text[], {caps}::bigint[]) l(kind, bucket, cap)
+                             ON l.kind = k.kind
+                          WHERE k.kind IS NOT NULL
+                     ), due AS MATERIALIZED (
+                         SELECT x.*, row_number() OVER (PARTITION BY sh.bucket ORDER BY x.due_at, x.seq) AS nth, sh.cap
+                           FROM shares sh CROSS JOIN LATERAL (
+                               SELECT o.seq, o.due_at, ({ok}) AS ok FROM {s}.outbox o
+                                WHERE o.kind = sh.kind AND o.due_at <= {now}{filter}
+                                ORDER BY o.due_at, o.seq LIMIT sh.cap FOR UPDATE SKIP LOCKED
+                           ) x
+                     ), c AS MATERIALIZED (
+                         SELECT seq, due_at, ok FROM due WHERE nth <= cap ORDER BY due_at, seq LIMIT {limit}
+                     )"
+                )
+            }
+        };
         let set = set_with_digest(
             s,
             "o",
@@ -1085,10 +1191,7 @@ impl Inner {
         let sql = format!(
             // Each row is checked once, as locked (a row changed since the statement began
             // is re-read when it is locked), and cannot change until the claim commits.
-            "WITH c AS MATERIALIZED (
-                 SELECT o.seq, o.due_at, ({ok}) AS ok FROM {s}.outbox o WHERE o.due_at <= {now}{filter}
-                  ORDER BY o.due_at, o.seq LIMIT {limit} FOR UPDATE SKIP LOCKED
-             ), taken AS (
+            "{choose}, taken AS (
                  UPDATE {s}.outbox o SET {set} FROM c WHERE o.seq = c.seq AND c.ok
                  RETURNING c.due_at AS was_due, {cols}
              ), held AS (
@@ -1100,32 +1203,65 @@ impl Inner {
         (sql, params)
     }
 
-    async fn claim(
-        &self,
-        scope: &Scope,
-        limit: usize,
-        owner: &str,
-        lease: Duration,
-        now: SystemTime,
-    ) -> Result<Claimed, StoreError> {
-        let client = self.client().await?;
-        self.claim_on(&client, scope, limit, owner, lease, now).await
+    /// Claims on a connection of the pool: one statement, or, spending from rate limits, a
+    /// transaction that holds their buckets' rows locked from the read of their state to the
+    /// write of what the claim spent.
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claimed, StoreError> {
+        let mut client = self.client().await?;
+        if request.limit == 0 || request.buckets_in_scope().is_empty() {
+            return self.claim_on(&client, request).await;
+        }
+        let err = self.err();
+        let tx = client.transaction().await.map_err(&err)?;
+        let claimed = self.claim_on(&tx, request).await?;
+        tx.commit().await.map_err(&err)?;
+        Ok(claimed)
+    }
+
+    /// The states of `buckets`, their rows locked (in name order) until the transaction of
+    /// `client` ends; a bucket without a row gets one (full, not paused).
+    async fn lock_rates<C: Prepare>(&self, client: &C, buckets: &[&RateBucket]) -> Result<Vec<RateState>, StoreError> {
+        let err = self.err();
+        let names: Vec<&str> = buckets.iter().map(|b| &*b.name).collect();
+        let insert = client.statement(&self.sql.rates_insert).await.map_err(&err)?;
+        let lock = client.statement(&self.sql.rates_lock).await.map_err(&err)?;
+        let (inserted, rows) =
+            futures_util::future::join(client.rows(&insert, &[&names]), client.rows(&lock, &[&names])).await;
+        inserted.map_err(&err)?;
+        let rows = rows.map_err(&err)?;
+        let time = |us: i64| u64::try_from(us).unwrap_or(0);
+        buckets
+            .iter()
+            .map(|b| {
+                let row = rows.iter().find(|r| r.get::<_, &str>(0) == &*b.name).ok_or_else(|| {
+                    StoreError::backend(
+                        self.name.clone(),
+                        false,
+                        format!("the row of rate limit `{}` is missing", b.name),
+                    )
+                })?;
+                Ok(RateState {
+                    tat: time(row.get(1)),
+                    paused_until: time(row.get(2)),
+                })
+            })
+            .collect()
     }
 
     /// [`claim`](Inner::claim) on `client`: a connection of the pool, or the transaction of a
     /// commit that claims for its turn's drain.
+    ///
+    /// A claim that spends from rate limits must run in a transaction: their buckets' rows
+    /// are locked by it.
     pub(crate) async fn claim_on<C: Prepare>(
         &self,
         client: &C,
-        scope: &Scope,
-        limit: usize,
-        owner: &str,
-        lease: Duration,
-        now: SystemTime,
+        request: &ClaimRequest<'_>,
     ) -> Result<Claimed, StoreError> {
+        let (scope, limit, now) = (request.scope, request.limit, request.now);
         let at = ms(now);
         let far = SystemTime::UNIX_EPOCH + Duration::from_secs(FAR_FUTURE_SECS);
-        let until = ms(now.checked_add(lease).map_or(far, |t| t.min(far)));
+        let until = ms(now.checked_add(request.lease).map_or(far, |t| t.min(far)));
         let err = self.err();
         let mut claimed = Claimed::default();
         let template = reclaimed_error("\u{1}", "\u{2}");
@@ -1133,7 +1269,25 @@ impl Inner {
         let reclaim_params: &[&(dyn ToSql + Sync)] = &[&at, &template];
         // The reclaim, then the claim proper, sent together (pipelined: one round trip; the
         // server runs them in order, each with a snapshot of its own).
-        let (sql, params) = self.claim_sql(scope, at, i64::try_from(limit).unwrap_or(i64::MAX), owner, until);
+        let buckets = if limit == 0 {
+            Vec::new()
+        } else {
+            request.buckets_in_scope()
+        };
+        let states = match buckets.is_empty() {
+            true => Vec::new(),
+            false => self.lock_rates(client, &buckets).await?,
+        };
+        let mut spend = RateSpend::new(buckets.iter().copied().zip(states), now);
+        let shares = (!spend.is_empty()).then(|| Shares::of(&spend));
+        let (sql, params) = self.claim_sql(
+            scope,
+            at,
+            i64::try_from(limit).unwrap_or(i64::MAX),
+            request.owner,
+            until,
+            shares,
+        );
         let refs = params.refs();
         let (reclaimed, rows) = if limit == 0 {
             (client.rows(&reclaim, reclaim_params).await, Ok(Vec::new()))
@@ -1187,6 +1341,8 @@ impl Inner {
         }
         taken.sort_by_key(|(due, row)| (*due, row.seq));
         for (_, row) in taken {
+            // The statement took no more than each bucket allows: this only counts.
+            spend.take(&row.kind);
             match row.check_intent() {
                 Ok(payload) => claimed.claims.push(row.delivery(&payload)),
                 Err(detail) => {
@@ -1200,6 +1356,15 @@ impl Inner {
                 }
             }
         }
+        let (names, tats): (Vec<&str>, Vec<i64>) = spend
+            .spent()
+            .map(|(name, state)| (&**name, i64::try_from(state.tat).unwrap_or(i64::MAX)))
+            .unzip();
+        if !names.is_empty() {
+            let stmt = client.statement(&self.sql.rates_spent).await.map_err(&err)?;
+            client.rows(&stmt, &[&names, &tats]).await.map_err(&err)?;
+        }
+        claimed.throttled = spend.throttled();
         Ok(claimed)
     }
 
@@ -1509,19 +1674,31 @@ impl OutboxStore for PostgresOutbox {
         )))
     }
 
+    fn pause<'a>(&'a self, bucket: &'a str, until: SystemTime) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            let until = i64::try_from(micros(until)).unwrap_or(i64::MAX);
+            let stmt = client
+                .prepare_cached(&self.inner.sql.rates_pause)
+                .await
+                .map_err(self.err())?;
+            client.execute(&stmt, &[&bucket, &until]).await.map_err(self.err())?;
+            Ok(())
+        })
+    }
+
     fn claim<'a>(&'a self, request: ClaimRequest<'a>) -> BoxFuture<'a, Result<Claimed, StoreError>> {
         let inner = self.inner.clone();
         let name = inner.name.clone();
-        let scope = request.scope.clone();
-        let owner = request.owner.to_string();
-        let (limit, lease, now) = (request.limit, request.lease, request.now);
+        let order = ClaimOrder::of(&request);
+        let now = order.now;
         // The claim runs to its end even if its caller is gone by then (a dropped drain): it
         // then releases what it took, instead of leaving it in flight for a whole lease.
         let (answer, answered) = oneshot::channel();
         let handle = tokio::runtime::Handle::try_current();
         Box::pin(async move {
             let task = async move {
-                let claimed = inner.claim(&scope, limit, &owner, lease, now).await;
+                let claimed = inner.claim(&order.request()).await;
                 if let Err(Ok(claimed)) = answer.send(claimed) {
                     inner.release(&claimed, now).await;
                 }
@@ -1888,7 +2065,7 @@ mod tests {
 
     /// The plan of a claim, as `EXPLAIN` gives it for the store's own statement.
     async fn plan(outbox: &PostgresOutbox, scope: &Scope) -> String {
-        let (sql, params) = outbox.inner.claim_sql(scope, 1, 16, "d", 2);
+        let (sql, params) = outbox.inner.claim_sql(scope, 1, 16, "d", 2, None);
         let client = outbox.client().await.unwrap();
         // EXPLAIN without ANALYZE: the statement is planned, not run.
         let rows = client.query(&format!("EXPLAIN {sql}"), &params.refs()).await.unwrap();

@@ -32,6 +32,12 @@
 //! checks it against the hashed bytes); the status code 9 (blocked behind an earlier open row
 //! of its group, not due); and `outbox_group_open`, a partial index of the open rows of
 //! groups. The migration adds a column and an index and rewrites no row.
+//!
+//! Version 7 adds rate limits and fair claims: `outbox_rates`, one row per rate limit's
+//! bucket (its theoretical arrival time and the end of its pause, in microseconds since the
+//! Unix epoch), locked and written by the claims that spend from it; and two partial indexes
+//! of due rows, by kind (a rate-limited claim takes each kind's share from it) and by session
+//! (a claim takes each session's turn from it). It rewrites no row.
 
 use tokio_postgres::Client;
 
@@ -39,7 +45,7 @@ use crate::connect::store_error;
 use crate::OpenError;
 
 /// The schema version this build writes and reads.
-pub(crate) const SCHEMA_VERSION: i32 = 6;
+pub(crate) const SCHEMA_VERSION: i32 = 7;
 
 /// The first key of the advisory lock migrations take (the second is the schema's hash):
 /// `0x52_46_50_47`, "RFPG".
@@ -249,6 +255,18 @@ ALTER TABLE {s}.outbox ADD COLUMN grp text;
 CREATE INDEX outbox_group_open ON {s}.outbox (grp, seq) WHERE grp IS NOT NULL AND status NOT IN (2, 6, 8);
 "#;
 
+/// Version 7: rate limits and fair claims. The state of each rate limit's bucket, and the
+/// due rows by kind and by session.
+const V7: &str = r#"
+CREATE TABLE {s}.outbox_rates (
+    name text PRIMARY KEY,
+    tat bigint NOT NULL,
+    paused_until bigint NOT NULL
+);
+CREATE INDEX outbox_kind_due ON {s}.outbox (kind, due_at, seq) WHERE due_at IS NOT NULL;
+CREATE INDEX outbox_session_due ON {s}.outbox (session, due_at, seq) WHERE due_at IS NOT NULL;
+"#;
+
 /// The migrations, in order: `MIGRATIONS[v - 1]` takes the schema from version `v - 1` to `v`.
 const MIGRATIONS: [(&str, &str); SCHEMA_VERSION as usize] = [
     ("the outbox", V1),
@@ -257,6 +275,7 @@ const MIGRATIONS: [(&str, &str); SCHEMA_VERSION as usize] = [
     ("human approval", V4),
     ("trace context", V5),
     ("ordering groups", V6),
+    ("rate limits and fair claims", V7),
 ];
 
 /// `"schema"`: the schema's name as an identifier (a name [`valid_schema`] accepts needs no

@@ -22,6 +22,7 @@ async fn claim(o: &PostgresOutbox, owner: &str, limit: usize, now: u64) -> react
         owner: &owner,
         lease: Duration::from_secs(60),
         now: at(now),
+        rates: &[],
     })
     .await
     .unwrap()

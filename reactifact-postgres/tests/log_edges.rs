@@ -44,6 +44,7 @@ async fn a_reclaim_aborted_in_the_commit_transaction_is_reported_as_itself() {
             owner: &owner,
             lease: Duration::ZERO,
             now: SystemTime::now(),
+            rates: &[],
         })
         .await
         .unwrap();

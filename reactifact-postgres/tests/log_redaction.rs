@@ -85,6 +85,7 @@ async fn the_log_and_the_store_name_never_carry_the_password() {
             owner: &owner,
             lease: Duration::from_secs(30),
             now: at(1),
+            rates: &[],
         })
         .await
         .expect("claim");

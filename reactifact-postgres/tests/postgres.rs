@@ -40,14 +40,17 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 /// Takes a store of this build back to schema 4, as a build before trace context left it: no
-/// `trace_parent` column (and no ordering groups of schema 6).
+/// `trace_parent` column (and no ordering groups of schema 6, no rate limits of schema 7).
 async fn downgrade_to_4(client: &tokio_postgres::Client, schema: &str) {
     client
         .batch_execute(&format!(
-            "DROP INDEX \"{schema}\".outbox_group_open;
+            "DROP TABLE \"{schema}\".outbox_rates;
+             DROP INDEX \"{schema}\".outbox_kind_due;
+             DROP INDEX \"{schema}\".outbox_session_due;
+             DROP INDEX \"{schema}\".outbox_group_open;
              ALTER TABLE \"{schema}\".outbox DROP COLUMN grp;
              ALTER TABLE \"{schema}\".outbox DROP COLUMN trace_parent;
-             DELETE FROM \"{schema}\".schema_version WHERE version IN (5, 6)"
+             DELETE FROM \"{schema}\".schema_version WHERE version IN (5, 6, 7)"
         ))
         .await
         .unwrap();
@@ -114,7 +117,7 @@ async fn a_schema_3_store_upgrades_to_approvals_keeping_every_digest() {
             refused,
             OpenError::OlderSchema {
                 found: 3,
-                supported: 6,
+                supported: 7,
                 ..
             }
         ),
@@ -132,6 +135,7 @@ async fn a_schema_3_store_upgrades_to_approvals_keeping_every_digest() {
             owner: &owner,
             lease: Duration::from_secs(60),
             now: at(1),
+            rates: &[],
         })
         .await
         .unwrap();
@@ -170,6 +174,7 @@ async fn a_schema_3_store_upgrades_to_approvals_keeping_every_digest() {
             owner: &owner,
             lease: Duration::from_secs(60),
             now: at(4),
+            rates: &[],
         })
         .await
         .unwrap();
@@ -190,6 +195,7 @@ async fn a_schema_3_store_upgrades_to_approvals_keeping_every_digest() {
             owner: &owner,
             lease: Duration::from_secs(60),
             now: at(6),
+            rates: &[],
         })
         .await
         .unwrap();
@@ -258,6 +264,7 @@ async fn a_schema_2_store_upgrades_to_the_attempt_history_unless_told_not_to() {
                 owner: &owner,
                 lease: Duration::from_secs(60),
                 now,
+                rates: &[],
             })
             .await
             .unwrap()
@@ -294,7 +301,7 @@ async fn a_schema_2_store_upgrades_to_the_attempt_history_unless_told_not_to() {
             refused,
             OpenError::OlderSchema {
                 found: 2,
-                supported: 6,
+                supported: 7,
                 ..
             }
         ),
@@ -345,6 +352,7 @@ async fn a_schema_2_store_upgrades_to_the_attempt_history_unless_told_not_to() {
             owner: &owner,
             lease: Duration::from_secs(60),
             now: at(61_000),
+            rates: &[],
         })
         .await
         .unwrap();
@@ -386,7 +394,7 @@ async fn concurrent_first_opens_migrate_once() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, [1, 2, 3, 4, 5, 6], "one migration row per version");
+    assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7], "one migration row per version");
     // And the store works from every one of them.
     outboxes[3]
         .register_alone(&new_intents("a", 1, &[("k1", "x")]), at(0))
@@ -412,13 +420,13 @@ async fn a_newer_or_foreign_schema_is_refused() {
     );
     schemas
         .execute(&format!(
-            "INSERT INTO \"{newer}\".schema_version (version, description) VALUES (7, 'from the future')"
+            "INSERT INTO \"{newer}\".schema_version (version, description) VALUES (8, 'from the future')"
         ))
         .await;
     match PostgresOutbox::open(PostgresOptions::new(&url).schema(&newer)).await {
         Err(
             e @ OpenError::NewerSchema {
-                found: 7, supported: 6, ..
+                found: 8, supported: 7, ..
             },
         ) => {
             let message = e.to_string();
@@ -453,6 +461,7 @@ async fn claim(outbox: &PostgresOutbox, owner: &str, limit: usize, now: u64) -> 
             owner: &owner,
             lease: Duration::from_secs(300),
             now: at(now),
+            rates: &[],
         })
         .await
         .expect("claim")
@@ -725,6 +734,7 @@ async fn a_claim_dropped_by_its_caller_releases_what_it_took() {
         owner: &owner,
         lease: Duration::from_secs(3600),
         now: at(1),
+        rates: &[],
     });
     // Polled once (the claim starts on the runtime), then dropped before its answer: on this
     // current-thread runtime the claim cannot have answered yet.

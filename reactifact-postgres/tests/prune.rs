@@ -43,6 +43,7 @@ async fn settle_with(outbox: &PostgresOutbox, limit: usize, now: SystemTime, out
             owner: &owner,
             lease: HOUR * 1000,
             now,
+            rates: &[],
         })
         .await
         .expect("claim");
@@ -109,6 +110,7 @@ async fn mixed(outbox: &PostgresOutbox) {
             // Past the year 2100: still held when the test runs.
             lease: HOUR * 24 * 365 * 80,
             now: old,
+            rates: &[],
         })
         .await
         .expect("claim");
@@ -128,6 +130,7 @@ async fn mixed(outbox: &PostgresOutbox) {
             owner: &owner,
             lease: HOUR,
             now: SystemTime::now(),
+            rates: &[],
         })
         .await
         .expect("claim");
@@ -267,6 +270,7 @@ async fn a_pruned_key_registered_again_is_never_delivered_again() {
             owner: &owner,
             lease: HOUR,
             now: SystemTime::now() + HOUR,
+            rates: &[],
         })
         .await
         .unwrap();

@@ -58,6 +58,7 @@ async fn claim_all(outbox: &dyn OutboxStore, now_ms: u64) -> reactifact_core::st
             owner: &owner,
             lease: Duration::from_secs(60),
             now: at(now_ms),
+            rates: &[],
         })
         .await
         .unwrap()
@@ -181,10 +182,13 @@ async fn a_schema_4_store_upgrades_to_trace_context_keeping_every_digest() {
     let client = client(&url).await;
     client
         .batch_execute(&format!(
-            "DROP INDEX \"{schema}\".outbox_group_open;
+            "DROP TABLE \"{schema}\".outbox_rates;
+             DROP INDEX \"{schema}\".outbox_kind_due;
+             DROP INDEX \"{schema}\".outbox_session_due;
+             DROP INDEX \"{schema}\".outbox_group_open;
              ALTER TABLE \"{schema}\".outbox DROP COLUMN grp;
              ALTER TABLE \"{schema}\".outbox DROP COLUMN trace_parent;
-             DELETE FROM \"{schema}\".schema_version WHERE version IN (5, 6)"
+             DELETE FROM \"{schema}\".schema_version WHERE version IN (5, 6, 7)"
         ))
         .await
         .unwrap();
@@ -197,7 +201,7 @@ async fn a_schema_4_store_upgrades_to_trace_context_keeping_every_digest() {
             refused,
             OpenError::OlderSchema {
                 found: 4,
-                supported: 6,
+                supported: 7,
                 ..
             }
         ),

@@ -19,6 +19,7 @@ use reactifact_core::audit::{CommitHash, ContentHash};
 use reactifact_core::runtime::Generation;
 use reactifact_core::runtime::Origin;
 use reactifact_core::runtime::TraceParent;
+use reactifact_core::store::RateBucket;
 use reactifact_core::store::Verdict;
 use reactifact_core::store::{
     ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome,
@@ -27,7 +28,7 @@ use reactifact_core::store::{
 use reactifact_core::store::{Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken, NewIntent};
 use reactifact_core::store::{MemoryOutbox, SqliteOutbox};
 use reactifact_core::Context;
-use reactifact_core::{ActionKey, Intent, PendingAction};
+use reactifact_core::{ActionKey, Intent, PendingAction, RateLimit};
 
 /// Creates fresh stores for the checks.
 pub trait ContractHarness: Send + Sync {
@@ -311,6 +312,8 @@ macro_rules! for_each_check {
             group_in_order_one_at_a_time,
             group_dead_head_blocks,
             group_with_approvals,
+            rate_limit_spends_across_claims,
+            rate_limit_shared_and_paused,
             retry_cancel_legality,
             approval_awaits_and_is_never_claimed,
             approve_reject_legality,
@@ -344,6 +347,7 @@ async fn claim_with(
         owner: &owner,
         lease,
         now,
+        rates: &[],
     })
     .await
     .unwrap_or_else(|e| panic!("claim failed: {e}"))
@@ -1430,6 +1434,131 @@ pub async fn group_with_approvals(h: &dyn ContractHarness) {
     );
     o.approve("ask2", "ada", at(4)).await.expect("approve");
     assert_eq!(keys(&claim(&*o, 10, at(4)).await), ["ask2"]);
+}
+
+/// Records every claim of `claimed` delivered at `now`.
+async fn delivered(o: &dyn OutboxStore, claimed: &Claimed, now: SystemTime) {
+    let recordings: Vec<Recording> = claimed
+        .claims
+        .iter()
+        .map(|d| Recording {
+            key: d.key().clone(),
+            token: d.token(),
+            outcome: Outcome::Delivered,
+        })
+        .collect();
+    o.record(&recordings, now).await.expect("record");
+}
+
+/// A claim that spends from `rates`.
+async fn claim_rated(o: &dyn OutboxStore, scope: &Scope, rates: &[RateBucket], now: SystemTime) -> Claimed {
+    let owner: Arc<str> = Arc::from(OWNER);
+    o.claim(ClaimRequest {
+        scope,
+        limit: 100,
+        owner: &owner,
+        lease: LEASE,
+        now,
+        rates,
+    })
+    .await
+    .unwrap_or_else(|e| panic!("claim failed: {e}"))
+}
+
+fn bucket(name: &str, kinds: &[&str], limit: RateLimit) -> RateBucket {
+    RateBucket {
+        name: Arc::from(name),
+        kinds: kinds.iter().map(|&k| Arc::from(k)).collect(),
+        limit,
+    }
+}
+
+/// A rate limit's bucket is the store's: each claim takes at most what it allows, in claim
+/// order, spends it, and says when it allows more; other kinds are not held back.
+pub async fn rate_limit_spends_across_claims(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    let mail: Vec<String> = (0..10).map(|i| format!("m{i}")).collect();
+    let mail: Vec<(&str, &str)> = mail.iter().map(|k| (k.as_str(), "mail")).collect();
+    s.register("a", &mail, at(0)).await;
+    s.register("a", &[("o1", "other"), ("o2", "other")], at(0)).await;
+    // 2 per second, 3 at once: one every 500 ms.
+    let rates = [bucket("mail", &["mail"], RateLimit::per_second(2).burst(3))];
+
+    let c = claim_rated(&*o, &Scope::all(), &rates, at(0)).await;
+    assert_eq!(
+        keys(&c),
+        ["m0", "m1", "m2", "o1", "o2"],
+        "the burst of the limited kind, and every other"
+    );
+    assert_eq!(c.throttled, Some(at(500)), "the bucket allows one more at 500 ms");
+    delivered(&*o, &c, at(1)).await;
+    let c = claim_rated(&*o, &Scope::all(), &rates, at(499)).await;
+    assert!(c.claims.is_empty(), "nothing before the bucket refills: {:?}", keys(&c));
+    assert_eq!(c.throttled, Some(at(500)));
+    let c = claim_rated(&*o, &Scope::all(), &rates, at(500)).await;
+    assert_eq!(keys(&c), ["m3"], "one at the steady rate");
+    delivered(&*o, &c, at(500)).await;
+    let c = claim_rated(&*o, &Scope::all().kinds(["mail"]), &rates, at(1_200)).await;
+    assert_eq!(
+        keys(&c),
+        ["m4"],
+        "a claim scoped to the kind spends from the same bucket"
+    );
+    assert_eq!(c.throttled, Some(at(1_500)));
+    delivered(&*o, &c, at(1_200)).await;
+    let c = claim_rated(&*o, &Scope::session("a"), &rates, at(60_000)).await;
+    assert_eq!(
+        keys(&c),
+        ["m5", "m6", "m7"],
+        "a quiet spell refills no more than the burst"
+    );
+    delivered(&*o, &c, at(60_000)).await;
+
+    // Without the bucket the kind is not limited (the limit is the claimer's).
+    let c = claim(&*o, 100, at(60_000)).await;
+    assert_eq!(keys(&c), ["m8", "m9"]);
+    delivered(&*o, &c, at(60_000)).await;
+    // A bucket that did not run out throttles nothing.
+    let c = claim_rated(&*o, &Scope::all(), &rates, at(600_000)).await;
+    assert!(c.claims.is_empty());
+    assert_eq!(
+        c.throttled, None,
+        "a full bucket with nothing to take throttles nothing"
+    );
+}
+
+/// Kinds that share a bucket spend from it together; a pause holds every kind of its bucket
+/// back until it ends, and a shorter pause does not end a longer one.
+pub async fn rate_limit_shared_and_paused(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    s.register(
+        "a",
+        &[("a1", "a"), ("b1", "b"), ("a2", "a"), ("b2", "b"), ("c1", "c")],
+        at(0),
+    )
+    .await;
+    let rates = [
+        bucket("provider", &["a", "b"], RateLimit::per_second(1).burst(2)),
+        bucket("other", &["c"], RateLimit::per_second(1)),
+    ];
+    let c = claim_rated(&*o, &Scope::all(), &rates, at(0)).await;
+    assert_eq!(keys(&c), ["a1", "b1", "c1"], "two of the shared bucket, in claim order");
+
+    o.pause("provider", at(5_000)).await.expect("pause");
+    o.pause("provider", at(2_000)).await.expect("a shorter pause");
+    let c = claim_rated(&*o, &Scope::all(), &rates, at(4_999)).await;
+    assert!(c.claims.is_empty(), "paused: {:?}", keys(&c));
+    assert_eq!(c.throttled, Some(at(5_000)), "the pause says when it ends");
+    let c = claim_rated(&*o, &Scope::all(), &rates, at(5_000)).await;
+    assert_eq!(keys(&c), ["a2", "b2"], "the pause over, the bucket allows its burst");
+    // A pause of a bucket no claim has spent from yet.
+    s.register("a", &[("c2", "c")], at(5_000)).await;
+    o.pause("other", at(9_000)).await.expect("pause");
+    assert!(claim_rated(&*o, &Scope::all(), &rates, at(8_000))
+        .await
+        .claims
+        .is_empty());
+    assert_eq!(keys(&claim_rated(&*o, &Scope::all(), &rates, at(9_000)).await), ["c2"]);
 }
 
 /// An intent that requires approval is registered awaiting it: not due, never claimed (by any

@@ -180,6 +180,7 @@ pub async fn settle(outbox: &dyn OutboxStore) {
                 owner: &owner,
                 lease: Duration::from_secs(3600),
                 now: SystemTime::now(),
+                rates: &[],
             })
             .await
             .unwrap();

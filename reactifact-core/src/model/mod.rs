@@ -20,6 +20,7 @@ pub(crate) mod panic;
 pub(crate) mod parked;
 pub(crate) mod patch;
 pub(crate) mod question;
+pub(crate) mod rate;
 pub(crate) mod relation;
 pub(crate) mod stop;
 pub(crate) mod telemetry;

@@ -491,7 +491,7 @@ impl<'a> Drain<'a> {
                 }
                 Ok(Some(interrupted))
             }
-            None => self.deliver(report, None, preclaimed, None).await,
+            None => self.deliver(report, None, preclaimed, None, &mut None).await,
         }
     }
 
@@ -517,6 +517,8 @@ impl<'a> Drain<'a> {
     ) -> Result<Option<Interrupted>, DrainError> {
         // A serving drain also wakes when the store says intents may have fallen due.
         let mut wakeups = poll.and_then(|_| self.outbox.wakeups());
+        // When the rate limits that held intents back in the last claim allow more.
+        let mut throttled = None;
         loop {
             let before = report.progress();
             let ran = match self.interrupted() {
@@ -524,7 +526,7 @@ impl<'a> Drain<'a> {
                     self.count_waiting(report).await?;
                     return Ok(Some(interrupted));
                 }
-                None => self.deliver(report, poll, None, wakeups.as_mut()).await,
+                None => self.deliver(report, poll, None, wakeups.as_mut(), &mut throttled).await,
             };
             let ran = match ran {
                 // A serving drain rides out a store that is busy for a while.
@@ -556,6 +558,11 @@ impl<'a> Drain<'a> {
                 (None, None) => {
                     report.waiting = 0;
                     return Ok(None);
+                }
+                // Due already, but held back by a rate limit: look again when it allows more.
+                (Some(at), _) if at <= now && throttled.is_some() => {
+                    let allowed = self.clock.instant_at(throttled.take().expect("guarded"));
+                    allowed.min(instant_after(Instant::now(), poll.unwrap_or(SETTLE_RECHECK)))
                 }
                 // Due already, yet this drain took nothing: another drain holds it or took it
                 // meanwhile. Look again shortly rather than spin.
@@ -601,6 +608,7 @@ impl<'a> Drain<'a> {
         poll: Option<Duration>,
         preclaimed: Option<Preclaimed>,
         mut wakeups: Option<&mut Wakeups>,
+        throttled: &mut Option<SystemTime>,
     ) -> Result<Option<Interrupted>, DrainError> {
         let config = self.config;
         let dispatcher = self.dispatcher.as_ref();
@@ -631,6 +639,13 @@ impl<'a> Drain<'a> {
         let mut exhausted = false;
         let mut stopping: Option<Interrupted> = None;
         let mut first_failure: Option<DeliveryFailure> = None;
+        // Rate limits to pause (a receiver's `Retry-After`): new ones, and those whose kinds'
+        // queued claims were given back, to write.
+        let mut pauses: Vec<(Arc<str>, SystemTime)> = Vec::new();
+        let mut pausing: Vec<(Arc<str>, SystemTime)> = Vec::new();
+        // When the last claim's rate limits allow more (`Claimed::throttled`).
+        let throttle = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(throttle);
         let mut store_error: Option<StoreError> = None;
         let mut record_failures = 0;
         let mut metrics = DeliveryMetrics::default();
@@ -683,7 +698,7 @@ impl<'a> Drain<'a> {
                             Poll::Ready((at, ended)) => {
                                 spare = Some(attempt);
                                 *count -= 1;
-                                let outcome = self.outcome_of(holds.slot(at), ended, &mut first_failure);
+                                let outcome = self.outcome_of(holds.slot(at), ended, &mut first_failure, &mut pauses);
                                 holds.slot(at).stage = Stage::Finished(outcome);
                             }
                             Poll::Pending => running.push(attempt),
@@ -707,9 +722,11 @@ impl<'a> Drain<'a> {
                     owner: self.owner,
                     lease: self.lease,
                     now: self.clock.now(),
+                    rates: &config.rates,
                 };
                 claiming = Some((free, self.outbox.claim(request)));
             }
+            self.release_paused(&mut pauses, &mut pausing, &mut holds, &mut queued);
             // Write what finished, as one group, while nothing else is being written.
             let record_broken = record_failures >= RECORD_TRIES;
             if recording.is_none() && !record_broken {
@@ -738,7 +755,15 @@ impl<'a> Drain<'a> {
                     }));
                     let outbox = self.outbox;
                     let now = self.clock.now();
+                    let pausing = std::mem::take(&mut pausing);
                     recording = Some(Box::pin(async move {
+                        // Before the outcomes: the bucket is paused by the time the failure
+                        // that asked for it is recorded.
+                        for (bucket, until) in pausing {
+                            if let Err(e) = outbox.pause(&bucket, until).await {
+                                tracing::warn!(error = %e, bucket = %bucket, "the pause a receiver asked for could not be written; its rate limit goes on");
+                            }
+                        }
                         let result = outbox.record(&outcomes, now).await;
                         outcomes.clear();
                         (ready, outcomes, result)
@@ -762,7 +787,7 @@ impl<'a> Drain<'a> {
                         if let Some(count) = active.get_mut(holds.slot(at).claim.kind()) {
                             *count -= 1;
                         }
-                        let outcome = self.outcome_of(holds.slot(at), attempt, &mut first_failure);
+                        let outcome = self.outcome_of(holds.slot(at), attempt, &mut first_failure, &mut pauses);
                         holds.slot(at).stage = Stage::Finished(outcome);
                         done = running.next().now_or_never().flatten();
                     }
@@ -831,6 +856,10 @@ impl<'a> Drain<'a> {
                             // Rows held for integrity were taken too: fewer than asked means
                             // nothing more is due.
                             exhausted = claimed.claims.len() + claimed.integrity.len() < asked;
+                            *throttled = claimed.throttled;
+                            if let Some(at) = claimed.throttled {
+                                throttle.as_mut().reset(self.clock.instant_at(at));
+                            }
                             report.list_integrity(claimed.integrity);
                             for claim in claimed.claims {
                                 let at = holds.insert(Slot { claim, stage: Stage::Queued });
@@ -875,6 +904,11 @@ impl<'a> Drain<'a> {
                 () = woken(wakeups.as_deref_mut(), self.nudge), if poll.is_some() && exhausted && accepting => {
                     exhausted = false;
                 }
+                // A rate limit that held intents back allows more.
+                () = &mut throttle, if throttled.is_some() && exhausted && accepting => {
+                    *throttled = None;
+                    exhausted = false;
+                }
                 () = &mut look_again, if poll.is_some() && exhausted && accepting => {
                     exhausted = false;
                     look_again.as_mut().reset(instant_after(Instant::now(), poll.unwrap_or_default()));
@@ -894,6 +928,7 @@ impl<'a> Drain<'a> {
             if stopping.is_some() || failed_loud || store_error.is_some() {
                 self.release_queued(&mut holds, &mut queued);
             }
+            self.release_paused(&mut pauses, &mut pausing, &mut holds, &mut queued);
         }
         if let Some(e) = store_error {
             return Err(DrainError::Store(e));
@@ -902,6 +937,32 @@ impl<'a> Drain<'a> {
             return Err(DrainError::Delivery(failure));
         }
         Ok(stopping)
+    }
+
+    /// Gives back the claims not yet handed to the dispatcher of the kinds of each rate limit
+    /// newly paused (`pauses`): pending, no attempt spent. The pauses move to `pausing`, to
+    /// be written.
+    fn release_paused(
+        &self,
+        pauses: &mut Vec<(Arc<str>, SystemTime)>,
+        pausing: &mut Vec<(Arc<str>, SystemTime)>,
+        holds: &mut Holds<'_>,
+        queued: &mut foldhash::HashMap<Arc<str>, VecDeque<usize>>,
+    ) {
+        for (bucket, until) in pauses.drain(..) {
+            for kind in self
+                .config
+                .rates
+                .iter()
+                .filter(|b| b.name == bucket)
+                .flat_map(|b| &b.kinds)
+            {
+                for at in queued.get_mut(kind).into_iter().flat_map(|waiting| waiting.drain(..)) {
+                    holds.slot(at).stage = Stage::Finished(Outcome::Released);
+                }
+            }
+            pausing.push((bucket, until));
+        }
     }
 
     /// Releases every claim not yet handed to the dispatcher.
@@ -914,7 +975,15 @@ impl<'a> Drain<'a> {
     }
 
     /// The outcome to record for a finished attempt, listing failures in `report`.
-    fn outcome_of(&self, slot: &Slot, attempt: Attempt, first_failure: &mut Option<DeliveryFailure>) -> Outcome {
+    /// A failure whose error carries a `Retry-After`, of a kind with a rate limit, adds the
+    /// pause of its bucket to `pauses`.
+    fn outcome_of(
+        &self,
+        slot: &Slot,
+        attempt: Attempt,
+        first_failure: &mut Option<DeliveryFailure>,
+        pauses: &mut Vec<(Arc<str>, SystemTime)>,
+    ) -> Outcome {
         let intent = &slot.claim.intent;
         let error = match attempt {
             Attempt::Delivered => return Outcome::Delivered,
@@ -926,6 +995,11 @@ impl<'a> Drain<'a> {
             Attempt::Panicked(message) => DispatchError::retryable(format!("dispatcher panicked: {message}")),
         };
         let now = self.clock.now();
+        if let (Some(wait), Some(bucket)) = (error.retry_after_hint(), self.config.bucket_of(intent.kind())) {
+            if !error.is_permanent() {
+                pauses.push((bucket.name.clone(), later(now, wait)));
+            }
+        }
         let policy = self.config.policy_for(intent.kind());
         let next = policy.after_failure(intent.key().as_str(), slot.claim.counted_attempts(), &error, now);
         let failure = DeliveryFailure::of(intent, error.to_string(), next);

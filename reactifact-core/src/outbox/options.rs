@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use crate::model::build_error::BuildError;
+use crate::model::rate::{RateBucket, RateLimit};
 use crate::outbox::drain::RetryPolicy;
 
 /// How a drain delivers: retry policies, limits on deliveries at once, the attempt timeout,
@@ -40,6 +43,8 @@ pub struct DeliveryOptions {
     pub(crate) errors: DeliveryErrors,
     /// `None`: the lease a runtime's context was opened with, or a drainer's default.
     pub(crate) lease: Option<Duration>,
+    /// The rate limits, by bucket name.
+    pub(crate) rates: Vec<RateBucket>,
 }
 
 /// How many deliveries run at once by default.
@@ -58,6 +63,7 @@ impl Default for DeliveryOptions {
             grace: Duration::from_secs(10),
             errors: DeliveryErrors::default(),
             lease: None,
+            rates: Vec::new(),
         }
     }
 }
@@ -129,14 +135,76 @@ impl DeliveryOptions {
         self
     }
 
+    /// At most `limit` intents of `kind` handed to dispatchers, counted across every drain
+    /// of the store (every drainer and runtime, in every process, that states the limit):
+    /// the limit's bucket is kept in the store, and claims spend from it. Intents of the kind
+    /// beyond the limit stay pending (due, not claimed) until the bucket allows them.
+    ///
+    /// A failed attempt of the kind whose error carries a
+    /// [`retry_after`](crate::DispatchError::retry_after) (a 429 or 503 with `Retry-After`
+    /// through `reactifact-webhook`) pauses the whole bucket until then, for every drain of
+    /// the store, not only its own key; intents of the kind already claimed by this drain but
+    /// not yet started are given back.
+    ///
+    /// The same as [`rate_limit_shared`](DeliveryOptions::rate_limit_shared) with a bucket
+    /// named after the kind. Every drain of a store should state the same limit: the bucket's
+    /// state is shared, the limit is each drain's.
+    pub fn rate_limit(self, kind: &str, limit: RateLimit) -> Self {
+        self.rate_limit_shared(kind, [kind], limit)
+    }
+
+    /// One rate limit for several kinds that reach the same receiver (a route of a
+    /// [`Router`](crate::Router) whose handlers call one provider): their intents together
+    /// are at most `limit`, spent from the bucket `name`. A kind spends from one bucket only:
+    /// the builders refuse a kind named by two
+    /// ([`BuildError::Delivery`](crate::error::BuildError::Delivery)). Stating a bucket's name
+    /// again replaces it.
+    pub fn rate_limit_shared<S: AsRef<str>>(
+        mut self,
+        name: &str,
+        kinds: impl IntoIterator<Item = S>,
+        limit: RateLimit,
+    ) -> Self {
+        let bucket = RateBucket {
+            name: Arc::from(name),
+            kinds: kinds.into_iter().map(|k| Arc::from(k.as_ref())).collect(),
+            limit,
+        };
+        match self.rates.iter_mut().find(|b| b.name == bucket.name) {
+            Some(old) => *old = bucket,
+            None => self.rates.push(bucket),
+        }
+        self
+    }
+
     /// Refuses options that cannot deliver as given, as both builders do.
     pub(crate) fn check(&self) -> Result<(), BuildError> {
+        let refuse = |problem: String| Err(BuildError::Delivery { problem });
         if self.timeout == Some(Duration::ZERO) {
-            return Err(BuildError::Delivery {
-                problem: "an attempt timeout of zero cancels every attempt; give a positive timeout, or None to wait as long as the dispatcher takes".to_owned(),
-            });
+            return refuse("an attempt timeout of zero cancels every attempt; give a positive timeout, or None to wait as long as the dispatcher takes".to_owned());
+        }
+        for (i, bucket) in self.rates.iter().enumerate() {
+            if let Some(problem) = bucket.limit.problem() {
+                return refuse(format!("rate limit `{}`: {problem}", bucket.name));
+            }
+            if bucket.kinds.is_empty() {
+                return refuse(format!("rate limit `{}` names no action kind", bucket.name));
+            }
+            for kind in &bucket.kinds {
+                if let Some(other) = self.rates[..i].iter().find(|b| b.covers(kind)) {
+                    return refuse(format!(
+                        "action kind `{kind}` is in two rate limits, `{}` and `{}`; a kind spends from one",
+                        other.name, bucket.name
+                    ));
+                }
+            }
         }
         Ok(())
+    }
+
+    /// The rate limit `kind` spends from, if any.
+    pub(crate) fn bucket_of(&self, kind: &str) -> Option<&RateBucket> {
+        self.rates.iter().find(|b| b.covers(kind))
     }
 
     /// The retry policy of `kind`.

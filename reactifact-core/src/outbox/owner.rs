@@ -414,6 +414,7 @@ mod tests {
                     owner,
                     lease: hour,
                     now,
+                    rates: &[],
                 })
                 .await
                 .unwrap();

@@ -29,7 +29,7 @@ use crate::run::produce::{Agent, Produce, ProduceFailure, RunFailure, RunInput, 
 use crate::run::resources::Resources;
 use crate::run::retries::Retries;
 use crate::run::runtime::{ProduceErrors, RunError, Runtime, TurnOutcome, TurnReport};
-use crate::session::context::{CommitFailure, GenerationCommit};
+use crate::session::context::{CommitFailure, GenerationCommit, TurnClaim};
 use crate::state::commit::{Emitted, Read, RunRecord, TriggerRef};
 use crate::state::readers::Readers;
 use crate::state::snapshot::Snapshot;
@@ -264,7 +264,12 @@ pub(crate) async fn run(
         };
         let turn = GenerationCommit {
             reacts: &reacts,
-            claim: claim.map(|limit| (limit, &rt.owner, lease)),
+            claim: claim.map(|limit| TurnClaim {
+                limit,
+                owner: &rt.owner,
+                lease,
+                rates: &rt.delivery.rates,
+            }),
             traces: &record_traces,
         };
         rt.context.commit_generation(records, events, isolate, &turn).await

@@ -141,10 +141,23 @@ pub(crate) struct GenerationCommit<'a> {
     /// session (the ones it registers among them) in its transaction, for this lease owner
     /// and under this lease. Only a durable store claims; the memory outbox is claimed from
     /// by the drain.
-    pub(crate) claim: Option<(usize, &'a Arc<str>, Duration)>,
+    pub(crate) claim: Option<TurnClaim<'a>>,
     /// The trace context of each run committed (in the order of the runs given), kept beside
     /// the intents it acts (`Intent::trace_parent`), not hashed.
     pub(crate) traces: &'a [Option<TraceParent>],
+}
+
+/// The claim a commit makes for its runtime's drain ([`GenerationCommit::claim`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TurnClaim<'a> {
+    /// At most this many.
+    pub(crate) limit: usize,
+    /// The lease owner.
+    pub(crate) owner: &'a Arc<str>,
+    /// The lease.
+    pub(crate) lease: Duration,
+    /// The drain's rate limits.
+    pub(crate) rates: &'a [crate::model::rate::RateBucket],
 }
 
 /// Why a commit of runs failed.
@@ -931,15 +944,14 @@ impl Context {
                 },
                 intents: &intents,
                 now,
-                claim: turn
-                    .and_then(|turn| turn.claim)
-                    .map(|(limit, owner, lease)| ClaimRequest {
-                        scope: &scope,
-                        limit,
-                        owner,
-                        lease,
-                        now,
-                    }),
+                claim: turn.and_then(|turn| turn.claim).map(|claim| ClaimRequest {
+                    scope: &scope,
+                    limit: claim.limit,
+                    owner: claim.owner,
+                    lease: claim.lease,
+                    now,
+                    rates: claim.rates,
+                }),
             };
             let written = match turn {
                 None => store.commit(&delta).map(|()| Claimed::default()),

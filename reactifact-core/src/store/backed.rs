@@ -347,13 +347,7 @@ impl Backed {
             consumed_before: delta.consumed_before,
             intents: delta.intents.to_vec(),
             now: delta.now,
-            claim: delta.claim.as_ref().map(|c| ClaimOrder {
-                scope: c.scope.clone(),
-                limit: c.limit,
-                owner: c.owner.clone(),
-                lease: c.lease,
-                now: c.now,
-            }),
+            claim: delta.claim.as_ref().map(ClaimOrder::of),
         }
     }
 

@@ -18,6 +18,7 @@ use std::time::{Duration, SystemTime};
 use crate::model::action::ActionKey;
 use crate::model::artifact::Generation;
 use crate::model::delivery::NewIntent;
+use crate::model::rate::RateBucket;
 use crate::state::refold::VerifyError;
 use crate::store::outbox::{BoxFuture, ClaimRequest, Claimed, OutboxStore, Scope};
 use crate::store::StoreError;
@@ -112,9 +113,23 @@ pub struct ClaimOrder {
     pub lease: Duration,
     /// The time of the claim.
     pub now: SystemTime,
+    /// The rate limits it spends from.
+    pub rates: Vec<RateBucket>,
 }
 
 impl ClaimOrder {
+    /// The claim `request` asks for, owned.
+    pub fn of(request: &ClaimRequest<'_>) -> ClaimOrder {
+        ClaimOrder {
+            scope: request.scope.clone(),
+            limit: request.limit,
+            owner: request.owner.clone(),
+            lease: request.lease,
+            now: request.now,
+            rates: request.rates.to_vec(),
+        }
+    }
+
     /// The claim, as [`OutboxStore::claim`] takes it.
     pub fn request(&self) -> ClaimRequest<'_> {
         ClaimRequest {
@@ -123,6 +138,7 @@ impl ClaimOrder {
             owner: &self.owner,
             lease: self.lease,
             now: self.now,
+            rates: &self.rates,
         }
     }
 }

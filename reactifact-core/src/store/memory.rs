@@ -61,6 +61,7 @@ use crate::model::delivery::{
     Lease, NewIntent, Remarks, Verdict, ATTEMPTS_KEPT,
 };
 use crate::model::outcome::{due_at, LastError};
+use crate::model::rate::{RateSpend, RateState};
 use crate::model::trace::TraceParent;
 use crate::store::outbox::{
     check_decision, ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, LedgerQuery, OutboxStore, Page,
@@ -683,6 +684,8 @@ struct Inner {
     /// is the group's head, the others are blocked behind it. A group without open entries
     /// has none here.
     groups: HashMap<Arc<str>, VecDeque<Pos>>,
+    /// The state of each rate limit's bucket that a claim or a pause wrote.
+    rates: HashMap<Arc<str>, RateState>,
 }
 
 impl Inner {
@@ -1082,20 +1085,41 @@ impl Inner {
             return Claimed {
                 claims,
                 reclaimed,
-                integrity: Vec::new(),
+                ..Claimed::default()
             };
         }
         let (now_ms, now) = millis(request.now);
         let expiry_ms = unix_millis(later(now, request.lease));
-        self.scope_queues(request.scope);
+        let buckets = request.buckets_in_scope();
+        let mut spend = RateSpend::new(
+            buckets
+                .into_iter()
+                .map(|b| (b, self.rates.get(&b.name).copied().unwrap_or_default())),
+            request.now,
+        );
+        if spend.is_empty() {
+            self.scope_queues(request.scope);
+        } else {
+            // A queue per kind, so that a kind whose bucket ran out drops out of the claim.
+            let kinds = match request.scope.kind_filter() {
+                Some(kinds) => kinds.to_vec(),
+                None => self.kinds.names.clone(),
+            };
+            self.scope_queues(&request.scope.clone().kinds(kinds));
+        }
         let mut taken = std::mem::take(&mut self.taken);
         while claims.len() < request.limit {
             let Some((item, queue)) = self.earliest() else { break };
             if item.0 > now_ms {
                 break;
             }
-            self.queues.map.get_mut(&self.scratch[queue]).expect("built").pop();
             let pos = item.1;
+            let kind = self.slots[pos as usize].as_ref().expect("a live item").kind;
+            if !spend.take(&self.kinds.names[kind as usize]) {
+                self.scratch.swap_remove(queue);
+                continue;
+            }
+            self.queues.map.get_mut(&self.scratch[queue]).expect("built").pop();
             let e = self.slots[pos as usize].as_mut().expect("a live item");
             let from = class(e);
             e.set_due(None);
@@ -1125,11 +1149,20 @@ impl Inner {
             }
         }
         self.taken = taken;
+        for (name, state) in spend.spent() {
+            self.rates.insert(name.clone(), state);
+        }
         Claimed {
             claims,
             reclaimed,
             integrity: Vec::new(),
+            throttled: spend.throttled(),
         }
+    }
+
+    fn pause(&mut self, bucket: &str, until: SystemTime) {
+        let state = self.rates.get(bucket).copied().unwrap_or_default().paused(until);
+        self.rates.insert(Arc::from(bucket), state);
     }
 
     fn record(&mut self, recording: &Recording, now: SystemTime) -> Recorded {
@@ -1404,6 +1437,11 @@ impl OutboxStore for MemoryOutbox {
         Box::pin(async move { Ok(self.lock().lease_owners(scope)) })
     }
 
+    fn pause<'a>(&'a self, bucket: &'a str, until: SystemTime) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.lock().pause(bucket, until);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
     fn take_over<'a>(&'a self, owner: &'a str, now: SystemTime) -> BoxFuture<'a, Result<Vec<ActionKey>, StoreError>> {
         Box::pin(async move { Ok(self.lock().take_over(owner, now)) })
     }
@@ -1611,6 +1649,7 @@ mod tests {
                 owner: &owner,
                 lease: Duration::from_secs(10),
                 now,
+                rates: &[],
             })
         };
         let first = claim(t0).claims;
@@ -1712,6 +1751,7 @@ mod tests {
                 owner: &owner,
                 lease: Duration::from_secs(10),
                 now,
+                rates: &[],
             })
         };
         let t1 = t0 + Duration::from_secs(1);
@@ -1846,6 +1886,7 @@ mod tests {
                 owner: &owner,
                 lease: Duration::from_secs(60),
                 now: t0,
+                rates: &[],
             })
             .claims;
         assert_eq!(claimed.len(), n);
@@ -1893,6 +1934,7 @@ mod tests {
                 owner: &owner,
                 lease: Duration::MAX,
                 now: end,
+                rates: &[],
             })
             .claims;
         assert_eq!(claimed.len(), 1);

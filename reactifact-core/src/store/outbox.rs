@@ -36,6 +36,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::model::action::ActionKey;
 use crate::model::delivery::{Attempt, AttemptOutcome, Decision, Delivery, DeliveryStatus, FenceToken, Verdict};
+use crate::model::rate::RateBucket;
 use crate::store::StoreError;
 
 /// The future of a store operation: boxed, so that [`OutboxStore`] is object-safe, and `Send`,
@@ -113,6 +114,29 @@ pub struct ClaimRequest<'a> {
     pub lease: Duration,
     /// The time of the claim, from the drain's clock.
     pub now: SystemTime,
+    /// The rate limits the claim spends from: of the intents of a bucket's kinds, at most its
+    /// [`allowance`](crate::RateLimit::allowance) at `now` are claimed, and the bucket's state
+    /// is updated in the claim's transaction. Empty for none.
+    pub rates: &'a [RateBucket],
+}
+
+impl ClaimRequest<'_> {
+    /// The buckets of [`rates`](ClaimRequest::rates) that intents of the scope can spend
+    /// from, by name (the order in which a store locks them).
+    pub fn buckets_in_scope(&self) -> Vec<&RateBucket> {
+        let mut buckets: Vec<&RateBucket> = self
+            .rates
+            .iter()
+            .filter(|b| {
+                self.scope
+                    .kind_filter()
+                    .is_none_or(|kinds| kinds.iter().any(|k| b.covers(k)))
+            })
+            .collect();
+        buckets.sort_by(|a, b| a.name.cmp(&b.name));
+        buckets.dedup_by(|a, b| a.name == b.name);
+        buckets
+    }
 }
 
 /// What a claim took.
@@ -129,6 +153,12 @@ pub struct Claimed {
     /// Keys whose stored row failed its integrity check while the claim read it: each is now
     /// held with an `integrity:` error, and never handed to a dispatcher.
     pub integrity: Vec<ActionKey>,
+    /// When a rate limit that may have held intents back allows more: the earliest
+    /// [`next_allowed`](crate::RateLimit::next_allowed) of the claim's buckets that it spent
+    /// to the last (or found paused). `None` if no bucket ran out (a store may also answer
+    /// `None` when it found nothing due at all). A claim that took fewer than asked took
+    /// everything due in scope except what its rate limits held back.
+    pub throttled: Option<SystemTime>,
 }
 
 impl Claimed {
@@ -538,6 +568,17 @@ pub trait OutboxStore: Send + Sync + 'static {
     fn take_over<'a>(&'a self, owner: &'a str, now: SystemTime) -> BoxFuture<'a, Result<Vec<ActionKey>, StoreError>> {
         let _ = (owner, now);
         Box::pin(async { Ok(Vec::new()) })
+    }
+
+    /// Pauses the rate limit `bucket` until `until`: no claim takes an intent of its kinds
+    /// before then ([`RateState::paused`](crate::store::RateState::paused); a pause only
+    /// lengthens). A drain calls it when a receiver answered an attempt with a `Retry-After`.
+    ///
+    /// The default, for a store of another crate written before rate limits, does nothing;
+    /// such a store also ignores [`ClaimRequest::rates`], which the contract suite checks.
+    fn pause<'a>(&'a self, bucket: &'a str, until: SystemTime) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = (bucket, until);
+        Box::pin(async { Ok(()) })
     }
 
     /// Re-arms a failed, dead or held intent: pending, due at `now`, `next_attempt_at`

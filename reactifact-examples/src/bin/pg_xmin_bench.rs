@@ -212,6 +212,7 @@ async fn run(options: &Options, schema: &str) -> Result<(), String> {
                         owner: &owner,
                         lease: Duration::from_secs(30),
                         now: SystemTime::now(),
+                        rates: &[],
                     })
                     .await
                     .map_err(|e| e.to_string())?;

@@ -42,6 +42,7 @@ use crate::model::hash::{CommitHash, StateHash};
 use crate::model::patch::Op;
 use crate::state::commit::Commit;
 use crate::state::refold::{first_act, VerifyError};
+use crate::store::log_store::ClaimOrder;
 use crate::store::outbox::Claimed;
 
 pub use outbox::{register_in, SqliteOutbox};
@@ -673,16 +674,7 @@ struct CommitRow {
     runs: Vec<u8>,
     intents: Vec<NewIntent>,
     now: i64,
-    claim: Option<CommitClaim>,
-}
-
-/// A delta's claim, owned.
-struct CommitClaim {
-    scope: crate::store::outbox::Scope,
-    limit: usize,
-    owner: String,
-    lease: Duration,
-    now: SystemTime,
+    claim: Option<ClaimOrder>,
 }
 
 impl CommitRow {
@@ -700,13 +692,7 @@ impl CommitRow {
             runs: codec::encode_runs(&commit.runs),
             intents: delta.intents.to_vec(),
             now: millis(delta.now),
-            claim: delta.claim.as_ref().map(|claim| CommitClaim {
-                scope: claim.scope.clone(),
-                limit: claim.limit,
-                owner: claim.owner.to_string(),
-                lease: claim.lease,
-                now: claim.now,
-            }),
+            claim: delta.claim.as_ref().map(ClaimOrder::of),
         }
     }
 }
@@ -752,7 +738,7 @@ fn write_commit_row(conn: &mut Connection, row: &CommitRow, fence: u64) -> Resul
         outbox::register(&tx, &row.intents, row.now)?;
     }
     let claimed = match &row.claim {
-        Some(c) => outbox::claim_in(&tx, &c.scope, c.limit, &c.owner, c.lease, c.now)?,
+        Some(c) => outbox::claim_in(&tx, &c.request())?,
         None => Claimed::default(),
     };
     tx.commit()?;
@@ -1300,6 +1286,7 @@ mod tests {
                     owner: &owner,
                     lease: Duration::from_secs(1),
                     now: SystemTime::now(),
+                    rates: &[],
                 })
                 .await
                 .unwrap_err();

@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -25,6 +25,8 @@ use crate::model::delivery::{
     later, Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken, NewIntent, Verdict, ATTEMPTS_KEPT,
 };
 use crate::model::outcome::LastError;
+use crate::model::rate::{RateBucket, RateSpend, RateState};
+use crate::store::log_store::ClaimOrder;
 use crate::store::outbox::{
     check_decision, ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, LedgerQuery, OutboxStore, Page,
     PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts,
@@ -458,7 +460,7 @@ pub(super) fn candidates_sql(scope: &Scope, now: i64, limit: i64) -> (String, Ve
             params.push(Value::Integer(now));
             let kinds = kinds_sql(scope, "o", &mut params);
             params.push(Value::Integer(limit));
-            format!("SELECT o.seq FROM outbox o WHERE o.due_at <= ?{kinds} ORDER BY o.due_at, o.seq LIMIT ?")
+            format!("SELECT o.seq, o.due_at FROM outbox o WHERE o.due_at <= ?{kinds} ORDER BY o.due_at, o.seq LIMIT ?")
         }
         Some(sessions) => {
             // Per session, its own rows and its attached rows, each side limited on its own
@@ -493,10 +495,10 @@ pub(super) fn candidates_sql(scope: &Scope, now: i64, limit: i64) -> (String, Ve
             params.push(Value::Integer(limit));
             if sides.is_empty() {
                 // No session at all: nothing is in scope.
-                return ("SELECT seq FROM outbox WHERE 0 LIMIT ?".to_owned(), params);
+                return ("SELECT seq, due_at FROM outbox WHERE 0 LIMIT ?".to_owned(), params);
             }
             format!(
-                "SELECT seq FROM ({}) ORDER BY due_at, seq LIMIT ?",
+                "SELECT seq, due_at FROM ({}) ORDER BY due_at, seq LIMIT ?",
                 sides.join(" UNION ")
             )
         }
@@ -520,39 +522,25 @@ pub(super) fn work_sql(scope: &Scope, now: i64, due: bool) -> (String, Vec<Value
     (sql, params)
 }
 
-fn claim(
-    conn: &mut Connection,
-    scope: &Scope,
-    limit: usize,
-    owner: &str,
-    lease: Duration,
-    now: SystemTime,
-) -> rusqlite::Result<Claimed> {
+fn claim(conn: &mut Connection, request: &ClaimRequest<'_>) -> rusqlite::Result<Claimed> {
     // First a read: a poll that finds nothing due and no lease expired takes no write lock
     // (in WAL mode a read waits for no writer, and no writer waits for it).
-    let (sql, params) = work_sql(scope, ms(now), limit > 0);
+    let (sql, params) = work_sql(request.scope, ms(request.now), request.limit > 0);
     let work: bool = conn
         .prepare_cached(&sql)?
         .query_row(rusqlite::params_from_iter(params), |row| row.get(0))?;
     if !work {
         return Ok(Claimed::default());
     }
-    actor::write(conn, |tx| claim_in(tx, scope, limit, owner, lease, now))
+    actor::write(conn, |tx| claim_in(tx, request))
 }
 
 /// A claim's writes, in the caller's transaction: every expired lease of the store put back to
-/// pending, then up to `limit` due intents of `scope` claimed. A commit claims for its
-/// generation's drain with this, in its own transaction.
-pub(super) fn claim_in(
-    tx: &Connection,
-    scope: &Scope,
-    limit: usize,
-    owner: &str,
-    lease: Duration,
-    now: SystemTime,
-) -> rusqlite::Result<Claimed> {
-    let at = ms(now);
-    let until = ms(later(now, lease));
+/// pending, then up to `limit` due intents of `scope` claimed, spending from the request's
+/// rate limits. A commit claims for its generation's drain with this, in its own transaction.
+pub(super) fn claim_in(tx: &Connection, request: &ClaimRequest<'_>) -> rusqlite::Result<Claimed> {
+    let at = ms(request.now);
+    let until = ms(later(request.now, request.lease));
     let mut claimed = Claimed::default();
     // Every expired lease of the store, first.
     let expired: Vec<i64> = tx
@@ -566,15 +554,46 @@ pub(super) fn claim_in(
             Ended::Held(key) => claimed.integrity.push(key),
         }
     }
-    if limit == 0 {
+    if request.limit == 0 {
         return Ok(claimed);
     }
-    let (sql, params) = candidates_sql(scope, at, i64::try_from(limit).unwrap_or(i64::MAX));
-    let due: Vec<i64> = tx
-        .prepare_cached(&sql)?
-        .query_map(rusqlite::params_from_iter(params), |row| row.get(0))?
-        .collect::<Result<_, _>>()?;
-    for seq in due {
+    let limit = i64::try_from(request.limit).unwrap_or(i64::MAX);
+    let buckets = request.buckets_in_scope();
+    let mut spend = RateSpend::new(
+        buckets
+            .iter()
+            .map(|b| Ok((*b, rate_state(tx, &b.name)?)))
+            .collect::<rusqlite::Result<Vec<_>>>()?,
+        request.now,
+    );
+    let due = if spend.is_empty() {
+        candidates(tx, request.scope, at, limit)?
+    } else {
+        // Each kind's share on its own, from the index of due rows by kind: a limited kind
+        // up to its bucket's allowance, any other up to the limit; then the earliest of all.
+        let kinds: Vec<Arc<str>> = match request.scope.kind_filter() {
+            Some(kinds) => kinds.to_vec(),
+            None => tx
+                .prepare_cached(DUE_KINDS)?
+                .query_map([], |row| Ok(Arc::from(row.get::<_, String>(0)?)))?
+                .collect::<Result<_, _>>()?,
+        };
+        let allowances: Vec<(&RateBucket, u32)> = spend.allowances().collect();
+        let mut due = Vec::new();
+        for kind in kinds {
+            let share = allowances
+                .iter()
+                .find(|(b, _)| b.covers(&kind))
+                .map_or(limit, |&(_, allowed)| i64::from(allowed).min(limit));
+            if share > 0 {
+                due.extend(candidates(tx, &request.scope.clone().kinds([kind]), at, share)?);
+            }
+        }
+        due.sort_unstable_by_key(|&(seq, due_at)| (due_at, seq));
+        due.truncate(request.limit);
+        due
+    };
+    for (seq, _) in due {
         let mut row = match by_seq(tx, seq)? {
             Some(Read::Intact(row)) => row,
             Some(Read::Damaged { seq, key, detail }) => {
@@ -592,10 +611,13 @@ pub(super) fn claim_in(
                 continue;
             }
         };
+        if !spend.take(&row.kind) {
+            continue;
+        }
         row.status = row::IN_FLIGHT;
         row.attempts += 1;
         row.token += 1;
-        row.owner = Some(owner.to_owned());
+        row.owner = Some(request.owner.to_string());
         row.lease_until = Some(until);
         row.next_attempt_at = None;
         row.due_at = None;
@@ -603,7 +625,47 @@ pub(super) fn claim_in(
         row.update_claimed(tx)?;
         claimed.claims.push(row.delivery(&payload));
     }
+    for (name, state) in spend.spent() {
+        write_rate(tx, name, state)?;
+    }
+    claimed.throttled = spend.throttled();
     Ok(claimed)
+}
+
+/// The kinds with a due (or scheduled) row, each found by one seek of `outbox_kind_due`.
+const DUE_KINDS: &str = "WITH RECURSIVE k(kind) AS (
+        SELECT (SELECT min(kind) FROM outbox WHERE due_at IS NOT NULL)
+        UNION ALL
+        SELECT (SELECT min(o.kind) FROM outbox o WHERE o.due_at IS NOT NULL AND o.kind > k.kind)
+          FROM k WHERE k.kind IS NOT NULL
+    ) SELECT kind FROM k WHERE kind IS NOT NULL";
+
+/// The rows of `scope` due at `at`, at most `limit`, in claim order: their `seq` and due time.
+fn candidates(tx: &Connection, scope: &Scope, at: i64, limit: i64) -> rusqlite::Result<Vec<(i64, i64)>> {
+    let (sql, params) = candidates_sql(scope, at, limit);
+    tx.prepare_cached(&sql)?
+        .query_map(rusqlite::params_from_iter(params), |row| Ok((row.get(0)?, row.get(1)?)))?
+        .collect()
+}
+
+/// The stored state of the rate limit `name`: full and not paused if none is stored.
+fn rate_state(tx: &Connection, name: &str) -> rusqlite::Result<RateState> {
+    let stored = tx
+        .prepare_cached("SELECT tat, paused_until FROM outbox_rates WHERE name = ?1")?
+        .query_row([name], |row| Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(1)?)))
+        .optional()?;
+    let time = |us: i64| u64::try_from(us).unwrap_or(0);
+    Ok(stored.map_or_else(RateState::default, |(tat, paused)| RateState {
+        tat: time(tat),
+        paused_until: time(paused),
+    }))
+}
+
+fn write_rate(tx: &Connection, name: &str, state: RateState) -> rusqlite::Result<()> {
+    let stored = |us: u64| i64::try_from(us).unwrap_or(i64::MAX);
+    tx.prepare_cached("INSERT OR REPLACE INTO outbox_rates (name, tat, paused_until) VALUES (?1, ?2, ?3)")?
+        .execute(params![name, stored(state.tat), stored(state.paused_until)])?;
+    Ok(())
 }
 
 /// What [`end_lease`] did with a row.
@@ -1019,15 +1081,13 @@ impl OutboxStore for SqliteOutbox {
         if let Err(e) = self.check_writable() {
             return Box::pin(async move { Err(e) });
         }
-        let scope = request.scope.clone();
-        let owner = request.owner.to_string();
-        let (limit, lease, now) = (request.limit, request.lease, request.now);
+        let order = ClaimOrder::of(&request);
         // The claim runs even if its caller is gone by then (a dropped drain): it then
         // releases what it took, instead of leaving it in flight for a whole lease.
         let (unwanted, wanted) = Unwanted::pair();
         let claimed = self.run(move |conn| {
-            let claimed = claim(conn, &scope, limit, &owner, lease, now)?;
-            release_if_unwanted(conn, &wanted, &claimed, now)?;
+            let claimed = claim(conn, &order.request())?;
+            release_if_unwanted(conn, &wanted, &claimed, order.now)?;
             Ok(claimed)
         });
         Box::pin(async move {
@@ -1060,6 +1120,19 @@ impl OutboxStore for SqliteOutbox {
         }
         let owner = owner.to_owned();
         self.run(move |conn| take_over(conn, &owner, now))
+    }
+
+    fn pause<'a>(&'a self, bucket: &'a str, until: SystemTime) -> BoxFuture<'a, Result<(), StoreError>> {
+        if let Err(e) = self.check_writable() {
+            return Box::pin(async move { Err(e) });
+        }
+        let bucket = bucket.to_owned();
+        self.run(move |conn| {
+            actor::write(conn, |tx| {
+                let state = rate_state(tx, &bucket)?;
+                write_rate(tx, &bucket, state.paused(until))
+            })
+        })
     }
 
     fn submit(&self, outcomes: Vec<Recording>, now: SystemTime) {

@@ -59,7 +59,7 @@ use crate::store::codec;
 use crate::store::{OpenError, Synchronous};
 
 /// The schema version this build writes.
-pub(crate) const SCHEMA_VERSION: i64 = 7;
+pub(crate) const SCHEMA_VERSION: i64 = 8;
 
 /// The oldest schema version this build reads without migrating it, in a read-only open:
 /// version 3 only adds the checkpoints table, version 4 the attempt history, version 5 the
@@ -204,6 +204,18 @@ pub(super) const V7_CHANGES: &str = "
     CREATE INDEX outbox_group_open ON outbox (grp, seq) WHERE grp IS NOT NULL AND status NOT IN (2, 6, 8);
 ";
 
+/// The table and index of version 8: the state of each rate limit's bucket (microseconds
+/// since the Unix epoch), written by claims and pauses, and the due rows by kind, from which
+/// a rate-limited claim takes each kind's share.
+pub(super) const V8_CHANGES: &str = "
+    CREATE TABLE outbox_rates (
+        name TEXT PRIMARY KEY,
+        tat INTEGER NOT NULL,
+        paused_until INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX outbox_kind_due ON outbox (kind, due_at, seq) WHERE due_at IS NOT NULL;
+";
+
 /// Whether a file of this version keeps decisions (an older one is read through a view that
 /// shows none).
 pub(super) fn has_decisions(version: i64) -> bool {
@@ -244,6 +256,15 @@ pub(super) fn view_older_outbox(conn: &Connection, version: i64) -> rusqlite::Re
 /// The tables of each version, by which a file of that version is recognised as ours
 /// (versions 5 to 7 add only columns and indexes: their tables are those of version 4).
 fn tables_of(version: i64) -> &'static [&'static str] {
+    const V4: &[&str] = &[
+        "sessions",
+        "commits",
+        "outbox",
+        "outbox_members",
+        "outbox_purged",
+        "checkpoints",
+        "outbox_attempts",
+    ];
     match version {
         1 => &["sessions", "commits", "deliveries"],
         2 => &["sessions", "commits", "outbox", "outbox_members", "outbox_purged"],
@@ -255,6 +276,7 @@ fn tables_of(version: i64) -> &'static [&'static str] {
             "outbox_purged",
             "checkpoints",
         ],
+        4..=7 => V4,
         _ => &[
             "sessions",
             "commits",
@@ -263,6 +285,7 @@ fn tables_of(version: i64) -> &'static [&'static str] {
             "outbox_purged",
             "checkpoints",
             "outbox_attempts",
+            "outbox_rates",
         ],
     }
 }
@@ -280,7 +303,7 @@ pub(super) fn has_checkpoints(version: i64) -> bool {
 /// What each version added that a file of an older version cannot hold: the tables it
 /// created, and the columns it added to `outbox`. (Version 1 → 2 creates the outbox with the
 /// columns of versions 5 to 7, but leaves the file at the current version.)
-const ADDED: [(i64, &[&str], &[&str]); 6] = [
+const ADDED: [(i64, &[&str], &[&str]); 7] = [
     (2, &["outbox", "outbox_members", "outbox_purged"], &[]),
     (3, &["checkpoints"], &[]),
     (
@@ -291,6 +314,7 @@ const ADDED: [(i64, &[&str], &[&str]); 6] = [
     (5, &[], &["decision", "decided_by", "decided_at", "decision_reason"]),
     (6, &[], &["trace_parent"]),
     (7, &[], &["grp"]),
+    (8, &["outbox_rates"], &[]),
 ];
 
 /// The first table or `outbox` column of `tables` and `columns` that a version after `version`
@@ -482,8 +506,11 @@ pub(super) fn migrate(conn: &mut Connection, from: i64) -> Result<i64, LoadError
         // Version 6 → 7: the ordering group, NULL in every row (outside the digest: no row is
         // rewritten), and the index of groups' open rows (empty).
         6 => tx.execute_batch(V7_CHANGES)?,
+        // Version 7 → 8: the rate limits' buckets (empty: every bucket starts full).
+        7 => {}
         _ => return Ok(current),
     }
+    tx.execute_batch(V8_CHANGES)?;
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     tx.commit()?;
     Ok(SCHEMA_VERSION)
