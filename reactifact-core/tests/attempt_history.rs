@@ -10,7 +10,9 @@ use std::time::{Duration, SystemTime};
 
 use common::*;
 use reactifact_core::ledger::{AttemptOutcome, FenceToken};
-use reactifact_core::store::{ClaimRequest, Claimed, FailedAttempt, OutboxStore, Outcome, Recording, SqliteOutbox};
+use reactifact_core::store::{
+    ClaimPolicy, ClaimRequest, Claimed, FailedAttempt, OutboxStore, Outcome, Recording, SqliteOutbox,
+};
 use reactifact_core::Scope;
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -34,7 +36,7 @@ async fn claim(outbox: &dyn OutboxStore, who: &str, now: SystemTime) -> Claimed 
             owner: &who,
             lease: LEASE,
             now,
-            rates: &[],
+            policy: ClaimPolicy::none(),
         })
         .await
         .unwrap()

@@ -302,7 +302,7 @@ fn an_expired_lease_reclaimed_and_the_outbox_gauges() {
             owner: &owner,
             lease: Duration::from_secs(1),
             now: committed + Duration::from_secs(5),
-            rates: &[],
+            policy: reactifact_core::store::ClaimPolicy::none(),
         };
         let claimed = outbox.claim(request).await.unwrap();
         assert_eq!(claimed.claims.len(), 1);

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use common::*;
 use reactifact_core::ledger::{DeliveryStatus, Ledger, PruneOptions, StatusCounts};
-use reactifact_core::store::{ClaimRequest, FailedAttempt, OutboxStore, Outcome, Recording};
+use reactifact_core::store::{ClaimPolicy, ClaimRequest, FailedAttempt, OutboxStore, Outcome, Recording};
 use reactifact_core::{Agent, Context, OpenOptions, Runtime, Scope};
 use reactifact_store_contract::{at, ContractHarness, ContractStore, MemoryHarness, SqliteHarness};
 use tokio::time::Instant;
@@ -93,7 +93,7 @@ async fn claim_all(
             owner: &owner,
             lease,
             now,
-            rates: &[],
+            policy: ClaimPolicy::none(),
         })
         .await
         .expect("claim");

@@ -17,7 +17,7 @@ use reactifact_core::error::{CancelError, OpenError, RetryError};
 use reactifact_core::ledger::{DeliveryStatus, FenceToken, LedgerQuery, PurgeFilter};
 use reactifact_core::runtime::Generation;
 use reactifact_core::store::{
-    ClaimRequest, Claimed, FailedAttempt, OutboxStore, Outcome, Recorded, Recording, SqliteOutbox,
+    ClaimPolicy, ClaimRequest, Claimed, FailedAttempt, OutboxStore, Outcome, Recorded, Recording, SqliteOutbox,
 };
 use reactifact_core::{Context, OpenOptions, Scope};
 
@@ -47,7 +47,7 @@ async fn claim(outbox: &dyn OutboxStore, scope: &Scope, limit: usize, who: &str,
             owner: &who,
             lease: LEASE,
             now,
-            rates: &[],
+            policy: ClaimPolicy::none(),
         })
         .await
         .unwrap()

@@ -620,7 +620,7 @@ async fn claim_all(path: &std::path::Path) -> reactifact_core::store::Claimed {
             owner: &owner,
             lease: Duration::from_secs(30),
             now: std::time::SystemTime::now() + Duration::from_secs(1),
-            rates: &[],
+            policy: reactifact_core::store::ClaimPolicy::none(),
         },
     )
     .await

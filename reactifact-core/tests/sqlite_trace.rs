@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 use common::*;
 use reactifact_core::ledger::DeliveryStatus;
 use reactifact_core::runtime::TraceParent;
-use reactifact_core::store::{ClaimRequest, OutboxStore, SqliteOutbox};
+use reactifact_core::store::{ClaimPolicy, ClaimRequest, OutboxStore, SqliteOutbox};
 use reactifact_core::{Agent, Context, DispatchError, Intent, OpenOptions, Runtime, Scope};
 
 /// Commits orders `1..=count` of session `main` and the `notify:order:{i}` intents their
@@ -77,7 +77,7 @@ async fn claim(outbox: &dyn OutboxStore, limit: usize) -> reactifact_core::store
             owner: &owner,
             lease: Duration::from_secs(30),
             now: later(),
-            rates: &[],
+            policy: ClaimPolicy::none(),
         })
         .await
         .unwrap()

@@ -17,7 +17,7 @@ use common::*;
 use reactifact_core::error::OpenError;
 use reactifact_core::ledger::{DeliveryStatus, FenceToken};
 use reactifact_core::runtime::TurnOutcome;
-use reactifact_core::store::{ClaimRequest, OutboxStore, SqliteOutbox};
+use reactifact_core::store::{ClaimPolicy, ClaimRequest, OutboxStore, SqliteOutbox};
 use reactifact_core::{Agent, Context, DeliveryOptions, DispatchError, Intent, OpenOptions, Runtime, Scope};
 
 fn fixture(name: &str) -> PathBuf {
@@ -249,7 +249,7 @@ async fn the_ledger_in_every_state_migrates_as_it_was_written() {
             owner: &owner,
             lease: Duration::from_secs(30),
             now: std::time::SystemTime::now(),
-            rates: &[],
+            policy: ClaimPolicy::none(),
         })
         .await
         .unwrap();
@@ -286,7 +286,7 @@ async fn a_stale_in_flight_row_written_after_a_delivery_does_not_re_arm_the_key(
             owner: &owner,
             lease: Duration::from_secs(30),
             now: std::time::SystemTime::now() + Duration::from_secs(3600),
-            rates: &[],
+            policy: ClaimPolicy::none(),
         })
         .await
         .unwrap();

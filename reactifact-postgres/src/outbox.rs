@@ -24,9 +24,9 @@ use reactifact_core::ledger::{
     Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken, LedgerQuery, Page, PurgeFilter, StatusCounts,
 };
 use reactifact_core::store::{
-    check_decision, micros, reclaimed_error, taken_over_error, BoxFuture, ClaimOrder, ClaimRequest, Claimed, LastError,
-    NewIntent, OutboxStore, Outcome, RateBucket, RateSpend, RateState, Recorded, Recording, Verdict, Wakeups,
-    ATTEMPTS_KEPT,
+    check_decision, micros, reclaimed_error, taken_over_error, BoxFuture, ClaimOrder, ClaimPolicy, ClaimRequest,
+    Claimed, LastError, NewIntent, OutboxStore, Outcome, RateBucket, RateSpend, RateState, Recorded, Recording,
+    Verdict, Wakeups, ATTEMPTS_KEPT,
 };
 use reactifact_core::{ActionKey, Scope};
 use tokio::sync::{oneshot, watch};
@@ -135,26 +135,34 @@ impl Params {
     }
 }
 
-/// What a claim may take of each rate-limited kind ([`Inner::claim_sql`]): per kind, its
-/// bucket and the bucket's allowance.
+/// How a claim that chooses kind by kind ([`Inner::claim_sql`]) treats the kinds its policy
+/// names: per kind, its rate limit's bucket and allowance (`None`: not limited), and its
+/// priority.
+#[derive(Default)]
 struct Shares {
     kinds: Vec<String>,
-    buckets: Vec<String>,
-    caps: Vec<i64>,
+    buckets: Vec<Option<String>>,
+    caps: Vec<Option<i64>>,
+    priorities: Vec<i32>,
 }
 
 impl Shares {
-    fn of(spend: &RateSpend<'_>) -> Shares {
-        let mut shares = Shares {
-            kinds: Vec::new(),
-            buckets: Vec::new(),
-            caps: Vec::new(),
-        };
+    fn of(spend: &RateSpend<'_>, policy: &ClaimPolicy) -> Shares {
+        let mut shares = Shares::default();
         for (bucket, allowed) in spend.allowances() {
             for kind in &bucket.kinds {
                 shares.kinds.push(kind.to_string());
-                shares.buckets.push(bucket.name.to_string());
-                shares.caps.push(i64::from(allowed));
+                shares.buckets.push(Some(bucket.name.to_string()));
+                shares.caps.push(Some(i64::from(allowed)));
+                shares.priorities.push(policy.priority_of(kind));
+            }
+        }
+        for (kind, priority) in &policy.priorities {
+            if !shares.kinds.iter().any(|k| k == &**kind) {
+                shares.kinds.push(kind.to_string());
+                shares.buckets.push(None);
+                shares.caps.push(None);
+                shares.priorities.push(*priority);
             }
         }
         shares
@@ -1126,45 +1134,116 @@ impl Inner {
         let until = params.push(until);
         let filter = scope_sql(s, scope, &mut params);
         let ok = format!("{} AND sha256(o.bytes) = o.action_hash", intact(s, "o"));
-        let choose = match shares {
-            None => format!(
+        let shares_used = shares.is_some();
+        // `c`: the rows the claim takes, locked, with whether each is intact.
+        let choose = if shares.is_none() && !scope.takes_turns() {
+            // The earliest due rows of the scope.
+            format!(
                 "WITH c AS MATERIALIZED (
                      SELECT o.seq, o.due_at, ({ok}) AS ok FROM {s}.outbox o WHERE o.due_at <= {now}{filter}
                       ORDER BY o.due_at, o.seq LIMIT {limit} FOR UPDATE SKIP LOCKED
                  )"
-            ),
-            Some(shares) => {
-                let kinds = params.push(shares.kinds);
-                let buckets = params.push(shares.buckets);
-                let caps = params.push(shares.caps);
-                // Every kind with a due (or scheduled) row, one seek of `outbox_kind_due`
-                // each; the earliest rows of each kind, up to its bucket's allowance (any
-                // other kind: up to the limit); of those, each bucket's earliest up to its
-                // allowance, and the earliest of all up to the limit.
-                format!(
-                    "WITH RECURSIVE kinds AS (
-                         (SELECT o.kind FROM {s}.outbox o WHERE o.due_at IS NOT NULL ORDER BY o.kind LIMIT 1)
+            )
+        } else {
+            let mut ctes = Vec::new();
+            // Sessions take turns: every session with a due (or scheduled) row, one seek of
+            // `outbox_session_due` each; of those with a due row, `limit` drawn at random
+            // (all, when there are no more); the earliest due row of each, locked (a row
+            // another claim holds is skipped for the session's next).
+            let mut pool = Vec::new();
+            if scope.takes_turns() {
+                let only = match scope.session_filter() {
+                    Some(sessions) => {
+                        let list = params.push(sessions.iter().map(ToString::to_string).collect::<Vec<String>>());
+                        format!(" AND session = ANY({list})")
+                    }
+                    None => String::new(),
+                };
+                ctes.push(format!(
+                    "sess AS (
+                         (SELECT o.session, o.due_at FROM {s}.outbox o WHERE o.due_at IS NOT NULL
+                           ORDER BY o.session, o.due_at LIMIT 1)
                          UNION ALL
-                         SELECT (SELECT o.kind FROM {s}.outbox o WHERE o.due_at IS NOT NULL AND o.kind > k.kind
-                                  ORDER BY o.kind LIMIT 1)
-                           FROM kinds k WHERE k.kind IS NOT NULL
-                     ), shares AS (
-                         SELECT k.kind, coalesce('b:' || l.bucket, 'k:' || k.kind) AS bucket, coalesce(l.cap, {limit}) AS cap
-                           FROM kinds k LEFT JOIN unnest({kinds}::text[], {buckets}::text[], {caps}::bigint[]) l(kind, bucket, cap)
-                             ON l.kind = k.kind
-                          WHERE k.kind IS NOT NULL
-                     ), due AS MATERIALIZED (
-                         SELECT x.*, row_number() OVER (PARTITION BY sh.bucket ORDER BY x.due_at, x.seq) AS nth, sh.cap
-                           FROM shares sh CROSS JOIN LATERAL (
-                               SELECT o.seq, o.due_at, ({ok}) AS ok FROM {s}.outbox o
-                                WHERE o.kind = sh.kind AND o.due_at <= {now}{filter}
-                                ORDER BY o.due_at, o.seq LIMIT sh.cap FOR UPDATE SKIP LOCKED
-                           ) x
-                     ), c AS MATERIALIZED (
-                         SELECT seq, due_at, ok FROM due WHERE nth <= cap ORDER BY due_at, seq LIMIT {limit}
+                         SELECT n.session, n.due_at FROM sess p CROSS JOIN LATERAL (
+                             SELECT o.session, o.due_at FROM {s}.outbox o WHERE o.due_at IS NOT NULL AND o.session > p.session
+                              ORDER BY o.session, o.due_at LIMIT 1
+                         ) n
+                     ), turns AS (
+                         SELECT session FROM sess WHERE due_at <= {now}{only} ORDER BY random() LIMIT {limit}
+                     ), heads AS (
+                         SELECT x.* FROM turns t CROSS JOIN LATERAL (
+                             SELECT o.seq, o.due_at, ({ok}) AS ok, o.kind, 0 AS pass FROM {s}.outbox o
+                              WHERE o.session = t.session AND o.due_at <= {now}{filter}
+                              ORDER BY o.due_at, o.seq LIMIT 1 FOR UPDATE SKIP LOCKED
+                         ) x
                      )"
-                )
+                ));
+                pool.push("SELECT * FROM heads");
             }
+            match shares {
+                None => {
+                    ctes.push(format!(
+                        "rest AS (
+                             SELECT o.seq, o.due_at, ({ok}) AS ok, o.kind, 1 AS pass FROM {s}.outbox o
+                              WHERE o.due_at <= {now}{filter}
+                              ORDER BY o.due_at, o.seq LIMIT {limit} FOR UPDATE SKIP LOCKED
+                         )"
+                    ));
+                }
+                Some(shares) => {
+                    let kinds = params.push(shares.kinds);
+                    let buckets = params.push(shares.buckets);
+                    let caps = params.push(shares.caps);
+                    let priorities = params.push(shares.priorities);
+                    // Every kind with a due (or scheduled) row, one seek of
+                    // `outbox_kind_due` each, with its priority; the earliest rows of each
+                    // kind, up to its bucket's allowance (any other kind: up to the limit).
+                    ctes.push(format!(
+                        "kinds AS (
+                             (SELECT o.kind FROM {s}.outbox o WHERE o.due_at IS NOT NULL ORDER BY o.kind LIMIT 1)
+                             UNION ALL
+                             SELECT (SELECT o.kind FROM {s}.outbox o WHERE o.due_at IS NOT NULL AND o.kind > k.kind
+                                      ORDER BY o.kind LIMIT 1)
+                               FROM kinds k WHERE k.kind IS NOT NULL
+                         ), shares AS (
+                             SELECT k.kind, coalesce('b:' || l.bucket, 'k:' || k.kind) AS bucket,
+                                    coalesce(l.cap, {limit}) AS cap, coalesce(l.priority, 0) AS priority
+                               FROM kinds k
+                               LEFT JOIN unnest({kinds}::text[], {buckets}::text[], {caps}::bigint[], {priorities}::int[])
+                                         l(kind, bucket, cap, priority)
+                                 ON l.kind = k.kind
+                              WHERE k.kind IS NOT NULL
+                         ), rest AS (
+                             SELECT x.* FROM shares sh CROSS JOIN LATERAL (
+                                 SELECT o.seq, o.due_at, ({ok}) AS ok, o.kind, 1 AS pass FROM {s}.outbox o
+                                  WHERE o.kind = sh.kind AND o.due_at <= {now}{filter}
+                                  ORDER BY o.due_at, o.seq LIMIT sh.cap FOR UPDATE SKIP LOCKED
+                             ) x
+                         )"
+                    ));
+                }
+            }
+            pool.push("SELECT * FROM rest");
+            // Each row once (a session's head may be among the earliest too), the turns
+            // first, then by priority; of each rate limit's bucket no more than its allowance.
+            let capped = match shares_used {
+                true => {
+                    "SELECT p.*, row_number() OVER (PARTITION BY sh.bucket ORDER BY p.pass, sh.priority DESC, p.due_at, p.seq) AS nth,
+                            sh.cap, sh.priority
+                       FROM pool p JOIN shares sh ON sh.kind = p.kind"
+                }
+                false => "SELECT p.*, 1 AS nth, 1 AS cap, 0 AS priority FROM pool p",
+            };
+            format!(
+                "WITH RECURSIVE {}, pool AS (
+                     SELECT DISTINCT ON (seq) * FROM ({}) u ORDER BY seq, pass
+                 ), c AS MATERIALIZED (
+                     SELECT seq, due_at, ok FROM ({capped}) w WHERE nth <= cap
+                      ORDER BY pass, priority DESC, due_at, seq LIMIT {limit}
+                 )",
+                ctes.join(", "),
+                pool.join(" UNION ALL "),
+            )
         };
         let set = set_with_digest(
             s,
@@ -1279,7 +1358,7 @@ impl Inner {
             false => self.lock_rates(client, &buckets).await?,
         };
         let mut spend = RateSpend::new(buckets.iter().copied().zip(states), now);
-        let shares = (!spend.is_empty()).then(|| Shares::of(&spend));
+        let shares = request.policy.by_kind().then(|| Shares::of(&spend, request.policy));
         let (sql, params) = self.claim_sql(
             scope,
             at,

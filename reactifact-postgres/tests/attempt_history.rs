@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use reactifact_core::ledger::{AttemptOutcome, FenceToken, PurgeFilter};
-use reactifact_core::store::{ClaimRequest, FailedAttempt, OutboxStore, Outcome, Recording};
+use reactifact_core::store::{ClaimPolicy, ClaimRequest, FailedAttempt, OutboxStore, Outcome, Recording};
 use reactifact_core::{ActionKey, Scope};
 use reactifact_postgres::{PostgresOptions, PostgresOutbox};
 use reactifact_store_contract::{at, new_intents};
@@ -22,7 +22,7 @@ async fn claim(o: &PostgresOutbox, owner: &str, limit: usize, now: u64) -> react
         owner: &owner,
         lease: Duration::from_secs(60),
         now: at(now),
-        rates: &[],
+        policy: ClaimPolicy::none(),
     })
     .await
     .unwrap()

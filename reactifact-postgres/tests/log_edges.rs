@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use reactifact_core::error::RunError;
-use reactifact_core::store::{ClaimRequest, OutboxStore};
+use reactifact_core::store::{ClaimPolicy, ClaimRequest, OutboxStore};
 use reactifact_core::{Agent, Context, DispatchError, Intent, Runtime, Scope};
 
 use common::flow::{open_store, order, process_order};
@@ -44,7 +44,7 @@ async fn a_reclaim_aborted_in_the_commit_transaction_is_reported_as_itself() {
             owner: &owner,
             lease: Duration::ZERO,
             now: SystemTime::now(),
-            rates: &[],
+            policy: ClaimPolicy::none(),
         })
         .await
         .unwrap();

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use reactifact_core::store::{ClaimRequest, OutboxStore};
+use reactifact_core::store::{ClaimPolicy, ClaimRequest, OutboxStore};
 use reactifact_core::{ActionKey, Scope};
 use reactifact_postgres::{PostgresOptions, PostgresOutbox};
 use reactifact_store_contract::{at, new_intents};
@@ -85,7 +85,7 @@ async fn the_log_and_the_store_name_never_carry_the_password() {
             owner: &owner,
             lease: Duration::from_secs(30),
             now: at(1),
-            rates: &[],
+            policy: ClaimPolicy::none(),
         })
         .await
         .expect("claim");

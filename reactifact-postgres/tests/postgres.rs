@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use futures_util::{FutureExt, StreamExt};
 use reactifact_core::ledger::DeliveryStatus;
-use reactifact_core::store::{ClaimRequest, OutboxStore, Outcome, Recorded, Recording};
+use reactifact_core::store::{ClaimPolicy, ClaimRequest, OutboxStore, Outcome, Recorded, Recording};
 use reactifact_core::{ActionKey, DispatchError, Drainer, Intent, Scope};
 use reactifact_postgres::{OpenError, PostgresOptions, PostgresOutbox};
 use reactifact_store_contract::{at, new_intents};
@@ -135,7 +135,7 @@ async fn a_schema_3_store_upgrades_to_approvals_keeping_every_digest() {
             owner: &owner,
             lease: Duration::from_secs(60),
             now: at(1),
-            rates: &[],
+            policy: ClaimPolicy::none(),
         })
         .await
         .unwrap();
@@ -174,7 +174,7 @@ async fn a_schema_3_store_upgrades_to_approvals_keeping_every_digest() {
             owner: &owner,
             lease: Duration::from_secs(60),
             now: at(4),
-            rates: &[],
+            policy: ClaimPolicy::none(),
         })
         .await
         .unwrap();
@@ -195,7 +195,7 @@ async fn a_schema_3_store_upgrades_to_approvals_keeping_every_digest() {
             owner: &owner,
             lease: Duration::from_secs(60),
             now: at(6),
-            rates: &[],
+            policy: ClaimPolicy::none(),
         })
         .await
         .unwrap();
@@ -264,7 +264,7 @@ async fn a_schema_2_store_upgrades_to_the_attempt_history_unless_told_not_to() {
                 owner: &owner,
                 lease: Duration::from_secs(60),
                 now,
-                rates: &[],
+                policy: ClaimPolicy::none(),
             })
             .await
             .unwrap()
@@ -352,7 +352,7 @@ async fn a_schema_2_store_upgrades_to_the_attempt_history_unless_told_not_to() {
             owner: &owner,
             lease: Duration::from_secs(60),
             now: at(61_000),
-            rates: &[],
+            policy: ClaimPolicy::none(),
         })
         .await
         .unwrap();
@@ -461,7 +461,7 @@ async fn claim(outbox: &PostgresOutbox, owner: &str, limit: usize, now: u64) -> 
             owner: &owner,
             lease: Duration::from_secs(300),
             now: at(now),
-            rates: &[],
+            policy: ClaimPolicy::none(),
         })
         .await
         .expect("claim")
@@ -734,7 +734,7 @@ async fn a_claim_dropped_by_its_caller_releases_what_it_took() {
         owner: &owner,
         lease: Duration::from_secs(3600),
         now: at(1),
-        rates: &[],
+        policy: ClaimPolicy::none(),
     });
     // Polled once (the claim starts on the runtime), then dropped before its answer: on this
     // current-thread runtime the claim cannot have answered yet.

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use reactifact_core::ledger::{DeliveryStatus, Ledger};
-use reactifact_core::store::{ClaimRequest, FailedAttempt, OutboxStore, Outcome, Recording};
+use reactifact_core::store::{ClaimPolicy, ClaimRequest, FailedAttempt, OutboxStore, Outcome, Recording};
 use reactifact_core::{ActionKey, Scope};
 use reactifact_postgres::{PostgresOutbox, PruneOptions, PruneSummary};
 use reactifact_store_contract::{approval_intents, at, new_intents};
@@ -43,7 +43,7 @@ async fn settle_with(outbox: &PostgresOutbox, limit: usize, now: SystemTime, out
             owner: &owner,
             lease: HOUR * 1000,
             now,
-            rates: &[],
+            policy: ClaimPolicy::none(),
         })
         .await
         .expect("claim");
@@ -110,7 +110,7 @@ async fn mixed(outbox: &PostgresOutbox) {
             // Past the year 2100: still held when the test runs.
             lease: HOUR * 24 * 365 * 80,
             now: old,
-            rates: &[],
+            policy: ClaimPolicy::none(),
         })
         .await
         .expect("claim");
@@ -130,7 +130,7 @@ async fn mixed(outbox: &PostgresOutbox) {
             owner: &owner,
             lease: HOUR,
             now: SystemTime::now(),
-            rates: &[],
+            policy: ClaimPolicy::none(),
         })
         .await
         .expect("claim");
@@ -270,7 +270,7 @@ async fn a_pruned_key_registered_again_is_never_delivered_again() {
             owner: &owner,
             lease: HOUR,
             now: SystemTime::now() + HOUR,
-            rates: &[],
+            policy: ClaimPolicy::none(),
         })
         .await
         .unwrap();

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use reactifact_core::runtime::TraceParent;
-use reactifact_core::store::{ClaimRequest, OutboxStore};
+use reactifact_core::store::{ClaimPolicy, ClaimRequest, OutboxStore};
 use reactifact_core::{Agent, Context, Runtime, Scope};
 use reactifact_postgres::{OpenError, PostgresOptions, PostgresOutbox};
 use reactifact_store_contract::{at, new_intents, trace_of};
@@ -58,7 +58,7 @@ async fn claim_all(outbox: &dyn OutboxStore, now_ms: u64) -> reactifact_core::st
             owner: &owner,
             lease: Duration::from_secs(60),
             now: at(now_ms),
-            rates: &[],
+            policy: ClaimPolicy::none(),
         })
         .await
         .unwrap()

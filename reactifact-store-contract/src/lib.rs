@@ -22,8 +22,8 @@ use reactifact_core::runtime::TraceParent;
 use reactifact_core::store::RateBucket;
 use reactifact_core::store::Verdict;
 use reactifact_core::store::{
-    ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore, Outcome,
-    PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts,
+    ApprovalError, BoxFuture, CancelError, ClaimPolicy, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore,
+    Outcome, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts,
 };
 use reactifact_core::store::{Attempt, AttemptOutcome, Delivery, DeliveryStatus, FenceToken, NewIntent};
 use reactifact_core::store::{MemoryOutbox, SqliteOutbox};
@@ -312,8 +312,10 @@ macro_rules! for_each_check {
             group_in_order_one_at_a_time,
             group_dead_head_blocks,
             group_with_approvals,
+            sessions_take_turns,
             rate_limit_spends_across_claims,
             rate_limit_shared_and_paused,
+            priorities_order_claims,
             retry_cancel_legality,
             approval_awaits_and_is_never_claimed,
             approve_reject_legality,
@@ -347,7 +349,7 @@ async fn claim_with(
         owner: &owner,
         lease,
         now,
-        rates: &[],
+        policy: ClaimPolicy::none(),
     })
     .await
     .unwrap_or_else(|e| panic!("claim failed: {e}"))
@@ -629,11 +631,11 @@ pub async fn claim_limit_and_scope(h: &dyn ContractHarness) {
     let c = claim_with(&*o, &Scope::sessions(Scope::all(), ["b", "a"]), 2, OWNER, LEASE, at(1)).await;
     assert_eq!(
         keys(&c),
-        ["a2", "a4"],
-        "scope: sessions a and b, registration order, limit 2"
+        ["a2", "b2"],
+        "scope: sessions a and b take turns, each its earliest, limit 2"
     );
     let c = claim(&*o, 10, at(1)).await;
-    assert_eq!(keys(&c), ["b2"], "scope: the rest stays claimable");
+    assert_eq!(keys(&c), ["a4"], "scope: the rest stays claimable");
 }
 
 /// Eight concurrent claimers, seven at a time, over 500 intents: disjoint, and together
@@ -992,7 +994,7 @@ pub async fn take_over_dead_owner(h: &dyn ContractHarness) {
         ["k1", "k2"]
     );
     assert_eq!(
-        keys(&claim_with(&*o, &Scope::all(), 1, LIVE, hour, at(2)).await),
+        keys(&claim_with(&*o, &Scope::session("a"), 1, LIVE, hour, at(2)).await),
         ["k3"]
     );
     assert_eq!(
@@ -1436,6 +1438,46 @@ pub async fn group_with_approvals(h: &dyn ContractHarness) {
     assert_eq!(keys(&claim(&*o, 10, at(4)).await), ["ask2"]);
 }
 
+/// A claim of several sessions takes the earliest due intent of each before the rest: one
+/// session's backlog delays another's intent by at most one claim. Claims come in due order.
+/// A claim scoped by kind takes due order alone.
+pub async fn sessions_take_turns(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    let backlog: Vec<String> = (0..30).map(|i| format!("big{i:02}")).collect();
+    let backlog: Vec<(&str, &str)> = backlog.iter().map(|k| (k.as_str(), "x")).collect();
+    s.register("big", &backlog, at(0)).await;
+    s.register("small", &[("small1", "x")], at(5)).await;
+    s.register("other", &[("other1", "x"), ("other2", "x")], at(6)).await;
+    let c = claim(&*o, 5, at(10)).await;
+    assert_eq!(
+        keys(&c),
+        ["big00", "big01", "big02", "small1", "other1"],
+        "a turn for each session, then due order; handed out in due order"
+    );
+    let c = claim_with(&*o, &Scope::all().sessions(["other", "big"]), 3, OWNER, LEASE, at(10)).await;
+    assert_eq!(
+        keys(&c),
+        ["big03", "big04", "other2"],
+        "the sessions of the scope take turns"
+    );
+    let c = claim_with(&*o, &Scope::all().kinds(["x"]), 3, OWNER, LEASE, at(10)).await;
+    assert_eq!(keys(&c), ["big05", "big06", "big07"], "a kind's claim: due order");
+    // More sessions wait than a claim takes: which take a turn is drawn for each claim, so
+    // that none waits long (the chance that one of two sessions is drawn in none of 40
+    // claims of one is 2^-39).
+    let more: Vec<String> = (0..40).map(|i| format!("small{i:02}")).collect();
+    let more: Vec<(&str, &str)> = more.iter().map(|k| (k.as_str(), "x")).collect();
+    s.register("small", &more, at(11)).await;
+    let mut turns = Vec::new();
+    for _ in 0..40 {
+        turns.extend(keys(&claim(&*o, 1, at(11)).await).iter().map(|k| k[..3].to_owned()));
+    }
+    assert!(
+        turns.iter().any(|k| k == "big") && turns.iter().any(|k| k == "sma"),
+        "two sessions wait, claims of one: both take turns: {turns:?}"
+    );
+}
+
 /// Records every claim of `claimed` delivered at `now`.
 async fn delivered(o: &dyn OutboxStore, claimed: &Claimed, now: SystemTime) {
     let recordings: Vec<Recording> = claimed
@@ -1450,19 +1492,81 @@ async fn delivered(o: &dyn OutboxStore, claimed: &Claimed, now: SystemTime) {
     o.record(&recordings, now).await.expect("record");
 }
 
-/// A claim that spends from `rates`.
-async fn claim_rated(o: &dyn OutboxStore, scope: &Scope, rates: &[RateBucket], now: SystemTime) -> Claimed {
+/// A claim of up to `limit` under `policy`.
+async fn claim_by(o: &dyn OutboxStore, scope: &Scope, limit: usize, policy: &ClaimPolicy, now: SystemTime) -> Claimed {
     let owner: Arc<str> = Arc::from(OWNER);
     o.claim(ClaimRequest {
         scope,
-        limit: 100,
+        limit,
         owner: &owner,
         lease: LEASE,
         now,
-        rates,
+        policy,
     })
     .await
     .unwrap_or_else(|e| panic!("claim failed: {e}"))
+}
+
+/// A claim of up to 100 that spends from `rates`.
+async fn claim_rated(o: &dyn OutboxStore, scope: &Scope, rates: &[RateBucket], now: SystemTime) -> Claimed {
+    let policy = ClaimPolicy {
+        rates: rates.to_vec(),
+        ..ClaimPolicy::default()
+    };
+    claim_by(o, scope, 100, &policy, now).await
+}
+
+/// Kinds of a higher priority are claimed before those of a lower one, whenever they fell
+/// due; due order among equals; a rate limit still holds its kind back; the turns of
+/// sessions (each session's earliest due intent) come first. Claims are handed out in due
+/// order.
+pub async fn priorities_order_claims(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    s.register("a", &[("bulk1", "bulk"), ("bulk2", "bulk"), ("bulk3", "bulk")], at(0))
+        .await;
+    s.register("a", &[("plain1", "plain")], at(1)).await;
+    s.register("a", &[("urgent1", "urgent"), ("urgent2", "urgent")], at(2))
+        .await;
+    let policy = ClaimPolicy {
+        priorities: vec![(Arc::from("urgent"), 10), (Arc::from("bulk"), -1)],
+        ..ClaimPolicy::default()
+    };
+    let a = Scope::session("a");
+    let c = claim_by(&*o, &a, 2, &policy, at(10)).await;
+    assert_eq!(
+        keys(&c),
+        ["urgent1", "urgent2"],
+        "the higher priority first, though later due"
+    );
+    let c = claim_by(&*o, &a, 2, &policy, at(10)).await;
+    assert_eq!(
+        keys(&c),
+        ["bulk1", "plain1"],
+        "priority 0 before -1; handed out in due order"
+    );
+    // A rate limit holds the urgent kind back: the others fill the claim.
+    s.register("a", &[("urgent3", "urgent"), ("urgent4", "urgent")], at(11))
+        .await;
+    let limited = ClaimPolicy {
+        rates: vec![bucket("urgent", &["urgent"], RateLimit::per_second(1))],
+        ..policy.clone()
+    };
+    let c = claim_by(&*o, &a, 2, &limited, at(12)).await;
+    assert_eq!(
+        keys(&c),
+        ["bulk2", "urgent3"],
+        "one urgent, as the limit allows, then bulk"
+    );
+    // Sessions take turns before priorities: a turn is the session's earliest due intent.
+    s.register("b", &[("b-bulk", "bulk")], at(13)).await;
+    let c = claim_by(&*o, &Scope::all(), 2, &policy, at(14)).await;
+    assert_eq!(
+        keys(&c),
+        ["bulk3", "b-bulk"],
+        "a's turn and b's, before a's urgent intent"
+    );
+    let c = claim_by(&*o, &Scope::all(), 2, &policy, at(14)).await;
+    assert_eq!(keys(&c), ["urgent4"]);
 }
 
 fn bucket(name: &str, kinds: &[&str], limit: RateLimit) -> RateBucket {
@@ -2625,7 +2729,37 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                     .map(|(i, m)| (m.due.expect("due"), i))
                     .collect();
                 due.sort();
-                due.truncate(limit);
+                // Sessions take turns: the earliest due intent each session registered, then
+                // the rest in due order; which sessions get a turn when more wait than the
+                // limit is the store's draw.
+                let heads: Vec<(u64, usize)> = match scope.takes_turns() {
+                    true => sessions
+                        .iter()
+                        .filter(|s| scope.session_filter().is_none_or(|f| f.iter().any(|x| &**x == **s)))
+                        .filter_map(|s| due.iter().find(|&&(_, i)| model[i].owner == *s).copied())
+                        .collect(),
+                    false => Vec::new(),
+                };
+                if heads.len() > limit {
+                    let got_keys = keys(&got);
+                    due = heads
+                        .into_iter()
+                        .filter(|&(_, i)| got_keys.contains(&model[i].key.as_str()))
+                        .collect();
+                    assert_eq!(
+                        due.len(),
+                        limit,
+                        "differential step {step}: a turn each for {limit} sessions: {got_keys:?}"
+                    );
+                } else {
+                    let rest = due
+                        .iter()
+                        .filter(|d| !heads.contains(d))
+                        .copied()
+                        .take(limit - heads.len());
+                    due = heads.iter().copied().chain(rest).collect();
+                }
+                due.sort();
                 let expected: Vec<&str> = due.iter().map(|&(_, i)| model[i].key.as_str()).collect();
                 assert_eq!(
                     keys(&got),

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use reactifact_core::store::{ClaimRequest, OutboxStore, SqliteOutbox};
+use reactifact_core::store::{ClaimPolicy, ClaimRequest, OutboxStore, SqliteOutbox};
 use reactifact_core::{
     produce, Agent, Artifact, Context, DeliveryOptions, DispatchError, Intent, PendingAction, Produce, ProduceCall,
     ProduceError, RetryPolicy, Runtime, Scope,
@@ -180,7 +180,7 @@ pub async fn settle(outbox: &dyn OutboxStore) {
                 owner: &owner,
                 lease: Duration::from_secs(3600),
                 now: SystemTime::now(),
-                rates: &[],
+                policy: ClaimPolicy::none(),
             })
             .await
             .unwrap();

@@ -722,7 +722,7 @@ impl<'a> Drain<'a> {
                     owner: self.owner,
                     lease: self.lease,
                     now: self.clock.now(),
-                    rates: &config.rates,
+                    policy: &config.claims,
                 };
                 claiming = Some((free, self.outbox.claim(request)));
             }
@@ -952,6 +952,7 @@ impl<'a> Drain<'a> {
         for (bucket, until) in pauses.drain(..) {
             for kind in self
                 .config
+                .claims
                 .rates
                 .iter()
                 .filter(|b| b.name == bucket)

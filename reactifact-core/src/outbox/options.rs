@@ -6,6 +6,7 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use crate::model::build_error::BuildError;
+use crate::model::policy::ClaimPolicy;
 use crate::model::rate::{RateBucket, RateLimit};
 use crate::outbox::drain::RetryPolicy;
 
@@ -43,8 +44,8 @@ pub struct DeliveryOptions {
     pub(crate) errors: DeliveryErrors,
     /// `None`: the lease a runtime's context was opened with, or a drainer's default.
     pub(crate) lease: Option<Duration>,
-    /// The rate limits, by bucket name.
-    pub(crate) rates: Vec<RateBucket>,
+    /// The rate limits (by bucket name) and the priorities of kinds.
+    pub(crate) claims: ClaimPolicy,
 }
 
 /// How many deliveries run at once by default.
@@ -63,7 +64,7 @@ impl Default for DeliveryOptions {
             grace: Duration::from_secs(10),
             errors: DeliveryErrors::default(),
             lease: None,
-            rates: Vec::new(),
+            claims: ClaimPolicy::default(),
         }
     }
 }
@@ -170,9 +171,22 @@ impl DeliveryOptions {
             kinds: kinds.into_iter().map(|k| Arc::from(k.as_ref())).collect(),
             limit,
         };
-        match self.rates.iter_mut().find(|b| b.name == bucket.name) {
+        match self.claims.rates.iter_mut().find(|b| b.name == bucket.name) {
             Some(old) => *old = bucket,
-            None => self.rates.push(bucket),
+            None => self.claims.rates.push(bucket),
+        }
+        self
+    }
+
+    /// The priority of an action kind (default 0): after each session's turn (see
+    /// [`Scope::takes_turns`](crate::Scope::takes_turns)), a claim takes the due intents of
+    /// higher-priority kinds before those of lower ones, and due order among equals, across
+    /// every drain of the store that states it. A backlog of a low-priority kind then waits
+    /// behind every due intent of a higher one. Stating a kind's priority again replaces it.
+    pub fn priority(mut self, kind: &str, priority: i32) -> Self {
+        match self.claims.priorities.iter_mut().find(|(k, _)| &**k == kind) {
+            Some(old) => old.1 = priority,
+            None => self.claims.priorities.push((Arc::from(kind), priority)),
         }
         self
     }
@@ -183,7 +197,7 @@ impl DeliveryOptions {
         if self.timeout == Some(Duration::ZERO) {
             return refuse("an attempt timeout of zero cancels every attempt; give a positive timeout, or None to wait as long as the dispatcher takes".to_owned());
         }
-        for (i, bucket) in self.rates.iter().enumerate() {
+        for (i, bucket) in self.claims.rates.iter().enumerate() {
             if let Some(problem) = bucket.limit.problem() {
                 return refuse(format!("rate limit `{}`: {problem}", bucket.name));
             }
@@ -191,7 +205,7 @@ impl DeliveryOptions {
                 return refuse(format!("rate limit `{}` names no action kind", bucket.name));
             }
             for kind in &bucket.kinds {
-                if let Some(other) = self.rates[..i].iter().find(|b| b.covers(kind)) {
+                if let Some(other) = self.claims.rates[..i].iter().find(|b| b.covers(kind)) {
                     return refuse(format!(
                         "action kind `{kind}` is in two rate limits, `{}` and `{}`; a kind spends from one",
                         other.name, bucket.name
@@ -204,7 +218,7 @@ impl DeliveryOptions {
 
     /// The rate limit `kind` spends from, if any.
     pub(crate) fn bucket_of(&self, kind: &str) -> Option<&RateBucket> {
-        self.rates.iter().find(|b| b.covers(kind))
+        self.claims.rates.iter().find(|b| b.covers(kind))
     }
 
     /// The retry policy of `kind`.

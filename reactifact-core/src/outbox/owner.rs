@@ -414,7 +414,7 @@ mod tests {
                     owner,
                     lease: hour,
                     now,
-                    rates: &[],
+                    policy: crate::store::ClaimPolicy::none(),
                 })
                 .await
                 .unwrap();

@@ -268,7 +268,7 @@ pub(crate) async fn run(
                 limit,
                 owner: &rt.owner,
                 lease,
-                rates: &rt.delivery.rates,
+                policy: &rt.delivery.claims,
             }),
             traces: &record_traces,
         };

@@ -156,8 +156,8 @@ pub(crate) struct TurnClaim<'a> {
     pub(crate) owner: &'a Arc<str>,
     /// The lease.
     pub(crate) lease: Duration,
-    /// The drain's rate limits.
-    pub(crate) rates: &'a [crate::model::rate::RateBucket],
+    /// The drain's rate limits and priorities.
+    pub(crate) policy: &'a crate::model::policy::ClaimPolicy,
 }
 
 /// Why a commit of runs failed.
@@ -950,7 +950,7 @@ impl Context {
                     owner: claim.owner,
                     lease: claim.lease,
                     now,
-                    rates: claim.rates,
+                    policy: claim.policy,
                 }),
             };
             let written = match turn {

@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime};
 use crate::model::action::ActionKey;
 use crate::model::artifact::Generation;
 use crate::model::delivery::NewIntent;
-use crate::model::rate::RateBucket;
+use crate::model::policy::ClaimPolicy;
 use crate::state::refold::VerifyError;
 use crate::store::outbox::{BoxFuture, ClaimRequest, Claimed, OutboxStore, Scope};
 use crate::store::StoreError;
@@ -113,8 +113,8 @@ pub struct ClaimOrder {
     pub lease: Duration,
     /// The time of the claim.
     pub now: SystemTime,
-    /// The rate limits it spends from.
-    pub rates: Vec<RateBucket>,
+    /// How it chooses among due intents.
+    pub policy: ClaimPolicy,
 }
 
 impl ClaimOrder {
@@ -126,7 +126,7 @@ impl ClaimOrder {
             owner: request.owner.clone(),
             lease: request.lease,
             now: request.now,
-            rates: request.rates.to_vec(),
+            policy: request.policy.clone(),
         }
     }
 
@@ -138,7 +138,7 @@ impl ClaimOrder {
             owner: &self.owner,
             lease: self.lease,
             now: self.now,
-            rates: &self.rates,
+            policy: &self.policy,
         }
     }
 }

@@ -63,6 +63,7 @@ use crate::model::delivery::{
 use crate::model::outcome::{due_at, LastError};
 use crate::model::rate::{RateSpend, RateState};
 use crate::model::trace::TraceParent;
+use crate::model::turn;
 use crate::store::outbox::{
     check_decision, ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, LedgerQuery, OutboxStore, Page,
     PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts,
@@ -559,6 +560,9 @@ struct DueQueues {
     any_session: bool,
     /// Whether a queue of one kind (`(_, kind)`) exists.
     by_kind: bool,
+    /// The due entries each session registered (not those attached to it), by session id,
+    /// from the session's first entry on: a fair claim takes each session's earliest.
+    owned: Vec<OrderedQueue>,
 }
 
 impl DueQueues {
@@ -591,15 +595,28 @@ impl DueQueues {
 
     /// Pushes the item of the entry at `pos` onto every existing queue the entry belongs to.
     fn push_entry(&mut self, slots: &Slots, pos: Pos, item: Item) {
-        if self.map.is_empty() {
-            return;
-        }
         let Some(e) = slots[pos as usize].as_ref() else {
             return;
         };
         let sessions = [ANY, e.session].into_iter().chain(e.members().iter().copied());
         self.push(slots, sessions, e.kind, item);
+        self.push_owned(slots, e.session, item);
     }
+
+    /// Pushes `item` onto the queue of the entries `session` registered.
+    fn push_owned(&mut self, slots: &Slots, session: u32, item: Item) {
+        if let Some(q) = self.owned.get_mut(session as usize) {
+            q.push_live(item, slots);
+        }
+    }
+}
+
+/// What a claim grants each entry it takes: its owner, and the lease from `now_ms` until
+/// `expiry_ms`.
+struct Grant<'a> {
+    owner: &'a Arc<str>,
+    now_ms: u64,
+    expiry_ms: u64,
 }
 
 /// The time `t` kept at millisecond resolution (truncated).
@@ -693,6 +710,7 @@ impl Inner {
         let (id, new) = self.sessions.intern(name);
         if new {
             self.tally.by_session.push(Counts::default());
+            self.queues.owned.push(OrderedQueue::default());
         }
         id
     }
@@ -834,6 +852,7 @@ impl Inner {
             if due {
                 // Its session and kind as known here: the entry just written is not read back.
                 self.queues.push(&self.slots, [ANY, session], kind, (due_ms, pos, 1));
+                self.queues.push_owned(&self.slots, session, (due_ms, pos, 1));
             }
         }
     }
@@ -1064,18 +1083,27 @@ impl Inner {
         self.scratch = keys;
     }
 
-    /// The earliest live item of the scope's queues (in `self.scratch`), and which queue.
-    fn earliest(&mut self) -> Option<(Item, usize)> {
-        let mut best: Option<(Item, usize)> = None;
+    /// The earliest live item of the scope's queues (in `self.scratch`), and which queue; of
+    /// the queues of the highest priority (`priorities`, by queue; empty: all equal) that
+    /// have an item due at `now_ms`, if any.
+    fn earliest(&mut self, priorities: &[i32], now_ms: u64) -> Option<(Item, usize)> {
+        let mut best: Option<(i32, Item, usize)> = None;
         for (i, key) in self.scratch.iter().enumerate() {
             let queue = self.queues.map.get_mut(key).expect("scope queues are built");
             if let Some(item) = queue.front(&self.slots) {
-                if best.is_none_or(|(b, _)| (item.0, item.1) < (b.0, b.1)) {
-                    best = Some((item, i));
+                // A queue with nothing due yet ranks below every due one.
+                let rank = match item.0 <= now_ms {
+                    true => priorities.get(i).copied().unwrap_or(0),
+                    false => i32::MIN,
+                };
+                if best.is_none_or(|(r, b, _)| {
+                    (std::cmp::Reverse(rank), item.0, item.1) < (std::cmp::Reverse(r), b.0, b.1)
+                }) {
+                    best = Some((rank, item, i));
                 }
             }
         }
-        best
+        best.map(|(_, item, i)| (item, i))
     }
 
     fn claim(&mut self, request: &ClaimRequest<'_>) -> Claimed {
@@ -1097,10 +1125,11 @@ impl Inner {
                 .map(|b| (b, self.rates.get(&b.name).copied().unwrap_or_default())),
             request.now,
         );
-        if spend.is_empty() {
+        if !request.policy.by_kind() {
             self.scope_queues(request.scope);
         } else {
-            // A queue per kind, so that a kind whose bucket ran out drops out of the claim.
+            // A queue per kind, so that a kind whose bucket ran out drops out of the claim, and
+            // kinds are taken by priority.
             let kinds = match request.scope.kind_filter() {
                 Some(kinds) => kinds.to_vec(),
                 None => self.kinds.names.clone(),
@@ -1108,8 +1137,38 @@ impl Inner {
             self.scope_queues(&request.scope.clone().kinds(kinds));
         }
         let mut taken = std::mem::take(&mut self.taken);
+        // Each claim's due time and position, for the order of a claim that took turns.
+        let mut order: Vec<(u64, Pos)> = Vec::new();
+        let grant = Grant {
+            owner: request.owner,
+            now_ms,
+            expiry_ms,
+        };
+        // Sessions take turns: first the earliest due intent of each session of the scope.
+        let mut heads = false;
+        if request.scope.takes_turns() {
+            for (due, pos) in self.session_heads(request.scope, now_ms, request.limit) {
+                let kind = self.slots[pos as usize].as_ref().expect("a live item").kind;
+                if spend.take(&self.kinds.names[kind as usize]) {
+                    heads = true;
+                    order.push((due, pos));
+                    claims.push(self.grant(pos, &grant));
+                    taken.push(pos);
+                }
+            }
+        }
+        let mut priorities: Vec<i32> = match request.policy.priorities.is_empty() {
+            true => Vec::new(),
+            false => self
+                .scratch
+                .iter()
+                .map(|&(_, kind)| request.policy.priority_of(&self.kinds.names[kind as usize]))
+                .collect(),
+        };
         while claims.len() < request.limit {
-            let Some((item, queue)) = self.earliest() else { break };
+            let Some((item, queue)) = self.earliest(&priorities, now_ms) else {
+                break;
+            };
             if item.0 > now_ms {
                 break;
             }
@@ -1117,26 +1176,24 @@ impl Inner {
             let kind = self.slots[pos as usize].as_ref().expect("a live item").kind;
             if !spend.take(&self.kinds.names[kind as usize]) {
                 self.scratch.swap_remove(queue);
+                if !priorities.is_empty() {
+                    priorities.swap_remove(queue);
+                }
                 continue;
             }
             self.queues.map.get_mut(&self.scratch[queue]).expect("built").pop();
-            let e = self.slots[pos as usize].as_mut().expect("a live item");
-            let from = class(e);
-            e.set_due(None);
-            e.status = DeliveryStatus::InFlight;
-            e.attempts = e.attempts.saturating_add(1);
-            e.token = FenceToken(e.token.0 + 1);
-            e.remarks.set_next_attempt_at(None);
-            e.updated_ms = now_ms;
-            e.last_claim = Some(LastClaim {
-                owner: request.owner.clone(),
-                claimed_ms: now_ms,
-                expires_ms: expiry_ms,
-            });
-            self.tally.moved(e, Some(from), Some(IN_FLIGHT));
-            self.in_flight.insert(e.key.addr(), pos);
-            claims.push(e.delivery(&self.kinds));
+            if heads || !priorities.is_empty() {
+                order.push((item.0, pos));
+            }
+            claims.push(self.grant(pos, &grant));
             taken.push(pos);
+        }
+        if heads || !priorities.is_empty() {
+            // In the order they fell due, as any claim hands them out.
+            let mut sorted: Vec<(u64, Pos, Delivery)> =
+                order.drain(..).zip(claims).map(|((d, p), c)| (d, p, c)).collect();
+            sorted.sort_unstable_by_key(|&(due, pos, _)| (due, pos));
+            claims = sorted.into_iter().map(|(_, _, c)| c).collect();
         }
         if !taken.is_empty() {
             match self.leases.entry(expiry_ms) {
@@ -1158,6 +1215,52 @@ impl Inner {
             integrity: Vec::new(),
             throttled: spend.throttled(),
         }
+    }
+
+    /// The entries of the earliest due intent of each session of `scope` that has one, at most
+    /// `limit`: all of them when there are no more, else `limit` drawn anew for each claim.
+    fn session_heads(&mut self, scope: &Scope, now_ms: u64, limit: usize) -> Vec<(u64, Pos)> {
+        let sessions: Vec<u32> = match scope.session_filter() {
+            None => (0..u32::try_from(self.sessions.names.len()).unwrap_or(u32::MAX)).collect(),
+            Some(names) => names.iter().filter_map(|n| self.sessions.get(n)).collect(),
+        };
+        let draw = turn::draw();
+        let mut heads: Vec<(u64, u64, Pos)> = Vec::new();
+        for session in sessions {
+            let Some(queue) = self.queues.owned.get_mut(session as usize) else {
+                continue;
+            };
+            if let Some((due, pos, _)) = queue.front(&self.slots) {
+                if due <= now_ms {
+                    heads.push((turn::place(u64::from(session), draw), due, pos));
+                }
+            }
+        }
+        if heads.len() > limit {
+            heads.sort_unstable();
+            heads.truncate(limit);
+        }
+        heads.into_iter().map(|(_, due, pos)| (due, pos)).collect()
+    }
+
+    /// Puts the due entry at `pos` in flight under `grant`: its delivery, as claimed.
+    fn grant(&mut self, pos: Pos, grant: &Grant<'_>) -> Delivery {
+        let e = self.slots[pos as usize].as_mut().expect("a live item");
+        let from = class(e);
+        e.set_due(None);
+        e.status = DeliveryStatus::InFlight;
+        e.attempts = e.attempts.saturating_add(1);
+        e.token = FenceToken(e.token.0 + 1);
+        e.remarks.set_next_attempt_at(None);
+        e.updated_ms = grant.now_ms;
+        e.last_claim = Some(LastClaim {
+            owner: grant.owner.clone(),
+            claimed_ms: grant.now_ms,
+            expires_ms: grant.expiry_ms,
+        });
+        self.tally.moved(e, Some(from), Some(IN_FLIGHT));
+        self.in_flight.insert(e.key.addr(), pos);
+        e.delivery(&self.kinds)
     }
 
     fn pause(&mut self, bucket: &str, until: SystemTime) {
@@ -1401,7 +1504,7 @@ impl Inner {
 
     fn next_due(&mut self, scope: &Scope) -> Option<SystemTime> {
         self.scope_queues(scope);
-        let due = self.earliest().map(|(item, _)| item.0);
+        let due = self.earliest(&[], u64::MAX).map(|(item, _)| item.0);
         // Drop fully stale leases from the front, then find the first live one in scope.
         while let Some(first) = self.leases.first_entry() {
             let expiry = *first.key();
@@ -1649,7 +1752,7 @@ mod tests {
                 owner: &owner,
                 lease: Duration::from_secs(10),
                 now,
-                rates: &[],
+                policy: crate::store::ClaimPolicy::none(),
             })
         };
         let first = claim(t0).claims;
@@ -1751,7 +1854,7 @@ mod tests {
                 owner: &owner,
                 lease: Duration::from_secs(10),
                 now,
-                rates: &[],
+                policy: crate::store::ClaimPolicy::none(),
             })
         };
         let t1 = t0 + Duration::from_secs(1);
@@ -1886,7 +1989,7 @@ mod tests {
                 owner: &owner,
                 lease: Duration::from_secs(60),
                 now: t0,
-                rates: &[],
+                policy: crate::store::ClaimPolicy::none(),
             })
             .claims;
         assert_eq!(claimed.len(), n);
@@ -1934,7 +2037,7 @@ mod tests {
                 owner: &owner,
                 lease: Duration::MAX,
                 now: end,
-                rates: &[],
+                policy: crate::store::ClaimPolicy::none(),
             })
             .claims;
         assert_eq!(claimed.len(), 1);

@@ -46,6 +46,7 @@ pub use crate::model::delivery::{
 };
 pub use crate::model::enqueue::{Enqueue, ENQUEUED_SESSION};
 pub use crate::model::outcome::{due_at, LastError, Transition};
+pub use crate::model::policy::ClaimPolicy;
 pub use crate::model::rate::{micros, RateBucket, RateSpend, RateState};
 pub use ledger::Ledger;
 pub use log_store::{Act, Append, CheckpointRow, ClaimOrder, CommitRow, LogStore, OutboxCheck, SessionRow};

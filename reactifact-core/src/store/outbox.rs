@@ -36,6 +36,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::model::action::ActionKey;
 use crate::model::delivery::{Attempt, AttemptOutcome, Decision, Delivery, DeliveryStatus, FenceToken, Verdict};
+use crate::model::policy::ClaimPolicy;
 use crate::model::rate::RateBucket;
 use crate::store::StoreError;
 
@@ -89,6 +90,14 @@ impl Scope {
         self.kinds.as_deref()
     }
 
+    /// Whether claims of this scope take sessions in turn: claims of several sessions (or of
+    /// all) without a kind filter. Such a claim first takes the earliest due intent of each
+    /// session that registered one (when more sessions wait than the claim takes, which of
+    /// them is drawn anew for each claim), then the rest in due order.
+    pub fn takes_turns(&self) -> bool {
+        self.kinds.is_none() && self.sessions.as_ref().is_none_or(|s| s.len() > 1)
+    }
+
     /// Whether an intent of `kind` that belongs to `sessions` is in scope.
     pub fn admits<'a>(&self, kind: &str, mut sessions: impl Iterator<Item = &'a str>) -> bool {
         self.kinds
@@ -114,17 +123,17 @@ pub struct ClaimRequest<'a> {
     pub lease: Duration,
     /// The time of the claim, from the drain's clock.
     pub now: SystemTime,
-    /// The rate limits the claim spends from: of the intents of a bucket's kinds, at most its
-    /// [`allowance`](crate::RateLimit::allowance) at `now` are claimed, and the bucket's state
-    /// is updated in the claim's transaction. Empty for none.
-    pub rates: &'a [RateBucket],
+    /// How the claim chooses among due intents: the rate limits it spends from, and the
+    /// priorities of kinds ([`ClaimPolicy::none`] for neither).
+    pub policy: &'a ClaimPolicy,
 }
 
 impl ClaimRequest<'_> {
-    /// The buckets of [`rates`](ClaimRequest::rates) that intents of the scope can spend
-    /// from, by name (the order in which a store locks them).
+    /// The buckets of the policy's [`rates`](ClaimPolicy::rates) that intents of the scope
+    /// can spend from, by name (the order in which a store locks them).
     pub fn buckets_in_scope(&self) -> Vec<&RateBucket> {
         let mut buckets: Vec<&RateBucket> = self
+            .policy
             .rates
             .iter()
             .filter(|b| {
@@ -575,7 +584,8 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// lengthens). A drain calls it when a receiver answered an attempt with a `Retry-After`.
     ///
     /// The default, for a store of another crate written before rate limits, does nothing;
-    /// such a store also ignores [`ClaimRequest::rates`], which the contract suite checks.
+    /// such a store also ignores the rate limits of [`ClaimRequest::policy`], which the contract
+    /// suite checks.
     fn pause<'a>(&'a self, bucket: &'a str, until: SystemTime) -> BoxFuture<'a, Result<(), StoreError>> {
         let _ = (bucket, until);
         Box::pin(async { Ok(()) })

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use reactifact_core::audit::{CommitHash, ContentHash};
 use reactifact_core::runtime::{Generation, Origin};
-use reactifact_core::store::{ClaimRequest, NewIntent, OutboxStore, Outcome, Recording};
+use reactifact_core::store::{ClaimPolicy, ClaimRequest, NewIntent, OutboxStore, Outcome, Recording};
 use reactifact_core::{ActionKey, Intent, PendingAction, Scope};
 use reactifact_postgres::{PostgresOptions, PostgresOutbox, PruneOptions};
 use sha2::Digest as _;
@@ -212,7 +212,7 @@ async fn run(options: &Options, schema: &str) -> Result<(), String> {
                         owner: &owner,
                         lease: Duration::from_secs(30),
                         now: SystemTime::now(),
-                        rates: &[],
+                        policy: ClaimPolicy::none(),
                     })
                     .await
                     .map_err(|e| e.to_string())?;

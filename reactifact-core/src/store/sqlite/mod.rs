@@ -1286,7 +1286,7 @@ mod tests {
                     owner: &owner,
                     lease: Duration::from_secs(1),
                     now: SystemTime::now(),
-                    rates: &[],
+                    policy: crate::store::ClaimPolicy::none(),
                 })
                 .await
                 .unwrap_err();

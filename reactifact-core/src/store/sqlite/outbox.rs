@@ -26,6 +26,7 @@ use crate::model::delivery::{
 };
 use crate::model::outcome::LastError;
 use crate::model::rate::{RateBucket, RateSpend, RateState};
+use crate::model::turn;
 use crate::store::log_store::ClaimOrder;
 use crate::store::outbox::{
     check_decision, ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, LedgerQuery, OutboxStore, Page,
@@ -566,11 +567,17 @@ pub(super) fn claim_in(tx: &Connection, request: &ClaimRequest<'_>) -> rusqlite:
             .collect::<rusqlite::Result<Vec<_>>>()?,
         request.now,
     );
-    let due = if spend.is_empty() {
+    // Sessions take turns: the earliest due intent of each session first.
+    let heads = match request.scope.takes_turns() {
+        true => session_heads(tx, request.scope, at, request.limit)?,
+        false => Vec::new(),
+    };
+    let mut due = if !request.policy.by_kind() {
         candidates(tx, request.scope, at, limit)?
     } else {
         // Each kind's share on its own, from the index of due rows by kind: a limited kind
-        // up to its bucket's allowance, any other up to the limit; then the earliest of all.
+        // up to its bucket's allowance, any other up to the limit; then by priority, and the
+        // earliest of all among equals.
         let kinds: Vec<Arc<str>> = match request.scope.kind_filter() {
             Some(kinds) => kinds.to_vec(),
             None => tx
@@ -586,14 +593,22 @@ pub(super) fn claim_in(tx: &Connection, request: &ClaimRequest<'_>) -> rusqlite:
                 .find(|(b, _)| b.covers(&kind))
                 .map_or(limit, |&(_, allowed)| i64::from(allowed).min(limit));
             if share > 0 {
-                due.extend(candidates(tx, &request.scope.clone().kinds([kind]), at, share)?);
+                let priority = request.policy.priority_of(&kind);
+                let rows = candidates(tx, &request.scope.clone().kinds([kind]), at, share)?;
+                due.extend(rows.into_iter().map(|(seq, due_at)| (priority, seq, due_at)));
             }
         }
-        due.sort_unstable_by_key(|&(seq, due_at)| (due_at, seq));
-        due.truncate(request.limit);
-        due
+        due.sort_unstable_by_key(|&(priority, seq, due_at)| (std::cmp::Reverse(priority), due_at, seq));
+        due.into_iter().map(|(_, seq, due_at)| (seq, due_at)).collect()
     };
-    for (seq, _) in due {
+    if !heads.is_empty() {
+        due.retain(|d| !heads.contains(d));
+        due.splice(0..0, heads);
+    }
+    due.truncate(request.limit);
+    // Each claim's due time and seq: a claim that took turns hands them out in due order.
+    let mut taken: Vec<(i64, i64, Delivery)> = Vec::with_capacity(due.len());
+    for (seq, due_at) in due {
         let mut row = match by_seq(tx, seq)? {
             Some(Read::Intact(row)) => row,
             Some(Read::Damaged { seq, key, detail }) => {
@@ -623,8 +638,10 @@ pub(super) fn claim_in(tx: &Connection, request: &ClaimRequest<'_>) -> rusqlite:
         row.due_at = None;
         row.updated_at = at;
         row.update_claimed(tx)?;
-        claimed.claims.push(row.delivery(&payload));
+        taken.push((due_at, seq, row.delivery(&payload)));
     }
+    taken.sort_unstable_by_key(|&(due_at, seq, _)| (due_at, seq));
+    claimed.claims = taken.into_iter().map(|(_, _, d)| d).collect();
     for (name, state) in spend.spent() {
         write_rate(tx, name, state)?;
     }
@@ -639,6 +656,52 @@ const DUE_KINDS: &str = "WITH RECURSIVE k(kind) AS (
         SELECT (SELECT min(o.kind) FROM outbox o WHERE o.due_at IS NOT NULL AND o.kind > k.kind)
           FROM k WHERE k.kind IS NOT NULL
     ) SELECT kind FROM k WHERE kind IS NOT NULL";
+
+/// The earliest due row (`seq`, due time) of each session of `scope` that registered one, at
+/// most `limit`: all of them when there are no more, else `limit` sessions drawn anew for each
+/// claim. The sessions are found by one seek of `outbox_session_due` each.
+fn session_heads(tx: &Connection, scope: &Scope, at: i64, limit: usize) -> rusqlite::Result<Vec<(i64, i64)>> {
+    let mut params = vec![Value::Integer(at)];
+    let only = match scope.session_filter() {
+        Some(sessions) => {
+            params.extend(sessions.iter().map(|s| Value::Text(s.to_string())));
+            format!(" AND s.session IN ({})", placeholders(sessions.len()))
+        }
+        None => String::new(),
+    };
+    let sql = format!(
+        "WITH RECURSIVE s(session) AS (
+             SELECT (SELECT min(session) FROM outbox WHERE due_at IS NOT NULL)
+             UNION ALL
+             SELECT (SELECT min(o.session) FROM outbox o WHERE o.due_at IS NOT NULL AND o.session > s.session)
+               FROM s WHERE s.session IS NOT NULL
+         )
+         SELECT s.session, h.seq, h.due_at FROM s JOIN outbox h ON h.seq = (
+             SELECT o.seq FROM outbox o WHERE o.session = s.session AND o.due_at <= ?1 ORDER BY o.due_at, o.seq LIMIT 1
+         ) WHERE s.session IS NOT NULL{only}"
+    );
+    let mut heads: Vec<(u64, i64, i64)> = tx
+        .prepare_cached(&sql)?
+        .query_map(rusqlite::params_from_iter(params), |row| {
+            let session: String = row.get(0)?;
+            Ok((session_hash(&session), row.get(1)?, row.get(2)?))
+        })?
+        .collect::<Result<_, _>>()?;
+    if heads.len() > limit {
+        let draw = turn::draw();
+        heads.sort_unstable_by_key(|&(session, ..)| turn::place(session, draw));
+        heads.truncate(limit);
+    }
+    Ok(heads.into_iter().map(|(_, seq, due_at)| (seq, due_at)).collect())
+}
+
+/// A hash of a session's name, for [`turn::place`].
+fn session_hash(session: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    session.hash(&mut hasher);
+    hasher.finish()
+}
 
 /// The rows of `scope` due at `at`, at most `limit`, in claim order: their `seq` and due time.
 fn candidates(tx: &Connection, scope: &Scope, at: i64, limit: i64) -> rusqlite::Result<Vec<(i64, i64)>> {
