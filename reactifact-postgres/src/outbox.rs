@@ -63,6 +63,8 @@ struct Inner {
     /// A receiver of the listener's wake-ups while it runs (kept so that it runs as long as
     /// the outbox does).
     listener: Mutex<Option<watch::Receiver<u64>>>,
+    /// The rate limits whose bucket rows this outbox knows exist (rows are never deleted).
+    rate_rows: Mutex<std::collections::HashSet<String>>,
     sql: Statements,
 }
 
@@ -101,7 +103,8 @@ struct Statements {
     purge: [String; 4],
     /// Inserts the rows of the rate limits `$1` that have none (full, not paused).
     rates_insert: String,
-    /// The state of the rate limits `$1`, their rows locked in name order.
+    /// The state of the rate limits `$1`, their rows locked in name order; a row another
+    /// transaction holds is skipped.
     rates_lock: String,
     /// Writes the theoretical arrival times `$2` of the rate limits `$1`.
     rates_spent: String,
@@ -134,6 +137,10 @@ impl Params {
         self.values.iter().map(|v| &**v as &(dyn ToSql + Sync)).collect()
     }
 }
+
+/// How long a claim takes a rate limit whose bucket another claim holds as paused: the
+/// drain looks again after it.
+const BUSY_BUCKET: Duration = Duration::from_millis(20);
 
 /// How a claim that chooses kind by kind ([`Inner::claim_sql`]) treats the kinds its policy
 /// names: per kind, its rate limit's bucket and allowance (`None`: not limited), and its
@@ -625,7 +632,8 @@ impl Statements {
                  ON CONFLICT (name) DO NOTHING"
             ),
             rates_lock: format!(
-                "SELECT name, tat, paused_until FROM {s}.outbox_rates WHERE name = ANY($1::text[]) ORDER BY name FOR UPDATE"
+                "SELECT name, tat, paused_until FROM {s}.outbox_rates WHERE name = ANY($1::text[])
+                  ORDER BY name FOR UPDATE SKIP LOCKED"
             ),
             rates_spent: format!(
                 "UPDATE {s}.outbox_rates r SET tat = v.tat FROM unnest($1::text[], $2::bigint[]) v(name, tat) WHERE r.name = v.name"
@@ -709,6 +717,7 @@ impl PostgresOutbox {
                 schema,
                 name,
                 listener: Mutex::new(None),
+                rate_rows: Mutex::default(),
             }),
         }))
     }
@@ -1291,40 +1300,57 @@ impl Inner {
             return self.claim_on(&client, request).await;
         }
         let err = self.err();
+        // The buckets' rows, created once, outside the claim's transaction: an insert that
+        // met another claim's uncommitted insert of the same row would wait for it.
+        let missing: Vec<String> = {
+            let known = self.rate_rows.lock().unwrap_or_else(|e| e.into_inner());
+            request
+                .buckets_in_scope()
+                .iter()
+                .filter(|b| !known.contains(&*b.name))
+                .map(|b| b.name.to_string())
+                .collect()
+        };
+        if !missing.is_empty() {
+            let insert = client.prepare_cached(&self.sql.rates_insert).await.map_err(&err)?;
+            client.execute(&insert, &[&missing]).await.map_err(&err)?;
+            self.rate_rows.lock().unwrap_or_else(|e| e.into_inner()).extend(missing);
+        }
         let tx = client.transaction().await.map_err(&err)?;
         let claimed = self.claim_on(&tx, request).await?;
         tx.commit().await.map_err(&err)?;
         Ok(claimed)
     }
 
-    /// The states of `buckets`, their rows locked (in name order) until the transaction of
-    /// `client` ends; a bucket without a row gets one (full, not paused).
-    async fn lock_rates<C: Prepare>(&self, client: &C, buckets: &[&RateBucket]) -> Result<Vec<RateState>, StoreError> {
+    /// The states of `buckets` at `now`, their rows locked (in name order) until the
+    /// transaction of `client` ends. A bucket whose row another claim holds (it is between
+    /// its read and its write, or stalled there: a process stopped, a connection hung) is
+    /// skipped, not waited for: it is taken as paused for a moment, so that this claim takes
+    /// nothing of its kinds and the drain looks again soon. So is a bucket without a row yet
+    /// (a commit's claim, which does not create rows; the drain's next claim does).
+    async fn lock_rates<C: Prepare>(
+        &self,
+        client: &C,
+        buckets: &[&RateBucket],
+        now: SystemTime,
+    ) -> Result<Vec<RateState>, StoreError> {
         let err = self.err();
         let names: Vec<&str> = buckets.iter().map(|b| &*b.name).collect();
-        let insert = client.statement(&self.sql.rates_insert).await.map_err(&err)?;
         let lock = client.statement(&self.sql.rates_lock).await.map_err(&err)?;
-        let (inserted, rows) =
-            futures_util::future::join(client.rows(&insert, &[&names]), client.rows(&lock, &[&names])).await;
-        inserted.map_err(&err)?;
-        let rows = rows.map_err(&err)?;
+        let rows = client.rows(&lock, &[&names]).await.map_err(&err)?;
         let time = |us: i64| u64::try_from(us).unwrap_or(0);
-        buckets
+        let busy = RateState::default().paused(now.checked_add(BUSY_BUCKET).unwrap_or(now));
+        Ok(buckets
             .iter()
             .map(|b| {
-                let row = rows.iter().find(|r| r.get::<_, &str>(0) == &*b.name).ok_or_else(|| {
-                    StoreError::backend(
-                        self.name.clone(),
-                        false,
-                        format!("the row of rate limit `{}` is missing", b.name),
-                    )
-                })?;
-                Ok(RateState {
-                    tat: time(row.get(1)),
-                    paused_until: time(row.get(2)),
-                })
+                rows.iter()
+                    .find(|r| r.get::<_, &str>(0) == &*b.name)
+                    .map_or(busy, |row| RateState {
+                        tat: time(row.get(1)),
+                        paused_until: time(row.get(2)),
+                    })
             })
-            .collect()
+            .collect())
     }
 
     /// [`claim`](Inner::claim) on `client`: a connection of the pool, or the transaction of a
@@ -1355,7 +1381,7 @@ impl Inner {
         };
         let states = match buckets.is_empty() {
             true => Vec::new(),
-            false => self.lock_rates(client, &buckets).await?,
+            false => self.lock_rates(client, &buckets, now).await?,
         };
         let mut spend = RateSpend::new(buckets.iter().copied().zip(states), now);
         let shares = request.policy.by_kind().then(|| Shares::of(&spend, request.policy));
@@ -1755,14 +1781,21 @@ impl OutboxStore for PostgresOutbox {
 
     fn pause<'a>(&'a self, bucket: &'a str, until: SystemTime) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            let client = self.client().await?;
+            let mut client = self.client().await?;
             let until = i64::try_from(micros(until)).unwrap_or(i64::MAX);
             let stmt = client
                 .prepare_cached(&self.inner.sql.rates_pause)
                 .await
                 .map_err(self.err())?;
-            client.execute(&stmt, &[&bucket, &until]).await.map_err(self.err())?;
-            Ok(())
+            // A claim stalled while it holds the bucket's row (a stopped process) makes the
+            // pause fail after a second, not wait as long as the stall: the drain that asked
+            // for it logs that and goes on.
+            let tx = client.transaction().await.map_err(self.err())?;
+            tx.batch_execute("SET LOCAL lock_timeout = '1s'")
+                .await
+                .map_err(self.err())?;
+            tx.execute(&stmt, &[&bucket, &until]).await.map_err(self.err())?;
+            tx.commit().await.map_err(self.err())
         })
     }
 
