@@ -1134,6 +1134,7 @@ impl Inner {
         owner: &str,
         until: i64,
         shares: Option<Shares>,
+        turns: bool,
     ) -> (String, Params) {
         let s = &self.s;
         let mut params = Params::default();
@@ -1145,7 +1146,7 @@ impl Inner {
         let ok = format!("{} AND sha256(o.bytes) = o.action_hash", intact(s, "o"));
         let shares_used = shares.is_some();
         // `c`: the rows the claim takes, locked, with whether each is intact.
-        let choose = if shares.is_none() && !scope.takes_turns() {
+        let choose = if shares.is_none() && !turns {
             // The earliest due rows of the scope.
             format!(
                 "WITH c AS MATERIALIZED (
@@ -1155,45 +1156,67 @@ impl Inner {
             )
         } else {
             let mut ctes = Vec::new();
-            // Sessions take turns: every session with a due (or scheduled) row, one seek of
-            // `outbox_session_due` each; of those with a due row, `limit` drawn at random
-            // (all, when there are no more); the earliest due row of each, locked (a row
-            // another claim holds is skipped for the session's next).
+            // Sessions take turns: every session with a due (or scheduled) row and none among
+            // the earliest rows (`rest`), one seek of `outbox_session_due` each; of those with
+            // a due row, `limit` drawn at random (all, when there are no more); the earliest due
+            // row of each, locked (a row another claim holds is skipped for the session's next).
             let mut pool = Vec::new();
-            if scope.takes_turns() {
-                let only = match scope.session_filter() {
+            let mut turn_ctes = None;
+            let mut only = String::new();
+            if turns {
+                only = match scope.session_filter() {
                     Some(sessions) => {
                         let list = params.push(sessions.iter().map(ToString::to_string).collect::<Vec<String>>());
                         format!(" AND session = ANY({list})")
                     }
                     None => String::new(),
                 };
-                ctes.push(format!(
-                    "sess AS (
-                         (SELECT o.session, o.due_at FROM {s}.outbox o WHERE o.due_at IS NOT NULL
+                // Sessions with a row among the earliest (`rest`) are skipped, not walked:
+                // each probe is bounded by the next of them, so it never reads their rows
+                // (whose claimed, not yet vacuumed entries lead their part of the index).
+                let probe = |lower: &str| {
+                    format!(
+                        "(SELECT o.session, o.due_at FROM {s}.outbox o
+                           WHERE o.due_at IS NOT NULL{lower} AND o.session < b.next
                            ORDER BY o.session, o.due_at LIMIT 1)
                          UNION ALL
-                         SELECT n.session, n.due_at FROM sess p CROSS JOIN LATERAL (
-                             SELECT o.session, o.due_at FROM {s}.outbox o WHERE o.due_at IS NOT NULL AND o.session > p.session
-                              ORDER BY o.session, o.due_at LIMIT 1
-                         ) n
+                         (SELECT o.session, o.due_at FROM {s}.outbox o
+                           WHERE b.next IS NULL AND o.due_at IS NOT NULL{lower}
+                           ORDER BY o.session, o.due_at LIMIT 1)"
+                    )
+                };
+                let (first, next) = (probe(""), probe(" AND o.session > p.prev"));
+                turn_ctes = Some(format!(
+                    "taken_by AS (
+                         SELECT DISTINCT session FROM rest
+                     ), sess(session, due_at, prev, more) AS (
+                         SELECT n.session, n.due_at, coalesce(n.session, b.next), coalesce(n.session, b.next) IS NOT NULL
+                           FROM (SELECT min(session) AS next FROM taken_by) b
+                           LEFT JOIN LATERAL ({first}) n ON true
+                         UNION ALL
+                         SELECT n.session, n.due_at, coalesce(n.session, b.next), coalesce(n.session, b.next) IS NOT NULL
+                           FROM sess p
+                          CROSS JOIN LATERAL (SELECT min(r.session) AS next FROM taken_by r WHERE r.session > p.prev) b
+                           LEFT JOIN LATERAL ({next}) n ON true
+                          WHERE p.more
                      ), turns AS (
-                         SELECT session FROM sess WHERE due_at <= {now}{only} ORDER BY random() LIMIT {limit}
+                         SELECT session FROM sess WHERE session IS NOT NULL AND due_at <= {now}{only}
+                          ORDER BY random() LIMIT {limit}
                      ), heads AS (
                          SELECT x.* FROM turns t CROSS JOIN LATERAL (
-                             SELECT o.seq, o.due_at, ({ok}) AS ok, o.kind, 0 AS pass FROM {s}.outbox o
+                             SELECT o.seq, o.due_at, ({ok}) AS ok, o.kind, o.session, 0 AS pass FROM {s}.outbox o
                               WHERE o.session = t.session AND o.due_at <= {now}{filter}
                               ORDER BY o.due_at, o.seq LIMIT 1 FOR UPDATE SKIP LOCKED
                          ) x
                      )"
                 ));
-                pool.push("SELECT * FROM heads");
+                pool.push("SELECT * FROM heads".to_owned());
             }
             match shares {
                 None => {
                     ctes.push(format!(
                         "rest AS (
-                             SELECT o.seq, o.due_at, ({ok}) AS ok, o.kind, 1 AS pass FROM {s}.outbox o
+                             SELECT o.seq, o.due_at, ({ok}) AS ok, o.kind, o.session, 1 AS pass FROM {s}.outbox o
                               WHERE o.due_at <= {now}{filter}
                               ORDER BY o.due_at, o.seq LIMIT {limit} FOR UPDATE SKIP LOCKED
                          )"
@@ -1224,7 +1247,7 @@ impl Inner {
                               WHERE k.kind IS NOT NULL
                          ), rest AS (
                              SELECT x.* FROM shares sh CROSS JOIN LATERAL (
-                                 SELECT o.seq, o.due_at, ({ok}) AS ok, o.kind, 1 AS pass FROM {s}.outbox o
+                                 SELECT o.seq, o.due_at, ({ok}) AS ok, o.kind, o.session, 1 AS pass FROM {s}.outbox o
                                   WHERE o.kind = sh.kind AND o.due_at <= {now}{filter}
                                   ORDER BY o.due_at, o.seq LIMIT sh.cap FOR UPDATE SKIP LOCKED
                              ) x
@@ -1232,9 +1255,25 @@ impl Inner {
                     ));
                 }
             }
-            pool.push("SELECT * FROM rest");
-            // Each row once (a session's head may be among the earliest too), the turns
-            // first, then by priority; of each rate limit's bucket no more than its allowance.
+            // After `rest`: a session with a row among the earliest takes its turn there (its
+            // earliest row not held by another claim is the first of them), and needs no seek
+            // of its own.
+            match turn_ctes {
+                Some(turn_ctes) => {
+                    ctes.push(turn_ctes);
+                    // (A row of `rest` attached to a session of the scope but registered by
+                    // another is no one's turn.)
+                    pool.push(format!(
+                        "SELECT seq, due_at, ok, kind, session,
+                                CASE WHEN row_number() OVER (PARTITION BY session ORDER BY due_at, seq) = 1{only}
+                                     THEN 0 ELSE 1 END
+                           FROM rest"
+                    ));
+                }
+                None => pool.push("SELECT * FROM rest".to_owned()),
+            }
+            // The turns first, then by priority; of each rate limit's bucket no more than its
+            // allowance.
             let capped = match shares_used {
                 true => {
                     "SELECT p.*, row_number() OVER (PARTITION BY sh.bucket ORDER BY p.pass, sh.priority DESC, p.due_at, p.seq) AS nth,
@@ -1245,7 +1284,7 @@ impl Inner {
             };
             format!(
                 "WITH RECURSIVE {}, pool AS (
-                     SELECT DISTINCT ON (seq) * FROM ({}) u ORDER BY seq, pass
+                     {}
                  ), c AS MATERIALIZED (
                      SELECT seq, due_at, ok FROM ({capped}) w WHERE nth <= cap
                       ORDER BY pass, priority DESC, due_at, seq LIMIT {limit}
@@ -1392,6 +1431,7 @@ impl Inner {
             request.owner,
             until,
             shares,
+            request.takes_turns(),
         );
         let refs = params.refs();
         let (reclaimed, rows) = if limit == 0 {
@@ -2177,7 +2217,7 @@ mod tests {
 
     /// The plan of a claim, as `EXPLAIN` gives it for the store's own statement.
     async fn plan(outbox: &PostgresOutbox, scope: &Scope) -> String {
-        let (sql, params) = outbox.inner.claim_sql(scope, 1, 16, "d", 2, None);
+        let (sql, params) = outbox.inner.claim_sql(scope, 1, 16, "d", 2, None, false);
         let client = outbox.client().await.unwrap();
         // EXPLAIN without ANALYZE: the statement is planned, not run.
         let rows = client.query(&format!("EXPLAIN {sql}"), &params.refs()).await.unwrap();

@@ -342,6 +342,18 @@ async fn claim_with(
     lease: Duration,
     now: SystemTime,
 ) -> Claimed {
+    claim_under(o, scope, limit, owner, lease, ClaimPolicy::none(), now).await
+}
+
+async fn claim_under(
+    o: &dyn OutboxStore,
+    scope: &Scope,
+    limit: usize,
+    owner: &str,
+    lease: Duration,
+    policy: &ClaimPolicy,
+    now: SystemTime,
+) -> Claimed {
     let owner: Arc<str> = Arc::from(owner);
     o.claim(ClaimRequest {
         scope,
@@ -349,7 +361,7 @@ async fn claim_with(
         owner: &owner,
         lease,
         now,
-        policy: ClaimPolicy::none(),
+        policy,
     })
     .await
     .unwrap_or_else(|e| panic!("claim failed: {e}"))
@@ -631,11 +643,11 @@ pub async fn claim_limit_and_scope(h: &dyn ContractHarness) {
     let c = claim_with(&*o, &Scope::sessions(Scope::all(), ["b", "a"]), 2, OWNER, LEASE, at(1)).await;
     assert_eq!(
         keys(&c),
-        ["a2", "b2"],
-        "scope: sessions a and b take turns, each its earliest, limit 2"
+        ["a2", "a4"],
+        "scope: sessions a and b, registration order, limit 2"
     );
     let c = claim(&*o, 10, at(1)).await;
-    assert_eq!(keys(&c), ["a4"], "scope: the rest stays claimable");
+    assert_eq!(keys(&c), ["b2"], "scope: the rest stays claimable");
 }
 
 /// Eight concurrent claimers, seven at a time, over 500 intents: disjoint, and together
@@ -1438,43 +1450,50 @@ pub async fn group_with_approvals(h: &dyn ContractHarness) {
     assert_eq!(keys(&claim(&*o, 10, at(4)).await), ["ask2"]);
 }
 
-/// A claim of several sessions takes the earliest due intent of each before the rest: one
-/// session's backlog delays another's intent by at most one claim. Claims come in due order.
-/// A claim scoped by kind takes due order alone.
+/// With turns, a claim of several sessions takes the earliest due intent of each before the
+/// rest: one session's backlog delays another's intent by at most one claim. Claims come in
+/// due order. A claim scoped by kind, or without turns, takes due order alone.
 pub async fn sessions_take_turns(h: &dyn ContractHarness) {
     let (mut s, o) = fresh(h).await;
+    let turns = ClaimPolicy {
+        turns: true,
+        ..ClaimPolicy::default()
+    };
     let backlog: Vec<String> = (0..30).map(|i| format!("big{i:02}")).collect();
     let backlog: Vec<(&str, &str)> = backlog.iter().map(|k| (k.as_str(), "x")).collect();
     s.register("big", &backlog, at(0)).await;
     s.register("small", &[("small1", "x")], at(5)).await;
     s.register("other", &[("other1", "x"), ("other2", "x")], at(6)).await;
-    let c = claim(&*o, 5, at(10)).await;
+    let plain = claim(&*o, 2, at(10)).await;
+    assert_eq!(keys(&plain), ["big00", "big01"], "without turns: due order");
+    let c = claim_by(&*o, &Scope::all(), 5, &turns, at(10)).await;
     assert_eq!(
         keys(&c),
-        ["big00", "big01", "big02", "small1", "other1"],
+        ["big02", "big03", "big04", "small1", "other1"],
         "a turn for each session, then due order; handed out in due order"
     );
-    let c = claim_with(&*o, &Scope::all().sessions(["other", "big"]), 3, OWNER, LEASE, at(10)).await;
+    let c = claim_by(&*o, &Scope::all().sessions(["other", "big"]), 3, &turns, at(10)).await;
     assert_eq!(
         keys(&c),
-        ["big03", "big04", "other2"],
+        ["big05", "big06", "other2"],
         "the sessions of the scope take turns"
     );
-    let c = claim_with(&*o, &Scope::all().kinds(["x"]), 3, OWNER, LEASE, at(10)).await;
-    assert_eq!(keys(&c), ["big05", "big06", "big07"], "a kind's claim: due order");
+    let c = claim_by(&*o, &Scope::all().kinds(["x"]), 3, &turns, at(10)).await;
+    assert_eq!(keys(&c), ["big07", "big08", "big09"], "a kind's claim: due order");
     // More sessions wait than a claim takes: which take a turn is drawn for each claim, so
     // that none waits long (the chance that one of two sessions is drawn in none of 40
     // claims of one is 2^-39).
     let more: Vec<String> = (0..40).map(|i| format!("small{i:02}")).collect();
     let more: Vec<(&str, &str)> = more.iter().map(|k| (k.as_str(), "x")).collect();
     s.register("small", &more, at(11)).await;
-    let mut turns = Vec::new();
+    let mut taken = Vec::new();
     for _ in 0..40 {
-        turns.extend(keys(&claim(&*o, 1, at(11)).await).iter().map(|k| k[..3].to_owned()));
+        let c = claim_by(&*o, &Scope::all(), 1, &turns, at(11)).await;
+        taken.extend(keys(&c).iter().map(|k| k[..3].to_owned()));
     }
     assert!(
-        turns.iter().any(|k| k == "big") && turns.iter().any(|k| k == "sma"),
-        "two sessions wait, claims of one: both take turns: {turns:?}"
+        taken.iter().any(|k| k == "big") && taken.iter().any(|k| k == "sma"),
+        "two sessions wait, claims of one: both take turns: {taken:?}"
     );
 }
 
@@ -1494,17 +1513,7 @@ async fn delivered(o: &dyn OutboxStore, claimed: &Claimed, now: SystemTime) {
 
 /// A claim of up to `limit` under `policy`.
 async fn claim_by(o: &dyn OutboxStore, scope: &Scope, limit: usize, policy: &ClaimPolicy, now: SystemTime) -> Claimed {
-    let owner: Arc<str> = Arc::from(OWNER);
-    o.claim(ClaimRequest {
-        scope,
-        limit,
-        owner: &owner,
-        lease: LEASE,
-        now,
-        policy,
-    })
-    .await
-    .unwrap_or_else(|e| panic!("claim failed: {e}"))
+    claim_under(o, scope, limit, OWNER, LEASE, policy, now).await
 }
 
 /// A claim of up to 100 that spends from `rates`.
@@ -1559,13 +1568,14 @@ pub async fn priorities_order_claims(h: &dyn ContractHarness) {
     );
     // Sessions take turns before priorities: a turn is the session's earliest due intent.
     s.register("b", &[("b-bulk", "bulk")], at(13)).await;
-    let c = claim_by(&*o, &Scope::all(), 2, &policy, at(14)).await;
+    let turns = ClaimPolicy { turns: true, ..policy };
+    let c = claim_by(&*o, &Scope::all(), 2, &turns, at(14)).await;
     assert_eq!(
         keys(&c),
         ["bulk3", "b-bulk"],
         "a's turn and b's, before a's urgent intent"
     );
-    let c = claim_by(&*o, &Scope::all(), 2, &policy, at(14)).await;
+    let c = claim_by(&*o, &Scope::all(), 2, &turns, at(14)).await;
     assert_eq!(keys(&c), ["urgent4"]);
 }
 
@@ -2709,7 +2719,13 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                 let limit = rng.below(5) as usize;
                 let owner = owners[rng.below(2) as usize];
                 let lease = 1 + rng.below(12);
-                let got = claim_with(&*o, scope, limit, owner, Duration::from_millis(lease), at(now)).await;
+                // Half the claims let sessions take turns.
+                let policy = ClaimPolicy {
+                    turns: rng.below(2) == 0,
+                    ..ClaimPolicy::default()
+                };
+                let request_turns = policy.turns;
+                let got = claim_under(&*o, scope, limit, owner, Duration::from_millis(lease), &policy, at(now)).await;
                 let mut reclaimed = 0;
                 for m in model.iter_mut().filter(|m| !m.purged) {
                     if m.status == DeliveryStatus::InFlight && m.lease.as_ref().is_some_and(|l| l.1 <= now) {
@@ -2732,7 +2748,10 @@ pub async fn differential(h: &dyn ContractHarness, seed: u64, steps: usize) {
                 // Sessions take turns: the earliest due intent each session registered, then
                 // the rest in due order; which sessions get a turn when more wait than the
                 // limit is the store's draw.
-                let heads: Vec<(u64, usize)> = match scope.takes_turns() {
+                let turns = request_turns
+                    && scope.kind_filter().is_none()
+                    && scope.session_filter().is_none_or(|s| s.len() > 1);
+                let heads: Vec<(u64, usize)> = match turns {
                     true => sessions
                         .iter()
                         .filter(|s| scope.session_filter().is_none_or(|f| f.iter().any(|x| &**x == **s)))

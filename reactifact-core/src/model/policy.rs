@@ -6,7 +6,8 @@ use std::sync::Arc;
 use crate::model::rate::RateBucket;
 
 /// How a claim chooses among due intents ([`ClaimRequest::policy`](crate::store::ClaimRequest)):
-/// the rate limits it spends from, and the priorities of action kinds. A drain builds it from
+/// the rate limits it spends from, the priorities of action kinds, and whether sessions take
+/// turns. A drain builds it from
 /// its [`DeliveryOptions`](crate::DeliveryOptions); [`ClaimPolicy::none`] for plain claims.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClaimPolicy {
@@ -14,17 +15,21 @@ pub struct ClaimPolicy {
     /// [`allowance`](crate::RateLimit::allowance) at the claim's time are claimed, and the
     /// bucket's state is updated in the claim's transaction.
     pub rates: Vec<RateBucket>,
-    /// Priorities of kinds (default 0): after each session's turn, a claim takes the due
+    /// Priorities of kinds (default 0): after the sessions' turns, a claim takes the due
     /// intents of higher-priority kinds before those of lower ones, and due order among equals.
     pub priorities: Vec<(Arc<str>, i32)>,
+    /// Whether sessions take turns: a claim of several sessions first takes the earliest due
+    /// intent of each ([`ClaimRequest::takes_turns`](crate::store::ClaimRequest::takes_turns)).
+    pub turns: bool,
 }
 
 impl ClaimPolicy {
-    /// No rate limit, every kind of priority 0.
+    /// No rate limit, every kind of priority 0, no turns: due order.
     pub fn none() -> &'static ClaimPolicy {
         static NONE: ClaimPolicy = ClaimPolicy {
             rates: Vec::new(),
             priorities: Vec::new(),
+            turns: false,
         };
         &NONE
     }

@@ -178,8 +178,8 @@ impl DeliveryOptions {
         self
     }
 
-    /// The priority of an action kind (default 0): after each session's turn (see
-    /// [`Scope::takes_turns`](crate::Scope::takes_turns)), a claim takes the due intents of
+    /// The priority of an action kind (default 0): after the sessions' turns (see
+    /// [`take_turns`](DeliveryOptions::take_turns)), a claim takes the due intents of
     /// higher-priority kinds before those of lower ones, and due order among equals, across
     /// every drain of the store that states it. A backlog of a low-priority kind then waits
     /// behind every due intent of a higher one. Stating a kind's priority again replaces it.
@@ -188,6 +188,19 @@ impl DeliveryOptions {
             Some(old) => old.1 = priority,
             None => self.claims.priorities.push((Arc::from(kind), priority)),
         }
+        self
+    }
+
+    /// Whether sessions take turns in this drain's claims (default: no, due order). With
+    /// turns, a claim of several sessions (a drainer of `Scope::all()`, or a scope of several
+    /// sessions, without a kind filter) first takes the earliest due intent of each session
+    /// that registered one, then the rest of its batch: one session's backlog (a tenant's, a
+    /// conversation's) then delays another session's intent by one claim at most, instead of
+    /// by the whole backlog. When more sessions wait than a claim takes, which of them get a
+    /// turn is drawn anew for every claim. It costs each claim one index probe per other
+    /// session with a due or scheduled intent (docs/outbox.md, "Sessions take turns").
+    pub fn take_turns(mut self, turns: bool) -> Self {
+        self.claims.turns = turns;
         self
     }
 

@@ -1146,7 +1146,7 @@ impl Inner {
         };
         // Sessions take turns: first the earliest due intent of each session of the scope.
         let mut heads = false;
-        if request.scope.takes_turns() {
+        if request.takes_turns() {
             for (due, pos) in self.session_heads(request.scope, now_ms, request.limit) {
                 let kind = self.slots[pos as usize].as_ref().expect("a live item").kind;
                 if spend.take(&self.kinds.names[kind as usize]) {

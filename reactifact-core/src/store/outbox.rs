@@ -90,14 +90,6 @@ impl Scope {
         self.kinds.as_deref()
     }
 
-    /// Whether claims of this scope take sessions in turn: claims of several sessions (or of
-    /// all) without a kind filter. Such a claim first takes the earliest due intent of each
-    /// session that registered one (when more sessions wait than the claim takes, which of
-    /// them is drawn anew for each claim), then the rest in due order.
-    pub fn takes_turns(&self) -> bool {
-        self.kinds.is_none() && self.sessions.as_ref().is_none_or(|s| s.len() > 1)
-    }
-
     /// Whether an intent of `kind` that belongs to `sessions` is in scope.
     pub fn admits<'a>(&self, kind: &str, mut sessions: impl Iterator<Item = &'a str>) -> bool {
         self.kinds
@@ -129,6 +121,17 @@ pub struct ClaimRequest<'a> {
 }
 
 impl ClaimRequest<'_> {
+    /// Whether this claim lets sessions take turns: its policy asks for it
+    /// ([`ClaimPolicy::turns`]), and its scope is of several sessions (or all) without a kind
+    /// filter. Such a claim first takes the earliest due intent of each session that
+    /// registered one (when more sessions wait than the claim takes, which of them is drawn
+    /// anew for each claim), then the rest.
+    pub fn takes_turns(&self) -> bool {
+        self.policy.turns
+            && self.scope.kind_filter().is_none()
+            && self.scope.session_filter().is_none_or(|s| s.len() > 1)
+    }
+
     /// The buckets of the policy's [`rates`](ClaimPolicy::rates) that intents of the scope
     /// can spend from, by name (the order in which a store locks them).
     pub fn buckets_in_scope(&self) -> Vec<&RateBucket> {

@@ -11,7 +11,8 @@
 //!
 //! Options: `--backlog N` (intents of `tenant-big`, 100,000), `--concurrency C` (64),
 //! `--dispatch-ms D` (each delivery awaits a tokio sleep of D ms, 1), `--probes P` (5),
-//! `--url URL` (else `REACTIFACT_TEST_POSTGRES_URL`).
+//! `--turns on|off` (whether the drainer lets sessions take turns, `DeliveryOptions::take_turns`;
+//! on; off is due order, the baseline), `--url URL` (else `REACTIFACT_TEST_POSTGRES_URL`).
 //!
 //! The backlog is registered due now in a schema of the run's own (1,000 per transaction,
 //! through `PostgresOutbox::register_alone`), dropped at the end. Then the drainer starts
@@ -64,12 +65,15 @@ struct Options {
     concurrency: usize,
     dispatch_ms: u64,
     probes: usize,
+    /// Whether sessions take turns (`--turns off`: due order, the baseline).
+    turns: bool,
     url: String,
 }
 
 fn parse(args: &mut impl Iterator<Item = String>) -> Result<Options, String> {
     let (mut backlog, mut concurrency, mut dispatch_ms, mut probes) = (100_000u64, 64usize, 1u64, 5usize);
     let mut url = std::env::var("REACTIFACT_TEST_POSTGRES_URL").ok();
+    let mut turns = true;
     while let Some(arg) = args.next() {
         let value = args.next().ok_or(format!("{arg} needs a value"))?;
         let bad = |e: std::num::ParseIntError| format!("{arg}: {e}");
@@ -79,6 +83,13 @@ fn parse(args: &mut impl Iterator<Item = String>) -> Result<Options, String> {
             "--dispatch-ms" => dispatch_ms = value.parse().map_err(bad)?,
             "--probes" => probes = value.parse().map_err(bad)?,
             "--url" => url = Some(value),
+            "--turns" => {
+                turns = match value.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    other => return Err(format!("--turns: `{other}` is neither on nor off")),
+                }
+            }
             _ => return Err(format!("unknown option `{arg}`")),
         }
     }
@@ -90,6 +101,7 @@ fn parse(args: &mut impl Iterator<Item = String>) -> Result<Options, String> {
         concurrency,
         dispatch_ms,
         probes,
+        turns,
         url: url.ok_or("--url or REACTIFACT_TEST_POSTGRES_URL is needed")?,
     })
 }
@@ -237,7 +249,11 @@ async fn run(outbox: Arc<PostgresOutbox>, options: &Options) -> Result<bool, Str
         }
     })
     .scope(Scope::all())
-    .delivery(DeliveryOptions::new().concurrency(options.concurrency))
+    .delivery(
+        DeliveryOptions::new()
+            .concurrency(options.concurrency)
+            .take_turns(options.turns),
+    )
     .poll_interval(Duration::from_millis(50))
     .build()
     .map_err(|e| e.to_string())?;
@@ -273,11 +289,12 @@ async fn run(outbox: Arc<PostgresOutbox>, options: &Options) -> Result<bool, Str
         "null".to_owned()
     };
     println!(
-        "{{\"backlog\":{},\"concurrency\":{},\"dispatch_ms\":{},\"probes\":{},\"small_latency_ms\":[{}],\"small_latency_median_ms\":{median},\"big_per_sec\":{:.1},\"batch_time_ms\":{batch_time},\"within_one_batch\":{within},\"big_delivered_before_stop\":{}}}",
+        "{{\"backlog\":{},\"concurrency\":{},\"dispatch_ms\":{},\"probes\":{},\"turns\":{},\"small_latency_ms\":[{}],\"small_latency_median_ms\":{median},\"big_per_sec\":{:.1},\"batch_time_ms\":{batch_time},\"within_one_batch\":{within},\"big_delivered_before_stop\":{}}}",
         options.backlog,
         options.concurrency,
         options.dispatch_ms,
         options.probes,
+        options.turns,
         latencies.join(","),
         measured.big_per_sec,
         measured.big_before_stop,

@@ -568,7 +568,7 @@ pub(super) fn claim_in(tx: &Connection, request: &ClaimRequest<'_>) -> rusqlite:
         request.now,
     );
     // Sessions take turns: the earliest due intent of each session first.
-    let heads = match request.scope.takes_turns() {
+    let heads = match request.takes_turns() {
         true => session_heads(tx, request.scope, at, request.limit)?,
         false => Vec::new(),
     };
