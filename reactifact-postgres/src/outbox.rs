@@ -1126,21 +1126,13 @@ impl Inner {
 
     /// The claim statement for `scope`; with `shares`, of the rows of each rate limit's kinds
     /// at most its allowance.
-    fn claim_sql(
-        &self,
-        scope: &Scope,
-        at: i64,
-        limit: i64,
-        owner: &str,
-        until: i64,
-        shares: Option<Shares>,
-        turns: bool,
-    ) -> (String, Params) {
+    fn claim_sql(&self, request: &ClaimRequest<'_>, until: i64, shares: Option<Shares>) -> (String, Params) {
         let s = &self.s;
+        let (scope, turns) = (request.scope, request.takes_turns());
         let mut params = Params::default();
-        let now = params.push(at);
-        let limit = params.push(limit);
-        let owner = params.push(owner.to_owned());
+        let now = params.push(ms(request.now));
+        let limit = params.push(i64::try_from(request.limit).unwrap_or(i64::MAX));
+        let owner = params.push(request.owner.to_string());
         let until = params.push(until);
         let filter = scope_sql(s, scope, &mut params);
         let ok = format!("{} AND sha256(o.bytes) = o.action_hash", intact(s, "o"));
@@ -1402,7 +1394,7 @@ impl Inner {
         client: &C,
         request: &ClaimRequest<'_>,
     ) -> Result<Claimed, StoreError> {
-        let (scope, limit, now) = (request.scope, request.limit, request.now);
+        let (limit, now) = (request.limit, request.now);
         let at = ms(now);
         let far = SystemTime::UNIX_EPOCH + Duration::from_secs(FAR_FUTURE_SECS);
         let until = ms(now.checked_add(request.lease).map_or(far, |t| t.min(far)));
@@ -1424,15 +1416,7 @@ impl Inner {
         };
         let mut spend = RateSpend::new(buckets.iter().copied().zip(states), now);
         let shares = request.policy.by_kind().then(|| Shares::of(&spend, request.policy));
-        let (sql, params) = self.claim_sql(
-            scope,
-            at,
-            i64::try_from(limit).unwrap_or(i64::MAX),
-            request.owner,
-            until,
-            shares,
-            request.takes_turns(),
-        );
+        let (sql, params) = self.claim_sql(request, until, shares);
         let refs = params.refs();
         let (reclaimed, rows) = if limit == 0 {
             (client.rows(&reclaim, reclaim_params).await, Ok(Vec::new()))
@@ -2217,7 +2201,24 @@ mod tests {
 
     /// The plan of a claim, as `EXPLAIN` gives it for the store's own statement.
     async fn plan(outbox: &PostgresOutbox, scope: &Scope) -> String {
-        let (sql, params) = outbox.inner.claim_sql(scope, 1, 16, "d", 2, None, false);
+        plan_under(outbox, scope, ClaimPolicy::none()).await
+    }
+
+    /// The plan of a claim under `policy` (with its rate limits' buckets all full).
+    async fn plan_under(outbox: &PostgresOutbox, scope: &Scope, policy: &ClaimPolicy) -> String {
+        let owner: Arc<str> = Arc::from("d");
+        let request = ClaimRequest {
+            scope,
+            limit: 16,
+            owner: &owner,
+            lease: Duration::from_millis(1),
+            now: SystemTime::UNIX_EPOCH + Duration::from_millis(1),
+            policy,
+        };
+        let buckets = request.buckets_in_scope();
+        let spend = RateSpend::new(buckets.into_iter().map(|b| (b, RateState::default())), request.now);
+        let shares = policy.by_kind().then(|| Shares::of(&spend, policy));
+        let (sql, params) = outbox.inner.claim_sql(&request, 2, shares);
         let client = outbox.client().await.unwrap();
         // EXPLAIN without ANALYZE: the statement is planned, not run.
         let rows = client.query(&format!("EXPLAIN {sql}"), &params.refs()).await.unwrap();
@@ -2251,6 +2252,22 @@ mod tests {
             plan(&outbox, &Scope::session("a")).await,
             plan(&outbox, &Scope::all().sessions(["a", "b"]).kinds(["x"])).await,
         ];
+        // Turns seek sessions through their index; a rate-limited claim seeks kinds through
+        // theirs; neither scans the table.
+        let turns = ClaimPolicy {
+            turns: true,
+            ..ClaimPolicy::default()
+        };
+        let turned = plan_under(&outbox, &Scope::all(), &turns).await;
+        let limited = ClaimPolicy {
+            rates: vec![RateBucket {
+                name: Arc::from("x"),
+                kinds: vec![Arc::from("x")],
+                limit: reactifact_core::RateLimit::per_second(10),
+            }],
+            ..ClaimPolicy::default()
+        };
+        let rated = plan_under(&outbox, &Scope::all(), &limited).await;
         client
             .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
             .await
@@ -2259,6 +2276,14 @@ mod tests {
             assert!(plan.contains("Index Scan using outbox_due"), "{plan}");
             assert!(plan.contains("LockRows"), "{plan}");
             assert!(!plan.contains("Seq Scan on outbox o "), "{plan}");
+        }
+        assert!(
+            turned.contains("outbox_session_due") && turned.contains("outbox_due"),
+            "{turned}"
+        );
+        assert!(rated.contains("outbox_kind_due"), "{rated}");
+        for plan in [turned, rated] {
+            assert!(!plan.contains("Seq Scan on outbox o"), "{plan}");
         }
     }
 }

@@ -661,6 +661,24 @@ const DUE_KINDS: &str = "WITH RECURSIVE k(kind) AS (
 /// most `limit`: all of them when there are no more, else `limit` sessions drawn anew for each
 /// claim. The sessions are found by one seek of `outbox_session_due` each.
 fn session_heads(tx: &Connection, scope: &Scope, at: i64, limit: usize) -> rusqlite::Result<Vec<(i64, i64)>> {
+    let (sql, params) = session_heads_sql(scope, at);
+    let mut heads: Vec<(u64, i64, i64)> = tx
+        .prepare_cached(&sql)?
+        .query_map(rusqlite::params_from_iter(params), |row| {
+            let session: String = row.get(0)?;
+            Ok((session_hash(&session), row.get(1)?, row.get(2)?))
+        })?
+        .collect::<Result<_, _>>()?;
+    if heads.len() > limit {
+        let draw = turn::draw();
+        heads.sort_unstable_by_key(|&(session, ..)| turn::place(session, draw));
+        heads.truncate(limit);
+    }
+    Ok(heads.into_iter().map(|(_, seq, due_at)| (seq, due_at)).collect())
+}
+
+/// The query of [`session_heads`]: each session of `scope` with a due row at `at`, and that row.
+fn session_heads_sql(scope: &Scope, at: i64) -> (String, Vec<Value>) {
     let mut params = vec![Value::Integer(at)];
     let only = match scope.session_filter() {
         Some(sessions) => {
@@ -680,19 +698,7 @@ fn session_heads(tx: &Connection, scope: &Scope, at: i64, limit: usize) -> rusql
              SELECT o.seq FROM outbox o WHERE o.session = s.session AND o.due_at <= ?1 ORDER BY o.due_at, o.seq LIMIT 1
          ) WHERE s.session IS NOT NULL{only}"
     );
-    let mut heads: Vec<(u64, i64, i64)> = tx
-        .prepare_cached(&sql)?
-        .query_map(rusqlite::params_from_iter(params), |row| {
-            let session: String = row.get(0)?;
-            Ok((session_hash(&session), row.get(1)?, row.get(2)?))
-        })?
-        .collect::<Result<_, _>>()?;
-    if heads.len() > limit {
-        let draw = turn::draw();
-        heads.sort_unstable_by_key(|&(session, ..)| turn::place(session, draw));
-        heads.truncate(limit);
-    }
-    Ok(heads.into_iter().map(|(_, seq, due_at)| (seq, due_at)).collect())
+    (sql, params)
 }
 
 /// A hash of a session's name, for [`turn::place`].
@@ -1534,6 +1540,32 @@ mod tests {
             &[Value::Integer(0)],
         );
         assert!(leases.iter().any(|s| s.contains("outbox_leases")), "{leases:#?}");
+    }
+
+    #[test]
+    fn turns_and_rate_limited_claims_seek_their_indexes() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(schema::V2_TABLES).unwrap();
+        conn.execute_batch(schema::V8_CHANGES).unwrap();
+        // (`SCAN s` and `SCAN k` read the recursive query's own rows, one per session or kind.)
+        let no_scan_of_outbox = |steps: &[String]| {
+            assert!(
+                !steps.iter().any(|s| s.starts_with("SCAN o") || s.starts_with("SCAN h")),
+                "{steps:#?}"
+            );
+        };
+        for scope in [Scope::all(), Scope::all().sessions(["a", "b"])] {
+            let (sql, params) = session_heads_sql(&scope, 0);
+            let steps = plan(&conn, &sql, &params);
+            assert!(steps.iter().any(|s| s.contains("outbox_session_due")), "{steps:#?}");
+            no_scan_of_outbox(&steps);
+        }
+        let kinds = plan(&conn, DUE_KINDS, &[]);
+        assert!(kinds.iter().any(|s| s.contains("outbox_kind_due")), "{kinds:#?}");
+        no_scan_of_outbox(&kinds);
+        let (sql, params) = candidates_sql(&Scope::all().kinds(["x"]), 0, 10);
+        let one_kind = plan(&conn, &sql, &params);
+        assert!(one_kind.iter().any(|s| s.contains("outbox_kind_due")), "{one_kind:#?}");
     }
 
     #[test]
