@@ -1081,39 +1081,31 @@ impl Prepare for tokio_postgres::Transaction<'_> {
     }
 }
 
-impl Prepare for deadpool_postgres::Transaction<'_> {
-    fn statement<'a>(
-        &'a self,
-        sql: &'a str,
-    ) -> impl std::future::Future<Output = Result<tokio_postgres::Statement, tokio_postgres::Error>> + Send + 'a {
-        self.prepare_cached(sql)
-    }
+/// [`Prepare`] for the pool's connections and their transactions: statements from the
+/// connection's cache.
+macro_rules! prepare_cached {
+    ($($client:ty),*) => { $(
+        impl Prepare for $client {
+            fn statement<'a>(
+                &'a self,
+                sql: &'a str,
+            ) -> impl std::future::Future<Output = Result<tokio_postgres::Statement, tokio_postgres::Error>> + Send + 'a
+            {
+                self.prepare_cached(sql)
+            }
 
-    fn rows<'a>(
-        &'a self,
-        statement: &'a tokio_postgres::Statement,
-        params: SqlParams<'a>,
-    ) -> impl std::future::Future<Output = Rows> + Send + 'a {
-        self.query(statement, params)
-    }
+            fn rows<'a>(
+                &'a self,
+                statement: &'a tokio_postgres::Statement,
+                params: SqlParams<'a>,
+            ) -> impl std::future::Future<Output = Rows> + Send + 'a {
+                self.query(statement, params)
+            }
+        }
+    )* };
 }
 
-impl Prepare for Object {
-    fn statement<'a>(
-        &'a self,
-        sql: &'a str,
-    ) -> impl std::future::Future<Output = Result<tokio_postgres::Statement, tokio_postgres::Error>> + Send + 'a {
-        self.prepare_cached(sql)
-    }
-
-    fn rows<'a>(
-        &'a self,
-        statement: &'a tokio_postgres::Statement,
-        params: SqlParams<'a>,
-    ) -> impl std::future::Future<Output = Rows> + Send + 'a {
-        self.query(statement, params)
-    }
-}
+prepare_cached!(Object, deadpool_postgres::Transaction<'_>);
 
 impl Inner {
     fn err(&self) -> impl Fn(tokio_postgres::Error) -> StoreError + '_ {

@@ -253,41 +253,21 @@ pub(super) fn view_older_outbox(conn: &Connection, version: i64) -> rusqlite::Re
     ))
 }
 
-/// The tables of each version, by which a file of that version is recognised as ours
-/// (versions 5 to 7 add only columns and indexes: their tables are those of version 4).
-fn tables_of(version: i64) -> &'static [&'static str] {
-    const V4: &[&str] = &[
-        "sessions",
-        "commits",
-        "outbox",
-        "outbox_members",
-        "outbox_purged",
-        "checkpoints",
-        "outbox_attempts",
-    ];
-    match version {
-        1 => &["sessions", "commits", "deliveries"],
-        2 => &["sessions", "commits", "outbox", "outbox_members", "outbox_purged"],
-        3 => &[
-            "sessions",
-            "commits",
-            "outbox",
-            "outbox_members",
-            "outbox_purged",
-            "checkpoints",
-        ],
-        4..=7 => V4,
-        _ => &[
-            "sessions",
-            "commits",
-            "outbox",
-            "outbox_members",
-            "outbox_purged",
-            "checkpoints",
-            "outbox_attempts",
-            "outbox_rates",
-        ],
+/// The tables of each version, by which a file of that version is recognised as ours: those
+/// of version 1 (its ledger, `deliveries`, only there), and those each later version
+/// [added](ADDED) up to it.
+fn tables_of(version: i64) -> Vec<&'static str> {
+    let mut tables = vec!["sessions", "commits"];
+    if version == 1 {
+        tables.push("deliveries");
     }
+    tables.extend(
+        ADDED
+            .iter()
+            .filter(|(added, ..)| *added <= version)
+            .flat_map(|(_, added, _)| added.iter().copied()),
+    );
+    tables
 }
 
 /// Whether a file of this version keeps the attempt history.
