@@ -501,6 +501,43 @@ fn outbox_stats_counts_by_status_and_kind() {
 }
 
 #[test]
+fn outbox_stats_shows_a_paused_rate_limit() {
+    let store = store();
+    let none = store.json(&["outbox", "stats"]);
+    assert_eq!(none["rate_limits"], json!([]), "no bucket yet");
+    // A receiver asked the mail kind to wait an hour; another bucket's pause has ended.
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let outbox = reactifact_core::store::SqliteOutbox::open(&store.path).unwrap();
+    let now = std::time::SystemTime::now();
+    runtime.block_on(async {
+        use reactifact_core::store::OutboxStore;
+        outbox
+            .pause("mail", now + std::time::Duration::from_secs(3600))
+            .await
+            .unwrap();
+        outbox
+            .pause("sms", now - std::time::Duration::from_secs(60))
+            .await
+            .unwrap();
+    });
+    drop(outbox);
+    let doc = store.json(&["outbox", "stats"]);
+    let limits = doc["rate_limits"].as_array().unwrap();
+    assert_eq!(limits.len(), 2, "{doc}");
+    assert_eq!(limits[0]["name"], "mail");
+    assert!(limits[0]["paused_until"].is_string(), "{doc}");
+    assert_eq!(
+        (&limits[1]["name"], &limits[1]["paused_until"]),
+        (&json!("sms"), &Value::Null)
+    );
+    let text = store.run(&["outbox", "stats"]).ok().stdout;
+    assert!(
+        text.contains("RATE LIMIT") && text.contains("\nsms         -"),
+        "{text}"
+    );
+}
+
+#[test]
 fn verify_checks_every_session_and_fails_with_exit_1_on_a_changed_store() {
     let store = store();
     let doc = store.json(&["verify"]);

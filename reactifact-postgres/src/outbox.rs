@@ -1795,6 +1795,29 @@ impl OutboxStore for PostgresOutbox {
         )))
     }
 
+    fn rate_states(&self) -> BoxFuture<'_, Result<Vec<(String, RateState)>, StoreError>> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            let sql = format!(
+                "SELECT name, tat, paused_until FROM {}.outbox_rates ORDER BY name",
+                self.inner.s
+            );
+            let stmt = client.prepare_cached(&sql).await.map_err(self.err())?;
+            let time = |us: i64| u64::try_from(us).unwrap_or(0);
+            let rows = client.query(&stmt, &[]).await.map_err(self.err())?;
+            rows.iter()
+                .map(|row| {
+                    let state = RateState {
+                        tat: time(row.try_get(1)?),
+                        paused_until: time(row.try_get(2)?),
+                    };
+                    Ok((row.try_get(0)?, state))
+                })
+                .collect::<Result<_, tokio_postgres::Error>>()
+                .map_err(self.err())
+        })
+    }
+
     fn pause<'a>(&'a self, bucket: &'a str, until: SystemTime) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             let mut client = self.client().await?;

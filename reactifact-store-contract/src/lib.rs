@@ -19,8 +19,8 @@ use reactifact_core::audit::{CommitHash, ContentHash};
 use reactifact_core::runtime::Generation;
 use reactifact_core::runtime::Origin;
 use reactifact_core::runtime::TraceParent;
-use reactifact_core::store::RateBucket;
 use reactifact_core::store::Verdict;
+use reactifact_core::store::{micros, RateBucket};
 use reactifact_core::store::{
     ApprovalError, BoxFuture, CancelError, ClaimPolicy, ClaimRequest, Claimed, FailedAttempt, LedgerQuery, OutboxStore,
     Outcome, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts,
@@ -1660,6 +1660,14 @@ pub async fn rate_limit_shared_and_paused(h: &dyn ContractHarness) {
 
     o.pause("provider", at(5_000)).await.expect("pause");
     o.pause("provider", at(2_000)).await.expect("a shorter pause");
+    let states = o.rate_states().await.expect("rate states");
+    let names: Vec<&str> = states.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["other", "provider"],
+        "every bucket spent from or paused, by name"
+    );
+    assert_eq!(states[1].1.paused_until, micros(at(5_000)), "the longer pause stands");
     let c = claim_rated(&*o, &Scope::all(), &rates, at(4_999)).await;
     assert!(c.claims.is_empty(), "paused: {:?}", keys(&c));
     assert_eq!(c.throttled, Some(at(5_000)), "the pause says when it ends");

@@ -15,8 +15,8 @@ use crate::cli::{OutboxCommand, RetryArgs, StatusArg};
 use crate::failure::{Failure, Outcome};
 use crate::json_value;
 use crate::output::{
-    age, attempt_json, attempt_outcome, cut, decision_line, delivery_json, print_fields, print_json, status, time,
-    time_or_dash, Table,
+    age, attempt_json, attempt_outcome, cut, decision_line, delivery_json, json_time, print_fields, print_json, status,
+    time, time_or_dash, Table,
 };
 
 /// How many final entries one purge operation deletes (it runs until none is left).
@@ -296,6 +296,13 @@ fn stats(env: &Env, session: Option<String>) -> Outcome {
         .into_iter()
         .next();
     let now = SystemTime::now();
+    // The rate limits' buckets: a time that has passed is shown as none (not paused; the
+    // bucket is full).
+    let rates = env.wait(outbox.rate_states()).map_err(Failure::store)?;
+    let ahead = |us: u64| {
+        let at = SystemTime::UNIX_EPOCH + Duration::from_micros(us);
+        (at > now).then_some(at)
+    };
     if env.json {
         let mut statuses = serde_json::Map::new();
         for s in DeliveryStatus::ALL {
@@ -311,6 +318,11 @@ fn stats(env: &Env, session: Option<String>) -> Outcome {
                 "recorded_at": time(d.recorded_at()),
                 "age_seconds": age(now, d.recorded_at()).as_secs(),
             })),
+            "rate_limits": rates.iter().map(|(name, state)| json!({
+                "name": name,
+                "paused_until": json_time(ahead(state.paused_until)),
+                "spent_until": json_time(ahead(state.tat)),
+            })).collect::<Vec<_>>(),
         }));
         return Ok(());
     }
@@ -346,6 +358,18 @@ fn stats(env: &Env, session: Option<String>) -> Outcome {
             time(d.recorded_at())
         ),
         None => outln!("oldest pending: none"),
+    }
+    if !rates.is_empty() {
+        outln!();
+        let mut table = Table::new(&["RATE LIMIT", "PAUSED UNTIL", "SPENT UNTIL"]);
+        for (name, state) in &rates {
+            table.row(vec![
+                name.clone(),
+                time_or_dash(ahead(state.paused_until)),
+                time_or_dash(ahead(state.tat)),
+            ]);
+        }
+        table.print();
     }
     Ok(())
 }

@@ -1545,6 +1545,17 @@ impl OutboxStore for MemoryOutbox {
         Box::pin(std::future::ready(Ok(())))
     }
 
+    fn rate_states(&self) -> BoxFuture<'_, Result<Vec<(String, RateState)>, StoreError>> {
+        let mut states: Vec<(String, RateState)> = self
+            .lock()
+            .rates
+            .iter()
+            .map(|(name, state)| (name.to_string(), *state))
+            .collect();
+        states.sort_by(|a, b| a.0.cmp(&b.0));
+        Box::pin(std::future::ready(Ok(states)))
+    }
+
     fn take_over<'a>(&'a self, owner: &'a str, now: SystemTime) -> BoxFuture<'a, Result<Vec<ActionKey>, StoreError>> {
         Box::pin(async move { Ok(self.lock().take_over(owner, now)) })
     }

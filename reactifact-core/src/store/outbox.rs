@@ -37,7 +37,7 @@ use std::time::{Duration, SystemTime};
 use crate::model::action::ActionKey;
 use crate::model::delivery::{Attempt, AttemptOutcome, Decision, Delivery, DeliveryStatus, FenceToken, Verdict};
 use crate::model::policy::ClaimPolicy;
-use crate::model::rate::RateBucket;
+use crate::model::rate::{RateBucket, RateState};
 use crate::store::StoreError;
 
 /// The future of a store operation: boxed, so that [`OutboxStore`] is object-safe, and `Send`,
@@ -726,4 +726,13 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// When the next intent of `scope` falls due: the earliest pending one (due now), retry,
     /// or lease expiry of one in flight. `None` if none waits and none is in flight.
     fn next_due<'a>(&'a self, scope: &'a Scope) -> BoxFuture<'a, Result<Option<SystemTime>, StoreError>>;
+
+    /// The state of every rate limit's bucket the store keeps (those a claim has spent from or
+    /// a pause has written), by name: for operators, who see a pause a receiver asked for and
+    /// until when. The store keeps no limit, only this state.
+    ///
+    /// The default, for a store of another crate written before rate limits, reports none.
+    fn rate_states(&self) -> BoxFuture<'_, Result<Vec<(String, RateState)>, StoreError>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
 }

@@ -1466,6 +1466,30 @@ impl OutboxStore for SqliteOutbox {
         })
     }
 
+    fn rate_states(&self) -> BoxFuture<'_, Result<Vec<(String, RateState)>, StoreError>> {
+        self.run(|conn| {
+            // A file older than schema 8, opened read-only, has no buckets.
+            let kept: bool = conn
+                .prepare_cached(
+                    "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'outbox_rates')",
+                )?
+                .query_row([], |row| row.get(0))?;
+            if !kept {
+                return Ok(Vec::new());
+            }
+            let time = |us: i64| u64::try_from(us).unwrap_or(0);
+            conn.prepare_cached("SELECT name, tat, paused_until FROM outbox_rates ORDER BY name")?
+                .query_map([], |row| {
+                    let state = RateState {
+                        tat: time(row.get(1)?),
+                        paused_until: time(row.get(2)?),
+                    };
+                    Ok((row.get(0)?, state))
+                })?
+                .collect()
+        })
+    }
+
     fn next_due<'a>(&'a self, scope: &'a Scope) -> BoxFuture<'a, Result<Option<SystemTime>, StoreError>> {
         let scope = scope.clone();
         self.run(move |conn| {
