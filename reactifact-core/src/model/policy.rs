@@ -1,5 +1,5 @@
 //! What a drain asks of each claim beyond its scope and limit: the rate limits it spends
-//! from, and the priorities of kinds.
+//! from, the priorities of kinds, and whether sessions take turns.
 
 use std::sync::Arc;
 
@@ -7,8 +7,8 @@ use crate::model::rate::RateBucket;
 
 /// How a claim chooses among due intents ([`ClaimRequest::policy`](crate::store::ClaimRequest)):
 /// the rate limits it spends from, the priorities of action kinds, and whether sessions take
-/// turns. A drain builds it from
-/// its [`DeliveryOptions`](crate::DeliveryOptions); [`ClaimPolicy::none`] for plain claims.
+/// turns. A drain builds it from its [`DeliveryOptions`](crate::DeliveryOptions);
+/// [`ClaimPolicy::none`] for plain claims.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClaimPolicy {
     /// The rate limits: of the intents of a bucket's kinds, at most its

@@ -1,9 +1,8 @@
 //! How intents are delivered: one value that a runtime's delivery and a standalone drainer
 //! take alike.
 
-use std::time::Duration;
-
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::model::build_error::BuildError;
 use crate::model::policy::ClaimPolicy;
@@ -44,7 +43,8 @@ pub struct DeliveryOptions {
     pub(crate) errors: DeliveryErrors,
     /// `None`: the lease a runtime's context was opened with, or a drainer's default.
     pub(crate) lease: Option<Duration>,
-    /// The rate limits (by bucket name) and the priorities of kinds.
+    /// The rate limits (by bucket name), the priorities of kinds, and whether sessions take
+    /// turns.
     pub(crate) claims: ClaimPolicy,
 }
 
