@@ -1319,7 +1319,8 @@ impl Inner {
     /// write of what the claim spent.
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claimed, StoreError> {
         let mut client = self.client().await?;
-        if request.limit == 0 || request.buckets_in_scope().is_empty() {
+        let buckets = request.buckets_in_scope();
+        if request.limit == 0 || buckets.is_empty() {
             return self.claim_on(&client, request).await;
         }
         let err = self.err();
@@ -1327,8 +1328,7 @@ impl Inner {
         // met another claim's uncommitted insert of the same row would wait for it.
         let missing: Vec<String> = {
             let known = self.rate_rows.lock().unwrap_or_else(|e| e.into_inner());
-            request
-                .buckets_in_scope()
+            buckets
                 .iter()
                 .filter(|b| !known.contains(&*b.name))
                 .map(|b| b.name.to_string())

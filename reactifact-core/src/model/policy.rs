@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::model::rate::RateBucket;
 
-/// How a claim chooses among due intents ([`ClaimRequest::policy`](crate::store::ClaimRequest)):
+/// How a claim chooses among due intents ([`ClaimRequest::policy`](crate::ClaimRequest::policy)):
 /// the rate limits it spends from, the priorities of action kinds, and whether sessions take
 /// turns. A drain builds it from its [`DeliveryOptions`](crate::DeliveryOptions);
 /// [`ClaimPolicy::none`] for plain claims.
@@ -19,7 +19,7 @@ pub struct ClaimPolicy {
     /// intents of higher-priority kinds before those of lower ones, and due order among equals.
     pub priorities: Vec<(Arc<str>, i32)>,
     /// Whether sessions take turns: a claim of several sessions first takes the earliest due
-    /// intent of each ([`ClaimRequest::takes_turns`](crate::store::ClaimRequest::takes_turns)).
+    /// intent of each ([`ClaimRequest::takes_turns`](crate::ClaimRequest::takes_turns)).
     pub turns: bool,
 }
 

@@ -156,7 +156,7 @@ impl RateState {
     }
 }
 
-/// A rate limit as a claim applies it ([`ClaimRequest::rates`](crate::store::ClaimRequest)):
+/// A rate limit as a claim applies it ([`ClaimPolicy::rates`](crate::model::policy::ClaimPolicy::rates)):
 /// the bucket's name, the action kinds that spend from it, and the limit.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RateBucket {
@@ -178,7 +178,7 @@ impl RateBucket {
 
 /// What one claim spends from its rate limits: each bucket's state as the claim found it
 /// (locked, in a store with concurrent claims), how many it allows, and how many the claim
-/// took. Every store's claim follows it: take at most [`allowance`](RateSpend::allowance) of
+/// took. Every store's claim follows it: take at most [`allowances`](RateSpend::allowances) of
 /// each bucket (asking [`take`](RateSpend::take) for each intent), then write back
 /// [`spent`](RateSpend::spent) and report [`throttled`](RateSpend::throttled).
 #[derive(Clone, Debug)]
@@ -248,7 +248,7 @@ impl<'a> RateSpend<'a> {
             .map(|s| (&s.bucket.name, s.bucket.limit.take(s.state, s.taken, self.now)))
     }
 
-    /// [`Claimed::throttled`](crate::store::Claimed::throttled): the earliest time a bucket
+    /// [`Claimed::throttled`](crate::Claimed::throttled): the earliest time a bucket
     /// the claim spent to the last allows one more.
     pub fn throttled(&self) -> Option<SystemTime> {
         self.buckets
