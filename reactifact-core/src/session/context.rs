@@ -24,13 +24,15 @@ use crate::state::readers::Readers;
 use crate::state::refold::{Checks, Refold, VerifyError};
 use crate::state::snapshot::Snapshot;
 use crate::state::writes::Writes;
+#[cfg(feature = "sqlite")]
+use crate::store::backed::block_on;
 use crate::store::ledger::Ledger;
 use crate::store::log_store::LogStore;
 use crate::store::memory::MemoryOutbox;
 use crate::store::outbox::{ClaimRequest, Claimed, OutboxStore, Scope};
 #[cfg(feature = "sqlite")]
 use crate::store::SqliteStore;
-use crate::store::{Backed, Checkpoint, CommitDelta, Loaded, OpenError, OpenOptions, Store, StoreError};
+use crate::store::{Backed, Checkpoint, CommitDelta, Loaded, OpenError, OpenOptions, StoreError};
 
 /// The room the event queue keeps whatever its length (a few pages of events).
 const SPARE_EVENTS: usize = 1024;
@@ -92,7 +94,7 @@ pub struct Context {
     /// Merge levels, commits reached through merges, and how to undo the log's commits.
     graph: Graph,
     /// The durable home of the session; `None` in memory.
-    store: Option<Box<dyn Store>>,
+    store: Option<Backed>,
     /// How long this process leases an in-flight delivery.
     lease: Duration,
     /// A commit was cut off (its future dropped) while its store write was under way: whether
@@ -232,7 +234,9 @@ impl Context {
     ) -> Result<Self, OpenError> {
         let session = session.into();
         let path = path.as_ref();
-        let (mut store, mut loaded) = SqliteStore::open(path, &session, &options)?;
+        let file = SqliteStore::open_file(path, &session, &options)?;
+        let opened = block_on(Backed::open(file.clone(), &session, &options, path.into()));
+        let (mut store, mut loaded) = opened.map_err(|e| file.open_error(e))?;
         let mut context = Context::new(session);
         let base = context.restore(&mut loaded).map_err(|e| OpenError::Corrupt {
             path: path.into(),
@@ -240,9 +244,10 @@ impl Context {
             source: Some(e),
         })?;
         // Only a log that verified is written to.
-        store.settle_open(&loaded.commits)?;
+        file.settle(&context.session, &loaded.commits)?;
+        block_on(store.settle()).map_err(|e| file.open_error(e))?;
         let outbox = store.outbox();
-        context.install(Box::new(store), outbox, base, loaded, &options);
+        context.install(store, outbox, base, loaded, &options);
         Ok(context)
     }
 
@@ -288,22 +293,23 @@ impl Context {
     ) -> Result<Self, OpenError> {
         let session = session.into();
         let description = store.describe();
-        let (store, mut loaded) = Backed::open(store, &session, &options).await?;
+        let (mut store, mut loaded) = Backed::open(store, &session, &options, description.clone().into()).await?;
         let mut context = Context::new(session);
         let base = context.restore(&mut loaded).map_err(|e| OpenError::Corrupt {
             path: description.into(),
             detail: e.to_string(),
             source: Some(e),
         })?;
+        store.settle().await?;
         let outbox = store.outbox();
-        context.install(Box::new(store), outbox, base, loaded, &options);
+        context.install(store, outbox, base, loaded, &options);
         Ok(context)
     }
 
     /// The last step of an open: the restored log, the store and its outbox, the options.
     fn install(
         &mut self,
-        store: Box<dyn Store>,
+        store: Backed,
         outbox: Arc<dyn OutboxStore>,
         base: Option<Base>,
         mut loaded: Loaded,
@@ -470,8 +476,8 @@ impl Context {
         self.next_event_seq
     }
 
-    pub(crate) fn store(&self) -> Option<&dyn Store> {
-        self.store.as_deref()
+    pub(crate) fn store(&self) -> Option<&Backed> {
+        self.store.as_ref()
     }
 
     pub(crate) fn graph(&self) -> &Graph {
@@ -493,7 +499,7 @@ impl Context {
     pub(crate) fn whole(&self) -> Result<(&[Commit], &Graph), VerifyError> {
         let load = self
             .store
-            .as_deref()
+            .as_ref()
             .map(|store| move |upto: Generation, tail: &[Commit]| store.load_before(upto, tail));
         self.log.whole(load.as_ref().map(|l| l as _), &self.graph)
     }
@@ -571,7 +577,7 @@ impl Context {
         log: Log,
         graph: Graph,
         next_event_seq: u64,
-        store: Option<Box<dyn Store>>,
+        store: Option<Backed>,
     ) -> Context {
         Context {
             session: Arc::from(session),

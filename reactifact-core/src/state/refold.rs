@@ -175,21 +175,6 @@ fn changed_row(generation: &Option<Generation>, key: &ActionKey, detail: &str) -
     }
 }
 
-/// The first commit of `log` that acts `key`, if one does: the commit SQLite's outbox check
-/// names (a store of another crate reads it from its `OutboxCheck`).
-#[cfg(feature = "sqlite")]
-pub(crate) fn first_act(log: &[Commit], key: &str) -> Option<Generation> {
-    log.iter()
-        .find(|commit| {
-            commit
-                .runs
-                .iter()
-                .flat_map(|run| &run.ops)
-                .any(|op| matches!(op, Op::Act { key: acted, .. } if acted.as_str() == key))
-        })
-        .map(|commit| commit.generation)
-}
-
 fn id_list(ids: &[ArtifactId], more: usize) -> String {
     let mut out = ids.iter().map(|id| format!("`{id}`")).collect::<Vec<_>>().join(", ");
     if ids.is_empty() {

@@ -3,20 +3,21 @@
 
 use std::collections::HashSet;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Poll, Wake};
 
-use super::codec::{self, hash32};
+use super::codec::{self, hash32, CheckpointBody};
 use super::log_store::{Act, Append, CheckpointRow, ClaimOrder, CommitRow, LogStore, OutboxCheck, SessionRow};
+use super::outbox::ClaimRequest;
 use super::outbox::{BoxFuture, Claimed, OutboxStore};
-use super::{
-    Ancestry, Checkpoint, CommitDelta, History, Loaded, OpenError, OpenOptions, Store, StoreError, StoredCheckpoint,
-    CHECKPOINTS_KEPT,
-};
+use super::{OpenError, OpenOptions, StoreError};
 use crate::model::artifact::Generation;
+use crate::model::delivery::NewIntent;
+use crate::model::event::QueuedEvent;
 use crate::model::hash::{CommitHash, StateHash};
 use crate::model::patch::Op;
 use crate::state::commit::Commit;
+use crate::state::live::State;
 use crate::state::refold::VerifyError;
 
 /// One session of a [`LogStore`].
@@ -26,6 +27,10 @@ pub(crate) struct Backed {
     /// The generation this context loaded or last committed: appends are fenced on it.
     generation: u64,
     read_only: bool,
+    /// The session has no row yet: [`Backed::settle`] writes it.
+    new_session: bool,
+    /// The threads writing checkpoints (see [`Backed::write_checkpoint`]), joined on drop.
+    checkpointing: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 /// Why rows could not be loaded.
@@ -54,7 +59,13 @@ impl LoadError {
 /// Waits for `future` by blocking this thread (a [`LogStore`]'s futures complete without the
 /// caller's executor, see its docs): the direct writes and the whole-log reads that block
 /// their caller, as they do on SQLite.
+///
+/// The future runs outside tokio's cooperative budget: on a runtime's thread whose task has
+/// spent its budget, a tokio future (a `spawn_blocking` handle) would otherwise answer
+/// `Pending` and defer its wake-up to the scheduler, which this blocked thread never returns
+/// to.
 pub(crate) fn block_on<F: Future>(future: F) -> F::Output {
+    let future = tokio::task::unconstrained(future);
     struct Unpark(std::thread::Thread);
     impl Wake for Unpark {
         fn wake(self: Arc<Self>) {
@@ -164,6 +175,22 @@ async fn load_foreign(backend: &dyn LogStore, logs: &[&[Commit]]) -> Result<Vec<
     Ok(found.into_values().collect())
 }
 
+/// The row of commit `generation` of the log whose rows `chain` names, if it has one.
+async fn commit_row_at(
+    backend: &dyn LogStore,
+    chain: &[(String, u64, u64)],
+    generation: u64,
+) -> Result<Option<CommitRow>, LoadError> {
+    let Some((owner, ..)) = chain
+        .iter()
+        .find(|(_, from, upto)| *from < generation && generation <= *upto)
+    else {
+        return Ok(None);
+    };
+    let rows = backend.commits(owner, generation - 1, generation).await?;
+    Ok(rows.into_iter().find(|row| row.generation == generation))
+}
+
 /// The newest checkpoint of the log at or before `head` that checks out (as the SQLite
 /// store's: the session's own, or an ancestor's up to where it forked), or `None`; one that
 /// does not check out is skipped with a warning.
@@ -180,6 +207,13 @@ async fn newest_checkpoint(
             let own = owner == session && generation >= 1 && generation <= head;
             if own || (generation > *from && generation <= (*upto).min(head)) {
                 candidates.push(row);
+            } else if owner == session {
+                tracing::warn!(
+                    session,
+                    generation,
+                    head,
+                    "a checkpoint names a commit past the session's head; it is skipped"
+                );
             }
         }
     }
@@ -195,26 +229,23 @@ async fn newest_checkpoint(
         );
         let checked = match checked {
             Ok((hash, state_hash, body)) => {
-                // The log must have that commit, with those hashes.
-                match load_range(backend, chain, row.generation - 1, row.generation).await {
-                    Ok(at) => match at.first() {
-                        Some(c) if c.hash == hash && c.state_hash == state_hash => Ok(Checkpoint {
-                            generation: Generation(row.generation),
-                            hash,
-                            state_hash,
-                            state: body.state,
-                            next_event_seq: body.next_event_seq,
-                            events: body.events,
-                            readers: body.readers,
-                        }),
-                        Some(_) => Err(format!(
-                            "commit {} of the log has another commit hash or state hash",
-                            row.generation
-                        )),
-                        None => Err(format!("the log has no commit {}", row.generation)),
-                    },
-                    Err(LoadError::Corrupt(detail)) => Err(detail),
-                    Err(e) => return Err(e),
+                // The log must have that commit, with those hashes (its runs are not decoded:
+                // an open from the checkpoint reads none of the commits up to it).
+                match commit_row_at(backend, chain, row.generation).await? {
+                    Some(at) if at.hash[..] == hash.0[..] && at.state_hash[..] == state_hash.0[..] => Ok(Checkpoint {
+                        generation: Generation(row.generation),
+                        hash,
+                        state_hash,
+                        state: body.state,
+                        next_event_seq: body.next_event_seq,
+                        events: body.events,
+                        readers: body.readers,
+                    }),
+                    Some(_) => Err(format!(
+                        "commit {} of the log has another commit hash or state hash",
+                        row.generation
+                    )),
+                    None => Err(format!("the log has no commit {}", row.generation)),
                 }
             }
             Err(detail) => Err(detail),
@@ -230,20 +261,23 @@ async fn newest_checkpoint(
 }
 
 impl Backed {
-    /// Opens session `session` of `backend` (creating it if missing and the options allow)
-    /// and loads it from its newest checkpoint that checks out and the commits after it.
+    /// Opens session `session` of `backend` and loads it from its newest checkpoint that
+    /// checks out and the commits after it, writing nothing: a missing session the options
+    /// allow to create loads empty, and is created by [`Backed::settle`] once the caller
+    /// checked the log. `path` names the store in the errors (a file's path, or the store's
+    /// description).
     pub(crate) async fn open(
         backend: Arc<dyn LogStore>,
         session: &str,
         options: &OpenOptions,
+        path: std::path::PathBuf,
     ) -> Result<(Backed, Loaded), OpenError> {
-        let store = backend.describe();
         let failed = |source: StoreError| OpenError::Store {
             session: session.to_owned(),
             source,
         };
         let corrupt = |detail: String| OpenError::Corrupt {
-            path: store.clone().into(),
+            path: path.clone(),
             detail,
             source: None,
         };
@@ -252,18 +286,39 @@ impl Backed {
             LoadError::Corrupt(detail) => corrupt(detail),
         };
         let creating = options.create && !options.read_only;
-        let mut row = backend.session(session).await.map_err(failed)?;
-        if row.is_none() && creating {
-            let new = SessionRow::new(0, None, 0, None);
-            // A concurrent open may create it first: either way it exists now.
-            backend.create_session(session, new).await.map_err(failed)?;
-            row = backend.session(session).await.map_err(failed)?;
-        }
-        let Some(row) = row else {
-            return Err(OpenError::NoSuchSession {
-                path: store.clone().into(),
-                session: session.to_owned(),
-            });
+        let row = match backend.session(session).await.map_err(failed)? {
+            Some(row) => row,
+            None => {
+                // Commits of a session without its row: the row was lost or changed. Creating
+                // the session afresh would hide them behind an empty log.
+                if !backend.commits(session, 0, u64::MAX).await.map_err(failed)?.is_empty() {
+                    return Err(corrupt(format!(
+                        "the store holds commits of session `{session}` but no such session"
+                    )));
+                }
+                if !creating {
+                    return Err(OpenError::NoSuchSession {
+                        path,
+                        session: session.to_owned(),
+                    });
+                }
+                return Ok((
+                    Backed {
+                        backend,
+                        session: session.to_owned(),
+                        generation: 0,
+                        read_only: false,
+                        new_session: true,
+                        checkpointing: Mutex::default(),
+                    },
+                    Loaded {
+                        commits: Vec::new(),
+                        foreign: Vec::new(),
+                        consumed_seq: 0,
+                        checkpoint: None,
+                    },
+                ));
+            }
         };
         let chain = chain(&*backend, session, &row).await.map_err(load_error)?;
         let checkpoint = newest_checkpoint(&*backend, session, &chain, row.generation)
@@ -308,6 +363,8 @@ impl Backed {
                 session: session.to_owned(),
                 generation: row.generation,
                 read_only: options.read_only,
+                new_session: false,
+                checkpointing: Mutex::default(),
             },
             Loaded {
                 commits,
@@ -316,6 +373,24 @@ impl Backed {
                 checkpoint,
             },
         ))
+    }
+
+    /// The write of an open, once the caller checked the loaded log: the row of a new
+    /// session. Another process may create the same session at the same time: either row is
+    /// the same empty session (and if it commits first, this context's first commit is a
+    /// conflict, which reads that commit).
+    pub(crate) async fn settle(&mut self) -> Result<(), OpenError> {
+        if std::mem::take(&mut self.new_session) {
+            let row = SessionRow::new(0, None, 0, None);
+            self.backend
+                .create_session(&self.session, row)
+                .await
+                .map_err(|source| OpenError::Store {
+                    session: self.session.clone(),
+                    source,
+                })?;
+        }
+        Ok(())
     }
 
     /// The store's outbox.
@@ -352,7 +427,7 @@ impl Backed {
     }
 
     /// The session's commits up to `upto` and the foreign commits their merges and `tail`'s
-    /// reach ([`Store::load_before`]).
+    /// reach ([`Backed::load_before`]).
     async fn read_before(backend: Arc<dyn LogStore>, session: String, upto: u64, tail: Vec<Commit>) -> History {
         let read = async {
             let Some(row) = backend.session(&session).await? else {
@@ -410,18 +485,43 @@ impl Backed {
                     (None, Ok(())) => {}
                 }
             });
-        if let Err(e) = spawned {
-            tracing::warn!(error = %e, "no thread could be started to write a checkpoint");
+        match spawned {
+            Ok(thread) => {
+                let mut writing = self.checkpointing.lock().unwrap_or_else(PoisonError::into_inner);
+                writing.retain(|thread| !thread.is_finished());
+                writing.push(thread);
+            }
+            Err(e) => tracing::warn!(error = %e, "no thread could be started to write a checkpoint"),
         }
     }
 }
 
-impl Store for Backed {
-    fn commit(&mut self, delta: &CommitDelta<'_>) -> Result<(), StoreError> {
+impl Drop for Backed {
+    /// Waits for the checkpoints still being written: none lands after the session is
+    /// dropped, and the store is closed when the last session of it is.
+    fn drop(&mut self) {
+        let writing = std::mem::take(self.checkpointing.get_mut().unwrap_or_else(PoisonError::into_inner));
+        for thread in writing {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Backed {
+    /// Persists one commit in one transaction: all of it or none of it. (A direct write's
+    /// commit: it makes no claim.)
+    pub(crate) fn commit(&mut self, delta: &CommitDelta<'_>) -> Result<(), StoreError> {
         block_on(self.commit_async(delta)).map(drop)
     }
 
-    fn commit_async<'a>(&'a mut self, delta: &CommitDelta<'_>) -> BoxFuture<'a, Result<Claimed, StoreError>> {
+    /// [`commit`](Backed::commit) without blocking the caller's thread: a store whose writes
+    /// block (an fsync) runs them elsewhere and completes the future when they are durable.
+    /// Makes the delta's claim, if it has one, in the same transaction, and returns what it
+    /// took.
+    pub(crate) fn commit_async<'a>(
+        &'a mut self,
+        delta: &CommitDelta<'_>,
+    ) -> BoxFuture<'a, Result<Claimed, StoreError>> {
         let append = self.check_writable().map(|()| self.append_of(delta));
         Box::pin(async move {
             let append = append?;
@@ -436,7 +536,13 @@ impl Store for Backed {
         })
     }
 
-    fn consume_events<'a>(&'a mut self, session: &str, before: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+    /// Marks the session's queued events with a sequence number below `before` consumed,
+    /// without blocking the caller's thread.
+    pub(crate) fn consume_events<'a>(
+        &'a mut self,
+        session: &str,
+        before: u64,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
         let session = session.to_owned();
         Box::pin(async move {
             self.check_writable()?;
@@ -452,11 +558,16 @@ impl Store for Backed {
         })
     }
 
-    fn check_current(&self) -> Result<(), StoreError> {
+    /// [`StoreError::Conflict`] if another writer advanced the session past the generation this
+    /// store last saw (a direct write that changes nothing checks this instead of committing).
+    /// Blocks the caller's thread, as a direct write does.
+    pub(crate) fn check_current(&self) -> Result<(), StoreError> {
         block_on(self.check_current_async())
     }
 
-    fn check_current_async(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+    /// [`check_current`](Backed::check_current) without blocking the caller's thread (a
+    /// serving runtime's handle writes).
+    pub(crate) fn check_current_async(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
             match self.backend.session(&self.session).await? {
                 Some(row) if row.generation == self.generation => Ok(()),
@@ -469,7 +580,10 @@ impl Store for Backed {
         })
     }
 
-    fn catch_up(&mut self) -> BoxFuture<'_, Result<super::CaughtUp, StoreError>> {
+    /// After a [`StoreError::Conflict`]: reads the commits another writer appended to the
+    /// session after the generation this store last saw, and the session's consumed position
+    /// now, and fences the next commit on the new head. Off the caller's thread.
+    pub(crate) fn catch_up(&mut self) -> BoxFuture<'_, Result<CaughtUp, StoreError>> {
         Box::pin(async move {
             let store = self.backend.describe();
             let history = |detail: String| StoreError::History {
@@ -499,7 +613,7 @@ impl Store for Backed {
                     commits.len()
                 )));
             }
-            let caught = super::CaughtUp {
+            let caught = CaughtUp {
                 commits,
                 consumed_seq: row.consumed_seq,
             };
@@ -508,13 +622,16 @@ impl Store for Backed {
         })
     }
 
-    fn fork(
+    /// Creates the session `branch` in the same store, whose log is this session's up to
+    /// commit `at` (with hash `head`), and whose events numbered below `consumed_seq` are
+    /// consumed. Returns the store of the new session.
+    pub(crate) fn fork(
         &self,
         branch: &str,
         at: Generation,
         head: Option<&CommitHash>,
         consumed_seq: u64,
-    ) -> Result<Box<dyn Store>, StoreError> {
+    ) -> Result<Backed, StoreError> {
         self.check_writable()?;
         let row = SessionRow::new(
             at.0,
@@ -525,19 +642,26 @@ impl Store for Backed {
         if !block_on(self.backend.create_session(branch, row))? {
             return Err(StoreError::session_exists(self.backend.describe(), branch));
         }
-        Ok(Box::new(Backed {
+        Ok(Backed {
             backend: self.backend.clone(),
             session: branch.to_owned(),
             generation: at.0,
             read_only: false,
-        }))
+            new_session: false,
+            checkpointing: Mutex::default(),
+        })
     }
 
-    fn describe(&self) -> String {
+    /// A short description, e.g. `sqlite:/var/lib/app/state.db`.
+    pub(crate) fn describe(&self) -> String {
         self.backend.describe()
     }
 
-    fn verify_outbox(&self, log: &[Commit]) -> Result<(), VerifyError> {
+    /// The outbox checks of [`Context::verify`](crate::Context::verify), given the session's
+    /// verified log: every act of the log has an outbox row (or a purge tombstone), every row
+    /// born of a commit of the log names an act of that commit with the same action hash, and
+    /// every row matches its digest.
+    pub(crate) fn verify_outbox(&self, log: &[Commit]) -> Result<(), VerifyError> {
         let mut check = OutboxCheck::default();
         for commit in log {
             check.commits.insert(commit.hash.0, commit.generation);
@@ -563,7 +687,10 @@ impl Store for Backed {
         }
     }
 
-    fn checkpoint(&self, checkpoint: Checkpoint) -> BoxFuture<'static, Result<(), StoreError>> {
+    /// Writes `checkpoint` for the session, encoding it off the caller's thread, and drops
+    /// the session's older checkpoints but the newest few; the future completes when it is
+    /// durable.
+    pub(crate) fn checkpoint(&self, checkpoint: Checkpoint) -> BoxFuture<'static, Result<(), StoreError>> {
         let (done, written) = tokio::sync::oneshot::channel();
         let writable = self.check_writable();
         if writable.is_ok() {
@@ -576,13 +703,22 @@ impl Store for Backed {
         })
     }
 
-    fn checkpoint_later(&self, checkpoint: Checkpoint) {
+    /// [`checkpoint`](Backed::checkpoint) without waiting for it: a failure is logged at warn
+    /// (a checkpoint only shortens the next open).
+    pub(crate) fn checkpoint_later(&self, checkpoint: Checkpoint) {
         if !self.read_only {
             self.write_checkpoint(checkpoint, None);
         }
     }
 
-    fn load_before(&self, upto: Generation, tail: &[Commit]) -> History {
+    /// The session's commits up to `upto` (those a context opened from a checkpoint at `upto`
+    /// does not hold), oldest first, and the commits of other sessions reachable from the
+    /// merge commits of those and of `tail` (the commits after `upto`), as [`Loaded`] has
+    /// them. Blocks the caller's thread while it reads.
+    ///
+    /// # Errors
+    /// [`VerifyError::History`] if a commit cannot be read or does not decode.
+    pub(crate) fn load_before(&self, upto: Generation, tail: &[Commit]) -> History {
         block_on(Self::read_before(
             self.backend.clone(),
             self.session.clone(),
@@ -591,7 +727,9 @@ impl Store for Backed {
         ))
     }
 
-    fn load_before_async(&self, upto: Generation, tail: Vec<Commit>) -> BoxFuture<'static, History> {
+    /// [`load_before`](Backed::load_before) without blocking the caller's thread (for the
+    /// async reads of the whole log: export, replay, provenance).
+    pub(crate) fn load_before_async(&self, upto: Generation, tail: Vec<Commit>) -> BoxFuture<'static, History> {
         Box::pin(Self::read_before(
             self.backend.clone(),
             self.session.clone(),
@@ -600,7 +738,12 @@ impl Store for Backed {
         ))
     }
 
-    fn checkpoints(&self) -> Result<Vec<StoredCheckpoint>, VerifyError> {
+    /// Every checkpoint the store keeps of the session, oldest first, with its body decoded
+    /// (or why it does not decode or match its digest), for [`Context::verify`](crate::Context::verify).
+    ///
+    /// # Errors
+    /// [`VerifyError::History`] if they cannot be read.
+    pub(crate) fn checkpoints(&self) -> Result<Vec<StoredCheckpoint>, VerifyError> {
         let read = async {
             let consumed_seq = self
                 .backend
@@ -630,4 +773,133 @@ impl Store for Backed {
             })
             .collect())
     }
+}
+
+/// One commit, for a store to persist in one transaction.
+///
+/// The store keeps the log, not the state: a session is rebuilt on open by replaying its
+/// commits, whose runs carry every operation with its bytes. So a commit is one row however
+/// many artifacts it writes.
+pub(crate) struct CommitDelta<'a> {
+    pub(crate) session: &'a str,
+    pub(crate) commit: &'a Commit,
+    /// After the commit, the queued events with a lower sequence number are consumed: the
+    /// number of the first event still queued (or, if none is, of the first event to come).
+    pub(crate) consumed_before: u64,
+    /// The intents this commit acted (created `action:{key}` for), in commit order: the
+    /// store registers each key it does not hold yet, in the commit's transaction, and
+    /// attaches the others to the session.
+    pub(crate) intents: &'a [NewIntent],
+    /// When the commit is made, by the process's clock: the intents it registers are
+    /// recorded, and due, then.
+    pub(crate) now: std::time::SystemTime,
+    /// A claim to make in the commit's transaction, after its intents are registered, exactly
+    /// as [`OutboxStore::claim`] would make it right after the
+    /// commit (a generation's own drain, saving the claim its own write).
+    pub(crate) claim: Option<ClaimRequest<'a>>,
+}
+
+/// What [`Backed::catch_up`] reads: the commits after the generation the store last saw, oldest
+/// first, and the session's consumed position.
+pub(crate) struct CaughtUp {
+    pub(crate) commits: Vec<Commit>,
+    pub(crate) consumed_seq: u64,
+}
+
+/// How many checkpoints of a session a store keeps: the newest, and one to fall back on.
+pub(crate) const CHECKPOINTS_KEPT: usize = 2;
+
+/// Which sessions' rows hold a session's log: the session itself, then each ancestor with the
+/// last generation taken from it (a branch's log is its parent's up to the fork, read from
+/// the parent's rows, recursively). Gathered from the session up to the root.
+pub(crate) struct Ancestry(Vec<(String, u64)>);
+
+impl Ancestry {
+    /// The ancestry of `session`, before its parents are known.
+    pub(crate) fn new(session: &str) -> Self {
+        Ancestry(vec![(session.to_owned(), u64::MAX)])
+    }
+
+    /// The oldest session so far forked from `parent` at generation `at`.
+    ///
+    /// # Errors
+    /// What is wrong, in words, if `parent` is already in the ancestry (or it is absurdly
+    /// deep).
+    pub(crate) fn push_parent(&mut self, parent: String, at: u64) -> Result<(), String> {
+        if self.0.iter().any(|(s, _)| *s == parent) || self.0.len() > 1000 {
+            return Err(format!("session `{parent}` is its own ancestor"));
+        }
+        // A fork of a fork below the parent's own fork point takes less of the grandparent.
+        let at = at.min(self.0.last().map_or(u64::MAX, |(_, upto)| *upto));
+        self.0.push((parent, at));
+        Ok(())
+    }
+
+    /// Root first, each session with the generations it contributes, `(from, upto]` (at most
+    /// `i64::MAX`, as stores keep generations).
+    pub(crate) fn segments(self) -> Vec<(String, u64, u64)> {
+        let mut from = 0u64;
+        self.0
+            .into_iter()
+            .rev()
+            .map(|(session, upto)| {
+                let upto = upto.min(i64::MAX as u64);
+                let segment = (session, from, upto);
+                from = upto;
+                segment
+            })
+            .collect()
+    }
+}
+
+/// What [`Backed::load_before`] reads: the commits up to the checkpoint, and the other sessions'
+/// commits their merges reach.
+pub(crate) type History = Result<(Vec<Commit>, Vec<Commit>), VerifyError>;
+
+/// The live state of a session right after one of its commits, as a store keeps it: where
+/// open starts instead of the first commit.
+#[derive(Clone)]
+pub(crate) struct Checkpoint {
+    /// The commit.
+    pub(crate) generation: Generation,
+    /// Its hash.
+    pub(crate) hash: CommitHash,
+    /// The state hash it recorded, which `state` has.
+    pub(crate) state_hash: StateHash,
+    /// The state after it (an O(1) clone of the live state, encoded by the store).
+    pub(crate) state: State,
+    /// The number the next event emitted after it gets.
+    pub(crate) next_event_seq: u64,
+    /// The events queued right after it, oldest first.
+    pub(crate) events: Vec<QueuedEvent>,
+    /// The readers index after it (an O(1) clone).
+    pub(crate) readers: crate::state::readers::Readers,
+}
+
+/// A checkpoint as stored, for verification.
+pub(crate) struct StoredCheckpoint {
+    /// The commit it names.
+    pub(crate) generation: Generation,
+    /// The commit hash it names.
+    pub(crate) hash: CommitHash,
+    /// The state hash it names.
+    pub(crate) state_hash: StateHash,
+    /// Its body, or why it does not check out (digest, decoding).
+    pub(crate) body: Result<CheckpointBody, String>,
+    /// The session's consumed position now: every event the checkpoint's commit had emitted
+    /// at or after it must be among the checkpoint's queued events.
+    pub(crate) consumed_seq: u64,
+}
+
+/// Everything a store hands back to rebuild a context.
+pub(crate) struct Loaded {
+    /// The session's log, oldest first; replaying it rebuilds the state and the event queue.
+    pub(crate) commits: Vec<Commit>,
+    /// The commits of other sessions reachable from the log's merge commits and not in the log.
+    pub(crate) foreign: Vec<Commit>,
+    /// Events numbered below this one are consumed.
+    pub(crate) consumed_seq: u64,
+    /// The newest checkpoint that checked out: `commits` are then the commits after it (and
+    /// `foreign` is empty: the graph of merges is read with the older commits, on demand).
+    pub(crate) checkpoint: Option<Checkpoint>,
 }

@@ -60,18 +60,13 @@ impl std::fmt::Debug for SqliteOutbox {
 }
 
 impl SqliteOutbox {
-    /// Runs `op` on the outbox's thread (its connection to the file), for a write of the log
-    /// that must not block the caller's thread.
+    /// Runs `op` on the outbox's thread (its connection to the file), for the rows of the
+    /// log ([`SqliteStore`](super::SqliteStore)).
     pub(super) fn run_write<T: Send + 'static>(
         &self,
         op: impl FnOnce(&mut rusqlite::Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> BoxFuture<'static, Result<T, StoreError>> {
         self.actor.call(op)
-    }
-
-    /// Runs `op` on the outbox's thread without waiting for it.
-    pub(super) fn send_write(&self, op: impl FnOnce(&mut rusqlite::Connection) + Send + 'static) {
-        self.actor.send(op)
     }
 
     /// Opens the outbox of the store file at `path`, which a [`Context`](crate::Context) created,
@@ -151,7 +146,7 @@ impl SqliteOutbox {
         Self::spawn(conn, path, read_only.map(str::to_owned))
     }
 
-    fn spawn(conn: Connection, path: &Path, read_only: Option<String>) -> Result<SqliteOutbox, OpenError> {
+    pub(super) fn spawn(conn: Connection, path: &Path, read_only: Option<String>) -> Result<SqliteOutbox, OpenError> {
         conn.set_prepared_statement_cache_capacity(super::STATEMENTS_CACHED);
         let actor = Actor::spawn(conn, store_name(path)).map_err(|e| OpenError::Backend {
             path: path.into(),
