@@ -88,6 +88,7 @@ macro_rules! for_each_log_check {
             append_claims_as_claim_would,
             consume_is_fenced,
             checkpoints_replace_and_keep_newest,
+            futures_need_no_executor,
             branch_reads_its_own_rows,
             verify_outbox_consistent,
             verify_outbox_missing,
@@ -666,6 +667,37 @@ pub async fn append_registers_intents(h: &dyn LogHarness) {
         2,
         "register: a held key is attached to the appending session ({of_t:?})"
     );
+
+    // k2 delivered and purged: its tombstone keeps an append acting it again from
+    // registering it.
+    let claimed = claim_now(&*outbox, &claim_order(10, at(8))).await;
+    let k2 = claimed
+        .claims
+        .iter()
+        .find(|d| d.key().as_str() == "k2")
+        .expect("k2 is claimed");
+    let recording = [Recording {
+        key: ActionKey::from("k2"),
+        token: k2.token(),
+        outcome: Outcome::Delivered,
+    }];
+    outbox.record(&recording, at(9)).await.expect("record");
+    assert_eq!(
+        outbox.purge(PurgeFilter::Final, at(100), 10).await.expect("purge"),
+        1,
+        "register: k2 purged"
+    );
+    let s2 = commit("s", 2, "s", Some(&s1));
+    let intents = acts_of(&s2, &[("k2", "y"), ("k4", "y")]);
+    appended(&*store, append(&s2, 1, 0, intents, at(101)), "register").await;
+    assert!(
+        !held(&*outbox, "k2").await,
+        "register: a purged key is not registered again"
+    );
+    assert!(
+        held(&*outbox, "k4").await,
+        "register: the append's new key is registered"
+    );
 }
 
 /// An append with a claim registers its intents and then takes exactly what
@@ -864,6 +896,64 @@ pub async fn checkpoints_replace_and_keep_newest(h: &dyn LogHarness) {
         read("nobody").await.is_empty(),
         "checkpoints: a session without any reads none"
     );
+    put(checkpoint("t", 2, "a"), 0).await;
+    assert!(read("t").await.is_empty(), "checkpoints: keep 0 drops them all");
+}
+
+/// Every future of the store completes without the caller's executor: a thread with no
+/// runtime waits for them by parking (as a context's direct writes do).
+pub async fn futures_need_no_executor(h: &dyn LogHarness) {
+    let store = h.fresh().await;
+    let on_thread = store.clone();
+    let answered = std::thread::spawn(move || {
+        let store = &*on_thread;
+        assert!(
+            park_on(store.create_session("s", SessionRow::new(0, None, 0, None))).expect("create_session"),
+            "no executor: create_session"
+        );
+        let c1 = commit("s", 1, "a", None);
+        let intents = acts_of(&c1, &[("n1", "x")]);
+        let mut with_claim = append(&c1, 0, 0, intents.clone(), at(1));
+        with_claim.claim = Some(claim_order(1, at(1)));
+        let claimed = park_on(store.append(with_claim)).expect("append").expect("appended");
+        assert_eq!(claimed.claims.len(), 1, "no executor: the append's claim");
+        assert!(
+            park_on(store.consume("s", 1, 2)).expect("consume"),
+            "no executor: consume"
+        );
+        let row = park_on(store.session("s")).expect("session");
+        let rows = park_on(store.commits("s", 0, 1)).expect("commits");
+        let found = park_on(store.commit_by_hash(&c1.hash)).expect("commit_by_hash");
+        let check = check_of(&[&c1], &[&intents[0]]);
+        let verified = park_on(store.verify_outbox(check)).expect("verify_outbox");
+        (row, rows, found, verified.map(|e| e.to_string()), c1)
+    })
+    .join()
+    .unwrap_or_else(|_| panic!("no executor: a future of the store did not complete on a thread without one"));
+    let (row, rows, found, verified, c1) = answered;
+    assert_eq!(row, Some(row_at(&c1, 2, None)), "no executor: the row");
+    assert_eq!(rows, std::slice::from_ref(&c1), "no executor: the commit rows");
+    assert_eq!(found, Some(c1), "no executor: commit_by_hash");
+    assert_eq!(verified, None, "no executor: verify_outbox");
+}
+
+/// Waits for `future` on this thread, parking it until woken; no executor runs.
+fn park_on<F: std::future::Future>(future: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Arc::new(Unpark(std::thread::current())).into();
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return output;
+        }
+        std::thread::park();
+    }
 }
 
 /// A branch created with `fork: Some((parent, at))` holds only its own rows: `commits` of it
