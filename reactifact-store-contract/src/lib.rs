@@ -8,6 +8,11 @@
 //!
 //! All times are explicit ([`at`]): the suite never sleeps and never reads a clock.
 //!
+//! The log side has a suite of its own: a [`LogStore`](reactifact_core::store::LogStore)'s
+//! tests implement [`LogHarness`] (a fresh, empty store per check) and call [`run_all_log`]
+//! (or the checks [`for_each_log_check!`] names, one by one); [`MemoryLogHarness`] runs it
+//! against the in-memory [`MemoryStore`](reactifact_core::store::MemoryStore).
+//!
 //! A crate of its own, not compiled into the library; not published, and it may change with
 //! any release of the core.
 
@@ -29,6 +34,15 @@ use reactifact_core::store::{Attempt, AttemptOutcome, Delivery, DeliveryStatus, 
 use reactifact_core::store::{MemoryOutbox, SqliteOutbox};
 use reactifact_core::Context;
 use reactifact_core::{ActionKey, Intent, PendingAction, RateLimit};
+
+mod log;
+pub use log::{
+    append_claims_as_claim_would, append_moves_row_and_adds_commit, append_never_moves_consumed_back,
+    append_registers_intents, branch_reads_its_own_rows, checkpoints_replace_and_keep_newest,
+    commits_read_their_bounds_and_own_rows, consume_is_fenced, create_session_once, futures_need_no_executor,
+    missing_session_reads_none, racing_appends_one_wins, run_all_log, stale_append_writes_nothing,
+    verify_outbox_consistent, verify_outbox_forged, verify_outbox_missing, LogHarness, MemoryLogHarness,
+};
 
 /// Creates fresh stores for the checks.
 pub trait ContractHarness: Send + Sync {

@@ -166,6 +166,27 @@ pub struct Append {
     pub claim: Option<ClaimOrder>,
 }
 
+impl Append {
+    /// An append, as the core makes one (and a store's tests build one).
+    pub fn new(
+        commit: CommitRow,
+        expected: u64,
+        consumed_before: u64,
+        intents: Vec<NewIntent>,
+        now: SystemTime,
+        claim: Option<ClaimOrder>,
+    ) -> Self {
+        Append {
+            commit,
+            expected,
+            consumed_before,
+            intents,
+            now,
+            claim,
+        }
+    }
+}
+
 /// A checkpoint of a session's state, as a store keeps it: one row, opaque to the store.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -221,6 +242,27 @@ pub struct Act {
     pub kind: String,
     /// The content hash of its `PendingAction` bytes.
     pub action_hash: [u8; 32],
+}
+
+impl Act {
+    /// An act, as the core lists it for a check (and a store's tests build one).
+    pub fn new(
+        key: ActionKey,
+        commit: [u8; 32],
+        generation: Generation,
+        run: u64,
+        kind: String,
+        action_hash: [u8; 32],
+    ) -> Self {
+        Act {
+            key,
+            commit,
+            generation,
+            run,
+            kind,
+            action_hash,
+        }
+    }
 }
 
 /// What [`LogStore::verify_outbox`] checks the outbox against: a session's verified log.

@@ -129,6 +129,24 @@ impl MemoryOutbox {
     pub fn register_intents(&self, intents: Vec<NewIntent>, now: SystemTime) {
         self.register(intents.into_iter(), now);
     }
+
+    /// Every entry's key, kind and origin, in registration order (for
+    /// [`MemoryStore::verify_outbox`](crate::store::MemoryStore)).
+    pub(crate) fn origins(&self) -> Vec<(ActionKey, Arc<str>, Origin)> {
+        let inner = self.lock();
+        let kinds = &inner.kinds.names;
+        let entries = inner.slots.iter().flatten();
+        entries
+            .map(|e| (e.key.clone(), kinds[e.kind as usize].clone(), e.origin.clone()))
+            .collect()
+    }
+
+    /// Whether `key` has an entry or the tombstone of a purged one (for
+    /// [`MemoryStore::verify_outbox`](crate::store::MemoryStore)).
+    pub(crate) fn holds(&self, key: &str) -> bool {
+        let inner = self.lock();
+        inner.entry(key).is_some() || inner.purged.contains(key)
+    }
 }
 
 impl Default for MemoryOutbox {

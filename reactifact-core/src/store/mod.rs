@@ -1,5 +1,6 @@
 //! For the implementers of a store, and for code that opens one: the stores this crate ships
-//! ([`MemoryOutbox`], [`SqliteOutbox`], a context's SQLite file through [`OpenOptions`]), the
+//! ([`MemoryOutbox`], [`MemoryStore`] (sessions' logs in memory), [`SqliteOutbox`], a
+//! context's SQLite file through [`OpenOptions`]), the
 //! store URLs (`memory:`, `sqlite:PATH`, `postgres://…`: [`StoreUrl`]), the sessions of a
 //! file ([`list_sessions`]), and the two traits a backend of another crate implements:
 //! [`LogStore`] for the log of each session and its checkpoints, and [`OutboxStore`] for the
@@ -19,6 +20,7 @@ mod codec;
 pub(crate) mod ledger;
 pub(crate) mod log_store;
 pub(crate) mod memory;
+mod memory_store;
 pub(crate) mod outbox;
 pub(crate) mod prune;
 mod session_info;
@@ -45,6 +47,7 @@ pub use crate::model::rate::{micros, RateBucket, RateSpend, RateState};
 pub use ledger::Ledger;
 pub use log_store::{Act, Append, CheckpointRow, ClaimOrder, CommitRow, LogStore, OutboxCheck, SessionRow};
 pub use memory::MemoryOutbox;
+pub use memory_store::MemoryStore;
 pub use outbox::{
     check_decision, ApprovalError, BoxFuture, CancelError, ClaimRequest, Claimed, FailedAttempt, LedgerQuery,
     OutboxStore, Outcome, Page, PurgeFilter, Recorded, Recording, RetryError, Scope, StatusCounts, Wakeups,

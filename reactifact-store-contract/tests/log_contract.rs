@@ -1,0 +1,26 @@
+//! The log contract suite (`for_each_log_check!`) run against the core's in-memory
+//! `LogStore`, `MemoryStore`.
+
+use reactifact_store_contract::{self as contract, MemoryLogHarness};
+
+macro_rules! memory_log_checks {
+    ($($check:ident),* $(,)?) => {
+        mod memory {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $check() {
+                    contract::$check(&MemoryLogHarness).await;
+                }
+            )*
+        }
+    };
+}
+
+reactifact_store_contract::for_each_log_check!(memory_log_checks);
+
+/// The whole suite in one run, as `run_all_log` gives it to any store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_run_all_log() {
+    contract::run_all_log(&MemoryLogHarness).await;
+}
