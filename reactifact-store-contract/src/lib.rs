@@ -42,6 +42,7 @@ pub use log::{
     commits_read_their_bounds_and_own_rows, consume_is_fenced, create_session_once, futures_need_no_executor,
     missing_session_reads_none, racing_appends_one_wins, run_all_log, stale_append_writes_nothing,
     verify_outbox_consistent, verify_outbox_forged, verify_outbox_missing, LogHarness, MemoryLogHarness,
+    SqliteLogHarness,
 };
 
 /// Creates fresh stores for the checks.

@@ -16,7 +16,7 @@ use reactifact_core::runtime::{Generation, Origin};
 use reactifact_core::store::{
     Act, Append, BoxFuture, CheckpointRow, ClaimOrder, ClaimPolicy, ClaimRequest, Claimed, CommitRow, DeliveryStatus,
     FenceToken, LogStore, MemoryStore, NewIntent, OutboxCheck, OutboxStore, Outcome, PurgeFilter, Recording, Scope,
-    SessionRow,
+    SessionRow, SqliteStore,
 };
 use reactifact_core::{ActionKey, Intent};
 
@@ -46,6 +46,43 @@ pub struct MemoryLogHarness;
 impl LogHarness for MemoryLogHarness {
     fn fresh(&self) -> BoxFuture<'_, Arc<dyn LogStore>> {
         Box::pin(async { MemoryStore::new() as Arc<dyn LogStore> })
+    }
+}
+
+/// The harness of [`SqliteStore`]: a new file per check, in a temporary directory the
+/// harness keeps (and removes) with itself. Its pair is two stores opened on one file: two
+/// connections, racing in SQLite's own locks.
+#[derive(Debug, Default)]
+pub struct SqliteLogHarness {
+    dirs: std::sync::Mutex<Vec<tempfile::TempDir>>,
+}
+
+impl SqliteLogHarness {
+    /// A new file's path, in a directory kept until the harness is dropped.
+    fn new_file(&self) -> std::path::PathBuf {
+        let dir = crate::temp_dir();
+        let path = dir.path().join("log.db");
+        self.dirs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(dir);
+        path
+    }
+}
+
+impl LogHarness for SqliteLogHarness {
+    fn fresh(&self) -> BoxFuture<'_, Arc<dyn LogStore>> {
+        let path = self.new_file();
+        Box::pin(async move { SqliteStore::open(&path).expect("a new store file") as Arc<dyn LogStore> })
+    }
+
+    fn fresh_pair(&self) -> BoxFuture<'_, (Arc<dyn LogStore>, Arc<dyn LogStore>)> {
+        let path = self.new_file();
+        Box::pin(async move {
+            let first = SqliteStore::open(&path).expect("a new store file");
+            let second = SqliteStore::open(&path).expect("the same file again");
+            (first as Arc<dyn LogStore>, second as Arc<dyn LogStore>)
+        })
     }
 }
 

@@ -10,7 +10,10 @@
 //! [`create_session`](LogStore::create_session). [`Context::open_store`](crate::Context::open_store)
 //! opens a session of such a store.
 //!
-//! The PostgreSQL store (`reactifact_postgres::PostgresStore`) implements it.
+//! Every backend implements it: [`MemoryStore`](crate::store::MemoryStore),
+//! [`SqliteStore`](crate::store::SqliteStore) (with the default `sqlite` feature) and the
+//! PostgreSQL store (`reactifact_postgres::PostgresStore`); the core's one session above it
+//! (`store/backed.rs`) does the same for each.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};

@@ -1,19 +1,20 @@
 //! For the implementers of a store, and for code that opens one: the stores this crate ships
-//! ([`MemoryOutbox`], [`MemoryStore`] (sessions' logs in memory), [`SqliteOutbox`], a
-//! context's SQLite file through [`OpenOptions`]), the
+//! (the ledgers [`MemoryOutbox`] and [`SqliteOutbox`], the homes of sessions' logs
+//! [`MemoryStore`] and [`SqliteStore`], a context's SQLite file through [`OpenOptions`]), the
 //! store URLs (`memory:`, `sqlite:PATH`, `postgres://…`: [`StoreUrl`]), the sessions of a
-//! file ([`list_sessions`]), and the two traits a backend of another crate implements:
-//! [`LogStore`] for the log of each session and its checkpoints, and [`OutboxStore`] for the
-//! delivery ledger, with their rows, requests and answers. `docs/stores.md` says what each
-//! operation must do; the contract suite checks it.
+//! file ([`list_sessions`]), and the two traits every backend implements: [`LogStore`] for
+//! the log of each session and its checkpoints, and [`OutboxStore`] for the delivery ledger,
+//! with their rows, requests and answers. `docs/stores.md` says what each operation must do;
+//! the contract suites check it.
 
-// How the crate uses them: the context always serves reads from memory. A durable store
-// receives each commit as one `CommitDelta`, written in one transaction together with the
-// registration of its intents in the store's outbox; on open it hands back the log, from which
-// the context is rebuilt. A durable store also keeps checkpoints of the state (`Checkpoint`):
-// open starts from the newest one that checks out and replays only the commits after it; the
-// older commits are read on demand (`Store::load_before`). The delivery ledger is the store's
-// outbox (`OutboxStore`), never a copy in memory. `session/connect.rs` opens a session of a URL.
+// How the crate uses them: the context always serves reads from memory. A durable session
+// (`Backed`, written once above every `LogStore`) appends each commit as one row, in one
+// transaction together with the registration of its intents in the store's outbox; on open it
+// reads the log back, decodes and checks it, and the context is rebuilt from it. It also keeps
+// checkpoints of the state (`Checkpoint`): open starts from the newest one that checks out and
+// replays only the commits after it; the older commits are read on demand
+// (`Backed::load_before`). The delivery ledger is the store's outbox (`OutboxStore`), never a
+// copy in memory. `session/connect.rs` opens a session of a URL.
 
 pub(crate) mod backed;
 mod codec;
