@@ -14,6 +14,7 @@ pub use crate::outbox::dispatcher::MAX_RETRY_AFTER;
 pub use crate::outbox::drainer::{Drainer, DrainerBuilder};
 pub use crate::outbox::options::{DeliveryErrors, DeliveryOptions};
 pub use crate::outbox::router::{ActionCall, Router};
+pub use crate::run::call_fn::CallFn;
 pub use crate::run::effects::{DeclaredOutput, Dynamic, IntentBuilder};
 pub use crate::run::handle::{RuntimeHandle, DEFAULT_INBOX_CAPACITY};
 pub use crate::run::produce::{IntoProduce, IntoProduceResult};

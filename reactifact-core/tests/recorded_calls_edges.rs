@@ -779,3 +779,59 @@ fn a_request_that_is_not_sync_keeps_the_produce_future_send() {
         Ok::<(), ProduceError>(())
     });
 }
+
+/// What a produce asks a model: owned, and not `Copy`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+struct Ask {
+    prompt: String,
+}
+
+/// The natural `move` closure: the request is handed to it once recorded (it could not borrow
+/// a request it also moves). The closure gets exactly the request that was recorded, a retried
+/// generation reuses the answer without calling again, and the metered form takes it too.
+#[tokio::test]
+async fn a_move_closure_is_handed_the_request_it_owns() {
+    let made = Arc::new(AtomicU64::new(0));
+    let seen = Arc::new(Mutex::new(Vec::<Ask>::new()));
+    let (m, s) = (made.clone(), seen.clone());
+    let produce = Produce::new("ask", move |call: ProduceCall<Ticket>| {
+        let (m, s) = (m.clone(), s.clone());
+        async move {
+            let request = Ask {
+                prompt: call.trigger.data.text.clone(),
+            };
+            let text: String = call
+                .record("llm", request, move |request: Ask| async move {
+                    m.fetch_add(1, Ordering::SeqCst);
+                    let answer = format!("re: {}", request.prompt);
+                    s.lock().unwrap().push(request);
+                    Ok::<_, std::io::Error>(answer)
+                })
+                .await?;
+            let metered = Ask { prompt: text.clone() };
+            let _: u32 = call
+                .record_metered("count", metered, move |request: Ask| async move {
+                    Ok::<_, std::io::Error>((request.prompt.len() as u32, Usage::tokens(1, 1)))
+                })
+                .await?;
+            call.effects.upsert(format!("note:{}", call.trigger.id), Note { text });
+            Ok::<(), ProduceError>(())
+        }
+    })
+    .creates::<Note>();
+    let mut rt = runtime(tickets(1), produce, Some(flaky_once()));
+    rt.run().await.unwrap_err();
+    rt.run().await.unwrap();
+    assert_eq!(made.load(Ordering::SeqCst), 1, "the retry reused the recorded answer");
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [Ask { prompt: "t1".into() }],
+        "the closure was handed the request it recorded"
+    );
+    let note = rt
+        .context()
+        .get::<Note>("note:ticket:1")
+        .unwrap()
+        .expect("the note was written");
+    assert_eq!(note.data.text, "re: t1");
+}

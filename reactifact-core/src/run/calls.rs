@@ -23,6 +23,7 @@ use crate::model::call::{CallOutcome, RecordedCall, Usage};
 use crate::model::event::EventKind;
 use crate::model::hash::{content_hash, ContentHash};
 use crate::outbox::dispatcher::BoxError;
+use crate::run::call_fn::CallFn;
 use crate::run::effects::Buffer;
 use crate::run::produce::ProduceCall;
 
@@ -873,28 +874,34 @@ impl<T, D> ProduceCall<T, D> {
     /// }
     /// ```
     ///
+    /// The closure takes nothing, as above, or is handed the request once it is recorded, so
+    /// that a `move` closure owns it ([`CallFn`](crate::runtime::CallFn)):
+    /// `call.record("classify", request, move |request: Ask| async move { client.ask(&request).await })`.
+    ///
     /// # Errors
     /// [`CallError::Failed`] when `call` fails; [`CallError::Miss`] in a replay
     /// that does not have the call; [`CallError::Request`] and [`CallError::Answer`] when the
     /// request or the answer does not encode; [`CallError::ReservedName`] for a name beginning
     /// with `reactifact.`; [`CallError::RunFinished`] after the run has finished.
-    pub fn record<'a, Q, A, E, F, Fut>(
+    pub fn record<'a, Q, A, E, F, M>(
         &'a self,
         name: &'a str,
-        request: &Q,
+        request: Q,
         call: F,
     ) -> impl Future<Output = Result<A, CallError>> + 'a
     where
-        Q: Serialize + ?Sized,
+        Q: Serialize + 'a,
         A: Serialize + DeserializeOwned + 'a,
         E: Into<BoxError> + 'a,
-        F: FnOnce() -> Fut + 'a,
-        Fut: Future<Output = Result<A, E>> + 'a,
+        M: 'a,
+        F: CallFn<Q, M> + 'a,
+        F::Future: Future<Output = Result<A, E>> + 'a,
     {
-        let request = checked(name).and_then(|()| request_of(name, request));
-        let make = || async move { call().await.map(|answer| (answer, Usage::ZERO)) };
+        let encoded = checked(name).and_then(|()| request_of(name, &request));
+        let call = call.bind(request);
+        let make = move || async move { call().await.map(|answer| (answer, Usage::ZERO)) };
         // It reports no usage, so no budget refuses it.
-        async move { RunCalls(&self.buffer).call(name, request, false, make).await }
+        async move { RunCalls(&self.buffer).call(name, encoded, false, make).await }
     }
 
     /// A recorded call, like [`record`](ProduceCall::record), whose closure also reports what it
@@ -907,21 +914,23 @@ impl<T, D> ProduceCall<T, D> {
     /// # Errors
     /// As [`record`](ProduceCall::record), and [`CallError::BudgetExhausted`] when the turn's
     /// token or cost budget is spent (the call is not made).
-    pub fn record_metered<'a, Q, A, E, F, Fut>(
+    pub fn record_metered<'a, Q, A, E, F, M>(
         &'a self,
         name: &'a str,
-        request: &Q,
+        request: Q,
         call: F,
     ) -> impl Future<Output = Result<A, CallError>> + 'a
     where
-        Q: Serialize + ?Sized,
+        Q: Serialize + 'a,
         A: Serialize + DeserializeOwned + 'a,
         E: Into<BoxError> + 'a,
-        F: FnOnce() -> Fut + 'a,
-        Fut: Future<Output = Result<(A, Usage), E>> + 'a,
+        M: 'a,
+        F: CallFn<Q, M> + 'a,
+        F::Future: Future<Output = Result<(A, Usage), E>> + 'a,
     {
-        let request = checked(name).and_then(|()| request_of(name, request));
-        async move { RunCalls(&self.buffer).call(name, request, true, call).await }
+        let encoded = checked(name).and_then(|()| request_of(name, &request));
+        let make = call.bind(request);
+        async move { RunCalls(&self.buffer).call(name, encoded, true, make).await }
     }
 
     /// The time now, as a recorded call (`reactifact.now`): a retry and a replay of this run

@@ -3,6 +3,7 @@
 //! outbox, and the timers a turn fires.
 
 pub(crate) mod ask;
+pub(crate) mod call_fn;
 pub(crate) mod calls;
 pub(crate) mod delivery;
 pub(crate) mod effects;

@@ -1,5 +1,9 @@
-//! A session of a [`LogStore`] of another crate, as the context's [`Store`]: encodes what the
-//! context writes into rows, and decodes and checks the rows it reads back.
+//! The one durable session above every backend: a session of a [`LogStore`] (memory, SQLite,
+//! PostgreSQL or another crate's), as a context keeps it. It encodes what the context writes
+//! into rows and fences each append on the generation it last saw; it decodes and checks the
+//! rows it reads back (the chain of a branch's ancestors, the newest checkpoint that checks
+//! out, the commits after it, the histories merges reach); it writes checkpoints on threads of
+//! their own. No backend loads, checks or fences a log itself.
 
 use std::collections::HashSet;
 use std::future::Future;
