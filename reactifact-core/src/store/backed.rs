@@ -7,10 +7,11 @@
 
 use std::collections::HashSet;
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::task::{Poll, Wake};
 
 use super::codec::{self, hash32, CheckpointBody};
+use super::in_flight::InFlight;
 use super::log_store::{Act, Append, CheckpointRow, ClaimOrder, CommitRow, LogStore, OutboxCheck, SessionRow};
 use super::outbox::ClaimRequest;
 use super::outbox::{BoxFuture, Claimed, OutboxStore};
@@ -33,8 +34,8 @@ pub(crate) struct Backed {
     read_only: bool,
     /// The session has no row yet: [`Backed::settle`] writes it.
     new_session: bool,
-    /// The threads writing checkpoints (see [`Backed::write_checkpoint`]), joined on drop.
-    checkpointing: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// The checkpoints being written (see [`Backed::write_checkpoint`]), waited for on drop.
+    checkpointing: Arc<InFlight>,
 }
 
 /// Why rows could not be loaded.
@@ -179,6 +180,30 @@ async fn load_foreign(backend: &dyn LogStore, logs: &[&[Commit]]) -> Result<Vec<
     Ok(found.into_values().collect())
 }
 
+/// What [`LogStore::verify_outbox`] checks the outbox against, for the verified `log`: its
+/// commits and every act of them, in log order.
+pub(crate) fn outbox_check(log: &[Commit]) -> OutboxCheck {
+    let mut check = OutboxCheck::default();
+    for commit in log {
+        check.commits.insert(commit.hash.0, commit.generation);
+        for (run, record) in commit.runs.iter().enumerate() {
+            for op in &record.ops {
+                if let Op::Act { key, action, hash, .. } = op {
+                    check.acts.push(Act {
+                        key: key.clone(),
+                        commit: commit.hash.0,
+                        generation: commit.generation,
+                        run: run as u64,
+                        kind: action.to_string(),
+                        action_hash: hash.0,
+                    });
+                }
+            }
+        }
+    }
+    check
+}
+
 /// The row of commit `generation` of the log whose rows `chain` names, if it has one.
 async fn commit_row_at(
     backend: &dyn LogStore,
@@ -313,7 +338,7 @@ impl Backed {
                         generation: 0,
                         read_only: false,
                         new_session: true,
-                        checkpointing: Mutex::default(),
+                        checkpointing: Arc::default(),
                     },
                     Loaded {
                         commits: Vec::new(),
@@ -368,7 +393,7 @@ impl Backed {
                 generation: row.generation,
                 read_only: options.read_only,
                 new_session: false,
-                checkpointing: Mutex::default(),
+                checkpointing: Arc::default(),
             },
             Loaded {
                 commits,
@@ -461,41 +486,41 @@ impl Backed {
     ) {
         let backend = self.backend.clone();
         let session = self.session.clone();
-        let spawned = std::thread::Builder::new()
-            .name("reactifact-checkpoint".into())
-            .spawn(move || {
-                let body = codec::encode_checkpoint(
-            &checkpoint.state,
-            checkpoint.next_event_seq,
-            &checkpoint.events,
-            &checkpoint.readers,
-        );
-                let (hash, state_hash) = (checkpoint.hash.0, checkpoint.state_hash.0);
-                let digest = codec::checkpoint_digest(&session, checkpoint.generation.0, &hash, &state_hash, &body);
-                let row = CheckpointRow::new(
-                    session.clone(),
-                    checkpoint.generation.0,
-                    hash.to_vec(),
-                    state_hash.to_vec(),
-                    body,
-                    digest.to_vec(),
-                );
-                let written = block_on(backend.put_checkpoint(row, CHECKPOINTS_KEPT));
-                match (done, written) {
-                    (Some(done), written) => drop(done.send(written)),
-                    (None, Err(e)) => {
-                        tracing::warn!(session, error = %e, "a checkpoint could not be written; the next open reads more of the log");
-                    }
-                    (None, Ok(())) => {}
+        let running = self.checkpointing.start();
+        let write = move || {
+            let _running = running;
+            let body = codec::encode_checkpoint(
+                &checkpoint.state,
+                checkpoint.next_event_seq,
+                &checkpoint.events,
+                &checkpoint.readers,
+            );
+            let (hash, state_hash) = (checkpoint.hash.0, checkpoint.state_hash.0);
+            let digest = codec::checkpoint_digest(&session, checkpoint.generation.0, &hash, &state_hash, &body);
+            let row = CheckpointRow::new(
+                session.clone(),
+                checkpoint.generation.0,
+                hash.to_vec(),
+                state_hash.to_vec(),
+                body,
+                digest.to_vec(),
+            );
+            let written = block_on(backend.put_checkpoint(row, CHECKPOINTS_KEPT));
+            match (done, written) {
+                (Some(done), written) => drop(done.send(written)),
+                (None, Err(e)) => {
+                    tracing::warn!(session, error = %e, "a checkpoint could not be written; the next open reads more of the log");
                 }
-            });
-        match spawned {
-            Ok(thread) => {
-                let mut writing = self.checkpointing.lock().unwrap_or_else(PoisonError::into_inner);
-                writing.retain(|thread| !thread.is_finished());
-                writing.push(thread);
+                (None, Ok(())) => {}
             }
-            Err(e) => tracing::warn!(error = %e, "no thread could be started to write a checkpoint"),
+        };
+        // On a thread of its own: tokio's blocking pool measured slower (its thread then
+        // waits for another of the pool, which the store's write takes).
+        if let Err(e) = std::thread::Builder::new()
+            .name("reactifact-checkpoint".into())
+            .spawn(write)
+        {
+            tracing::warn!(error = %e, "no thread could be started to write a checkpoint");
         }
     }
 }
@@ -504,12 +529,14 @@ impl Drop for Backed {
     /// Waits for the checkpoints still being written: none lands after the session is
     /// dropped, and the store is closed when the last session of it is.
     fn drop(&mut self) {
-        let writing = std::mem::take(self.checkpointing.get_mut().unwrap_or_else(PoisonError::into_inner));
-        for thread in writing {
-            let _ = thread.join();
+        if !self.checkpointing.wait(CHECKPOINT_WAIT) {
+            tracing::warn!(session = %self.session, "a checkpoint was still being written when its session was dropped");
         }
     }
 }
+
+/// How long dropping a session waits for its checkpoints still being written.
+const CHECKPOINT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Backed {
     /// Persists one commit in one transaction: all of it or none of it. (A direct write's
@@ -652,7 +679,7 @@ impl Backed {
             generation: at.0,
             read_only: false,
             new_session: false,
-            checkpointing: Mutex::default(),
+            checkpointing: Arc::default(),
         })
     }
 
@@ -666,24 +693,7 @@ impl Backed {
     /// born of a commit of the log names an act of that commit with the same action hash, and
     /// every row matches its digest.
     pub(crate) fn verify_outbox(&self, log: &[Commit]) -> Result<(), VerifyError> {
-        let mut check = OutboxCheck::default();
-        for commit in log {
-            check.commits.insert(commit.hash.0, commit.generation);
-            for (run, record) in commit.runs.iter().enumerate() {
-                for op in &record.ops {
-                    if let Op::Act { key, action, hash, .. } = op {
-                        check.acts.push(Act {
-                            key: key.clone(),
-                            commit: commit.hash.0,
-                            generation: commit.generation,
-                            run: run as u64,
-                            kind: action.to_string(),
-                            action_hash: hash.0,
-                        });
-                    }
-                }
-            }
-        }
+        let check = outbox_check(log);
         match block_on(self.backend.verify_outbox(check)) {
             Ok(None) => Ok(()),
             Ok(Some(e)) => Err(e),

@@ -18,6 +18,7 @@
 
 pub(crate) mod backed;
 mod codec;
+mod in_flight;
 pub(crate) mod ledger;
 pub(crate) mod log_store;
 pub(crate) mod memory;

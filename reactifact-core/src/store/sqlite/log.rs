@@ -123,10 +123,13 @@ pub(super) fn register_missing(conn: &mut Connection, acts: Vec<NewIntent>, now:
     tx.commit()
 }
 
+/// Where an act is: its key, the hash of its commit and its run.
+type ActAt<'a> = (&'a str, [u8; 32], u64);
+
 /// The outbox checks of `verify` against a verified log (see [`LogStore::verify_outbox`]).
 fn verify_outbox(conn: &Connection, check: &OutboxCheck) -> rusqlite::Result<Option<VerifyError>> {
     // Every row intact; every row born of a commit of this log names an act of it.
-    let acts: HashMap<(&str, [u8; 32], u64), (&str, [u8; 32])> = check
+    let acts: HashMap<ActAt<'_>, (&str, [u8; 32])> = check
         .acts
         .iter()
         .map(|a| ((a.key.as_str(), a.commit, a.run), (a.kind.as_str(), a.action_hash)))

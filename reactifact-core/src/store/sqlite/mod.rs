@@ -24,11 +24,12 @@ mod schema;
 pub(crate) mod sessions;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 
+use super::in_flight::InFlight;
 use super::{OpenError, OpenOptions, StoreError, Synchronous};
 use crate::model::action::{Intent, Origin};
 use crate::model::delivery::NewIntent;
@@ -64,7 +65,7 @@ pub struct SqliteStore {
     /// The writes under way on the outbox's thread: dropping the store waits for them, so
     /// that a write whose future was dropped (a cut-off commit) cannot land after the store
     /// is gone and a reopen reads what it left.
-    writes: Arc<Writes>,
+    writes: Arc<InFlight>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -76,49 +77,12 @@ impl std::fmt::Debug for SqliteStore {
     }
 }
 
-/// The writes of a store still under way.
-#[derive(Default)]
-struct Writes {
-    running: Mutex<usize>,
-    ended: Condvar,
-}
-
-/// One write under way: ends when dropped (after it ran, if it panicked, or if it never ran).
-struct Running(Arc<Writes>);
-
-impl Writes {
-    fn start(self: &Arc<Self>) -> Running {
-        *self.running.lock().unwrap_or_else(PoisonError::into_inner) += 1;
-        Running(self.clone())
-    }
-
-    /// Waits until no write is under way, at most `limit`.
-    fn wait(&self, limit: Duration) {
-        let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
-        let (running, timeout) = self
-            .ended
-            .wait_timeout_while(running, limit, |running| *running > 0)
-            .unwrap_or_else(PoisonError::into_inner);
-        if *running > 0 && timeout.timed_out() {
-            tracing::warn!("a cut-off write of the store was still under way when the store was dropped");
-        }
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let mut running = self.0.running.lock().unwrap_or_else(PoisonError::into_inner);
-        *running -= 1;
-        if *running == 0 {
-            self.0.ended.notify_all();
-        }
-    }
-}
-
 impl Drop for SqliteStore {
     fn drop(&mut self) {
         // A write waits at most the busy timeout for the lock, then runs one transaction.
-        self.writes.wait(2 * BUSY_TIMEOUT);
+        if !self.writes.wait(2 * BUSY_TIMEOUT) {
+            tracing::warn!(store = %self.name, "a cut-off write of the store was still under way when the store was dropped");
+        }
     }
 }
 
@@ -535,35 +499,12 @@ mod tests {
     use crate::model::artifact::Generation;
     use crate::model::hash::{CommitHash, StateHash};
     use crate::state::refold::VerifyError;
-    use crate::store::log_store::{Act, LogStore, OutboxCheck};
+    use crate::store::log_store::LogStore;
     use crate::store::outbox::{ClaimRequest, OutboxStore, Scope};
     use crate::store::Checkpoint;
 
-    /// The outbox check of `log`, as the context's verify hands it to the store.
-    fn check_of(log: &[Commit]) -> OutboxCheck {
-        let mut check = OutboxCheck::default();
-        for commit in log {
-            check.commits.insert(commit.hash.0, commit.generation);
-            for (run, record) in commit.runs.iter().enumerate() {
-                for op in &record.ops {
-                    if let Op::Act { key, action, hash, .. } = op {
-                        check.acts.push(Act {
-                            key: key.clone(),
-                            commit: commit.hash.0,
-                            generation: commit.generation,
-                            run: run as u64,
-                            kind: action.to_string(),
-                            action_hash: hash.0,
-                        });
-                    }
-                }
-            }
-        }
-        check
-    }
-
     fn verify(store: &SqliteStore, log: &[Commit]) -> Result<(), VerifyError> {
-        match block_on(store.verify_outbox(check_of(log))).unwrap() {
+        match block_on(store.verify_outbox(crate::store::backed::outbox_check(log))).unwrap() {
             None => Ok(()),
             Some(e) => Err(e),
         }
