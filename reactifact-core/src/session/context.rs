@@ -236,7 +236,7 @@ impl Context {
         let path = path.as_ref();
         let file = SqliteStore::open_file(path, &session, &options)?;
         let opened = block_on(Backed::open(file.clone(), &session, &options, path.into()));
-        let (mut store, mut loaded) = opened.map_err(|e| file.open_error(e))?;
+        let (mut store, mut loaded) = opened.map_err(|e| file.file_error(e))?;
         let mut context = Context::new(session);
         let base = context.restore(&mut loaded).map_err(|e| OpenError::Corrupt {
             path: path.into(),
@@ -245,7 +245,7 @@ impl Context {
         })?;
         // Only a log that verified is written to.
         file.settle(&context.session, &loaded.commits)?;
-        block_on(store.settle()).map_err(|e| file.open_error(e))?;
+        block_on(store.settle()).map_err(|e| file.file_error(e))?;
         let outbox = store.outbox();
         context.install(store, outbox, base, loaded, &options);
         Ok(context)

@@ -29,6 +29,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 
+use super::backed::block_on;
 use super::in_flight::InFlight;
 use super::{OpenError, OpenOptions, StoreError, Synchronous};
 use crate::model::action::{Intent, Origin};
@@ -260,7 +261,7 @@ impl SqliteStore {
             return Ok(());
         };
         let path = self.path.clone();
-        let prepared = backed_block_on(
+        let prepared = block_on(
             self.outbox
                 .run_write(move |conn| Ok(schema::prepare_for_writing(conn, synchronous, version, &path))),
         );
@@ -271,7 +272,7 @@ impl SqliteStore {
                 Ok(())
             }
             Ok(Err(e)) => Err(e),
-            Err(e) => Err(self.open_error(OpenError::Store {
+            Err(e) => Err(self.file_error(OpenError::Store {
                 session: String::new(),
                 source: e,
             })),
@@ -336,9 +337,9 @@ impl SqliteStore {
         let registered = self.outbox.run_write(move |conn| {
             Ok(log::register_missing(conn, acts, millis(crate::model::time::now())).map_err(|e| open_error(&path, e)))
         });
-        match backed_block_on(registered) {
+        match block_on(registered) {
             Ok(registered) => registered,
-            Err(e) => Err(self.open_error(OpenError::Store {
+            Err(e) => Err(self.file_error(OpenError::Store {
                 session: session.to_owned(),
                 source: e,
             })),
@@ -348,7 +349,7 @@ impl SqliteStore {
     /// An error of an open of this file, as the file's: a SQLite error met while reading the
     /// log names the path, as one met while opening the file does ([`OpenError::Corrupt`] for
     /// a damaged file).
-    pub(crate) fn open_error(&self, e: OpenError) -> OpenError {
+    pub(crate) fn file_error(&self, e: OpenError) -> OpenError {
         let OpenError::Store {
             source: StoreError::Backend { source, .. },
             ..
@@ -372,8 +373,6 @@ impl SqliteStore {
         Ok(())
     }
 }
-
-use super::backed::block_on as backed_block_on;
 
 /// Refuses a non-empty file that is not a whole SQLite database before SQLite sees it: one
 /// that does not start with the SQLite magic, or is shorter than its header, or — when no
