@@ -16,6 +16,7 @@ pub use crate::run::calls::{CallError, MissKind, ReplayMiss};
 pub use crate::run::handle::SubmitError;
 pub use crate::run::produce::{ProduceFailure, RunFailure};
 pub use crate::run::runtime::RunError;
+pub use crate::run::tools::ToolError;
 pub use crate::session::branch::{ForkError, MergeError};
 pub use crate::session::connect::ConnectError;
 pub use crate::session::context::WriteError;

@@ -62,6 +62,7 @@ pub use run::effects::Effects;
 pub use run::handle::RuntimeHandle;
 pub use run::produce::{Agent, Produce, ProduceCall, ProduceError};
 pub use run::runtime::Runtime;
+pub use run::tools::{Acts, ActsWithApproval, Reads, Tool};
 pub use run::when;
 pub use session::connect::connect;
 pub use session::context::Context;
@@ -109,7 +110,7 @@ pub mod __private {
     pub use ::std::vec::Vec;
 
     pub use crate::{
-        Artifact, DeclaredOutput, DeclaredResource, EventKind, IntoProduce, IntoProduceResult, Kind, Produce,
-        ProduceCall, ProduceError,
+        Artifact, DeclaredOutput, DeclaredResource, DeclaredTool, EventKind, IntoProduce, IntoProduceResult, Kind,
+        Produce, ProduceCall, ProduceError,
     };
 }

@@ -203,6 +203,45 @@ fn uses_declares_each_resource_on_the_registration_and_as_an_impl() {
 }
 
 #[test]
+fn tools_declares_each_tool_as_an_impl_and_refuses_what_names_no_tool() {
+    let file = produce(
+        quote!(
+            Reply,
+            also_creates = [PendingAction],
+            tools = [IssueRefund, tools::Lookup]
+        ),
+        quote!(
+            async fn agent(call: ProduceCall<Ticket>) {}
+        ),
+    );
+    assert!(compile_errors(&file).is_empty());
+    let declarations: Vec<String> = file.items[3..].iter().map(text).collect();
+    assert_eq!(
+        declarations,
+        [
+            "impl :: reactifact_core :: __private :: DeclaredOutput < agent > for Reply { }",
+            "impl :: reactifact_core :: __private :: DeclaredOutput < agent > for PendingAction { }",
+            "impl :: reactifact_core :: __private :: DeclaredTool < agent > for IssueRefund { }",
+            "impl :: reactifact_core :: __private :: DeclaredTool < agent > for tools :: Lookup { }",
+        ]
+    );
+
+    let file = produce(
+        quote!(Reply, tools = [IssueRefund, &Lookup, IssueRefund]),
+        quote!(
+            async fn agent(call: ProduceCall<Ticket>) {}
+        ),
+    );
+    assert_eq!(
+        compile_errors(&file),
+        [
+            "name the tool type of produce `agent`: `tools = [IssueRefund]`, not `&Lookup`",
+            "tool `IssueRefund` is declared twice on produce `agent`; remove this one",
+        ]
+    );
+}
+
+#[test]
 fn uses_carries_the_produces_cfg_to_each_resource_impl() {
     let file = produce(
         quote!(uses = [Model]),

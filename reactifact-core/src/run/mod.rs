@@ -18,4 +18,5 @@ pub(crate) mod retries;
 pub(crate) mod runtime;
 pub(crate) mod serve;
 pub(crate) mod timers;
+pub(crate) mod tools;
 pub mod when;

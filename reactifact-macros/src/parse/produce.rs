@@ -20,6 +20,11 @@ pub(crate) enum RawArg {
         key: Ident,
         types: Punctuated<Type, Token![,]>,
     },
+    /// `tools = [IssueRefund, LookupOrder]`: the tools a model may call through the produce.
+    Tools {
+        key: Ident,
+        types: Punctuated<Type, Token![,]>,
+    },
     /// `name = "…"`.
     Name { key: Ident, value: LitStr },
     /// `when = <expr>`: a condition `Fn(&Snapshot, &Record<T>) -> bool`.
@@ -130,6 +135,18 @@ impl Parse for RawArg {
                     )
                 })?;
                 RawArg::Uses { key, types }
+            }
+            "tools" => {
+                let content;
+                bracketed!(content in input);
+                let types = Punctuated::parse_terminated(&content).map_err(|e| {
+                    syn::Error::new(
+                        e.span(),
+                        "expected a tool type: `tools` lists the tools a model may call through the produce, \
+                         separated by commas, e.g. `tools = [IssueRefund, LookupOrder]`",
+                    )
+                })?;
+                RawArg::Tools { key, types }
             }
             "name" => RawArg::Name {
                 key,

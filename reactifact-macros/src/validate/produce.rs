@@ -20,6 +20,8 @@ pub(crate) struct ProduceModel {
     pub(crate) outputs: Vec<Type>,
     /// The `uses = [..]` resources, in order, without duplicates.
     pub(crate) resources: Vec<Type>,
+    /// The `tools = [..]` tools, in order, without duplicates.
+    pub(crate) tools: Vec<Type>,
     /// The `when = …` condition.
     pub(crate) condition: Option<Expr>,
     /// The `on = [..]` event kinds, as the names of `EventKind` variants, spanned on each.
@@ -44,19 +46,22 @@ pub(crate) struct Invalid {
     /// The resources that could be read, still declared so that their uses in the body are
     /// checked and their imports stay used.
     pub(crate) resources: Vec<Type>,
+    /// The tools that could be read, still declared for the same reason.
+    pub(crate) tools: Vec<Type>,
     pub(crate) krate: syn::Path,
     pub(crate) error: syn::Error,
 }
 
 /// The options `#[produce]` accepts, for messages.
 const OPTIONS: &str =
-    "`also_creates = [..]`, `uses = [..]`, `name = \"…\"`, `when = <condition>`, `on = [..]`, `debounce`, `stale`, \
+    "`also_creates = [..]`, `uses = [..]`, `tools = [..]`, `name = \"…\"`, `when = <condition>`, `on = [..]`, `debounce`, `stale`, \
      `key = <key>`, `join(P, key = ..)`, `absent(P, key = ..)` or `crate = path`";
 
 /// Every option's name, for "did you mean" hints.
 const OPTION_NAMES: &[&str] = &[
     "also_creates",
     "uses",
+    "tools",
     "name",
     "when",
     "on",
@@ -97,6 +102,7 @@ pub(crate) fn validate(input: ProduceInput) -> Result<ProduceModel, Box<Invalid>
             declared_call,
             outputs: options.outputs,
             resources: options.resources,
+            tools: options.tools,
             condition: options.condition,
             on: options.on,
             debounce: options.debounce,
@@ -113,6 +119,7 @@ pub(crate) fn validate(input: ProduceInput) -> Result<ProduceModel, Box<Invalid>
             function,
             outputs: options.outputs,
             resources: options.resources,
+            tools: options.tools,
             krate,
             error: error.unwrap_or_else(|| syn::Error::new(proc_macro2::Span::call_site(), "invalid produce")),
         })),
@@ -123,6 +130,7 @@ pub(crate) fn validate(input: ProduceInput) -> Result<ProduceModel, Box<Invalid>
 struct Options {
     outputs: Vec<Type>,
     resources: Vec<Type>,
+    tools: Vec<Type>,
     name: Option<String>,
     condition: Option<Expr>,
     on: Option<Vec<Ident>>,
@@ -177,6 +185,7 @@ fn check_args(args: RawArgs, produce: &Ident, errors: &mut Errors) -> Options {
             }
             RawArg::AlsoCreates { key, .. }
             | RawArg::Uses { key, .. }
+            | RawArg::Tools { key, .. }
             | RawArg::Name { key, .. }
             | RawArg::When { key, .. }
             | RawArg::Crate { key, .. }
@@ -213,6 +222,11 @@ fn check_args(args: RawArgs, produce: &Ident, errors: &mut Errors) -> Options {
             RawArg::Uses { types, .. } => {
                 for ty in types {
                     push_resource(&mut options.resources, ty, produce, errors);
+                }
+            }
+            RawArg::Tools { types, .. } => {
+                for ty in types {
+                    push_tool(&mut options.tools, ty, produce, errors);
                 }
             }
             RawArg::Name { value, .. } => {
@@ -401,6 +415,25 @@ fn push_resource(resources: &mut Vec<Type>, ty: Type, produce: &Ident, errors: &
         );
     } else {
         resources.push(ty);
+    }
+}
+
+/// Adds a tool of `tools = [..]`, refusing one listed already and what cannot name a tool
+/// type.
+fn push_tool(tools: &mut Vec<Type>, ty: Type, produce: &Ident, errors: &mut Errors) {
+    let text = display(&ty);
+    if matches!(ty, Type::Reference(_) | Type::Infer(_) | Type::ImplTrait(_)) {
+        errors.spanned(
+            &ty,
+            format_args!("name the tool type of produce `{produce}`: `tools = [IssueRefund]`, not `{text}`"),
+        );
+    } else if tools.iter().any(|t| display(t) == text) {
+        errors.spanned(
+            &ty,
+            format_args!("tool `{text}` is declared twice on produce `{produce}`; remove this one"),
+        );
+    } else {
+        tools.push(ty);
     }
 }
 
