@@ -43,10 +43,11 @@ pub mod runtime;
 mod session;
 mod state;
 pub mod store;
+pub mod tools;
 
 // The everyday names, the ones README.md and the guides use. Every other name lives in the
 // module of its audience: `prelude` (a glob import of the everyday names), `runtime` (options,
-// reports, the handle and the values a run meets), `branch`, `ledger` (operators), `audit`,
+// reports, the handle and the values a run meets), `tools` (tools a model calls), `branch`, `ledger` (operators), `audit`,
 // `store` (implementers of a backend) and `error`.
 pub use model::action::{ActionKey, Intent, PendingAction};
 pub use model::artifact::{Artifact, ArtifactId, Record};
@@ -62,7 +63,6 @@ pub use run::effects::Effects;
 pub use run::handle::RuntimeHandle;
 pub use run::produce::{Agent, Produce, ProduceCall, ProduceError};
 pub use run::runtime::Runtime;
-pub use run::tools::{Acts, ActsWithApproval, Reads, Tool};
 pub use run::when;
 pub use session::connect::connect;
 pub use session::context::Context;
@@ -109,8 +109,9 @@ pub mod __private {
     pub use ::std::boxed::Box;
     pub use ::std::vec::Vec;
 
+    pub use crate::tools::DeclaredTool;
     pub use crate::{
-        Artifact, DeclaredOutput, DeclaredResource, DeclaredTool, EventKind, IntoProduce, IntoProduceResult, Kind,
-        Produce, ProduceCall, ProduceError,
+        Artifact, DeclaredOutput, DeclaredResource, EventKind, IntoProduce, IntoProduceResult, Kind, Produce,
+        ProduceCall, ProduceError,
     };
 }

@@ -23,7 +23,6 @@ pub use crate::run::runtime::{
     Budget, ProduceErrors, ProduceUsage, RuntimeBuilder, TurnOutcome, TurnReport, MAX_CONFLICT_RETRIES,
 };
 pub use crate::run::serve::ServeReport;
-pub use crate::run::tools::{tool_key, Acting, DeclaredTool, Reading, ToolEffect, ToolIntent, ToolKind};
 pub use crate::session::context::Transaction;
 pub use crate::state::writes::Writes;
 

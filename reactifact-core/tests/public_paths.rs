@@ -6,8 +6,9 @@
 use std::path::{Path, PathBuf};
 
 /// The modules of the crate a path may go through.
-const MODULES: [&str; 11] = [
+const MODULES: [&str; 12] = [
     "prelude",
+    "tools",
     "runtime",
     "branch",
     "ledger",

@@ -5,12 +5,11 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use reactifact_core::error::ToolError;
 use reactifact_core::ledger::DeliveryStatus;
-use reactifact_core::runtime::tool_key;
+use reactifact_core::tools::{tool_key, Acts, ActsWithApproval, Reads, Tool, ToolError};
 use reactifact_core::{
-    produce, Acts, ActsWithApproval, Agent, Artifact, ArtifactId, Context, DispatchError, Intent, PendingAction,
-    ProduceCall, ProduceError, Reads, Runtime, Tool,
+    produce, Agent, Artifact, ArtifactId, Context, DispatchError, Intent, PendingAction, ProduceCall, ProduceError,
+    Runtime,
 };
 use serde::{Deserialize, Serialize};
 

@@ -35,7 +35,7 @@ use crate::run::produce::ProduceCall;
 /// reading through one that acts, does not compile.
 ///
 /// ```
-/// use reactifact_core::{Acts, Tool};
+/// use reactifact_core::tools::{Acts, Tool};
 /// use serde::{Deserialize, Serialize};
 ///
 /// /// Refunds an order, in cents.
