@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use reactifact_core::runtime::{Generation, Version};
+use reactifact_core::runtime::{Generation, Usage, Version};
 use reactifact_core::{Agent, Artifact, Context, PendingAction, Produce, ProduceCall, ProduceError, Runtime};
 use serde::{Deserialize, Serialize};
 
@@ -197,4 +197,102 @@ async fn the_audit_export_has_one_json_line_per_generation() {
     let second = parsed.last().unwrap();
     assert_eq!(second["runs"][0]["intents"].as_array().unwrap().len(), 0);
     assert_eq!(second["runs"][1]["intents"][0]["kind"], "email");
+}
+
+/// Drafts a thank-you note for a receipt with a model (a recorded model call), and emails it.
+fn draft_thanks() -> Produce {
+    Produce::new("draft_thanks", |call: ProduceCall<Receipt>| async move {
+        let prompt = format!("thank the customer for {}", call.trigger.data.order);
+        let text: String = call
+            .record_model("draft", "small-model", prompt, move |prompt: String| async move {
+                Ok::<_, std::io::Error>((format!("Dear customer: {prompt}"), Usage::tokens(12, 34)))
+            })
+            .await?;
+        call.effects.act("thanks", format!("thanks:{}", call.trigger.id), &text);
+        Ok::<(), ProduceError>(())
+    })
+    .creates::<PendingAction>()
+}
+
+#[tokio::test]
+async fn why_names_the_recorded_model_call_and_follows_the_triggers_back_to_the_outside_write() {
+    let recorder = Recorder::default();
+    let mut ctx = Context::new("shop");
+    ctx.create("order:1", order("ada", 1200)).unwrap();
+    // A second version of the order: the chain must name the version the receipt was made of.
+    ctx.update("order:1", order("ada", 1500)).unwrap();
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("billing").produce(process_order()))
+        .agent(Agent::new("writer").produce(draft_thanks()))
+        .dispatcher(recorder.dispatcher())
+        .build()
+        .unwrap();
+    rt.run().await.unwrap();
+    rt.settle().await.unwrap();
+    let ctx = rt.context();
+    let why = ctx
+        .provenance("thanks:receipt:order:1")
+        .await
+        .unwrap()
+        .expect("the intent has a provenance");
+    assert_eq!(why.produce(), Some("draft_thanks"));
+    let [call] = why.calls() else {
+        panic!("one recorded call: {:?}", why.calls());
+    };
+    assert_eq!(
+        (&*call.name, call.model.as_deref(), call.usage),
+        ("draft", Some("small-model"), Usage::tokens(12, 34))
+    );
+    assert!(call.answer_bytes().is_some(), "the answer is recorded");
+
+    let [receipt, order_write] = &why.chain[..] else {
+        panic!("two causes: {:#?}", why.chain);
+    };
+    assert_eq!(receipt.record.produce.as_deref(), Some("process_order"));
+    assert_eq!(receipt.wrote.id.as_str(), "receipt:order:1");
+    assert_eq!(
+        receipt.record.trigger.as_ref().map(|t| (t.id.as_str(), t.version)),
+        Some(("order:1", Version(2)))
+    );
+    assert!(order_write.is_outside_write());
+    assert_eq!(
+        (
+            order_write.wrote.id.as_str(),
+            order_write.wrote.version,
+            order_write.generation
+        ),
+        ("order:1", Version(2), Generation(2)),
+        "the write of the version the receipt was made of, not the first"
+    );
+    assert!(why.started_by().is_some());
+    let text = why.to_string();
+    assert!(text.contains("calling `draft` (small-model)"), "{text}");
+    assert!(
+        text.contains("`order:1` version 2 was written from outside in commit 2"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_recorded_model_name_survives_a_reopen_of_a_sqlite_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shop.db");
+    let recorder = Recorder::default();
+    let mut ctx = Context::open(&path, "shop").unwrap();
+    ctx.create("order:1", order("ada", 1200)).unwrap();
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("billing").produce(process_order()))
+        .agent(Agent::new("writer").produce(draft_thanks()))
+        .dispatcher(recorder.dispatcher())
+        .build()
+        .unwrap();
+    rt.run().await.unwrap();
+    rt.settle().await.unwrap();
+    drop(rt);
+    let ctx = Context::open(&path, "shop").unwrap();
+    ctx.verify()
+        .expect("the log verifies with the model in its hashed records");
+    let why = ctx.provenance("thanks:receipt:order:1").await.unwrap().unwrap();
+    assert_eq!(why.calls()[0].model.as_deref(), Some("small-model"));
+    assert_eq!(why.chain.len(), 2);
 }

@@ -1,8 +1,9 @@
 //! `why` and `graph`: an intent's provenance — the commit and run that recorded it, its
 //! trigger and reads, and its delivery — as text, JSON, Mermaid or DOT.
 
-use reactifact_core::audit::Provenance;
+use reactifact_core::audit::{Cause, Provenance};
 use reactifact_core::ledger::Delivery;
+use reactifact_core::runtime::{CallOutcome, RecordedCall};
 use reactifact_core::Context;
 use serde_json::json;
 
@@ -63,6 +64,8 @@ pub fn why(env: &Env, key: &str, session: Option<&str>) -> Outcome {
             "delivery": p.delivery.as_ref().map(delivery_json),
             "requires_approval": p.requires_approval,
             "decision": decision_json(p.decision()),
+            "calls": p.calls().iter().map(call_json).collect::<Vec<_>>(),
+            "chain": p.chain.iter().map(cause_json).collect::<Vec<_>>(),
         }));
         return Ok(());
     }
@@ -95,6 +98,8 @@ pub fn why(env: &Env, key: &str, session: Option<&str>) -> Outcome {
             ),
         ),
         ("reads", reads),
+        ("calls", calls_line(p.calls())),
+        ("chain", chain_line(&p.chain)),
         (
             "approval",
             match (p.requires_approval, p.decision()) {
@@ -112,6 +117,96 @@ pub fn why(env: &Env, key: &str, session: Option<&str>) -> Outcome {
         ),
     ]);
     Ok(())
+}
+
+/// A recorded call as `why --json` shows it: its name, the model asked, the tokens and cost it
+/// used, its request's hash and how it ended (with its answer's hash).
+fn call_json(call: &RecordedCall) -> serde_json::Value {
+    let (outcome, answer) = match &call.outcome {
+        CallOutcome::Answered { hash, .. } => ("answered", Some(hash.to_string())),
+        CallOutcome::Failed { .. } => ("failed", None),
+        CallOutcome::Unrecordable { .. } => ("unrecordable", None),
+        CallOutcome::Abandoned => ("abandoned", None),
+        _ => ("other", None),
+    };
+    json!({
+        "name": &*call.name,
+        "model": call.model.as_deref(),
+        "tokens_in": call.usage.tokens_in,
+        "tokens_out": call.usage.tokens_out,
+        "cost": call.usage.cost,
+        "request": call.request.to_string(),
+        "outcome": outcome,
+        "answer": answer,
+    })
+}
+
+/// A cause of the chain as `why --json` shows it.
+fn cause_json(cause: &Cause<'_>) -> serde_json::Value {
+    let record = cause.record;
+    json!({
+        "generation": cause.generation.0,
+        "commit": cause.commit.to_string(),
+        "run": cause.run,
+        "agent": record.agent.as_deref(),
+        "produce": record.produce.as_deref(),
+        "outside_write": cause.is_outside_write(),
+        "wrote": {"id": cause.wrote.id.as_str(), "version": cause.wrote.version.0, "hash": cause.wrote.hash.to_string()},
+        "trigger": record.trigger.as_ref().map(|t| json!({"id": t.id.as_str(), "version": t.version.0, "hash": t.hash.to_string()})),
+        "calls": record.calls.iter().map(call_json).collect::<Vec<_>>(),
+    })
+}
+
+/// The run's recorded calls on one line: `draft (small-model, 12+34 tokens, answer 1a2b3c4d5e6f)`.
+fn calls_line(calls: &[RecordedCall]) -> String {
+    if calls.is_empty() {
+        return "none".to_owned();
+    }
+    calls
+        .iter()
+        .map(|call| {
+            let mut parts = Vec::new();
+            if let Some(model) = &call.model {
+                parts.push(model.to_string());
+            }
+            if !call.usage.is_zero() {
+                parts.push(format!("{}+{} tokens", call.usage.tokens_in, call.usage.tokens_out));
+            }
+            parts.push(match &call.outcome {
+                CallOutcome::Answered { hash, .. } => format!("answer {}", hash.short()),
+                CallOutcome::Failed { .. } => "failed".to_owned(),
+                CallOutcome::Unrecordable { .. } => "unrecordable".to_owned(),
+                _ => "abandoned".to_owned(),
+            });
+            format!("{} ({})", call.name, parts.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The chain back to the outside write, nearest first:
+/// `receipt:order:1 v1 by billing/process_order (commit 2) ← order:1 v1 written from outside (commit 1)`.
+fn chain_line(chain: &[Cause<'_>]) -> String {
+    if chain.is_empty() {
+        return "none recorded in this session".to_owned();
+    }
+    let mut line = chain
+        .iter()
+        .map(|cause| {
+            let wrote = format!("{} v{}", cause.wrote.id, cause.wrote.version.0);
+            match (cause.record.agent.as_deref(), cause.record.produce.as_deref()) {
+                (Some(agent), Some(produce)) => {
+                    format!("{wrote} by {agent}/{produce} (commit {})", cause.generation.0)
+                }
+                _ => format!("{wrote} written from outside (commit {})", cause.generation.0),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ← ");
+    if chain.last().is_some_and(|cause| !cause.is_outside_write()) {
+        line.push_str(" ← (earlier runs are not in this session's log)");
+    }
+    line
 }
 
 /// `graph KEY`: trigger → run → intent, reads → run.

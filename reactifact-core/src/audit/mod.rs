@@ -15,6 +15,6 @@ pub use crate::model::patch::{Op, PutMode};
 pub use crate::state::commit::{Commit, Read, RunRecord, Runs, TriggerRef};
 pub use crate::state::refold::VerifyError;
 pub use inspect::StoredArtifact;
-pub use provenance::{content_key, Provenance};
+pub use provenance::{content_key, Cause, Provenance};
 pub use replay::{testing, Difference, Divergence, ReplayError, ReplayReport};
 pub use verify::{verify_log, TimeTravelError, VerifyReport};

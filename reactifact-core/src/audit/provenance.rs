@@ -6,9 +6,10 @@ use sha2::{Digest, Sha256};
 
 use crate::model::action::{ActionKey, Origin};
 use crate::model::artifact::{ArtifactId, Generation, Record};
+use crate::model::call::RecordedCall;
 use crate::model::delivery::{Decision, Delivery};
 use crate::model::hash::{self, CommitHash, ContentHash};
-use crate::model::patch::Op;
+use crate::model::patch::{Op, PutMode};
 use crate::session::context::Context;
 use crate::state::commit::{Commit, Read, RunRecord, TriggerRef};
 use crate::state::refold::VerifyError;
@@ -77,6 +78,38 @@ pub struct Provenance<'a> {
     /// ([`Effects::act_with_approval`](crate::Effects::act_with_approval)), as the hashed
     /// `PendingAction` of the commit says.
     pub requires_approval: bool,
+    /// The chain of runs behind the run that recorded the intent, nearest first: the run
+    /// that wrote the content of its trigger, then the run that wrote the content of *that*
+    /// run's trigger, and so on back to the outside write that started it (a run with no
+    /// produce: [`Cause::is_outside_write`]). The chain stops early — its last cause has a
+    /// trigger — when this log does not hold the run that wrote a trigger (it was written on
+    /// another branch before a merge, or before the first commit this log keeps).
+    pub chain: Vec<Cause<'a>>,
+}
+
+/// One run in the chain behind an intent ([`Provenance::chain`]): the run that wrote the
+/// content a later run was triggered by.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Cause<'a> {
+    /// The commit (generation) of the run.
+    pub generation: Generation,
+    /// That commit's hash.
+    pub commit: CommitHash,
+    /// The index of the run in the commit.
+    pub run: usize,
+    /// The run: agent, produce, its own trigger, operations, reads and recorded calls.
+    pub record: &'a RunRecord,
+    /// What it wrote that triggered the next run of the chain: the id, version and content.
+    pub wrote: TriggerRef,
+}
+
+impl Cause<'_> {
+    /// Whether the run is a write from outside the produces (`ctx.create`, a handle's write,
+    /// an import): where the chain starts.
+    pub fn is_outside_write(&self) -> bool {
+        self.record.produce.is_none()
+    }
 }
 
 impl Provenance<'_> {
@@ -105,6 +138,73 @@ impl Provenance<'_> {
     pub fn decision(&self) -> Option<&Decision> {
         self.delivery.as_ref().and_then(Delivery::decision)
     }
+
+    /// The calls the run recorded ([`ProduceCall::record`](crate::ProduceCall::record) and
+    /// its kin: a model's answer, a tool's, the clock), in the order asked: each with its
+    /// name, the model asked (if recorded with one), the tokens it used and its answer's hash.
+    pub fn calls(&self) -> &[RecordedCall] {
+        &self.record.calls
+    }
+
+    /// The outside write the chain starts from, if this log holds the whole chain.
+    pub fn started_by(&self) -> Option<&Cause<'_>> {
+        self.chain.last().filter(|cause| cause.is_outside_write())
+    }
+}
+
+/// The run of `log`, before generation `before`, that last wrote the content `trigger` names:
+/// the newest run that put `trigger.id` with that content hash while the id held other
+/// content (or none). A put of the same content again (a refresh), or a create-once of an id
+/// that exists, changes nothing, so it is not the cause.
+fn writer_of<'a>(log: &'a [Commit], before: Generation, trigger: &TriggerRef) -> Option<(&'a Commit, usize)> {
+    let mut current: Option<&ContentHash> = None;
+    let mut writer = None;
+    for commit in log.iter().take_while(|commit| commit.generation < before) {
+        for (at, run) in commit.runs.iter().enumerate() {
+            for op in &run.ops {
+                match op {
+                    Op::Put { mode, id, hash, .. } if *id == trigger.id => {
+                        let skipped = *mode == PutMode::CreateOnce && current.is_some();
+                        if !skipped && current != Some(hash) {
+                            current = Some(hash);
+                            writer = (*hash == trigger.hash).then_some((commit, at));
+                        }
+                    }
+                    Op::Delete { id } if *id == trigger.id => {
+                        current = None;
+                        writer = None;
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    writer.filter(|_| current == Some(&trigger.hash))
+}
+
+/// The chain of runs behind `record` (see [`Provenance::chain`]), each found in `log` before
+/// the commit of the run it caused. Bounded by the log's length: each cause is in an earlier
+/// commit than the run it caused.
+fn chain_of<'a>(log: &'a [Commit], generation: Generation, record: &RunRecord) -> Vec<Cause<'a>> {
+    let mut chain: Vec<Cause<'a>> = Vec::new();
+    let mut trigger = record.trigger.clone();
+    let mut before = generation;
+    while let Some(wrote) = trigger {
+        let Some((commit, run)) = writer_of(log, before, &wrote) else {
+            break;
+        };
+        let record = &commit.runs[run];
+        trigger = record.trigger.clone();
+        before = commit.generation;
+        chain.push(Cause {
+            generation: commit.generation,
+            commit: commit.hash,
+            run,
+            record,
+            wrote,
+        });
+    }
+    chain
 }
 
 impl fmt::Display for Provenance<'_> {
@@ -139,6 +239,33 @@ impl fmt::Display for Provenance<'_> {
                     Some(v) => write!(f, "`{}` version {}", read.id, v.0)?,
                     None => write!(f, "`{}` (absent)", read.id)?,
                 }
+            }
+        }
+        if !self.calls().is_empty() {
+            f.write_str(", calling ")?;
+            for (i, call) in self.calls().iter().enumerate() {
+                if i > 0 {
+                    f.write_str(", ")?;
+                }
+                write!(f, "`{}`", call.name)?;
+                if let Some(model) = &call.model {
+                    write!(f, " ({model})")?;
+                }
+            }
+        }
+        for cause in &self.chain {
+            let wrote = &cause.wrote;
+            match (cause.record.agent.as_deref(), cause.record.produce.as_deref()) {
+                (Some(agent), Some(produce)) => write!(
+                    f,
+                    "; `{}` version {} was written by {agent}/{produce} in commit {}",
+                    wrote.id, wrote.version.0, cause.generation.0
+                )?,
+                _ => write!(
+                    f,
+                    "; `{}` version {} was written from outside in commit {}",
+                    wrote.id, wrote.version.0, cause.generation.0
+                )?,
             }
         }
         if self.requires_approval {
@@ -245,6 +372,7 @@ impl Context {
             record,
             delivery: self.ledger().get(key).await?,
             requires_approval,
+            chain: chain_of(log, generation, record),
         }))
     }
 }

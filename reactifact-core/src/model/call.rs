@@ -100,6 +100,10 @@ pub struct RecordedCall {
     pub outcome: CallOutcome,
     /// What it reported it used (zero for a call that reports nothing).
     pub usage: Usage,
+    /// The model it asked, for a call recorded with
+    /// [`ProduceCall::record_model`](crate::ProduceCall::record_model) (`None` otherwise).
+    /// Inside the commit hash when set; a call without it hashes as before it existed.
+    pub model: Option<Arc<str>>,
 }
 
 /// How a recorded call ended.
@@ -156,6 +160,7 @@ impl fmt::Debug for RecordedCall {
             .field("request", &format_args!("{}", self.request.short()))
             .field("outcome", &self.outcome)
             .field("usage", &self.usage)
+            .field("model", &self.model)
             .finish()
     }
 }
@@ -191,6 +196,8 @@ impl Serialize for RecordedCall {
             abandoned: bool,
             #[serde(skip_serializing_if = "Usage::is_zero")]
             usage: Usage,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            model: Option<&'a str>,
         }
         let mut hashed = Hashed {
             name: &self.name,
@@ -200,6 +207,7 @@ impl Serialize for RecordedCall {
             unrecordable: None,
             abandoned: false,
             usage: self.usage,
+            model: self.model.as_deref(),
         };
         match &self.outcome {
             CallOutcome::Answered { hash, .. } => hashed.answer = Some(hash),

@@ -515,6 +515,7 @@ impl CallLog {
                             bytes: bytes.clone(),
                         },
                         usage,
+                        model: None,
                     }));
                     self.spent += usage;
                     return Asked::Answered(bytes);
@@ -529,7 +530,7 @@ impl CallLog {
     }
 
     /// Records how the call in `slot` ended.
-    fn answer(&mut self, slot: usize, outcome: CallOutcome, usage: Usage) {
+    fn answer(&mut self, slot: usize, outcome: CallOutcome, usage: Usage, model: Option<Arc<str>>) {
         let Some(entry) = self.asked.get_mut(slot) else {
             return;
         };
@@ -554,6 +555,7 @@ impl CallLog {
             request: *request,
             outcome,
             usage,
+            model,
         });
     }
 
@@ -617,6 +619,7 @@ impl CallLog {
                         request,
                         outcome: CallOutcome::Abandoned,
                         usage: Usage::ZERO,
+                        model: None,
                     },
                 })
                 .collect(),
@@ -707,6 +710,7 @@ impl RunCalls<'_> {
         name: &str,
         request: Result<(Vec<u8>, ContentHash), CallError>,
         metered: bool,
+        model: Option<Arc<str>>,
         make: F,
     ) -> Result<A, CallError>
     where
@@ -735,7 +739,7 @@ impl RunCalls<'_> {
                         hash: content_hash(&bytes),
                         bytes: bytes.into(),
                     };
-                    let _ = self.with(name, |log| log.answer(slot, outcome, usage));
+                    let _ = self.with(name, |log| log.answer(slot, outcome, usage, model));
                     Ok(answer)
                 }
                 None => {
@@ -744,7 +748,7 @@ impl RunCalls<'_> {
                         std::any::type_name::<A>()
                     );
                     let outcome = CallOutcome::Unrecordable { error: error.clone() };
-                    let _ = self.with(name, |log| log.answer(slot, outcome, usage));
+                    let _ = self.with(name, |log| log.answer(slot, outcome, usage, model));
                     Err(CallError::Answer {
                         call: name.to_owned(),
                         error,
@@ -756,7 +760,7 @@ impl RunCalls<'_> {
                 let outcome = CallOutcome::Failed {
                     error: source.to_string(),
                 };
-                let _ = self.with(name, |log| log.answer(slot, outcome, Usage::ZERO));
+                let _ = self.with(name, |log| log.answer(slot, outcome, Usage::ZERO, model));
                 Err(CallError::Failed {
                     call: name.to_owned(),
                     source,
@@ -788,7 +792,7 @@ impl RunCalls<'_> {
                         error: format!("`{}` does not encode", std::any::type_name::<A>()),
                     },
                 };
-                let _ = self.with(name, |log| log.answer(slot, outcome, Usage::ZERO));
+                let _ = self.with(name, |log| log.answer(slot, outcome, Usage::ZERO, None));
                 answer
             }
             // A miss is recorded (the oracle reports it); the run goes on with a fresh value.
@@ -901,7 +905,7 @@ impl<T, D> ProduceCall<T, D> {
         let call = call.bind(request);
         let make = move || async move { call().await.map(|answer| (answer, Usage::ZERO)) };
         // It reports no usage, so no budget refuses it.
-        async move { RunCalls(&self.buffer).call(name, encoded, false, make).await }
+        async move { RunCalls(&self.buffer).call(name, encoded, false, None, make).await }
     }
 
     /// A recorded call, like [`record`](ProduceCall::record), whose closure also reports what it
@@ -930,7 +934,37 @@ impl<T, D> ProduceCall<T, D> {
     {
         let encoded = checked(name).and_then(|()| request_of(name, &request));
         let make = call.bind(request);
-        async move { RunCalls(&self.buffer).call(name, encoded, true, make).await }
+        async move { RunCalls(&self.buffer).call(name, encoded, true, None, make).await }
+    }
+
+    /// A call to a model: a metered call, like [`record_metered`](ProduceCall::record_metered),
+    /// that also keeps the name of the model asked with the call
+    /// ([`RecordedCall::model`](crate::runtime::RecordedCall::model)), so that the run's
+    /// provenance (`reactifact why`) names it beside the call's tokens. The model's name is
+    /// not part of what identifies the call: put it in `request` too, so that asking another
+    /// model is another call.
+    ///
+    /// # Errors
+    /// As [`record_metered`](ProduceCall::record_metered).
+    pub fn record_model<'a, Q, A, E, F, M>(
+        &'a self,
+        name: &'a str,
+        model: &str,
+        request: Q,
+        call: F,
+    ) -> impl Future<Output = Result<A, CallError>> + 'a
+    where
+        Q: Serialize + 'a,
+        A: Serialize + DeserializeOwned + 'a,
+        E: Into<BoxError> + 'a,
+        M: 'a,
+        F: CallFn<Q, M> + 'a,
+        F::Future: Future<Output = Result<(A, Usage), E>> + 'a,
+    {
+        let encoded = checked(name).and_then(|()| request_of(name, &request));
+        let make = call.bind(request);
+        let model = Some(Arc::from(model));
+        async move { RunCalls(&self.buffer).call(name, encoded, true, model, make).await }
     }
 
     /// The time now, as a recorded call (`reactifact.now`): a retry and a replay of this run
@@ -1069,6 +1103,7 @@ mod tests {
                 bytes,
             },
             usage: Usage::ZERO,
+            model: None,
         }]
     }
 
@@ -1101,7 +1136,7 @@ mod tests {
     /// Asks for a call that is to be made, and answers it with `usage`.
     fn made(log: &mut CallLog, name: &str, request: &[u8], metered: bool, usage: Usage) {
         match log.ask(name, content_hash(request), request, metered) {
-            Asked::Make(slot) => log.answer(slot, answer_to(request), usage),
+            Asked::Make(slot) => log.answer(slot, answer_to(request), usage, None),
             _ => panic!("`{name}` is to be made"),
         }
     }
@@ -1117,6 +1152,7 @@ mod tests {
             request: content_hash(b"q1"),
             outcome: answer_to(b"q1"),
             usage: Usage::tokens(1_000, 100).with_cost(50),
+            model: None,
         }];
         let mut log = CallLog::live(prior, None, true).expect("a log with a prior answer");
         assert!(matches!(
@@ -1135,6 +1171,7 @@ mod tests {
                     error: "503".to_owned(),
                 },
                 Usage::ZERO,
+                None,
             ),
             _ => panic!("`rerank` is to be made"),
         }
@@ -1188,6 +1225,7 @@ mod tests {
                     bytes: bytes.clone(),
                 },
                 usage: Usage::ZERO,
+                model: None,
             }]
         };
         cache.keep(key(0), call(&big));

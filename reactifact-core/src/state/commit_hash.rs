@@ -313,6 +313,7 @@ mod tests {
                     bytes: Arc::from(&b"\xa6answer"[..]),
                 },
                 usage: Usage::tokens(12, 34),
+                model: Some(Arc::from("gpt-4o-mini")),
             },
             RecordedCall {
                 name: Arc::from("reactifact.now"),
@@ -321,6 +322,7 @@ mod tests {
                     error: "timeout".into(),
                 },
                 usage: Usage::ZERO,
+                model: None,
             },
         ];
         records.push(watching.clone());

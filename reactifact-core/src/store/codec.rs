@@ -56,6 +56,9 @@ struct CallRepr<'a> {
     #[serde(borrow)]
     outcome: OutcomeRepr<'a>,
     usage: (u64, u64, u64),
+    /// Last and left out when `None`, so a call without a model encodes as it did before.
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    model: Option<Cow<'a, str>>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -78,6 +81,7 @@ impl<'a> CallRepr<'a> {
                 CallOutcome::Abandoned => OutcomeRepr::Abandoned,
             },
             usage: (call.usage.tokens_in, call.usage.tokens_out, call.usage.cost),
+            model: call.model.as_deref().map(Cow::Borrowed),
         }
     }
 
@@ -104,6 +108,7 @@ impl<'a> CallRepr<'a> {
                 tokens_out,
                 cost,
             },
+            model: self.model.map(|model| Arc::from(&*model)),
         }
     }
 }
