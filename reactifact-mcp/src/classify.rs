@@ -58,13 +58,25 @@ mod tests {
     #[test]
     fn codes_are_classified_as_documented() {
         for code in [PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS] {
-            assert_eq!(Classification::default_for_code(code), Classification::Permanent, "{code}");
+            assert_eq!(
+                Classification::default_for_code(code),
+                Classification::Permanent,
+                "{code}"
+            );
         }
         for code in [RESOURCE_NOT_FOUND, URL_ELICITATION_REQUIRED, 1, 0, -1, -31999, -32100] {
-            assert_eq!(Classification::default_for_code(code), Classification::Permanent, "{code}");
+            assert_eq!(
+                Classification::default_for_code(code),
+                Classification::Permanent,
+                "{code}"
+            );
         }
         for code in [INTERNAL_ERROR, -32000, -32001, -32099] {
-            assert_eq!(Classification::default_for_code(code), Classification::Retryable, "{code}");
+            assert_eq!(
+                Classification::default_for_code(code),
+                Classification::Retryable,
+                "{code}"
+            );
         }
     }
 }

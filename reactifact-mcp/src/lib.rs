@@ -121,3 +121,8 @@ pub use read::ToolAnswer;
 pub use reqwest;
 /// The MCP SDK, re-exported at the version this crate uses.
 pub use rmcp;
+
+/// The examples of the MCP guide (`docs/mcp.md`), compiled as doctests.
+#[doc = include_str!("../../docs/mcp.md")]
+#[cfg(doctest)]
+pub struct McpGuideDoctests;

@@ -143,7 +143,11 @@ async fn a_retry_after_a_failure_carries_the_same_key() {
     let mut rt = runtime(dispatcher(&server), &["ada"]);
     rt.run().await.unwrap();
     let delivery = rt.context().ledger().get("notify:order:0").await.unwrap().unwrap();
-    assert_eq!(delivery.status(), DeliveryStatus::Failed, "an internal error is retried");
+    assert_eq!(
+        delivery.status(),
+        DeliveryStatus::Failed,
+        "an internal error is retried"
+    );
     let error = delivery.last_error().unwrap();
     assert!(error.contains("-32603") && error.contains("send_email"), "{error}");
 
@@ -216,7 +220,10 @@ async fn the_server_going_away_mid_call_is_retried_and_delivered_later() {
     assert_eq!(delivery.status(), DeliveryStatus::Delivered);
     let sent = keys_and_attempts(&server);
     assert_eq!(sent.first(), Some(&("notify:order:0".to_owned(), 1)));
-    assert_eq!(sent.last(), Some(&("notify:order:0".to_owned(), u64::from(delivery.attempts()))));
+    assert_eq!(
+        sent.last(),
+        Some(&("notify:order:0".to_owned(), u64::from(delivery.attempts())))
+    );
     assert!(sent.iter().all(|(key, _)| key == "notify:order:0"), "{sent:?}");
 }
 
@@ -229,7 +236,10 @@ async fn a_server_that_is_not_there_is_retried() {
     let delivery = rt.context().ledger().get("notify:order:0").await.unwrap().unwrap();
     assert_eq!(delivery.status(), DeliveryStatus::Failed, "retryable, not dead");
     let error = delivery.last_error().unwrap();
-    assert!(error.contains("connecting to mcp server") && error.contains(&server.url()), "{error}");
+    assert!(
+        error.contains("connecting to mcp server") && error.contains(&server.url()),
+        "{error}"
+    );
     server.start_again().await;
     rt.settle().await.unwrap();
     let delivery = rt.context().ledger().get("notify:order:0").await.unwrap().unwrap();
@@ -251,7 +261,10 @@ async fn an_unknown_tool_is_dead_at_once() {
     assert!(server.received().is_empty());
 
     let error = mcp.call_tool("notify", Default::default()).await.unwrap_err();
-    assert!(matches!(error, McpError::Rpc { code: -32602, .. }) && !error.is_retryable(), "{error}");
+    assert!(
+        matches!(error, McpError::Rpc { code: -32602, .. }) && !error.is_retryable(),
+        "{error}"
+    );
 }
 
 #[tokio::test]

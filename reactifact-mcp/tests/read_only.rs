@@ -115,7 +115,9 @@ async fn a_failed_read_is_not_recorded_and_names_the_tool() {
     let produce = Produce::new("ask", move |call: ProduceCall<Ticket>| {
         let (mcp, log) = (mcp.clone(), log.clone());
         async move {
-            let missing = mcp.call_read_only(&call, "no_such_tool", StockQuery { sku: "A-1" }).await;
+            let missing = mcp
+                .call_read_only(&call, "no_such_tool", StockQuery { sku: "A-1" })
+                .await;
             let not_an_object = mcp.call_read_only(&call, "stock", [1, 2]).await;
             for outcome in [missing, not_an_object] {
                 let error: Result<ToolAnswer, CallError> = outcome;
@@ -126,7 +128,10 @@ async fn a_failed_read_is_not_recorded_and_names_the_tool() {
     });
     let mut ctx = Context::new("t");
     ctx.create("ticket:1", Ticket { sku: "A-1".into() }).unwrap();
-    let mut rt = Runtime::builder(ctx).agent(Agent::new("a").produce(produce)).build().unwrap();
+    let mut rt = Runtime::builder(ctx)
+        .agent(Agent::new("a").produce(produce))
+        .build()
+        .unwrap();
     rt.run().await.unwrap();
     let errors = seen.lock().unwrap();
     let CallError::Failed { call, source } = &errors[0] else {
