@@ -161,8 +161,7 @@ impl WireAnswer {
 /// A 2xx body as an answer: the first choice; `Err` with the reason when it is not a chat
 /// completion or has no choice.
 pub(crate) fn parse(body: &[u8]) -> Result<ChatAnswer, String> {
-    let answer: WireAnswer =
-        serde_json::from_slice(body).map_err(|error| format!("not a chat completion: {error}"))?;
+    let answer: WireAnswer = serde_json::from_slice(body).map_err(|error| format!("not a chat completion: {error}"))?;
     let choice = answer
         .choices
         .into_iter()
@@ -186,7 +185,8 @@ mod tests {
 
     #[test]
     fn answers_parse_or_are_malformed() {
-        let full = br#"{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"bug"},"finish_reason":"stop"},
+        let full =
+            br#"{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"bug"},"finish_reason":"stop"},
             {"message":{"content":"other"}}],"usage":{"prompt_tokens":12,"completion_tokens":1,"total_tokens":13}}"#;
         assert_eq!(
             parse(full).unwrap(),

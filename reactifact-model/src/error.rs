@@ -54,7 +54,11 @@ pub enum BuildError {
 #[non_exhaustive]
 pub enum ModelError {
     /// The server answered with a status that is not a success.
-    #[error("model server {url} answered {status}{}{}", body_suffix(body), retry_suffix(retry_after))]
+    #[error(
+        "model server {url} answered {status}{}{}",
+        body_suffix(body),
+        retry_suffix(retry_after)
+    )]
     Status {
         /// The endpoint.
         url: String,
@@ -190,10 +194,18 @@ mod tests {
     #[test]
     fn messages_name_the_endpoint_status_body_and_delay() {
         assert_eq!(
-            ModelError::status("http://h/v1/chat/completions", 429, b"slow down", Some(Duration::from_secs(2)))
-                .to_string(),
+            ModelError::status(
+                "http://h/v1/chat/completions",
+                429,
+                b"slow down",
+                Some(Duration::from_secs(2))
+            )
+            .to_string(),
             "model server http://h/v1/chat/completions answered 429: slow down (retry after 2s)"
         );
-        assert_eq!(status(500).to_string(), "model server http://h/v1/chat/completions answered 500");
+        assert_eq!(
+            status(500).to_string(),
+            "model server http://h/v1/chat/completions answered 500"
+        );
     }
 }

@@ -347,4 +347,3 @@ fn add_headers(response: &mut Response, headers: &[(String, String)]) {
         }
     }
 }
-

@@ -88,7 +88,10 @@ impl TryFrom<WireToolCall> for ToolCall {
 
     fn try_from(wire: WireToolCall) -> Result<Self, String> {
         if wire.kind != "function" {
-            return Err(format!("tool call of type `{}`: only function calls are read", wire.kind));
+            return Err(format!(
+                "tool call of type `{}`: only function calls are read",
+                wire.kind
+            ));
         }
         let arguments = match wire.function.arguments {
             serde_json::Value::String(text) => text,

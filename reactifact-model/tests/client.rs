@@ -75,7 +75,11 @@ async fn a_text_answer_with_its_usage() {
 
 #[tokio::test]
 async fn an_answer_without_usage_counts_no_tokens_and_no_key_sends_no_authorization() {
-    let server = scripted(vec![Reply::status(200, r#"{"choices":[{"message":{"role":"assistant","content":"hi"}}]}"#)]).await;
+    let server = scripted(vec![Reply::status(
+        200,
+        r#"{"choices":[{"message":{"role":"assistant","content":"hi"}}]}"#,
+    )])
+    .await;
     let client = ChatClient::new(format!("{}/", server.base_url()), None).unwrap();
     let answer = client.complete(&request()).await.unwrap();
     assert_eq!(answer.usage, TokenUsage::default());
@@ -97,7 +101,11 @@ async fn tool_calls_are_parsed_and_the_conversation_is_sent_as_openai_expects() 
         ToolCall::new("call_a", "refund", r#"{"order": 17}"#),
         ToolCall::new("call_b", "lookup", r#"{"customer":"ada"}"#),
     ];
-    let server = scripted(vec![Reply::tool_calls(calls.clone(), 80, 24), Reply::text("Refunded.", 120, 2)]).await;
+    let server = scripted(vec![
+        Reply::tool_calls(calls.clone(), 80, 24),
+        Reply::text("Refunded.", 120, 2),
+    ])
+    .await;
     let client = client(&server);
     let mut ask = ChatRequest::new("gpt-test")
         .system("You are a support agent.")
@@ -111,7 +119,13 @@ async fn tool_calls_are_parsed_and_the_conversation_is_sent_as_openai_expects() 
     assert_eq!(first.content, None);
     assert_eq!(first.tool_calls, calls);
     assert_eq!(first.finish_reason, Some(FinishReason::ToolCalls));
-    assert_eq!(first.usage, TokenUsage { prompt_tokens: 80, completion_tokens: 24 });
+    assert_eq!(
+        first.usage,
+        TokenUsage {
+            prompt_tokens: 80,
+            completion_tokens: 24
+        }
+    );
     assert_eq!(first.tool_calls[0].parsed_arguments().unwrap(), json!({"order": 17}));
 
     ask.messages.push(first.message());
@@ -204,7 +218,10 @@ fn a_request_round_trips_and_equal_requests_encode_to_equal_bytes() {
         content: None,
         tool_calls: vec![ToolCall::new("c1", "refund", r#"{"order":1}"#)],
         finish_reason: Some(FinishReason::Other("eos".into())),
-        usage: TokenUsage { prompt_tokens: 3, completion_tokens: 4 },
+        usage: TokenUsage {
+            prompt_tokens: 3,
+            completion_tokens: 4,
+        },
     };
     let packed = rmp_serde::to_vec_named(&answer).unwrap();
     assert_eq!(rmp_serde::from_slice::<ChatAnswer>(&packed).unwrap(), answer);
@@ -269,7 +286,10 @@ async fn server_errors_are_retried_with_a_backoff_that_doubles_until_the_attempt
     let server = scripted(vec![Reply::status(503, "down for good")]).await;
     let started = Instant::now();
     let error = client(&server).complete(&request()).await.unwrap_err();
-    assert!(matches!(&error, ModelError::Status { status: 503, body, .. } if body == "down for good"), "{error}");
+    assert!(
+        matches!(&error, ModelError::Status { status: 503, body, .. } if body == "down for good"),
+        "{error}"
+    );
     assert!(error.is_retryable());
     assert_eq!(server.requests(), 4, "the default is 4 attempts");
     assert_eq!(started.elapsed().as_secs(), 7, "1 + 2 + 4 s");
@@ -285,7 +305,10 @@ async fn a_bad_request_is_not_retried() {
     for status in [400, 401, 404, 422] {
         let server = scripted(vec![Reply::status(status, "bad model"), Reply::text("no", 1, 1)]).await;
         let error = client(&server).complete(&request()).await.unwrap_err();
-        assert!(matches!(&error, ModelError::Status { status: s, .. } if *s == status), "{error}");
+        assert!(
+            matches!(&error, ModelError::Status { status: s, .. } if *s == status),
+            "{error}"
+        );
         assert!(!error.is_retryable());
         assert!(error.to_string().contains("bad model"), "{error}");
         assert_eq!(server.requests(), 1, "{status}");
@@ -310,7 +333,12 @@ async fn a_dropped_connection_is_a_transport_error_and_retried() {
 
 #[tokio::test(start_paused = true)]
 async fn a_success_that_is_not_a_chat_completion_is_malformed_and_not_retried() {
-    for body in ["<html>gateway</html>", "", "{\"choices\":[]}", "{\"object\":\"chat.completion\"}"] {
+    for body in [
+        "<html>gateway</html>",
+        "",
+        "{\"choices\":[]}",
+        "{\"object\":\"chat.completion\"}",
+    ] {
         let server = scripted(vec![Reply::status(200, body)]).await;
         let error = client(&server).complete(&request()).await.unwrap_err();
         assert!(matches!(error, ModelError::Malformed { .. }), "{body}: {error}");
