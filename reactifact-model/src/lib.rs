@@ -42,3 +42,8 @@ pub use error::{BuildError, ModelError, ERROR_BODY_BYTES};
 pub use request::{ChatRequest, Message, Tool, ToolChoice};
 pub use retry::RetryPolicy;
 pub use tool_call::ToolCall;
+
+/// The examples of the models guide (`docs/models.md`), compiled and run as doctests.
+#[doc = include_str!("../../docs/models.md")]
+#[cfg(doctest)]
+pub struct ModelsGuideDoctests;
