@@ -143,7 +143,9 @@ async fn a_model_that_is_down_fails_the_cases() {
 async fn every_case_holds_with_the_openai_client_on_counts_and_deliveries() {
     // The server answers every request with "billing": a category for `classify`, and the
     // reply `draft` sends.
-    let server = StandInServer::start(|_, _| Reply::text("billing", 50, 10)).await.unwrap();
+    let server = StandInServer::start(|_, _| Reply::text("billing", 50, 10))
+        .await
+        .unwrap();
     let client = ChatClient::new(server.base_url(), Some("sk-test".into())).unwrap();
     let choice = ModelChoice::Other {
         describe: client.endpoint().to_owned(),
