@@ -1,5 +1,5 @@
-//! The support-agent example's model clients: the deterministic stand-in, and the
-//! OpenAI-compatible adapter against a local mock server.
+//! The support-agent example's model clients: the deterministic stand-in, and
+//! reactifact-model's `ChatClient` as a `Model`, against its stand-in server.
 
 use std::sync::Arc;
 
@@ -179,21 +179,12 @@ fn categories_parse_what_a_model_answers() {
     }
 }
 
-// The OpenAI-compatible adapter, against a local mock server.
+// reactifact-model's `ChatClient` as a `Model`, against its stand-in server. The client itself
+// (retries, errors, answers) is tested in reactifact-model.
 
-// The mock HTTP server of the webhook's tests, shared rather than copied.
-#[path = "../../reactifact-webhook/tests/support/mod.rs"]
-mod support;
-
-use std::time::Duration;
-
-use reactifact_examples::support::OpenAiCompatible;
+use reactifact_model::stand_in::{Reply, StandIn as StandInServer};
+use reactifact_model::{ChatClient, RetryPolicy};
 use serde_json::json;
-use support::{Reply, Server};
-
-const ANSWER: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","model":"m",
-    "choices":[{"index":0,"message":{"role":"assistant","content":"billing"},"finish_reason":"stop"}],
-    "usage":{"prompt_tokens":31,"completion_tokens":1,"total_tokens":32}}"#;
 
 fn request() -> CompletionRequest {
     CompletionRequest {
@@ -204,17 +195,20 @@ fn request() -> CompletionRequest {
     }
 }
 
-async fn answer_to(reply: Reply) -> (Result<Completion, ModelError>, Server) {
-    let server = Server::start(vec![reply]).await;
-    let client = OpenAiCompatible::new(server.url("/v1"), None).unwrap();
-    (complete(&client, &request()).await, server)
+/// A stand-in answering every request with `reply`, and a client of it that does not retry.
+async fn serving(reply: Reply) -> (StandInServer, ChatClient) {
+    let server = StandInServer::start(move |_, _| reply.clone()).await.unwrap();
+    let client = ChatClient::new(server.base_url(), Some("sk-test".into()))
+        .unwrap()
+        .with_retry(RetryPolicy::none());
+    (server, client)
 }
 
 #[tokio::test]
 async fn the_adapter_posts_a_chat_completion_and_reads_the_answer() {
-    let server = Server::start(vec![Reply::status(200).body(ANSWER)]).await;
-    let client = OpenAiCompatible::new(server.url("/v1"), Some("sk-test".into())).unwrap();
-    let answer = complete(&client, &request()).await.unwrap();
+    let (server, client) = serving(Reply::text("billing", 31, 1)).await;
+    let model: Arc<dyn Model> = Arc::new(client);
+    let answer = complete(&model, &request()).await.unwrap();
     assert_eq!(
         answer,
         Completion {
@@ -225,13 +219,9 @@ async fn the_adapter_posts_a_chat_completion_and_reads_the_answer() {
     );
     let received = server.received();
     assert_eq!(received.len(), 1);
-    let sent = &received[0];
-    assert_eq!(sent.method, "POST");
-    assert_eq!(sent.path, "/v1/chat/completions");
-    assert_eq!(sent.header("authorization"), Some("Bearer sk-test"));
-    assert_eq!(sent.header("content-type"), Some("application/json"));
+    assert_eq!(received[0].authorization.as_deref(), Some("Bearer sk-test"));
     assert_eq!(
-        sent.json(),
+        received[0].body,
         json!({
             "model": "small-model",
             "messages": [
@@ -244,34 +234,10 @@ async fn the_adapter_posts_a_chat_completion_and_reads_the_answer() {
 }
 
 #[tokio::test]
-async fn a_base_url_with_a_trailing_slash_and_no_key() {
-    let server = Server::start(vec![Reply::status(200).body(ANSWER)]).await;
-    let client: Arc<dyn Model> = Arc::new(OpenAiCompatible::new(server.url("/v1/"), None).unwrap());
-    assert_eq!(complete(&client, &request()).await.unwrap().text, "billing");
-    let sent = &server.received()[0];
-    assert_eq!(sent.path, "/v1/chat/completions");
-    assert_eq!(sent.header("authorization"), None);
-}
-
-#[tokio::test]
-async fn an_answer_without_usage_counts_no_tokens() {
-    let body = r#"{"choices":[{"message":{"role":"assistant","content":"Hello,\n\nthanks"}}]}"#;
-    let (answer, _server) = answer_to(Reply::status(200).body(body)).await;
-    assert_eq!(
-        answer.unwrap(),
-        Completion {
-            text: "Hello,\n\nthanks".into(),
-            tokens_in: 0,
-            tokens_out: 0
-        }
-    );
-}
-
-#[tokio::test]
-async fn too_many_requests_and_server_errors_are_retryable_statuses() {
-    for status in [429, 500, 503] {
-        let (answer, _server) = answer_to(Reply::status(status).body("{\"error\":\"busy\"}")).await;
-        let error = answer.unwrap_err();
+async fn the_adapter_keeps_the_status_and_whether_to_retry() {
+    for (status, retryable) in [(429, true), (503, true), (400, false), (404, false)] {
+        let (_server, client) = serving(Reply::status(status, "{\"error\":\"busy\"}")).await;
+        let error = complete(&client, &request()).await.unwrap_err();
         assert_eq!(
             error,
             ModelError::Status {
@@ -279,91 +245,28 @@ async fn too_many_requests_and_server_errors_are_retryable_statuses() {
                 body: "{\"error\":\"busy\"}".into()
             }
         );
-        assert!(error.is_retryable(), "{error}");
+        assert_eq!(error.is_retryable(), retryable, "{error}");
     }
 }
 
 #[tokio::test]
-async fn a_bad_request_is_a_status_that_is_not_retryable() {
-    for status in [400, 401, 404] {
-        let (answer, _server) = answer_to(Reply::status(status).body("bad model")).await;
-        let error = answer.unwrap_err();
-        assert!(
-            matches!(error, ModelError::Status { status: s, .. } if s == status),
-            "{error}"
-        );
-        assert!(!error.is_retryable(), "{error}");
-    }
-}
-
-#[tokio::test]
-async fn an_error_body_is_cut_to_its_start() {
-    let (answer, _server) = answer_to(Reply::status(500).body("x".repeat(100_000))).await;
-    let ModelError::Status { status: 500, body } = answer.unwrap_err() else {
-        panic!("a status error");
-    };
-    assert_eq!(body, "x".repeat(512));
-}
-
-#[tokio::test]
-async fn a_success_that_is_not_a_chat_completion_is_malformed() {
-    for body in [
-        "<html>gateway</html>",
-        "",
-        "{\"choices\":[]}",
-        "{\"object\":\"chat.completion\"}",
-        "{\"choices\":[{\"message\":{\"content\":null,\"refusal\":\"no\"}}]}",
+async fn an_answer_without_text_or_that_is_no_chat_completion_is_malformed() {
+    for reply in [
+        Reply::tool_calls(vec![reactifact_model::ToolCall::new("c", "f", "{}")], 1, 1),
+        Reply::status(200, "<html>gateway</html>"),
     ] {
-        let (answer, _server) = answer_to(Reply::status(200).body(body)).await;
-        let error = answer.unwrap_err();
-        assert!(matches!(error, ModelError::Malformed(_)), "{body}: {error}");
+        let (_server, client) = serving(reply).await;
+        let error = complete(&client, &request()).await.unwrap_err();
+        assert!(matches!(error, ModelError::Malformed(_)), "{error}");
         assert!(!error.is_retryable(), "{error}");
     }
 }
 
 #[tokio::test]
-async fn an_oversized_answer_is_malformed_not_read_whole() {
-    let body = format!(
-        r#"{{"choices":[{{"message":{{"content":"{}"}}}}]}}"#,
-        "a".repeat(5 << 20)
-    );
-    let (answer, _server) = answer_to(Reply::status(200).body(body)).await;
-    let error = answer.unwrap_err();
-    assert!(matches!(error, ModelError::Malformed(_)), "{error}");
-    assert!(error.to_string().contains("larger than"), "{error}");
-}
-
-#[tokio::test]
-async fn an_unreachable_server_is_a_retryable_transport_error() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    drop(listener);
-    let client = OpenAiCompatible::new(format!("http://{addr}/v1"), None).unwrap();
+async fn a_broken_connection_is_a_retryable_transport_error_naming_the_endpoint() {
+    let (server, client) = serving(Reply::dropped()).await;
     let error = complete(&client, &request()).await.unwrap_err();
     assert!(matches!(error, ModelError::Transport(_)), "{error}");
     assert!(error.is_retryable());
-    assert!(error.to_string().contains(&addr.to_string()), "{error}");
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_server_that_never_answers_times_out_as_transport() {
-    let server = Server::silent().await;
-    let client = OpenAiCompatible::new(server.url("/v1"), None)
-        .unwrap()
-        .with_timeout(Duration::from_secs(30));
-    let started = tokio::time::Instant::now();
-    let error = complete(&client, &request()).await.unwrap_err();
-    assert!(matches!(error, ModelError::Transport(_)), "{error}");
-    assert!(error.to_string().contains("did not answer within 30s"), "{error}");
-    assert!(error.is_retryable());
-    assert!(started.elapsed() >= Duration::from_secs(30));
-}
-
-#[tokio::test]
-async fn the_longest_timeout_is_no_timeout() {
-    let server = Server::start(vec![Reply::status(200).body(ANSWER)]).await;
-    let client = OpenAiCompatible::new(server.url("/v1"), None)
-        .unwrap()
-        .with_timeout(Duration::MAX);
-    assert_eq!(complete(&client, &request()).await.unwrap().text, "billing");
+    assert!(error.to_string().contains(&server.addr().to_string()), "{error}");
 }

@@ -1,11 +1,7 @@
 //! The support agent: every case of the `support-agent` program holds, in-process, with the
-//! stand-in and with an OpenAI-compatible client (against a local mock server); a model that
+//! stand-in and with reactifact-model's `ChatClient` (against its stand-in server); a model that
 //! fails every call makes a case fail; and `triage` itself, run by the produce test harness
 //! with scripted answers.
-
-// The mock HTTP server of the webhook's tests, shared rather than copied.
-#[path = "../../reactifact-webhook/tests/support/mod.rs"]
-mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -16,10 +12,10 @@ use reactifact_core::testing::ProduceTest;
 use reactifact_examples::support::agent::{triage, Email, ModelClient, ModelSettings, Ticket, Triage};
 use reactifact_examples::support::cases::{Case, CaseReport, Cases, Entry, ModelChoice};
 use reactifact_examples::support::{
-    Category, Completion, CompletionFuture, CompletionRequest, Model, ModelError, OpenAiCompatible, StandIn,
-    DRAFT_SYSTEM, TRIAGE_SYSTEM,
+    Category, ChatClient, Completion, CompletionFuture, CompletionRequest, Model, ModelError, StandIn, DRAFT_SYSTEM,
+    TRIAGE_SYSTEM,
 };
-use support::{Reply, Server};
+use reactifact_model::stand_in::{Reply, StandIn as StandInServer};
 
 /// Runs `case` in a new directory.
 async fn run(case: Case, model: ModelChoice) -> CaseReport {
@@ -143,21 +139,14 @@ async fn a_model_that_is_down_fails_the_cases() {
     }
 }
 
-/// A chat completion answer of the OpenAI API: `text`, with 50 tokens in and 10 out.
-fn chat_answer(text: &str) -> Reply {
-    let body = serde_json::json!({
-        "choices": [{"message": {"role": "assistant", "content": text}}],
-        "usage": {"prompt_tokens": 50, "completion_tokens": 10},
-    });
-    Reply::status(200).body(body.to_string())
-}
-
 #[tokio::test]
 async fn every_case_holds_with_the_openai_client_on_counts_and_deliveries() {
     // The server answers every request with "billing": a category for `classify`, and the
     // reply `draft` sends.
-    let server = Server::start(vec![chat_answer("billing")]).await;
-    let client = OpenAiCompatible::new(server.url("/v1"), Some("sk-test".into())).unwrap();
+    let server = StandInServer::start(|_, _| Reply::text("billing", 50, 10))
+        .await
+        .unwrap();
+    let client = ChatClient::new(server.base_url(), Some("sk-test".into())).unwrap();
     let choice = ModelChoice::Other {
         describe: client.endpoint().to_owned(),
         client: Arc::new(client),
@@ -178,13 +167,13 @@ async fn every_case_holds_with_the_openai_client_on_counts_and_deliveries() {
     }
     let received = server.received();
     assert_eq!(received.len(), asked, "requests that reached the server");
-    let first = received[0].json();
+    let first = &received[0].body;
     assert_eq!(first["model"], "gpt-test");
     assert_eq!(first["messages"][0]["content"], TRIAGE_SYSTEM);
     assert!(
         received
             .iter()
-            .any(|r| r.json()["messages"][0]["content"] == DRAFT_SYSTEM),
+            .any(|r| r.body["messages"][0]["content"] == DRAFT_SYSTEM),
         "a draft request reached the server"
     );
 }

@@ -50,8 +50,25 @@ impl Classification {
     }
 }
 
-/// `Retry-After` as delta-seconds or an HTTP-date (a date in the past means "now").
-pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+/// The delay an answer's `Retry-After` header asks for: delta-seconds (`120`) or an HTTP-date
+/// (`Wed, 21 Oct 2015 07:28:00 GMT`, measured from the system clock; a date in the past means
+/// "now", [`Duration::ZERO`]). `None` when the header is missing or reads as neither.
+///
+/// The dispatcher uses it for every retryable answer; other HTTP clients of reactifact (the
+/// model client) share it so that every client honours the header the same way.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use reactifact_webhook::retry_after;
+/// use reqwest::header::{HeaderMap, HeaderValue, RETRY_AFTER};
+///
+/// let mut headers = HeaderMap::new();
+/// headers.insert(RETRY_AFTER, HeaderValue::from_static("7"));
+/// assert_eq!(retry_after(&headers), Some(Duration::from_secs(7)));
+/// assert_eq!(retry_after(&HeaderMap::new()), None);
+/// ```
+pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
     if let Ok(seconds) = value.parse::<u64>() {
         return Some(Duration::from_secs(seconds));

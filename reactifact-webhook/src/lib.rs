@@ -75,7 +75,7 @@ mod error;
 mod payload;
 
 pub use builder::{WebhookBuilder, DEFAULT_TIMEOUT};
-pub use classify::Classification;
+pub use classify::{retry_after, Classification};
 pub use dispatcher::{Outgoing, WebhookDispatcher, ATTEMPT_HEADER, IDEMPOTENCY_KEY, KIND_HEADER, TRACEPARENT};
 pub use error::{BuildError, WebhookError};
 /// The HTTP client crate, re-exported for [`WebhookBuilder::client`].

@@ -57,10 +57,10 @@ fn args() -> Result<Args, String> {
 
 #[cfg(feature = "openai")]
 fn openai_model() -> Result<ModelChoice, String> {
-    use reactifact_examples::support::OpenAiCompatible;
+    use reactifact_examples::support::ChatClient;
     use std::sync::Arc;
 
-    let client = OpenAiCompatible::from_env().map_err(|e| e.to_string())?;
+    let client = ChatClient::from_env().map_err(|e| e.to_string())?;
     let name = match std::env::var("OPENAI_MODEL") {
         Ok(name) if !name.is_empty() => name,
         Ok(_) | Err(std::env::VarError::NotPresent) => DEFAULT_OPENAI_MODEL.to_owned(),

@@ -12,19 +12,17 @@
 //! - [`model`]: the request, the answer, the error and the [`Model`] trait.
 //! - [`stand_in`]: [`StandIn`], a deterministic model that needs no network, the two tasks'
 //!   system prompts and requests, and the [`Category`] a triage answers.
-//! - `openai` (with the `openai` feature): `OpenAiCompatible`, a client for an
-//!   OpenAI-compatible chat completions API over HTTP (`https` with the `openai-tls`
-//!   feature).
+//! - with the `openai` feature, reactifact-model's `ChatClient` (an OpenAI-compatible chat
+//!   completions client; `https` with the `openai-tls` feature) is a [`Model`] too, and is
+//!   re-exported here.
 
 pub mod agent;
 pub mod cases;
 pub mod model;
-#[cfg(feature = "openai")]
-pub mod openai;
 pub mod stand_in;
 
 pub use agent::{Email, ModelClient, ModelSettings, Ticket, Triage};
 pub use model::{Completion, CompletionFuture, CompletionRequest, Model, ModelError};
 #[cfg(feature = "openai")]
-pub use openai::OpenAiCompatible;
+pub use reactifact_model::ChatClient;
 pub use stand_in::{draft_request, triage_request, Category, StandIn, DRAFT_SYSTEM, TRIAGE_SYSTEM};

@@ -1,5 +1,10 @@
 //! What a produce asks a model and what it gets back: [`CompletionRequest`], [`Completion`],
 //! [`ModelError`], and the [`Model`] trait every client implements.
+//!
+//! With the `openai` feature, reactifact-model's `ChatClient` is a [`Model`]: a
+//! [`CompletionRequest`] is sent as a chat completion of two messages (the system prompt and
+//! the prompt), and the answer's text and token counts come back as a [`Completion`]. The
+//! client itself (HTTP, retries, `Retry-After`) lives in reactifact-model.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -108,6 +113,42 @@ pub trait Model: Send + Sync + 'static {
 impl<M: Model + ?Sized> Model for Arc<M> {
     fn complete<'a>(&'a self, request: &'a CompletionRequest) -> CompletionFuture<'a> {
         (**self).complete(request)
+    }
+}
+
+#[cfg(feature = "openai")]
+impl Model for reactifact_model::ChatClient {
+    fn complete<'a>(&'a self, request: &'a CompletionRequest) -> CompletionFuture<'a> {
+        Box::pin(async move {
+            let chat = reactifact_model::ChatRequest::new(request.model.as_str())
+                .system(request.system.as_str())
+                .user(request.prompt.as_str())
+                .max_tokens(request.max_tokens);
+            let answer = reactifact_model::ChatClient::complete(self, &chat).await?;
+            let text = answer
+                .content
+                .ok_or_else(|| ModelError::Malformed("the first choice's message has no content".to_owned()))?;
+            Ok(Completion {
+                text,
+                tokens_in: answer.usage.prompt_tokens,
+                tokens_out: answer.usage.completion_tokens,
+            })
+        })
+    }
+}
+
+/// reactifact-model's error as this example's: a status keeps its code and body; a transport
+/// error and a malformed answer keep the endpoint (never the key) and the reason.
+#[cfg(feature = "openai")]
+impl From<reactifact_model::ModelError> for ModelError {
+    fn from(error: reactifact_model::ModelError) -> Self {
+        use reactifact_model::ModelError as Chat;
+        match error {
+            Chat::Status { status, body, .. } => ModelError::Status { status, body },
+            Chat::Transport { url, reason } => ModelError::Transport(format!("{url}: {reason}")),
+            Chat::Malformed { url, reason } => ModelError::Malformed(format!("{url}: {reason}")),
+            other => ModelError::Malformed(other.to_string()),
+        }
     }
 }
 

@@ -1,6 +1,5 @@
 //! A minimal HTTP/1.1 server on 127.0.0.1 for the tests: it records every request and answers
-//! from a script. The tests of reactifact-examples (the OpenAI-compatible client) use it too,
-//! through `#[path]`.
+//! from a script.
 #![allow(dead_code)]
 
 use std::sync::{Arc, Mutex};
