@@ -9,8 +9,9 @@ use crate::error::ModelError;
 use crate::request::ChatRequest;
 
 impl ChatClient {
-    /// Asks the model from inside a produce, as a recorded, metered call named `name`
-    /// ([`ProduceCall::record_metered`]): the first execution calls
+    /// Asks the model from inside a produce, as a recorded, metered call named `name` that
+    /// keeps the model's name ([`ProduceCall::record_model`], so `reactifact why` shows the
+    /// model beside the call's tokens): the first execution calls
     /// [`complete`](ChatClient::complete) (with its retries) and records `request`'s hash,
     /// the [`ChatAnswer`] and its usage ([`Usage::tokens`](reactifact_core::runtime::Usage::tokens)
     /// of the answer's prompt and completion tokens). A retried generation, a resume and a
@@ -43,7 +44,7 @@ impl ChatClient {
     /// ```
     ///
     /// # Errors
-    /// As [`ProduceCall::record_metered`]: [`CallError::Failed`] holding the [`ModelError`]
+    /// As [`ProduceCall::record_model`]: [`CallError::Failed`] holding the [`ModelError`]
     /// (`source.downcast_ref::<ModelError>()`) when the model call failed after its retries;
     /// [`CallError::BudgetExhausted`] when the turn's budget is spent (the model is not called);
     /// [`CallError::Miss`] in a replay that does not have the call.
@@ -53,7 +54,7 @@ impl ChatClient {
         name: &str,
         request: &ChatRequest,
     ) -> Result<ChatAnswer, CallError> {
-        call.record_metered(name, request, || async {
+        call.record_model(name, &request.model, request, || async {
             let answer = self.complete(request).await?;
             let usage = answer.metered();
             Ok::<_, ModelError>((answer, usage))

@@ -62,6 +62,12 @@ fn drafter(fail_first: bool) -> Produce {
     .uses::<ChatClient>()
 }
 
+fn tickets_ticket() -> Ticket {
+    Ticket {
+        text: "refund me".into(),
+    }
+}
+
 fn tickets() -> Context {
     let mut ctx = Context::new("support");
     ctx.create(
@@ -96,6 +102,17 @@ async fn a_retried_generation_gets_the_recorded_answer_without_calling_the_model
     assert_eq!(report.usage.iter().map(|u| u.reused).sum::<u64>(), 1);
     let draft = rt.context().get::<Draft>("draft:ticket:1").unwrap().unwrap();
     assert_eq!(draft.data.text, "re: 2");
+    // The run's record keeps the call with the model asked and the tokens it used.
+    let log = rt.context().log().unwrap();
+    let call = &log.last().unwrap().runs[0].calls[0];
+    assert_eq!(
+        (&*call.name, call.model.as_deref(), call.usage),
+        (
+            "draft",
+            Some(request(&tickets_ticket()).model.as_str()),
+            Usage::tokens(12, 3)
+        )
+    );
 
     // The replay oracle re-executes the run from the log: no request either.
     let replay = rt.replay().await.unwrap();
