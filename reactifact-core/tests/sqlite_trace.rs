@@ -114,7 +114,7 @@ impl TraceRecorder {
 async fn a_committed_intent_keeps_its_trace_context_in_the_file_and_another_process_delivers_in_its_trace() {
     let dir = tempfile::tempdir().unwrap();
     let path = store_with(dir.path(), 2).await;
-    assert_eq!(user_version(&path), 8);
+    assert_eq!(user_version(&path), 9);
     // Kept as the 25 bytes of its encoding.
     let stored: Vec<Vec<u8>> = {
         let conn = rusqlite::Connection::open(&path).unwrap();
@@ -302,7 +302,7 @@ async fn a_schema_5_file_reads_as_it_is_and_migrates_to_schema_6_keeping_every_d
     // delivered; a new intent keeps its own.
     let recorder = TraceRecorder::default();
     let mut ctx = Context::open(&path, "main").unwrap();
-    assert_eq!(user_version(&path), 8);
+    assert_eq!(user_version(&path), 9);
     assert_eq!(digests(&path), before, "the migration rewrites no row");
     ctx.verify().expect("the log verifies after the migration");
     assert_eq!(kept(&**ctx.ledger().outbox(), "notify:order:1").await, None);

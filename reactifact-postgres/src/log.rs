@@ -20,7 +20,8 @@ use std::time::SystemTime;
 use reactifact_core::audit::VerifyError;
 use reactifact_core::error::StoreError;
 use reactifact_core::store::{
-    Act, Append, BoxFuture, CheckpointRow, Claimed, CommitRow, LogStore, OutboxCheck, OutboxStore, SessionRow,
+    Act, AnswerRow, Append, BoxFuture, CheckpointRow, Claimed, CommitRow, LogStore, OutboxCheck, OutboxStore,
+    SessionRow,
 };
 use tokio::sync::{oneshot, Mutex};
 use tokio_postgres::{Client, NoTls, Statement, Transaction};
@@ -538,6 +539,43 @@ impl Log {
             .collect())
     }
 
+    async fn keep_answer(&self, index: usize, row: AnswerRow) -> Result<(), StoreError> {
+        let s = &self.s;
+        let sql =
+            format!("INSERT INTO {s}.call_answers (session, produce, trigger, run, call) VALUES ($1, $2, $3, $4, $5)");
+        self.query(
+            index,
+            &sql,
+            &[&row.session, &row.produce, &row.trigger, &row.run, &row.call],
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn answers(&self, index: usize, session: &str) -> Result<Vec<AnswerRow>, StoreError> {
+        let s = &self.s;
+        let sql = format!(
+            "SELECT session, produce, trigger, run, call FROM {s}.call_answers WHERE session = $1 ORDER BY seq"
+        );
+        let rows = self.query(index, &sql, &[&session]).await?;
+        Ok(rows
+            .iter()
+            .map(|row| AnswerRow::new(row.get(0), row.get(1), row.get(2), row.get(3), row.get(4)))
+            .collect())
+    }
+
+    async fn drop_answers(&self, index: usize, session: &str, runs: &[(String, String)]) -> Result<(), StoreError> {
+        let s = &self.s;
+        let (produces, triggers): (Vec<&str>, Vec<&str>) = runs.iter().map(|(p, t)| (p.as_str(), t.as_str())).unzip();
+        let sql = format!(
+            "DELETE FROM {s}.call_answers a USING unnest($2::text[], $3::text[]) AS r(produce, trigger)
+              WHERE a.session = $1 AND a.produce = r.produce AND a.trigger = r.trigger"
+        );
+        self.query(index, &sql, &[&session, &produces, &triggers])
+            .await
+            .map(drop)
+    }
+
     async fn verify_outbox(&self, index: usize, check: OutboxCheck) -> Result<Option<VerifyError>, StoreError> {
         let conn = self.connection(index).await?;
         let client = &conn.client;
@@ -694,6 +732,30 @@ impl LogStore for PostgresStore {
         let session = session.to_owned();
         self.run(&session.clone(), move |log, i| async move {
             log.checkpoints(i, &session).await
+        })
+    }
+
+    fn keep_answer(&self, row: AnswerRow) -> BoxFuture<'_, Result<(), StoreError>> {
+        let session = row.session.clone();
+        self.run(&session, move |log, i| async move { log.keep_answer(i, row).await })
+    }
+
+    fn answers<'a>(&'a self, session: &'a str) -> BoxFuture<'a, Result<Vec<AnswerRow>, StoreError>> {
+        let session = session.to_owned();
+        self.run(
+            &session.clone(),
+            move |log, i| async move { log.answers(i, &session).await },
+        )
+    }
+
+    fn drop_answers<'a>(
+        &'a self,
+        session: &'a str,
+        runs: &'a [(String, String)],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let (session, runs) = (session.to_owned(), runs.to_vec());
+        self.run(&session.clone(), move |log, i| async move {
+            log.drop_answers(i, &session, &runs).await
         })
     }
 

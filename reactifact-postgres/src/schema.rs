@@ -38,6 +38,10 @@
 //! Unix epoch), locked and written by the claims that spend from it; and two partial indexes
 //! of due rows, by kind (a rate-limited claim takes each kind's share from it) and by session
 //! (a claim takes each session's turn from it). It rewrites no row.
+//!
+//! Version 8 adds `call_answers`: the answers of recorded calls, kept as they arrive, before
+//! the generation of their run commits, and dropped once a run of the same produce on the same
+//! trigger commits. It rewrites no row.
 
 use tokio_postgres::Client;
 
@@ -45,7 +49,7 @@ use crate::connect::store_error;
 use crate::OpenError;
 
 /// The schema version this build writes and reads.
-pub(crate) const SCHEMA_VERSION: i32 = 7;
+pub(crate) const SCHEMA_VERSION: i32 = 8;
 
 /// The first key of the advisory lock migrations take (the second is the schema's hash):
 /// `0x52_46_50_47`, "RFPG".
@@ -267,6 +271,20 @@ CREATE INDEX outbox_kind_due ON {s}.outbox (kind, due_at, seq) WHERE due_at IS N
 CREATE INDEX outbox_session_due ON {s}.outbox (session, due_at, seq) WHERE due_at IS NOT NULL;
 "#;
 
+/// Version 8: the answers of recorded calls, kept as they arrive before the generation of
+/// their run commits (one row per answer, in the order kept).
+const V8: &str = r#"
+CREATE TABLE {s}.call_answers (
+    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    session text NOT NULL,
+    produce text NOT NULL,
+    trigger text NOT NULL,
+    run bytea NOT NULL,
+    call bytea NOT NULL
+);
+CREATE INDEX call_answers_run ON {s}.call_answers (session, produce, trigger);
+"#;
+
 /// The migrations, in order: `MIGRATIONS[v - 1]` takes the schema from version `v - 1` to `v`.
 const MIGRATIONS: [(&str, &str); SCHEMA_VERSION as usize] = [
     ("the outbox", V1),
@@ -276,6 +294,7 @@ const MIGRATIONS: [(&str, &str); SCHEMA_VERSION as usize] = [
     ("trace context", V5),
     ("ordering groups", V6),
     ("rate limits and fair claims", V7),
+    ("answers kept before a commit", V8),
 ];
 
 /// `"schema"`: the schema's name as an identifier (a name [`valid_schema`] accepts needs no

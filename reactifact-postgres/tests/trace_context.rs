@@ -182,13 +182,14 @@ async fn a_schema_4_store_upgrades_to_trace_context_keeping_every_digest() {
     let client = client(&url).await;
     client
         .batch_execute(&format!(
-            "DROP TABLE \"{schema}\".outbox_rates;
+            "DROP TABLE \"{schema}\".call_answers;
+             DROP TABLE \"{schema}\".outbox_rates;
              DROP INDEX \"{schema}\".outbox_kind_due;
              DROP INDEX \"{schema}\".outbox_session_due;
              DROP INDEX \"{schema}\".outbox_group_open;
              ALTER TABLE \"{schema}\".outbox DROP COLUMN grp;
              ALTER TABLE \"{schema}\".outbox DROP COLUMN trace_parent;
-             DELETE FROM \"{schema}\".schema_version WHERE version IN (5, 6, 7)"
+             DELETE FROM \"{schema}\".schema_version WHERE version IN (5, 6, 7, 8)"
         ))
         .await
         .unwrap();

@@ -37,12 +37,12 @@ use reactifact_core::{ActionKey, Intent, PendingAction, RateLimit};
 
 mod log;
 pub use log::{
-    append_claims_as_claim_would, append_moves_row_and_adds_commit, append_never_moves_consumed_back,
-    append_registers_intents, branch_reads_its_own_rows, checkpoints_replace_and_keep_newest,
-    commits_read_their_bounds_and_own_rows, consume_is_fenced, create_session_once, futures_need_no_executor,
-    missing_session_reads_none, racing_appends_one_wins, run_all_log, stale_append_writes_nothing,
-    verify_outbox_consistent, verify_outbox_forged, verify_outbox_missing, LogHarness, MemoryLogHarness,
-    SqliteLogHarness,
+    answers_kept_in_order_and_dropped_by_run, append_claims_as_claim_would, append_moves_row_and_adds_commit,
+    append_never_moves_consumed_back, append_registers_intents, branch_reads_its_own_rows,
+    checkpoints_replace_and_keep_newest, commits_read_their_bounds_and_own_rows, consume_is_fenced,
+    create_session_once, futures_need_no_executor, missing_session_reads_none, racing_appends_one_wins, run_all_log,
+    stale_append_writes_nothing, verify_outbox_consistent, verify_outbox_forged, verify_outbox_missing, LogHarness,
+    MemoryLogHarness, SqliteLogHarness,
 };
 
 /// Creates fresh stores for the checks.

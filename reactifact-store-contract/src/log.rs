@@ -14,9 +14,9 @@ use std::time::{Duration, SystemTime};
 use reactifact_core::audit::{CommitHash, ContentHash, VerifyError};
 use reactifact_core::runtime::{Generation, Origin};
 use reactifact_core::store::{
-    Act, Append, BoxFuture, CheckpointRow, ClaimOrder, ClaimPolicy, ClaimRequest, Claimed, CommitRow, DeliveryStatus,
-    FenceToken, LogStore, MemoryStore, NewIntent, OutboxCheck, OutboxStore, Outcome, PurgeFilter, Recording, Scope,
-    SessionRow, SqliteStore,
+    Act, AnswerRow, Append, BoxFuture, CheckpointRow, ClaimOrder, ClaimPolicy, ClaimRequest, Claimed, CommitRow,
+    DeliveryStatus, FenceToken, LogStore, MemoryStore, NewIntent, OutboxCheck, OutboxStore, Outcome, PurgeFilter,
+    Recording, Scope, SessionRow, SqliteStore,
 };
 use reactifact_core::{ActionKey, Intent};
 
@@ -125,6 +125,7 @@ macro_rules! for_each_log_check {
             append_claims_as_claim_would,
             consume_is_fenced,
             checkpoints_replace_and_keep_newest,
+            answers_kept_in_order_and_dropped_by_run,
             futures_need_no_executor,
             branch_reads_its_own_rows,
             verify_outbox_consistent,
@@ -935,6 +936,76 @@ pub async fn checkpoints_replace_and_keep_newest(h: &dyn LogHarness) {
     );
     put(checkpoint("t", 2, "a"), 0).await;
     assert!(read("t").await.is_empty(), "checkpoints: keep 0 drops them all");
+}
+
+/// [`LogStore::keep_answer`], [`LogStore::answers`] and [`LogStore::drop_answers`]: answers
+/// read back in the order kept, per session; dropping a run's answers (its produce and trigger)
+/// drops every one of them and nothing else.
+pub async fn answers_kept_in_order_and_dropped_by_run(h: &dyn LogHarness) {
+    let store = h.fresh().await;
+    create_new(&*store, "s").await;
+    create_new(&*store, "t").await;
+    let answer = |session: &str, produce: &str, trigger: &str, n: u8| {
+        AnswerRow::new(
+            session.to_owned(),
+            produce.to_owned(),
+            trigger.to_owned(),
+            vec![n, 1],
+            format!("call {n}").into_bytes(),
+        )
+    };
+    let read = |session: &'static str| {
+        let store = store.clone();
+        async move {
+            store
+                .answers(session)
+                .await
+                .unwrap_or_else(|e| panic!("answers({session}) failed: {e}"))
+        }
+    };
+    assert!(read("s").await.is_empty(), "answers: none at first");
+    let rows = [
+        answer("s", "a/reply", "ticket:1", 3),
+        answer("s", "a/reply", "ticket:2", 1),
+        answer("t", "a/reply", "ticket:1", 9),
+        answer("s", "a/reply", "ticket:1", 2),
+        answer("s", "a/triage", "ticket:1", 7),
+    ];
+    for row in &rows {
+        store
+            .keep_answer(row.clone())
+            .await
+            .unwrap_or_else(|e| panic!("keep_answer failed: {e}"));
+    }
+    assert_eq!(
+        read("s").await,
+        [rows[0].clone(), rows[1].clone(), rows[3].clone(), rows[4].clone()],
+        "answers: the session's, in the order kept"
+    );
+    assert_eq!(
+        read("t").await,
+        [rows[2].clone()],
+        "answers: another session's are its own"
+    );
+    store
+        .drop_answers("s", &[("a/reply".to_owned(), "ticket:1".to_owned())])
+        .await
+        .unwrap_or_else(|e| panic!("drop_answers failed: {e}"));
+    assert_eq!(
+        read("s").await,
+        [rows[1].clone(), rows[4].clone()],
+        "answers: dropping a run's drops every answer of its produce on its trigger, and only those"
+    );
+    assert_eq!(
+        read("t").await,
+        [rows[2].clone()],
+        "answers: dropping touches no other session"
+    );
+    store
+        .drop_answers("s", &[])
+        .await
+        .unwrap_or_else(|e| panic!("drop_answers of nothing failed: {e}"));
+    assert_eq!(read("s").await.len(), 2, "answers: dropping nothing drops nothing");
 }
 
 /// Every future of the store completes without the caller's executor: a thread with no

@@ -26,6 +26,7 @@ use crate::outbox::dispatcher::BoxError;
 use crate::run::call_fn::CallFn;
 use crate::run::effects::Buffer;
 use crate::run::produce::ProduceCall;
+use crate::store::answers::{AnswerStore, AnsweredRun};
 
 /// The name [`ProduceCall::now`] records its reading under.
 pub(crate) const NOW: &str = "reactifact.now";
@@ -151,6 +152,36 @@ pub enum MissKind {
     /// A test script ([`ProduceTest`](crate::testing::ProduceTest)) has no answer left for it.
     #[error("the test scripted no answer for it")]
     NotScripted,
+}
+
+/// Where a live run keeps the answers of the calls it makes, as they arrive, before its
+/// generation commits: its session's store, and which run it is (see `store/answers.rs`).
+pub(crate) struct Journal {
+    pub(crate) store: AnswerStore,
+    /// `{agent}/{produce}`.
+    pub(crate) produce: String,
+    pub(crate) trigger: ArtifactId,
+    pub(crate) run: AnsweredRun,
+}
+
+impl Journal {
+    /// Keeps `call`'s answer. A store that fails to keep it is logged: the answer is still
+    /// used, and a crash before the commit would ask for it again.
+    async fn keep(&self, call: &RecordedCall) {
+        if let Err(e) = self
+            .store
+            .keep(self.produce.clone(), &self.trigger, &self.run, call)
+            .await
+        {
+            tracing::warn!(
+                error = %e,
+                call = %call.name,
+                produce = %self.produce,
+                trigger = %self.trigger,
+                "the answer of a recorded call could not be kept before the commit; a crash before it asks again"
+            );
+        }
+    }
 }
 
 /// Where the answers of a run's calls come from.
@@ -691,6 +722,11 @@ fn request_of<Q: Serialize + ?Sized>(name: &str, request: &Q) -> Result<(Vec<u8>
 struct RunCalls<'a>(&'a Mutex<Buffer>);
 
 impl RunCalls<'_> {
+    /// Where the run keeps its answers before the commit, if it does.
+    fn journal(&self) -> Option<Arc<Journal>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).journal.clone()
+    }
+
     /// Runs `f` on the run's call log (made on first use), unless the run has finished.
     fn with<R>(&self, name: &str, f: impl FnOnce(&mut CallLog) -> R) -> Result<R, CallError> {
         let mut buffer = self.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -739,7 +775,19 @@ impl RunCalls<'_> {
                         hash: content_hash(&bytes),
                         bytes: bytes.into(),
                     };
+                    let journal = self.journal();
+                    let kept = journal.as_ref().map(|_| RecordedCall {
+                        name: Arc::from(name),
+                        request,
+                        outcome: outcome.clone(),
+                        usage,
+                        model: model.clone(),
+                    });
                     let _ = self.with(name, |log| log.answer(slot, outcome, usage, model));
+                    // Kept before the produce gets it: after a crash, the re-run reads it back.
+                    if let (Some(journal), Some(call)) = (journal, kept) {
+                        journal.keep(&call).await;
+                    }
                     Ok(answer)
                 }
                 None => {
@@ -1002,8 +1050,9 @@ impl<T, D> ProduceCall<T, D> {
 pub(crate) type RunKey = (usize, usize, ArtifactId, Generation, Version, ContentHash, EventKind);
 
 /// The answers of runs whose generation did not commit, for their next attempt; bounded, the
-/// oldest runs forgotten first. In memory only: a process that dies before a commit calls
-/// again after a restart.
+/// oldest runs forgotten first. A durable context's runs also keep each answer in the store as
+/// it arrives ([`Journal`]), and a runtime's first generation loads them back here, so a
+/// process that dies before a commit does not call again after a restart.
 #[derive(Default)]
 pub(crate) struct CallCache {
     /// Per run, its calls, their answers' size and when they were kept.

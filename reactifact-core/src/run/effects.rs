@@ -12,7 +12,7 @@ use crate::model::hash::content_hash;
 use crate::model::patch::{EffectError, Op, PutMode};
 use crate::model::relation::Relation;
 use crate::model::timer::Timer;
-use crate::run::calls::CallLog;
+use crate::run::calls::{CallLog, Journal};
 use crate::state::commit::Read;
 use crate::state::snapshot::{ReadLog, Snapshot};
 
@@ -52,6 +52,9 @@ pub(crate) struct Buffer {
     pub(crate) calls: Option<Box<CallLog>>,
     /// The calls were taken: later ones are refused.
     pub(crate) calls_taken: bool,
+    /// Where the answers of the calls the run makes are kept before its generation commits
+    /// (a durable context's runs only).
+    pub(crate) journal: Option<Arc<Journal>>,
 }
 
 impl ReadLog for Mutex<Buffer> {

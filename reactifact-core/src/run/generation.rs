@@ -21,7 +21,7 @@ use crate::model::patch::Op;
 use crate::model::telemetry::ProduceMetrics;
 use crate::model::trace::TraceParent;
 use crate::outbox::drain::Preclaimed;
-use crate::run::calls::{CallLog, Exhausted, Harvest, Meter, RunKey, TakenCalls};
+use crate::run::calls::{CallLog, Exhausted, Harvest, Journal, Meter, RunKey, TakenCalls};
 use crate::run::effects::Buffer;
 use crate::run::join::Parts;
 use crate::run::matching::{self, Work};
@@ -33,6 +33,7 @@ use crate::session::context::{CommitFailure, GenerationCommit, TurnClaim};
 use crate::state::commit::{Emitted, Read, RunRecord, TriggerRef};
 use crate::state::readers::Readers;
 use crate::state::snapshot::Snapshot;
+use crate::store::answers::{AnswerStore, AnsweredRun};
 
 /// Where a produce is registered: agent index (in priority order) and produce index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,7 +115,11 @@ pub(crate) async fn run(
         events = batch.events
     );
     // Each run's calls, answered first from what an earlier attempt of the same run recorded
-    // in a generation that did not commit.
+    // in a generation that did not commit (in this process, or kept in the store before a
+    // process that stopped).
+    if !rt.answers_loaded {
+        load_answers(rt).await;
+    }
     let mut tracker = Tracker::new(rt, &batch.work, meter);
     // Writes committed while the runs execute (a serving runtime's intake).
     let mut overtaken = 0u64;
@@ -284,10 +289,13 @@ pub(crate) async fn run(
                 .zip(claim)
                 .map(|(claimed, asked)| Preclaimed::new(rt.context.outbox(), claimed, asked));
             runs -= rejected.len() as u64;
-            let mut dropped = rejected.iter().map(|&(r, _)| r).peekable();
-            for (r, &w) in record_work.iter().enumerate() {
-                if dropped.next_if_eq(&r).is_none() {
-                    produce_metrics(rt, &batch.work[w]).committed.increment(1);
+            {
+                // Scoped: the iterator is not held across the awaits below.
+                let mut dropped = rejected.iter().map(|&(r, _)| r).peekable();
+                for (r, &w) in record_work.iter().enumerate() {
+                    if dropped.next_if_eq(&r).is_none() {
+                        produce_metrics(rt, &batch.work[w]).committed.increment(1);
+                    }
                 }
             }
             for (r, error) in rejected {
@@ -303,7 +311,11 @@ pub(crate) async fn run(
             }
             // The events taken are consumed, with the runs that failed on them (isolated or
             // rejected): only the runs of events that stay queued run again.
+            let committed = calls.committed(rt, &batch.work, events);
             calls.keep_queued(rt, &batch.work, events);
+            if !committed.is_empty() {
+                drop_answers(rt, committed).await;
+            }
         }
         Err(CommitFailure::Patch(r, error)) => {
             calls.keep_queued(rt, &batch.work, 0);
@@ -371,11 +383,81 @@ fn run_key(work: &Work) -> RunKey {
     )
 }
 
+/// Which run of its produce on its trigger a work item is, as its answers are kept.
+fn answered_run(work: &Work) -> AnsweredRun {
+    AnsweredRun {
+        generation: work.trigger.generation,
+        version: work.trigger.version,
+        hash: work.trigger.hash,
+        event: work.event,
+    }
+}
+
+/// Loads the answers a durable context's session kept before commits that never came (the
+/// process stopped first) into the runtime's cache, once, before its first generation: the
+/// re-runs of those runs get them without calling again. An answer of a produce this runtime
+/// does not have, or of a trigger version that changed since, is never asked for.
+async fn load_answers(rt: &mut Runtime) {
+    rt.answers_loaded = true;
+    let Some(store) = rt.context.store().and_then(|store| store.answers()) else {
+        return;
+    };
+    let kept = match store.load().await {
+        Ok(kept) => kept,
+        Err(e) => {
+            tracing::warn!(error = %e, "the answers kept before a commit could not be read; runs that lost their commit call again");
+            return;
+        }
+    };
+    let mut runs: Vec<(RunKey, Vec<RecordedCall>)> = Vec::new();
+    for answer in kept {
+        let slot = rt.agents.iter().enumerate().find_map(|(a, agent)| {
+            agent
+                .produces
+                .iter()
+                .position(|p| AnswerStore::producer(&agent.name, p.name()) == answer.produce)
+                .map(|p| (a, p))
+        });
+        let Some((agent, produce)) = slot else {
+            continue;
+        };
+        let run = answer.run;
+        let key = (
+            agent,
+            produce,
+            answer.trigger,
+            run.generation,
+            run.version,
+            run.hash,
+            run.event,
+        );
+        match runs.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, calls)) => calls.push(answer.call),
+            None => runs.push((key, vec![answer.call])),
+        }
+    }
+    for (key, calls) in runs {
+        rt.calls.keep(key, calls);
+    }
+}
+
+/// Drops the answers kept for `runs` (`({agent}/{produce}, trigger id)`), whose runs committed.
+async fn drop_answers(rt: &Runtime, runs: Vec<(String, String)>) {
+    let store = rt.context.store().and_then(|store| store.answers());
+    if let Some(store) = store {
+        if let Err(e) = store.drop(&runs).await {
+            tracing::warn!(error = %e, "the answers kept before a commit could not be dropped after it");
+        }
+    }
+}
+
 /// The buffers of a generation's runs that wait, and what the calls of those that finished
 /// came to. A run that finishes at its first poll gives its calls as it ends; one still
 /// waiting when the generation is cancelled gives them up then.
 struct Tracker {
     meter: Option<Arc<Meter>>,
+    /// Where a durable context's runs keep their answers before the commit.
+    answers: Option<AnswerStore>,
     /// Per work item, the calls an earlier attempt of its run recorded (empty unless the
     /// runtime's cache holds some).
     priors: Vec<Vec<RecordedCall>>,
@@ -392,20 +474,31 @@ impl Tracker {
         };
         Tracker {
             meter: meter.clone(),
+            answers: rt.context.store().and_then(|store| store.answers()),
             priors,
             running: std::iter::repeat_with(|| None).take(work.len()).collect(),
             finished: Vec::new(),
         }
     }
 
-    /// The buffer for work item `i`'s run, as it starts, with room for `ops` operations.
-    fn start(&mut self, i: usize, work: &Work, ops: usize) -> Arc<Mutex<Buffer>> {
+    /// The buffer for work item `i`'s run, as it starts, with room for `ops` operations;
+    /// `producer` names its agent and produce.
+    fn start(&mut self, i: usize, work: &Work, ops: usize, producer: (&str, &str)) -> Arc<Mutex<Buffer>> {
         let prior = self.priors.get_mut(i).map(std::mem::take).unwrap_or_default();
         // The runs of the batch's first event are never refused, so every turn commits
         // something. On a budgeted turn no run reaches past that event (`matching::select`
         // takes no event that would fold into one of them), so a cut never splits them.
         let refusable = work.events.0 > 0;
-        Buffer::new(CallLog::live(prior, self.meter.clone(), refusable), ops)
+        let buffer = Buffer::new(CallLog::live(prior, self.meter.clone(), refusable), ops);
+        if let Some(store) = &self.answers {
+            buffer.lock().unwrap_or_else(|e| e.into_inner()).journal = Some(Arc::new(Journal {
+                store: store.clone(),
+                produce: AnswerStore::producer(producer.0, producer.1),
+                trigger: work.trigger.id.clone(),
+                run: answered_run(work),
+            }));
+        }
+        buffer
     }
 
     /// Work item `i`'s run waits, with `buffer`: its calls are taken from there if the
@@ -503,6 +596,26 @@ impl Calls {
             Ok(at) => self.calls[at].1.clone(),
             Err(_) => Vec::new(),
         }
+    }
+
+    /// The runs among the first `consumed` events of the batch that recorded calls, as
+    /// `({agent}/{produce}, trigger id)`: whose answers kept before the commit are dropped.
+    fn committed(&self, rt: &Runtime, work: &[Work], consumed: usize) -> Vec<(String, String)> {
+        let mut runs: Vec<(String, String)> = Vec::new();
+        for (i, _, _) in &self.calls {
+            let work = &work[*i];
+            if work.events.1 < consumed {
+                let agent = &rt.agents[work.slot.agent];
+                let run = (
+                    AnswerStore::producer(&agent.name, agent.produces[work.slot.produce].name()),
+                    work.trigger.id.to_string(),
+                );
+                if !runs.contains(&run) {
+                    runs.push(run);
+                }
+            }
+        }
+        runs
     }
 
     /// Keeps, for their next attempt, the calls of the runs whose events stay queued: those
@@ -650,7 +763,9 @@ impl Schedule<'_> {
     fn start(&mut self, i: usize, cx: &mut Context<'_>) -> Option<Done> {
         let work = &self.work[i];
         self.active[work.slot.agent] += 1;
-        let buffer = self.tracker.start(i, work, ops_hint(self.rt.agents, work));
+        let agent = &self.rt.agents[work.slot.agent];
+        let producer = (&*agent.name, agent.produces[work.slot.produce].name());
+        let buffer = self.tracker.start(i, work, ops_hint(self.rt.agents, work), producer);
         let spare = self
             .spare
             .iter()

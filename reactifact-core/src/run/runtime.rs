@@ -533,6 +533,7 @@ impl RuntimeBuilder {
             metrics_every: self.metrics_every,
             resources: self.resources,
             calls: CallCache::default(),
+            answers_loaded: false,
             trace: TraceParent::mint(),
             metrics: RunMetrics::default(),
         })
@@ -643,6 +644,9 @@ pub struct Runtime {
     pub(crate) resources: Resources,
     /// The answers of runs whose generation did not commit, for their next attempt.
     pub(crate) calls: CallCache,
+    /// The answers the context's store kept before commits that never came were loaded into
+    /// `calls` (before the first generation).
+    pub(crate) answers_loaded: bool,
     /// The trace the core's own ids put this turn's runs in (`model::trace`): minted per turn.
     pub(crate) trace: TraceParent,
     /// The handles of the produces' run metrics, looked up again each turn.

@@ -290,6 +290,12 @@ async fn newest_checkpoint(
 }
 
 impl Backed {
+    /// Where the session keeps the answers of recorded calls before a commit; `None` for a
+    /// read-only session.
+    pub(crate) fn answers(&self) -> Option<crate::store::answers::AnswerStore> {
+        (!self.read_only).then(|| crate::store::answers::AnswerStore::new(self.backend.clone(), &self.session))
+    }
+
     /// Opens session `session` of `backend` and loads it from its newest checkpoint that
     /// checks out and the commits after it, writing nothing: a missing session the options
     /// allow to create loads empty, and is created by [`Backed::settle`] once the caller

@@ -584,6 +584,19 @@ pub(crate) fn decode_checkpoint(bytes: &[u8]) -> Result<CheckpointBody, String> 
     })
 }
 
+/// A recorded call as a store keeps its answer before the run commits
+/// ([`AnswerRow::call`](crate::store::AnswerRow)): the encoding a run record gives it.
+pub(crate) fn encode_call(call: &RecordedCall) -> Vec<u8> {
+    rmp_serde::to_vec(&CallRepr::of(call)).expect("a recorded call always encodes")
+}
+
+/// [`encode_call`] undone; `None` for bytes that are not a recorded call.
+pub(crate) fn decode_call(bytes: &[u8]) -> Option<RecordedCall> {
+    rmp_serde::from_slice::<CallRepr<'_>>(bytes)
+        .ok()
+        .map(CallRepr::into_call)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -190,6 +190,38 @@ impl Append {
     }
 }
 
+/// A recorded call's answer, kept before the generation of its run commits, as a store keeps
+/// it: one row, opaque to the store but for what [`LogStore::drop_answers`] deletes by. After a
+/// crash, a re-run of the same run (same produce, same trigger version) gets the answer back
+/// without calling again (see `docs/agents.md`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AnswerRow {
+    /// The session.
+    pub session: String,
+    /// The run's agent and produce, as `{agent}/{produce}`.
+    pub produce: String,
+    /// The id of the run's trigger.
+    pub trigger: String,
+    /// The run, encoded by the core: its trigger's version and content, and the event.
+    pub run: Vec<u8>,
+    /// The call, encoded by the core.
+    pub call: Vec<u8>,
+}
+
+impl AnswerRow {
+    /// An answer row, as a store reads it back.
+    pub fn new(session: String, produce: String, trigger: String, run: Vec<u8>, call: Vec<u8>) -> Self {
+        AnswerRow {
+            session,
+            produce,
+            trigger,
+            run,
+            call,
+        }
+    }
+}
+
 /// A checkpoint of a session's state, as a store keeps it: one row, opaque to the store.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -362,4 +394,31 @@ pub trait LogStore: Send + Sync + 'static {
     /// ([`VerifyError::OutboxMissing`], naming the first act's generation). `Ok(None)` if all
     /// hold.
     fn verify_outbox(&self, check: OutboxCheck) -> BoxFuture<'_, Result<Option<VerifyError>, StoreError>>;
+
+    /// Keeps a recorded call's answer durably, after the answers kept before it, before the
+    /// generation of its run commits: the runtime waits for it before the produce gets the
+    /// answer. The default keeps nothing (a store without it: a crash before the commit asks
+    /// again); every store of reactifact keeps them.
+    fn keep_answer(&self, row: AnswerRow) -> BoxFuture<'_, Result<(), StoreError>> {
+        let _ = row;
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    /// Every answer kept for `session`, in the order kept.
+    fn answers<'a>(&'a self, session: &'a str) -> BoxFuture<'a, Result<Vec<AnswerRow>, StoreError>> {
+        let _ = session;
+        Box::pin(std::future::ready(Ok(Vec::new())))
+    }
+
+    /// Deletes every answer of `session` kept for a run of one of `runs`, each an
+    /// `({agent}/{produce}, trigger id)` pair: what the runtime drops once such a run
+    /// committed (an answer of an earlier version of the trigger is of no use any more).
+    fn drop_answers<'a>(
+        &'a self,
+        session: &'a str,
+        runs: &'a [(String, String)],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = (session, runs);
+        Box::pin(std::future::ready(Ok(())))
+    }
 }

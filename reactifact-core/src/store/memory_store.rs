@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::model::action::ActionKey;
 use crate::state::refold::VerifyError;
 use crate::store::backed::block_on;
-use crate::store::log_store::{Append, CheckpointRow, CommitRow, LogStore, OutboxCheck, SessionRow};
+use crate::store::log_store::{AnswerRow, Append, CheckpointRow, CommitRow, LogStore, OutboxCheck, SessionRow};
 use crate::store::memory::MemoryOutbox;
 use crate::store::outbox::{BoxFuture, Claimed, OutboxStore};
 use crate::store::StoreError;
@@ -61,6 +61,8 @@ struct Log {
     /// The action hash of each intent this store's appends registered, by key, origin commit
     /// and run: what [`LogStore::verify_outbox`] compares an entry's act with.
     acted: HashMap<(ActionKey, [u8; 32], u64), [u8; 32]>,
+    /// The answers kept before their runs committed, in the order kept.
+    answers: Vec<AnswerRow>,
 }
 
 /// An act as an entry is matched against it: key, commit, run, kind, action hash.
@@ -273,6 +275,36 @@ impl LogStore for MemoryStore {
             .map(|kept| kept.values().cloned().collect())
             .unwrap_or_default();
         Box::pin(std::future::ready(Ok(rows)))
+    }
+
+    fn keep_answer(&self, row: AnswerRow) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.lock().answers.push(row);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn answers<'a>(&'a self, session: &'a str) -> BoxFuture<'a, Result<Vec<AnswerRow>, StoreError>> {
+        let rows = self
+            .lock()
+            .answers
+            .iter()
+            .filter(|a| a.session == session)
+            .cloned()
+            .collect();
+        Box::pin(std::future::ready(Ok(rows)))
+    }
+
+    fn drop_answers<'a>(
+        &'a self,
+        session: &'a str,
+        runs: &'a [(String, String)],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.lock().answers.retain(|a| {
+            a.session != session
+                || !runs
+                    .iter()
+                    .any(|(produce, trigger)| *produce == a.produce && *trigger == a.trigger)
+        });
+        Box::pin(std::future::ready(Ok(())))
     }
 
     fn verify_outbox(&self, check: OutboxCheck) -> BoxFuture<'_, Result<Option<VerifyError>, StoreError>> {

@@ -16,6 +16,7 @@
 // (`Backed::load_before`). The delivery ledger is the store's outbox (`OutboxStore`), never a
 // copy in memory. `session/connect.rs` opens a session of a URL.
 
+pub(crate) mod answers;
 pub(crate) mod backed;
 mod codec;
 mod in_flight;
@@ -47,7 +48,7 @@ pub use crate::model::outcome::{due_at, LastError, Transition};
 pub use crate::model::policy::ClaimPolicy;
 pub use crate::model::rate::{micros, RateBucket, RateSpend, RateState};
 pub use ledger::Ledger;
-pub use log_store::{Act, Append, CheckpointRow, ClaimOrder, CommitRow, LogStore, OutboxCheck, SessionRow};
+pub use log_store::{Act, AnswerRow, Append, CheckpointRow, ClaimOrder, CommitRow, LogStore, OutboxCheck, SessionRow};
 pub use memory::MemoryOutbox;
 pub use memory_store::MemoryStore;
 pub use outbox::{

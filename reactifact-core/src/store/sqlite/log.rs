@@ -14,7 +14,7 @@ use super::{millis, store_error, SqliteStore};
 use crate::model::action::{ActionKey, Origin};
 use crate::model::delivery::NewIntent;
 use crate::state::refold::VerifyError;
-use crate::store::log_store::{Append, CheckpointRow, CommitRow, LogStore, OutboxCheck, SessionRow};
+use crate::store::log_store::{AnswerRow, Append, CheckpointRow, CommitRow, LogStore, OutboxCheck, SessionRow};
 use crate::store::outbox::{BoxFuture, Claimed, OutboxStore};
 use crate::store::StoreError;
 
@@ -355,6 +355,65 @@ impl LogStore for SqliteStore {
                          (SELECT generation FROM checkpoints WHERE session = ?1 ORDER BY generation DESC LIMIT ?2)",
                 )?
                 .execute(params![row.session, i64::try_from(keep).unwrap_or(i64::MAX)])?;
+                Ok(())
+            })
+        })
+    }
+
+    fn keep_answer(&self, row: AnswerRow) -> BoxFuture<'_, Result<(), StoreError>> {
+        if !self.answers.load(Ordering::Acquire) {
+            // A read-only store of an older file: nothing runs produces on it.
+            return Box::pin(std::future::ready(Ok(())));
+        }
+        let session = row.session.clone();
+        self.write(&session, move |conn| {
+            conn.prepare_cached(
+                "INSERT INTO call_answers (session, produce, trigger, run, call) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![row.session, row.produce, row.trigger, row.run, row.call])?;
+            Ok(())
+        })
+    }
+
+    fn answers<'a>(&'a self, session: &'a str) -> BoxFuture<'a, Result<Vec<AnswerRow>, StoreError>> {
+        if !self.answers.load(Ordering::Acquire) {
+            return Box::pin(std::future::ready(Ok(Vec::new())));
+        }
+        let session = session.to_owned();
+        self.run(move |conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT session, produce, trigger, run, call FROM call_answers WHERE session = ?1 ORDER BY seq",
+            )?;
+            let rows = stmt.query_map([session], |row| {
+                Ok(AnswerRow::new(
+                    row.get(0)?,
+                    row.get(1)?,
+                    row.get(2)?,
+                    row.get(3)?,
+                    row.get(4)?,
+                ))
+            })?;
+            rows.collect()
+        })
+    }
+
+    fn drop_answers<'a>(
+        &'a self,
+        session: &'a str,
+        runs: &'a [(String, String)],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        if !self.answers.load(Ordering::Acquire) || runs.is_empty() {
+            return Box::pin(std::future::ready(Ok(())));
+        }
+        let owned = session.to_owned();
+        let runs = runs.to_vec();
+        self.write(session, move |conn| {
+            super::actor::write(conn, |tx| {
+                let mut stmt =
+                    tx.prepare_cached("DELETE FROM call_answers WHERE session = ?1 AND produce = ?2 AND trigger = ?3")?;
+                for (produce, trigger) in &runs {
+                    stmt.execute(params![owned, produce, trigger])?;
+                }
                 Ok(())
             })
         })

@@ -63,6 +63,9 @@ pub struct SqliteStore {
     /// The file has the checkpoints table (schema version 3 and later; a writable store's
     /// file has it once prepared).
     checkpoints: std::sync::atomic::AtomicBool,
+    /// The file has the table of answers kept before a commit (schema version 9 and later; a
+    /// writable store's file has it once prepared).
+    answers: std::sync::atomic::AtomicBool,
     /// The writes under way on the outbox's thread: dropping the store waits for them, so
     /// that a write whose future was dropped (a cut-off commit) cannot land after the store
     /// is gone and a reopen reads what it left.
@@ -244,6 +247,7 @@ impl SqliteStore {
             unprepared: Mutex::new((!options.read_only && version >= 1).then_some((version, options.synchronous))),
             // A new file got the current schema above.
             checkpoints: (version == 0 || schema::has_checkpoints(version)).into(),
+            answers: (version == 0 || schema::has_answers(version)).into(),
             writes: Arc::default(),
         }))
     }
@@ -269,6 +273,7 @@ impl SqliteStore {
             Ok(Ok(())) => {
                 *self.unprepared.lock().unwrap_or_else(PoisonError::into_inner) = None;
                 self.checkpoints.store(true, std::sync::atomic::Ordering::Release);
+                self.answers.store(true, std::sync::atomic::Ordering::Release);
                 Ok(())
             }
             Ok(Err(e)) => Err(e),

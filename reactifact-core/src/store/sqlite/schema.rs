@@ -59,7 +59,7 @@ use crate::store::codec;
 use crate::store::{OpenError, Synchronous};
 
 /// The schema version this build writes.
-pub(crate) const SCHEMA_VERSION: i64 = 8;
+pub(crate) const SCHEMA_VERSION: i64 = 9;
 
 /// The oldest schema version this build reads without migrating it, in a read-only open:
 /// version 3 only adds the checkpoints table, version 4 the attempt history, version 5 the
@@ -216,6 +216,26 @@ pub(super) const V8_CHANGES: &str = "
     CREATE INDEX outbox_kind_due ON outbox (kind, due_at, seq) WHERE due_at IS NOT NULL;
 ";
 
+/// Version 9: the answers of recorded calls kept before their runs' generations commit (one
+/// row per answer, in the order kept), and an index of commits by hash.
+pub(super) const V9_CHANGES: &str = "
+    CREATE TABLE call_answers (
+        seq INTEGER PRIMARY KEY,
+        session TEXT NOT NULL,
+        produce TEXT NOT NULL,
+        trigger TEXT NOT NULL,
+        run BLOB NOT NULL,
+        call BLOB NOT NULL
+    );
+    CREATE INDEX call_answers_run ON call_answers (session, produce, trigger);
+    CREATE INDEX commits_hash ON commits (hash);
+";
+
+/// Whether a file of this version keeps the answers of recorded calls.
+pub(super) fn has_answers(version: i64) -> bool {
+    version >= 9
+}
+
 /// Whether a file of this version keeps decisions (an older one is read through a view that
 /// shows none).
 pub(super) fn has_decisions(version: i64) -> bool {
@@ -283,7 +303,7 @@ pub(super) fn has_checkpoints(version: i64) -> bool {
 /// What each version added that a file of an older version cannot hold: the tables it
 /// created, and the columns it added to `outbox`. (Version 1 → 2 creates the outbox with the
 /// columns of versions 5 to 7, but leaves the file at the current version.)
-const ADDED: [(i64, &[&str], &[&str]); 7] = [
+const ADDED: [(i64, &[&str], &[&str]); 8] = [
     (2, &["outbox", "outbox_members", "outbox_purged"], &[]),
     (3, &["checkpoints"], &[]),
     (
@@ -295,6 +315,7 @@ const ADDED: [(i64, &[&str], &[&str]); 7] = [
     (6, &[], &["trace_parent"]),
     (7, &[], &["grp"]),
     (8, &["outbox_rates"], &[]),
+    (9, &["call_answers"], &[]),
 ];
 
 /// The first table or `outbox` column of `tables` and `columns` that a version after `version`
@@ -488,9 +509,17 @@ pub(super) fn migrate(conn: &mut Connection, from: i64) -> Result<i64, LoadError
         6 => tx.execute_batch(V7_CHANGES)?,
         // Version 7 → 8: the rate limits' buckets (empty: every bucket starts full).
         7 => {}
+        // Version 8 → 9: the answers kept before a commit (none yet), the commits' hash index.
+        8 => {
+            tx.execute_batch(V9_CHANGES)?;
+            tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+            tx.commit()?;
+            return Ok(SCHEMA_VERSION);
+        }
         _ => return Ok(current),
     }
     tx.execute_batch(V8_CHANGES)?;
+    tx.execute_batch(V9_CHANGES)?;
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     tx.commit()?;
     Ok(SCHEMA_VERSION)
