@@ -299,7 +299,9 @@ async fn a_schema_4_file_reads_as_it_is_and_migrates_to_schema_5_keeping_every_d
     {
         let conn = rusqlite::Connection::open(&path).unwrap();
         conn.execute_batch(
-            "DROP TABLE outbox_rates;
+            "DROP TABLE call_answers;
+             DROP INDEX commits_hash;
+             DROP TABLE outbox_rates;
              DROP INDEX outbox_kind_due;
              DROP INDEX outbox_group_open;
              ALTER TABLE outbox DROP COLUMN grp;
