@@ -299,7 +299,9 @@ async fn a_schema_4_file_reads_as_it_is_and_migrates_to_schema_5_keeping_every_d
     {
         let conn = rusqlite::Connection::open(&path).unwrap();
         conn.execute_batch(
-            "DROP TABLE outbox_rates;
+            "DROP INDEX commits_hash;
+             ALTER TABLE outbox DROP COLUMN decided_digest;
+             DROP TABLE outbox_rates;
              DROP INDEX outbox_kind_due;
              DROP INDEX outbox_group_open;
              ALTER TABLE outbox DROP COLUMN grp;
@@ -341,7 +343,7 @@ async fn a_schema_4_file_reads_as_it_is_and_migrates_to_schema_5_keeping_every_d
     assert_eq!(sent, ["notify:order:1", "notify:order:2"]);
     let conn = rusqlite::Connection::open(&path).unwrap();
     let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
-    assert_eq!(version, 8, "migrated through schema 5 to the current one");
+    assert_eq!(version, 9, "migrated through schema 5 to the current one");
 }
 
 /// A rejection changed in the file into an approval (with the row made due) is held at the

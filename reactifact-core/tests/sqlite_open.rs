@@ -101,6 +101,7 @@ fn a_file_whose_schema_version_was_lowered_is_corrupt_and_left_as_it_was() {
         (5, "column `outbox.trace_parent`, which schema version 6 added"),
         (6, "column `outbox.grp`, which schema version 7 added"),
         (7, "table `outbox_rates`, which schema version 8 added"),
+        (8, "column `outbox.decided_digest`, which schema version 9 added"),
     ];
     for (lowered, named) in ahead {
         set_version(lowered);

@@ -114,7 +114,7 @@ impl TraceRecorder {
 async fn a_committed_intent_keeps_its_trace_context_in_the_file_and_another_process_delivers_in_its_trace() {
     let dir = tempfile::tempdir().unwrap();
     let path = store_with(dir.path(), 2).await;
-    assert_eq!(user_version(&path), 8);
+    assert_eq!(user_version(&path), 9);
     // Kept as the 25 bytes of its encoding.
     let stored: Vec<Vec<u8>> = {
         let conn = rusqlite::Connection::open(&path).unwrap();
@@ -279,7 +279,8 @@ async fn a_schema_5_file_reads_as_it_is_and_migrates_to_schema_6_keeping_every_d
     // The file as a build of schema 5 left it: no trace context (and no group of schema 7).
     tamper(
         &path,
-        "DROP TABLE outbox_rates; DROP INDEX outbox_kind_due; DROP INDEX outbox_group_open; ALTER TABLE outbox DROP COLUMN grp;
+        "DROP INDEX commits_hash; ALTER TABLE outbox DROP COLUMN decided_digest;
+         DROP TABLE outbox_rates; DROP INDEX outbox_kind_due; DROP INDEX outbox_group_open; ALTER TABLE outbox DROP COLUMN grp;
          ALTER TABLE outbox DROP COLUMN trace_parent; PRAGMA user_version = 5;",
     );
     let before = digests(&path);
@@ -302,7 +303,7 @@ async fn a_schema_5_file_reads_as_it_is_and_migrates_to_schema_6_keeping_every_d
     // delivered; a new intent keeps its own.
     let recorder = TraceRecorder::default();
     let mut ctx = Context::open(&path, "main").unwrap();
-    assert_eq!(user_version(&path), 8);
+    assert_eq!(user_version(&path), 9);
     assert_eq!(digests(&path), before, "the migration rewrites no row");
     ctx.verify().expect("the log verifies after the migration");
     assert_eq!(kept(&**ctx.ledger().outbox(), "notify:order:1").await, None);

@@ -143,7 +143,7 @@ async fn a_version_2_file_reads_as_it_is_and_migrates_to_checkpoints_at_its_firs
     // The first writable open migrates: the current version, an empty checkpoints table and attempt
     // history.
     let main = Context::open(&path, "main").unwrap();
-    assert_eq!(user_version(&path), 8);
+    assert_eq!(user_version(&path), 9);
     assert!(has_table(&path, "checkpoints"));
     assert!(has_table(&path, "outbox_attempts"));
     assert_eq!(summary(&main), expected);

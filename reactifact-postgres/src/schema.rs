@@ -38,6 +38,13 @@
 //! Unix epoch), locked and written by the claims that spend from it; and two partial indexes
 //! of due rows, by kind (a rate-limited claim takes each kind's share from it) and by session
 //! (a claim takes each session's turn from it). It rewrites no row.
+//!
+//! Version 8 binds approvals to what they approve: `decided_digest`, a nullable `bytea`, the
+//! action hash of the row when an operator approved or rejected it, and the digest function's
+//! overload over 27 columns: a row whose `decided_digest` is NULL digests exactly as before
+//! (the 26-column function: a row without a decision, or with one an older build recorded),
+//! so the migration rewrites no row; a row with one digests a row value of all 27 columns. A
+//! claim hands out an approved row only while its action hash is that digest.
 
 use tokio_postgres::Client;
 
@@ -45,15 +52,15 @@ use crate::connect::store_error;
 use crate::OpenError;
 
 /// The schema version this build writes and reads.
-pub(crate) const SCHEMA_VERSION: i32 = 7;
+pub(crate) const SCHEMA_VERSION: i32 = 8;
 
 /// The first key of the advisory lock migrations take (the second is the schema's hash):
 /// `0x52_46_50_47`, "RFPG".
 const LOCK_CLASS: i32 = 0x5246_5047;
 
 /// The digested columns of `outbox`, in digest order (all but `seq` and `digest`): the 22 of
-/// version 1, then the decision columns of version 4.
-pub(crate) const DIGESTED: [&str; 26] = [
+/// version 1, the decision columns of version 4, then the approved digest of version 8.
+pub(crate) const DIGESTED: [&str; 27] = [
     "key",
     "kind",
     "session",
@@ -80,6 +87,7 @@ pub(crate) const DIGESTED: [&str; 26] = [
     "decided_by",
     "decided_at",
     "decision_reason",
+    "decided_digest",
 ];
 
 /// Version 1: the outbox, its attachments, its tombstones, and the digest functions. `{s}`
@@ -267,6 +275,33 @@ CREATE INDEX outbox_kind_due ON {s}.outbox (kind, due_at, seq) WHERE due_at IS N
 CREATE INDEX outbox_session_due ON {s}.outbox (session, due_at, seq) WHERE due_at IS NOT NULL;
 "#;
 
+/// Version 8: approvals bound to what they approve. The action hash an operator's decision
+/// was made on, digested by the 27-column overload of `outbox_digest` whenever it is set
+/// (which is the 26-column digest for a row without it, so no row changes).
+const V8: &str = r#"
+ALTER TABLE {s}.outbox ADD COLUMN decided_digest bytea;
+CREATE FUNCTION {s}.outbox_digest(
+        key text, kind text, session text, origin_commit bytea, origin_gen bigint, origin_run bigint,
+        action_hash bytea, bytes bytea, recorded_at bigint, status bigint, due_at bigint, token bigint,
+        owner text, lease_until bigint, attempts bigint, expired bigint, interrupted bigint,
+        last_error text, cancel_reason text, updated_at bigint, delivered_at bigint, next_attempt_at bigint,
+        decision bigint, decided_by text, decided_at bigint, decision_reason text, decided_digest bytea)
+    RETURNS bytea
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$ SELECT CASE
+        WHEN decided_digest IS NULL
+        THEN {s}.outbox_digest(key, kind, session, origin_commit, origin_gen, origin_run, action_hash, bytes,
+            recorded_at, status, due_at, token, owner, lease_until, attempts, expired, interrupted, last_error,
+            cancel_reason, updated_at, delivered_at, next_attempt_at, decision, decided_by, decided_at,
+            decision_reason)
+        ELSE sha256(convert_to(ROW('reactifact/postgres/outbox/row/v1', key, kind, session,
+            encode(origin_commit, 'hex'), origin_gen, origin_run, encode(action_hash, 'hex'), encode(bytes, 'hex'),
+            recorded_at, status, due_at, token, owner, lease_until, attempts, expired, interrupted, last_error,
+            cancel_reason, updated_at, delivered_at, next_attempt_at, decision, decided_by, decided_at,
+            decision_reason, encode(decided_digest, 'hex'))::text, 'UTF8'))
+        END $$;
+"#;
+
 /// The migrations, in order: `MIGRATIONS[v - 1]` takes the schema from version `v - 1` to `v`.
 const MIGRATIONS: [(&str, &str); SCHEMA_VERSION as usize] = [
     ("the outbox", V1),
@@ -276,6 +311,7 @@ const MIGRATIONS: [(&str, &str); SCHEMA_VERSION as usize] = [
     ("trace context", V5),
     ("ordering groups", V6),
     ("rate limits and fair claims", V7),
+    ("approvals bound to their digest", V8),
 ];
 
 /// `"schema"`: the schema's name as an identifier (a name [`valid_schema`] accepts needs no

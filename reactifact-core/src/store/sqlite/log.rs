@@ -160,6 +160,9 @@ fn verify_outbox(conn: &Connection, check: &OutboxCheck) -> rusqlite::Result<Opt
         let Some(&generation) = check.commits.get(&origin) else {
             continue; // Born of another session's commit.
         };
+        if let Some(mismatch) = row.decision_mismatch(check, origin, generation) {
+            return Ok(Some(mismatch));
+        }
         // The row names the commit by its hash and its generation: both must agree.
         let acted = u64::try_from(row.origin_gen).ok() == Some(generation.0)
             && u64::try_from(row.origin_run)
