@@ -479,7 +479,7 @@ fn a_missing_or_older_store_is_an_error_and_never_created_or_migrated() {
     .unwrap();
     older.run(&["outbox", "stats"]).fails(
         2,
-        "has schema version 1, older than the 7 this reactifact uses; open it once with the application",
+        "has schema version 1, older than the 8 this reactifact uses; open it once with the application",
     );
     let version = query_text(
         &url,

@@ -182,13 +182,17 @@ async fn a_schema_4_store_upgrades_to_trace_context_keeping_every_digest() {
     let client = client(&url).await;
     client
         .batch_execute(&format!(
-            "DROP TABLE \"{schema}\".outbox_rates;
+            "ALTER TABLE \"{schema}\".outbox DROP COLUMN decided_digest;
+             DROP FUNCTION \"{schema}\".outbox_digest(text, text, text, bytea, bigint, bigint, bytea, bytea, bigint,
+                 bigint, bigint, bigint, text, bigint, bigint, bigint, bigint, text, text, bigint, bigint, bigint,
+                 bigint, text, bigint, text, bytea);
+             DROP TABLE \"{schema}\".outbox_rates;
              DROP INDEX \"{schema}\".outbox_kind_due;
              DROP INDEX \"{schema}\".outbox_session_due;
              DROP INDEX \"{schema}\".outbox_group_open;
              ALTER TABLE \"{schema}\".outbox DROP COLUMN grp;
              ALTER TABLE \"{schema}\".outbox DROP COLUMN trace_parent;
-             DELETE FROM \"{schema}\".schema_version WHERE version IN (5, 6, 7)"
+             DELETE FROM \"{schema}\".schema_version WHERE version IN (5, 6, 7, 8)"
         ))
         .await
         .unwrap();
@@ -201,7 +205,7 @@ async fn a_schema_4_store_upgrades_to_trace_context_keeping_every_digest() {
             refused,
             OpenError::OlderSchema {
                 found: 4,
-                supported: 7,
+                supported: 8,
                 ..
             }
         ),
