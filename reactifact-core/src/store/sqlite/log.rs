@@ -289,7 +289,7 @@ impl LogStore for SqliteStore {
 
     fn commit_by_hash<'a>(&'a self, hash: &'a [u8]) -> BoxFuture<'a, Result<Option<CommitRow>, StoreError>> {
         let hash = hash.to_vec();
-        // (No index on the hash: a whole-log read walking merged histories reads a few.)
+        // (Through `commits_hash`, schema 9's index of the commits by hash.)
         self.run(move |conn| {
             conn.prepare_cached(&format!("SELECT {COMMIT_COLUMNS} FROM commits WHERE hash = ?1 LIMIT 1"))?
                 .query_row([hash], commit_row)
