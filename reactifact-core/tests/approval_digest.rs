@@ -132,8 +132,11 @@ fn change_payload(path: &Path, key: &str, decided: bool) -> ContentHash {
         .unwrap();
     }
     let digest = row_digest(&conn, key);
-    conn.execute("UPDATE outbox SET digest = ?2 WHERE key = ?1", rusqlite::params![key, digest])
-        .unwrap();
+    conn.execute(
+        "UPDATE outbox SET digest = ?2 WHERE key = ?1",
+        rusqlite::params![key, digest],
+    )
+    .unwrap();
     hash
 }
 
@@ -174,7 +177,8 @@ async fn an_approval_records_the_action_hash_and_survives_a_reopen_with_it() {
     );
     let why = rt.context().provenance("refund:order:1").await.unwrap().unwrap();
     assert!(
-        why.to_string().contains(&format!("approved by ada@ops of digest {}", hash.short())),
+        why.to_string()
+            .contains(&format!("approved by ada@ops of digest {}", hash.short())),
         "{why}"
     );
     let mut audit = Vec::new();
@@ -331,8 +335,11 @@ async fn a_schema_8_file_keeps_its_decisions_readable_without_a_digest_and_migra
         conn.execute("UPDATE outbox SET decided_digest = NULL", []).unwrap();
         for key in ["refund:order:1", "refund:order:2"] {
             let digest = row_digest(&conn, key);
-            conn.execute("UPDATE outbox SET digest = ?2 WHERE key = ?1", rusqlite::params![key, digest])
-                .unwrap();
+            conn.execute(
+                "UPDATE outbox SET digest = ?2 WHERE key = ?1",
+                rusqlite::params![key, digest],
+            )
+            .unwrap();
         }
         conn.execute_batch(
             "DROP INDEX commits_hash; ALTER TABLE outbox DROP COLUMN decided_digest; PRAGMA user_version = 8;",

@@ -20,8 +20,7 @@ use std::time::SystemTime;
 use reactifact_core::audit::{ContentHash, VerifyError};
 use reactifact_core::error::StoreError;
 use reactifact_core::store::{
-    Act, Append, BoxFuture, CheckpointRow, Claimed, CommitRow, LogStore, OutboxCheck, OutboxStore, SessionRow,
-    Verdict,
+    Act, Append, BoxFuture, CheckpointRow, Claimed, CommitRow, LogStore, OutboxCheck, OutboxStore, SessionRow, Verdict,
 };
 use tokio::sync::{oneshot, Mutex};
 use tokio_postgres::{Client, NoTls, Statement, Transaction};

@@ -255,13 +255,15 @@ impl Row {
     /// The decision the row records, if it records one that reads.
     pub(crate) fn decision(&self) -> Option<Decision> {
         let verdict = Verdict::from_code(self.decision?)?;
-        Some(Decision::new(
-            verdict,
-            self.decided_by.clone().unwrap_or_default(),
-            time(self.decided_at.unwrap_or(0)),
-            self.decision_reason.clone(),
+        Some(
+            Decision::new(
+                verdict,
+                self.decided_by.clone().unwrap_or_default(),
+                time(self.decided_at.unwrap_or(0)),
+                self.decision_reason.clone(),
+            )
+            .with_digest(self.decided_hash()),
         )
-        .with_digest(self.decided_hash()))
     }
 
     /// The approved digest, if the row records one of 32 bytes.

@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 use reactifact_core::audit::{ContentHash, VerifyError};
 use reactifact_core::ledger::DeliveryStatus;
 use reactifact_core::store::Verdict;
-use reactifact_core::{Agent, Context, DispatchError, Intent, PendingAction, Produce, ProduceCall, ProduceError, Runtime};
+use reactifact_core::{
+    Agent, Context, DispatchError, Intent, PendingAction, Produce, ProduceCall, ProduceError, Runtime,
+};
 
 use common::flow::{open_store, order, Order};
 use common::Schemas;
@@ -48,7 +50,10 @@ async fn client(url: &str) -> tokio_postgres::Client {
 /// their action hash, and the row digest over it all. Returns the new action hash.
 async fn change_payload(client: &tokio_postgres::Client, schema: &str, key: &str) -> ContentHash {
     let bytes: Vec<u8> = client
-        .query_one(&format!("SELECT bytes FROM \"{schema}\".outbox WHERE key = $1"), &[&key])
+        .query_one(
+            &format!("SELECT bytes FROM \"{schema}\".outbox WHERE key = $1"),
+            &[&key],
+        )
         .await
         .unwrap()
         .get(0);
@@ -88,7 +93,9 @@ async fn an_approved_row_changed_in_postgres_is_held_never_sent_and_named_by_ver
     let schema = schemas.name();
     let sent = Arc::new(Mutex::new(Vec::new()));
     let approved = {
-        let mut ctx = Context::open_store(open_store(&url, &schema).await, "orders").await.unwrap();
+        let mut ctx = Context::open_store(open_store(&url, &schema).await, "orders")
+            .await
+            .unwrap();
         ctx.create("order:1", order(1)).unwrap();
         ctx.create("order:2", order(2)).unwrap();
         let mut rt = runtime(ctx, &sent);
@@ -113,7 +120,9 @@ async fn an_approved_row_changed_in_postgres_is_held_never_sent_and_named_by_ver
     };
     // Reopened: the approval is kept with its digest, and verify passes.
     {
-        let ctx = Context::open_store(open_store(&url, &schema).await, "orders").await.unwrap();
+        let ctx = Context::open_store(open_store(&url, &schema).await, "orders")
+            .await
+            .unwrap();
         let d = ctx.ledger().get("refund:order:1").await.unwrap().unwrap();
         let decision = d.decision().unwrap();
         assert_eq!((decision.verdict, decision.digest), (Verdict::Approved, Some(approved)));
@@ -123,7 +132,9 @@ async fn an_approved_row_changed_in_postgres_is_held_never_sent_and_named_by_ver
     let client = client(&url).await;
     let changed = change_payload(&client, &schema, "refund:order:1").await;
     assert_ne!(changed, approved);
-    let ctx = Context::open_store(open_store(&url, &schema).await, "orders").await.unwrap();
+    let ctx = Context::open_store(open_store(&url, &schema).await, "orders")
+        .await
+        .unwrap();
     let mut rt = runtime(ctx, &sent);
     let before = rt.context().ledger().get("refund:order:1").await.unwrap().unwrap();
     assert_eq!(

@@ -56,11 +56,11 @@ use foldhash::{HashMap, HashSet};
 use hashbrown::HashTable;
 
 use crate::model::action::{ActionKey, Intent, Origin, Payload};
-use crate::model::hash::ContentHash;
 use crate::model::delivery::{
     from_unix_millis, later, unix_millis, Attempt, AttemptOutcome, Decision, Delivery, DeliveryStatus, FenceToken,
     Lease, NewIntent, Remarks, Verdict, ATTEMPTS_KEPT,
 };
+use crate::model::hash::ContentHash;
 use crate::model::outcome::{due_at, LastError};
 use crate::model::rate::{RateSpend, RateState};
 use crate::model::trace::TraceParent;
