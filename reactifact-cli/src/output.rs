@@ -185,7 +185,8 @@ pub fn attempt_json(a: &Attempt) -> Value {
 }
 
 /// An operator's approval or rejection as JSON (`null` for none): `verdict` (`approved` or
-/// `rejected`), `by`, `at`, `reason`.
+/// `rejected`), `by`, `at`, `reason`, and `digest`, the action hash it was made on (lowercase
+/// hex; `null` for a decision an older build recorded).
 pub fn decision_json(decision: Option<&Decision>) -> Value {
     decision.map_or(Value::Null, |d| {
         json!({
@@ -193,13 +194,19 @@ pub fn decision_json(decision: Option<&Decision>) -> Value {
             "by": d.by,
             "at": time(d.at),
             "reason": d.reason,
+            "digest": d.digest.map(|h| h.to_string()),
         })
     })
 }
 
-/// An operator's decision in one line: `approved by ada at …`, `rejected by bob at …: why`.
+/// An operator's decision in one line: `approved by ada at … (digest 1a2b…)`, `rejected by bob
+/// at … (digest …): why`; `(no digest)` for a decision an older build recorded.
 pub fn decision_line(d: &Decision) -> String {
     let mut line = format!("{} by {} at {}", d.verdict, d.by, time(d.at));
+    match &d.digest {
+        Some(digest) => line.push_str(&format!(" (digest {digest})")),
+        None => line.push_str(" (no digest)"),
+    }
     if let Some(reason) = &d.reason {
         line.push_str(": ");
         line.push_str(reason);

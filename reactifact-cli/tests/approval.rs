@@ -16,6 +16,15 @@ use reactifact_core::{
 use support::{Notify, Order};
 use tempfile::TempDir;
 
+/// The action hash (lowercase hex) the outbox row of `key` holds.
+fn action_hash(path: &Path, key: &str) -> String {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let hash: Vec<u8> = conn
+        .query_row("SELECT action_hash FROM outbox WHERE key = ?1", [key], |r| r.get(0))
+        .unwrap();
+    hash.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// A store whose session `refunds` acted `refund:order:1`, `refund:order:2` and
 /// `refund:order:3` with approval (no dispatcher: they stay awaiting), and `plain:order:1`
 /// without.
@@ -101,13 +110,19 @@ fn approve_and_reject_are_the_stores_operations_and_refuse_what_it_refuses() {
     assert_eq!(waiting["entries"][0]["decision"], serde_json::Value::Null);
 
     let out = run(&path, &["outbox", "approve", "refund:order:1", "--by", "ada@ops"]).ok();
-    assert_eq!(out.stdout, "approved refund:order:1: now pending\n");
+    // Bound to the action hash the row holds: the bytes the operator approved.
+    let approved = action_hash(&path, "refund:order:1");
+    assert_eq!(
+        out.stdout,
+        format!("approved refund:order:1: now pending, digest {approved}\n")
+    );
     let d = entry(&path, "refund:order:1");
     let decision = d.decision().unwrap();
     assert_eq!(
         (d.status(), decision.verdict, decision.by.as_str()),
         (DeliveryStatus::Pending, Verdict::Approved, "ada@ops")
     );
+    assert_eq!(decision.digest.map(|h| h.to_string()), Some(approved.clone()));
     let doc = json(
         &path,
         &[
@@ -124,6 +139,8 @@ fn approve_and_reject_are_the_stores_operations_and_refuse_what_it_refuses() {
     assert_eq!(doc["rejected"][0]["decision"]["verdict"], "rejected", "{doc}");
     assert_eq!(doc["rejected"][0]["decision"]["by"], "bob@ops", "{doc}");
     assert_eq!(doc["rejected"][0]["decision"]["reason"], "duplicate", "{doc}");
+    let rejected = action_hash(&path, "refund:order:2");
+    assert_eq!(doc["rejected"][0]["decision"]["digest"], rejected.as_str(), "{doc}");
     assert_eq!(entry(&path, "refund:order:2").status(), DeliveryStatus::Rejected);
 
     // Refusals: exit 2, nothing changed.
@@ -154,9 +171,19 @@ fn approve_and_reject_are_the_stores_operations_and_refuse_what_it_refuses() {
     assert_eq!(stats["counts"]["pending"], 2, "{stats}");
     let show = run(&path, &["outbox", "show", "refund:order:2"]).ok().stdout;
     assert!(show.contains("rejected by bob@ops at "), "{show}");
+    assert!(show.contains(&format!("(digest {rejected})")), "{show}");
+    let shown = json(&path, &["outbox", "show", "refund:order:1"]);
+    assert_eq!(shown["decision"]["digest"], approved.as_str(), "{shown}");
+    let listed = json(&path, &["outbox", "list"]);
+    let first = &listed["entries"].as_array().unwrap()[0];
+    assert_eq!(first["decision"]["digest"], approved.as_str(), "{listed}");
     let why = json(&path, &["why", "refund:order:2"]);
     assert_eq!(why["requires_approval"], true, "{why}");
     assert_eq!(why["decision"]["by"], "bob@ops", "{why}");
+    assert_eq!(why["decision"]["digest"], rejected.as_str(), "{why}");
+    let why = run(&path, &["why", "refund:order:1"]).ok().stdout;
+    assert!(why.contains("approved by ada@ops at "), "{why}");
+    assert!(why.contains(&format!("(digest {approved})")), "{why}");
     let why = run(&path, &["why", "refund:order:3"]).ok().stdout;
     assert!(why.contains("required, not given yet"), "{why}");
     let why = run(&path, &["why", "plain:order:1"]).ok().stdout;

@@ -301,6 +301,7 @@ async fn a_schema_4_file_reads_as_it_is_and_migrates_to_schema_5_keeping_every_d
         conn.execute_batch(
             "DROP TABLE call_answers;
              DROP INDEX commits_hash;
+             ALTER TABLE outbox DROP COLUMN decided_digest;
              DROP TABLE outbox_rates;
              DROP INDEX outbox_kind_due;
              DROP INDEX outbox_group_open;

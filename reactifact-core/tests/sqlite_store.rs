@@ -471,7 +471,7 @@ fn a_newer_schema_is_refused_with_a_clear_error() {
             err,
             OpenError::NewerSchema {
                 found: 99,
-                supported: 8,
+                supported: 9,
                 ..
             }
         ),

@@ -279,7 +279,8 @@ async fn a_schema_5_file_reads_as_it_is_and_migrates_to_schema_6_keeping_every_d
     // The file as a build of schema 5 left it: no trace context (and no group of schema 7).
     tamper(
         &path,
-        "DROP TABLE call_answers; DROP INDEX commits_hash; DROP TABLE outbox_rates; DROP INDEX outbox_kind_due; DROP INDEX outbox_group_open; ALTER TABLE outbox DROP COLUMN grp;
+        "DROP TABLE call_answers; DROP INDEX commits_hash; ALTER TABLE outbox DROP COLUMN decided_digest;
+         DROP TABLE outbox_rates; DROP INDEX outbox_kind_due; DROP INDEX outbox_group_open; ALTER TABLE outbox DROP COLUMN grp;
          ALTER TABLE outbox DROP COLUMN trace_parent; PRAGMA user_version = 5;",
     );
     let before = digests(&path);

@@ -17,11 +17,11 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use reactifact_core::audit::VerifyError;
+use reactifact_core::audit::{ContentHash, VerifyError};
 use reactifact_core::error::StoreError;
 use reactifact_core::store::{
     Act, AnswerRow, Append, BoxFuture, CheckpointRow, Claimed, CommitRow, LogStore, OutboxCheck, OutboxStore,
-    SessionRow,
+    SessionRow, Verdict,
 };
 use tokio::sync::{oneshot, Mutex};
 use tokio_postgres::{Client, NoTls, Statement, Transaction};
@@ -147,6 +147,36 @@ impl std::fmt::Debug for PostgresStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PostgresStore").field("store", &self.log.name).finish()
     }
+}
+
+/// For `verify`: a [`VerifyError::OutboxDecision`] if the outbox row `row` (of `verify_outbox`'s
+/// query: its decision at 8, its approved digest at 9) records a decision bound to a digest
+/// that is not the action hash the log acted for `key` in its origin commit and run, or not
+/// the one the row holds (`held`).
+fn decision_mismatch(
+    check: &OutboxCheck,
+    row: &tokio_postgres::Row,
+    key: &str,
+    origin: [u8; 32],
+    generation: reactifact_core::runtime::Generation,
+    held: &[u8],
+) -> Option<VerifyError> {
+    let verdict = Verdict::from_code(row.get::<_, Option<i64>>(8)?)?;
+    let decided: [u8; 32] = row.get::<_, Option<&[u8]>>(9)?.try_into().ok()?;
+    let run = u64_of(row.get(5));
+    let act = check
+        .acts
+        .iter()
+        .find(|a| a.key.as_str() == key && a.commit == origin && a.run == run)?;
+    let held: [u8; 32] = held.try_into().ok()?;
+    (decided != act.action_hash || decided != held).then(|| VerifyError::OutboxDecision {
+        generation,
+        key: key.into(),
+        verdict,
+        decided: ContentHash(decided),
+        acted: ContentHash(act.action_hash),
+        held: ContentHash(held),
+    })
 }
 
 fn u64_of(value: i64) -> u64 {
@@ -585,7 +615,7 @@ impl Log {
             .query(
                 &format!(
                     "SELECT {ok}, sha256(o.bytes) = o.action_hash, o.key, o.kind, o.origin_commit, o.origin_run, o.action_hash,
-                            o.origin_gen
+                            o.origin_gen, o.decision, o.decided_digest
                        FROM {s}.outbox o ORDER BY o.seq",
                     ok = intact(s, "o"),
                 ),
@@ -623,6 +653,9 @@ impl Log {
             };
             let kind: String = row.get(3);
             let action_hash: Vec<u8> = row.get(6);
+            if let Some(mismatch) = decision_mismatch(&check, row, &key, origin, generation, &action_hash) {
+                return Ok(Some(mismatch));
+            }
             // The row names the commit by its hash and its generation: both must agree.
             let acted = u64_of(row.get(7)) == generation.0
                 && <[u8; 32]>::try_from(action_hash.as_slice())

@@ -503,7 +503,8 @@ impl Statements {
             ),
         );
         // An operator's decision: $3 the verdict's code (1 approved: pending, due at $6, now or
-        // its `not_before`; 2 rejected), $4 who, $5 why.
+        // its `not_before`; 2 rejected), $4 who, $5 why; bound to the action hash the row
+        // holds (a claim hands it out only while it still holds it).
         let decide = format!(
             "UPDATE {s}.outbox o SET {set} WHERE o.seq = $1 AND o.status = 7 RETURNING {cols}",
             set = set_with_digest(
@@ -516,6 +517,7 @@ impl Statements {
                     ("decided_by", "$4::text"),
                     ("decided_at", "$2::bigint"),
                     ("decision_reason", "$5::text"),
+                    ("decided_digest", "o.action_hash"),
                     ("updated_at", "$2::bigint"),
                 ],
             ),
@@ -1735,6 +1737,15 @@ impl Inner {
                 tx.rollback().await.map_err(&err)?;
                 return refused.map(|_| row.view());
             }
+        }
+        // What the operator decides on is the row's action hash: its bytes must hash to it.
+        if !row.bytes_match() {
+            tx.rollback().await.map_err(&err)?;
+            return Err(ApprovalError::Store(StoreError::integrity(
+                self.name.clone(),
+                row.key.clone(),
+                row::REHASHED,
+            )));
         }
         let at = ms(now);
         let code = i64::from(verdict.code());

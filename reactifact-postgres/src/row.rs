@@ -4,13 +4,18 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use reactifact_core::audit::CommitHash;
+use reactifact_core::audit::{CommitHash, ContentHash};
 use reactifact_core::ledger::{Decision, Delivery, DeliveryStatus, FenceToken, Lease};
 use reactifact_core::runtime::{Generation, Origin, TraceParent};
 use reactifact_core::store::{DeliveryParts, Verdict};
 use reactifact_core::{ActionKey, Intent, PendingAction};
 
 use crate::schema::DIGESTED;
+
+/// Lowercase hex of `bytes`.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
 
 /// Status codes ([`DeliveryStatus::code`]).
 pub(crate) const PENDING: i64 = 0;
@@ -102,6 +107,7 @@ pub(crate) fn hold_set(s: &str, alias: &str, now: &str) -> String {
             ("decided_by", "NULL::text"),
             ("decided_at", "NULL::bigint"),
             ("decision_reason", "NULL::text"),
+            ("decided_digest", "NULL::bytea"),
         ],
     )
 }
@@ -116,6 +122,9 @@ pub(crate) struct Row {
     pub(crate) origin_commit: Vec<u8>,
     pub(crate) origin_gen: i64,
     pub(crate) origin_run: i64,
+    /// The content hash of `bytes` as committed (the claim's statement checks that the bytes
+    /// still hash to it).
+    pub(crate) action_hash: Vec<u8>,
     pub(crate) bytes: Vec<u8>,
     pub(crate) recorded_at: i64,
     pub(crate) status: i64,
@@ -136,6 +145,9 @@ pub(crate) struct Row {
     pub(crate) decided_by: Option<String>,
     pub(crate) decided_at: Option<i64>,
     pub(crate) decision_reason: Option<String>,
+    /// The action hash the decision was made on (version 8); `None` without a decision, or
+    /// for one an older build recorded.
+    pub(crate) decided_digest: Option<Vec<u8>>,
     /// Whether the row matched its digest when read.
     pub(crate) intact: bool,
     /// The trace context of the run that committed the intent: not digested, and `None` for
@@ -147,8 +159,8 @@ pub(crate) struct Row {
 }
 
 impl Row {
-    /// Reads the [`columns`] starting at column `at` (the action hash and the due time, checked
-    /// and used by the statements, are not kept; the trace context is read leniently).
+    /// Reads the [`columns`] starting at column `at` (the due time, used by the statements, is
+    /// not kept; the trace context is read leniently).
     pub(crate) fn read(row: &tokio_postgres::Row, at: usize) -> Result<Row, tokio_postgres::Error> {
         Ok(Row {
             seq: row.try_get(at)?,
@@ -158,6 +170,7 @@ impl Row {
             origin_commit: row.try_get(at + 4)?,
             origin_gen: row.try_get(at + 5)?,
             origin_run: row.try_get(at + 6)?,
+            action_hash: row.try_get(at + 7)?,
             bytes: row.try_get(at + 8)?,
             recorded_at: row.try_get(at + 9)?,
             status: row.try_get(at + 10)?,
@@ -176,14 +189,15 @@ impl Row {
             decided_by: row.try_get(at + 24)?,
             decided_at: row.try_get(at + 25)?,
             decision_reason: row.try_get(at + 26)?,
-            intact: row.try_get::<_, Option<bool>>(at + 27)?.unwrap_or(false),
+            decided_digest: row.try_get(at + 27)?,
+            intact: row.try_get::<_, Option<bool>>(at + 28)?.unwrap_or(false),
             // Never an error: a value of another type, or one that does not decode, is none.
             trace: row
-                .try_get::<_, Option<&[u8]>>(at + 28)
+                .try_get::<_, Option<&[u8]>>(at + 29)
                 .ok()
                 .flatten()
                 .and_then(TraceParent::from_bytes),
-            group: row.try_get(at + 29)?,
+            group: row.try_get(at + 30)?,
         })
     }
 
@@ -214,6 +228,18 @@ impl Row {
                 action.kind, self.kind
             ));
         }
+        // An approval covers the bytes it was given, and no others.
+        if let Some(decided) = &self.decided_digest {
+            if self.decision == Some(i64::from(Verdict::Approved.code())) && *decided != self.action_hash {
+                return Err(format!(
+                    "intent `{}` was approved for digest {}, but its row holds {}: the approval does not cover \
+                     these bytes, which are not sent",
+                    self.key,
+                    hex(decided),
+                    hex(&self.action_hash)
+                ));
+            }
+        }
         if action.requires_approval && self.decision != Some(i64::from(Verdict::Approved.code())) {
             return Err("its pending action requires approval, and the row records none".into());
         }
@@ -229,12 +255,26 @@ impl Row {
     /// The decision the row records, if it records one that reads.
     pub(crate) fn decision(&self) -> Option<Decision> {
         let verdict = Verdict::from_code(self.decision?)?;
-        Some(Decision::new(
-            verdict,
-            self.decided_by.clone().unwrap_or_default(),
-            time(self.decided_at.unwrap_or(0)),
-            self.decision_reason.clone(),
-        ))
+        Some(
+            Decision::new(
+                verdict,
+                self.decided_by.clone().unwrap_or_default(),
+                time(self.decided_at.unwrap_or(0)),
+                self.decision_reason.clone(),
+            )
+            .with_digest(self.decided_hash()),
+        )
+    }
+
+    /// The approved digest, if the row records one of 32 bytes.
+    fn decided_hash(&self) -> Option<ContentHash> {
+        let bytes: [u8; 32] = self.decided_digest.as_deref()?.try_into().ok()?;
+        Some(ContentHash(bytes))
+    }
+
+    /// Whether the row's bytes hash to its action hash.
+    pub(crate) fn bytes_match(&self) -> bool {
+        ContentHash::of(&self.bytes).as_bytes()[..] == self.action_hash[..]
     }
 
     /// Whether the row's `PendingAction` asks for approval (`false` if its bytes do not

@@ -39,9 +39,16 @@
 //! of due rows, by kind (a rate-limited claim takes each kind's share from it) and by session
 //! (a claim takes each session's turn from it). It rewrites no row.
 //!
-//! Version 8 adds `call_answers`: the answers of recorded calls, kept as they arrive, before
-//! the generation of their run commits, and dropped once a run of the same produce on the same
-//! trigger commits. It rewrites no row.
+//! Version 8 binds approvals to what they approve: `decided_digest`, a nullable `bytea`, the
+//! action hash of the row when an operator approved or rejected it, and the digest function's
+//! overload over 27 columns: a row whose `decided_digest` is NULL digests exactly as before
+//! (the 26-column function: a row without a decision, or with one an older build recorded),
+//! so the migration rewrites no row; a row with one digests a row value of all 27 columns. A
+//! claim hands out an approved row only while its action hash is that digest.
+//!
+//! Version 8 also adds `call_answers`: the answers of recorded calls, kept as they arrive,
+//! before the generation of their run commits, and dropped once a run of the same produce on
+//! the same trigger commits.
 
 use tokio_postgres::Client;
 
@@ -56,8 +63,8 @@ pub(crate) const SCHEMA_VERSION: i32 = 8;
 const LOCK_CLASS: i32 = 0x5246_5047;
 
 /// The digested columns of `outbox`, in digest order (all but `seq` and `digest`): the 22 of
-/// version 1, then the decision columns of version 4.
-pub(crate) const DIGESTED: [&str; 26] = [
+/// version 1, the decision columns of version 4, then the approved digest of version 8.
+pub(crate) const DIGESTED: [&str; 27] = [
     "key",
     "kind",
     "session",
@@ -84,6 +91,7 @@ pub(crate) const DIGESTED: [&str; 26] = [
     "decided_by",
     "decided_at",
     "decision_reason",
+    "decided_digest",
 ];
 
 /// Version 1: the outbox, its attachments, its tombstones, and the digest functions. `{s}`
@@ -271,9 +279,33 @@ CREATE INDEX outbox_kind_due ON {s}.outbox (kind, due_at, seq) WHERE due_at IS N
 CREATE INDEX outbox_session_due ON {s}.outbox (session, due_at, seq) WHERE due_at IS NOT NULL;
 "#;
 
-/// Version 8: the answers of recorded calls, kept as they arrive before the generation of
-/// their run commits (one row per answer, in the order kept).
+/// Version 8: approvals bound to what they approve — the action hash an operator's decision
+/// was made on, digested by the 27-column overload of `outbox_digest` whenever it is set
+/// (which is the 26-column digest for a row without it, so no row changes) — and the answers
+/// of recorded calls, kept as they arrive before the generation of their run commits (one row
+/// per answer, in the order kept).
 const V8: &str = r#"
+ALTER TABLE {s}.outbox ADD COLUMN decided_digest bytea;
+CREATE FUNCTION {s}.outbox_digest(
+        key text, kind text, session text, origin_commit bytea, origin_gen bigint, origin_run bigint,
+        action_hash bytea, bytes bytea, recorded_at bigint, status bigint, due_at bigint, token bigint,
+        owner text, lease_until bigint, attempts bigint, expired bigint, interrupted bigint,
+        last_error text, cancel_reason text, updated_at bigint, delivered_at bigint, next_attempt_at bigint,
+        decision bigint, decided_by text, decided_at bigint, decision_reason text, decided_digest bytea)
+    RETURNS bytea
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$ SELECT CASE
+        WHEN decided_digest IS NULL
+        THEN {s}.outbox_digest(key, kind, session, origin_commit, origin_gen, origin_run, action_hash, bytes,
+            recorded_at, status, due_at, token, owner, lease_until, attempts, expired, interrupted, last_error,
+            cancel_reason, updated_at, delivered_at, next_attempt_at, decision, decided_by, decided_at,
+            decision_reason)
+        ELSE sha256(convert_to(ROW('reactifact/postgres/outbox/row/v1', key, kind, session,
+            encode(origin_commit, 'hex'), origin_gen, origin_run, encode(action_hash, 'hex'), encode(bytes, 'hex'),
+            recorded_at, status, due_at, token, owner, lease_until, attempts, expired, interrupted, last_error,
+            cancel_reason, updated_at, delivered_at, next_attempt_at, decision, decided_by, decided_at,
+            decision_reason, encode(decided_digest, 'hex'))::text, 'UTF8'))
+        END $$;
 CREATE TABLE {s}.call_answers (
     seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     session text NOT NULL,
@@ -294,7 +326,7 @@ const MIGRATIONS: [(&str, &str); SCHEMA_VERSION as usize] = [
     ("trace context", V5),
     ("ordering groups", V6),
     ("rate limits and fair claims", V7),
-    ("answers kept before a commit", V8),
+    ("approvals bound to their digest, answers kept before a commit", V8),
 ];
 
 /// `"schema"`: the schema's name as an identifier (a name [`valid_schema`] accepts needs no

@@ -40,11 +40,16 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 /// Takes a store of this build back to schema 4, as a build before trace context left it: no
-/// `trace_parent` column (and no ordering groups of schema 6, no rate limits of schema 7).
+/// `trace_parent` column (and no ordering groups of schema 6, no rate limits of schema 7, no
+/// approved digest of schema 8).
 async fn downgrade_to_4(client: &tokio_postgres::Client, schema: &str) {
     client
         .batch_execute(&format!(
             "DROP TABLE \"{schema}\".call_answers;
+             ALTER TABLE \"{schema}\".outbox DROP COLUMN decided_digest;
+             DROP FUNCTION \"{schema}\".outbox_digest(text, text, text, bytea, bigint, bigint, bytea, bytea, bigint,
+                 bigint, bigint, bigint, text, bigint, bigint, bigint, bigint, text, text, bigint, bigint, bigint,
+                 bigint, text, bigint, text, bytea);
              DROP TABLE \"{schema}\".outbox_rates;
              DROP INDEX \"{schema}\".outbox_kind_due;
              DROP INDEX \"{schema}\".outbox_session_due;
@@ -118,7 +123,7 @@ async fn a_schema_3_store_upgrades_to_approvals_keeping_every_digest() {
             refused,
             OpenError::OlderSchema {
                 found: 3,
-                supported: 7,
+                supported: 8,
                 ..
             }
         ),
@@ -302,7 +307,7 @@ async fn a_schema_2_store_upgrades_to_the_attempt_history_unless_told_not_to() {
             refused,
             OpenError::OlderSchema {
                 found: 2,
-                supported: 7,
+                supported: 8,
                 ..
             }
         ),
@@ -395,7 +400,7 @@ async fn concurrent_first_opens_migrate_once() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7], "one migration row per version");
+    assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7, 8], "one migration row per version");
     // And the store works from every one of them.
     outboxes[3]
         .register_alone(&new_intents("a", 1, &[("k1", "x")]), at(0))
@@ -421,13 +426,13 @@ async fn a_newer_or_foreign_schema_is_refused() {
     );
     schemas
         .execute(&format!(
-            "INSERT INTO \"{newer}\".schema_version (version, description) VALUES (8, 'from the future')"
+            "INSERT INTO \"{newer}\".schema_version (version, description) VALUES (9, 'from the future')"
         ))
         .await;
     match PostgresOutbox::open(PostgresOptions::new(&url).schema(&newer)).await {
         Err(
             e @ OpenError::NewerSchema {
-                found: 8, supported: 7, ..
+                found: 9, supported: 8, ..
             },
         ) => {
             let message = e.to_string();

@@ -183,6 +183,10 @@ async fn a_schema_4_store_upgrades_to_trace_context_keeping_every_digest() {
     client
         .batch_execute(&format!(
             "DROP TABLE \"{schema}\".call_answers;
+             ALTER TABLE \"{schema}\".outbox DROP COLUMN decided_digest;
+             DROP FUNCTION \"{schema}\".outbox_digest(text, text, text, bytea, bigint, bigint, bytea, bytea, bigint,
+                 bigint, bigint, bigint, text, bigint, bigint, bigint, bigint, text, text, bigint, bigint, bigint,
+                 bigint, text, bigint, text, bytea);
              DROP TABLE \"{schema}\".outbox_rates;
              DROP INDEX \"{schema}\".outbox_kind_due;
              DROP INDEX \"{schema}\".outbox_session_due;
@@ -202,7 +206,7 @@ async fn a_schema_4_store_upgrades_to_trace_context_keeping_every_digest() {
             refused,
             OpenError::OlderSchema {
                 found: 4,
-                supported: 7,
+                supported: 8,
                 ..
             }
         ),

@@ -334,6 +334,7 @@ macro_rules! for_each_check {
             retry_cancel_legality,
             approval_awaits_and_is_never_claimed,
             approve_reject_legality,
+            decision_bound_to_digest,
             rejected_is_final_and_purged,
             purge_rules,
             purge_by_status,
@@ -1776,6 +1777,41 @@ pub async fn approval_awaits_and_is_never_claimed(h: &dyn ContractHarness) {
         "approve: the decision outlives the delivery"
     );
     assert!(claim(&*o, 10, at(100_000)).await.claims.is_empty(), "delivered once");
+}
+
+/// An approval and a rejection each record the action hash of the intent they were made on
+/// ([`Decision::digest`](reactifact_core::ledger::Decision::digest)), kept with the entry; the
+/// approved intent is claimed with it.
+pub async fn decision_bound_to_digest(h: &dyn ContractHarness) {
+    let (mut s, o) = fresh(h).await;
+    let intents = approval_intents("a", next_generation(), &[("bound", "x"), ("bound2", "x")]);
+    let hashes: Vec<ContentHash> = intents.iter().map(|n| n.action_hash).collect();
+    s.register_intents(intents, at(0)).await;
+    let approved = o.approve("bound", "ada", at(10)).await.expect("approve");
+    let rejected = o.reject("bound2", "bob", "no", at(10)).await.expect("reject");
+    assert_eq!(
+        (
+            approved.decision().and_then(|d| d.digest),
+            rejected.decision().and_then(|d| d.digest)
+        ),
+        (Some(hashes[0]), Some(hashes[1])),
+        "decision: bound to the action hash decided on"
+    );
+    assert_eq!(
+        get(&*o, "bound").await.decision().and_then(|d| d.digest),
+        Some(hashes[0]),
+        "decision: the digest is kept"
+    );
+    // Approving again changes nothing, the digest included.
+    let again = o.approve("bound", "someone", at(20)).await.expect("approve again");
+    assert_eq!(again.decision(), approved.decision(), "decision: the first stands");
+    let got = claim(&*o, 10, at(30)).await;
+    assert_eq!(keys(&got), ["bound"], "decision: the approved bytes are claimed");
+    assert_eq!(
+        got.claims[0].decision().and_then(|d| d.digest),
+        Some(hashes[0]),
+        "decision: claimed with its digest"
+    );
 }
 
 /// What approve and reject accept and refuse.

@@ -452,12 +452,21 @@ fn decide(env: &Env, key: &str, by: &str, reason: Option<&str>) -> Outcome {
         )),
         e => Failure::input(e.to_string()),
     })?;
-    report_changed(
-        env,
-        if reason.is_none() { "approved" } else { "rejected" },
-        &[entry],
-        &[],
-    )
+    let what = if reason.is_none() { "approved" } else { "rejected" };
+    if env.json {
+        return report_changed(env, what, &[entry], &[]);
+    }
+    // What the decision is bound to: only these bytes ever go out under it.
+    let digest = entry
+        .decision()
+        .and_then(|d| d.digest)
+        .map_or_else(|| "none (an older build decided)".to_owned(), |h| h.to_string());
+    outln!(
+        "{what} {}: now {}, digest {digest}",
+        entry.key(),
+        status(entry.status())
+    );
+    Ok(())
 }
 
 fn report_changed(env: &Env, what: &str, entries: &[Delivery], skipped: &[(String, String)]) -> Outcome {

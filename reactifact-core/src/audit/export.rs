@@ -37,6 +37,7 @@ fn delivery_json(delivery: &Delivery) -> Value {
             "by": d.by,
             "at": seconds(d.at),
             "reason": d.reason,
+            "digest": d.digest.map(|h| h.to_string()),
         })),
     })
 }
@@ -51,7 +52,8 @@ impl Context {
     /// the run that created it the `delivery` from the ledger: `status`, `attempts`,
     /// `last_error`, timestamps in seconds since the Unix epoch, and the operator's
     /// `decision` on an intent that required approval (`verdict` `approved` or `rejected`,
-    /// `by`, `at` in seconds, `reason`; `null` for none), and `calls`, its recorded calls
+    /// `by`, `at` in seconds, `reason`, and `digest`, the action hash it was made on, `null`
+    /// for a decision an older build recorded; `null` for none), and `calls`, its recorded calls
     /// (`name`, `request` hash, `answer` with its `hash` and size in `bytes` — never the answer
     /// itself — or the error it `failed` with, and its `usage`: `tokens_in`, `tokens_out`,
     /// `cost`). Hashes are lowercase hex. Returns the number of lines.

@@ -270,7 +270,12 @@ impl fmt::Display for Provenance<'_> {
         }
         if self.requires_approval {
             match self.decision() {
-                Some(decision) => write!(f, "; it required approval: {} by {}", decision.verdict, decision.by)?,
+                Some(decision) => {
+                    write!(f, "; it required approval: {} by {}", decision.verdict, decision.by)?;
+                    if let Some(digest) = &decision.digest {
+                        write!(f, " of digest {}", digest.short())?;
+                    }
+                }
                 None => f.write_str("; it requires approval, not given yet")?,
             }
             if let Some(reason) = self.decision().and_then(|d| d.reason.as_deref()) {

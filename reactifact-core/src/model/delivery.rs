@@ -187,9 +187,14 @@ impl fmt::Display for Verdict {
 }
 
 /// The decision on an intent that required approval, as the ledger keeps it
-/// ([`Delivery::decision`]): the verdict, who made it, when, and (for a rejection) why. It is
-/// part of the entry's integrity digest in every durable store, so a changed byte never turns
-/// a rejection into an approval unnoticed.
+/// ([`Delivery::decision`]): the verdict, who made it, when, (for a rejection) why, and the
+/// digest of what was decided on. It is part of the entry's integrity digest in every durable
+/// store, so a changed byte never turns a rejection into an approval unnoticed.
+///
+/// An approval is bound to what it approved: a claim hands an intent out only while the
+/// action hash its row holds is the [`digest`](Decision::digest) its approval recorded, so no
+/// other bytes ever go out under it (a row whose payload was changed in the table is held,
+/// never sent, and `verify` names it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Decision {
@@ -201,23 +206,48 @@ pub struct Decision {
     pub at: SystemTime,
     /// Why, for a rejection (`None` for an approval).
     pub reason: Option<String>,
+    /// What was approved (or rejected): the action hash of the intent's committed
+    /// `PendingAction` (it covers its kind, key, payload and flags), as the store held it
+    /// when the operator decided. `None` only for a decision recorded by a build before
+    /// approvals were bound to their digest (an older file or schema): such an approval is
+    /// accepted as it was, bound to nothing but the row's own integrity check.
+    pub digest: Option<ContentHash>,
 }
 
 impl Decision {
-    /// A decision from its parts, as a store reads it.
+    /// A decision from its parts, as a store reads it (without a digest: see
+    /// [`with_digest`](Decision::with_digest)).
     pub fn new(verdict: Verdict, by: impl Into<String>, at: SystemTime, reason: Option<String>) -> Self {
         Decision {
             verdict,
             by: by.into(),
             at,
             reason,
+            digest: None,
         }
+    }
+
+    /// The decision, bound to the action hash it decided on (`None` for a decision an older
+    /// build recorded).
+    pub fn with_digest(mut self, digest: Option<ContentHash>) -> Self {
+        self.digest = digest;
+        self
+    }
+
+    /// Whether an intent whose committed `PendingAction` hashes to `action_hash` may go out
+    /// under this decision: it is an approval, and its digest is `action_hash` (or it has
+    /// none: an approval an older build recorded).
+    pub fn approves(&self, action_hash: &ContentHash) -> bool {
+        self.verdict == Verdict::Approved && self.digest.as_ref().is_none_or(|d| d == action_hash)
     }
 }
 
 impl fmt::Display for Decision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} by {}", self.verdict, self.by)?;
+        if let Some(digest) = &self.digest {
+            write!(f, " (digest {})", digest.short())?;
+        }
         if let Some(reason) = &self.reason {
             write!(f, ": {reason}")?;
         }

@@ -10,7 +10,7 @@
 use crate::model::action::{ActionKey, PendingAction};
 use crate::model::artifact::{ArtifactId, Generation, Kind};
 use crate::model::event::{EventKind, QueuedEvent};
-use crate::model::hash::{self, CommitHash, StateHash};
+use crate::model::hash::{self, CommitHash, ContentHash, StateHash};
 use crate::model::patch::Op;
 use crate::state::commit::{Apply, Commit, CommitError, Undone};
 use crate::state::live::State;
@@ -116,6 +116,28 @@ pub enum VerifyError {
         generation: Generation,
         /// The row's key.
         key: ActionKey,
+    },
+    /// An outbox row records an operator's approval (or rejection) bound to a digest that is
+    /// not the action hash the log acted for its key, or not the one the row holds: the row's
+    /// payload was changed after the decision, or the decision moved to other bytes. A claim
+    /// never hands such a row out under that approval (it is held).
+    #[error(
+        "commit {}: the outbox row of `{key}` was {verdict} for digest {decided}, but the log acted {acted} and the row holds {held}",
+        .generation.0
+    )]
+    OutboxDecision {
+        /// The commit that acted the row's key (the row's origin).
+        generation: Generation,
+        /// The row's key.
+        key: ActionKey,
+        /// Approved or rejected.
+        verdict: crate::model::delivery::Verdict,
+        /// The digest the decision is bound to ([`Decision::digest`](crate::ledger::Decision::digest)).
+        decided: ContentHash,
+        /// The action hash of the commit's act of the key.
+        acted: ContentHash,
+        /// The action hash the row holds.
+        held: ContentHash,
     },
     /// An outbox row does not match its integrity digest, or its bytes their hash: it was
     /// changed outside reactifact.

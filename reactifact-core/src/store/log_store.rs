@@ -390,7 +390,9 @@ pub trait LogStore: Send + Sync + 'static {
     /// ([`VerifyError::OutboxChanged`], naming [`check.first_act`](OutboxCheck::first_act) of
     /// its key); every row whose origin is a commit in `check.commits` names an act of it with
     /// the same run, key, kind and action hash ([`VerifyError::OutboxForged`], naming that
-    /// commit's generation); and every act has a row or a purge tombstone
+    /// commit's generation); every such row that records an operator's decision bound to a
+    /// digest has it equal to that act's action hash and its own ([`VerifyError::OutboxDecision`]);
+    /// and every act has a row or a purge tombstone
     /// ([`VerifyError::OutboxMissing`], naming the first act's generation). `Ok(None)` if all
     /// hold.
     fn verify_outbox(&self, check: OutboxCheck) -> BoxFuture<'_, Result<Option<VerifyError>, StoreError>>;

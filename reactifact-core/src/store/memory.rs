@@ -60,6 +60,7 @@ use crate::model::delivery::{
     from_unix_millis, later, unix_millis, Attempt, AttemptOutcome, Decision, Delivery, DeliveryStatus, FenceToken,
     Lease, NewIntent, Remarks, Verdict, ATTEMPTS_KEPT,
 };
+use crate::model::hash::ContentHash;
 use crate::model::outcome::{due_at, LastError};
 use crate::model::rate::{RateSpend, RateState};
 use crate::model::trace::TraceParent;
@@ -232,6 +233,9 @@ struct Rare {
     /// The attempts that ended other than delivered, oldest first (at most
     /// [`ATTEMPTS_KEPT`], the latest).
     history: Vec<Attempt>,
+    /// For an entry whose `PendingAction` asks for approval: its action hash, which an
+    /// operator's decision records as what it approved ([`Decision::digest`]).
+    action_hash: Option<ContentHash>,
 }
 
 impl Entry {
@@ -863,6 +867,9 @@ impl Inner {
             if let Some(group) = group {
                 entry.remarks.set_group(group);
             }
+            if requires_approval {
+                entry.rare_mut().action_hash = Some(new.action_hash);
+            }
             let due = entry.status == DeliveryStatus::Pending;
             entry.set_due(due.then_some(due_ms));
             self.tally.moved(&entry, None, Some(class(&entry)));
@@ -1384,13 +1391,14 @@ impl Inner {
             return Ok(e.delivery(&self.kinds));
         }
         let (_, at) = millis(now);
+        let digest = e.rare.as_ref().and_then(|r| r.action_hash);
         self.transition(pos, now, |d| {
             d.status = match verdict {
                 Verdict::Approved => DeliveryStatus::Pending,
                 Verdict::Rejected => DeliveryStatus::Rejected,
             };
             d.remarks
-                .set_decision(Decision::new(verdict, by, at, reason.map(str::to_owned)));
+                .set_decision(Decision::new(verdict, by, at, reason.map(str::to_owned)).with_digest(digest));
         });
         Ok(self.slots[pos as usize].as_ref().expect("live").delivery(&self.kinds))
     }

@@ -160,6 +160,9 @@ fn verify_outbox(conn: &Connection, check: &OutboxCheck) -> rusqlite::Result<Opt
         let Some(&generation) = check.commits.get(&origin) else {
             continue; // Born of another session's commit.
         };
+        if let Some(mismatch) = row.decision_mismatch(check, origin, generation) {
+            return Ok(Some(mismatch));
+        }
         // The row names the commit by its hash and its generation: both must agree.
         let acted = u64::try_from(row.origin_gen).ok() == Some(generation.0)
             && u64::try_from(row.origin_run)
@@ -286,7 +289,7 @@ impl LogStore for SqliteStore {
 
     fn commit_by_hash<'a>(&'a self, hash: &'a [u8]) -> BoxFuture<'a, Result<Option<CommitRow>, StoreError>> {
         let hash = hash.to_vec();
-        // (No index on the hash: a whole-log read walking merged histories reads a few.)
+        // (Through `commits_hash`, schema 9's index of the commits by hash.)
         self.run(move |conn| {
             conn.prepare_cached(&format!("SELECT {COMMIT_COLUMNS} FROM commits WHERE hash = ?1 LIMIT 1"))?
                 .query_row([hash], commit_row)

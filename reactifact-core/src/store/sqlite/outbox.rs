@@ -373,7 +373,7 @@ fn hold_damaged(tx: &Connection, seq: i64, key: &str, detail: &str, now: i64) ->
              last_error = ?2 || CASE WHEN decision IS NULL AND decided_by IS NULL THEN '' ELSE
                  '; the decision it held is not trusted and was dropped: approve or reject it again' END,
              decision = NULL, decided_by = NULL, decided_at = NULL, decision_reason = NULL,
-             updated_at = ?3 WHERE seq = ?1",
+             decided_digest = NULL, updated_at = ?3 WHERE seq = ?1",
     )?
     .execute(params![seq, format!("integrity: {detail}"), now])?;
     // The new digest, over the columns as they are now (whatever they hold: a column of
@@ -914,6 +914,13 @@ fn decide(
         row.decided_by = Some(by.to_owned());
         row.decided_at = Some(at);
         row.decision_reason = reason.map(str::to_owned);
+        // What the operator decided on: the action hash the row holds, which its bytes must
+        // hash to (a claim hands the row out only while it still holds it).
+        if crate::model::hash::content_hash(&row.bytes).as_bytes()[..] != row.action_hash[..] {
+            let detail = "its bytes do not hash to its action hash";
+            return Ok(Err(ApprovalError::Store(StoreError::integrity(name, key, detail))));
+        }
+        row.decided_digest = Some(row.action_hash.clone());
         row.settle(
             match verdict {
                 Verdict::Approved => row::PENDING,

@@ -14,6 +14,13 @@
 //! neither lose it nor have it changed without failing its check (the encoding of each value
 //! is self-delimiting, so a row with a decision never digests like one without).
 //!
+//! The approved digest of schema 9 (`decided_digest`: the action hash of the row when an
+//! operator decided on it, [`Decision::digest`]) is digested after the four decision columns,
+//! only when it is set. A decision an older build recorded has none and keeps the digest it
+//! had (the migration to schema 9 rewrites no row); a decision with one can neither lose it
+//! nor have it changed without failing the check. A claim hands out an approved row only
+//! while its action hash is the approved digest ([`check_intent`](Row::check_intent)).
+//!
 //! The trace context of schema 6 (`trace_parent`: the W3C context of the produce run that
 //! committed the intent, [`TraceParent::to_bytes`]) is written at registration, never
 //! changed, and is **not** digested: it is advisory. Changed, it can only misattribute a
@@ -33,14 +40,16 @@ use crate::model::artifact::Generation;
 use crate::model::delivery::{
     Decision, Delivery, DeliveryParts, DeliveryStatus, FenceToken, Lease, NewIntent, Verdict,
 };
-use crate::model::hash::{self, CommitHash};
+use crate::model::hash::{self, CommitHash, ContentHash};
 use crate::model::trace::TraceParent;
+use crate::state::refold::VerifyError;
+use crate::store::log_store::OutboxCheck;
 
 /// The columns of a row, in the order [`Row::read`] reads them.
 pub(super) const COLUMNS: &str = "seq, key, kind, session, origin_commit, origin_gen, origin_run, action_hash, bytes, \
      recorded_at, status, due_at, token, owner, lease_until, attempts, expired, interrupted, last_error, \
      cancel_reason, updated_at, delivered_at, next_attempt_at, digest, decision, decided_by, decided_at, \
-     decision_reason, trace_parent, grp";
+     decision_reason, trace_parent, grp, decided_digest";
 
 /// Where [`COLUMNS`] has `trace_parent` (after `seq`, the digested columns, `digest` and the
 /// four decision columns).
@@ -48,6 +57,9 @@ const TRACE_AT: usize = FIELDS + 6;
 
 /// Where [`COLUMNS`] has `grp`, the ordering group (after `trace_parent`).
 const GROUP_AT: usize = TRACE_AT + 1;
+
+/// Where [`COLUMNS`] has `decided_digest`, the digest a decision was made on (after `grp`).
+const DECIDED_DIGEST_AT: usize = GROUP_AT + 1;
 
 /// The digested columns: all but `seq` (first) and `digest` (last).
 const FIELDS: usize = 22;
@@ -129,6 +141,9 @@ pub(super) struct Row {
     pub(super) decided_by: Option<String>,
     pub(super) decided_at: Option<i64>,
     pub(super) decision_reason: Option<String>,
+    /// The action hash the decision was made on (schema 9); `None` without a decision, or for
+    /// one an older build recorded.
+    pub(super) decided_digest: Option<Vec<u8>>,
     /// The trace context of the run that committed the intent (outside the digest; a stored
     /// value that does not decode reads as `None`).
     pub(super) trace: Option<TraceParent>,
@@ -200,18 +215,21 @@ pub(super) fn digest_of(row: &rusqlite::Row<'_>) -> rusqlite::Result<[u8; 32]> {
     for at in FIELDS + 2..=FIELDS + 5 {
         decision.push(row.get_ref(at)?);
     }
-    Ok(row_digest(values.into_iter(), decision.into_iter()))
+    let decided = row.get_ref(DECIDED_DIGEST_AT)?;
+    Ok(row_digest(values.into_iter(), decision.into_iter(), decided))
 }
 
-/// The digest of a row: its digested columns, then its decision columns if any is set.
+/// The digest of a row: its digested columns, then its decision columns if any is set, then
+/// the approved digest if it is set (schema 9).
 fn row_digest<'a>(
     values: impl Iterator<Item = ValueRef<'a>>,
     decision: impl Iterator<Item = ValueRef<'a>> + Clone,
+    decided: ValueRef<'a>,
 ) -> [u8; 32] {
-    if decision.clone().all(|v| v == ValueRef::Null) {
-        digest(values)
-    } else {
-        digest(values.chain(decision))
+    match (decision.clone().all(|v| v == ValueRef::Null), decided) {
+        (true, ValueRef::Null) => digest(values),
+        (false, ValueRef::Null) => digest(values.chain(decision)),
+        (_, decided) => digest(values.chain(decision).chain([decided])),
     }
 }
 
@@ -250,6 +268,7 @@ impl Row {
             decided_by: None,
             decided_at: None,
             decision_reason: None,
+            decided_digest: None,
             trace: intent.trace,
             group: meta.group,
         }
@@ -295,9 +314,18 @@ impl Row {
         ]
     }
 
+    /// The approved digest's column.
+    fn decided_field(&self) -> ValueRef<'_> {
+        self.decided_digest.as_deref().map_or(ValueRef::Null, ValueRef::Blob)
+    }
+
     /// The row's digest, as stored beside it.
     pub(super) fn digest(&self) -> [u8; 32] {
-        row_digest(self.fields().into_iter(), self.decision_fields().into_iter())
+        row_digest(
+            self.fields().into_iter(),
+            self.decision_fields().into_iter(),
+            self.decided_field(),
+        )
     }
 
     /// Inserts the row unless its key is there already; returns whether it was inserted.
@@ -334,7 +362,7 @@ impl Row {
             "UPDATE outbox SET status = ?1, due_at = ?2, token = ?3, owner = ?4, lease_until = ?5, attempts = ?6,
                  expired = ?7, interrupted = ?8, last_error = ?9, cancel_reason = ?10, updated_at = ?11,
                  delivered_at = ?12, next_attempt_at = ?13, digest = ?14,
-                 decision = ?16, decided_by = ?17, decided_at = ?18, decision_reason = ?19
+                 decision = ?16, decided_by = ?17, decided_at = ?18, decision_reason = ?19, decided_digest = ?20
              WHERE seq = ?15",
         )
     }
@@ -349,7 +377,7 @@ impl Row {
             "UPDATE outbox SET status = ?1, due_at = ?2, token = ?3, owner = ?4, lease_until = ?5, attempts = ?6,
                  expired = ?7, interrupted = ?8, last_error = ?9, cancel_reason = ?10, updated_at = ?11,
                  delivered_at = ?12, next_attempt_at = ?13, digest = ?14,
-                 decision = ?16, decided_by = ?17, decided_at = ?18, decision_reason = ?19,
+                 decision = ?16, decided_by = ?17, decided_at = ?18, decision_reason = ?19, decided_digest = ?20,
                  claim_owner = ?4, claimed_at = ?11, claim_until = ?5, claim_token = ?3
              WHERE seq = ?15",
         )
@@ -357,7 +385,7 @@ impl Row {
 
     /// Runs `sql`, an update of the row by its `seq` (`?15`) with the columns a transition
     /// changes (`?1`–`?13`: the first nine never change after the insert, so SQLite leaves the
-    /// indexes of the others alone), the new digest (`?14`) and the decision (`?16`–`?19`).
+    /// indexes of the others alone), the new digest (`?14`) and the decision (`?16`–`?20`).
     fn write(&self, conn: &rusqlite::Connection, sql: &str) -> rusqlite::Result<()> {
         let digest = self.digest();
         let fields = self.fields();
@@ -366,6 +394,7 @@ impl Row {
             .copied()
             .chain([ValueRef::Blob(&digest), ValueRef::Integer(self.seq)])
             .chain(self.decision_fields())
+            .chain([self.decided_field()])
             .map(ToSqlOutput::Borrowed);
         conn.prepare_cached(sql)?.execute(rusqlite::params_from_iter(params))?;
         Ok(())
@@ -392,18 +421,26 @@ impl Row {
         for at in FIELDS + 2..FIELDS + 6 {
             decision.push(row.get_ref(at)?);
         }
+        let decided = row.get_ref(DECIDED_DIGEST_AT)?;
         let damaged = |detail: String| Read::Damaged {
             seq,
             key: key.clone(),
             detail,
         };
-        if !matches!(stored, ValueRef::Blob(d) if d == row_digest(values.iter().copied(), decision.iter().copied())) {
+        if !matches!(stored, ValueRef::Blob(d) if d == row_digest(values.iter().copied(), decision.iter().copied(), decided))
+        {
             return Ok(damaged(
                 "the row does not match its digest (it was changed outside reactifact)".into(),
             ));
         }
-        match Row::typed(seq, &values, &decision) {
-            Some(mut intact) => {
+        let decided = match decided {
+            ValueRef::Null => Some(None),
+            ValueRef::Blob(b) => Some(Some(b.to_vec())),
+            _ => None,
+        };
+        match Row::typed(seq, &values, &decision).zip(decided) {
+            Some((mut intact, decided)) => {
+                intact.decided_digest = decided;
                 intact.trace = match row.get_ref(TRACE_AT)? {
                     ValueRef::Blob(b) => TraceParent::from_bytes(b),
                     _ => None,
@@ -469,6 +506,7 @@ impl Row {
             decided_by: decision_text(d[1])?,
             decided_at: decision_int(d[2])?,
             decision_reason: decision_text(d[3])?,
+            decided_digest: None,
             trace: None,
             group: None,
         })
@@ -477,12 +515,48 @@ impl Row {
     /// The decision the row records, if it records one that reads.
     pub(super) fn decision(&self) -> Option<Decision> {
         let verdict = Verdict::from_code(self.decision?)?;
-        Some(Decision::new(
+        Some(
+            Decision::new(
+                verdict,
+                self.decided_by.clone().unwrap_or_default(),
+                time(self.decided_at.unwrap_or(0)),
+                self.decision_reason.clone(),
+            )
+            .with_digest(self.decided_hash()),
+        )
+    }
+
+    /// The approved digest, if the row records one of 32 bytes.
+    fn decided_hash(&self) -> Option<ContentHash> {
+        let bytes: [u8; 32] = self.decided_digest.as_deref()?.try_into().ok()?;
+        Some(ContentHash(bytes))
+    }
+
+    /// For `verify`: a [`VerifyError::OutboxDecision`] if the row records a decision bound to
+    /// a digest that is not the action hash the log acted for its key (in its origin commit
+    /// `origin`, of generation `generation`, and its run), or not the one the row holds.
+    pub(super) fn decision_mismatch(
+        &self,
+        check: &OutboxCheck,
+        origin: [u8; 32],
+        generation: Generation,
+    ) -> Option<VerifyError> {
+        let verdict = Verdict::from_code(self.decision?)?;
+        let decided = self.decided_hash()?;
+        let run = u64::try_from(self.origin_run).ok()?;
+        let act = check
+            .acts
+            .iter()
+            .find(|a| a.key.as_str() == self.key && a.commit == origin && a.run == run)?;
+        let held: [u8; 32] = self.action_hash.as_slice().try_into().ok()?;
+        (decided.0 != act.action_hash || decided.0 != held).then(|| VerifyError::OutboxDecision {
+            generation,
+            key: ActionKey::from(self.key.as_str()),
             verdict,
-            self.decided_by.clone().unwrap_or_default(),
-            time(self.decided_at.unwrap_or(0)),
-            self.decision_reason.clone(),
-        ))
+            decided,
+            acted: ContentHash(act.action_hash),
+            held: ContentHash(held),
+        })
     }
 
     /// Whether the row's `PendingAction` asks for approval.
@@ -524,6 +598,18 @@ impl Row {
                 "its pending action is of kind `{}`, not `{}`",
                 action.kind, self.kind
             ));
+        }
+        // An approval covers the bytes it was given, and no others.
+        if let Some(decided) = &self.decided_digest {
+            if self.decision == Some(i64::from(Verdict::Approved.code())) && decided[..] != self.action_hash[..] {
+                return Err(format!(
+                    "intent `{}` was approved for digest {}, but its row holds {}: the approval does not cover \
+                     these bytes, which are not sent",
+                    self.key,
+                    hash::hex(decided),
+                    hash::hex(&self.action_hash)
+                ));
+            }
         }
         if action.requires_approval && self.decision != Some(i64::from(Verdict::Approved.code())) {
             return Err("its pending action requires approval, and the row records none".into());

@@ -43,6 +43,19 @@
 //!   group has an open row and a row that became final finds its group's next one. Files of
 //!   versions 2 to 6 read as version-7 files without groups (the temporary view shows `grp`
 //!   as NULL); a writable open migrates them (no row is rewritten).
+//! - Version 8: rate limits. `outbox_rates` (the state of each rate limit's bucket) and
+//!   `outbox_kind_due`, the due rows by kind.
+//! - Version 9: approvals bound to what they approve. One nullable column of `outbox`,
+//!   `decided_digest`: the action hash of the row when an operator approved or rejected it,
+//!   digested with the decision whenever it is set (a decision an older build recorded has
+//!   none, and keeps its digest: no row is rewritten); a claim hands out an approved row only
+//!   while its action hash is that digest. `call_answers`: the answers of recorded calls, kept
+//!   as they arrive before the generation of their run commits, dropped once a run of the same
+//!   produce on the same trigger commits (a read-only open of an older file reads none). And
+//!   `commits_hash`, an index of the commits by their hash (a read of a commit by its hash
+//!   walked the whole table). Files of versions 2
+//!   to 8 read as version-9 files whose decisions have no digest (the temporary view shows the
+//!   column as NULL); a writable open migrates them.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -216,9 +229,11 @@ pub(super) const V8_CHANGES: &str = "
     CREATE INDEX outbox_kind_due ON outbox (kind, due_at, seq) WHERE due_at IS NOT NULL;
 ";
 
-/// Version 9: the answers of recorded calls kept before their runs' generations commit (one
-/// row per answer, in the order kept), and an index of commits by hash.
+/// Version 9: the digest an operator's decision was made on (digested with the decision when
+/// set), the answers of recorded calls kept before their runs' generations commit (one row per
+/// answer, in the order kept), and the commits by their hash.
 pub(super) const V9_CHANGES: &str = "
+    ALTER TABLE outbox ADD COLUMN decided_digest BLOB;
     CREATE TABLE call_answers (
         seq INTEGER PRIMARY KEY,
         session TEXT NOT NULL,
@@ -248,11 +263,11 @@ pub(super) fn has_trace_context(version: i64) -> bool {
     version >= 6
 }
 
-/// On a read-only connection to a file of versions 2 to 6: a temporary view named `outbox`
+/// On a read-only connection to a file of versions 2 to 8: a temporary view named `outbox`
 /// (temporary objects come first in name resolution) that adds the columns the file lacks,
 /// all NULL — the decision columns of version 5 (for versions 2 to 4), the trace context of
-/// version 6 and the group of version 7 — so that every read of this build works on the file
-/// as it is. Nothing is written to the file; a file of the current version gets no view.
+/// version 6, the group of version 7 and the approved digest of version 9 — so that every
+/// read of this build works on the file as it is. Nothing is written to the file; a file of the current version gets no view.
 pub(super) fn view_older_outbox(conn: &Connection, version: i64) -> rusqlite::Result<()> {
     let decisions = if has_decisions(version) {
         ""
@@ -265,11 +280,12 @@ pub(super) fn view_older_outbox(conn: &Connection, version: i64) -> rusqlite::Re
         ", NULL AS trace_parent"
     };
     let group = if version >= 7 { "" } else { ", NULL AS grp" };
-    if decisions.is_empty() && trace.is_empty() && group.is_empty() {
+    let decided = if version >= 9 { "" } else { ", NULL AS decided_digest" };
+    if decisions.is_empty() && trace.is_empty() && group.is_empty() && decided.is_empty() {
         return Ok(());
     }
     conn.execute_batch(&format!(
-        "CREATE TEMP VIEW IF NOT EXISTS outbox AS SELECT *{decisions}{trace}{group} FROM main.outbox"
+        "CREATE TEMP VIEW IF NOT EXISTS outbox AS SELECT *{decisions}{trace}{group}{decided} FROM main.outbox"
     ))
 }
 
@@ -315,7 +331,7 @@ const ADDED: [(i64, &[&str], &[&str]); 8] = [
     (6, &[], &["trace_parent"]),
     (7, &[], &["grp"]),
     (8, &["outbox_rates"], &[]),
-    (9, &["call_answers"], &[]),
+    (9, &["call_answers"], &["decided_digest"]),
 ];
 
 /// The first table or `outbox` column of `tables` and `columns` that a version after `version`
@@ -509,16 +525,16 @@ pub(super) fn migrate(conn: &mut Connection, from: i64) -> Result<i64, LoadError
         6 => tx.execute_batch(V7_CHANGES)?,
         // Version 7 → 8: the rate limits' buckets (empty: every bucket starts full).
         7 => {}
-        // Version 8 → 9: the answers kept before a commit (none yet), the commits' hash index.
-        8 => {
-            tx.execute_batch(V9_CHANGES)?;
-            tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
-            tx.commit()?;
-            return Ok(SCHEMA_VERSION);
-        }
+        // Version 8 → 9: below.
+        8 => {}
         _ => return Ok(current),
     }
-    tx.execute_batch(V8_CHANGES)?;
+    if current < 8 {
+        tx.execute_batch(V8_CHANGES)?;
+    }
+    // Version 8 → 9: the approved digest, NULL in every row (decisions recorded before it
+    // have none, and keep their digest: no row is rewritten), the answers kept before a commit
+    // (none yet) and the commits by hash.
     tx.execute_batch(V9_CHANGES)?;
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     tx.commit()?;
@@ -651,6 +667,7 @@ fn migrate_1_to_2(tx: &Transaction<'_>) -> Result<(), LoadError> {
                         decided_by: None,
                         decided_at: None,
                         decision_reason: None,
+                        decided_digest: None,
                         // Version 1 kept no trace context.
                         trace: None,
                         group: None,
