@@ -5,6 +5,7 @@ use std::io::{self, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -32,6 +33,7 @@ pub const COUNT_PATH: &str = "/requests";
 pub struct Reply {
     kind: Kind,
     headers: Vec<(String, String)>,
+    delay: Duration,
 }
 
 #[derive(Clone, Debug)]
@@ -101,10 +103,18 @@ impl Reply {
         self
     }
 
+    /// The reply sent `delay` after the request arrived (a slow model), so that a test can act
+    /// while the request is unanswered ([`StandIn::unanswered`]).
+    pub fn after(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+
     fn of(kind: Kind) -> Self {
         Reply {
             kind,
             headers: Vec::new(),
+            delay: Duration::ZERO,
         }
     }
 }
@@ -127,6 +137,7 @@ type Answer = dyn Fn(u64, &ChatRequest) -> Reply + Send + Sync;
 struct Shared {
     answer: Box<Answer>,
     requests: AtomicU64,
+    answered: AtomicU64,
     received: Mutex<Vec<Received>>,
 }
 
@@ -191,6 +202,7 @@ impl StandIn {
         let shared = Arc::new(Shared {
             answer: Box::new(answer),
             requests: AtomicU64::new(0),
+            answered: AtomicU64::new(0),
             received: Mutex::new(Vec::new()),
         });
         let app = Router::new()
@@ -218,6 +230,22 @@ impl StandIn {
     /// How many chat completions requests it received (answered or not).
     pub fn requests(&self) -> u64 {
         self.shared.requests.load(Ordering::SeqCst)
+    }
+
+    /// How many chat completions requests it answered: it began to send their answers (a
+    /// status and headers, a body or a dropped connection). A request answered
+    /// [`never`](Reply::never), or whose client went away during its [`after`](Reply::after)
+    /// delay, is not answered.
+    pub fn answered(&self) -> u64 {
+        self.shared.answered.load(Ordering::SeqCst)
+    }
+
+    /// How many requests it received and has not answered yet: those in flight.
+    pub fn unanswered(&self) -> u64 {
+        // Read `answered` first: a request answered in between is counted as unanswered, never
+        // the other way round.
+        let answered = self.answered();
+        self.requests().saturating_sub(answered)
     }
 
     /// The chat completions requests it received, in arrival order.
@@ -296,10 +324,17 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
         Ok(request) => request,
         Err(error) => {
             let body = json!({"error": {"message": format!("not a chat completions request: {error}"), "type": "invalid_request_error"}});
+            shared.answered.fetch_add(1, Ordering::SeqCst);
             return respond(StatusCode::BAD_REQUEST, &[], body.to_string());
         }
     };
     let reply = (shared.answer)(index, &request);
+    if !reply.delay.is_zero() {
+        tokio::time::sleep(reply.delay).await;
+    }
+    if !matches!(reply.kind, Kind::Never) {
+        shared.answered.fetch_add(1, Ordering::SeqCst);
+    }
     match reply.kind {
         Kind::Answer(answer) => {
             let wire = WireAnswer::of(&answer);
