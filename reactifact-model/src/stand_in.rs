@@ -138,7 +138,30 @@ struct Shared {
     answer: Box<Answer>,
     requests: AtomicU64,
     answered: AtomicU64,
+    abandoned: AtomicU64,
     received: Mutex<Vec<Received>>,
+}
+
+/// Counts a request as abandoned if it is dropped before it is answered (its client went
+/// away and the server dropped the handler).
+struct Pending<'a> {
+    shared: &'a Shared,
+    answered: bool,
+}
+
+impl Pending<'_> {
+    fn answer(&mut self) {
+        self.answered = true;
+        self.shared.answered.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.shared.abandoned.fetch_add(1, Ordering::SeqCst);
+        }
+    }
 }
 
 /// A chat completions server on 127.0.0.1, for tests and examples: each
@@ -203,6 +226,7 @@ impl StandIn {
             answer: Box::new(answer),
             requests: AtomicU64::new(0),
             answered: AtomicU64::new(0),
+            abandoned: AtomicU64::new(0),
             received: Mutex::new(Vec::new()),
         });
         let app = Router::new()
@@ -240,12 +264,19 @@ impl StandIn {
         self.shared.answered.load(Ordering::SeqCst)
     }
 
-    /// How many requests it received and has not answered yet: those in flight.
+    /// How many requests it dropped unanswered because their client went away (a client
+    /// killed while its request was in flight).
+    pub fn abandoned(&self) -> u64 {
+        self.shared.abandoned.load(Ordering::SeqCst)
+    }
+
+    /// How many requests it received and has neither answered nor abandoned yet: those in
+    /// flight.
     pub fn unanswered(&self) -> u64 {
-        // Read `answered` first: a request answered in between is counted as unanswered, never
-        // the other way round.
-        let answered = self.answered();
-        self.requests().saturating_sub(answered)
+        // Read these first: a request answered in between is counted as unanswered, never the
+        // other way round.
+        let done = self.answered() + self.abandoned();
+        self.requests().saturating_sub(done)
     }
 
     /// The chat completions requests it received, in arrival order.
@@ -307,6 +338,10 @@ async fn count(State(shared): State<Arc<Shared>>) -> Response {
 
 async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
     let index = shared.requests.fetch_add(1, Ordering::SeqCst);
+    let mut pending = Pending {
+        shared: &shared,
+        answered: false,
+    };
     let json = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
     shared
         .received
@@ -324,7 +359,7 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
         Ok(request) => request,
         Err(error) => {
             let body = json!({"error": {"message": format!("not a chat completions request: {error}"), "type": "invalid_request_error"}});
-            shared.answered.fetch_add(1, Ordering::SeqCst);
+            pending.answer();
             return respond(StatusCode::BAD_REQUEST, &[], body.to_string());
         }
     };
@@ -333,7 +368,7 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
         tokio::time::sleep(reply.delay).await;
     }
     if !matches!(reply.kind, Kind::Never) {
-        shared.answered.fetch_add(1, Ordering::SeqCst);
+        pending.answer();
     }
     match reply.kind {
         Kind::Answer(answer) => {
