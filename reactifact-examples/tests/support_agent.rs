@@ -33,7 +33,7 @@ async fn a_model_server_that_is_down_fails_the_cases_that_run() {
         .unwrap()
         .with_retry(reactifact_model::RetryPolicy::none());
     let model = ModelChoice::Other {
-        client,
+        client: Box::new(client),
         name: "down".into(),
     };
     let dir = tempfile::tempdir().unwrap();

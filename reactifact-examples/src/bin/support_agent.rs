@@ -73,7 +73,10 @@ fn openai_model() -> Result<ModelChoice, String> {
             return Err("environment variable OPENAI_MODEL is not valid unicode".into())
         }
     };
-    Ok(ModelChoice::Other { client, name })
+    Ok(ModelChoice::Other {
+        client: Box::new(client),
+        name,
+    })
 }
 
 /// `--agent --db FILE --model-url URL --mcp-url URL --tickets N`: the options, after `--agent`.

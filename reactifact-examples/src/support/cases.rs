@@ -73,7 +73,7 @@ pub enum ModelChoice {
     /// and the claims that depend on what the model decides are not checked.
     Other {
         /// The client.
-        client: ChatClient,
+        client: Box<ChatClient>,
         /// The model's name, sent in every request.
         name: String,
     },
@@ -367,7 +367,7 @@ impl Cases {
                 let client = ChatClient::new(server.base_url(), None)?;
                 (Some(server), client)
             }
-            ModelChoice::Other { client, .. } => (None, client.clone()),
+            ModelChoice::Other { client, .. } => (None, (**client).clone()),
         };
         let fixture = Fixture {
             server,
