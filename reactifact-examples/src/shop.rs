@@ -214,7 +214,7 @@ impl StandInModel {
             return Err(ModelError(format!("call {call} failed: the model is down")));
         }
         let every = self.fail_every;
-        if every > 0 && call % every == 0 {
+        if every > 0 && call.is_multiple_of(every) {
             return Err(ModelError(format!("call {call} failed (every {every}th call does)")));
         }
         let draft = Draft {
@@ -373,7 +373,7 @@ impl Mailer {
             tokio::time::sleep(self.inner.delay).await;
         }
         let every = self.inner.fail_every;
-        if every > 0 && attempt % every == 0 {
+        if every > 0 && attempt.is_multiple_of(every) {
             // Inside the runtime's `delivery` span: the line carries the key and the attempt.
             tracing::info!("mail service failed the attempt (it fails every {every}th)");
             return Err(DispatchError::retryable(format!(

@@ -5,6 +5,7 @@ use std::io::{self, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -32,6 +33,7 @@ pub const COUNT_PATH: &str = "/requests";
 pub struct Reply {
     kind: Kind,
     headers: Vec<(String, String)>,
+    delay: Duration,
 }
 
 #[derive(Clone, Debug)]
@@ -101,10 +103,18 @@ impl Reply {
         self
     }
 
+    /// The reply sent `delay` after the request arrived (a slow model), so that a test can act
+    /// while the request is unanswered ([`StandIn::unanswered`]).
+    pub fn after(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+
     fn of(kind: Kind) -> Self {
         Reply {
             kind,
             headers: Vec::new(),
+            delay: Duration::ZERO,
         }
     }
 }
@@ -127,7 +137,31 @@ type Answer = dyn Fn(u64, &ChatRequest) -> Reply + Send + Sync;
 struct Shared {
     answer: Box<Answer>,
     requests: AtomicU64,
+    answered: AtomicU64,
+    abandoned: AtomicU64,
     received: Mutex<Vec<Received>>,
+}
+
+/// Counts a request as abandoned if it is dropped before it is answered (its client went
+/// away and the server dropped the handler).
+struct Pending<'a> {
+    shared: &'a Shared,
+    answered: bool,
+}
+
+impl Pending<'_> {
+    fn answer(&mut self) {
+        self.answered = true;
+        self.shared.answered.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.shared.abandoned.fetch_add(1, Ordering::SeqCst);
+        }
+    }
 }
 
 /// A chat completions server on 127.0.0.1, for tests and examples: each
@@ -191,6 +225,8 @@ impl StandIn {
         let shared = Arc::new(Shared {
             answer: Box::new(answer),
             requests: AtomicU64::new(0),
+            answered: AtomicU64::new(0),
+            abandoned: AtomicU64::new(0),
             received: Mutex::new(Vec::new()),
         });
         let app = Router::new()
@@ -218,6 +254,29 @@ impl StandIn {
     /// How many chat completions requests it received (answered or not).
     pub fn requests(&self) -> u64 {
         self.shared.requests.load(Ordering::SeqCst)
+    }
+
+    /// How many chat completions requests it answered: it began to send their answers (a
+    /// status and headers, a body or a dropped connection). A request answered
+    /// [`never`](Reply::never), or whose client went away during its [`after`](Reply::after)
+    /// delay, is not answered.
+    pub fn answered(&self) -> u64 {
+        self.shared.answered.load(Ordering::SeqCst)
+    }
+
+    /// How many requests it dropped unanswered because their client went away (a client
+    /// killed while its request was in flight).
+    pub fn abandoned(&self) -> u64 {
+        self.shared.abandoned.load(Ordering::SeqCst)
+    }
+
+    /// How many requests it received and has neither answered nor abandoned yet: those in
+    /// flight.
+    pub fn unanswered(&self) -> u64 {
+        // Read these first: a request answered in between is counted as unanswered, never the
+        // other way round.
+        let done = self.answered() + self.abandoned();
+        self.requests().saturating_sub(done)
     }
 
     /// The chat completions requests it received, in arrival order.
@@ -279,6 +338,10 @@ async fn count(State(shared): State<Arc<Shared>>) -> Response {
 
 async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
     let index = shared.requests.fetch_add(1, Ordering::SeqCst);
+    let mut pending = Pending {
+        shared: &shared,
+        answered: false,
+    };
     let json = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
     shared
         .received
@@ -296,10 +359,17 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
         Ok(request) => request,
         Err(error) => {
             let body = json!({"error": {"message": format!("not a chat completions request: {error}"), "type": "invalid_request_error"}});
+            pending.answer();
             return respond(StatusCode::BAD_REQUEST, &[], body.to_string());
         }
     };
     let reply = (shared.answer)(index, &request);
+    if !reply.delay.is_zero() {
+        tokio::time::sleep(reply.delay).await;
+    }
+    if !matches!(reply.kind, Kind::Never) {
+        pending.answer();
+    }
     match reply.kind {
         Kind::Answer(answer) => {
             let wire = WireAnswer::of(&answer);

@@ -7,13 +7,20 @@
 //! cargo run -p reactifact-examples --bin support-agent -- --json-logs   # and the runtime's logs, as JSON on stderr
 //! ```
 //!
-//! Runs the five cases of `reactifact_examples::support::cases` (first run, retry,
-//! crash-resume, replay, token budget) on SQLite files in a temporary directory, removed at
-//! the end, and prints each claim with `PASS` or `FAIL`; exits non-zero if one fails.
+//! Runs the six cases of `reactifact_examples::support::cases` (first run, retry, re-asked,
+//! approval and why, replay, token budget) on SQLite files in a temporary directory, removed
+//! at the end, each against a stand-in model server and an MCP server it starts on
+//! 127.0.0.1, and prints each claim with `PASS` or `FAIL`; exits non-zero if one fails.
 //!
-//! `--openai` (built with the `openai` feature) asks an OpenAI-compatible server instead of
-//! the stand-in: `OPENAI_BASE_URL` (default `https://api.openai.com/v1`, which needs the
-//! `openai-tls` feature), `OPENAI_API_KEY`, and `OPENAI_MODEL` (default `gpt-4o-mini`).
+//! `--openai` asks an OpenAI-compatible server instead of the stand-in (the cases that do not
+//! need the stand-in's script: first run and replay): `OPENAI_BASE_URL` (default
+//! `https://api.openai.com/v1`, which needs the `openai-tls` feature), `OPENAI_API_KEY`, and
+//! `OPENAI_MODEL` (default `gpt-4o-mini`).
+//!
+//! `--agent` runs the agent as a process of its own over a SQLite file until every ticket is
+//! triaged and every intent delivered (`reactifact_examples::support::process`; the SIGKILL
+//! test kills it and restarts it): `--agent --db FILE --model-url URL --mcp-url URL
+//! --tickets N`.
 //!
 //! `--json-logs` (with or without `--openai`) prints the runtime's `tracing` events to stderr,
 //! one JSON object per line with the spans they happened in; `RUST_LOG` sets the level
@@ -22,13 +29,13 @@
 use std::process::ExitCode;
 
 use reactifact_examples::logs;
-use reactifact_examples::support::cases::{Cases, ModelChoice};
+use reactifact_examples::support::cases::{Cases, ModelChoice, STAND_IN_NAME};
+use reactifact_examples::support::process::{run_agent, AgentOptions};
 
 /// The model `--openai` asks unless `OPENAI_MODEL` names another.
-#[cfg(feature = "openai")]
 const DEFAULT_OPENAI_MODEL: &str = "gpt-4o-mini";
 
-/// The command line: `--openai` and `--json-logs`, each optional.
+/// The command line: `--openai` and `--json-logs`, each optional (or `--agent` and its options).
 struct Args {
     openai: bool,
     json_logs: bool,
@@ -46,7 +53,7 @@ fn args() -> Result<Args, String> {
             parsed.json_logs = true;
         } else {
             return Err(format!(
-                "unexpected argument {}; the options are --openai and {}",
+                "unexpected argument {}; the options are --openai, {} and --agent",
                 arg.to_string_lossy(),
                 logs::FLAG
             ));
@@ -55,10 +62,8 @@ fn args() -> Result<Args, String> {
     Ok(parsed)
 }
 
-#[cfg(feature = "openai")]
 fn openai_model() -> Result<ModelChoice, String> {
-    use reactifact_examples::support::ChatClient;
-    use std::sync::Arc;
+    use reactifact_model::ChatClient;
 
     let client = ChatClient::from_env().map_err(|e| e.to_string())?;
     let name = match std::env::var("OPENAI_MODEL") {
@@ -69,21 +74,64 @@ fn openai_model() -> Result<ModelChoice, String> {
         }
     };
     Ok(ModelChoice::Other {
-        describe: client.endpoint().to_owned(),
-        client: Arc::new(client),
+        client: Box::new(client),
         name,
     })
 }
 
-#[cfg(not(feature = "openai"))]
-fn openai_model() -> Result<ModelChoice, String> {
-    Err("--openai needs the `openai` feature: \
-         cargo run -p reactifact-examples --features openai-tls --bin support-agent -- --openai"
-        .into())
+/// `--agent --db FILE --model-url URL --mcp-url URL --tickets N`: the options, after `--agent`.
+fn agent_options(args: &[String]) -> Result<AgentOptions, String> {
+    let mut options = AgentOptions {
+        db: Default::default(),
+        model_url: String::new(),
+        model: STAND_IN_NAME.to_owned(),
+        mcp_url: String::new(),
+        tickets: 0,
+    };
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        let value = args.next().ok_or_else(|| format!("{arg} needs a value"))?;
+        match arg.as_str() {
+            "--db" => options.db = value.into(),
+            "--model-url" => options.model_url = value.clone(),
+            "--model" => options.model = value.clone(),
+            "--mcp-url" => options.mcp_url = value.clone(),
+            "--tickets" => options.tickets = value.parse().map_err(|e| format!("--tickets {value}: {e}"))?,
+            other => return Err(format!("unexpected argument {other} after --agent")),
+        }
+    }
+    if options.db.as_os_str().is_empty() || options.model_url.is_empty() || options.mcp_url.is_empty() {
+        return Err("--agent needs --db, --model-url and --mcp-url".into());
+    }
+    Ok(options)
+}
+
+async fn agent(args: &[String]) -> ExitCode {
+    let options = match agent_options(args) {
+        Ok(options) => options,
+        Err(e) => {
+            eprintln!("support-agent: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run_agent(&options).await {
+        Ok(triaged) => {
+            println!("support-agent: {triaged} tickets triaged, every intent delivered");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("support-agent: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
+    let all: Vec<String> = std::env::args().skip(1).collect();
+    if all.first().map(String::as_str) == Some("--agent") {
+        return agent(&all[1..]).await;
+    }
     let model = match args().and_then(|args| {
         logs::init(args.json_logs).map_err(|e| e.to_string())?;
         if args.openai {

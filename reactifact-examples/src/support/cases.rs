@@ -1,80 +1,81 @@
 //! The support-agent program's cases (the `support-agent` program): a model triages five
-//! support tickets and drafts the replies, and each reply is emailed once, whatever happens.
+//! support tickets through three tools — it looks the order up (a recorded call), replies to
+//! the customer (an intent delivered through MCP) and asks for refunds (intents an operator
+//! approves) — and nothing is sent, paid for or asked twice, whatever happens.
 //!
 //! ```sh
 //! cargo run -p reactifact-examples --bin support-agent
 //! OPENAI_API_KEY=… cargo run -p reactifact-examples --features openai-tls --bin support-agent -- --openai
 //! ```
 //!
-//! Each case runs [`triage`](fn@super::agent::triage) on five tickets, in a SQLite file of its
-//! own, and checks what it claims with counts it measures itself: the calls that reached the
-//! model (a counting wrapper around it) and the emails a stand-in mail service received, by
-//! idempotency key. Every claim is printed with `PASS` or `FAIL`; the program exits non-zero
-//! if one fails. See the "support-agent example" section of `docs/agents.md`.
+//! Each case starts its own stand-in model (a `reactifact_model::stand_in::StandIn` server
+//! on 127.0.0.1 answering with [`stand_in::answer`](super::stand_in::answer)), its own MCP
+//! server ([`ToolServer`]) and a SQLite file, and checks what it claims with counts it measures
+//! itself: the requests the model server received, the lookups of the order book, and the
+//! calls the MCP server received, by idempotency key. Every claim is printed with `PASS` or
+//! `FAIL`; the program exits non-zero if one fails. See the "support-agent example" section of
+//! `docs/agents.md`.
 //!
-//! 1. **first run**: 5 triages, 10 model calls (two per ticket), 5 emails sent once each.
-//! 2. **retry**: the model fails one call; the turn fails and nothing is committed; the rerun
-//!    asks the model only the failed call (and what followed it in its run): 11 calls in all.
-//! 3. **crash-resume**: a runtime without a dispatcher commits and stops, its emails pending;
-//!    the store is reopened in a new runtime, which sends the 5 emails and asks the model
-//!    nothing.
-//! 4. **replay**: the replay oracle re-executes every run from the log: 0 model calls, 0
-//!    emails; a changed drafting prompt, or another model name, is a miss naming the call.
-//! 5. **token budget**: one run at a time, a token budget stops the turn partway: the tickets
-//!    before the refused call commit, the rest stay queued; the next turn finishes, and no call
-//!    is paid for twice.
+//! 1. **first run**: 5 triages, 10 model calls, 5 recorded lookups; 5 replies delivered
+//!    through MCP, each key once, with the key in `_meta`; 2 refunds wait for approval.
+//! 2. **retry**: the model refuses one request; the turn fails and nothing is committed; the
+//!    rerun asks only that request again (11 calls in all) and looks nothing up again.
+//! 3. **re-asked**: a ticket edited five times is triaged again five times; the model answers
+//!    the same tool calls under new ids each time; one intent per tool call, each sent once.
+//! 4. **approval**: a refund is delivered once after `approve`, not before; `why` names the
+//!    model call that asked for it and the chain back to the ticket.
+//! 5. **replay**: the replay calls neither the model, the order book nor the MCP server;
+//!    another model's name is a miss naming the call.
+//! 6. **token budget**: one run at a time, a token budget stops the turn partway; the next
+//!    turn finishes, and no call is paid for twice.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use reactifact_core::audit::{Difference, ReplayError};
 use reactifact_core::error::MissKind;
 use reactifact_core::ledger::DeliveryStatus;
-use reactifact_core::runtime::{Budget, Resources, TurnOutcome, TurnReport, Usage};
-use reactifact_core::{
-    produce, Agent, ArtifactId, Context, DispatchError, Dispatcher, Intent, PendingAction, ProduceCall, ProduceError,
-    Runtime,
-};
+use reactifact_core::runtime::{Budget, Resources, TurnOutcome};
+use reactifact_core::{Agent, ArtifactId, Context, Runtime};
+use reactifact_mcp::McpDispatcher;
+use reactifact_model::stand_in::{Reply, StandIn};
+use reactifact_model::ChatClient;
 
-use super::agent::{email_key, triage, triage_id, triage_with, Email, ModelClient, ModelSettings, Ticket, Triage};
-use super::model::{CompletionFuture, CompletionRequest, Model, ModelError};
-use super::stand_in::{draft_request, triage_request, Category, StandIn};
+use super::agent::{triage, triage_id, ModelSettings, Orders, Ticket, Triage};
+use super::process::{orders, tickets, AGENT, OPERATOR, SESSION};
+use super::stand_in::{self, ACT_TOKENS, PLAN_TOKENS};
+use super::tool_server::ToolServer;
 
 /// What a case's steps return.
 type Outcome<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// How many tickets each case triages.
-pub const TICKETS: u64 = 5;
+pub const TICKETS: usize = 5;
 
-/// The model calls a ticket takes: `classify`, then `draft`.
+/// The model calls a ticket takes: one that asks to look the order up, one that acts.
 const CALLS_PER_TICKET: u64 = 2;
+
+/// The tickets of the five whose orders are refunded (billing, paid).
+const REFUNDS: usize = 2;
 
 /// The model's name in the requests when the stand-in answers them.
 pub const STAND_IN_NAME: &str = "stand-in";
 
-/// The agent the produce runs in.
-const AGENT: &str = "support";
-
-/// The session each case's store holds.
-const SESSION: &str = "support";
-
 /// Which model the cases ask.
 #[derive(Clone)]
 pub enum ModelChoice {
-    /// The deterministic [`StandIn`]: every claim is checked, those about exact answers too.
+    /// The scripted stand-in, a server each case starts: every case runs, every claim is
+    /// checked.
     StandIn,
-    /// Another model, such as an OpenAI-compatible server: the claims about call counts,
-    /// commits and deliveries are checked; those about exact answers and token counts are not.
+    /// Another model, such as an OpenAI-compatible server: the first-run and replay cases run,
+    /// and the claims that depend on what the model decides are not checked.
     Other {
         /// The client.
-        client: Arc<dyn Model>,
+        client: Box<ChatClient>,
         /// The model's name, sent in every request.
         name: String,
-        /// How the program names it (such as the endpoint).
-        describe: String,
     },
 }
 
@@ -89,20 +90,13 @@ impl ModelChoice {
     fn is_stand_in(&self) -> bool {
         matches!(self, ModelChoice::StandIn)
     }
-
-    fn client(&self) -> Arc<dyn Model> {
-        match self {
-            ModelChoice::StandIn => Arc::new(StandIn::new()),
-            ModelChoice::Other { client, .. } => client.clone(),
-        }
-    }
 }
 
 impl fmt::Display for ModelChoice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ModelChoice::StandIn => f.write_str("the stand-in model"),
-            ModelChoice::Other { name, describe, .. } => write!(f, "`{name}` at {describe}"),
+            ModelChoice::Other { name, client } => write!(f, "`{name}` at {}", client.endpoint()),
         }
     }
 }
@@ -110,13 +104,15 @@ impl fmt::Display for ModelChoice {
 /// One case of the program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Case {
-    /// Five tickets triaged, ten model calls, five emails sent once each.
+    /// Five tickets, ten model calls, five replies through MCP once each, two refunds waiting.
     FirstRun,
-    /// The model fails one call: the turn fails, the rerun completes, 11 calls in all.
+    /// The model refuses one request: the turn fails, the rerun asks only that one again.
     Retry,
-    /// Committed without a dispatcher, reopened: the emails go out, no model call.
-    CrashResume,
-    /// The replay calls neither the model nor the mail service; a changed prompt is a miss.
+    /// A ticket edited five times: new tool-call ids each time, one intent per tool call.
+    ReAsked,
+    /// A refund is delivered once after `approve`; `why` names the model call and the chain.
+    Approval,
+    /// The replay calls nothing; another model's name is a miss.
     Replay,
     /// A token budget stops the turn partway; the next turn finishes; nothing paid twice.
     TokenBudget,
@@ -124,23 +120,18 @@ pub enum Case {
 
 impl Case {
     /// Every case, in the order the program runs them.
-    pub const ALL: [Case; 5] = [
+    pub const ALL: [Case; 6] = [
         Case::FirstRun,
         Case::Retry,
-        Case::CrashResume,
+        Case::ReAsked,
+        Case::Approval,
         Case::Replay,
         Case::TokenBudget,
     ];
 
     /// The case's number, from 1.
     pub fn number(self) -> u32 {
-        match self {
-            Case::FirstRun => 1,
-            Case::Retry => 2,
-            Case::CrashResume => 3,
-            Case::Replay => 4,
-            Case::TokenBudget => 5,
-        }
+        Case::ALL.iter().position(|c| *c == self).map_or(0, |i| i as u32 + 1)
     }
 
     /// The case's title.
@@ -148,10 +139,17 @@ impl Case {
         match self {
             Case::FirstRun => "first run",
             Case::Retry => "retry",
-            Case::CrashResume => "crash-resume",
+            Case::ReAsked => "re-asked, new tool-call ids",
+            Case::Approval => "approval and why",
             Case::Replay => "replay",
             Case::TokenBudget => "token budget",
         }
+    }
+
+    /// Whether the case needs the scripted stand-in (it injects a failure, or counts on what
+    /// the model decides).
+    pub fn needs_stand_in(self) -> bool {
+        !matches!(self, Case::FirstRun | Case::Replay)
     }
 }
 
@@ -241,221 +239,50 @@ impl fmt::Display for CaseReport {
 }
 
 // ---------------------------------------------------------------------------------------------
-// What the cases measure with: a counting model, a counting mail service
+// A case's world: the model server, the MCP server, the order book, the store
 // ---------------------------------------------------------------------------------------------
 
-/// The model as the runtime gets it: counts the calls that reach it and, if told to, fails
-/// the `fail_at`-th (from 1) after the model answered it, as a server that did the work and
-/// then lost the connection would.
-struct Probe {
-    inner: Arc<dyn Model>,
-    calls: AtomicU64,
-    fail_at: Option<u64>,
+/// One case's servers and store.
+struct Fixture {
+    /// The stand-in model server (`None` with another model).
+    server: Option<StandIn>,
+    client: ChatClient,
+    tools: ToolServer,
+    orders: Orders,
+    /// The number (from 0) of the request the stand-in refuses, once (`u64::MAX`: none).
+    refuse: Arc<AtomicU64>,
 }
 
-impl Probe {
-    fn new(inner: Arc<dyn Model>, fail_at: Option<u64>) -> Arc<Self> {
-        Arc::new(Probe {
-            inner,
-            calls: AtomicU64::new(0),
-            fail_at,
-        })
+impl Fixture {
+    /// Has the stand-in refuse request number `index` (from 0) with a 400, which the client
+    /// does not retry.
+    fn refuse_at(&self, index: u64) {
+        self.refuse.store(index, Ordering::SeqCst);
     }
 
-    fn calls(&self) -> u64 {
-        self.calls.load(Ordering::SeqCst)
-    }
-}
-
-impl Model for Probe {
-    fn complete<'a>(&'a self, request: &'a CompletionRequest) -> CompletionFuture<'a> {
-        Box::pin(async move {
-            let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
-            let answer = self.inner.complete(request).await;
-            if self.fail_at == Some(n) {
-                return Err(ModelError::status(503, b"the model server is overloaded"));
-            }
-            answer
-        })
-    }
-}
-
-/// A stand-in mail service: records each email it is handed, by idempotency key.
-#[derive(Clone, Default)]
-struct Mailbox {
-    received: Arc<Mutex<BTreeMap<String, Vec<Email>>>>,
-}
-
-impl Mailbox {
-    fn dispatcher(&self) -> impl Dispatcher {
-        let mailbox = self.clone();
-        move |intent: Intent| {
-            let result = mailbox.receive(&intent);
-            async move { result }
-        }
+    /// The requests the model server received (0 with another model: not counted).
+    fn model_calls(&self) -> u64 {
+        self.server.as_ref().map_or(0, StandIn::requests)
     }
 
-    fn receive(&self, intent: &Intent) -> Result<(), DispatchError> {
-        // A real mail service would send it, passing the key on as the idempotency key.
-        let email: Email = intent.payload()?;
-        let mut received = self.received.lock().unwrap_or_else(|e| e.into_inner());
-        received.entry(intent.key().to_string()).or_default().push(email);
-        Ok(())
+    fn dispatcher(&self) -> Outcome<McpDispatcher> {
+        Ok(McpDispatcher::new(self.tools.url())?)
     }
 
-    /// Emails received in all.
-    fn total(&self) -> usize {
-        self.received
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .map(Vec::len)
-            .sum()
-    }
-
-    /// How many times each key was received.
-    fn counts(&self) -> BTreeMap<String, usize> {
-        let received = self.received.lock().unwrap_or_else(|e| e.into_inner());
-        received
-            .iter()
-            .map(|(key, emails)| (key.clone(), emails.len()))
-            .collect()
-    }
-
-    /// The emails received for `key`.
-    fn emails(&self, key: &str) -> Vec<Email> {
-        let received = self.received.lock().unwrap_or_else(|e| e.into_inner());
-        received.get(key).cloned().unwrap_or_default()
+    /// Whether the MCP server received exactly `keys`, each once, each with the key in `_meta`.
+    fn received_once(&self, keys: &[String]) -> bool {
+        let received = self.tools.received();
+        self.tools.calls_without_key() == 0
+            && received.len() == keys.len()
+            && keys.iter().all(|k| received.get(k).is_some_and(|r| r.calls == 1))
     }
 }
-
-// ---------------------------------------------------------------------------------------------
-// The tickets
-// ---------------------------------------------------------------------------------------------
-
-/// The five tickets, by id.
-fn tickets() -> Vec<(ArtifactId, Ticket)> {
-    let ticket = |customer: &str, subject: &str, body: &str| Ticket {
-        customer: customer.into(),
-        subject: subject.into(),
-        body: body.into(),
-    };
-    [
-        ticket(
-            "ada@example.com",
-            "Charged twice this month",
-            "My card was charged twice for the March subscription. Please refund one of them.",
-        ),
-        ticket(
-            "bob@example.com",
-            "The app closes at start",
-            "Since yesterday's update the app crashes as soon as I open it.",
-        ),
-        ticket(
-            "cy@example.com",
-            "Cannot sign in",
-            "I forgot my password and the reset link never arrives.",
-        ),
-        ticket(
-            "dee@example.com",
-            "Opening hours",
-            "Is your phone line open on Saturdays?",
-        ),
-        ticket(
-            "eve@example.com",
-            "Parcel never arrived",
-            "Order 1432 never came. I would like my money back, or a refund to my card.",
-        ),
-    ]
-    .into_iter()
-    .enumerate()
-    .map(|(i, t)| (ArtifactId::from(format!("ticket:{}", i + 1)), t))
-    .collect()
-}
-
-/// The email keys of the five tickets.
-fn email_keys() -> Vec<String> {
-    tickets().iter().map(|(id, _)| email_key(id)).collect()
-}
-
-/// "`n` emails, once each": every ticket's key received exactly once, and nothing else.
-fn once_each(mailbox: &Mailbox) -> bool {
-    let expected: BTreeMap<String, usize> = email_keys().into_iter().map(|k| (k, 1)).collect();
-    mailbox.counts() == expected
-}
-
-/// The stand-in's usage for a ticket: its classify and draft calls.
-fn stand_in_usage(ticket: &Ticket) -> Outcome<(Usage, Usage)> {
-    let text = ticket.text();
-    let classified = StandIn::answer(&triage_request(STAND_IN_NAME, &text))?;
-    let category = Category::parse(&classified.text).unwrap_or(Category::General);
-    let drafted = StandIn::answer(&draft_request(STAND_IN_NAME, category, &text))?;
-    Ok((
-        Usage::tokens(classified.tokens_in, classified.tokens_out),
-        Usage::tokens(drafted.tokens_in, drafted.tokens_out),
-    ))
-}
-
-/// One line of a turn's usage, per produce.
-fn usage_lines(turn: &TurnReport) -> Vec<String> {
-    // `reactifact_core` does not export the element type of `TurnReport::usage`
-    // (`ProduceUsage`), so this takes the report.
-    turn.usage
-        .iter()
-        .map(|u| {
-            format!(
-                "usage: {}/{} made {} calls ({} reused): {} tokens, {} in and {} out",
-                u.agent,
-                u.produce,
-                u.calls,
-                u.reused,
-                u.usage.total_tokens(),
-                u.usage.tokens_in,
-                u.usage.tokens_out
-            )
-        })
-        .collect()
-}
-
-// ---------------------------------------------------------------------------------------------
-// A variant of the produce, for the replay case
-// ---------------------------------------------------------------------------------------------
-
-mod signed {
-    //! `triage` as someone edited it: the drafting prompt also asks for a signature.
-
-    use super::*;
-
-    /// [`triage`](fn@super::triage) with another drafting system prompt.
-    #[produce(Triage, also_creates = [PendingAction], uses = [ModelClient, ModelSettings])]
-    pub(super) async fn triage(call: ProduceCall<Ticket>) -> Result<(), ProduceError> {
-        triage_with(&call, |model, category, ticket| {
-            let mut request = draft_request(model, category, ticket);
-            request
-                .system
-                .push_str(" Sign the reply as Ada, from the support team.");
-            request
-        })
-        .await
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// The cases
-// ---------------------------------------------------------------------------------------------
 
 /// The program's cases, over one directory (each case writes a SQLite file of its own there,
 /// `case-<n>.db`) and one model.
 pub struct Cases {
     dir: PathBuf,
     model: ModelChoice,
-}
-
-/// One case's model and mail service.
-struct Fixture {
-    path: PathBuf,
-    model: Arc<Probe>,
-    mailbox: Mailbox,
 }
 
 impl Cases {
@@ -469,6 +296,15 @@ impl Cases {
         &self.dir
     }
 
+    /// The cases this model runs: all of them with the stand-in, those that do not need it
+    /// otherwise.
+    pub fn cases(&self) -> Vec<Case> {
+        Case::ALL
+            .into_iter()
+            .filter(|case| self.model.is_stand_in() || !case.needs_stand_in())
+            .collect()
+    }
+
     /// Runs `case` on a new store, and reports what it found.
     pub async fn run(&self, case: Case) -> CaseReport {
         let mut report = CaseReport {
@@ -479,7 +315,8 @@ impl Cases {
         let outcome = match case {
             Case::FirstRun => self.first_run(&mut report).await,
             Case::Retry => self.retry(&mut report).await,
-            Case::CrashResume => self.crash_resume(&mut report).await,
+            Case::ReAsked => self.re_asked(&mut report).await,
+            Case::Approval => self.approval(&mut report).await,
             Case::Replay => self.replay(&mut report).await,
             Case::TokenBudget => self.token_budget(&mut report).await,
         };
@@ -489,7 +326,7 @@ impl Cases {
         report
     }
 
-    /// Runs every case, printing each report; whether every claim held.
+    /// Runs every case this model runs, printing each report; whether every claim held.
     pub async fn run_all(&self) -> bool {
         println!(
             "The support agent, asking {}, on SQLite in {}:",
@@ -497,7 +334,7 @@ impl Cases {
             self.dir.display()
         );
         let mut ok = true;
-        for case in Case::ALL {
+        for case in self.cases() {
             let report = self.run(case).await;
             print!("{report}");
             ok &= report.passed();
@@ -505,141 +342,165 @@ impl Cases {
         ok
     }
 
-    /// A new store for `case` with the five tickets in it, the model (failing the
-    /// `fail_at`-th call) and a mail service.
-    fn fixture(&self, case: Case, fail_at: Option<u64>) -> Outcome<(Fixture, Context)> {
+    /// A new store for `case` with the five tickets in it, a model server (the stand-in, which
+    /// refuses a request when told to), an MCP server and the order book.
+    async fn fixture(&self, case: Case) -> Outcome<(Fixture, Context)> {
         let path = self.dir.join(format!("case-{}.db", case.number()));
         if path.exists() {
             return Err(format!("{} exists; the cases need a new directory", path.display()).into());
         }
         let mut context = Context::open(&path, SESSION)?;
-        for (id, ticket) in tickets() {
+        for (id, ticket) in tickets(TICKETS) {
             context.create(id, ticket)?;
         }
+        let refuse_at = Arc::new(AtomicU64::new(u64::MAX));
+        let (server, client) = match &self.model {
+            ModelChoice::StandIn => {
+                let refuse = refuse_at.clone();
+                let server = StandIn::start(move |index, request| {
+                    if refuse.load(Ordering::SeqCst) == index {
+                        return Reply::status(400, r#"{"error": {"message": "the stand-in refuses this one"}}"#);
+                    }
+                    stand_in::answer(index, request)
+                })
+                .await?;
+                let client = ChatClient::new(server.base_url(), None)?;
+                (Some(server), client)
+            }
+            ModelChoice::Other { client, .. } => (None, (**client).clone()),
+        };
         let fixture = Fixture {
-            path,
-            model: Probe::new(self.model.client(), fail_at),
-            mailbox: Mailbox::default(),
+            server,
+            client,
+            tools: ToolServer::start().await?,
+            orders: orders(TICKETS),
+            refuse: refuse_at,
         };
         Ok((fixture, context))
     }
 
-    /// The resources `triage` uses: the model and its name.
-    fn resources(&self, model: &Arc<Probe>, name: &str) -> Resources {
+    /// The resources `triage` uses: the client, the model's name and the order book.
+    fn resources(&self, fixture: &Fixture, name: &str) -> Resources {
         Resources::new()
-            .with(ModelClient(model.clone()))
+            .with(fixture.client.clone())
             .with(ModelSettings { model: name.to_owned() })
+            .with(fixture.orders.clone())
     }
 
-    /// A runtime over `context` running `triage` with the fixture's model, sending emails to
-    /// its mailbox if `dispatch`, one run at a time if `one_at_a_time`.
-    fn runtime(&self, context: Context, fixture: &Fixture, dispatch: bool, one_at_a_time: bool) -> Outcome<Runtime> {
+    /// A runtime over `context` running `triage`, delivering to the fixture's MCP server,
+    /// one run at a time if `one_at_a_time`.
+    fn runtime(&self, context: Context, fixture: &Fixture, one_at_a_time: bool) -> Outcome<Runtime> {
         let mut builder = Runtime::builder(context)
-            .resources(&self.resources(&fixture.model, self.model.name()))
-            .agent(Agent::new(AGENT).produce(triage));
-        if dispatch {
-            builder = builder.dispatcher(fixture.mailbox.dispatcher());
-        }
+            .resources(&self.resources(fixture, self.model.name()))
+            .agent(Agent::new(AGENT).produce(triage))
+            .dispatcher(fixture.dispatcher()?);
         if one_at_a_time {
             builder = builder.max_concurrency(1);
         }
         Ok(builder.build()?)
     }
 
-    /// Checks that the five triages are committed and each delivered email carries its
-    /// ticket's reply, to its customer; with the stand-in, that the categories are the
-    /// expected ones and the replies are the stand-in's.
-    fn check_triages(&self, report: &mut CaseReport, rt: &Runtime, mailbox: &Mailbox) -> Outcome {
+    /// The intents the triages name, split into replies and refunds, after checking that each
+    /// ticket has its triage.
+    fn intents(&self, report: &mut CaseReport, rt: &Runtime) -> Outcome<(Vec<String>, Vec<String>)> {
+        let (mut replies, mut refunds) = (Vec::new(), Vec::new());
         let mut categories = Vec::new();
-        let mut emails_match = true;
-        let mut replies_match = true;
-        for (id, ticket) in tickets() {
+        for (id, _) in tickets(TICKETS) {
             let Some(triage) = rt.context().get::<Triage>(&triage_id(&id))? else {
-                report.check(false, format!("{} was triaged (no {})", id, triage_id(&id)));
-                return Ok(());
+                report.check(false, format!("{id} was triaged (no {})", triage_id(&id)));
+                return Ok((replies, refunds));
             };
-            categories.push(triage.data.category);
-            let expected = Email {
-                to: ticket.customer.clone(),
-                subject: format!("Re: {}", ticket.subject),
-                body: triage.data.reply.clone(),
-            };
-            emails_match &= mailbox.emails(&email_key(&id)) == [expected];
-            if self.model.is_stand_in() {
-                let request = draft_request(STAND_IN_NAME, triage.data.category, &ticket.text());
-                replies_match &= StandIn::answer(&request)?.text == triage.data.reply;
+            categories.push(triage.data.category.as_str());
+            for key in &triage.data.intents {
+                if key.starts_with("issue_refund:") {
+                    refunds.push(key.clone());
+                } else {
+                    replies.push(key.clone());
+                }
             }
         }
-        let names: Vec<&str> = categories.iter().map(|c| c.as_str()).collect();
         report.check(
-            categories.len() as u64 == TICKETS,
-            format!("{TICKETS} tickets → {TICKETS} triages: {}", names.join(", ")),
+            categories.len() == TICKETS,
+            format!("{TICKETS} tickets → {TICKETS} triages: {}", categories.join(", ")),
         );
-        if self.model.is_stand_in() {
-            let expected: Vec<Category> = tickets().iter().map(|(_, t)| Category::classify(&t.text())).collect();
-            report.check_eq(
-                categories,
-                expected,
-                "the categories are the model's answers to `classify`",
-            );
-            report.check(replies_match, "each reply is the model's answer to `draft`");
-        }
-        report.check(emails_match, "each email carries its ticket's reply, to its customer");
-        Ok(())
+        Ok((replies, refunds))
     }
 
-    /// Case 1: five tickets, two model calls each, five emails sent once each.
+    /// Case 1: five tickets; the model looks each order up and replies; the replies go out
+    /// through MCP once each; the refunds wait.
     async fn first_run(&self, report: &mut CaseReport) -> Outcome {
-        let (fixture, context) = self.fixture(Case::FirstRun, None)?;
-        let mut rt = self.runtime(context, &fixture, true, false)?;
+        let (fixture, context) = self.fixture(Case::FirstRun).await?;
+        let mut rt = self.runtime(context, &fixture, false)?;
         let turn = rt.run().await?;
-
+        rt.settle().await?;
         report.check_eq(turn.outcome, TurnOutcome::Completed, "the turn completed");
-        report.check_eq(
-            fixture.model.calls(),
-            CALLS_PER_TICKET * TICKETS,
-            format!(
-                "{} model calls: classify and draft per ticket",
-                CALLS_PER_TICKET * TICKETS
-            ),
-        );
-        report.check(
-            once_each(&fixture.mailbox),
-            format!("{TICKETS} emails delivered, once each: {:?}", fixture.mailbox.counts()),
-        );
-        self.check_triages(report, &rt, &fixture.mailbox)?;
-        let used = turn.total_usage();
-        let named = turn.usage.len() == 1
-            && turn.usage[0].agent == AGENT
-            && turn.usage[0].produce == "triage"
-            && turn.usage[0].calls == CALLS_PER_TICKET * TICKETS;
-        report.check(
-            named,
-            format!(
-                "the turn's usage names the produce and its {} calls: {} tokens",
-                CALLS_PER_TICKET * TICKETS,
-                used.total_tokens()
-            ),
-        );
+        let (replies, refunds) = self.intents(report, &rt)?;
         if self.model.is_stand_in() {
-            let mut expected = Usage::ZERO;
-            for (_, ticket) in tickets() {
-                let (classify, draft) = stand_in_usage(&ticket)?;
-                expected = expected + classify + draft;
-            }
-            report.check_eq(used, expected, "the usage is what the model reported");
+            report.check_eq(
+                fixture.model_calls(),
+                CALLS_PER_TICKET * TICKETS as u64,
+                format!(
+                    "{} model calls through ChatClient: one asks to look the order up, one acts, per ticket",
+                    CALLS_PER_TICKET * TICKETS as u64
+                ),
+            );
+            report.check_eq(
+                fixture.orders.lookups(),
+                TICKETS as u64,
+                "lookup_order ran 5 times, each a recorded call",
+            );
+            report.check_eq(
+                (replies.len(), refunds.len()),
+                (TICKETS, REFUNDS),
+                "the model called send_reply for each ticket and issue_refund for the 2 billing tickets",
+            );
         }
-        for line in usage_lines(&turn) {
-            report.note(line);
+        let tool_keys = replies.iter().chain(&refunds).all(|k| {
+            let ticket = k.split(':').nth(1).unwrap_or("");
+            !k.contains("call_") && ticket == "ticket"
+        });
+        report.check(
+            tool_keys,
+            "every intent is keyed `{tool}:{ticket id}:{hash of the arguments}`, never by the model's tool-call id",
+        );
+        report.check(
+            fixture.received_once(&replies),
+            format!(
+                "the MCP server received each of the {} replies once, with its key in `_meta`",
+                replies.len()
+            ),
+        );
+        let ledger = rt.context().ledger();
+        let mut waiting = 0;
+        for key in &refunds {
+            waiting += usize::from(
+                ledger
+                    .get(key)
+                    .await?
+                    .is_some_and(|d| d.status() == DeliveryStatus::AwaitingApproval),
+            );
         }
+        report.check(
+            waiting == refunds.len() && fixture.tools.received().keys().all(|k| !refunds.contains(k)),
+            format!("the {} refunds wait for approval; none was sent", refunds.len()),
+        );
+        let used = turn.total_usage();
+        report.note(format!(
+            "usage: {} recorded calls (model, lookups, clock), {} tokens ({} in, {} out)",
+            turn.usage.iter().map(|u| u.calls).sum::<u64>(),
+            used.total_tokens(),
+            used.tokens_in,
+            used.tokens_out
+        ));
         Ok(())
     }
 
-    /// Case 2: the model fails one call: the turn fails and nothing is committed; the rerun
-    /// reuses every answer the failed turn got and asks again only what failed.
+    /// Case 2: the model refuses one request (the fourth it receives); the turn fails, nothing is committed;
+    /// the rerun reuses every answer the failed turn got and asks only that request again.
     async fn retry(&self, report: &mut CaseReport) -> Outcome {
-        let (fixture, context) = self.fixture(Case::Retry, Some(4))?;
-        let mut rt = self.runtime(context, &fixture, true, false)?;
+        let (fixture, context) = self.fixture(Case::Retry).await?;
+        fixture.refuse_at(3);
+        let mut rt = self.runtime(context, &fixture, false)?;
         let error = match rt.run().await {
             Ok(turn) => {
                 report.check(false, format!("the turn failed (it ended {:?})", turn.outcome));
@@ -647,244 +508,278 @@ impl Cases {
             }
             Err(e) => e.to_string(),
         };
-        let first = fixture.model.calls();
+        let first = fixture.model_calls();
+        let looked_up = fixture.orders.lookups();
         report.check(
-            error.contains("503"),
-            "the turn failed loudly, naming the model's error",
+            error.contains("400"),
+            "the turn failed loudly, naming the model's refusal",
         );
         report.note(format!("error: {error}"));
         report.check(
-            rt.context().list::<Triage>().count() == 0 && fixture.mailbox.total() == 0,
+            rt.context().list::<Triage>().count() == 0 && fixture.tools.calls() == 0,
             "nothing was committed or sent",
         );
-        report.check_eq(
-            rt.context().queued_events(),
-            TICKETS as usize,
-            "the tickets' events stay queued",
-        );
-
         let turn = rt.run().await?;
+        rt.settle().await?;
         let reused: u64 = turn.usage.iter().map(|u| u.reused).sum();
-        let made: u64 = turn.usage.iter().map(|u| u.calls).sum();
         report.check_eq(turn.outcome, TurnOutcome::Completed, "the rerun completed");
         report.check_eq(
             reused,
-            first - 1,
-            format!("the rerun reused the {} answers the failed turn got", first - 1),
+            first - 1 + looked_up,
+            format!(
+                "the rerun reused what the failed turn got: {} model answers and {looked_up} lookups",
+                first - 1
+            ),
         );
         report.check_eq(
-            fixture.model.calls(),
-            CALLS_PER_TICKET * TICKETS + 1,
+            fixture.model_calls(),
+            CALLS_PER_TICKET * TICKETS as u64 + 1,
             format!(
-                "model calls in all: {} ({first} in the failed turn, {made} in the rerun)",
-                CALLS_PER_TICKET * TICKETS + 1
+                "model calls in all: {} (the refused one asked twice)",
+                CALLS_PER_TICKET * TICKETS as u64 + 1
             ),
         );
-        report.check(
-            once_each(&fixture.mailbox),
-            format!("{TICKETS} emails delivered, once each"),
-        );
-        self.check_triages(report, &rt, &fixture.mailbox)?;
+        report.check_eq(fixture.orders.lookups(), TICKETS as u64, "no order was looked up twice");
+        let (replies, _) = self.intents(report, &rt)?;
+        report.check(fixture.received_once(&replies), "each reply was delivered once");
         Ok(())
     }
 
-    /// Case 3: committed by a runtime without a dispatcher, which then stops ("crashes"
-    /// after the commit); a new runtime over the reopened store sends every email and asks
-    /// the model nothing.
-    async fn crash_resume(&self, report: &mut CaseReport) -> Outcome {
-        let (fixture, context) = self.fixture(Case::CrashResume, None)?;
-        let mut rt = self.runtime(context, &fixture, false, false)?;
-        let turn = rt.run().await?;
-        let mut pending = 0;
-        for key in email_keys() {
-            let delivery = rt.context().ledger().get(&key).await?;
-            pending += usize::from(delivery.is_some_and(|d| d.status() == DeliveryStatus::Pending));
-        }
-        report.check(
-            rt.context().list::<Triage>().count() as u64 == TICKETS
-                && fixture.model.calls() == CALLS_PER_TICKET * TICKETS,
-            format!(
-                "without a dispatcher: {TICKETS} triages committed, {} model calls",
-                fixture.model.calls()
-            ),
-        );
-        report.check(
-            pending == TICKETS as usize && turn.deliveries.waiting == pending && fixture.mailbox.total() == 0,
-            format!("{pending} emails pending in the ledger, 0 sent"),
-        );
-        let head = rt.context().head();
-        drop(rt);
-
-        let reopened = Context::open(&fixture.path, SESSION)?;
-        reopened.verify()?;
-        report.check_eq(reopened.head(), head, "the reopened store has every commit");
-        let model = Probe::new(self.model.client(), None);
-        let resumed = Fixture {
-            path: fixture.path.clone(),
-            model,
-            mailbox: fixture.mailbox.clone(),
-        };
-        let mut rt = self.runtime(reopened, &resumed, true, false)?;
-        let turn = rt.run().await?;
-        report.check_eq(turn.runs, 0, "the new runtime re-ran no produce");
-        report.check_eq(resumed.model.calls(), 0, "the new runtime asked the model nothing");
-        report.check(
-            once_each(&fixture.mailbox),
-            format!("it delivered the {TICKETS} emails, once each"),
-        );
-        self.check_triages(report, &rt, &fixture.mailbox)?;
-        Ok(())
-    }
-
-    /// Case 4: the replay oracle re-executes every run from the log without calling the model
-    /// or the mail service; a changed prompt, or another model's name, is a miss naming the
-    /// call.
-    async fn replay(&self, report: &mut CaseReport) -> Outcome {
-        let (fixture, context) = self.fixture(Case::Replay, None)?;
-        let mut rt = self.runtime(context, &fixture, true, false)?;
+    /// Case 3: ticket 1 edited five times: each edit triages it again, the model answers the
+    /// same tool calls under new ids, and no second intent is made.
+    async fn re_asked(&self, report: &mut CaseReport) -> Outcome {
+        let (fixture, context) = self.fixture(Case::ReAsked).await?;
+        let mut rt = self.runtime(context, &fixture, false)?;
         rt.run().await?;
-        let (calls, sent) = (fixture.model.calls(), fixture.mailbox.total());
+        rt.settle().await?;
+        let (replies, refunds) = self.intents(report, &rt)?;
+        let id = ArtifactId::from("ticket:1");
+        let before = rt
+            .context()
+            .get::<Triage>(&triage_id(&id))?
+            .ok_or("no triage of ticket:1")?;
+        let (_, ticket) = tickets(1).remove(0);
+        for n in 1..=5 {
+            let edited = Ticket {
+                body: format!("{} Any news? ({n})", ticket.body),
+                ..ticket.clone()
+            };
+            rt.context_mut().update(id.clone(), edited)?;
+            rt.run().await?;
+            rt.settle().await?;
+        }
+        report.check_eq(
+            fixture.model_calls(),
+            CALLS_PER_TICKET * (TICKETS as u64 + 5),
+            "the model was asked again on every edit: 10 more calls",
+        );
+        let ids = self.tool_call_ids(&fixture, "Order: A1");
+        report.check(
+            ids.len() == 6,
+            format!(
+                "it answered under a new tool-call id every time: {} distinct lookup_order ids in 6 asks",
+                ids.len()
+            ),
+        );
+        let after = rt
+            .context()
+            .get::<Triage>(&triage_id(&id))?
+            .ok_or("no triage of ticket:1")?;
+        report.check_eq(
+            after.data.intents.clone(),
+            before.data.intents.clone(),
+            "the edited ticket's tool calls derive the same keys",
+        );
+        let ledger = rt.context().ledger().entries().await?;
+        report.check_eq(
+            ledger.len(),
+            replies.len() + refunds.len(),
+            "one intent per tool call in the ledger",
+        );
+        report.check(
+            fixture.received_once(&replies),
+            "the MCP server received each reply's key once",
+        );
+        Ok(())
+    }
+
+    /// The tool-call ids the model gave in the conversations whose user message contains
+    /// `marker`, as the requests the stand-in received carry them back.
+    fn tool_call_ids(&self, fixture: &Fixture, marker: &str) -> std::collections::BTreeSet<String> {
+        let mut ids = std::collections::BTreeSet::new();
+        let Some(server) = &fixture.server else {
+            return ids;
+        };
+        for request in server.received() {
+            let messages = request.body["messages"].as_array().cloned().unwrap_or_default();
+            let ours = messages
+                .iter()
+                .any(|m| m["role"] == "user" && m["content"].as_str().is_some_and(|c| c.contains(marker)));
+            if !ours {
+                continue;
+            }
+            for message in messages.iter().filter(|m| m["role"] == "assistant") {
+                for call in message["tool_calls"].as_array().into_iter().flatten() {
+                    if let Some(id) = call["id"].as_str() {
+                        ids.insert(id.to_owned());
+                    }
+                }
+            }
+        }
+        ids
+    }
+
+    /// Case 4: a refund waits until an operator approves it, is then delivered once, and
+    /// `why` tells which model call asked for it and the chain back to the ticket.
+    async fn approval(&self, report: &mut CaseReport) -> Outcome {
+        let (fixture, context) = self.fixture(Case::Approval).await?;
+        let mut rt = self.runtime(context, &fixture, false)?;
+        rt.run().await?;
+        rt.settle().await?;
+        let (_, refunds) = self.intents(report, &rt)?;
+        let key = refunds.first().ok_or("the model asked for no refund")?.clone();
+        report.check(
+            !fixture.tools.received().contains_key(&key),
+            format!("before approval, {key} was not sent"),
+        );
+        let approved = rt.approve(&key, OPERATOR).await?;
+        rt.settle().await?;
+        rt.approve(&key, OPERATOR).await?;
+        rt.settle().await?;
+        let received = fixture.tools.received();
+        report.check(
+            received
+                .get(&key)
+                .is_some_and(|r| r.calls == 1 && r.tool == "issue_refund")
+                && approved.status() == DeliveryStatus::Pending,
+            "approved (twice), it was delivered once, as an MCP call of issue_refund",
+        );
+        let delivered = rt.context().ledger().get(&key).await?;
+        report.check(
+            delivered.is_some_and(|d| d.status() == DeliveryStatus::Delivered),
+            "the ledger says delivered",
+        );
+        let Some(why) = rt.context().provenance(&key).await? else {
+            report.check(false, format!("why {key} finds the run"));
+            return Ok(());
+        };
+        let asked = why
+            .calls()
+            .iter()
+            .find(|c| c.name.starts_with("turn-") && c.usage.tokens_out == ACT_TOKENS.1);
+        report.check(
+            asked.is_some_and(|c| c.model.as_deref() == Some(STAND_IN_NAME))
+                && why.calls().iter().any(|c| &*c.name == "lookup_order"),
+            "why names the model call that asked for the refund (its model and tokens) and the lookup",
+        );
+        let ticket = refunds[0].split(':').skip(1).take(2).collect::<Vec<_>>().join(":");
+        let started = why.started_by().map(|c| c.wrote.id.to_string());
+        report.check_eq(
+            started.as_deref(),
+            Some(ticket.as_str()),
+            "why follows the chain back to the outside write of the ticket",
+        );
+        if let Some(call) = asked {
+            report.note(format!(
+                "why {key}: {}/{} on {ticket}, call `{}` to `{}`, {} tokens; approved by {}",
+                why.agent().unwrap_or("?"),
+                why.produce().unwrap_or("?"),
+                call.name,
+                call.model.as_deref().unwrap_or("?"),
+                call.usage.total_tokens(),
+                why.decision().map_or("nobody", |d| d.by.as_str()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Case 5: the replay oracle re-executes every run from the log without calling the
+    /// model, the order book or the MCP server; another model's name is a miss naming the call.
+    async fn replay(&self, report: &mut CaseReport) -> Outcome {
+        let (fixture, context) = self.fixture(Case::Replay).await?;
+        let mut rt = self.runtime(context, &fixture, false)?;
+        rt.run().await?;
+        rt.settle().await?;
+        let counts = |f: &Fixture| (f.model_calls(), f.orders.lookups(), f.tools.calls());
+        let before = counts(&fixture);
 
         let replayed = rt.replay().await?;
         report.check_eq(
-            replayed.runs as u64,
+            replayed.runs,
             TICKETS,
             format!("the replay re-executed the {TICKETS} runs: the same patches"),
         );
         report.check_eq(
-            (fixture.model.calls() - calls, fixture.mailbox.total() - sent),
-            (0, 0),
-            "the replay made 0 model calls and sent 0 emails",
+            counts(&fixture),
+            before,
+            "the replay made 0 model calls, 0 lookups and 0 MCP calls",
         );
 
-        // An edited drafting prompt: `classify` is answered from the log, `draft` misses.
-        let edited = [Agent::new(AGENT).produce(signed::triage)];
-        let resources = self.resources(&fixture.model, self.model.name());
-        let result = rt.context().replay_with(&edited, &resources).await;
-        self.check_miss(report, result, "a changed drafting prompt", "draft")?;
-
-        // Another model: its name is in the request, so the first call misses.
-        let resources = self.resources(&fixture.model, "another-model");
+        let resources = self.resources(&fixture, "another-model");
         let agents = [Agent::new(AGENT).produce(triage)];
         let result = rt.context().replay_with(&agents, &resources).await;
-        self.check_miss(report, result, "another model name", "classify")?;
-
-        report.check_eq(
-            (fixture.model.calls() - calls, fixture.mailbox.total() - sent),
-            (0, 0),
-            "the replays that missed made 0 model calls and sent 0 emails",
-        );
-        Ok(())
-    }
-
-    /// Checks that `result` diverged with a changed request at the first call named `call`.
-    fn check_miss(
-        &self,
-        report: &mut CaseReport,
-        result: Result<reactifact_core::audit::ReplayReport, ReplayError>,
-        what: &str,
-        call: &str,
-    ) -> Outcome {
-        let error = match result {
-            Ok(_) => {
-                report.check(false, format!("a replay with {what} diverges (it passed)"));
-                return Ok(());
-            }
-            Err(e) => e,
-        };
-        let named = match &error {
-            ReplayError::Diverged(divergence) => match &divergence.difference {
-                Difference::Call(miss) => {
-                    miss.call == call && miss.index == 0 && matches!(miss.kind, MissKind::RequestDiffers { .. })
-                }
+        let named = match &result {
+            Err(ReplayError::Diverged(divergence)) => match &divergence.difference {
+                Difference::Call(miss) => miss.call == "turn-1" && matches!(miss.kind, MissKind::RequestDiffers { .. }),
                 _ => false,
             },
             _ => false,
         };
         report.check(
             named,
-            format!("a replay with {what} reports the miss at `{call}`, the call whose request changed"),
+            "a replay with another model's name reports the miss at `turn-1`, the call whose request changed",
         );
-        report.note(format!("{error}"));
+        if let Err(error) = result {
+            report.note(error.to_string());
+        }
+        report.check_eq(counts(&fixture), before, "the replay that missed called nothing either");
         Ok(())
     }
 
-    /// Case 5: one run at a time, a token budget stops the turn partway; the tickets before
+    /// Case 6: one run at a time, a token budget stops the turn partway; the tickets before
     /// the refused call commit; the next turn finishes and pays only for the calls not yet made.
     async fn token_budget(&self, report: &mut CaseReport) -> Outcome {
-        let (fixture, context) = self.fixture(Case::TokenBudget, None)?;
-        // Room for the first two tickets' calls, as the stand-in counts them: the third
-        // ticket's `classify` finds one token left and is made, its `draft` finds none.
-        let mut limit = 1;
-        for (_, ticket) in tickets().iter().take(2) {
-            let (classify, draft) = stand_in_usage(ticket)?;
-            limit += classify.total_tokens() + draft.total_tokens();
-        }
-        let mut rt = self.runtime(context, &fixture, true, true)?;
-        let budget = Budget::default().max_tokens(limit);
-        let turn = rt.run_with(budget).await?;
-        let first = fixture.model.calls();
-
+        let (fixture, context) = self.fixture(Case::TokenBudget).await?;
+        // Room for two tickets' calls: the third ticket's first call finds one token left and
+        // is made, its second finds none.
+        let per_ticket = PLAN_TOKENS.0 + PLAN_TOKENS.1 + ACT_TOKENS.0 + ACT_TOKENS.1;
+        let limit = 2 * per_ticket + 1;
+        let mut rt = self.runtime(context, &fixture, true)?;
+        let turn = rt.run_with(Budget::default().max_tokens(limit)).await?;
+        rt.settle().await?;
+        let first = fixture.model_calls();
         report.check_eq(
             turn.outcome,
             TurnOutcome::TokensExhausted,
             format!("with a budget of {limit} tokens, the turn ended TokensExhausted"),
         );
-        report.check(
-            first > 0 && first < CALLS_PER_TICKET * TICKETS,
-            format!(
-                "it stopped partway: {first} of {} model calls made",
-                CALLS_PER_TICKET * TICKETS
-            ),
+        report.check_eq(
+            first,
+            2 * CALLS_PER_TICKET + 1,
+            "it stopped at the third ticket's second call",
         );
-        if self.model.is_stand_in() {
-            report.check_eq(
-                first,
-                2 * CALLS_PER_TICKET + 1,
-                "the third ticket's `draft` was the call that found the budget spent",
-            );
-        }
-        // The runs of the tickets before the refused call's commit; the rest stay queued.
-        let committed = rt.context().list::<Triage>().count() as u64;
-        report.check(
-            turn.runs == committed
-                && committed < TICKETS
-                && rt.context().list::<PendingAction>().count() as u64 == committed
-                && fixture.mailbox.total() as u64 == committed,
-            format!(
-                "the tickets before it committed and were emailed ({committed} of {TICKETS}); the rest stay queued"
-            ),
+        let committed = rt.context().list::<Triage>().count();
+        report.check_eq(
+            committed,
+            2,
+            "the first two tickets' triages committed; the rest stay queued",
         );
-        if self.model.is_stand_in() {
-            report.check_eq(committed, 2, "the first two tickets' triages committed");
-        }
-        for line in usage_lines(&turn) {
-            report.note(line);
-        }
-
-        // What the stopped turn paid for and did not commit is reused: nothing is paid twice.
-        let unreused = first - CALLS_PER_TICKET * committed;
         let next = rt.run().await?;
+        rt.settle().await?;
         let reused: u64 = next.usage.iter().map(|u| u.reused).sum();
         report.check_eq(next.outcome, TurnOutcome::Completed, "the next turn completed");
         report.check_eq(
             reused,
-            unreused,
-            format!("it reused the {unreused} answer(s) the stopped turn got for tickets it did not commit"),
+            2,
+            "it reused what the stopped turn got for the third ticket: its first answer and its lookup",
         );
-        for line in usage_lines(&next) {
-            report.note(line);
-        }
         report.check_eq(
-            fixture.model.calls(),
-            CALLS_PER_TICKET * TICKETS,
-            format!("model calls in all: {}, none paid twice", CALLS_PER_TICKET * TICKETS),
+            fixture.model_calls(),
+            CALLS_PER_TICKET * TICKETS as u64,
+            "model calls in all: 10, none paid twice",
         );
-        report.check(
-            once_each(&fixture.mailbox),
-            format!("{TICKETS} emails delivered, once each"),
-        );
-        self.check_triages(report, &rt, &fixture.mailbox)?;
+        let (replies, _) = self.intents(report, &rt)?;
+        report.check(fixture.received_once(&replies), "each reply was delivered once");
         Ok(())
     }
 }

@@ -1,35 +1,25 @@
-//! [`StandIn`], a deterministic model for the support agent and its tests: its answer is a
-//! pure function of the request, so runs, retries and replays see the same answers without a
-//! network or a key.
+//! The scripted model of the support agent: [`answer`], the function a
+//! `reactifact_model::stand_in::StandIn` server answers with, and the [`Category`] a triage
+//! answers. Its answers are a pure function of the request — but for the tool-call ids, which
+//! are new on every request, as a real model's are — so a retry, a resume and a replay see the
+//! same decisions without a network or a key.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 
+use reactifact_model::stand_in::Reply;
+use reactifact_model::{ChatAnswer, ChatRequest, FinishReason, Message, TokenUsage, ToolCall};
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 
-use super::model::{Completion, CompletionFuture, CompletionRequest, Model, ModelError};
+use reactifact_core::tools::Tool;
 
-/// The system prompt of the triage task: the answer is one word, the ticket's [`Category`].
-pub const TRIAGE_SYSTEM: &str = "You triage customer support tickets. Answer with exactly one word, the \
-ticket's category: billing, bug, account or general.";
+use super::agent::{IssueRefund, LookupOrder, Order, SendReply, CUSTOMER_LABEL, ORDER_LABEL, SUBJECT_LABEL};
 
-/// The system prompt of the drafting task: the prompt is a line `Category: <category>`
-/// followed by the ticket (as [`draft_request`] builds it); the answer is a reply to the
-/// customer.
-pub const DRAFT_SYSTEM: &str = "You draft a short, polite reply to a customer support ticket. The \
-prompt starts with a line `Category: <category>`, followed by the ticket. Answer with the reply only.";
+/// The tokens the stand-in reports for a request that asks to look the order up.
+pub const PLAN_TOKENS: (u64, u64) = (120, 12);
 
-/// The `max_tokens` of a [`triage_request`]: room for one word.
-pub const TRIAGE_MAX_TOKENS: u32 = 8;
-
-/// The `max_tokens` of a [`draft_request`].
-pub const DRAFT_MAX_TOKENS: u32 = 300;
-
-/// The label of the line that starts a drafting prompt.
-const CATEGORY_LABEL: &str = "category:";
-
-/// How many characters of a ticket's first line a stand-in reply quotes.
-const SUBJECT_CHARS: usize = 80;
+/// The tokens the stand-in reports for a request that carries the order and gets the replies.
+pub const ACT_TOKENS: (u64, u64) = (260, 80);
 
 /// What a ticket is about.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -104,168 +94,74 @@ impl fmt::Display for Category {
     }
 }
 
-/// The request that asks `model` for the category of `ticket` ([`TRIAGE_SYSTEM`]).
-pub fn triage_request(model: impl Into<String>, ticket: &str) -> CompletionRequest {
-    CompletionRequest {
-        model: model.into(),
-        system: TRIAGE_SYSTEM.to_owned(),
-        prompt: ticket.to_owned(),
-        max_tokens: TRIAGE_MAX_TOKENS,
-    }
-}
-
-/// The request that asks `model` to draft a reply to `ticket` of `category`
-/// ([`DRAFT_SYSTEM`]): the prompt is `Category: <category>`, a blank line, and the ticket.
-pub fn draft_request(model: impl Into<String>, category: Category, ticket: &str) -> CompletionRequest {
-    CompletionRequest {
-        model: model.into(),
-        system: DRAFT_SYSTEM.to_owned(),
-        prompt: format!("Category: {category}\n\n{ticket}"),
-        max_tokens: DRAFT_MAX_TOKENS,
-    }
-}
-
-/// A deterministic [`Model`]. It knows the two tasks by their
-/// system prompts:
+/// The stand-in's answer to request number `index` (from 0):
 ///
-/// - [`TRIAGE_SYSTEM`]: the text is exactly one category word, [`Category::classify`] of the
-///   prompt.
-/// - [`DRAFT_SYSTEM`]: the text is a reply built from the category and the ticket's first
-///   line. The category is the one named by a first line `Category: <category>` of the
-///   prompt (see [`draft_request`]), or else [`Category::classify`] of the prompt.
+/// - a conversation without a tool result yet: a call of `lookup_order` with the order the
+///   user message names (its `Order:` line);
+/// - a conversation with the order in a tool result: the text is the ticket's category
+///   ([`Category::classify`] of the user message), with a call of `send_reply` (a reply to the
+///   customer built from the category and the order), and — for a billing ticket whose order
+///   is paid — a call of `issue_refund` of the order's amount.
 ///
-/// Any other system prompt is answered like a server refusing a bad request: a
-/// [`ModelError::Status`] of 400, which is not retryable. The text is cut after
-/// `max_tokens` words. Tokens are counted as whitespace-separated words: of the system prompt
-/// and the prompt in, of the text out. The stand-in counts the calls it answers.
-#[derive(Debug, Default)]
-pub struct StandIn {
-    calls: AtomicU64,
-}
-
-impl StandIn {
-    /// A stand-in that has answered no call yet.
-    pub fn new() -> Self {
-        StandIn::default()
-    }
-
-    /// How many calls of [`Model::complete`] it has answered (successfully or not).
-    pub fn calls(&self) -> u64 {
-        self.calls.load(Ordering::Relaxed)
-    }
-
-    /// The stand-in's answer to `request`, without counting a call: the same request always
-    /// gets the same answer.
-    pub fn answer(request: &CompletionRequest) -> Result<Completion, ModelError> {
-        let full = if request.system == TRIAGE_SYSTEM {
-            Category::classify(&request.prompt).as_str().to_owned()
-        } else if request.system == DRAFT_SYSTEM {
-            draft(&request.prompt)
-        } else {
-            return Err(ModelError::status(
-                400,
-                b"the stand-in model answers only the triage and draft system prompts",
-            ));
-        };
-        let (text, tokens_out) = first_words(&full, request.max_tokens);
-        Ok(Completion {
-            text: text.to_owned(),
-            tokens_in: words(&request.system) + words(&request.prompt),
-            tokens_out,
-        })
-    }
-}
-
-impl Model for StandIn {
-    fn complete<'a>(&'a self, request: &'a CompletionRequest) -> CompletionFuture<'a> {
-        Box::pin(async move {
-            self.calls.fetch_add(1, Ordering::Relaxed);
-            StandIn::answer(request)
-        })
-    }
-}
-
-/// The stand-in's reply to a drafting prompt.
-fn draft(prompt: &str) -> String {
-    let mut lines = prompt.lines().peekable();
-    let named = lines.peek().and_then(|first| {
-        let first = first.trim();
-        let label = first.get(..CATEGORY_LABEL.len())?;
-        if !label.eq_ignore_ascii_case(CATEGORY_LABEL) {
-            return None;
+/// Every tool call gets a new id, `call_{index}_{n}`: a model asked again answers the same
+/// calls under other ids. Usage is [`PLAN_TOKENS`] and [`ACT_TOKENS`]. A request without a user
+/// message is answered 400.
+pub fn answer(index: u64, request: &ChatRequest) -> Reply {
+    let mut user = None;
+    let mut order = None;
+    for message in &request.messages {
+        match message {
+            Message::User { content } => user = Some(content.as_str()),
+            Message::Tool { content, .. } => order = serde_json::from_str::<Order>(content).ok().or(order),
+            _ => {}
         }
-        Category::parse(&first[CATEGORY_LABEL.len()..])
-    });
-    let category = match named {
-        Some(category) => {
-            lines.next();
-            category
-        }
-        None => Category::classify(prompt),
+    }
+    let Some(user) = user else {
+        return Reply::status(400, r#"{"error": {"message": "no user message"}}"#);
     };
-    let subject = match lines.map(str::trim).find(|line| !line.is_empty()) {
-        Some(line) if line.chars().count() > SUBJECT_CHARS => {
-            let cut: String = line.chars().take(SUBJECT_CHARS).collect();
-            format!("\"{}…\"", cut.trim_end())
-        }
-        Some(line) => format!("\"{line}\""),
-        None => "your ticket".to_owned(),
+    let line = |label: &str| {
+        user.lines()
+            .find_map(|line| line.strip_prefix(label))
+            .map(str::trim)
+            .unwrap_or("")
+            .to_owned()
     };
+    let id = |n: usize| format!("call_{index}_{n}");
+    let Some(order) = order else {
+        let args = json!({ "order": line(ORDER_LABEL) });
+        let call = ToolCall::new(id(0), LookupOrder::NAME, args.to_string());
+        return Reply::tool_calls(vec![call], PLAN_TOKENS.0, PLAN_TOKENS.1);
+    };
+    let category = Category::classify(user);
     let body = match category {
-        Category::Billing => {
-            "We are looking into the charge and will correct it, with a refund if one is due, \
-             within five business days."
-        }
-        Category::Bug => {
-            "We have passed the details to our engineers and will let you know as soon as a fix \
-             is available."
-        }
-        Category::Account => {
-            "You can reset your password from the sign-in page; if that does not work, reply to \
-             this message and we will unlock your account."
-        }
-        Category::General => "A member of our team will get back to you within one business day.",
+        Category::Billing if order.paid_cents > 0 => format!(
+            "We are sorry about order {}. We have asked for a refund of {}.{:02}; you will hear from us once it is issued.",
+            order.id,
+            order.paid_cents / 100,
+            order.paid_cents % 100
+        ),
+        Category::Billing => format!("Order {} shows no payment to refund; we are looking into the charge.", order.id),
+        Category::Bug => "Thank you for the report: our engineers are on it, and a fix is coming.".to_owned(),
+        Category::Account => "We have sent you a new sign-in link; it is valid for one hour.".to_owned(),
+        Category::General => format!("Thank you for writing. Order {} is {}.", order.id, order.status),
     };
-    format!("Hello,\n\nThank you for writing to us about {subject}. {body}\n\nThe support team")
-}
-
-/// The number of whitespace-separated words in `text`.
-fn words(text: &str) -> u64 {
-    text.split_whitespace().count() as u64
-}
-
-/// `text` up to the end of its `max` first words (the words themselves unchanged), and how
-/// many words that is.
-fn first_words(text: &str, max: u32) -> (&str, u64) {
-    let mut count = 0u64;
-    let mut end = 0;
-    let mut in_word = false;
-    for (at, c) in text.char_indices() {
-        if c.is_whitespace() {
-            in_word = false;
-        } else {
-            if !in_word {
-                if count == u64::from(max) {
-                    break;
-                }
-                count += 1;
-                in_word = true;
-            }
-            end = at + c.len_utf8();
-        }
+    let reply = json!({
+        "to": line(CUSTOMER_LABEL),
+        "subject": format!("Re: {}", line(SUBJECT_LABEL)),
+        "body": body,
+    });
+    let mut calls = vec![ToolCall::new(id(0), SendReply::NAME, reply.to_string())];
+    if category == Category::Billing && order.paid_cents > 0 {
+        let refund = json!({ "order": order.id, "cents": order.paid_cents });
+        calls.push(ToolCall::new(id(1), IssueRefund::NAME, refund.to_string()));
     }
-    (&text[..end], count)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn text_is_cut_after_max_words() {
-        assert_eq!(first_words("one two  three", 2), ("one two", 2));
-        assert_eq!(first_words("  one\n\ntwo ", 5), ("  one\n\ntwo", 2));
-        assert_eq!(first_words("one", 0), ("", 0));
-        assert_eq!(first_words("", 3), ("", 0));
-    }
+    Reply::answer(ChatAnswer {
+        content: Some(category.as_str().to_owned()),
+        tool_calls: calls,
+        finish_reason: Some(FinishReason::ToolCalls),
+        usage: TokenUsage {
+            prompt_tokens: ACT_TOKENS.0,
+            completion_tokens: ACT_TOKENS.1,
+        },
+    })
 }
