@@ -430,3 +430,24 @@ async fn a_branch_opens_from_its_parents_checkpoint_before_the_fork() {
     assert_eq!(branch.queued_events(), 1, "order:700's: the fork started with none");
     assert!(matches!(branch.verify(), Err(VerifyError::History { .. })));
 }
+
+/// Dropping a context closes its file at once, even right after checkpoints were written on
+/// their own thread: the last connection closes (SQLite folds the write-ahead log into the file
+/// and removes it), so a copy of the file taken next holds everything.
+#[tokio::test]
+async fn dropping_a_context_after_its_checkpoints_closes_the_file_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let wal = dir.path().join("state.db-wal");
+    for round in 0..20u64 {
+        let mut ctx = Context::open_with(&path, "main", OpenOptions::new().checkpoint_every(1)).unwrap();
+        for i in 0..3 {
+            ctx.create(format!("order:{round}:{i}"), order("ada", i)).unwrap();
+        }
+        drop(ctx);
+        assert!(
+            !wal.exists(),
+            "round {round}: the file is still open after its context was dropped"
+        );
+    }
+}

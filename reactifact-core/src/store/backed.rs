@@ -494,7 +494,11 @@ impl Backed {
         let session = self.session.clone();
         let running = self.checkpointing.start();
         let write = move || {
+            // Dropped last, after the store's handle (locals drop in reverse): a session
+            // dropped once its checkpoints are written holds the last handle, and closes the
+            // store as it drops, not this thread a moment later.
             let _running = running;
+            let (backend, session) = (backend, session);
             let body = codec::encode_checkpoint(
                 &checkpoint.state,
                 checkpoint.next_event_seq,
