@@ -123,6 +123,20 @@ pub enum Command {
         #[arg(long)]
         session: Option<String>,
     },
+    /// Serve the operator console's JSON API (docs/console.md) for the store until stopped:
+    /// it prints the address it listens on. Requests need a bearer token from the token file.
+    Console {
+        /// The address to listen on.
+        #[arg(long, default_value = "127.0.0.1:7878", value_name = "ADDR:PORT")]
+        listen: std::net::SocketAddr,
+        /// The token file: one token a line, `ROLE PRINCIPAL SECRET` (ROLE `read-only` or
+        /// `operator`).
+        #[arg(long, env = "REACTIFACT_CONSOLE_TOKENS", value_name = "FILE")]
+        token_file: std::path::PathBuf,
+        /// Show intents' payloads instead of their SHA-256 and size.
+        #[arg(long)]
+        show_payloads: bool,
+    },
 }
 
 /// The `question` commands.

@@ -14,7 +14,6 @@ mod output;
 mod cli;
 mod commands;
 mod failure;
-mod json_value;
 mod progress;
 mod store;
 

@@ -1,12 +1,12 @@
 //! How results are shown: aligned tables and `key value` blocks for people, one JSON document
-//! for scripts, and the JSON forms shared by several commands.
+//! for scripts (built by `reactifact_admin::json`, the schema the console's API shares).
 
 use std::io::Write;
 use std::time::{Duration, SystemTime};
 
-use reactifact_core::ledger::{Attempt, AttemptOutcome, Decision, Delivery, DeliveryStatus};
+pub use reactifact_admin::json::{attempt_json, attempt_outcome, delivery_json, json_time, status, time};
+use reactifact_core::ledger::Decision;
 use serde::Serialize;
-use serde_json::{json, Value};
 
 /// Prints a line on stdout, like `println!`, without panicking when the reader has gone away
 /// (`reactifact log | head`): the command then ends quietly with exit 0.
@@ -99,45 +99,9 @@ pub fn print_json(value: &impl Serialize) {
     );
 }
 
-/// A time as RFC 3339 in UTC, to the millisecond.
-pub fn time(t: SystemTime) -> String {
-    // Stores clamp what they read to the year 9999; a later time (which humantime cannot
-    // format, and `to_string` would panic on) shows as milliseconds since the epoch.
-    use std::fmt::Write as _;
-    let mut out = String::new();
-    if write!(out, "{}", humantime::format_rfc3339_millis(t)).is_err() {
-        out.clear();
-        let ms = t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis());
-        let _ = write!(out, "{ms} ms after the Unix epoch");
-    }
-    out
-}
-
 /// An optional time, `-` for none.
 pub fn time_or_dash(t: Option<SystemTime>) -> String {
     t.map_or_else(|| "-".to_owned(), time)
-}
-
-/// A time for JSON: RFC 3339, or `null`.
-pub fn json_time(t: Option<SystemTime>) -> Value {
-    t.map_or(Value::Null, |t| Value::String(time(t)))
-}
-
-/// A status as the command line and the JSON documents spell it (`in-flight`, …).
-pub fn status(status: DeliveryStatus) -> &'static str {
-    match status {
-        DeliveryStatus::Pending => "pending",
-        DeliveryStatus::InFlight => "in-flight",
-        DeliveryStatus::Delivered => "delivered",
-        DeliveryStatus::Failed => "failed",
-        DeliveryStatus::Dead => "dead",
-        DeliveryStatus::Held => "held",
-        DeliveryStatus::Cancelled => "cancelled",
-        DeliveryStatus::AwaitingApproval => "awaiting-approval",
-        DeliveryStatus::Rejected => "rejected",
-        DeliveryStatus::Blocked => "blocked",
-        _ => "unknown",
-    }
 }
 
 /// How long ago `t` was, in whole seconds, from `now` (0 for a time in the future).
@@ -157,48 +121,6 @@ pub fn cut(text: &str, max: usize) -> String {
     }
 }
 
-/// An outcome of an attempt as the command line and the JSON documents spell it
-/// (`in-flight`, `delivered`, `failed`, `dead`, `held`, `interrupted`, `expired`).
-pub fn attempt_outcome(outcome: &AttemptOutcome) -> &'static str {
-    match outcome {
-        AttemptOutcome::InFlight => "in-flight",
-        other => other.name(),
-    }
-}
-
-/// One attempt of the history, as `outbox show --json` prints it.
-pub fn attempt_json(a: &Attempt) -> Value {
-    json!({
-        "token": a.token.0,
-        "number": a.number,
-        "owner": &*a.owner,
-        "claimed_at": time(a.claimed_at),
-        "lease_expires_at": time(a.lease_expires_at),
-        "ended_at": json_time(a.ended_at),
-        "outcome": attempt_outcome(&a.outcome),
-        "error": a.outcome.error(),
-        "retry_at": json_time(match &a.outcome {
-            AttemptOutcome::Failed { retry_at, .. } => *retry_at,
-            _ => None,
-        }),
-    })
-}
-
-/// An operator's approval or rejection as JSON (`null` for none): `verdict` (`approved` or
-/// `rejected`), `by`, `at`, `reason`, and `digest`, the action hash it was made on (lowercase
-/// hex; `null` for a decision an older build recorded).
-pub fn decision_json(decision: Option<&Decision>) -> Value {
-    decision.map_or(Value::Null, |d| {
-        json!({
-            "verdict": d.verdict.to_string(),
-            "by": d.by,
-            "at": time(d.at),
-            "reason": d.reason,
-            "digest": d.digest.map(|h| h.to_string()),
-        })
-    })
-}
-
 /// An operator's decision in one line: `approved by ada at … (digest 1a2b…)`, `rejected by bob
 /// at … (digest …): why`; `(no digest)` for a decision an older build recorded.
 pub fn decision_line(d: &Decision) -> String {
@@ -212,41 +134,4 @@ pub fn decision_line(d: &Decision) -> String {
         line.push_str(reason);
     }
     line
-}
-
-/// A ledger entry as JSON: the schema of `outbox list` entries, `outbox show`, and the entries
-/// that `retry` and `cancel` return.
-pub fn delivery_json(d: &Delivery) -> Value {
-    let origin = d.origin();
-    json!({
-        "key": d.key().as_str(),
-        "kind": d.kind(),
-        "status": status(d.status()),
-        "attempts": d.attempts(),
-        "failed_attempts": d.failed_attempts(),
-        "expired_leases": d.expired_leases(),
-        "interrupted_attempts": d.interrupted_attempts(),
-        "last_error": d.last_error(),
-        "cancel_reason": d.cancel_reason(),
-        "decision": decision_json(d.decision()),
-        "traceparent": d.intent().trace_parent().map(ToString::to_string),
-        "token": d.token().0,
-        "lease": d.lease().map(|lease| json!({
-            "owner": &*lease.owner,
-            "expires_at": time(lease.expires_at),
-            "token": lease.token.0,
-        })),
-        "origin": {
-            "session": origin.session(),
-            "commit": origin.commit().to_string(),
-            "generation": origin.generation().0,
-            "run": origin.run(),
-        },
-        "recorded_at": time(d.recorded_at()),
-        "updated_at": time(d.updated_at()),
-        "delivered_at": json_time(d.delivered_at()),
-        "next_attempt_at": json_time(d.next_attempt_at()),
-        "not_before": json_time(d.not_before()),
-        "group": d.group(),
-    })
 }

@@ -1,7 +1,7 @@
 //! `log`: a session's commits, newest first.
 
+use reactifact_admin::json::commit_json;
 use reactifact_core::audit::{Commit, Op, RunRecord};
-use reactifact_core::runtime::{CallOutcome, RecordedCall};
 use serde_json::{json, Value};
 
 use super::Env;
@@ -81,67 +81,4 @@ fn summary(runs: &[RunRecord]) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// A recorded call as JSON, as `Context::export_audit` writes it: its name, request hash, the
-/// answer's hash and size (never the answer) or the error it failed with, and its usage.
-fn call_json(call: &RecordedCall) -> Value {
-    let (answer, failed) = match &call.outcome {
-        CallOutcome::Answered { hash, bytes } => (Some(json!({"hash": hash.to_string(), "bytes": bytes.len()})), None),
-        CallOutcome::Failed { error } | CallOutcome::Unrecordable { error } => (None, Some(error.as_str())),
-        CallOutcome::Abandoned => (None, Some("abandoned")),
-        _ => (None, None),
-    };
-    json!({
-        "name": &*call.name,
-        "request": call.request.to_string(),
-        "answer": answer,
-        "failed": failed,
-        "usage": {"tokens_in": call.usage.tokens_in, "tokens_out": call.usage.tokens_out, "cost": call.usage.cost},
-    })
-}
-
-/// One operation as JSON.
-pub fn op_json(op: &Op) -> Value {
-    match op {
-        Op::Put {
-            mode, id, kind, hash, ..
-        } => json!({
-            "op": "put", "mode": format!("{mode:?}").to_lowercase(), "id": id.as_str(), "kind": kind.as_str(), "hash": hash.to_string(),
-        }),
-        Op::Delete { id } => json!({"op": "delete", "id": id.as_str()}),
-        Op::Link(r) => json!({"op": "link", "from": r.from.as_str(), "name": &*r.name, "to": r.to.as_str()}),
-        Op::Unlink(r) => json!({"op": "unlink", "from": r.from.as_str(), "name": &*r.name, "to": r.to.as_str()}),
-        Op::Act { key, action, hash, .. } => json!({
-            "op": "act", "key": key.as_str(), "kind": &**action, "id": op.id().as_str(), "hash": hash.to_string(),
-        }),
-        _ => json!({"op": "other", "id": op.id().as_str()}),
-    }
-}
-
-/// One commit as JSON: the schema of `log --json` entries.
-fn commit_json(c: &Commit) -> Value {
-    let runs: Vec<Value> = c
-        .runs
-        .iter()
-        .map(|r| {
-            json!({
-                "agent": r.agent.as_deref(),
-                "produce": r.produce.as_deref(),
-                "trigger": r.trigger.as_ref().map(|t| json!({"id": t.id.as_str(), "version": t.version.0, "hash": t.hash.to_string()})),
-                "ops": r.ops.iter().map(op_json).collect::<Vec<_>>(),
-                "reads": r.reads.iter().map(|read| json!({"id": read.id.as_str(), "version": read.version.map(|v| v.0)})).collect::<Vec<_>>(),
-                "calls": r.calls.iter().map(call_json).collect::<Vec<_>>(),
-            })
-        })
-        .collect();
-    json!({
-        "generation": c.generation.0,
-        "hash": c.hash.to_string(),
-        "parent": c.parent.map(|h| h.to_string()),
-        "merged": c.merged.map(|h| h.to_string()),
-        "state_hash": c.state_hash.to_string(),
-        "events_consumed": c.events_consumed,
-        "runs": runs,
-    })
 }

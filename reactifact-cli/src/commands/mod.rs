@@ -2,6 +2,7 @@
 //! that awaits the store's queries, and how a commit is named on the command line.
 
 mod audit;
+mod console;
 mod diff;
 mod log;
 mod outbox;
@@ -40,6 +41,14 @@ impl Env {
 /// Runs the command the command line names.
 pub fn run(cli: Cli) -> Outcome {
     let location = store::resolve(cli.store.as_deref(), cli.schema.as_deref())?;
+    if let Command::Console {
+        listen,
+        token_file,
+        show_payloads,
+    } = cli.command
+    {
+        return console::console(location, listen, &token_file, show_payloads);
+    }
     // Only the operator's ledger operations, answering a question and re-arming a parked
     // event write; every other command opens the store read-only.
     let writes = matches!(
@@ -70,6 +79,7 @@ pub fn run(cli: Cli) -> Outcome {
         Command::Verify { session } => verify::verify(&env, session.as_deref()),
         Command::Replay { session, to } => verify::replay(&env, session.as_deref(), to.as_deref()),
         Command::ExportAudit { session } => audit::export_audit(&env, session.as_deref()),
+        Command::Console { .. } => unreachable!("served above"),
     }
 }
 

@@ -13,11 +13,12 @@ use serde_json::{json, Value};
 use super::Env;
 use crate::cli::{OutboxCommand, RetryArgs, StatusArg};
 use crate::failure::{Failure, Outcome};
-use crate::json_value;
 use crate::output::{
     age, attempt_json, attempt_outcome, cut, decision_line, delivery_json, json_time, print_fields, print_json, status,
     time, time_or_dash, Table,
 };
+use reactifact_admin::json::{counts_json, run_json};
+use reactifact_admin::json_value;
 
 /// How many final entries one purge operation deletes (it runs until none is left).
 const PURGE_BATCH: usize = 1000;
@@ -125,14 +126,12 @@ fn show(env: &Env, key: &str) -> Outcome {
     // The run that recorded it, from the log of the session that did.
     let origin = delivery.origin();
     let run = match env.store.open_session(origin.session(), false) {
-        Ok(ctx) => ctx.commit_of(origin).ok().flatten().and_then(|c| c.runs.get(origin.run())).map(|run| {
-            json!({
-                "agent": run.agent.as_deref(),
-                "produce": run.produce.as_deref(),
-                "trigger": run.trigger.as_ref().map(|t| json!({"id": t.id.as_str(), "version": t.version.0, "hash": t.hash.to_string()})),
-                "reads": run.reads.iter().map(|r| json!({"id": r.id.as_str(), "version": r.version.map(|v| v.0)})).collect::<Vec<_>>(),
-            })
-        }),
+        Ok(ctx) => ctx
+            .commit_of(origin)
+            .ok()
+            .flatten()
+            .and_then(|c| c.runs.get(origin.run()))
+            .map(run_json),
         Err(_) => None,
     };
     if env.json {
@@ -304,14 +303,8 @@ fn stats(env: &Env, session: Option<String>) -> Outcome {
         (at > now).then_some(at)
     };
     if env.json {
-        let mut statuses = serde_json::Map::new();
-        for s in DeliveryStatus::ALL {
-            statuses.insert(status(s).to_owned(), json!(counts.of(s)));
-        }
-        statuses.insert("retrying".to_owned(), json!(counts.retrying));
-        statuses.insert("total".to_owned(), json!(counts.total()));
         print_json(&json!({
-            "counts": statuses,
+            "counts": counts_json(&counts),
             "by_kind": by_kind,
             "oldest_pending": oldest.as_ref().map(|d| json!({
                 "key": d.key().as_str(),

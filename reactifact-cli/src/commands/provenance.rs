@@ -1,6 +1,7 @@
 //! `why` and `graph`: an intent's provenance — the commit and run that recorded it, its
 //! trigger and reads, and its delivery — as text, JSON, Mermaid or DOT.
 
+use reactifact_admin::json::why_json;
 use reactifact_core::audit::{Cause, Provenance};
 use reactifact_core::ledger::Delivery;
 use reactifact_core::runtime::{CallOutcome, RecordedCall};
@@ -10,7 +11,7 @@ use serde_json::json;
 use super::Env;
 use crate::cli::GraphFormat;
 use crate::failure::{Failure, Outcome};
-use crate::output::{decision_json, decision_line, delivery_json, print_fields, print_json, status};
+use crate::output::{decision_line, print_fields, print_json, status};
 
 /// Opens the session to look for `key` in: the one named, or the one whose commit recorded
 /// the intent (from the ledger). Returns it with the ledger entry, if the ledger has one.
@@ -51,22 +52,7 @@ pub fn why(env: &Env, key: &str, session: Option<&str>) -> Outcome {
     let (ctx, delivery) = session_of(env, key, session)?;
     let p = provenance(env, &ctx, key, delivery.as_ref())?;
     if env.json {
-        print_json(&json!({
-            "key": key,
-            "session": ctx.session(),
-            "generation": p.generation.0,
-            "commit": p.commit.to_string(),
-            "run": p.run,
-            "agent": p.agent(),
-            "produce": p.produce(),
-            "trigger": p.trigger().map(|t| json!({"id": t.id.as_str(), "version": t.version.0, "hash": t.hash.to_string()})),
-            "reads": p.reads().iter().map(|r| json!({"id": r.id.as_str(), "version": r.version.map(|v| v.0)})).collect::<Vec<_>>(),
-            "delivery": p.delivery.as_ref().map(delivery_json),
-            "requires_approval": p.requires_approval,
-            "decision": decision_json(p.decision()),
-            "calls": p.calls().iter().map(call_json).collect::<Vec<_>>(),
-            "chain": p.chain.iter().map(cause_json).collect::<Vec<_>>(),
-        }));
+        print_json(&why_json(key, ctx.session(), &p));
         return Ok(());
     }
     let by = match (p.agent(), p.produce()) {
@@ -117,44 +103,6 @@ pub fn why(env: &Env, key: &str, session: Option<&str>) -> Outcome {
         ),
     ]);
     Ok(())
-}
-
-/// A recorded call as `why --json` shows it: its name, the model asked, the tokens and cost it
-/// used, its request's hash and how it ended (with its answer's hash).
-fn call_json(call: &RecordedCall) -> serde_json::Value {
-    let (outcome, answer) = match &call.outcome {
-        CallOutcome::Answered { hash, .. } => ("answered", Some(hash.to_string())),
-        CallOutcome::Failed { .. } => ("failed", None),
-        CallOutcome::Unrecordable { .. } => ("unrecordable", None),
-        CallOutcome::Abandoned => ("abandoned", None),
-        _ => ("other", None),
-    };
-    json!({
-        "name": &*call.name,
-        "model": call.model.as_deref(),
-        "tokens_in": call.usage.tokens_in,
-        "tokens_out": call.usage.tokens_out,
-        "cost": call.usage.cost,
-        "request": call.request.to_string(),
-        "outcome": outcome,
-        "answer": answer,
-    })
-}
-
-/// A cause of the chain as `why --json` shows it.
-fn cause_json(cause: &Cause<'_>) -> serde_json::Value {
-    let record = cause.record;
-    json!({
-        "generation": cause.generation.0,
-        "commit": cause.commit.to_string(),
-        "run": cause.run,
-        "agent": record.agent.as_deref(),
-        "produce": record.produce.as_deref(),
-        "outside_write": cause.is_outside_write(),
-        "wrote": {"id": cause.wrote.id.as_str(), "version": cause.wrote.version.0, "hash": cause.wrote.hash.to_string()},
-        "trigger": record.trigger.as_ref().map(|t| json!({"id": t.id.as_str(), "version": t.version.0, "hash": t.hash.to_string()})),
-        "calls": record.calls.iter().map(call_json).collect::<Vec<_>>(),
-    })
 }
 
 /// The run's recorded calls on one line: `draft (small-model, 12+34 tokens, answer 1a2b3c4d5e6f)`.

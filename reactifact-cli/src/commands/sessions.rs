@@ -1,6 +1,7 @@
 //! `sessions`: the sessions of the store, with their heads. A SQLite file and a PostgreSQL
 //! store list the same columns (`store::SessionInfo`, whichever backend read them).
 
+use reactifact_admin::json::session_json;
 use serde_json::json;
 
 use super::Env;
@@ -11,20 +12,7 @@ use crate::output::{print_json, time, Table};
 pub fn sessions(env: &Env) -> Outcome {
     let sessions = env.store.sessions()?;
     if env.json {
-        let list: Vec<_> = sessions
-            .iter()
-            .map(|s| {
-                json!({
-                    "name": s.name,
-                    "generation": s.generation.0,
-                    "own_commits": s.commits,
-                    "head": s.head.map(|h| h.to_string()),
-                    "forked_from": s.forked_from.as_ref().map(|(parent, at)| json!({"session": parent, "generation": at.0})),
-                    "consumed_seq": s.consumed_seq,
-                    "created_at": time(s.created_at),
-                })
-            })
-            .collect();
+        let list: Vec<_> = sessions.iter().map(session_json).collect();
         print_json(&json!({ "sessions": list }));
         return Ok(());
     }

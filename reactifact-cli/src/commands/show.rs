@@ -1,11 +1,11 @@
 //! `show`: one artifact, at the head or right after a commit.
 
-use serde_json::json;
+use reactifact_admin::json::artifact_json;
 
 use super::{commit, Env};
 use crate::failure::{Failure, Outcome};
-use crate::json_value;
 use crate::output::{print_fields, print_json};
+use reactifact_admin::json_value;
 
 /// Shows the artifact `id`.
 pub fn show(env: &Env, id: &str, session: Option<&str>, at: Option<&str>) -> Outcome {
@@ -32,16 +32,7 @@ pub fn show(env: &Env, id: &str, session: Option<&str>, at: Option<&str>) -> Out
         )));
     };
     if env.json {
-        print_json(&json!({
-            "session": session,
-            "at": at.0,
-            "id": stored.id.as_str(),
-            "kind": stored.kind.as_str(),
-            "version": stored.version.0,
-            "hash": stored.hash.to_string(),
-            "written_in": stored.generation.0,
-            "content": json_value::decode(&stored.bytes),
-        }));
+        print_json(&artifact_json(&session, at.0, &stored));
         return Ok(());
     }
     print_fields(&[

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 
+use reactifact_admin::json::{unreadable_json, verified_json};
 use reactifact_core::audit::Op;
 use reactifact_core::{Artifact, PendingAction};
 use serde_json::{json, Value};
@@ -28,19 +29,16 @@ pub fn verify(env: &Env, session: Option<&str>) -> Outcome {
                 let checked = ctx.verify_with_progress(|_| bar.inc(1));
                 bar.finish_and_clear();
                 match checked {
-                    Ok(report) => json!({
-                        "session": name, "ok": true, "commits": report.commits,
-                        "head": report.head.map(|h| h.to_string()), "state_hash": report.state_hash.to_string(), "error": null,
-                    }),
-                    Err(e) => json!({
-                        "session": name, "ok": false, "commits": ctx.generation().0,
-                        "head": ctx.head().map(|h| h.to_string()), "state_hash": null, "error": e.to_string(),
-                    }),
+                    Ok(report) => verified_json(name, Ok(&report)),
+                    Err(e) => verified_json(
+                        name,
+                        Err((ctx.generation().0, ctx.head().map(|h| h.to_string()), e.to_string())),
+                    ),
                 }
             }
-            Err(failure) if failure.kind == crate::failure::Kind::CheckFailed => json!({
-                "session": name, "ok": false, "commits": null, "head": null, "state_hash": null, "error": failure.message,
-            }),
+            Err(failure) if failure.kind == crate::failure::Kind::CheckFailed => {
+                unreadable_json(name, &failure.message)
+            }
             Err(failure) => return Err(failure),
         };
         if result["ok"] == false {
