@@ -240,13 +240,16 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A POST body: empty, or a JSON object with an optional `reason`.
+/// A POST body: empty, `null`, or a JSON object with an optional `reason`.
 fn reason(body: &Bytes) -> Result<Option<String>, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("the body is not a JSON object: {e}")))?;
+    if value.is_null() {
+        return Ok(None);
+    }
     let Value::Object(map) = value else {
         return Err(ApiError::bad_request("the body is not a JSON object"));
     };
