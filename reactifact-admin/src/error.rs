@@ -54,10 +54,9 @@ impl From<StoreError> for ApiError {
 impl From<StoreOpenError> for ApiError {
     fn from(e: StoreOpenError) -> Self {
         match e {
-            StoreOpenError::Open {
-                source: source @ OpenError::NoSuchSession { .. },
-                ..
-            } => ApiError::not_found(source.to_string()),
+            StoreOpenError::Open { source, .. } if matches!(*source, OpenError::NoSuchSession { .. }) => {
+                ApiError::not_found(source.to_string())
+            }
             e => ApiError::store(e),
         }
     }

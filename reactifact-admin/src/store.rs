@@ -29,11 +29,11 @@ pub enum StoreOpenError {
         shown: String,
         /// What failed.
         #[source]
-        source: OpenError,
+        source: Box<OpenError>,
     },
     /// Connecting to a PostgreSQL store, or opening it, failed.
     #[error("{}", unshown(&.0.to_string()))]
-    Postgres(#[source] OpenError),
+    Postgres(#[source] Box<OpenError>),
     /// The store failed while in use.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -197,7 +197,7 @@ impl Store {
         match &self.backend {
             Backend::Sqlite { path, .. } => list_sessions(path).map_err(|source| StoreOpenError::Open {
                 shown: self.shown(),
-                source,
+                source: Box::new(source),
             }),
             Backend::Postgres { store, .. } => Ok(store.sessions().await?),
         }
@@ -225,7 +225,7 @@ impl Store {
         };
         opened.map_err(|source| StoreOpenError::Open {
             shown: self.shown(),
-            source,
+            source: Box::new(source),
         })
     }
 
@@ -244,7 +244,7 @@ impl Store {
         };
         opened.map_err(|source| StoreOpenError::Open {
             shown: self.shown(),
-            source,
+            source: Box::new(source),
         })
     }
 }
@@ -256,7 +256,9 @@ async fn open_postgres(
     given: PostgresOptions,
     opened: PostgresOptions,
 ) -> Result<(Arc<PostgresStore>, String), StoreOpenError> {
-    let probe = PostgresStore::probe(&given).await.map_err(StoreOpenError::Postgres)?;
+    let probe = PostgresStore::probe(&given)
+        .await
+        .map_err(|e| StoreOpenError::Postgres(Box::new(e)))?;
     let shown = probe.store.clone();
     match probe.version {
         None => {
@@ -275,7 +277,9 @@ async fn open_postgres(
         }
         Some(_) => {}
     }
-    let store = PostgresStore::open(opened).await.map_err(StoreOpenError::Postgres)?;
+    let store = PostgresStore::open(opened)
+        .await
+        .map_err(|e| StoreOpenError::Postgres(Box::new(e)))?;
     Ok((store, shown))
 }
 

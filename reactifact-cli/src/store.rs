@@ -22,9 +22,9 @@ impl Failure {
     pub fn opening(e: StoreOpenError, checking: bool) -> Self {
         match e {
             StoreOpenError::Input(message) => Failure::input(message),
-            StoreOpenError::Open { shown, source } => Failure::open(&shown, source, checking),
+            StoreOpenError::Open { shown, source } => Failure::open(&shown, *source, checking),
             StoreOpenError::Postgres(source) => {
-                let mut failure = Failure::postgres(source);
+                let mut failure = Failure::postgres(*source);
                 failure.message = admin::unshown(&failure.message);
                 failure
             }
