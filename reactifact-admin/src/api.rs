@@ -152,7 +152,7 @@ pub(crate) async fn artifact(
 pub(crate) async fn counts(State(shared): State<Arc<Shared>>, RawQuery(query): RawQuery) -> Answer {
     let params = Params::parse(query.as_deref(), &["session", "kind"])?;
     let scope = scope(&shared, &params).await?;
-    let outbox = shared.config.store.outbox()?;
+    let outbox = shared.config.store.outbox().await?;
     let counts = outbox.counts(&scope).await?;
     Ok(Json(json!({ "counts": counts_json(&counts) })))
 }
@@ -166,7 +166,7 @@ async fn page(shared: &Shared, params: &Params, status: Option<DeliveryStatus>) 
         after: params.number("after")?,
         limit: params.limit(100)?,
     };
-    let outbox = shared.config.store.outbox()?;
+    let outbox = shared.config.store.outbox().await?;
     let page = outbox.list(&query).await?;
     let prefix = params.text("key_prefix").unwrap_or("");
     let entries: Vec<Value> = page
@@ -203,7 +203,7 @@ pub(crate) async fn intent(
 ) -> Answer {
     let key = path(key)?;
     Params::parse(query.as_deref(), &[])?;
-    let outbox = shared.config.store.outbox()?;
+    let outbox = shared.config.store.outbox().await?;
     let delivery = outbox.get(&key).await?.ok_or_else(|| unknown_key(&key))?;
     let attempts = outbox.attempts(&key).await?.unwrap_or_default();
     let payload = delivery.intent().payload_bytes();
@@ -282,7 +282,7 @@ pub(crate) async fn approve(
     let key = path(key)?;
     Params::parse(query.as_deref(), &[])?;
     reason(&body)?;
-    let outbox = shared.config.store.outbox()?;
+    let outbox = shared.config.store.outbox().await?;
     let entry = outbox
         .approve(&key, &who.name, SystemTime::now())
         .await
@@ -306,7 +306,7 @@ pub(crate) async fn reject(
             "a rejection needs a reason: send {\"reason\": \"…\"}",
         ));
     };
-    let outbox = shared.config.store.outbox()?;
+    let outbox = shared.config.store.outbox().await?;
     let entry = outbox
         .reject(&key, &who.name, &why, SystemTime::now())
         .await
@@ -337,7 +337,7 @@ pub(crate) async fn retry(
     let key = path(key)?;
     Params::parse(query.as_deref(), &[])?;
     reason(&body)?;
-    let outbox = shared.config.store.outbox()?;
+    let outbox = shared.config.store.outbox().await?;
     let entry = outbox.retry(&key, SystemTime::now()).await.map_err(|e| match e {
         RetryError::UnknownKey(_) => unknown_key(&key),
         RetryError::NotFailed { status: s, .. } => ApiError::conflict(format!(
@@ -364,7 +364,7 @@ pub(crate) async fn cancel(
     Params::parse(query.as_deref(), &[])?;
     let why = reason(&body)?.unwrap_or_else(|| "cancelled from the console".to_owned());
     let recorded = format!("{why} (by {})", who.name);
-    let outbox = shared.config.store.outbox()?;
+    let outbox = shared.config.store.outbox().await?;
     let entry = outbox
         .cancel(&key, &recorded, SystemTime::now())
         .await

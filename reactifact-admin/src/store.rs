@@ -7,7 +7,7 @@
 //! with `default_transaction_read_only=on`, so the server itself refuses any write.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use reactifact_core::error::{OpenError, StoreError, StoreUrlError};
 use reactifact_core::store::{list_sessions, LogStore, OutboxStore, SessionInfo, SqliteOutbox, StoreUrl};
@@ -140,8 +140,27 @@ fn read_only_url(url: &str) -> String {
 }
 
 enum Backend {
-    Sqlite { path: PathBuf, writes: bool },
-    Postgres { store: Arc<PostgresStore>, shown: String },
+    Sqlite {
+        path: PathBuf,
+        writes: bool,
+        /// The file's outbox, opened by the first query that needs it and kept: a console
+        /// serves many requests, and an open checks the file and starts the outbox's thread.
+        outbox: OnceLock<Arc<dyn OutboxStore>>,
+    },
+    Postgres {
+        store: Arc<PostgresStore>,
+        shown: String,
+    },
+}
+
+/// Runs blocking work — a SQLite file's open, a read of its sessions — on tokio's blocking
+/// pool, not on the executor thread that awaits it.
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(done) => done,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => panic!("the runtime shut down while a SQLite file was being read"),
+    }
 }
 
 /// An opened store: its sessions, their logs (each opened read-only or for a write) and its
@@ -151,8 +170,9 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens the store at `location`: a SQLite file is opened by each query (read-only unless
-    /// `writes`); a PostgreSQL store is probed (it must exist, at this build's version) and
+    /// Opens the store at `location`: a SQLite file's sessions are opened by each query that
+    /// reads them and its outbox once, by the first query that needs it (read-only unless
+    /// `writes`; the file is read on tokio's blocking pool, never on an executor thread); a PostgreSQL store is probed (it must exist, at this build's version) and
     /// opened, its connections read-only unless `writes`.
     ///
     /// # Errors
@@ -160,7 +180,11 @@ impl Store {
     /// one; [`StoreOpenError::Postgres`] if the server cannot be reached or opened.
     pub async fn open(location: Location, writes: bool) -> Result<Store, StoreOpenError> {
         let backend = match location {
-            Location::Sqlite(path) => Backend::Sqlite { path, writes },
+            Location::Sqlite(path) => Backend::Sqlite {
+                path,
+                writes,
+                outbox: OnceLock::new(),
+            },
             Location::Postgres { url, schema } => {
                 let options = |url| {
                     PostgresOptions::new(url)
@@ -195,10 +219,15 @@ impl Store {
     /// [`StoreOpenError::Store`] for a PostgreSQL store that fails.
     pub async fn sessions(&self) -> Result<Vec<SessionInfo>, StoreOpenError> {
         match &self.backend {
-            Backend::Sqlite { path, .. } => list_sessions(path).map_err(|source| StoreOpenError::Open {
-                shown: self.shown(),
-                source: Box::new(source),
-            }),
+            Backend::Sqlite { path, .. } => {
+                let path = path.clone();
+                blocking(move || list_sessions(&path).map_err(Box::new))
+                    .await
+                    .map_err(|source| StoreOpenError::Open {
+                        shown: self.shown(),
+                        source,
+                    })
+            }
             Backend::Postgres { store, .. } => Ok(store.sessions().await?),
         }
     }
@@ -217,15 +246,20 @@ impl Store {
             OpenOptions::new().read_only(true).create(false)
         };
         let opened = match &self.backend {
-            Backend::Sqlite { path, .. } => Context::open_with(path, session, options),
+            Backend::Sqlite { path, .. } => {
+                let (path, session) = (path.clone(), session.to_owned());
+                blocking(move || Context::open_with(&path, &session, options).map_err(Box::new)).await
+            }
             Backend::Postgres { store, .. } => {
                 let store: Arc<dyn LogStore> = store.clone();
-                Context::open_store_with(store, session, options).await
+                Context::open_store_with(store, session, options)
+                    .await
+                    .map_err(Box::new)
             }
         };
         opened.map_err(|source| StoreOpenError::Open {
             shown: self.shown(),
-            source: Box::new(source),
+            source,
         })
     }
 
@@ -234,18 +268,28 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreOpenError::Open`] for a SQLite file that cannot be opened.
-    pub fn outbox(&self) -> Result<Arc<dyn OutboxStore>, StoreOpenError> {
-        let opened = match &self.backend {
-            Backend::Sqlite { path, writes: false } => {
-                SqliteOutbox::open_read_only(path).map(|o| o as Arc<dyn OutboxStore>)
-            }
-            Backend::Sqlite { path, writes: true } => SqliteOutbox::open(path).map(|o| o as Arc<dyn OutboxStore>),
+    pub async fn outbox(&self) -> Result<Arc<dyn OutboxStore>, StoreOpenError> {
+        let (path, writes, kept) = match &self.backend {
             Backend::Postgres { store, .. } => return Ok(store.outbox().clone()),
+            Backend::Sqlite { path, writes, outbox } => (path.clone(), *writes, outbox),
         };
-        opened.map_err(|source| StoreOpenError::Open {
-            shown: self.shown(),
-            source: Box::new(source),
+        if let Some(outbox) = kept.get() {
+            return Ok(outbox.clone());
+        }
+        let opened = blocking(move || {
+            match writes {
+                false => SqliteOutbox::open_read_only(&path).map(|o| o as Arc<dyn OutboxStore>),
+                true => SqliteOutbox::open(&path).map(|o| o as Arc<dyn OutboxStore>),
+            }
+            .map_err(Box::new)
         })
+        .await
+        .map_err(|source| StoreOpenError::Open {
+            shown: self.shown(),
+            source,
+        })?;
+        // Two first queries racing: the first kept wins, the other's is dropped.
+        Ok(kept.get_or_init(|| opened).clone())
     }
 }
 

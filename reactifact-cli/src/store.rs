@@ -131,7 +131,7 @@ impl Store {
     /// The store's outbox: read-only unless the store was opened for writes (retry, cancel,
     /// purge), whose operations are the store's own, fenced.
     pub fn outbox(&self) -> Outcome<Arc<dyn OutboxStore>> {
-        self.store.outbox().map_err(|e| Failure::opening(e, false))
+        self.wait(self.store.outbox()).map_err(|e| Failure::opening(e, false))
     }
 }
 
