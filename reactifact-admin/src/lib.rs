@@ -47,3 +47,8 @@ pub fn router(config: Config) -> Router {
         .layer(axum::middleware::from_fn_with_state(shared.clone(), auth::authenticate))
         .with_state(shared)
 }
+
+/// The examples of the console guide (`docs/console.md`), compiled as doctests.
+#[doc = include_str!("../../docs/console.md")]
+#[cfg(doctest)]
+pub struct ConsoleGuideDoctests;
