@@ -158,8 +158,8 @@ pub enum MissKind {
 /// generation commits: its session's store, and which run it is (see `store/answers.rs`).
 pub(crate) struct Journal {
     pub(crate) store: AnswerStore,
-    /// `{agent}/{produce}`.
-    pub(crate) produce: String,
+    pub(crate) agent: Arc<str>,
+    pub(crate) produce: Arc<str>,
     pub(crate) trigger: ArtifactId,
     pub(crate) run: AnsweredRun,
 }
@@ -168,14 +168,12 @@ impl Journal {
     /// Keeps `call`'s answer. A store that fails to keep it is logged: the answer is still
     /// used, and a crash before the commit would ask for it again.
     async fn keep(&self, call: &RecordedCall) {
-        if let Err(e) = self
-            .store
-            .keep(self.produce.clone(), &self.trigger, &self.run, call)
-            .await
-        {
+        let producer = AnswerStore::producer(&self.agent, &self.produce);
+        if let Err(e) = self.store.keep(producer, &self.trigger, &self.run, call).await {
             tracing::warn!(
                 error = %e,
                 call = %call.name,
+                agent = %self.agent,
                 produce = %self.produce,
                 trigger = %self.trigger,
                 "the answer of a recorded call could not be kept before the commit; a crash before it asks again"

@@ -483,7 +483,7 @@ impl Tracker {
 
     /// The buffer for work item `i`'s run, as it starts, with room for `ops` operations;
     /// `producer` names its agent and produce.
-    fn start(&mut self, i: usize, work: &Work, ops: usize, producer: (&str, &str)) -> Arc<Mutex<Buffer>> {
+    fn start(&mut self, i: usize, work: &Work, ops: usize, producer: (&Arc<str>, &Arc<str>)) -> Arc<Mutex<Buffer>> {
         let prior = self.priors.get_mut(i).map(std::mem::take).unwrap_or_default();
         // The runs of the batch's first event are never refused, so every turn commits
         // something. On a budgeted turn no run reaches past that event (`matching::select`
@@ -493,7 +493,8 @@ impl Tracker {
         if let Some(store) = &self.answers {
             buffer.lock().unwrap_or_else(|e| e.into_inner()).journal = Some(Arc::new(Journal {
                 store: store.clone(),
-                produce: AnswerStore::producer(producer.0, producer.1),
+                agent: producer.0.clone(),
+                produce: producer.1.clone(),
                 trigger: work.trigger.id.clone(),
                 run: answered_run(work),
             }));
@@ -764,7 +765,7 @@ impl Schedule<'_> {
         let work = &self.work[i];
         self.active[work.slot.agent] += 1;
         let agent = &self.rt.agents[work.slot.agent];
-        let producer = (&*agent.name, agent.produces[work.slot.produce].name());
+        let producer = (&agent.name, agent.produces[work.slot.produce].name_arc());
         let buffer = self.tracker.start(i, work, ops_hint(self.rt.agents, work), producer);
         let spare = self
             .spare
